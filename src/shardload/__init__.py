@@ -1,0 +1,39 @@
+"""shardload: from raw scientific files to a fast, correct training loop.
+
+Public API::
+
+    shardload.prepare(config)            # raw files -> sharded store (see docs/config.md)
+    shardload.open_store(path_or_url)    # a store handle: len(store), store.read(name, a, b)
+    shardload.iter_batches(store, ...)   # numpy batches for any framework
+    shardload.torch.StreamingDataset     # PyTorch (imports torch; not imported here)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "iter_batches", "open_store", "prepare"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .loader.batches import iter_batches
+    from .prepare import prepare
+    from .store import open_store
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy imports keep `import shardload` fast and free of heavy optional dependencies.
+    if name == "open_store":
+        from .store import open_store
+
+        return open_store
+    if name == "prepare":
+        from .prepare import prepare
+
+        return prepare
+    if name == "iter_batches":
+        from .loader.batches import iter_batches
+
+        return iter_batches
+    raise AttributeError(f"module 'shardload' has no attribute {name!r}")

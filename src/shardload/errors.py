@@ -1,0 +1,67 @@
+"""One exception hierarchy. Every message names the file, variable, chunk or option at fault."""
+
+from __future__ import annotations
+
+
+class ShardloadError(Exception):
+    """Base class of every error shardload raises on purpose."""
+
+
+class ConfigError(ShardloadError, ValueError):
+    """A configuration key or option is missing, unknown or has a bad value."""
+
+
+class SourceError(ShardloadError):
+    """A raw input cannot be opened or lacks a file, variable or dimension."""
+
+
+class ViewError(ShardloadError, ValueError):
+    """The data cannot be turned into the requested view (shapes, dtypes, lengths)."""
+
+
+class StoreError(ShardloadError):
+    """A store cannot be read or written."""
+
+
+class StoreExistsError(StoreError, FileExistsError):
+    """The output exists and ``overwrite`` was not asked for."""
+
+
+class IncompleteStoreError(StoreError):
+    """The store was not finished (a prepare crashed or is still running)."""
+
+
+class ChunkReadError(StoreError):
+    """One chunk of one array could not be read or decoded (missing or corrupt)."""
+
+
+class NaNError(ShardloadError, ValueError):
+    """NaN values were found and the ``nan`` option is ``fail``."""
+
+
+class PlanError(ShardloadError, ValueError):
+    """An epoch cannot be planned with these settings (e.g. batch larger than a rank's share)."""
+
+
+class StateError(ShardloadError, ValueError):
+    """A resume state does not belong to this dataset, seed or plan."""
+
+
+class RemoteError(ShardloadError):
+    """A remote store could not be reached after retries."""
+
+
+class MissingDependencyError(ShardloadError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+def require(module: str, extra: str):  # noqa: ANN201 - returns a module
+    """Import ``module`` or raise an error naming the ``shardload[extra]`` to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingDependencyError(
+            f"{module!r} is needed for this feature: pip install 'shardload[{extra}]'"
+        ) from exc

@@ -1,0 +1,129 @@
+"""Chunk sizing and chunk boundaries along the sample axis (pure functions).
+
+Chunks are plain data, as in dask: a tuple of boundaries ``(0, b1, b2, ..., length)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+
+#: Default target size of one chunk of all arrays together (uncompressed). 16 MiB: big enough
+#: that per-read overhead (a syscall, an HTTP request, a codec call) is far below the transfer
+#: time, small enough that a loader worker can hold a shuffle buffer of several chunks.
+DEFAULT_TARGET_CHUNK_BYTES = 16 * 2**20
+
+
+def plan_chunk_rows(
+    row_bytes: int, *, length: int, target_bytes: int = DEFAULT_TARGET_CHUNK_BYTES
+) -> int:
+    """Rows per chunk so that one chunk of all arrays is about ``target_bytes``.
+
+    >>> plan_chunk_rows(1000, length=10**6, target_bytes=16_000)
+    16
+    >>> plan_chunk_rows(10**9, length=5)   # one row bigger than the target: one row per chunk
+    1
+    >>> plan_chunk_rows(4, length=10)      # never more rows than the data has
+    10
+    """
+    if row_bytes <= 0:
+        raise ConfigError(f"row size must be positive, got {row_bytes} bytes")
+    if target_bytes <= 0:
+        raise ConfigError(f"target_chunk_bytes must be positive, got {target_bytes}")
+    rows = max(1, target_bytes // row_bytes)
+    return int(max(1, min(rows, length)))
+
+
+def plan_chunk_bounds(length: int, chunk_rows: int) -> tuple[int, ...]:
+    """Boundaries of consecutive chunks of ``chunk_rows`` rows; the last may be short.
+
+    >>> plan_chunk_bounds(10, 4)
+    (0, 4, 8, 10)
+    >>> plan_chunk_bounds(0, 4)
+    (0,)
+    """
+    if chunk_rows <= 0:
+        raise ConfigError(f"chunk_rows must be positive, got {chunk_rows}")
+    if length < 0:
+        raise ConfigError(f"length must be >= 0, got {length}")
+    return (*range(0, length, chunk_rows), length) if length else (0,)
+
+
+def chunk_sizes(bounds: Sequence[int]) -> np.ndarray:
+    """Rows in each chunk, from boundaries.
+
+    >>> chunk_sizes((0, 4, 8, 10)).tolist()
+    [4, 4, 2]
+    """
+    return np.diff(np.asarray(bounds, dtype=np.int64))
+
+
+def plan_blocks(bounds: Sequence[int], chunks_per_block: int) -> tuple[int, ...]:
+    """Group chunks into write blocks (a Zarr shard holds ``chunks_per_block`` chunks).
+
+    >>> plan_blocks((0, 4, 8, 10), 2)
+    (0, 8, 10)
+    """
+    if chunks_per_block <= 0:
+        raise ConfigError(f"chunks per shard must be positive, got {chunks_per_block}")
+    b = list(bounds)
+    out = b[::chunks_per_block]
+    if out[-1] != b[-1]:
+        out.append(b[-1])
+    return tuple(out)
+
+
+def plan_splits(
+    num_chunks: int, fractions: Mapping[str, float], *, seed: int = 0, shuffle: bool = True
+) -> dict[str, tuple[int, ...]]:
+    """Assign whole chunks to named splits (train/val/test...), seeded.
+
+    Counts follow the fractions by largest remainder; every split with a positive fraction gets at
+    least one chunk when there are enough chunks. Chunk ids inside a split are sorted.
+
+    >>> plan_splits(10, {"train": 0.8, "val": 0.1, "test": 0.1}, shuffle=False)
+    {'train': (0, 1, 2, 3, 4, 5, 6, 7), 'val': (8,), 'test': (9,)}
+    """
+    if not fractions:
+        return {"all": tuple(range(num_chunks))}
+    bad = {k: v for k, v in fractions.items() if not (isinstance(v, (int, float)) and v >= 0)}
+    if bad:
+        raise ConfigError(f"splits: fractions must be numbers >= 0, got {bad}")
+    total = float(sum(fractions.values()))
+    if total <= 0 or total > 1.0 + 1e-9:
+        raise ConfigError(f"splits: fractions must sum to a value in (0, 1], got {total:g}")
+    names = list(fractions)
+    exact = np.array([fractions[n] * num_chunks for n in names], dtype=float)
+    counts = np.floor(exact).astype(int)
+    budget = int(round(total * num_chunks)) if total < 1 - 1e-9 else num_chunks
+    order = np.argsort(-(exact - counts), kind="stable")
+    for i in order[: max(0, budget - counts.sum())]:
+        counts[i] += 1
+    # every positive split gets a chunk if possible, taken from the largest split
+    for i, n in enumerate(names):
+        if fractions[n] > 0 and counts[i] == 0 and counts.max() > 1:
+            counts[int(np.argmax(counts))] -= 1
+            counts[i] = 1
+    ids = np.arange(num_chunks)
+    if shuffle:
+        ids = np.random.default_rng(seed).permutation(num_chunks)
+    out: dict[str, tuple[int, ...]] = {}
+    start = 0
+    for n, c in zip(names, counts, strict=True):
+        out[n] = tuple(sorted(int(i) for i in ids[start : start + c]))
+        start += c
+    return out
+
+
+def rows_of_chunks(bounds: Sequence[int], chunk_ids: Sequence[int]) -> int:
+    """Total rows of the given chunks."""
+    sizes = chunk_sizes(bounds)
+    return int(sizes[list(chunk_ids)].sum()) if len(chunk_ids) else 0
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b) if b else math.inf  # type: ignore[return-value]
