@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         "ML-ready stores and stream them into training. Run 'shardload COMMAND --help' for details.",
     )
     parser.add_argument("--version", action="version", version=f"shardload {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

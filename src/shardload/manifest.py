@@ -125,7 +125,7 @@ class Manifest:
         return _clean(d)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, allow_nan=False)
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Manifest:

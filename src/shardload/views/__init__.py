@@ -1,0 +1,44 @@
+"""Views: how a lazy dataset becomes named sample-major arrays. ``build_view`` picks one by name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import xarray as xr
+
+from ..errors import ConfigError
+from .base import ArraySpec, View
+
+if TYPE_CHECKING:
+    from ..config import PrepareConfig
+
+VIEWS = ("flat", "graph", "window", "function")
+
+__all__ = ["VIEWS", "ArraySpec", "View", "build_view"]
+
+
+def build_view(ds: xr.Dataset, cfg: PrepareConfig) -> View:
+    opts = dict(cfg.view_options)
+    if cfg.view == "flat":
+        from .flat import FlatView
+
+        if opts:
+            raise ConfigError(f"view options {sorted(opts)} are not used by the flat view")
+        return FlatView(ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype)
+    if cfg.view == "graph":
+        from .graph import GraphView
+
+        return GraphView(
+            ds, sample_dims=cfg.sample_dims or ("column",), dtype=cfg.dtype or "float32", **opts
+        )
+    if cfg.view == "window":
+        from .window import WindowView
+
+        return WindowView(ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype, **opts)
+    if cfg.view == "function":
+        from .user import FunctionView
+
+        return FunctionView(ds, sample_dims=cfg.sample_dims, dtype=cfg.dtype, **opts)
+    raise ConfigError(
+        f"view: unknown view {cfg.view!r}; choose one of {list(VIEWS)} or 'package.module:function'"
+    )

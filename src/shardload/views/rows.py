@@ -33,9 +33,7 @@ def sample_major(da: xr.DataArray, sample_dims: Sequence[str]) -> xr.DataArray:
     return da.transpose(*sample_dims, *rest)
 
 
-def read_rows(
-    da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: int
-) -> np.ndarray:
+def read_rows(da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: int) -> np.ndarray:
     """Rows ``[start, stop)`` of ``da`` with ``sample_dims`` stacked, as ``(rows, *rest)``.
 
     ``da`` must already be sample-major (see :func:`sample_major`).

@@ -1,0 +1,109 @@
+"""The small protocol every on-disk format implements, and the registry that picks one by name.
+
+A format writes blocks of rows into a store folder being prepared and opens a reader on a
+finished store (local path or fsspec URL). Format modules are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..manifest import ArrayInfo, Manifest
+from ..views.base import ArraySpec
+
+COMPRESSIONS = ("none", "zstd", "lz4")
+DEFAULT_COMPRESSION = "lz4"
+REGISTRY = {
+    "zarr": "shardload.formats.zarr",
+    "npy": "shardload.formats.npy",
+    "hdf5": "shardload.formats.hdf5",
+}
+
+
+@dataclass(frozen=True)
+class FormatOptions:
+    compression: str = DEFAULT_COMPRESSION
+    level: int | None = None
+    shard_chunks: int | None = None  # zarr: chunks per shard (None: no sharding codec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compression": self.compression,
+            "level": self.level,
+            "shard_chunks": self.shard_chunks,
+        }
+
+
+class ArrayReader(Protocol):
+    def read(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of array ``name`` (a new array the caller owns)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Format(Protocol):
+    name: str
+    #: True when tasks in other processes may write blocks concurrently (zarr, npy); False when
+    #: the driver must write (one HDF5 file).
+    parallel_write: bool
+
+    def create(
+        self,
+        root: Any,
+        specs: Mapping[str, ArraySpec],
+        bounds: Sequence[int],
+        options: FormatOptions,
+    ) -> dict[str, str]:
+        """Create empty arrays; return each array's path inside the store."""
+        ...
+
+    def write_block(
+        self,
+        root: Any,
+        name: str,
+        chunk_index: int,
+        start: int,
+        data: np.ndarray,
+        *,
+        bounds: Sequence[int],
+    ) -> None:
+        """Write rows ``[start, start+len(data))``; they span whole chunks from ``chunk_index``."""
+        ...
+
+    def finish(self, root: Any) -> None:
+        """Flush and close what the writer holds (called once, by the driver)."""
+        ...
+
+    def open_reader(self, fs: Any, root: str, manifest: Manifest) -> ArrayReader: ...
+
+
+def get_format(name: str) -> Format:
+    if name not in REGISTRY:
+        raise ConfigError(f"format: unknown format {name!r}; choose one of {sorted(REGISTRY)}")
+    return importlib.import_module(REGISTRY[name]).FORMAT  # type: ignore[no-any-return]
+
+
+def check_compression(name: str) -> str:
+    if name not in COMPRESSIONS:
+        raise ConfigError(
+            f"compression: unknown value {name!r}; choose one of {list(COMPRESSIONS)}"
+        )
+    return name
+
+
+def info_dtype(info: ArrayInfo) -> np.dtype:
+    return np.dtype(info.dtype)
+
+
+def is_local(fs: Any) -> bool:
+    """True for fsspec's local filesystem (fast paths: np.fromfile, mmap, h5py by path)."""
+    protocol = getattr(fs, "protocol", "file")
+    protocols = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
+    return "file" in protocols or "local" in protocols

@@ -1,0 +1,154 @@
+"""npy stack: one ``.npy`` file per chunk, ``NAME/000000.npy``; memory-mappable, any numpy reads it.
+
+Chunk files are uncompressed (the format's point is zero-decode, mmap-able reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ChunkReadError, ConfigError
+from ..manifest import Manifest
+from .base import FormatOptions, is_local
+
+CHUNK_NAME = "{:06d}.npy"
+
+
+def chunk_path(array_path: str, i: int) -> str:
+    return f"{array_path}/{CHUNK_NAME.format(i)}"
+
+
+class NpyFormat:
+    name = "npy"
+    parallel_write = True
+
+    def create(
+        self, root: Path, specs: Mapping[str, Any], bounds: Sequence[int], options: FormatOptions
+    ) -> dict[str, str]:
+        if options.compression != "none":
+            raise ConfigError(
+                f"compression: the npy format stores raw arrays; got {options.compression!r}, use 'none' "
+                "(or format: zarr / hdf5 for compressed stores)"
+            )
+        for name in specs:
+            (Path(root) / name).mkdir(parents=True, exist_ok=True)
+        return {name: name for name in specs}
+
+    def write_block(
+        self,
+        root: Path,
+        name: str,
+        chunk_index: int,
+        start: int,
+        data: np.ndarray,
+        *,
+        bounds: Sequence[int],
+    ) -> None:
+        i, offset = chunk_index, 0
+        while offset < len(data):
+            rows = bounds[i + 1] - bounds[i]
+            part = np.ascontiguousarray(data[offset : offset + rows])
+            path = Path(root) / chunk_path(name, i)
+            with open(path, "wb") as f:
+                np.lib.format.write_array(f, part, allow_pickle=False)
+            offset += rows
+            i += 1
+
+    def finish(self, root: Path) -> None:
+        pass
+
+    def open_reader(self, fs: Any, root: str, manifest: Manifest) -> NpyReader:
+        return NpyReader(fs, root, manifest)
+
+
+class NpyReader:
+    """Reads row ranges; local files with ``np.fromfile`` at the data offset, remote ones with
+    one ranged request per touched chunk."""
+
+    def __init__(self, fs: Any, root: str, manifest: Manifest) -> None:
+        self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
+        self.local = is_local(fs)
+        self._offsets: dict[tuple[str, int], int] = {}
+        self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
+
+    def path(self, name: str, i: int) -> str:
+        return f"{self.root}/{chunk_path(self.manifest.arrays[name].path, i)}"
+
+    def _data_offset(self, name: str, i: int) -> int:
+        key = (name, i)
+        if key not in self._offsets:
+            path = self.path(name, i)
+            try:
+                if self.local:
+                    with open(path, "rb") as f:
+                        self._offsets[key] = _header_len(f, path)
+                else:
+                    with self.fs.open(path, "rb", block_size=0) as f:
+                        self._offsets[key] = _header_len(f, path)
+            except FileNotFoundError as exc:
+                raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
+        return self._offsets[key]
+
+    def read(self, name: str, start: int, stop: int) -> np.ndarray:
+        info = self.manifest.arrays[name]
+        dtype = np.dtype(info.dtype)
+        row = info.row_shape
+        row_items = int(np.prod(row, dtype=np.int64))
+        out = np.empty((stop - start, *row), dtype=dtype)
+        if stop <= start:
+            return out
+        first = int(np.searchsorted(self.bounds, start, side="right") - 1)
+        pos = start
+        i = first
+        while pos < stop:
+            c0, c1 = int(self.bounds[i]), int(self.bounds[i + 1])
+            a, b = pos - c0, min(stop, c1) - c0
+            off = self._data_offset(name, i) + a * row_items * dtype.itemsize
+            count = (b - a) * row_items
+            path = self.path(name, i)
+            dst = out[pos - start : pos - start + (b - a)]
+            try:
+                if self.local:
+                    flat = np.fromfile(path, dtype=dtype, count=count, offset=off)
+                else:
+                    raw = self.fs.cat_file(path, start=off, end=off + count * dtype.itemsize)
+                    flat = np.frombuffer(raw, dtype=dtype)
+            except (OSError, ValueError) as exc:
+                raise ChunkReadError(
+                    f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
+                ) from exc
+            if flat.size != count:
+                raise ChunkReadError(
+                    f"chunk {i} of array {name!r} is truncated or corrupt: {path} "
+                    f"(expected {count} values at offset {off}, got {flat.size})"
+                )
+            dst.reshape(-1)[:] = flat
+            pos += b - a
+            i += 1
+        return out
+
+    def mmap_chunk(self, name: str, i: int) -> np.ndarray:
+        """A read-only memory map of one chunk (local stores only)."""
+        return np.load(self.path(name, i), mmap_mode="r")
+
+    def close(self) -> None:
+        self._offsets.clear()
+
+
+def _header_len(f: Any, path: str) -> int:
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            np.lib.format.read_array_header_1_0(f)
+        else:
+            np.lib.format.read_array_header_2_0(f)
+    except ValueError as exc:
+        raise ChunkReadError(f"not a valid .npy chunk file: {path}: {exc}") from exc
+    return int(f.tell())
+
+
+FORMAT = NpyFormat()

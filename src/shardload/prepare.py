@@ -1,0 +1,407 @@
+"""``prepare``: raw files -> a complete store. The only module that wires
+source -> view -> plan -> format. See docs/design.md ("Writing a store").
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .config import PrepareConfig, load_config
+from .errors import NaNError, ShardloadError, StoreError, StoreExistsError
+from .executor import open_executor
+from .formats.base import FormatOptions, get_format
+from .manifest import MANIFEST_NAME, ArrayInfo, Manifest
+from .plan.chunks import plan_blocks, plan_chunk_bounds, plan_chunk_rows, plan_splits
+from .stats import Partial, finalize, merge_all, partial
+from .store import PARTIAL_SUFFIX, Store, open_store
+from .views.base import ArraySpec, View
+
+log = logging.getLogger(__name__)
+
+PROGRESS_DIR = "_progress"
+JOB_FILE = "job.json"
+#: Testing aid: seconds to sleep in every write task (simulates slow storage for crash tests).
+THROTTLE_ENV = "SHARDLOAD_THROTTLE_S"
+
+
+@dataclass(frozen=True)
+class PrepareJob:
+    """Everything a write task needs, and small enough to ship to any worker."""
+
+    config: PrepareConfig
+    partial_dir: str
+    bounds: tuple[int, ...]  # chunk boundaries
+    blocks: tuple[int, ...]  # write-block boundaries (chunks or shards)
+    specs: Mapping[str, ArraySpec]
+    fingerprint: str
+
+
+# -- per-process cache: a worker opens the source and builds the view once ----------------------
+_VIEWS: dict[str, View] = {}
+
+
+def build(cfg: PrepareConfig) -> View:
+    from .sources.open import open_source
+    from .views import build_view
+
+    return build_view(open_source(cfg.source), cfg)
+
+
+def _view(job: PrepareJob) -> View:
+    if job.fingerprint not in _VIEWS:
+        _VIEWS.clear()
+        _VIEWS[job.fingerprint] = build(job.config)
+    return _VIEWS[job.fingerprint]
+
+
+def run_block(job: PrepareJob, block: int, write: bool) -> dict[str, Any]:
+    """Read rows of one block from the source, compute stats, write it (or return the data)."""
+    a, b = job.blocks[block], job.blocks[block + 1]
+    chunk = job.bounds.index(a)
+    if os.environ.get(THROTTLE_ENV):
+        time.sleep(float(os.environ[THROTTLE_ENV]))
+    data = _view(job).read(a, b)
+    fmt = get_format(job.config.format)
+    stats: dict[str, Any] = {}
+    for name, spec in job.specs.items():
+        arr = data[name]
+        want = (b - a, *spec.shape[1:])
+        if arr.shape != want:
+            raise StoreError(
+                f"view returned shape {arr.shape} for array {name!r} rows {a}:{b}, expected {want}"
+            )
+        arr = np.ascontiguousarray(arr, dtype=spec.dtype)
+        data[name] = arr
+        p = partial(arr)
+        if job.config.nan == "fail" and p.nan_count.any():
+            feat = int(np.argmax(p.nan_count > 0))
+            label = (
+                spec.features[feat]
+                if spec.features and feat < len(spec.features)
+                else f"feature {feat}"
+            )
+            raise NaNError(
+                f"NaN values in array {name!r} ({label}) in chunk {chunk} (rows {a}:{b}): "
+                f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
+            )
+        stats[name] = p.to_dict()
+        if write:
+            try:
+                fmt.write_block(Path(job.partial_dir), name, chunk, a, arr, bounds=job.bounds)
+            except OSError as exc:
+                raise _write_error(exc, name, chunk, a, b, job.partial_dir) from exc
+    return {"block": block, "stats": stats, "data": None if write else data}
+
+
+def _write_error(exc: OSError, name: str, chunk: int, a: int, b: int, where: str) -> StoreError:
+    why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else str(exc)
+    return StoreError(
+        f"writing chunk {chunk} (rows {a}:{b}) of array {name!r} to {where} failed: {why}. "
+        "The store stays incomplete; free space and re-run to resume."
+    )
+
+
+# -- driver -------------------------------------------------------------------------------------
+def prepare(
+    config: PrepareConfig | Mapping[str, Any] | str | os.PathLike[str],
+    *,
+    overrides: tuple[str, ...] | list[str] = (),
+    progress: bool | None = None,
+) -> Store:
+    """Prepare a store from a config (a :class:`PrepareConfig`, a dict, or a YAML path).
+
+    Returns the opened, complete store. Raises :class:`StoreExistsError` when ``out`` exists and
+    ``overwrite`` is false. An interrupted run leaves ``OUT.partial``; running again with the same
+    config resumes it.
+    """
+    cfg = config if isinstance(config, PrepareConfig) else load_config(config, overrides)
+    out = Path(cfg.out)
+    partial_dir = out.with_name(out.name + PARTIAL_SUFFIX)
+    if out.exists() and not cfg.overwrite:
+        raise StoreExistsError(
+            f"output {out} exists; pass --overwrite (overwrite: true) to replace it"
+        )
+    t0 = time.perf_counter()
+    view = build(cfg)
+    specs = dict(view.specs)
+    length = view.length
+    if length == 0:
+        raise ShardloadError("the view has no samples (length 0): check sample_dims and the source")
+    row_bytes = sum(s.row_bytes for s in specs.values())
+    chunk_rows = cfg.chunk_rows or plan_chunk_rows(
+        row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
+    )
+    bounds = plan_chunk_bounds(length, chunk_rows)
+    blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
+    fingerprint = _fingerprint(cfg, specs, bounds)
+    job = PrepareJob(cfg, str(partial_dir), bounds, blocks, specs, fingerprint)
+    _VIEWS.clear()
+    _VIEWS[fingerprint] = view  # threads in this process reuse the opened source
+    fmt = get_format(cfg.format)
+    options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
+    num_blocks = len(blocks) - 1
+    log.info(
+        "preparing %s: %d samples, %d array(s), %d chunk(s) of %d rows (%.1f MiB/chunk), format=%s compression=%s",
+        out, length, len(specs), len(bounds) - 1, chunk_rows, chunk_rows * row_bytes / 2**20, cfg.format, cfg.compression,
+    )  # fmt: skip
+
+    done = _start_or_resume(partial_dir, job, fmt, options)
+    progress_dir = partial_dir / PROGRESS_DIR
+    todo = [i for i in range(num_blocks) if i not in done]
+    if done:
+        log.info(
+            "resuming %s: %d of %d block(s) already written", partial_dir, len(done), num_blocks
+        )
+    write_in_task = fmt.parallel_write or cfg.execution.scheduler in ("threads", "sync")
+    _run(job, todo, num_blocks, len(done), write_in_task, progress_dir, progress)
+    fmt.finish(partial_dir)
+
+    partials = _load_partials(progress_dir, num_blocks, list(specs))
+    stats = {}
+    for name in specs:
+        merged = merge_all(partials[name])
+        assert merged is not None
+        stats[name] = finalize(merged)
+        nans = int(sum(stats[name].nan_count))
+        if nans and cfg.nan == "warn":
+            log.warning(
+                "array %r has %d NaN value(s) (counts per feature in the manifest stats)",
+                name,
+                nans,
+            )
+    manifest = Manifest(
+        format=cfg.format,
+        length=length,
+        chunk_bounds=bounds,
+        arrays={
+            n: ArrayInfo(
+                n,
+                tuple(s.shape),
+                np.dtype(s.dtype).name,
+                chunk_rows,
+                path=n if cfg.format != "hdf5" else f"data.h5/{n}",
+                features=s.features,
+                attrs=dict(s.attrs),
+            )
+            for n, s in specs.items()
+        },  # fmt: skip
+        splits=plan_splits(
+            len(bounds) - 1, cfg.splits, seed=cfg.split_seed, shuffle=cfg.split_shuffle
+        ),
+        stats=stats,
+        static=dict(view.static),
+        options={
+            **options.to_dict(),
+            "view": cfg.view,
+            "sample_dims": list(cfg.sample_dims),
+            "blocks": list(blocks),
+        },
+        provenance=_provenance(cfg),
+        complete=True,
+        shardload_version=__version__,
+    )
+    _write_atomic(partial_dir / MANIFEST_NAME, manifest.to_json().encode())
+    shutil.rmtree(progress_dir, ignore_errors=True)
+    _publish(partial_dir, out)
+    dt = time.perf_counter() - t0
+    total = length * row_bytes
+    log.info(
+        "wrote %s: %d samples, %.1f MiB in %.1f s (%.1f MiB/s)",
+        out,
+        length,
+        total / 2**20,
+        dt,
+        total / 2**20 / max(dt, 1e-9),
+    )
+    return open_store(out)
+
+
+def _run(
+    job: PrepareJob,
+    todo: list[int],
+    total: int,
+    initial: int,
+    write_in_task: bool,
+    progress_dir: Path,
+    progress: bool | None,
+) -> None:
+    from tqdm.auto import tqdm
+
+    fmt = get_format(job.config.format)
+    bar = tqdm(
+        total=total,
+        initial=initial,
+        unit="chunk",
+        desc="prepare",
+        disable=(not progress) if progress is not None else None,
+    )
+    with open_executor(job.config.execution) as (ex, parallelism):
+        window = max(2, 2 * parallelism)
+        pending: set[Future[Any]] = set()
+        it = iter(todo)
+        try:
+            while True:
+                while len(pending) < window:
+                    i = next(it, None)
+                    if i is None:
+                        break
+                    pending.add(ex.submit(run_block, job, i, write_in_task))
+                if not pending:
+                    break
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    res = fut.result()
+                    i = res["block"]
+                    if res["data"] is not None:
+                        a = job.blocks[i]
+                        chunk = job.bounds.index(a)
+                        for name, arr in res["data"].items():
+                            try:
+                                fmt.write_block(
+                                    Path(job.partial_dir), name, chunk, a, arr, bounds=job.bounds
+                                )
+                            except OSError as exc:
+                                raise _write_error(
+                                    exc, name, chunk, a, a + len(arr), job.partial_dir
+                                ) from exc
+                    _write_atomic(
+                        progress_dir / f"block-{i:06d}.json", json.dumps(res["stats"]).encode()
+                    )
+                    bar.update(1)
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+        finally:
+            bar.close()
+
+
+def _start_or_resume(
+    partial_dir: Path, job: PrepareJob, fmt: Any, options: FormatOptions
+) -> set[int]:
+    progress_dir = partial_dir / PROGRESS_DIR
+    job_file = progress_dir / JOB_FILE
+    if partial_dir.exists():
+        if (partial_dir / MANIFEST_NAME).exists() and not progress_dir.exists():
+            return set(range(len(job.blocks) - 1))  # finished but not yet renamed
+        try:
+            old = json.loads(job_file.read_text())["fingerprint"]
+        except (OSError, ValueError, KeyError):
+            old = None
+        if old == job.fingerprint:
+            return {int(p.stem.split("-")[1]) for p in progress_dir.glob("block-*.json")}
+        log.warning("%s is from another config or source; restarting it", partial_dir)
+        shutil.rmtree(partial_dir)
+    try:
+        progress_dir.mkdir(parents=True)
+        fmt.create(partial_dir, job.specs, job.bounds, options)
+    except OSError as exc:
+        raise StoreError(f"cannot create {partial_dir}: {exc}") from exc
+    _write_atomic(
+        job_file,
+        json.dumps({"fingerprint": job.fingerprint, "config": job.config.to_dict()}).encode(),
+    )
+    return set()
+
+
+def _load_partials(
+    progress_dir: Path, num_blocks: int, names: list[str]
+) -> dict[str, list[Partial]]:
+    out: dict[str, list[Partial]] = {n: [] for n in names}
+    for i in range(num_blocks):
+        path = progress_dir / f"block-{i:06d}.json"
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"block {i} has no progress record ({path}): {exc}") from exc
+        for n in names:
+            out[n].append(Partial.from_dict(d[n]))
+    return out
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _publish(partial_dir: Path, out: Path) -> None:
+    """Rename the finished folder into place; an old store (overwrite) is moved aside first."""
+    old = None
+    if out.exists():
+        old = out.with_name(f"{out.name}.old-{os.getpid()}-{int(time.time())}")
+        os.replace(out, old)
+    os.replace(partial_dir, out)
+    _fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fingerprint(
+    cfg: PrepareConfig, specs: Mapping[str, ArraySpec], bounds: tuple[int, ...]
+) -> str:
+    from .sources.open import expand_paths, is_url
+
+    d = cfg.to_dict()
+    for k in ("execution", "overwrite", "base_dir"):
+        d.pop(k, None)
+    files = []
+    for p in expand_paths(
+        list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
+    ):
+        if not is_url(p):
+            st = os.stat(p)
+            files.append([p, st.st_size, st.st_mtime_ns])
+        else:
+            files.append([p])
+    d["_files"] = files
+    d["_specs"] = {k: [list(s.shape), np.dtype(s.dtype).name] for k, s in specs.items()}
+    d["_bounds"] = [len(bounds), bounds[1] if len(bounds) > 1 else 0]
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _provenance(cfg: PrepareConfig) -> dict[str, Any]:
+    from .sources.open import expand_paths
+
+    files = expand_paths(
+        list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
+    )
+    return {
+        "files": files[:10000],
+        "num_files": len(files),
+        "config": cfg.to_dict(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": socket.gethostname(),
+        "shardload_version": __version__,
+    }

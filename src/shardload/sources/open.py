@@ -1,0 +1,152 @@
+"""Open raw inputs lazily with xarray + dask: files, globs, lists, folders (Zarr) and URLs.
+
+Nothing is loaded: variables are dask arrays over the files' own chunking (``chunks={}``), and
+views index them. Several files combine along a dimension (``combine``/``concat_dim``).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import xarray as xr
+
+from ..config import SourceConfig
+from ..errors import SourceError, require
+
+log = logging.getLogger(__name__)
+
+GRIB_SUFFIXES = (".grib", ".grb", ".grib1", ".grib2", ".grb2")
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def is_url(p: str) -> bool:
+    return "://" in p and not p.startswith("file://")
+
+
+def expand_paths(paths: Sequence[str], storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Expand globs (local or remote) keeping order; fail naming the path that matches nothing."""
+    out: list[str] = []
+    for p in paths:
+        if is_url(p):
+            if any(c in p for c in "*?["):
+                import fsspec
+
+                fs, _, found = fsspec.get_fs_token_paths(p, storage_options=storage_options or {})
+                if not found:
+                    raise SourceError(f"no files match {p}")
+                out.extend(fs.unstrip_protocol(f) for f in sorted(found))
+            else:
+                out.append(p)
+            continue
+        p = p[len("file://") :] if p.startswith("file://") else p
+        if any(c in p for c in "*?["):
+            found = sorted(glob.glob(os.path.expanduser(p)))
+            if not found:
+                raise SourceError(f"no files match {p}")
+            out.extend(found)
+        else:
+            if not os.path.exists(p):
+                raise SourceError(f"input file not found: {p}")
+            out.append(p)
+    return out
+
+
+def guess_engine(path: str) -> str | None:
+    low = path.lower().rstrip("/")
+    if low.endswith(GRIB_SUFFIXES):
+        require("cfgrib", "grib")
+        return "cfgrib"
+    if low.endswith(".zarr") or _is_zarr_dir(path):
+        return "zarr"
+    if low.endswith(HDF5_SUFFIXES):
+        return "h5netcdf"
+    return None
+
+
+def _is_zarr_dir(path: str) -> bool:
+    return (
+        not is_url(path)
+        and os.path.isdir(path)
+        and any(
+            os.path.exists(os.path.join(path, m))
+            for m in ("zarr.json", ".zgroup", ".zmetadata", ".zarray")
+        )
+    )
+
+
+def open_kwargs(cfg: SourceConfig, engine: str | None) -> dict[str, Any]:
+    kw: dict[str, Any] = {"chunks": {}}
+    if engine:
+        kw["engine"] = engine
+    if cfg.decode_times is not None:
+        kw["decode_times"] = cfg.decode_times
+    if cfg.group is not None:
+        kw["group"] = cfg.group
+    if engine == "cfgrib":
+        kw.setdefault("backend_kwargs", {"indexpath": ""})  # no index files beside the data
+    if engine == "h5netcdf":
+        kw.setdefault("phony_dims", "sort")  # HDF5 files without dimension scales
+    kw.update(cfg.open_kwargs)
+    return kw
+
+
+def _open_one_target(path: str, engine: str | None, cfg: SourceConfig) -> Any:
+    """What xarray opens: a local path, or for URLs a file object (netCDF/HDF5) / mapper (zarr)."""
+    if not is_url(path):
+        return path
+    import fsspec
+
+    so = dict(cfg.storage_options)
+    if engine == "zarr":
+        return fsspec.get_mapper(path, **so)
+    return fsspec.open(path, "rb", **so).open()
+
+
+def open_source(cfg: SourceConfig) -> xr.Dataset:
+    """Open the configured inputs as one lazy dataset."""
+    if cfg.kind == "radiation":
+        from .radiation import open_radiation
+
+        return open_radiation(
+            expand_paths(cfg.paths, dict(cfg.storage_options)),
+            expand_paths(cfg.outputs, dict(cfg.storage_options)) if cfg.outputs else None,
+        )
+    paths = expand_paths(cfg.paths, dict(cfg.storage_options))
+    engine = cfg.engine or guess_engine(paths[0])
+    if engine == "h5netcdf" or (engine is None and any(is_url(p) for p in paths)):
+        require("h5netcdf", "remote")
+        engine = engine or "h5netcdf"
+    kw = open_kwargs(cfg, engine)
+    try:
+        if len(paths) == 1:
+            ds = xr.open_dataset(_open_one_target(paths[0], engine, cfg), **kw)
+        else:
+            targets = [_open_one_target(p, engine, cfg) for p in paths]
+            mf: dict[str, Any] = {"combine": cfg.combine, "parallel": False}
+            if cfg.concat_dim:
+                mf["concat_dim"] = cfg.concat_dim
+            elif cfg.combine == "nested":
+                raise SourceError("source.concat_dim is needed with combine: nested")
+            ds = xr.open_mfdataset(targets, **mf, **kw)
+    except SourceError:
+        raise
+    except FileNotFoundError as exc:
+        raise SourceError(f"input file not found: {exc.filename or paths}") from exc
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        where = paths[0] if len(paths) == 1 else f"{len(paths)} files ({paths[0]} ...)"
+        raise SourceError(
+            f"cannot open {where} (engine={engine}): {type(exc).__name__}: {exc}"
+        ) from exc
+    if cfg.variables:
+        missing = [v for v in cfg.variables if v not in ds.variables]
+        if missing:
+            raise SourceError(
+                f"variable(s) {missing} not found in {paths[0]}; it has {sorted(map(str, ds.data_vars))}"
+            )
+        ds = ds[list(cfg.variables)]
+    log.info("opened %d file(s) lazily: %s", len(paths), dict(ds.sizes))
+    return ds

@@ -1,0 +1,113 @@
+"""Per-feature statistics computed block by block and merged exactly.
+
+Features are the last axis of arrays with ndim >= 2 (reduced over rows and every other axis) and
+the single value of 1-D arrays. Partials hold count, mean, M2 (sum of squared deviations), min,
+max and NaN count per feature, in float64; :func:`merge` is Chan et al.'s parallel update, so the
+result equals a single pass over all data up to round-off, whatever the block order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .manifest import FeatureStats
+
+
+@dataclass(frozen=True)
+class Partial:
+    count: np.ndarray  # int64 per feature (non-NaN values)
+    mean: np.ndarray
+    m2: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    nan_count: np.ndarray
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            k: getattr(self, k).tolist() for k in ("count", "mean", "m2", "min", "max", "nan_count")
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Partial:
+        f = lambda k, t: np.asarray(d[k], dtype=t)  # noqa: E731
+        return cls(
+            f("count", np.int64), f("mean", np.float64), f("m2", np.float64),
+            f("min", np.float64), f("max", np.float64), f("nan_count", np.int64),
+        )  # fmt: skip
+
+
+def as_features(block: np.ndarray) -> np.ndarray:
+    """View a block as (values, features)."""
+    if block.ndim <= 1:
+        return block.reshape(-1, 1)
+    return block.reshape(-1, block.shape[-1])
+
+
+def partial(block: np.ndarray) -> Partial:
+    """Statistics of one block of rows."""
+    v = as_features(block)
+    nf = v.shape[1]
+    if v.dtype.kind == "f":
+        nan = np.isnan(v)
+        nan_count = nan.sum(axis=0).astype(np.int64)
+        has_nan = bool(nan_count.any())
+    else:
+        nan_count = np.zeros(nf, np.int64)
+        has_nan = False
+    count = (v.shape[0] - nan_count).astype(np.int64)
+    if v.shape[0] == 0:
+        empty = np.full(nf, np.nan)
+        return Partial(count, np.zeros(nf), np.zeros(nf), empty, empty.copy(), nan_count)
+    x = v.astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if has_nan:
+            s = np.nansum(x, axis=0)
+            mean = np.where(count > 0, s / np.maximum(count, 1), 0.0)
+            m2 = np.nansum((x - mean) ** 2, axis=0)
+            mn = np.where(count > 0, np.nanmin(np.where(nan, np.inf, x), axis=0), np.nan)
+            mx = np.where(count > 0, np.nanmax(np.where(nan, -np.inf, x), axis=0), np.nan)
+        else:
+            mean = x.mean(axis=0)
+            m2 = ((x - mean) ** 2).sum(axis=0)
+            mn = x.min(axis=0)
+            mx = x.max(axis=0)
+    return Partial(count, mean, m2, mn.astype(np.float64), mx.astype(np.float64), nan_count)
+
+
+def merge(a: Partial, b: Partial) -> Partial:
+    """Combine two partials (Chan et al. 1979)."""
+    n = a.count + b.count
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delta = b.mean - a.mean
+        frac = np.where(n > 0, b.count / np.maximum(n, 1), 0.0)
+        mean = a.mean + delta * frac
+        m2 = a.m2 + b.m2 + delta**2 * a.count * frac
+    return Partial(
+        n, mean, m2, np.fmin(a.min, b.min), np.fmax(a.max, b.max), a.nan_count + b.nan_count
+    )
+
+
+def merge_all(parts: Iterable[Partial]) -> Partial | None:
+    out: Partial | None = None
+    for p in parts:
+        out = p if out is None else merge(out, p)
+    return out
+
+
+def finalize(p: Partial) -> FeatureStats:
+    """Population statistics (ddof=0) per feature; NaN where a feature had no finite value."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = np.where(p.count > 0, p.m2 / np.maximum(p.count, 1), np.nan)
+        mean = np.where(p.count > 0, p.mean, np.nan)
+    return FeatureStats(
+        count=int(p.count.max()) if p.count.size else 0,
+        mean=tuple(float(v) for v in mean),
+        std=tuple(float(v) for v in np.sqrt(np.maximum(var, 0))),
+        min=tuple(float(v) for v in p.min),
+        max=tuple(float(v) for v in p.max),
+        nan_count=tuple(int(v) for v in p.nan_count),
+    )

@@ -1,0 +1,201 @@
+"""``open_store``: a handle on a prepared store (or plain Zarr data), local or by URL.
+
+Opening reads one file, the manifest; arrays open lazily on first read, in the process that
+reads (handles are dropped when a Store is pickled into DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import IncompleteStoreError, StoreError
+from .formats.base import ArrayReader, get_format, is_local
+from .manifest import MANIFEST_NAME, Manifest
+
+PARTIAL_SUFFIX = ".partial"
+
+
+class Store:
+    """A prepared store: ``len(store)`` rows, arrays by name, any row range without dask."""
+
+    def __init__(self, manifest: Manifest, fs: Any, root: str, *, url: str) -> None:
+        self.manifest = manifest
+        self.fs = fs
+        self.root = root
+        self.url = url
+        self._reader: ArrayReader | None = None
+        self._pid = os.getpid()
+
+    # -- description ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.manifest.length
+
+    def __repr__(self) -> str:
+        arrays = ", ".join(f"{k}{list(a.shape)}:{a.dtype}" for k, a in self.manifest.arrays.items())
+        return f"<shardload.Store {self.url} format={self.manifest.format} length={len(self)} arrays=({arrays})>"
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        return tuple(self.manifest.arrays)
+
+    @property
+    def chunk_bounds(self) -> tuple[int, ...]:
+        return self.manifest.chunk_bounds
+
+    @property
+    def num_chunks(self) -> int:
+        return self.manifest.num_chunks
+
+    @property
+    def is_local(self) -> bool:
+        return is_local(self.fs)
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def reader(self) -> ArrayReader:
+        if self._reader is None or self._pid != os.getpid():
+            self._reader = get_format(self.manifest.format).open_reader(
+                self.fs, self.root, self.manifest
+            )
+            self._pid = os.getpid()
+        return self._reader
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``[start, stop)`` of array ``name`` as a numpy array."""
+        if name not in self.manifest.arrays:
+            raise StoreError(
+                f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
+            )
+        n = len(self)
+        stop = n if stop is None else stop
+        start, stop = _clip(start, n), _clip(stop, n)
+        if stop < start:
+            stop = start
+        return self.reader.read(name, start, stop)
+
+    def read_chunk(self, name: str, i: int) -> np.ndarray:
+        if not 0 <= i < self.num_chunks:
+            raise StoreError(
+                f"chunk {i} out of range: store {self.url} has {self.num_chunks} chunks"
+            )
+        a, b = self.manifest.chunk_range(i)
+        return self.read(name, a, b)
+
+    def read_rows(
+        self, start: int, stop: int, names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The same rows of several arrays (row-aligned)."""
+        return {k: self.read(k, start, stop) for k in (names or self.arrays)}
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_reader"] = None
+        return d
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _clip(i: int, n: int) -> int:
+    i = int(i)
+    if i < 0:
+        i += n
+    return min(max(i, 0), n)
+
+
+def open_store(
+    path_or_url: str | os.PathLike[str] | Store,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int | None = None,
+    arrays: Sequence[str] | None = None,
+) -> Store:
+    """Open a shardload store (any format), or plain Zarr data chunked along axis 0.
+
+    Parameters
+    ----------
+    path_or_url
+        A local folder, or an fsspec URL (``http://``, ``s3://``, ...).
+    storage_options
+        Passed to fsspec for URLs (credentials, endpoint, ...).
+    cache_dir, cache_bytes
+        Optional local cache of remote files, bounded in bytes.
+    arrays
+        For plain Zarr data: which arrays to read together (default: all arrays sharing the
+        longest leading dimension).
+    """
+    if isinstance(path_or_url, Store):
+        return path_or_url
+    url = os.fspath(path_or_url)
+    fs, root = _open_fs(url, storage_options, cache_dir, cache_bytes)
+    root = root.rstrip("/") or "/"
+    text = _read_manifest(fs, root)
+    if text is None:
+        if _exists(fs, f"{root}{PARTIAL_SUFFIX}") or _exists(fs, f"{root}/_progress"):
+            raise IncompleteStoreError(
+                f"{url} is not complete: a prepare was interrupted or is still running "
+                f"(found {root}{PARTIAL_SUFFIX}); re-run 'shardload prepare' to resume"
+            )
+        if any(_exists(fs, f"{root}/{m}") for m in ("zarr.json", ".zgroup", ".zarray")):
+            from .formats.zarr import manifest_from_zarr
+
+            return Store(manifest_from_zarr(fs, root, arrays=arrays), fs, root, url=url)
+        if not _exists(fs, root):
+            raise StoreError(f"no store at {url}: the path does not exist")
+        raise StoreError(f"{url} is not a shardload store: no {MANIFEST_NAME} and no Zarr metadata")
+    manifest = Manifest.from_json(text, where=f"{url}/{MANIFEST_NAME}")
+    if not manifest.complete:
+        raise IncompleteStoreError(f"{url} is not complete ({MANIFEST_NAME} says complete: false)")
+    return Store(manifest, fs, root, url=url)
+
+
+def _open_fs(
+    url: str, storage_options: Mapping[str, Any] | None, cache_dir: Any, cache_bytes: int | None
+) -> tuple[Any, str]:
+    if "://" in url and not url.startswith("file://"):
+        from .remote import open_fs
+
+        return open_fs(
+            url,
+            storage_options=dict(storage_options or {}),
+            cache_dir=cache_dir,
+            cache_bytes=cache_bytes,
+        )
+    from fsspec.implementations.local import LocalFileSystem
+
+    path = url[len("file://") :] if url.startswith("file://") else url
+    return LocalFileSystem(), str(Path(path).expanduser().resolve())
+
+
+def _read_manifest(fs: Any, root: str) -> bytes | None:
+    path = f"{root}/{MANIFEST_NAME}"
+    if is_local(fs):
+        try:
+            return Path(path).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    try:
+        return fs.cat_file(path)  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return None
+
+
+def _exists(fs: Any, path: str) -> bool:
+    try:
+        return bool(fs.exists(path))
+    except Exception:
+        return False

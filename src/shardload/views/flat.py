@@ -1,0 +1,101 @@
+"""The flat view (MLP input): each named array is the concatenation of listed variables, each
+flattened after the (stacked) sample axis."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from ..errors import ViewError
+from .base import ArraySpec, check_lengths, check_numeric
+from .rows import read_rows, sample_length, sample_major
+
+
+def feature_names(da: xr.DataArray, sample_dims: Sequence[str]) -> tuple[str, ...]:
+    """Names of the flattened features of one variable: ``var`` or ``var[label,...]``."""
+    name = str(da.name)
+    rest = [d for d in da.dims if d not in sample_dims]
+    if not rest:
+        return (name,)
+    labels = []
+    for d in rest:
+        if d in da.coords and da.coords[d].ndim == 1:
+            labels.append([str(v) for v in np.asarray(da.coords[d].values)])
+        else:
+            labels.append([str(i) for i in range(da.sizes[d])])
+    grids = np.meshgrid(*[np.arange(len(lab)) for lab in labels], indexing="ij")
+    flat = [g.reshape(-1) for g in grids]
+    return tuple(
+        f"{name}[{','.join(labels[k][int(idx[k])] for k in range(len(labels)))}]"
+        for idx in zip(*flat, strict=True)
+    )
+
+
+class FlatView:
+    """``arrays = {"x": ["t", "z"]}`` -> ``x`` of shape ``(samples, F_t + F_z)``."""
+
+    def __init__(
+        self,
+        ds: xr.Dataset,
+        arrays: Mapping[str, Sequence[str]],
+        *,
+        sample_dims: Sequence[str],
+        dtype: str | None = None,
+    ) -> None:
+        if not sample_dims:
+            raise ViewError("sample_dims: the flat view needs at least one sample dimension")
+        self.sample_dims = tuple(sample_dims)
+        self._vars: dict[str, list[xr.DataArray]] = {}
+        specs: dict[str, ArraySpec] = {}
+        lengths: dict[str, int] = {}
+        for out, names in arrays.items():
+            das = []
+            for v in names:
+                if v not in ds.variables:
+                    raise ViewError(
+                        f"arrays.{out}: variable {v!r} not found; the source has {sorted(map(str, ds.data_vars))}"
+                    )
+                da = ds[v]
+                check_numeric(v, da.dtype, where=f"arrays.{out}")
+                lengths[f"{out}.{v}"] = sample_length(da, self.sample_dims)
+                das.append(sample_major(da, self.sample_dims))
+            self._vars[out] = das
+            n_feat = [int(np.prod(d.shape[len(self.sample_dims) :], dtype=np.int64)) for d in das]
+            dt = np.dtype(dtype) if dtype else np.result_type(*[d.dtype for d in das])
+            feats = sum((feature_names(d, self.sample_dims) for d in das), ())
+            specs[out] = ArraySpec(
+                out, (0, int(sum(n_feat))), dt, feats, {"variables": list(names)}
+            )
+        self._length = check_lengths(lengths)
+        self._specs = {
+            k: ArraySpec(s.name, (self._length, *s.shape[1:]), s.dtype, s.features, s.attrs)
+            for k, s in specs.items()
+        }
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def specs(self) -> Mapping[str, ArraySpec]:
+        return self._specs
+
+    @property
+    def static(self) -> Mapping[str, Any]:
+        return {}
+
+    def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for name, das in self._vars.items():
+            spec = self._specs[name]
+            buf = np.empty((stop - start, spec.shape[1]), dtype=spec.dtype)
+            col = 0
+            for da in das:
+                block = read_rows(da, self.sample_dims, start, stop).reshape(stop - start, -1)
+                buf[:, col : col + block.shape[1]] = block
+                col += block.shape[1]
+            out[name] = buf
+        return out
