@@ -90,7 +90,7 @@ def summary(store: Any) -> dict[str, Any]:
                 "num_features": len(a.features) if a.features else None,
             }
             for k, a in m.arrays.items()
-        },  # fmt: skip
+        },
         "splits": {
             k: {
                 "chunks": len(v),
@@ -108,7 +108,7 @@ def summary(store: Any) -> dict[str, Any]:
                 "max": list(s.max),
             }
             for k, s in m.stats.items()
-        },  # fmt: skip
+        },
         "static": sorted(m.static),
         "options": dict(m.options),
         "size_bytes": size,

@@ -199,7 +199,7 @@ def prepare(
                 attrs=dict(s.attrs),
             )
             for n, s in specs.items()
-        },  # fmt: skip
+        },
         splits=plan_splits(
             len(bounds) - 1, cfg.splits, seed=cfg.split_seed, shuffle=cfg.split_shuffle
         ),

@@ -99,7 +99,7 @@ def plan_splits(
     names = list(fractions)
     exact = np.array([fractions[n] * num_chunks for n in names], dtype=float)
     counts = np.floor(exact).astype(int)
-    budget = int(round(total * num_chunks)) if total < 1 - 1e-9 else num_chunks
+    budget = round(total * num_chunks) if total < 1 - 1e-9 else num_chunks
     order = np.argsort(-(exact - counts), kind="stable")
     for i in order[: max(0, budget - counts.sum())]:
         counts[i] += 1
