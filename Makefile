@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-EXTRAS := torch,remote,serve,distributed,hpc,grib,dev
+EXTRAS := torch,remote,serve,distributed,hpc,grib,hdf5,bench,dev
 
 .PHONY: venv demo test test-fast lint typecheck bench clean
 

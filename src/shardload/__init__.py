@@ -18,7 +18,7 @@ __all__ = ["__version__", "iter_batches", "open_store", "prepare"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loader.batches import iter_batches
-    from .prepare import prepare
+    from .pipeline import prepare
     from .store import open_store
 
 
@@ -29,7 +29,7 @@ def __getattr__(name: str) -> Any:
 
         return open_store
     if name == "prepare":
-        from .prepare import prepare
+        from .pipeline import prepare
 
         return prepare
     if name == "iter_batches":

@@ -50,7 +50,7 @@ def register(sub: Any) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from .prepare import prepare
+    from .pipeline import prepare
 
     overrides = list(args.overrides)
     if args.overwrite:

@@ -2,7 +2,7 @@
 
 HDF5 allows one writer per file: threads write through a lock, and tasks in other processes
 send their block to the driver, which writes it (``parallel_write = False``). zstd / lz4 use
-hdf5plugin's filters (readable by any HDF5 with the plugin).
+hdf5plugin's Blosc2 filter (readable by any HDF5 with the plugin).
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ def _filter(options: FormatOptions) -> dict[str, Any]:
     if options.compression == "none":
         return {}
     plugin = require("hdf5plugin", "hdf5")
-    if options.compression == "zstd":
-        return dict(
-            plugin.Blosc(cname="zstd", clevel=options.level or 3, shuffle=plugin.Blosc.SHUFFLE)
-        )
-    return dict(plugin.Blosc(cname="lz4", clevel=options.level or 5, shuffle=plugin.Blosc.SHUFFLE))
+    # Blosc2, not Blosc: Blosc's HDF5 "set_local" callback fails when netCDF4's own copy of
+    # libhdf5 was loaded first (as it is when sources are netCDF files).
+    level = options.level or (3 if options.compression == "zstd" else 5)
+    return dict(plugin.Blosc2(cname=options.compression, clevel=level, filters=plugin.Blosc2.SHUFFLE))
 
 
 class Hdf5Format:

@@ -56,6 +56,12 @@ def expand_paths(paths: Sequence[str], storage_options: dict[str, Any] | None = 
 
 
 def guess_engine(path: str) -> str | None:
+    """Pick the xarray engine from the name, or for local files from the magic bytes.
+
+    netCDF4/HDF5 files go to h5netcdf and netCDF3 files to scipy, so that only h5py's copy of
+    libhdf5 is loaded in the process: netCDF4-python brings a second copy, and the two together
+    crash (seen with hdf5plugin's filters registered).
+    """
     low = path.lower().rstrip("/")
     if low.endswith(GRIB_SUFFIXES):
         require("cfgrib", "grib")
@@ -64,6 +70,13 @@ def guess_engine(path: str) -> str | None:
         return "zarr"
     if low.endswith(HDF5_SUFFIXES):
         return "h5netcdf"
+    if not is_url(path) and os.path.isfile(path):
+        with open(path, "rb") as f:
+            magic = f.read(8)
+        if magic.startswith(b"\x89HDF"):
+            return "h5netcdf"
+        if magic.startswith(b"CDF\x01") or magic.startswith(b"CDF\x02"):
+            return "scipy"
     return None
 
 

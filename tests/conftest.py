@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+CACHE = Path(os.environ.get("SHARDLOAD_TEST_CACHE", Path.home() / ".cache" / "shardload-tests"))
+CFGRIB_SDIST = "cfgrib==0.9.15.1"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data folder {SHARED_DATA} is absent (../shared/data beside the repo)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def era5_dir() -> Path:
+    """ERA5 sample files from the cfgrib source distribution (fetched once with pip)."""
+    target = CACHE / "era5"
+    names = ("era5-levels-members.nc", "era5-levels-members.grib")
+    if all((target / n).exists() for n in names):
+        return target
+    dl = CACHE / "sdist"
+    dl.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", CFGRIB_SDIST, "-d", str(dl)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    archives = sorted(dl.glob("cfgrib-*.tar.gz"))
+    if not archives:
+        pytest.skip(f"cannot fetch the ERA5 sample ({CFGRIB_SDIST} sdist): {res.stderr[-500:]}")
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archives[-1]) as tf:
+        for m in tf.getmembers():
+            if m.name.endswith(tuple(f"sample-data/{n}" for n in names)):
+                m.name = Path(m.name).name
+                tf.extract(m, target, filter="data")
+    return target
+
+
+def make_dataset(n: int = 50, *, seed: int = 0, nan_at: tuple[int, int] | None = None) -> xr.Dataset:
+    """A small dataset with sample dim 'sample' and several variable shapes."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(n,)).astype("float32")
+    b = rng.normal(size=(n, 3)).astype("float32")
+    c = rng.normal(size=(4, n)).astype("float64")  # sample dim not first
+    if nan_at is not None:
+        b[nan_at] = np.nan
+    return xr.Dataset(
+        {"a": (("sample",), a), "b": (("sample", "feat"), b), "c": (("level", "sample"), c)},
+        coords={"feat": ["u", "v", "w"]},
+    )
+
+
+@pytest.fixture()
+def small_nc(tmp_path: Path) -> Path:
+    path = tmp_path / "small.nc"
+    make_dataset(50).to_netcdf(path)
+    return path
+
+
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("shardload", deadline=None, max_examples=60)
+settings.load_profile("shardload")

@@ -1,0 +1,239 @@
+"""Prepare: values in == values out for every format and view; atomicity; bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+from conftest import make_dataset
+
+import shardload
+from shardload.errors import (
+    ConfigError,
+    IncompleteStoreError,
+    NaNError,
+    SourceError,
+    StoreError,
+    StoreExistsError,
+    ViewError,
+)
+
+FORMATS = [("zarr", "none"), ("zarr", "zstd"), ("zarr", "lz4"), ("npy", "none"), ("hdf5", "none"), ("hdf5", "zstd")]
+
+
+def cfg(src: Path, out: Path, **kw):
+    base = {
+        "source": {"paths": [str(src)]},
+        "sample_dims": ["sample"],
+        "view": "flat",
+        "arrays": {"x": ["a", "b", "c"], "y": ["b"]},
+        "chunk_rows": 7,
+        "out": str(out),
+    }
+    base.update(kw)
+    return base
+
+
+def expected_flat(ds: xr.Dataset) -> dict[str, np.ndarray]:
+    x = np.concatenate([ds.a.values[:, None], ds.b.values, ds.c.values.T], axis=1)
+    return {"x": x.astype(np.result_type(ds.a, ds.b, ds.c)), "y": ds.b.values}
+
+
+@pytest.mark.parametrize(("fmt", "comp"), FORMATS)
+def test_flat_round_trip_every_format(tmp_path, small_nc, fmt, comp):
+    store = shardload.prepare(cfg(small_nc, tmp_path / "s", format=fmt, compression=comp))
+    ref = expected_flat(xr.open_dataset(small_nc))
+    assert len(store) == 50 and store.manifest.complete and store.manifest.format == fmt
+    assert store.chunk_bounds == (0, 7, 14, 21, 28, 35, 42, 49, 50)
+    for name, want in ref.items():
+        np.testing.assert_array_equal(store.read(name), want)
+        np.testing.assert_array_equal(store.read(name, 5, 23), want[5:23])
+        assert store.manifest.arrays[name].chunk_rows == 7
+    # stats in the manifest equal numpy's over the whole array
+    st = store.manifest.stats["x"]
+    np.testing.assert_allclose(st.mean, ref["x"].astype("f8").mean(0), rtol=1e-10)
+    np.testing.assert_allclose(st.std, ref["x"].astype("f8").std(0), rtol=1e-6)
+    assert store.manifest.arrays["x"].features[:3] == ("a", "b[u]", "b[v]")
+    # re-open from disk, through the public function
+    again = shardload.open_store(tmp_path / "s")
+    np.testing.assert_array_equal(again.read("y", 48, 50), ref["y"][48:50])
+
+
+def test_zarr_sharding_and_target_bytes(tmp_path, small_nc):
+    c = cfg(small_nc, tmp_path / "s", shard_chunks=3, compression="zstd")
+    store = shardload.prepare(c)
+    np.testing.assert_array_equal(store.read("x"), expected_flat(xr.open_dataset(small_nc))["x"])
+    assert store.manifest.options["blocks"] == [0, 21, 42, 50]
+    c2 = cfg(small_nc, tmp_path / "t", chunk_rows=None, target_chunk_bytes="400B")
+    s2 = shardload.prepare(c2)
+    row = 8 * 8 + 3 * 4  # x float64 x 8 features + y float32 x 3
+    assert s2.manifest.chunk_rows == 400 // row
+
+
+def test_stacked_sample_dims_and_window_and_function(tmp_path):
+    rng = np.random.default_rng(1)
+    ds = xr.Dataset(
+        {"t": (("time", "lat", "lon", "lev"), rng.normal(size=(9, 3, 4, 2)).astype("f4")),
+         "z": (("time", "lat", "lon"), rng.normal(size=(9, 3, 4)).astype("f4"))}
+    )  # fmt: skip
+    src = tmp_path / "w.nc"
+    ds.to_netcdf(src)
+    # flat with stacked (time, lat) samples
+    s = shardload.prepare(cfg(src, tmp_path / "flat", sample_dims=["time", "lat"], arrays={"x": ["t", "z"]}, chunk_rows=5))
+    want = np.concatenate([ds.t.values.reshape(27, -1), ds.z.values.reshape(27, -1)], axis=1)
+    np.testing.assert_array_equal(s.read("x"), want)
+    # window view: lookback 3, stride 2, target 1 step after the window
+    view = {"name": "window", "time_dim": "time", "lookback": 3, "stride": 2, "horizon": 1, "targets": {"y": ["z"]}}
+    w = shardload.prepare(cfg(src, tmp_path / "win", sample_dims=["lat", "lon"], view=view, arrays={"x": ["t", "z"]}, chunk_rows=5))
+    S, nw = 12, (9 - 3 - 1) // 2 + 1
+    assert len(w) == nw * S and w.manifest.arrays["x"].shape == (nw * S, 3, 3)
+    x, y = w.read("x"), w.read("y")
+    feats = np.concatenate([ds.t.values.reshape(9, S, 2), ds.z.values.reshape(9, S, 1)], axis=-1)
+    for r in range(len(w)):
+        k, sp = divmod(r, S)
+        np.testing.assert_array_equal(x[r], feats[k * 2 : k * 2 + 3, sp])
+        np.testing.assert_array_equal(y[r], ds.z.values.reshape(9, S)[k * 2 + 3, sp : sp + 1])
+    # user function view
+    f = shardload.prepare(cfg(src, tmp_path / "fn", view="userfuncs:mean_over_lev", sample_dims=["time"], arrays={}, chunk_rows=4))
+    np.testing.assert_allclose(f.read("m"), ds.t.mean("lev").values.reshape(9, -1), rtol=1e-6)
+
+
+def test_fixed_surface_era5_netcdf_and_grib_identical(tmp_path, era5_dir):
+    import yaml
+    from shardload.cli import main
+
+    stores = {}
+    for kind, fname in (("nc", "era5-levels-members.nc"), ("grib", "era5-levels-members.grib")):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / fname).symlink_to(era5_dir / fname)
+        conf = {"source": {"paths": [fname]}, "sample_dims": ["number", "time"], "view": "flat",
+                "arrays": {"x": ["t", "z"]}, "chunk_rows": 8, "format": "zarr", "compression": "none",
+                "out": "era5-store", "dtype": "float32"}  # fmt: skip
+        (tmp_path / kind / "era5.yaml").write_text(yaml.safe_dump(conf))
+        assert main([ "prepare", str(tmp_path / kind / "era5.yaml"), "--no-progress"]) == 0
+        stores[kind] = shardload.open_store(tmp_path / kind / "era5-store")
+    nc, gr = stores["nc"], stores["grib"]
+    assert len(nc) == len(gr) == 40
+    ds = xr.open_dataset(era5_dir / "era5-levels-members.grib", engine="cfgrib", backend_kwargs={"indexpath": ""})
+    want = np.concatenate([ds.t.values.reshape(40, -1), ds.z.values.reshape(40, -1)], axis=1)
+    np.testing.assert_array_equal(gr.read("x"), want)
+    dn = xr.open_dataset(era5_dir / "era5-levels-members.nc")
+    want_nc = np.concatenate([dn.t.values.reshape(40, -1), dn.z.values.reshape(40, -1)], axis=1)
+    np.testing.assert_array_equal(nc.read("x"), want_nc.astype("float32"))
+    # The two files are not bit-identical: the netCDF was written by another decoder and holds
+    # scale_factor-packed values. Stores agree to within one float32 ulp (relative 1.2e-7).
+    np.testing.assert_allclose(nc.read("x", 3, 17), gr.read("x", 3, 17), rtol=1.2e-7, atol=0)
+    assert nc.manifest.arrays == gr.manifest.arrays
+
+
+def test_cli_inspect_json_fixed_surface(tmp_path, small_nc, capsys):
+    from shardload.cli import main
+
+    shardload.prepare(cfg(small_nc, tmp_path / "s", format="npy", compression="none"))
+    assert main(["inspect", str(tmp_path / "s"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["length"] == 50 and d["complete"] is True and d["format"] == "npy"
+    assert d["arrays"]["x"] == {"shape": [50, 8], "dtype": "float64", "chunk_rows": 7, "num_features": 8}
+    assert main(["inspect", str(tmp_path / "s")]) == 0
+    assert "50 samples" in capsys.readouterr().out
+
+
+def test_set_overrides_and_relative_paths(tmp_path, small_nc):
+    import yaml
+
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "c.yaml").write_text(yaml.safe_dump({**cfg(Path("../small.nc"), Path("out")), "chunk_rows": 3}))
+    store = shardload.prepare(tmp_path / "conf" / "c.yaml", overrides=["chunk_rows=10", "format=npy", "compression=none"])
+    assert store.url == str(tmp_path / "conf" / "out") and store.manifest.chunk_rows == 10
+
+
+# -- bad input ---------------------------------------------------------------------------------
+def test_existing_target_needs_overwrite(tmp_path, small_nc):
+    shardload.prepare(cfg(small_nc, tmp_path / "s"))
+    with pytest.raises(StoreExistsError, match="--overwrite"):
+        shardload.prepare(cfg(small_nc, tmp_path / "s"))
+    s = shardload.prepare(cfg(small_nc, tmp_path / "s", overwrite=True, chunk_rows=10))
+    assert s.manifest.chunk_rows == 10 and not list(tmp_path.glob("s.old-*"))
+
+
+@pytest.mark.parametrize(
+    ("change", "err", "match"),
+    [
+        ({"source": {"paths": ["missing.nc"]}}, SourceError, "missing.nc"),
+        ({"arrays": {"x": ["a", "nope"]}}, ViewError, "'nope'"),
+        ({"sample_dims": ["samp"]}, ViewError, "samp"),
+        ({"format": "parquet"}, ConfigError, "parquet"),
+        ({"compression": "gzip"}, ConfigError, "gzip"),
+        ({"chunk_size": 3}, ConfigError, "chunk_rows"),
+        ({"format": "npy", "compression": "zstd"}, ConfigError, "npy"),
+        ({"chunk_rows": 0}, ConfigError, "chunk_rows"),
+    ],
+)
+def test_bad_config_names_the_culprit(tmp_path, small_nc, change, err, match):
+    c = cfg(small_nc, tmp_path / "s")
+    if "source" in change:
+        change = {"source": {"paths": [str(tmp_path / "missing.nc")]}}
+    c.update(change)
+    with pytest.raises(err, match=match):
+        shardload.prepare(c)
+    assert not (tmp_path / "s").exists()
+
+
+def test_mismatched_lengths_and_non_numeric(tmp_path):
+    ds = xr.Dataset({"a": (("sample",), np.arange(5.0)), "b": (("sample2",), np.arange(6.0)),
+                     "s": (("sample",), np.array(["a", "b", "c", "d", "e"]))})  # fmt: skip
+    src = tmp_path / "bad.nc"
+    ds.to_netcdf(src)
+    with pytest.raises(ViewError, match="mismatched"):
+        shardload.prepare(cfg(src, tmp_path / "o", sample_dims=["sample"], arrays={"x": ["a"]}, view="userfuncs:unequal"))
+    with pytest.raises(ViewError, match="non-numeric"):
+        shardload.prepare(cfg(src, tmp_path / "o", arrays={"x": ["a", "s"]}))
+    times = xr.Dataset({"t": (("sample",), xr.date_range("2000-01-01", periods=5, calendar="noleap", use_cftime=True))})
+    times.to_netcdf(tmp_path / "cf.nc")
+    with pytest.raises(ViewError, match="non-numeric"):
+        shardload.prepare(cfg(tmp_path / "cf.nc", tmp_path / "o", arrays={"x": ["t"]}))
+
+
+def test_nan_counted_or_fail(tmp_path):
+    make_dataset(30, nan_at=(17, 1)).to_netcdf(tmp_path / "n.nc")
+    s = shardload.prepare(cfg(tmp_path / "n.nc", tmp_path / "s", arrays={"y": ["b"]}))
+    assert s.manifest.stats["y"].nan_count == (0, 1, 0)
+    with pytest.raises(NaNError, match=r"'y' \(b\[v\]\) in chunk 2"):
+        shardload.prepare(cfg(tmp_path / "n.nc", tmp_path / "t", arrays={"y": ["b"]}, nan="fail"))
+    with pytest.raises(IncompleteStoreError):
+        shardload.open_store(tmp_path / "t")
+
+
+def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monkeypatch):
+    import errno
+
+    from shardload.formats import npy
+
+    real = npy.NpyFormat.write_block
+    calls = {"n": 0}
+
+    def flaky(self, root, name, chunk_index, start, data, *, bounds):
+        calls["n"] += 1
+        if chunk_index == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, root, name, chunk_index, start, data, bounds=bounds)
+
+    monkeypatch.setattr(npy.NpyFormat, "write_block", flaky)
+    c = cfg(small_nc, tmp_path / "s", format="npy", compression="none", execution={"scheduler": "sync"})
+    with pytest.raises(StoreError, match=r"chunk 4 \(rows 28:35\) of array 'x'.*disk is full"):
+        shardload.prepare(c)
+    assert not (tmp_path / "s").exists() and (tmp_path / "s.partial").exists()
+    with pytest.raises(IncompleteStoreError, match="interrupted"):
+        shardload.open_store(tmp_path / "s")
+    monkeypatch.setattr(npy.NpyFormat, "write_block", real)
+    calls["n"] = 0
+    monkeypatch.setattr(npy.NpyFormat, "write_block", lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1])
+    done = len(list((tmp_path / "s.partial" / "_progress").glob("block-*.json")))
+    assert 4 <= done < 8  # blocks 0-3 were written before the failure
+    s = shardload.prepare(c)  # resumes: only the missing blocks are written
+    assert calls["n"] == 2 * (8 - done)  # arrays x and y of each missing block
+    np.testing.assert_array_equal(s.read("x"), expected_flat(xr.open_dataset(small_nc))["x"])
+    np.testing.assert_allclose(s.manifest.stats["x"].mean, expected_flat(xr.open_dataset(small_nc))["x"].mean(0), rtol=1e-10)
