@@ -41,7 +41,14 @@ def register(subparsers) -> None:
         "Example: shardload sample radiation --out data/raw --timesteps 0 125 --patches 0 1 2 3",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    rad.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
+    rad.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="output folder (created if missing)",
+    )
     rad.add_argument(
         "--columns",
         type=int,
