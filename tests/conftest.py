@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 CACHE = Path(os.environ.get("SHARDLOAD_TEST_CACHE", Path.home() / ".cache" / "shardload-tests"))
 CFGRIB_SDIST = "cfgrib==0.9.15.1"
+ECRAD = SHARED_DATA / "ecrad"
 
 
 @pytest.fixture(scope="session")
@@ -67,6 +68,35 @@ def small_nc(tmp_path: Path) -> Path:
     path = tmp_path / "small.nc"
     make_dataset(50).to_netcdf(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def ecrad_inputs() -> Path:
+    """The real ecRad input file (MAELSTROM input schema)."""
+    path = ECRAD / "ecrad_meridian.nc"
+    if not path.exists():
+        pytest.skip(f"real data absent: {path} (see ../shared/data/README.md)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ecrad_outputs() -> Path:
+    """ecRad's Tripleclouds flux output for the real input file."""
+    path = ECRAD / "ecrad_meridian_tripleclouds_out.nc"
+    if not path.exists():
+        pytest.skip(f"real data absent: {path} (see ../shared/data/README.md)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def radiation_sample(tmp_path_factory) -> list[Path]:
+    """Two timesteps x two patches of small generated MAELSTROM files."""
+    from shardload.samples.radiation import write_radiation_sample
+
+    out = tmp_path_factory.mktemp("radiation_sample")
+    return write_radiation_sample(
+        out, columns=300, timesteps=(0, 125), patches=(0, 7), seed=3, block_columns=256
+    )
 
 
 from hypothesis import settings  # noqa: E402

@@ -53,9 +53,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     store = prepare(config, overrides=["overwrite=true"])
     print(f"[2/4] prepare: {store.url} ({time.perf_counter() - t1:.1f} s)")
     s = summary(store)
+    shapes = ", ".join(f"{k}{tuple(a['shape'])}" for k, a in s["arrays"].items())
+    splits = ", ".join(f"{k}={v['rows']}" for k, v in s["splits"].items())
     print(f"[3/4] inspect: {s['length']} samples, {s['num_chunks']} chunks of {s['chunk_rows']} rows, "
-          f"arrays {', '.join(f'{k}{tuple(a['shape'])}' for k, a in s['arrays'].items())}, "
-          f"splits {', '.join(f'{k}={v['rows']}' for k, v in s['splits'].items())}")  # fmt: skip
+          f"arrays {shapes}, splits {splits}")  # fmt: skip
     if args.steps > 0:
         from .train_demo import train_mlp
 

@@ -1,0 +1,95 @@
+"""``shardload sample ...``: write sample raw data sets to try shardload on."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from .radiation import (
+    DEFAULT_BLOCK_COLUMNS,
+    DEFAULT_COLUMNS,
+    REAL_COLUMNS_PER_PATCH,
+    write_radiation_sample,
+)
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    """Add the ``sample`` command and its ``radiation`` subcommand to ``subparsers``."""
+    sample = subparsers.add_parser(
+        "sample",
+        help="write sample raw data sets (synthetic, in real schemas)",
+        description="Write synthetic raw files in the schema of a real data set, to try "
+        "'shardload prepare' on without downloading anything.",
+    )
+    kinds = sample.add_subparsers(dest="kind", metavar="KIND")
+    kinds.required = True
+    rad = kinds.add_parser(
+        "radiation",
+        help="MAELSTROM radiation files (ecRad inputs + 3D-correction outputs)",
+        description="Write raw files exactly as the MAELSTROM radiation data set ships them: "
+        "rad4NN_inputs_{DATE}00_{TIMESTEP}c{PATCH}.nc (ecRad input profiles: 137 levels, "
+        "138 half levels, surface and gas fields) and "
+        "3dcorrection_outputs_{DATE}00_{TIMESTEP}c{PATCH}.nc (SPARTACUS minus Tripleclouds "
+        "fluxes in W m-2, and pressure_hl), one pair per timestep and patch. Values are "
+        "physically plausible but synthetic, reproducible from --seed. Files are streamed in "
+        "blocks of columns and renamed into place when complete.",
+        epilog="Sizes: about 20 kB per column for a pair, i.e. ~40 MB per pair at the default "
+        f"{DEFAULT_COLUMNS} columns and ~350 MB at the real {REAL_COLUMNS_PER_PATCH} columns. "
+        "Example: shardload sample radiation --out data/raw --timesteps 0 125 --patches 0 1 2 3",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    rad.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="output folder (created if missing)",
+    )
+    rad.add_argument(
+        "--columns",
+        type=int,
+        default=DEFAULT_COLUMNS,
+        metavar="N",
+        help=f"columns per file (the real data set has {REAL_COLUMNS_PER_PATCH})",
+    )
+    rad.add_argument(
+        "--timesteps",
+        type=int,
+        nargs="+",
+        default=[0],
+        metavar="T",
+        help="timesteps to write, from 0..3500 in steps of 125",
+    )
+    rad.add_argument(
+        "--patches", type=int, nargs="+", default=[0], metavar="P", help="patches 0..15"
+    )
+    rad.add_argument("--date", default="20200101", metavar="YYYYMMDD", help="date of the files")
+    rad.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
+    rad.add_argument(
+        "--block-columns",
+        type=int,
+        default=DEFAULT_BLOCK_COLUMNS,
+        metavar="N",
+        help="columns generated and written at a time (memory; does not change the data)",
+    )
+    rad.set_defaults(func=run_radiation)
+
+
+def run_radiation(args: argparse.Namespace) -> int:
+    """Run ``shardload sample radiation`` with parsed ``args``; return the exit status."""
+    files = write_radiation_sample(
+        args.out,
+        columns=args.columns,
+        timesteps=args.timesteps,
+        patches=args.patches,
+        date=args.date,
+        seed=args.seed,
+        block_columns=args.block_columns,
+    )
+    size_mb = sum(f.stat().st_size for f in files) / 1e6
+    log.info("wrote %d files (%.1f MB) to %s", len(files), size_mb, args.out)
+    return 0
