@@ -51,11 +51,19 @@ class RemoteError(ShardloadError):
     """A remote store could not be reached after retries."""
 
 
+class RemoteNotFoundError(RemoteError, FileNotFoundError):
+    """A remote file does not exist (HTTP 404 or the backend's FileNotFoundError); not retried."""
+
+
+class StagingError(ShardloadError):
+    """A store cannot be staged (no space, incomplete copy, bad archive)."""
+
+
 class MissingDependencyError(ShardloadError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
 
-def require(module: str, extra: str):  # noqa: ANN201 - returns a module
+def require(module: str, extra: str):
     """Import ``module`` or raise an error naming the ``shardload[extra]`` to install."""
     import importlib
 
