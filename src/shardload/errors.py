@@ -63,7 +63,7 @@ class MissingDependencyError(ShardloadError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
 
-def require(module: str, extra: str):
+def require(module: str, extra: str):  # noqa: ANN201 - returns a module
     """Import ``module`` or raise an error naming the ``shardload[extra]`` to install."""
     import importlib
 
