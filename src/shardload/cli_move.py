@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -41,15 +42,15 @@ written under a temporary name and renamed when complete, and is checked
 (shardload.json present with complete: true when the store has one). Free space
 is checked first.
 
-Without --keep and without COMMAND, the copy is held until Ctrl-C/SIGTERM and
-then removed. With COMMAND (after '--'), COMMAND runs with the staged path in
-$SHARDLOAD_STAGED ('{}' in COMMAND is replaced by it), the copy is removed after
-it unless --keep, and its exit status is returned. With --keep and no COMMAND,
-the copy stays and the command returns at once.
+Without --keep and without --run, the copy is held until Ctrl-C/SIGTERM and
+then removed. With --run COMMAND, COMMAND runs with the staged path in
+$SHARDLOAD_STAGED (a '{}' word in COMMAND is replaced by it), the copy is removed
+after it unless --keep, and COMMAND's exit status is returned. With --keep and
+no --run, the copy stays and the command returns at once.
 
 examples:
   shardload stage http://host:8000/era5 --to /dev/shm --keep
-  shardload stage era5.tar.gz --to /dev/shm -- python train.py --data {}
+  shardload stage era5.tar.gz --to /dev/shm --run "python train.py --data {}"
 """
 
 
@@ -82,10 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--keep", action="store_true", help="leave the copy in place afterwards")
     p.add_argument(
-        "command",
-        nargs=argparse.REMAINDER,
-        metavar="-- COMMAND",
-        help="run COMMAND with the staged copy, then remove it",
+        "--run",
+        metavar="COMMAND",
+        help="run COMMAND (one quoted string) with the staged copy, then remove the copy",
     )
     p.set_defaults(func=run_stage)
 
@@ -111,9 +111,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def run_stage(args: argparse.Namespace) -> int:
     from .staging import staged
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = shlex.split(args.run) if args.run else []
     with staged(args.src, args.to, keep=args.keep) as path:
         print(f"staged {args.src} at {path}", flush=True)
         if command:
