@@ -51,6 +51,14 @@ class RemoteError(ShardloadError):
     """A remote store could not be reached after retries."""
 
 
+class RemoteNotFoundError(RemoteError, FileNotFoundError):
+    """A remote file does not exist (HTTP 404 or the backend's FileNotFoundError); not retried."""
+
+
+class StagingError(ShardloadError):
+    """A store cannot be staged (no space, incomplete copy, bad archive)."""
+
+
 class MissingDependencyError(ShardloadError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

@@ -1,0 +1,299 @@
+"""Serve a folder of stores read-only over HTTP (aiohttp).
+
+The store at ``DIR/name`` is served as ``http://HOST:PORT/name``, its files as
+``/name/path/inside``. Files go through aiohttp's ``FileResponse``, which implements single byte
+ranges (206 + ``Content-Range``, 416 when unsatisfiable), ``ETag``, ``Last-Modified`` and the
+conditional requests. Folders answer with a listing (see :mod:`shardload.serve_index`).
+
+Security: the request target is decoded segment by segment from the raw path; ``.``/``..``
+segments, encoded slashes or backslashes and NUL bytes are refused (403), and the resolved path
+(after following symlinks) must stay inside the served folder (403 otherwise). Nothing is ever
+written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import unquote
+
+from .errors import require
+
+log = logging.getLogger("shardload.serve")
+
+SHUTDOWN_TIMEOUT_S = 2.0
+
+
+class PathRefused(Exception):
+    """The request target tries to leave the served folder (answered with 403)."""
+
+
+def resolve_request_path(root: Path, raw_path: str) -> Path | None:
+    """Map a raw request path to a file or folder inside ``root``.
+
+    Parameters
+    ----------
+    root : Path
+        The served folder, already resolved (absolute, no symlinks).
+    raw_path : str
+        The request target as received (percent-encoded, query string allowed).
+
+    Returns
+    -------
+    Path or None
+        The resolved path inside ``root``, or None when nothing exists there.
+
+    Raises
+    ------
+    PathRefused
+        For ``.``/``..`` segments, encoded ``/`` or ``\\``, NUL bytes, bad encodings, or a
+        symlink whose target resolves outside ``root``.
+    """
+    path = raw_path.split("?", 1)[0].split("#", 1)[0]
+    if not path.startswith("/"):
+        raise PathRefused(raw_path)
+    parts = []
+    for segment in path.split("/"):
+        if not segment:
+            continue  # "//" and the trailing "/" of folders
+        try:
+            name = unquote(segment, errors="strict")
+        except UnicodeDecodeError as exc:
+            raise PathRefused(raw_path) from exc
+        if name in (".", "..") or any(c in name for c in ("/", "\\", "\0")):
+            raise PathRefused(raw_path)
+        parts.append(name)
+    try:
+        real = root.joinpath(*parts).resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, symlink loop, name too long
+        return None
+    if real != root and root not in real.parents:
+        raise PathRefused(raw_path)  # a symlink pointing out of the served folder
+    return real
+
+
+def _make_app(root: Path):
+    web = require("aiohttp.web", "serve")
+    from . import serve_index
+
+    async def handle(request):
+        try:
+            path = await asyncio.to_thread(resolve_request_path, root, request.raw_path)
+        except PathRefused:
+            raise web.HTTPForbidden(text="path outside the served folder\n") from None
+        if path is None:
+            raise web.HTTPNotFound(text="not found\n")
+        if path.is_file():
+            return web.FileResponse(path)
+        if not path.is_dir():
+            raise web.HTTPNotFound(text="not a file\n")
+        query_format = request.query.get("format", "")
+        accept = request.headers.get("Accept", "")
+        if path == root:
+            as_html = query_format == "html" or (query_format != "json" and "text/html" in accept)
+            stores = await asyncio.to_thread(serve_index.list_stores, root)
+            if as_html:
+                return web.Response(text=serve_index.stores_html(stores), content_type="text/html")
+            return web.json_response({"stores": stores})
+        as_json = query_format == "json" or (
+            query_format != "html" and "application/json" in accept and "text/html" not in accept
+        )
+        rel = path.relative_to(root).as_posix()
+        entries = await asyncio.to_thread(serve_index.list_folder, root, path)
+        if as_json:
+            return web.json_response({"path": rel + "/", "entries": entries})
+        return web.Response(text=serve_index.folder_html(rel, entries), content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)  # HEAD is allowed too; other methods get 405
+    return app
+
+
+def _access_logger_class():
+    from aiohttp.abc import AbstractAccessLogger
+
+    class AccessLogger(AbstractAccessLogger):
+        """One line per request: method path status bytes time."""
+
+        def log(self, request, response, time):
+            sent = 0 if request.method == "HEAD" or response.status == 304 else None
+            self.logger.info(
+                "%s %s %d %d %.1fms",
+                request.method,
+                request.raw_path,
+                response.status,
+                sent if sent is not None else (response.content_length or 0),
+                time * 1000,
+            )
+
+    return AccessLogger
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/"
+
+
+async def _run(
+    root: Path, host: str, port: int, ready: Callable[[str], None] | None, stop: asyncio.Event
+) -> None:
+    web = require("aiohttp.web", "serve")
+    if not root.is_dir():
+        raise FileNotFoundError(f"cannot serve {root}: not a folder")
+    if not is_loopback(host):
+        log.warning(
+            "serving %s on %s, which is reachable from other machines; anyone who can reach "
+            "this address can read every file under it",
+            root,
+            host,
+        )
+    runner = web.AppRunner(
+        _make_app(root),
+        access_log_class=_access_logger_class(),
+        access_log=log,
+        handle_signals=False,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    )
+    await runner.setup()
+    try:
+        sock = _bind(host, port)
+        site = web.SockSite(runner, sock)
+        await site.start()
+        url = _url(sock)
+        log.info("serving %s at %s", root, url)
+        if ready is not None:
+            ready(url)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve(
+    root: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve ``root`` in the foreground until Ctrl-C or SIGTERM, then return.
+
+    Parameters
+    ----------
+    root : str or Path
+        The folder whose stores (sub-folders) are served.
+    host : str
+        Address to bind; loopback by default. Other addresses log a warning.
+    port : int
+        TCP port; 0 picks a free one (passed to ``ready`` in the URL).
+    ready : callable, optional
+        Called with the base URL (``http://HOST:PORT/``) once the server accepts connections.
+    """
+    root = Path(root).expanduser().resolve()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
+                installed.append(sig)
+        try:
+            await _run(root, host, port, ready, stop)
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def serving(root: str | Path, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run the server in a background thread for the duration of a ``with`` block.
+
+    Parameters
+    ----------
+    root : str or Path
+        The folder to serve.
+    host : str
+        Address to bind (loopback by default).
+    port : int
+        TCP port; 0 (the default) picks a free one.
+
+    Yields
+    ------
+    str
+        The base URL, e.g. ``http://127.0.0.1:41234/``.
+
+    Examples
+    --------
+    >>> with serving(tmp_path) as url:  # doctest: +SKIP
+    ...     requests.get(url).json()
+    """
+    root = Path(root).expanduser().resolve()
+    started = threading.Event()
+    state: dict = {}
+
+    def on_ready(url: str) -> None:
+        state["url"] = url
+        started.set()
+
+    async def main() -> None:
+        state["loop"] = asyncio.get_running_loop()
+        state["stop"] = asyncio.Event()
+        await _run(root, host, port, on_ready, state["stop"])
+
+    def target() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported to the caller below
+            state["error"] = exc
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=target, name="shardload-serve", daemon=True)
+    thread.start()
+    started.wait(timeout=30)
+    if "url" not in state:
+        thread.join(timeout=5)
+        raise RuntimeError(f"the server for {root} did not start") from state.get("error")
+    try:
+        yield state["url"]
+    finally:
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S + 5
+        with contextlib.suppress(RuntimeError):  # loop already closed
+            state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,230 @@
+"""Remote reads: fsspec over our server, retries against a failing server, cache and its bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from shardload.errors import RemoteError, RemoteNotFoundError
+from shardload.remote import evict_lru, is_url, open_fs, read_bytes
+from shardload.serve import serving
+
+PAYLOAD = bytes(range(256)) * 64  # 16 KiB
+
+
+@contextlib.contextmanager
+def flaky_server(modes: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """An aiohttp server whose n-th GET behaves as ``modes[n]`` (the last mode repeats).
+
+    Modes: ``ok``, ``500``, ``503``, ``403``, ``drop`` (close the connection before answering),
+    ``half`` (send half of the body, then close), ``stall`` (answer nothing for a minute).
+    Yields the file URL and the list of modes served so far.
+    """
+    seen: list[str] = []
+    ready = threading.Event()
+    state: dict = {}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        mode = modes[min(len(seen), len(modes) - 1)]
+        seen.append(mode)
+        if mode in ("500", "503", "403"):
+            return web.Response(status=int(mode), text="no")
+        if mode == "drop":
+            request.transport.close()
+            return web.Response(text="never sent")
+        if mode == "stall":
+            await asyncio.sleep(60)
+        rng = request.http_range
+        body = PAYLOAD[rng.start or 0 : rng.stop]
+        resp = web.StreamResponse(status=206 if rng.start is not None else 200)
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        if mode == "half":
+            await resp.write(body[: len(body) // 2])
+            request.transport.close()
+            return resp
+        await resp.write(body)
+        return resp
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/data.bin", handle)
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        state["port"] = runner.addresses[0][1]
+        state["loop"], state["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        ready.set()
+        await state["stop"].wait()
+        await runner.cleanup()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield f"http://127.0.0.1:{state['port']}/data.bin", seen
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(10)
+
+
+def fast_fs(url: str, **kw):
+    kw.setdefault("retries", 3)
+    kw.setdefault("timeout_s", 5)
+    fs, root = open_fs(url.rsplit("/", 1)[0], backoff_s=0.01, **kw)
+    return fs, root + "/" + url.rsplit("/", 1)[1]
+
+
+def test_is_url() -> None:
+    assert is_url("http://h/x") and is_url("s3://bucket/x") and is_url("file:///tmp/x")
+    assert not is_url("/tmp/x") and not is_url("relative/x") and not is_url(Path("/tmp"))
+    assert not is_url("C:\\data")
+
+
+def test_open_fs_and_read_from_our_server(stores: Path) -> None:
+    chunk = (stores / "alpha" / "x" / "000001.npy").read_bytes()
+    with serving(stores) as url:
+        fs, root = open_fs(url + "alpha/")
+        assert root == url + "alpha"
+        assert fs.find(root)[-1] == root + "/x/000002.npy"
+        assert read_bytes(fs, root + "/x/000001.npy") == chunk
+        assert read_bytes(fs, root + "/x/000001.npy", 100, 164) == chunk[100:164]
+        assert read_bytes(fs, root + "/x/000001.npy", 4000) == chunk[4000:]
+        t0 = time.monotonic()
+        with pytest.raises(RemoteNotFoundError, match=r"nope\.npy"):
+            read_bytes(fs, root + "/x/nope.npy", what="chunk 9 of array 'x'")
+        assert time.monotonic() - t0 < 2  # not retried
+
+
+def test_local_paths_work_too(stores: Path) -> None:
+    fs, root = open_fs(str(stores / "alpha"))
+    assert read_bytes(fs, root + "/shardload.json").startswith(b"{")
+
+
+@pytest.mark.parametrize("failure", ["500", "503", "drop", "half"])
+def test_transient_failures_are_retried(failure: str) -> None:
+    with flaky_server([failure, failure, "ok"]) as (url, seen):
+        fs, path = fast_fs(url)
+        assert read_bytes(fs, path) == PAYLOAD
+        assert read_bytes(fs, path, 10, 20) == PAYLOAD[10:20]
+    assert seen == [failure, failure, "ok", "ok"]
+
+
+def test_error_after_the_last_retry_names_url_and_what() -> None:
+    with flaky_server(["503"]) as (url, seen):
+        fs, path = fast_fs(url, retries=2)
+        with pytest.raises(RemoteError, match=r"chunk 12 of array 'x' \(http://.*data.bin\)"):
+            read_bytes(fs, path, what="chunk 12 of array 'x'")
+    assert len(seen) == 3
+
+
+def test_client_errors_are_not_retried() -> None:
+    with flaky_server(["403"]) as (url, seen):
+        fs, path = fast_fs(url)
+        with pytest.raises(RemoteError, match="403"):
+            read_bytes(fs, path)
+    assert seen == ["403"]
+
+
+def test_a_silent_server_times_out() -> None:
+    with flaky_server(["stall"]) as (url, _):
+        fs, path = fast_fs(url, retries=1, timeout_s=0.5)
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError, match="after 2 attempts"):
+            read_bytes(fs, path)
+        assert time.monotonic() - t0 < 5
+
+
+TRICKLE = textwrap.dedent(
+    """
+    import asyncio, sys
+    from aiohttp import web
+    async def handle(request):
+        resp = web.StreamResponse()
+        resp.content_length = 10_000_000
+        await resp.prepare(request)
+        while True:
+            await resp.write(b"x" * 1024)
+            await asyncio.sleep(0.05)
+    app = web.Application()
+    app.router.add_get("/big.bin", handle)
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=lambda *a: print("up", flush=True))
+    """
+)
+
+
+def test_server_killed_mid_read_gives_remote_error_quickly(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRICKLE, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        fs, path = fast_fs(f"http://127.0.0.1:{port}/big.bin", retries=2)
+        killer = threading.Timer(0.5, proc.kill)
+        killer.start()
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError, match=r"big\.bin"):
+            read_bytes(fs, path)
+        assert time.monotonic() - t0 < 10
+        killer.join()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_cache_serves_repeat_reads_without_the_server(stores: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    chunk = (stores / "alpha" / "x" / "000000.npy").read_bytes()
+    with serving(stores) as url:
+        fs, root = open_fs(url + "alpha", cache_dir=cache, retries=0)
+        assert read_bytes(fs, root + "/x/000000.npy", 5, 50) == chunk[5:50]
+    # the server is gone: the cached copy answers
+    assert read_bytes(fs, root + "/x/000000.npy") == chunk
+
+
+def test_failed_download_leaves_nothing_the_cache_trusts(tmp_path: Path) -> None:
+    with flaky_server(["half", "ok"]) as (url, seen):
+        fs, path = fast_fs(url, cache_dir=tmp_path / "cache")
+        assert read_bytes(fs, path) == PAYLOAD
+        assert read_bytes(fs, path) == PAYLOAD
+    assert seen == ["half", "ok"]
+
+
+def test_cache_is_bounded_lru_and_never_touches_the_source(stores: Path, tmp_path) -> None:
+    cache = tmp_path / "cache"
+    sources = {i: (stores / "alpha" / "x" / f"{i:06d}.npy").read_bytes() for i in range(3)}
+    with serving(stores) as url:
+        fs, root = open_fs(url + "alpha", cache_dir=cache, cache_bytes=2 * 4097 + 10)
+        for i in (0, 1, 0, 2):  # 1 is now the least recently used
+            assert read_bytes(fs, root + f"/x/{i:06d}.npy") == sources[i]
+    data_files = [p for p in cache.iterdir() if p.name != "cache" and p.suffix != ".lock"]
+    assert sum(p.stat().st_size for p in data_files) <= 2 * 4097 + 10
+    assert sorted(p.stat().st_size for p in data_files) == [4096, 4098]
+    for i in range(3):
+        assert (stores / "alpha" / "x" / f"{i:06d}.npy").read_bytes() == sources[i]
+
+
+def test_evict_lru_unit(tmp_path: Path) -> None:
+    for i, name in enumerate(["a", "b", "c"]):
+        (tmp_path / name).write_bytes(b"x" * 100)
+        os.utime(tmp_path / name, (1000 + i, 1000 + i))
+    (tmp_path / "cache").write_bytes(b"m" * 1000)  # fsspec's metadata is never evicted
+    assert evict_lru(tmp_path, 150) == 200
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "cache"]
