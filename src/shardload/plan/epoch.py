@@ -147,11 +147,10 @@ class _Spans:
 
 
 def _concat(parts: Sequence[_Spans], explicit: tuple[np.ndarray, ...]) -> _Spans:
-    cols = [np.concatenate([getattr(p, c) for p in parts]) for c in ("chunk", "base", "lo", "hi")]
-    ex = np.concatenate([p.ex for p in parts]) if parts else np.zeros(0, np.int64)
     if not parts:
-        cols = [np.zeros(0, np.int64)] * 4
-    return _Spans(*cols, ex, explicit)
+        return _Spans(*[np.zeros(0, np.int64)] * 5, explicit)
+    cols = [np.concatenate([getattr(p, c) for p in parts]) for c in ("chunk", "base", "lo", "hi", "ex")]
+    return _Spans(*cols, explicit)
 
 
 @dataclass(frozen=True, eq=False)
