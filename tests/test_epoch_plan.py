@@ -311,7 +311,20 @@ def test_resume(cfg, data):
     # resume the resumed plan again (chains of resumes)
     if new.batches_per_rank:
         k2 = data.draw(st.integers(0, new.batches_per_rank))
-        check_resume(new, k2, data.draw(st.integers(1, 16)), data.draw(st.integers(0, 8)))
+        world2, workers2 = data.draw(st.integers(1, 16)), data.draw(st.integers(0, 8))
+        last = check_resume(new, k2, world2, workers2)
+        again = plan_from_state(
+            plan_state(new, k2),
+            sizes,
+            chunk_ids=ids,
+            chunk_starts=starts,
+            world_size=world2,
+            num_workers=workers2,
+            **{o: v for o, v in opts.items() if o not in ("world_size", "num_workers", "epoch")},
+        )
+        assert again.history == last.history and len(again.history) == 2
+        for a, b in zip(rank_batches(last), rank_batches(again), strict=True):
+            assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("mode", ["drop", "pad"])
