@@ -90,7 +90,7 @@ def main() -> None:
         return dask.array.concatenate(parts, axis=1).astype("float32")
 
     out = xr.Dataset({"x": (("column", "xf"), flat(xvars)), "y": (("column", "yf"), flat(yvars))})
-    out = out.chunk({"column": rows})
+    out = out.chunk({"column": rows, "xf": -1, "yf": -1})
     enc = {k: {"compressors": compressors(FormatOptions(args.compression))} for k in ("x", "y")}
     with dask.config.set(scheduler="threads"):
         out.to_zarr(work / "xarray-store", mode="w", zarr_format=3, encoding=enc, consolidated=False)

@@ -217,7 +217,10 @@ def _pair(inputs: list[Path], outputs: list[Path]) -> list[tuple[Path, Path | No
 
 def _open(path: Path, chunks: int | None) -> xr.Dataset:
     try:
-        return xr.open_dataset(path, chunks={"column": chunks or -1}, cache=False)
+        from .open import guess_engine
+
+        # engine from the magic bytes: h5netcdf / scipy keep netCDF4-python's libhdf5 out
+        return xr.open_dataset(path, engine=guess_engine(str(path)), chunks={"column": chunks or -1}, cache=False)
     except (OSError, ValueError) as exc:
         raise SourceError(f"cannot open {path}: {exc}") from exc
 
