@@ -188,8 +188,10 @@ def _read_manifest(fs: Any, root: str) -> bytes | None:
             return Path(path).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
+    from .remote import read_bytes
+
     try:
-        return fs.cat_file(path)  # type: ignore[no-any-return]
+        return read_bytes(fs, path, what="the manifest")
     except FileNotFoundError:
         return None
 

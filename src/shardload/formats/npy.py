@@ -115,7 +115,9 @@ class NpyReader:
                 if self.local:
                     flat = np.fromfile(path, dtype=dtype, count=count, offset=off)
                 else:
-                    raw = self.fs.cat_file(path, start=off, end=off + count * dtype.itemsize)
+                    from ..remote import read_bytes
+
+                    raw = read_bytes(self.fs, path, off, off + count * dtype.itemsize, what=f"chunk {i} of array {name!r}")
                     flat = np.frombuffer(raw, dtype=dtype)
             except (OSError, ValueError) as exc:
                 raise ChunkReadError(

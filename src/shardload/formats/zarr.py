@@ -101,7 +101,10 @@ def open_group_readonly(fs: Any, root: str) -> Any:
     if is_local(fs):
         store: Any = LocalStore(root, read_only=True)
     else:
-        store = FsspecStore.from_url(_url(fs, root), read_only=True, storage_options=_so(fs))
+        # zarr drives fsspec asynchronously: give it its own async instance for the URL (the
+        # user's storage options ride along on the sync instance as `shardload_storage_options`)
+        opts = dict(getattr(fs, "shardload_storage_options", {}) or {})
+        store = FsspecStore.from_url(_url(fs, root), read_only=True, storage_options=opts)
     return zarr.open_group(store=store, mode="r")
 
 
