@@ -55,17 +55,22 @@ class PrepareJob:
 _VIEWS: dict[str, View] = {}
 
 
-def build(cfg: PrepareConfig) -> View:
+def build(cfg: PrepareConfig, chunk_rows: int | None = None) -> View:
+    """Open the source and build the view; with ``chunk_rows``, dask chunks along a single
+    sample dim match the store's chunks (each task then reads only its own rows)."""
     from .sources.open import open_source
     from .views import build_view
 
-    return build_view(open_source(cfg.source), cfg)
+    sample_chunks = None
+    if chunk_rows and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation") and cfg.view != "window":
+        sample_chunks = {(cfg.sample_dims or ("column",))[0]: chunk_rows}
+    return build_view(open_source(cfg.source, sample_chunks=sample_chunks), cfg)
 
 
 def _view(job: PrepareJob) -> View:
     if job.fingerprint not in _VIEWS:
         _VIEWS.clear()
-        _VIEWS[job.fingerprint] = build(job.config)
+        _VIEWS[job.fingerprint] = build(job.config, job.bounds[1] - job.bounds[0] if len(job.bounds) > 1 else None)
     return _VIEWS[job.fingerprint]
 
 
@@ -151,7 +156,11 @@ def prepare(
     fingerprint = _fingerprint(cfg, specs, bounds)
     job = PrepareJob(cfg, str(partial_dir), bounds, blocks, specs, fingerprint)
     _VIEWS.clear()
-    _VIEWS[fingerprint] = view  # threads in this process reuse the opened source
+    if cfg.view != "window" and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation"):
+        # re-open with dask chunks aligned to the store's chunks; threads here share it
+        _VIEWS[fingerprint] = build(cfg, chunk_rows)
+    else:
+        _VIEWS[fingerprint] = view
     fmt = get_format(cfg.format)
     options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
     num_blocks = len(blocks) - 1

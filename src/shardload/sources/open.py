@@ -119,14 +119,20 @@ def _open_one_target(path: str, engine: str | None, cfg: SourceConfig) -> Any:
     return fsspec.open(path, "rb", **so).open()
 
 
-def open_source(cfg: SourceConfig) -> xr.Dataset:
-    """Open the configured inputs as one lazy dataset."""
+def open_source(cfg: SourceConfig, *, sample_chunks: dict[str, int] | None = None) -> xr.Dataset:
+    """Open the configured inputs as one lazy dataset.
+
+    ``sample_chunks`` aligns dask chunks with the store's chunks along the sample dim (e.g.
+    ``{"column": 846}``): a write task then reads only its rows from the files, where the
+    files' own chunking (often one chunk per variable) would make every task read everything.
+    """
     if cfg.kind == "radiation":
-        from .radiation import open_radiation
+        from .radiation import DEFAULT_CHUNK_COLUMNS, open_radiation
 
         return open_radiation(
             expand_paths(cfg.paths, dict(cfg.storage_options)),
             expand_paths(cfg.outputs, dict(cfg.storage_options)) if cfg.outputs else None,
+            chunks=(sample_chunks or {}).get("column", DEFAULT_CHUNK_COLUMNS),
         )
     paths = expand_paths(cfg.paths, dict(cfg.storage_options))
     engine = cfg.engine or guess_engine(paths[0])
@@ -134,6 +140,8 @@ def open_source(cfg: SourceConfig) -> xr.Dataset:
         require("h5netcdf", "remote")
         engine = engine or "h5netcdf"
     kw = open_kwargs(cfg, engine)
+    if sample_chunks and "chunks" not in cfg.open_kwargs:
+        kw["chunks"] = dict(sample_chunks)
     try:
         if len(paths) == 1:
             ds = xr.open_dataset(_open_one_target(paths[0], engine, cfg), **kw)

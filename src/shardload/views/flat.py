@@ -11,7 +11,7 @@ import xarray as xr
 
 from ..errors import ViewError
 from .base import ArraySpec, check_lengths, check_numeric
-from .rows import read_rows, sample_length, sample_major
+from .rows import read_many, sample_length, sample_major
 
 
 def feature_names(da: xr.DataArray, sample_dims: Sequence[str]) -> tuple[str, ...]:
@@ -93,8 +93,8 @@ class FlatView:
             spec = self._specs[name]
             buf = np.empty((stop - start, spec.shape[1]), dtype=spec.dtype)
             col = 0
-            for da in das:
-                block = read_rows(da, self.sample_dims, start, stop).reshape(stop - start, -1)
+            for block in read_many(das, self.sample_dims, start, stop):
+                block = block.reshape(stop - start, -1)
                 buf[:, col : col + block.shape[1]] = block
                 col += block.shape[1]
             out[name] = buf

@@ -33,24 +33,47 @@ def sample_major(da: xr.DataArray, sample_dims: Sequence[str]) -> xr.DataArray:
     return da.transpose(*sample_dims, *rest)
 
 
-def read_rows(da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: int) -> np.ndarray:
+def read_rows(
+    da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: int
+) -> np.ndarray:
     """Rows ``[start, stop)`` of ``da`` with ``sample_dims`` stacked, as ``(rows, *rest)``.
 
     ``da`` must already be sample-major (see :func:`sample_major`).
     """
+    return read_many([da], sample_dims, start, stop)[0]
+
+
+def read_many(
+    das: Sequence[xr.DataArray], sample_dims: Sequence[str], start: int, stop: int
+) -> list[np.ndarray]:
+    """:func:`read_rows` for several variables in one dask computation (one graph, one pass)."""
+    slabs, cuts = [], []
+    for da in das:
+        slab, cut = _slab(da, sample_dims, start, stop)
+        slabs.append(slab)
+        cuts.append(cut)
+    lazy = [s.data for s in slabs]
+    with dask.config.set(scheduler="synchronous"):
+        values = dask.compute(*lazy) if any(isinstance(v, dask.array.Array) for v in lazy) else [np.asarray(s.values) for s in slabs]
+    out = []
+    for v, s, (lo, hi) in zip(values, slabs, cuts, strict=True):
+        rest = tuple(s.shape[len(sample_dims) :])
+        out.append(np.asarray(v).reshape(-1, *rest)[lo:hi])
+    return out
+
+
+def _slab(da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: int) -> tuple[xr.DataArray, tuple[int, int]]:
+    """The lazy bounding slab of rows ``[start, stop)`` and where the rows sit inside it."""
     dims = list(sample_dims)
     sizes = [da.sizes[d] for d in dims]
     n = int(np.prod(sizes, dtype=np.int64))
     if not 0 <= start <= stop <= n:
         raise ViewError(f"rows [{start}, {stop}) out of range for {da.name!r} of {n} samples")
-    rest_shape = tuple(da.shape[len(dims) :])
     if stop == start:
-        return np.empty((0, *rest_shape), dtype=da.dtype)
-    # strides of the stacked index, C order
+        return da.isel({dims[0]: slice(0, 0)}), (0, 0)
     strides = np.cumprod([1, *sizes[::-1][:-1]])[::-1]
     first = np.unravel_index(start, sizes)
     last = np.unravel_index(stop - 1, sizes)
-    # find the first dim where first and last differ: dims before it are single indices
     sel: dict[str, slice] = {}
     k = 0
     while k < len(dims) - 1 and first[k] == last[k]:
@@ -59,11 +82,8 @@ def read_rows(da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: in
     sel[dims[k]] = slice(int(first[k]), int(last[k]) + 1)
     for j in range(k + 1, len(dims)):
         sel[dims[j]] = slice(None)
-    slab = _load(da.isel(sel))
-    slab = slab.reshape(-1, *rest_shape)
-    # offset of the slab's first row in the stacked numbering
     offset = int(sum(int(sel[d].start or 0) * int(s) for d, s in zip(dims, strides, strict=True)))
-    return slab[start - offset : stop - offset]
+    return da.isel(sel), (start - offset, stop - offset)
 
 
 def _load(da: xr.DataArray) -> np.ndarray:
