@@ -62,6 +62,16 @@ def partial(block: np.ndarray) -> Partial:
     if v.shape[0] == 0:
         empty = np.full(nf, np.nan)
         return Partial(count, np.zeros(nf), np.zeros(nf), empty, empty.copy(), nan_count)
+    if not has_nan and v.dtype == np.float32:
+        # fast path (the common case): float64 accumulators over float32 data, no float64 copy
+        s1 = np.add.reduce(v, axis=0, dtype=np.float64)
+        n = v.shape[0]
+        mean = s1 / n
+        d = v - mean.astype(np.float32)
+        sd = np.add.reduce(d, axis=0, dtype=np.float64)
+        m2 = np.add.reduce(d * d, axis=0, dtype=np.float64) - sd * sd / n  # corrects the f32 mean
+        return Partial(count, mean, np.maximum(m2, 0.0), v.min(axis=0).astype(np.float64),
+                       v.max(axis=0).astype(np.float64), nan_count)  # fmt: skip
     x = v.astype(np.float64, copy=False)
     with np.errstate(invalid="ignore", divide="ignore"):
         if has_nan:
