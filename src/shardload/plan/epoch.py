@@ -1,0 +1,494 @@
+"""The epoch plan: which rows each (rank, worker) reads, in which order (pure numpy, no I/O).
+
+An epoch is a *sequence* of rows built from the chunks of a split, seeded by ``(seed, epoch)``.
+It is never a per-row array: it is a list of segments (a chunk, and a row range or an explicit
+array of row offsets inside it), so a plan for 10**9 rows costs what its chunk list costs.
+
+1. **Sequence.** The chunks in a permutation seeded by ``(seed, epoch)`` when ``shuffle``, in
+   the given order otherwise.
+2. **Ranks.** ``N`` rows, ``world_size`` ranks. Mode ``drop`` removes the last ``N mod world``
+   rows of the sequence; mode ``pad`` appends (cyclically) its first ``(world - N mod world) mod
+   world`` rows. The sequence is then cut into ``world_size`` contiguous parts of ``n_r`` rows,
+   cutting inside chunks where needed.
+3. **Workers.** A rank part forms ``nb = ceil(n_r / batch_size)`` batches (floor with
+   ``drop_last``; the rows of the partial batch are then dropped). DataLoader worker ``w`` of
+   ``W`` gets ``nb // W + (w < nb % W)`` batches as contiguous rows of the rank part. The rank's
+   batch ``k`` is worker ``k % W``'s batch ``k // W`` (the DataLoader's round robin), and the
+   partial batch, if any, is the rank's *last* batch in that order (worker ``(nb - 1) % W``).
+   Every rank has the same number of batches.
+4. **Shuffle groups.** A worker takes its segments ``shuffle_chunks`` at a time; a group's rows
+   are permuted together (seeded by seed, epoch, rank, worker, group), so batches mix chunks
+   while a worker holds only about ``shuffle_chunks`` chunks in memory.
+
+Resume and the saved state (:func:`plan_resume`, :class:`EpochState`) live in
+:mod:`shardload.plan.resume`.
+
+>>> plan = plan_epoch([4, 4, 2], world_size=2, num_workers=2, batch_size=2, shuffle=False)
+>>> plan.batches_per_rank, plan.num_dropped, plan.num_padded
+(3, 0, 0)
+>>> [worker_rows(plan, 0, w).tolist() for w in range(2)]
+[[0, 1, 2], [3, 4]]
+>>> [b.tolist() for b in iter_rank_batches(plan, 1)]
+[[5, 6], [8, 9], [7]]
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from ..errors import PlanError
+
+MODES = ("drop", "pad")
+
+#: Chunks whose rows one worker permutes together. Memory per worker is about this many chunks
+#: (plus prefetch); 4 mixes enough chunks per batch to break the within-chunk correlation of
+#: sample-major scientific data (neighbouring times / locations).
+DEFAULT_SHUFFLE_CHUNKS = 4
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows of one chunk, in sequence order.
+
+    ``start``/``stop`` are row offsets inside the chunk: the rows ``[start, stop)`` when ``rows``
+    is None, else the bounding range of ``rows`` (explicit offsets, as left by a resume).
+    ``chunk_start`` is the global row of the chunk's first row.
+
+    >>> Segment(3, 2, 5, chunk_start=30).global_rows().tolist()
+    [32, 33, 34]
+    >>> len(Segment(3, 1, 8, rows=np.array([1, 4, 7]), chunk_start=30))
+    3
+    """
+
+    chunk: int
+    start: int
+    stop: int
+    rows: np.ndarray | None = None
+    chunk_start: int = 0
+
+    def __len__(self) -> int:
+        return self.stop - self.start if self.rows is None else len(self.rows)
+
+    def offsets(self) -> np.ndarray:
+        """Row offsets inside the chunk, in order."""
+        if self.rows is None:
+            return np.arange(self.start, self.stop, dtype=np.int64)
+        return self.rows
+
+    def global_rows(self) -> np.ndarray:
+        """Global row numbers, in order."""
+        return self.chunk_start + self.offsets()
+
+
+@dataclass(frozen=True, eq=False)
+class _Spans:
+    """A sequence of segments as parallel arrays (the vectorised form of ``Segment``s).
+
+    Segment ``i`` is the rows ``lo[i]:hi[i]`` of chunk ``chunk[i]`` when ``ex[i] < 0``, else the
+    offsets ``explicit[ex[i]][lo[i]:hi[i]]``. Every segment has at least one row.
+    """
+
+    chunk: np.ndarray
+    base: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    ex: np.ndarray
+    explicit: tuple[np.ndarray, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.chunk)
+
+    @cached_property
+    def cum(self) -> np.ndarray:
+        """Row position where each segment starts, and the total at the end."""
+        return np.concatenate(([0], np.cumsum(self.hi - self.lo)))
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.cum[-1])
+
+    def seg(self, a: int, b: int) -> _Spans:
+        """Segments ``a:b``."""
+        return _Spans(
+            self.chunk[a:b], self.base[a:b], self.lo[a:b], self.hi[a:b], self.ex[a:b], self.explicit
+        )
+
+    def take(self, a: int, b: int) -> _Spans:
+        """Rows ``a:b`` of the sequence (cutting inside segments)."""
+        if b <= a:
+            return self.seg(0, 0)
+        cum = self.cum
+        i0 = int(np.searchsorted(cum, a, "right")) - 1
+        i1 = int(np.searchsorted(cum, b, "left"))
+        lo, hi = self.lo[i0:i1].copy(), self.hi[i0:i1].copy()
+        lo[0] += a - cum[i0]
+        hi[-1] -= cum[i1] - b
+        return _Spans(
+            self.chunk[i0:i1], self.base[i0:i1], lo, hi, self.ex[i0:i1], self.explicit
+        )
+
+    def offsets(self, i: int) -> np.ndarray:
+        lo, hi, ex = int(self.lo[i]), int(self.hi[i]), int(self.ex[i])
+        if ex < 0:
+            return np.arange(lo, hi, dtype=np.int64)
+        return self.explicit[ex][lo:hi]
+
+    def segment(self, i: int) -> Segment:
+        chunk, base = int(self.chunk[i]), int(self.base[i])
+        if self.ex[i] < 0:
+            return Segment(chunk, int(self.lo[i]), int(self.hi[i]), None, base)
+        rows = self.offsets(i)
+        return Segment(chunk, int(rows.min()), int(rows.max()) + 1, rows, base)
+
+
+def _concat(parts: Sequence[_Spans], explicit: tuple[np.ndarray, ...]) -> _Spans:
+    cols = [np.concatenate([getattr(p, c) for p in parts]) for c in ("chunk", "base", "lo", "hi")]
+    ex = np.concatenate([p.ex for p in parts]) if parts else np.zeros(0, np.int64)
+    if not parts:
+        cols = [np.zeros(0, np.int64)] * 4
+    return _Spans(*cols, ex, explicit)
+
+
+@dataclass(frozen=True, eq=False)
+class WorkerPlan:
+    """What one DataLoader worker of one rank reads.
+
+    ``segments`` are all the worker's segments; the first ``skip_rows`` rows of its ordered
+    sequence were consumed before (a resume) and are not yielded. ``num_rows`` and
+    ``num_batches`` count what it *will* yield. ``seed_key`` seeds its shuffle groups.
+    """
+
+    rank: int
+    worker: int
+    num_rows: int
+    num_batches: int
+    skip_rows: int
+    seed_key: tuple[int, ...]
+    spans: _Spans = field(repr=False)
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return tuple(self.spans.segment(i) for i in range(len(self.spans)))
+
+
+@dataclass(frozen=True, eq=False)
+class EpochPlan:
+    """The plan of one epoch (or of the rest of one, after :func:`plan_resume`).
+
+    ``workers[rank][worker]``; ``batches_per_rank`` is the same for every rank.
+    ``num_dropped`` rows of the input sequence are not yielded; ``num_padded`` yielded rows
+    repeat rows of it. ``history`` lists earlier legs of this epoch as
+    ``(world_size, num_workers, batches_consumed)`` (one per resume).
+    """
+
+    world_size: int
+    num_workers: int
+    batch_size: int
+    epoch: int
+    seed: int
+    mode: str
+    drop_last: bool
+    shuffle: bool
+    shuffle_chunks: int
+    workers: tuple[tuple[WorkerPlan, ...], ...]
+    num_rows: int
+    num_dropped: int
+    num_padded: int
+    batches_per_rank: int
+    fingerprint: str
+    history: tuple[tuple[int, int, int], ...] = ()
+
+
+def _check_int(name: str, value: int, lo: int) -> int:
+    if isinstance(value, bool) or int(value) != value or value < lo:
+        raise PlanError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return int(value)
+
+
+def _chunk_table(chunk_sizes, chunk_ids, chunk_starts) -> tuple[np.ndarray, ...]:
+    sizes = np.asarray(chunk_sizes, dtype=np.int64).reshape(-1)
+    if len(sizes) == 0:
+        raise PlanError("no chunks to plan: chunk_sizes is empty")
+    if (sizes < 1).any():
+        bad = int(np.flatnonzero(sizes < 1)[0])
+        raise PlanError(f"chunk sizes must be >= 1, chunk #{bad} has {int(sizes[bad])} rows")
+    ids = np.arange(len(sizes), dtype=np.int64) if chunk_ids is None else np.asarray(chunk_ids)
+    if chunk_starts is None:
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    else:
+        starts = np.asarray(chunk_starts)
+    for name, arr in (("chunk_ids", ids), ("chunk_starts", starts)):
+        if arr.shape != sizes.shape:
+            raise PlanError(f"{name} has {arr.size} entries for {sizes.size} chunk sizes")
+    return sizes, ids.astype(np.int64), starts.astype(np.int64)
+
+
+def plan_fingerprint(
+    chunk_sizes, *, chunk_ids=None, chunk_starts=None, batch_size: int, seed: int = 0,
+    mode: str = "drop", drop_last: bool = False, shuffle: bool = True,
+    shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
+) -> str:  # fmt: skip
+    """A short hash of the chunks and of the options a resume must keep (not the world shape).
+
+    >>> plan_fingerprint([4, 4, 2], batch_size=2) == plan_fingerprint([4, 4, 2], batch_size=3)
+    False
+    """
+    sizes, ids, starts = _chunk_table(chunk_sizes, chunk_ids, chunk_starts)
+    h = hashlib.blake2b(digest_size=8)
+    for arr in (sizes, ids, starts):
+        h.update(arr.astype("<i8").tobytes())
+        h.update(b"|")
+    h.update(repr((batch_size, seed, mode, bool(drop_last), bool(shuffle), shuffle_chunks)).encode())
+    return h.hexdigest()
+
+
+def plan_epoch(
+    chunk_sizes: Sequence[int] | np.ndarray,
+    *,
+    chunk_ids: Sequence[int] | np.ndarray | None = None,
+    chunk_starts: Sequence[int] | np.ndarray | None = None,
+    world_size: int = 1,
+    num_workers: int = 1,
+    batch_size: int,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+    mode: str = "drop",
+    drop_last: bool = False,
+    shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
+) -> EpochPlan:
+    """Plan one epoch over the chunks of a split.
+
+    Parameters
+    ----------
+    chunk_sizes
+        Rows of each chunk of the split (the last may be short).
+    chunk_ids, chunk_starts
+        The chunks' ids in the store and their global first rows (default: ``0, 1, ...`` and
+        consecutive chunks from row 0), so that the plan speaks in global rows.
+    world_size, num_workers
+        Ranks, and DataLoader workers per rank (0 = read in the main process: one reader).
+    batch_size, drop_last
+        Rows per batch; with ``drop_last`` each rank's partial batch is dropped.
+    seed, epoch, shuffle
+        Chunk order and shuffle groups are seeded by these.
+    mode
+        ``"drop"`` the ``N mod world_size`` last rows or ``"pad"`` with repeats of the first.
+    shuffle_chunks
+        Segments per shuffle group of a worker.
+
+    Raises
+    ------
+    PlanError
+        For bad options, or when a rank would get no row (or, with ``drop_last``, no batch).
+
+    >>> plan = plan_epoch([3, 3, 3, 1], world_size=3, num_workers=0, batch_size=2, shuffle=False)
+    >>> [worker_rows(plan, r, 0).tolist() for r in range(3)], plan.num_dropped
+    ([[0, 1, 2], [3, 4, 5], [6, 7, 8]], 1)
+    >>> plan_epoch([3], world_size=4, batch_size=1)
+    Traceback (most recent call last):
+    shardload.errors.PlanError: mode='drop' leaves no row per rank: 3 rows over world_size=4 ranks; use mode='pad' or fewer ranks
+    """
+    sizes, ids, starts = _chunk_table(chunk_sizes, chunk_ids, chunk_starts)
+    opts = _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chunks)
+    order = np.arange(len(sizes))
+    if shuffle:
+        order = np.random.default_rng((seed, epoch, 0)).permutation(len(sizes))
+    seq = _Spans(
+        ids[order], starts[order], np.zeros(len(sizes), np.int64), sizes[order],
+        np.full(len(sizes), -1, np.int64),
+    )  # fmt: skip
+    fp = plan_fingerprint(
+        sizes, chunk_ids=ids, chunk_starts=starts, batch_size=batch_size, seed=seed, mode=mode,
+        drop_last=drop_last, shuffle=shuffle, shuffle_chunks=shuffle_chunks,
+    )  # fmt: skip
+    return _plan_sequence(
+        seq, **opts, drop_last=bool(drop_last), shuffle=bool(shuffle), fingerprint=fp,
+        history=(), allow_empty=False,
+    )  # fmt: skip
+
+
+def _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chunks) -> dict:
+    if mode not in MODES:
+        raise PlanError(f"mode must be one of {MODES}, got {mode!r}")
+    return dict(
+        world_size=_check_int("world_size", world_size, 1),
+        num_workers=_check_int("num_workers", num_workers, 0),
+        batch_size=_check_int("batch_size", batch_size, 1),
+        seed=_check_int("seed", seed, 0),
+        epoch=_check_int("epoch", epoch, 0),
+        mode=mode,
+        shuffle_chunks=_check_int("shuffle_chunks", shuffle_chunks, 1),
+    )
+
+
+def _plan_sequence(
+    seq: _Spans, *, world_size: int, num_workers: int, batch_size: int, seed: int, epoch: int,
+    mode: str, drop_last: bool, shuffle: bool, shuffle_chunks: int, fingerprint: str,
+    history: tuple[tuple[int, int, int], ...], allow_empty: bool,
+) -> EpochPlan:  # fmt: skip
+    """Cut a sequence over ranks and workers (shared by :func:`plan_epoch` and elastic resume)."""
+    n, world, b = seq.num_rows, world_size, batch_size
+    n_r = n // world if mode == "drop" else -(-n // world)
+    nb = n_r // b if drop_last else -(-n_r // b)
+    if nb == 0 and not allow_empty:
+        if n == 0:
+            raise PlanError("no rows to plan")
+        if n_r == 0:
+            raise PlanError(
+                f"mode='drop' leaves no row per rank: {n} rows over world_size={world} ranks; "
+                "use mode='pad' or fewer ranks"
+            )
+        raise PlanError(
+            f"drop_last leaves no batch: each of world_size={world} ranks gets {n_r} rows "
+            f"({n} in all), fewer than batch_size={b}; use a smaller batch, fewer ranks or "
+            "drop_last=False"
+        )
+    used = min(n_r, nb * b)
+    if nb == 0:
+        n_r = used = 0
+    pad = world * n_r - n if mode == "pad" else 0
+    if pad > 0:  # the first rows again, cyclically (N may be smaller than the pad)
+        reps = -(-pad // n)
+        seq = _concat([seq] * (1 + reps), seq.explicit).take(0, n + pad)
+    distinct = _rows_yielded(n, n_r, used, world, pad)
+    gen = len(history)  # an elastic resume shuffles its groups afresh
+    readers = max(1, num_workers)
+    nbw = nb // readers + (np.arange(readers) < nb % readers)
+    rows_w = nbw * b
+    if nb:
+        rows_w[(nb - 1) % readers] -= nb * b - used  # the partial batch: the rank's last one
+    offs = np.concatenate(([0], np.cumsum(rows_w)))
+    workers = tuple(
+        tuple(
+            WorkerPlan(
+                rank=r, worker=w, num_rows=int(rows_w[w]), num_batches=int(nbw[w]), skip_rows=0,
+                seed_key=(seed, epoch, 1 + gen, r, w),
+                spans=seq.take(r * n_r + int(offs[w]), r * n_r + int(offs[w + 1])),
+            )  # fmt: skip
+            for w in range(readers)
+        )
+        for r in range(world)
+    )
+    return EpochPlan(
+        world_size=world, num_workers=num_workers, batch_size=b, epoch=epoch, seed=seed,
+        mode=mode, drop_last=drop_last, shuffle=shuffle, shuffle_chunks=shuffle_chunks,
+        workers=workers, num_rows=n, num_dropped=n - distinct,
+        num_padded=world * used - distinct, batches_per_rank=int(nb),
+        fingerprint=fingerprint, history=history,
+    )  # fmt: skip
+
+
+def _rows_yielded(n: int, n_r: int, used: int, world: int, pad: int) -> int:
+    """How many distinct positions ``< n`` of the sequence some rank yields.
+
+    Rank ``r`` yields positions ``[r n_r, r n_r + used)`` of the padded sequence; position
+    ``j >= n`` repeats position ``(j - n) mod n``.
+    """
+    if used == 0:
+        return 0
+    r0 = np.arange(world, dtype=np.int64) * n_r
+    main = int(np.clip(np.minimum(r0 + used, n) - r0, 0, None).sum())
+    extra = {(j - n) % n for j in range(n, n + pad) if j % n_r < used}
+    return main + sum(1 for o in extra if o % n_r >= used)
+
+
+# -- reading a worker's plan -------------------------------------------------------------------
+
+
+def _group_bounds(spans: _Spans, k: int) -> np.ndarray:
+    """Row position where each shuffle group starts, and the total at the end."""
+    bounds = spans.cum[::k]
+    return np.append(bounds, spans.cum[-1]) if len(spans) % k else bounds
+
+
+def _group_order(wp: WorkerPlan, g: int, n: int, shuffle: bool) -> np.ndarray:
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng((*wp.seed_key, g)).permutation(n)
+
+
+def _iter_groups(
+    wp: WorkerPlan, k: int, shuffle: bool
+) -> Iterator[tuple[int, _Spans, np.ndarray, int]]:
+    """Per group from the one holding row ``skip_rows``: (index, spans, order, rows skipped)."""
+    bounds = _group_bounds(wp.spans, k)
+    first = int(np.searchsorted(bounds, wp.skip_rows, "right")) - 1
+    for g in range(first, len(bounds) - 1):
+        spans = wp.spans.seg(g * k, (g + 1) * k)
+        n = int(bounds[g + 1] - bounds[g])
+        yield g, spans, _group_order(wp, g, n, shuffle), max(0, wp.skip_rows - int(bounds[g]))
+
+
+def iter_worker_groups(
+    plan: EpochPlan, rank: int, worker: int
+) -> Iterator[tuple[tuple[Segment, ...], np.ndarray]]:
+    """The shuffle groups of one worker, in reading order.
+
+    Yields ``(segments, order)``: ``order`` indexes the concatenated rows of ``segments`` (the
+    worker reads those chunks' rows, then yields them in this order). Rows consumed before a
+    resume are left out of ``order``.
+
+    >>> plan = plan_epoch([2, 2, 2], batch_size=2, num_workers=0, shuffle=False, shuffle_chunks=2)
+    >>> [(len(s), o.tolist()) for s, o in iter_worker_groups(plan, 0, 0)]
+    [(2, [0, 1, 2, 3]), (1, [0, 1])]
+    """
+    wp = plan.workers[rank][worker]
+    for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle):
+        yield tuple(spans.segment(i) for i in range(len(spans))), order[skip:]
+
+
+def _group_rows(spans: _Spans) -> np.ndarray:
+    if len(spans) == 0:
+        return np.zeros(0, np.int64)
+    return np.concatenate([spans.base[i] + spans.offsets(i) for i in range(len(spans))])
+
+
+def worker_rows(plan: EpochPlan, rank: int, worker: int) -> np.ndarray:
+    """The global rows one worker yields, in order (for tests and small data).
+
+    >>> plan = plan_epoch([3, 2], world_size=2, batch_size=1, num_workers=0, shuffle=False)
+    >>> worker_rows(plan, 1, 0).tolist(), plan.num_dropped
+    ([2, 3], 1)
+    """
+    wp = plan.workers[rank][worker]
+    parts = [
+        _group_rows(spans)[order[skip:]]
+        for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def iter_worker_batches(plan: EpochPlan, rank: int, worker: int) -> Iterator[np.ndarray]:
+    """The worker's batches as arrays of global rows (a batch may span shuffle groups).
+
+    >>> plan = plan_epoch([3, 2], batch_size=2, num_workers=0, shuffle=False)
+    >>> [b.tolist() for b in iter_worker_batches(plan, 0, 0)]
+    [[0, 1], [2, 3], [4]]
+    """
+    b, pending, have = plan.batch_size, [], 0
+    wp = plan.workers[rank][worker]
+    for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle):
+        rows = _group_rows(spans)[order[skip:]]
+        while len(rows):
+            take = min(b - have, len(rows))
+            pending.append(rows[:take])
+            rows, have = rows[take:], have + take
+            if have == b:
+                yield np.concatenate(pending)
+                pending, have = [], 0
+    if have:
+        yield np.concatenate(pending)
+
+
+def iter_rank_batches(plan: EpochPlan, rank: int) -> Iterator[np.ndarray]:
+    """A rank's batches in the order a DataLoader yields them: batch ``k`` is worker ``k % W``'s
+    batch ``k // W`` (a simulation of its round robin, for tests and for ``num_workers=0``)."""
+    its = [iter_worker_batches(plan, rank, w) for w in range(len(plan.workers[rank]))]
+    for k in range(plan.batches_per_rank):
+        yield next(its[k % len(its)])
