@@ -37,11 +37,24 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
 from ..errors import PlanError
+from .spans import Segment, Spans, concat_spans, spans_rows
+
+__all__ = [
+    "DEFAULT_SHUFFLE_CHUNKS",
+    "EpochPlan",
+    "Segment",
+    "WorkerPlan",
+    "iter_rank_batches",
+    "iter_worker_batches",
+    "iter_worker_groups",
+    "plan_epoch",
+    "plan_fingerprint",
+    "worker_rows",
+]
 
 MODES = ("drop", "pad")
 
@@ -49,109 +62,6 @@ MODES = ("drop", "pad")
 #: (plus prefetch); 4 mixes enough chunks per batch to break the within-chunk correlation of
 #: sample-major scientific data (neighbouring times / locations).
 DEFAULT_SHUFFLE_CHUNKS = 4
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Rows of one chunk, in sequence order.
-
-    ``start``/``stop`` are row offsets inside the chunk: the rows ``[start, stop)`` when ``rows``
-    is None, else the bounding range of ``rows`` (explicit offsets, as left by a resume).
-    ``chunk_start`` is the global row of the chunk's first row.
-
-    >>> Segment(3, 2, 5, chunk_start=30).global_rows().tolist()
-    [32, 33, 34]
-    >>> len(Segment(3, 1, 8, rows=np.array([1, 4, 7]), chunk_start=30))
-    3
-    """
-
-    chunk: int
-    start: int
-    stop: int
-    rows: np.ndarray | None = None
-    chunk_start: int = 0
-
-    def __len__(self) -> int:
-        return self.stop - self.start if self.rows is None else len(self.rows)
-
-    def offsets(self) -> np.ndarray:
-        """Row offsets inside the chunk, in order."""
-        if self.rows is None:
-            return np.arange(self.start, self.stop, dtype=np.int64)
-        return self.rows
-
-    def global_rows(self) -> np.ndarray:
-        """Global row numbers, in order."""
-        return self.chunk_start + self.offsets()
-
-
-@dataclass(frozen=True, eq=False)
-class _Spans:
-    """A sequence of segments as parallel arrays (the vectorised form of ``Segment``s).
-
-    Segment ``i`` is the rows ``lo[i]:hi[i]`` of chunk ``chunk[i]`` when ``ex[i] < 0``, else the
-    offsets ``explicit[ex[i]][lo[i]:hi[i]]``. Every segment has at least one row.
-    """
-
-    chunk: np.ndarray
-    base: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    ex: np.ndarray
-    explicit: tuple[np.ndarray, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.chunk)
-
-    @cached_property
-    def cum(self) -> np.ndarray:
-        """Row position where each segment starts, and the total at the end."""
-        return np.concatenate(([0], np.cumsum(self.hi - self.lo)))
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.cum[-1])
-
-    def seg(self, a: int, b: int) -> _Spans:
-        """Segments ``a:b``."""
-        return _Spans(
-            self.chunk[a:b], self.base[a:b], self.lo[a:b], self.hi[a:b], self.ex[a:b], self.explicit
-        )
-
-    def take(self, a: int, b: int) -> _Spans:
-        """Rows ``a:b`` of the sequence (cutting inside segments)."""
-        if b <= a:
-            return self.seg(0, 0)
-        cum = self.cum
-        i0 = int(np.searchsorted(cum, a, "right")) - 1
-        i1 = int(np.searchsorted(cum, b, "left"))
-        lo, hi = self.lo[i0:i1].copy(), self.hi[i0:i1].copy()
-        lo[0] += a - cum[i0]
-        hi[-1] -= cum[i1] - b
-        return _Spans(
-            self.chunk[i0:i1], self.base[i0:i1], lo, hi, self.ex[i0:i1], self.explicit
-        )
-
-    def offsets(self, i: int) -> np.ndarray:
-        lo, hi, ex = int(self.lo[i]), int(self.hi[i]), int(self.ex[i])
-        if ex < 0:
-            return np.arange(lo, hi, dtype=np.int64)
-        return self.explicit[ex][lo:hi]
-
-    def segment(self, i: int) -> Segment:
-        chunk, base = int(self.chunk[i]), int(self.base[i])
-        if self.ex[i] < 0:
-            return Segment(chunk, int(self.lo[i]), int(self.hi[i]), None, base)
-        rows = self.offsets(i)
-        return Segment(chunk, int(rows.min()), int(rows.max()) + 1, rows, base)
-
-
-def _concat(parts: Sequence[_Spans], explicit: tuple[np.ndarray, ...]) -> _Spans:
-    cols = [np.concatenate([getattr(p, c) for p in parts]) for c in ("chunk", "base", "lo", "hi")]
-    ex = np.concatenate([p.ex for p in parts]) if parts else np.zeros(0, np.int64)
-    if not parts:
-        cols = [np.zeros(0, np.int64)] * 4
-    return _Spans(*cols, ex, explicit)
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,7 +79,7 @@ class WorkerPlan:
     num_batches: int
     skip_rows: int
     seed_key: tuple[int, ...]
-    spans: _Spans = field(repr=False)
+    spans: Spans = field(repr=False)
 
     @property
     def segments(self) -> tuple[Segment, ...]:
@@ -229,10 +139,17 @@ def _chunk_table(chunk_sizes, chunk_ids, chunk_starts) -> tuple[np.ndarray, ...]
 
 
 def plan_fingerprint(
-    chunk_sizes, *, chunk_ids=None, chunk_starts=None, batch_size: int, seed: int = 0,
-    mode: str = "drop", drop_last: bool = False, shuffle: bool = True,
+    chunk_sizes,
+    *,
+    chunk_ids=None,
+    chunk_starts=None,
+    batch_size: int,
+    seed: int = 0,
+    mode: str = "drop",
+    drop_last: bool = False,
+    shuffle: bool = True,
     shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
-) -> str:  # fmt: skip
+) -> str:
     """A short hash of the chunks and of the options a resume must keep (not the world shape).
 
     >>> plan_fingerprint([4, 4, 2], batch_size=2) == plan_fingerprint([4, 4, 2], batch_size=3)
@@ -243,7 +160,9 @@ def plan_fingerprint(
     for arr in (sizes, ids, starts):
         h.update(arr.astype("<i8").tobytes())
         h.update(b"|")
-    h.update(repr((batch_size, seed, mode, bool(drop_last), bool(shuffle), shuffle_chunks)).encode())
+    h.update(
+        repr((batch_size, seed, mode, bool(drop_last), bool(shuffle), shuffle_chunks)).encode()
+    )
     return h.hexdigest()
 
 
@@ -299,18 +218,33 @@ def plan_epoch(
     order = np.arange(len(sizes))
     if shuffle:
         order = np.random.default_rng((seed, epoch, 0)).permutation(len(sizes))
-    seq = _Spans(
-        ids[order], starts[order], np.zeros(len(sizes), np.int64), sizes[order],
+    seq = Spans(
+        ids[order],
+        starts[order],
+        np.zeros(len(sizes), np.int64),
+        sizes[order],
         np.full(len(sizes), -1, np.int64),
-    )  # fmt: skip
+    )
     fp = plan_fingerprint(
-        sizes, chunk_ids=ids, chunk_starts=starts, batch_size=batch_size, seed=seed, mode=mode,
-        drop_last=drop_last, shuffle=shuffle, shuffle_chunks=shuffle_chunks,
-    )  # fmt: skip
+        sizes,
+        chunk_ids=ids,
+        chunk_starts=starts,
+        batch_size=batch_size,
+        seed=seed,
+        mode=mode,
+        drop_last=drop_last,
+        shuffle=shuffle,
+        shuffle_chunks=shuffle_chunks,
+    )
     return _plan_sequence(
-        seq, **opts, drop_last=bool(drop_last), shuffle=bool(shuffle), fingerprint=fp,
-        history=(), allow_empty=False,
-    )  # fmt: skip
+        seq,
+        **opts,
+        drop_last=bool(drop_last),
+        shuffle=bool(shuffle),
+        fingerprint=fp,
+        history=(),
+        allow_empty=False,
+    )
 
 
 def _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chunks) -> dict:
@@ -328,10 +262,21 @@ def _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chu
 
 
 def _plan_sequence(
-    seq: _Spans, *, world_size: int, num_workers: int, batch_size: int, seed: int, epoch: int,
-    mode: str, drop_last: bool, shuffle: bool, shuffle_chunks: int, fingerprint: str,
-    history: tuple[tuple[int, int, int], ...], allow_empty: bool,
-) -> EpochPlan:  # fmt: skip
+    seq: Spans,
+    *,
+    world_size: int,
+    num_workers: int,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    mode: str,
+    drop_last: bool,
+    shuffle: bool,
+    shuffle_chunks: int,
+    fingerprint: str,
+    history: tuple[tuple[int, int, int], ...],
+    allow_empty: bool,
+) -> EpochPlan:
     """Cut a sequence over ranks and workers (shared by :func:`plan_epoch` and elastic resume)."""
     n, world, b = seq.num_rows, world_size, batch_size
     n_r = n // world if mode == "drop" else -(-n // world)
@@ -355,7 +300,7 @@ def _plan_sequence(
     pad = world * n_r - n if mode == "pad" else 0
     if pad > 0:  # the first rows again, cyclically (N may be smaller than the pad)
         reps = -(-pad // n)
-        seq = _concat([seq] * (1 + reps), seq.explicit).take(0, n + pad)
+        seq = concat_spans([seq] * (1 + reps), seq.explicit).take(0, n + pad)
     distinct = _rows_yielded(n, n_r, used, world, pad)
     gen = len(history)  # an elastic resume shuffles its groups afresh
     readers = max(1, num_workers)
@@ -367,21 +312,36 @@ def _plan_sequence(
     workers = tuple(
         tuple(
             WorkerPlan(
-                rank=r, worker=w, num_rows=int(rows_w[w]), num_batches=int(nbw[w]), skip_rows=0,
+                rank=r,
+                worker=w,
+                num_rows=int(rows_w[w]),
+                num_batches=int(nbw[w]),
+                skip_rows=0,
                 seed_key=(seed, epoch, 1 + gen, r, w),
                 spans=seq.take(r * n_r + int(offs[w]), r * n_r + int(offs[w + 1])),
-            )  # fmt: skip
+            )
             for w in range(readers)
         )
         for r in range(world)
     )
     return EpochPlan(
-        world_size=world, num_workers=num_workers, batch_size=b, epoch=epoch, seed=seed,
-        mode=mode, drop_last=drop_last, shuffle=shuffle, shuffle_chunks=shuffle_chunks,
-        workers=workers, num_rows=n, num_dropped=n - distinct,
-        num_padded=world * used - distinct, batches_per_rank=int(nb),
-        fingerprint=fingerprint, history=history,
-    )  # fmt: skip
+        world_size=world,
+        num_workers=num_workers,
+        batch_size=b,
+        epoch=epoch,
+        seed=seed,
+        mode=mode,
+        drop_last=drop_last,
+        shuffle=shuffle,
+        shuffle_chunks=shuffle_chunks,
+        workers=workers,
+        num_rows=n,
+        num_dropped=n - distinct,
+        num_padded=world * used - distinct,
+        batches_per_rank=int(nb),
+        fingerprint=fingerprint,
+        history=history,
+    )
 
 
 def _rows_yielded(n: int, n_r: int, used: int, world: int, pad: int) -> int:
@@ -401,7 +361,7 @@ def _rows_yielded(n: int, n_r: int, used: int, world: int, pad: int) -> int:
 # -- reading a worker's plan -------------------------------------------------------------------
 
 
-def _group_bounds(spans: _Spans, k: int) -> np.ndarray:
+def _group_bounds(spans: Spans, k: int) -> np.ndarray:
     """Row position where each shuffle group starts, and the total at the end."""
     bounds = spans.cum[::k]
     return np.append(bounds, spans.cum[-1]) if len(spans) % k else bounds
@@ -415,7 +375,7 @@ def _group_order(wp: WorkerPlan, g: int, n: int, shuffle: bool) -> np.ndarray:
 
 def _iter_groups(
     wp: WorkerPlan, k: int, shuffle: bool
-) -> Iterator[tuple[int, _Spans, np.ndarray, int]]:
+) -> Iterator[tuple[int, Spans, np.ndarray, int]]:
     """Per group from the one holding row ``skip_rows``: (index, spans, order, rows skipped)."""
     bounds = _group_bounds(wp.spans, k)
     first = int(np.searchsorted(bounds, wp.skip_rows, "right")) - 1
@@ -443,12 +403,6 @@ def iter_worker_groups(
         yield tuple(spans.segment(i) for i in range(len(spans))), order[skip:]
 
 
-def _group_rows(spans: _Spans) -> np.ndarray:
-    if len(spans) == 0:
-        return np.zeros(0, np.int64)
-    return np.concatenate([spans.base[i] + spans.offsets(i) for i in range(len(spans))])
-
-
 def worker_rows(plan: EpochPlan, rank: int, worker: int) -> np.ndarray:
     """The global rows one worker yields, in order (for tests and small data).
 
@@ -458,7 +412,7 @@ def worker_rows(plan: EpochPlan, rank: int, worker: int) -> np.ndarray:
     """
     wp = plan.workers[rank][worker]
     parts = [
-        _group_rows(spans)[order[skip:]]
+        spans_rows(spans)[order[skip:]]
         for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle)
     ]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -474,7 +428,7 @@ def iter_worker_batches(plan: EpochPlan, rank: int, worker: int) -> Iterator[np.
     b, pending, have = plan.batch_size, [], 0
     wp = plan.workers[rank][worker]
     for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle):
-        rows = _group_rows(spans)[order[skip:]]
+        rows = spans_rows(spans)[order[skip:]]
         while len(rows):
             take = min(b - have, len(rows))
             pending.append(rows[:take])

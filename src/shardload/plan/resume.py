@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -29,15 +30,14 @@ from .epoch import (
     EpochPlan,
     WorkerPlan,
     _check_int,
-    _concat,
     _group_bounds,
     _group_order,
     _plan_sequence,
-    _Spans,
     iter_rank_batches,  # noqa: F401 - used by the doctests
     plan_epoch,
     plan_fingerprint,
 )
+from .spans import Spans, concat_spans
 
 
 def plan_resume(
@@ -74,15 +74,23 @@ def plan_resume(
     readers = max(1, old.num_workers)
     if world == old.world_size and max(1, workers) == readers:
         ranks = tuple(
-            tuple(_continue(old.workers[r][(k + j) % readers], j, k, readers, old.batch_size)
-                  for j in range(readers))
+            tuple(
+                _continue(old.workers[r][(k + j) % readers], j, k, readers, old.batch_size)
+                for j in range(readers)
+            )
             for r in range(world)
-        )  # fmt: skip
+        )
         remaining = sum(wp.num_rows for wp in ranks[0])
         return replace(
-            old, num_workers=workers, workers=ranks, num_rows=remaining * world, num_dropped=0,
-            num_padded=0, batches_per_rank=old.batches_per_rank - k, history=history,
-        )  # fmt: skip
+            old,
+            num_workers=workers,
+            workers=ranks,
+            num_rows=remaining * world,
+            num_dropped=0,
+            num_padded=0,
+            batches_per_rank=old.batches_per_rank - k,
+            history=history,
+        )
 
     explicit = list(old.workers[0][0].spans.explicit)
     pieces = [
@@ -91,13 +99,22 @@ def plan_resume(
         for w, wp in enumerate(rank)
         for piece in _unconsumed(wp, _consumed(w, k, readers) * old.batch_size, old, explicit)
     ]
-    seq = _prune(_concat(pieces, tuple(explicit)))
+    seq = _prune(concat_spans(pieces, tuple(explicit)))
     return _plan_sequence(
-        seq, world_size=world, num_workers=workers, batch_size=old.batch_size, seed=old.seed,
-        epoch=old.epoch, mode=old.mode, drop_last=old.drop_last, shuffle=old.shuffle,
-        shuffle_chunks=old.shuffle_chunks, fingerprint=old.fingerprint, history=history,
+        seq,
+        world_size=world,
+        num_workers=workers,
+        batch_size=old.batch_size,
+        seed=old.seed,
+        epoch=old.epoch,
+        mode=old.mode,
+        drop_last=old.drop_last,
+        shuffle=old.shuffle,
+        shuffle_chunks=old.shuffle_chunks,
+        fingerprint=old.fingerprint,
+        history=history,
         allow_empty=True,
-    )  # fmt: skip
+    )
 
 
 def _consumed(w: int, k: int, readers: int) -> int:
@@ -109,14 +126,17 @@ def _continue(wp: WorkerPlan, slot: int, k: int, readers: int, batch_size: int) 
     done = _consumed(wp.worker, k, readers)
     rows = min(done * batch_size, wp.num_rows)
     return replace(
-        wp, worker=slot, num_rows=wp.num_rows - rows, num_batches=wp.num_batches - done,
+        wp,
+        worker=slot,
+        num_rows=wp.num_rows - rows,
+        num_batches=wp.num_batches - done,
         skip_rows=wp.skip_rows + rows,
-    )  # fmt: skip
+    )
 
 
 def _unconsumed(
     wp: WorkerPlan, rows_done: int, old: EpochPlan, explicit: list[np.ndarray]
-) -> list[_Spans]:
+) -> list[Spans]:
     """The tail of a worker's ordered rows after ``skip_rows + rows_done`` of them."""
     spans, k = wp.spans, old.shuffle_chunks
     skip = wp.skip_rows + min(rows_done, wp.num_rows)
@@ -145,11 +165,12 @@ def _unconsumed(
                 explicit.append(offs)
         for col, v in zip(cols, (group.chunk[j], group.base[j], lo, hi, ex), strict=True):
             col.append(int(v))
-    head = _Spans(*(np.array(c, dtype=np.int64) for c in cols))
+    chunk, base, lo_, hi_, ex_ = (np.array(c, dtype=np.int64) for c in cols)
+    head = Spans(chunk, base, lo_, hi_, ex_)
     return [head, rest]
 
 
-def _prune(seq: _Spans) -> _Spans:
+def _prune(seq: Spans) -> Spans:
     """Drop explicit row arrays no segment refers to any more (resumes can chain)."""
     used = np.unique(seq.ex[seq.ex >= 0])
     remap = np.full(len(seq.explicit) + 1, -1, dtype=np.int64)
@@ -183,11 +204,13 @@ class EpochState:
         """Inverse of :meth:`to_dict`; raises :class:`StateError` for anything else."""
         try:
             return cls(
-                epoch=int(d["epoch"]), batches_consumed=int(d["batches_consumed"]),
-                world_size=int(d["world_size"]), num_workers=int(d["num_workers"]),
+                epoch=int(d["epoch"]),
+                batches_consumed=int(d["batches_consumed"]),
+                world_size=int(d["world_size"]),
+                num_workers=int(d["num_workers"]),
                 fingerprint=str(d["fingerprint"]),
                 history=tuple((int(a), int(b), int(c)) for a, b, c in d.get("history", ())),
-            )  # fmt: skip
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"not an epoch state: {d!r} ({exc})") from exc
 
@@ -199,9 +222,13 @@ def plan_state(plan: EpochPlan, batches_consumed: int) -> EpochState:
             f"batches_consumed={batches_consumed} is not within 0..{plan.batches_per_rank}"
         )
     return EpochState(
-        plan.epoch, int(batches_consumed), plan.world_size, plan.num_workers, plan.fingerprint,
+        plan.epoch,
+        int(batches_consumed),
+        plan.world_size,
+        plan.num_workers,
+        plan.fingerprint,
         plan.history,
-    )  # fmt: skip
+    )
 
 
 def plan_from_state(
@@ -226,10 +253,16 @@ def plan_from_state(
     StateError
         When the chunks or the options differ from those of the run that saved ``state``.
     """
-    opts = dict(
-        chunk_ids=chunk_ids, chunk_starts=chunk_starts, batch_size=batch_size, seed=seed,
-        mode=mode, drop_last=drop_last, shuffle=shuffle, shuffle_chunks=shuffle_chunks,
-    )  # fmt: skip
+    opts: dict[str, Any] = dict(
+        chunk_ids=chunk_ids,
+        chunk_starts=chunk_starts,
+        batch_size=batch_size,
+        seed=seed,
+        mode=mode,
+        drop_last=drop_last,
+        shuffle=shuffle,
+        shuffle_chunks=shuffle_chunks,
+    )
     fp = plan_fingerprint(chunk_sizes, **opts)
     if fp != state.fingerprint:
         raise StateError(

@@ -1,0 +1,371 @@
+"""Epoch plan and resume: invariants over random and swept configurations (pure, no torch)."""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shardload.plan.epoch as epoch_mod
+import shardload.plan.resume as resume_mod
+import shardload.plan.spans as spans_mod
+from shardload.errors import PlanError, StateError
+from shardload.plan.chunks import chunk_sizes, plan_chunk_bounds
+from shardload.plan.epoch import (
+    EpochPlan,
+    iter_rank_batches,
+    iter_worker_batches,
+    iter_worker_groups,
+    plan_epoch,
+    worker_rows,
+)
+from shardload.plan.resume import EpochState, plan_from_state, plan_resume, plan_state
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def split(length: int, chunk_rows: int, keep: float = 1.0, seed: int = 0):
+    """The chunks of a split: sizes, ids and starts of a random subset of a store's chunks."""
+    bounds = np.asarray(plan_chunk_bounds(length, chunk_rows))
+    sizes = chunk_sizes(bounds)
+    ids = np.flatnonzero(np.random.default_rng(seed).random(len(sizes)) < keep)
+    if len(ids) == 0:
+        ids = np.array([len(sizes) - 1])  # the short last chunk, the hardest case
+    rows = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in ids])
+    return sizes[ids], ids, bounds[ids], rows
+
+
+def dataloader_order(per_worker: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """What torch's DataLoader yields from iterable workers: round robin, skipping exhausted
+    workers (simulated; it is what ``_MultiProcessingDataLoaderIter`` does)."""
+    its = [iter(b) for b in per_worker]
+    active, out = list(range(len(its))), []
+    while active:
+        for w in list(active):
+            try:
+                out.append(next(its[w]))
+            except StopIteration:
+                active.remove(w)
+    return out
+
+
+def expected_error(n: int, world: int, batch: int, mode: str, drop_last: bool) -> bool:
+    n_r = n // world if mode == "drop" else -(-n // world)
+    return n_r == 0 or (drop_last and n_r < batch)
+
+
+def check_plan(plan: EpochPlan) -> list[list[np.ndarray]]:
+    """Structural invariants; returns each rank's batches in DataLoader order."""
+    ranks = []
+    for r, workers in enumerate(plan.workers):
+        per_worker = [list(iter_worker_batches(plan, r, w)) for w in range(len(workers))]
+        for wp, batches in zip(workers, per_worker, strict=True):
+            assert wp.num_batches == len(batches)
+            assert wp.num_rows == sum(len(b) for b in batches)
+            got = np.concatenate(batches) if batches else np.zeros(0, int)
+            assert np.array_equal(got, worker_rows(plan, r, wp.worker))
+            groups = list(iter_worker_groups(plan, r, wp.worker))
+            assert all(len(segs) <= plan.shuffle_chunks for segs, _ in groups)
+            from_groups = [np.concatenate([s.global_rows() for s in segs])[o] for segs, o in groups]
+            assert np.array_equal(np.concatenate(from_groups) if groups else got[:0], got)
+        order = dataloader_order(per_worker)
+        assert len(order) == plan.batches_per_rank  # the same for every rank
+        rr = [per_worker[k % len(workers)][k // len(workers)] for k in range(len(order))]
+        assert all(np.array_equal(a, b) for a, b in zip(order, rr, strict=True))
+        assert all(
+            np.array_equal(a, b) for a, b in zip(order, iter_rank_batches(plan, r), strict=True)
+        )
+        assert all(len(b) == plan.batch_size for b in order[:-1])  # only the last may be short
+        if plan.drop_last and order:
+            assert len(order[-1]) == plan.batch_size
+        ranks.append(order)
+    return ranks
+
+
+def all_rows(ranks: list[list[np.ndarray]]) -> np.ndarray:
+    flat = [b for batches in ranks for b in batches]
+    return np.concatenate(flat) if flat else np.zeros(0, int)
+
+
+# -- plan_epoch --------------------------------------------------------------------------------
+
+
+@st.composite
+def configs(draw):
+    length = draw(st.integers(1, 5000))
+    chunk_rows = draw(st.one_of(st.integers(1, 700), st.integers(50, 700)))
+    keep = draw(st.sampled_from([1.0, 0.5, 0.05]))
+    return dict(
+        split=(length, chunk_rows, keep, draw(st.integers(0, 2**16))),
+        world_size=draw(st.integers(1, 16)),
+        num_workers=draw(st.integers(0, 8)),
+        batch_size=draw(st.one_of(st.integers(1, 300), st.integers(1, 8))),
+        seed=draw(st.integers(0, 2**32)),
+        epoch=draw(st.integers(0, 50)),
+        shuffle=draw(st.booleans()),
+        mode=draw(st.sampled_from(["drop", "pad"])),
+        drop_last=draw(st.booleans()),
+        shuffle_chunks=draw(st.integers(1, 6)),
+    )
+
+
+def make(cfg: dict):
+    sizes, ids, starts, rows = split(*cfg["split"])
+    opts = {k: v for k, v in cfg.items() if k != "split"}
+    return sizes, ids, starts, rows, opts
+
+
+def check_epoch(sizes, ids, starts, rows, opts) -> EpochPlan | None:
+    n, world, b = len(rows), opts["world_size"], opts["batch_size"]
+    if expected_error(n, world, b, opts["mode"], opts["drop_last"]):
+        with pytest.raises(PlanError, match=str(world)):
+            plan_epoch(sizes, chunk_ids=ids, chunk_starts=starts, **opts)
+        return None
+    plan = plan_epoch(sizes, chunk_ids=ids, chunk_starts=starts, **opts)
+    got = all_rows(check_plan(plan))
+    distinct = set(got.tolist())
+    assert distinct <= set(rows.tolist())
+    assert plan.num_dropped == n - len(distinct)  # exact
+    assert plan.num_padded == len(got) - len(distinct)  # exact: no row twice except padding
+    n_r = -(-n // world) if opts["mode"] == "pad" else n // world
+    partial = n_r % b if opts["drop_last"] else 0
+    if opts["mode"] == "drop":  # minimal
+        assert plan.num_padded == 0
+        assert plan.num_dropped == n % world + world * partial
+    else:
+        assert plan.num_padded <= (world - n % world) % world < world
+        if not opts["drop_last"]:
+            assert plan.num_dropped == 0
+            assert plan.num_padded == (world - n % world) % world
+        else:
+            assert plan.num_dropped <= world * partial
+    assert plan.num_rows == n
+    return plan
+
+
+@SETTINGS
+@given(configs())
+def test_plan_invariants(cfg):
+    check_epoch(*make(cfg))
+
+
+SWEEP = list(
+    itertools.product(
+        [(1, 1), (7, 3), (100, 700), (1000, 64), (4999, 700), (600, 1)],  # (length, chunk rows)
+        [1, 3, 16],  # ranks
+        [0, 3, 8],  # workers
+        [1, 7, 300],  # batch
+        ["drop", "pad"],
+        [False, True],  # drop_last
+    )
+)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_plan_sweep(shuffle):
+    for (length, rows_per_chunk), world, workers, batch, mode, drop_last in SWEEP:
+        sizes, ids, starts, rows = split(length, rows_per_chunk)
+        opts = dict(
+            world_size=world,
+            num_workers=workers,
+            batch_size=batch,
+            mode=mode,
+            drop_last=drop_last,
+            shuffle=shuffle,
+            seed=3,
+            epoch=1,
+        )
+        check_epoch(sizes, ids, starts, rows, opts)
+
+
+def test_no_shuffle_is_natural_order():
+    plan = plan_epoch([5, 5, 3], batch_size=4, num_workers=0, shuffle=False)
+    assert worker_rows(plan, 0, 0).tolist() == list(range(13))
+
+
+def test_same_seed_same_plan_and_epochs_differ():
+    sizes = [100] * 60 + [7]
+    kw = dict(world_size=4, num_workers=3, batch_size=32, seed=11)
+    a, b = plan_epoch(sizes, epoch=2, **kw), plan_epoch(sizes, epoch=2, **kw)
+    for r, w in itertools.product(range(4), range(3)):
+        assert np.array_equal(worker_rows(a, r, w), worker_rows(b, r, w))
+    c = plan_epoch(sizes, epoch=3, **kw)
+    d = plan_epoch(sizes, epoch=2, **{**kw, "seed": 12})
+
+    def chunk_order(p):
+        return [s.chunk for ws in p.workers for wp in ws for s in wp.segments]
+
+    assert chunk_order(a) != chunk_order(c)
+    assert chunk_order(a) != chunk_order(d)
+    # chunks move between ranks from one epoch to the next
+    assert {s.chunk for wp in a.workers[0] for s in wp.segments} != {
+        s.chunk for wp in c.workers[0] for s in wp.segments
+    }
+
+
+def test_batches_mix_chunks():
+    plan = plan_epoch([100] * 200, world_size=2, num_workers=2, batch_size=64, shuffle_chunks=4)
+    chunks = [np.unique(b // 100).size for r in range(2) for b in iter_rank_batches(plan, r)]
+    assert np.mean(chunks) > 3
+    one = plan_epoch([100] * 200, world_size=2, num_workers=2, batch_size=64, shuffle_chunks=1)
+    assert np.mean([np.unique(b // 100).size for b in iter_rank_batches(one, 0)]) < 1.7
+
+
+def test_fewer_chunks_than_readers():
+    plan = plan_epoch([10, 10, 3], world_size=4, num_workers=8, batch_size=1, mode="pad")
+    assert plan.batches_per_rank == 6 and plan.num_padded == 1
+    got = all_rows(check_plan(plan))
+    assert sorted(set(got.tolist())) == list(range(23))
+
+
+def test_plan_errors():
+    with pytest.raises(PlanError, match="empty"):
+        plan_epoch([], batch_size=1)
+    with pytest.raises(PlanError, match="chunk #1 has 0 rows"):
+        plan_epoch([3, 0], batch_size=1)
+    with pytest.raises(PlanError, match="mode"):
+        plan_epoch([3], batch_size=1, mode="wrap")
+    with pytest.raises(PlanError, match="num_workers"):
+        plan_epoch([3], batch_size=1, num_workers=-1)
+    with pytest.raises(PlanError, match="chunk_starts has 1 entries for 2"):
+        plan_epoch([3, 3], batch_size=1, chunk_starts=[0])
+    with pytest.raises(PlanError, match="3 rows over world_size=4"):
+        plan_epoch([3], world_size=4, batch_size=1)
+    with pytest.raises(PlanError, match=r"gets 5 rows \(10 in all\), fewer than batch_size=6"):
+        plan_epoch([10], world_size=2, batch_size=6, drop_last=True)
+    plan_epoch([3], world_size=4, batch_size=1, mode="pad")  # pad always gives every rank rows
+
+
+def test_doctests():
+    for mod in (epoch_mod, resume_mod, spans_mod):
+        assert doctest.testmod(mod).failed == 0
+
+
+# -- resume ------------------------------------------------------------------------------------
+
+
+def rank_batches(plan: EpochPlan) -> list[list[np.ndarray]]:
+    return [list(iter_rank_batches(plan, r)) for r in range(plan.world_size)]
+
+
+def check_resume(old: EpochPlan, k: int, world: int, workers: int) -> EpochPlan:
+    before = rank_batches(old)
+    seen = all_rows([b[:k] for b in before])
+    unseen = all_rows([b[k:] for b in before])
+    new = plan_resume(old, k, world_size=world, num_workers=workers)
+    after = check_plan(new)
+    if world == old.world_size and max(1, workers) == max(1, old.num_workers):
+        for a, b in zip(after, before, strict=True):  # exact continuation
+            assert len(a) == len(b) - k
+            assert all(np.array_equal(x, y) for x, y in zip(a, b[k:], strict=True))
+        assert new.num_dropped == new.num_padded == 0
+    got = all_rows(after)
+    assert len(got) == len(unseen) - new.num_dropped + new.num_padded
+    assert new.num_rows == len(unseen)
+    extra, missing = Counter(got.tolist()), Counter(unseen.tolist())
+    extra.subtract(unseen.tolist())
+    missing.subtract(got.tolist())
+    assert sum(v for v in extra.values() if v > 0) <= new.num_padded
+    assert sum(v for v in missing.values() if v > 0) <= new.num_dropped
+    if new.num_padded == 0:
+        assert not set(got.tolist()) & set(seen.tolist()) - set(unseen.tolist())
+    # the saved state rebuilds the same plan
+    state = plan_state(old, k)
+    assert EpochState.from_dict(state.to_dict()) == state
+    return new
+
+
+@SETTINGS
+@given(configs(), st.data())
+def test_resume(cfg, data):
+    sizes, ids, starts, rows, opts = make(cfg)
+    if expected_error(
+        len(rows), opts["world_size"], opts["batch_size"], opts["mode"], opts["drop_last"]
+    ):
+        return
+    old = plan_epoch(sizes, chunk_ids=ids, chunk_starts=starts, **opts)
+    k = data.draw(st.integers(0, old.batches_per_rank))
+    same = data.draw(st.booleans())
+    world = old.world_size if same else data.draw(st.integers(1, 16))
+    workers = old.num_workers if same else data.draw(st.integers(0, 8))
+    new = check_resume(old, k, world, workers)
+    rebuilt = plan_from_state(
+        plan_state(old, k),
+        sizes,
+        chunk_ids=ids,
+        chunk_starts=starts,
+        world_size=world,
+        num_workers=workers,
+        **{o: v for o, v in opts.items() if o not in ("world_size", "num_workers", "epoch")},
+    )
+    for a, b in zip(rank_batches(new), rank_batches(rebuilt), strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    # resume the resumed plan again (chains of resumes)
+    if new.batches_per_rank:
+        k2 = data.draw(st.integers(0, new.batches_per_rank))
+        world2, workers2 = data.draw(st.integers(1, 16)), data.draw(st.integers(0, 8))
+        last = check_resume(new, k2, world2, workers2)
+        again = plan_from_state(
+            plan_state(new, k2),
+            sizes,
+            chunk_ids=ids,
+            chunk_starts=starts,
+            world_size=world2,
+            num_workers=workers2,
+            **{o: v for o, v in opts.items() if o not in ("world_size", "num_workers", "epoch")},
+        )
+        assert again.history == last.history and len(again.history) == 2
+        for a, b in zip(rank_batches(last), rank_batches(again), strict=True):
+            assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_elastic_resume_exactly_unseen_rows(mode):
+    sizes = [97] * 40 + [13]
+    old = plan_epoch(sizes, world_size=4, num_workers=3, batch_size=16, mode=mode, seed=5)
+    k = old.batches_per_rank // 3 + 1  # inside shuffle groups: explicit row arrays
+    seen = all_rows([b[:k] for b in rank_batches(old)])
+    new = plan_resume(old, k, world_size=6, num_workers=2)
+    assert any(s.rows is not None for ws in new.workers for wp in ws for s in wp.segments)
+    got = all_rows(check_plan(new))
+    union = Counter(seen.tolist()) + Counter(got.tolist())
+    assert sum(union.values()) == len(seen) + len(got)
+    total = sum(sizes)
+    assert len(set(union)) == total - old.num_dropped - new.num_dropped
+    assert sum(v - 1 for v in union.values()) == old.num_padded + new.num_padded
+
+
+def test_resume_end_of_epoch_and_bigger_world():
+    old = plan_epoch([10, 10], world_size=2, batch_size=3, mode="drop")
+    done = plan_resume(old, old.batches_per_rank, world_size=3, num_workers=2)
+    assert done.batches_per_rank == 0 and done.num_rows == 0
+    # 2 unseen rows per rank, 4 rows over 8 ranks: dropped, not an error
+    late = plan_resume(old, old.batches_per_rank - 1, world_size=8)
+    assert late.batches_per_rank == 0 and late.num_dropped == late.num_rows == 2
+
+
+def test_state_errors():
+    sizes = [10] * 5
+    plan = plan_epoch(sizes, world_size=2, batch_size=4, seed=1)
+    with pytest.raises(StateError, match=r"not within 0\.\.7"):
+        plan_resume(plan, 8)
+    with pytest.raises(StateError, match="not within"):
+        plan_state(plan, -1)
+    state = plan_state(plan, 3)
+    plan_from_state(state, sizes, batch_size=4, seed=1, world_size=1, num_workers=2)
+    with pytest.raises(StateError, match="seed=2"):
+        plan_from_state(state, sizes, batch_size=4, seed=2, world_size=2, num_workers=1)
+    with pytest.raises(StateError, match="fingerprint"):
+        plan_from_state(state, [10] * 4 + [9], batch_size=4, seed=1, world_size=2, num_workers=1)
+    with pytest.raises(StateError, match="batch_size=5"):
+        plan_from_state(state, sizes, batch_size=5, seed=1, world_size=2, num_workers=1)
+    with pytest.raises(StateError, match="not an epoch state"):
+        EpochState.from_dict({"epoch": 1})
