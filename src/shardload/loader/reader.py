@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ChunkReadError, ShardloadError
 from ..formats.base import ReadsInto
-from ..plan.epoch import Segment
+from ..plan.spans import Segment
 from ..store import Store
 
 
