@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -46,6 +46,13 @@ class ArrayReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReadsInto(Protocol):
+    """Optional capability: read rows into a caller's buffer (saves one copy per read)."""
+
+    def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None: ...
 
 
 class Format(Protocol):

@@ -95,43 +95,48 @@ class NpyReader:
 
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
         info = self.manifest.arrays[name]
-        dtype = np.dtype(info.dtype)
-        row = info.row_shape
-        row_items = int(np.prod(row, dtype=np.int64))
-        out = np.empty((stop - start, *row), dtype=dtype)
+        out = np.empty((max(0, stop - start), *info.row_shape), dtype=np.dtype(info.dtype))
+        self.read_into(name, start, stop, out)
+        return out
+
+    def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``[start, stop)`` straight into ``out`` (C-contiguous): one copy, from the file."""
         if stop <= start:
-            return out
+            return
+        dtype = out.dtype
+        row_bytes = int(np.prod(out.shape[1:], dtype=np.int64)) * dtype.itemsize
+        dst_bytes = memoryview(out.reshape(-1).view(np.uint8))
         first = int(np.searchsorted(self.bounds, start, side="right") - 1)
-        pos = start
-        i = first
+        pos, i = start, first
         while pos < stop:
             c0, c1 = int(self.bounds[i]), int(self.bounds[i + 1])
             a, b = pos - c0, min(stop, c1) - c0
-            off = self._data_offset(name, i) + a * row_items * dtype.itemsize
-            count = (b - a) * row_items
+            off = self._data_offset(name, i) + a * row_bytes
+            nbytes = (b - a) * row_bytes
             path = self.path(name, i)
-            dst = out[pos - start : pos - start + (b - a)]
+            dst = dst_bytes[(pos - start) * row_bytes : (pos - start) * row_bytes + nbytes]
             try:
                 if self.local:
-                    flat = np.fromfile(path, dtype=dtype, count=count, offset=off)
+                    with open(path, "rb", buffering=0) as f:
+                        f.seek(off)
+                        got = _readinto_full(f, dst)
                 else:
                     from ..remote import read_bytes
 
-                    raw = read_bytes(self.fs, path, off, off + count * dtype.itemsize, what=f"chunk {i} of array {name!r}")
-                    flat = np.frombuffer(raw, dtype=dtype)
+                    raw = read_bytes(self.fs, path, off, off + nbytes, what=f"chunk {i} of array {name!r}")
+                    got = len(raw)
+                    dst[:got] = raw[:nbytes]
             except (OSError, ValueError) as exc:
                 raise ChunkReadError(
                     f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
                 ) from exc
-            if flat.size != count:
+            if got != nbytes:
                 raise ChunkReadError(
                     f"chunk {i} of array {name!r} is truncated or corrupt: {path} "
-                    f"(expected {count} values at offset {off}, got {flat.size})"
+                    f"(expected {nbytes} bytes at offset {off}, got {got})"
                 )
-            dst.reshape(-1)[:] = flat
             pos += b - a
             i += 1
-        return out
 
     def mmap_chunk(self, name: str, i: int) -> np.ndarray:
         """A read-only memory map of one chunk (local stores only)."""
@@ -139,6 +144,16 @@ class NpyReader:
 
     def close(self) -> None:
         self._offsets.clear()
+
+
+def _readinto_full(f: Any, dst: memoryview) -> int:
+    got = 0
+    while got < len(dst):
+        n = f.readinto(dst[got:])
+        if not n:
+            break
+        got += n
+    return got
 
 
 def _header_len(f: Any, path: str) -> int:

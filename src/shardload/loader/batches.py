@@ -1,0 +1,173 @@
+"""``iter_batches``: numpy batches of one (rank, worker) of an epoch, for any framework."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import PlanError, StateError
+from ..plan.epoch import DEFAULT_SHUFFLE_CHUNKS, EpochPlan, iter_worker_groups, plan_epoch
+from ..plan.resume import EpochState, plan_from_state
+from ..store import Store, open_store
+from .reader import read_groups
+from .select import Selection, select_rows, store_fingerprint
+
+#: Segments (at most a chunk each) read ahead of the group being yielded.
+DEFAULT_PREFETCH = DEFAULT_SHUFFLE_CHUNKS
+INDEX_KEY = "index"
+
+
+def iter_batches(
+    store: str | os.PathLike[str] | Store,
+    *,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    shuffle: bool = True,
+    seed: int = 0,
+    epoch: int = 0,
+    mode: str = "drop",
+    split: str | None = None,
+    chunks: Sequence[int] | None = None,
+    rows: tuple[int, int] | None = None,
+    arrays: Sequence[str] | None = None,
+    drop_last: bool = False,
+    shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
+    prefetch: int = DEFAULT_PREFETCH,
+    threads: int | None = None,
+    state: EpochState | Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
+
+    Every rank gets the same number of batches (``mode`` ``"drop"`` or ``"pad"``), and the
+    batches of workers ``0..num_workers-1`` interleaved round-robin are the rank's batches in
+    order (``num_workers=1``: this iterator alone is the rank's sequence). ``"index"`` holds the
+    global row numbers (int64) of the batch's samples.
+
+    Parameters
+    ----------
+    store
+        A path, an fsspec URL, or a :class:`~shardload.store.Store`.
+    batch_size, drop_last
+        Samples per batch; a rank's last batch may be short unless ``drop_last``.
+    rank, world_size, worker, num_workers
+        Who is reading. ``num_workers=0`` means the same as 1 (reading in the main process).
+    shuffle, seed, epoch, mode
+        Chunk order and shuffle groups are seeded by ``(seed, epoch)``; see ``plan_epoch``.
+    split, chunks, rows, arrays
+        What to read: a split, or explicit chunk ids, and/or a global ``(start, stop)`` row
+        range; which arrays (default all).
+    shuffle_chunks
+        Chunks whose rows are permuted together (the shuffle buffer, in chunks).
+    prefetch, threads
+        Chunks read ahead in background threads (``threads``, default ``min(4, prefetch)``).
+        Memory per reader is about ``(shuffle_chunks + prefetch)`` chunks of the selected
+        arrays, plus the batches the caller holds.
+    state
+        Resume mid-epoch from an :class:`~shardload.plan.resume.EpochState` (or its dict, as
+        saved by ``shardload.torch``); the epoch is the state's. The world shape may differ
+        from the saved one (the unseen rows are re-planned).
+
+    Raises
+    ------
+    PlanError
+        Bad options, or a batch larger than a rank's share with ``drop_last``, or no row per
+        rank.
+    StateError
+        A ``state`` saved for other data, chunks, seed or options.
+    StoreError
+        Unknown split or array, unaligned arrays; ``ChunkReadError`` while iterating when a
+        chunk is missing or corrupt.
+
+    Examples
+    --------
+    >>> for batch in iter_batches("store", batch_size=256, split="train", epoch=0):  # doctest: +SKIP
+    ...     x, y, idx = batch["x"], batch["y"], batch["index"]
+    """
+    st = open_store(store, storage_options=storage_options)
+    sel = select_rows(st, split=split, chunks=chunks, rows=rows, arrays=arrays)
+    plan = plan_for(
+        st, sel, batch_size=batch_size, world_size=world_size, num_workers=num_workers,
+        shuffle=shuffle, seed=seed, epoch=epoch, mode=mode, drop_last=drop_last,
+        shuffle_chunks=shuffle_chunks, state=state,
+    )  # fmt: skip
+    readers = max(1, int(num_workers))
+    if not 0 <= rank < world_size:
+        raise PlanError(f"rank={rank} is not within 0..{world_size - 1}")
+    if not 0 <= worker < readers:
+        raise PlanError(f"worker={worker} is not within 0..{readers - 1}")
+    prefetch = _check_nonneg("prefetch", prefetch)
+    threads = min(4, max(1, prefetch)) if threads is None else max(1, int(threads))
+    return _batches(st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads)
+
+
+def _check_nonneg(name: str, value: int) -> int:
+    if isinstance(value, bool) or int(value) != value or value < 0:
+        raise PlanError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def plan_for(
+    store: Store, sel: Selection, *, batch_size: int, world_size: int, num_workers: int,
+    shuffle: bool, seed: int, epoch: int, mode: str, drop_last: bool, shuffle_chunks: int,
+    state: EpochState | Mapping[str, Any] | None = None,
+) -> EpochPlan:  # fmt: skip
+    """The epoch plan of a selection, fresh or resumed from ``state``."""
+    table = dict(chunk_sizes=sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts)
+    opts = dict(
+        batch_size=batch_size, seed=seed, mode=mode, drop_last=drop_last, shuffle=shuffle,
+        shuffle_chunks=shuffle_chunks,
+    )  # fmt: skip
+    if state is None:
+        return plan_epoch(
+            **table, **opts, world_size=world_size, num_workers=num_workers, epoch=epoch
+        )
+    if isinstance(state, Mapping):
+        data = state.get("dataset")
+        if data is not None and data != store_fingerprint(store, sel):
+            raise StateError(
+                f"the resume state was saved for other data (dataset fingerprint {data}); this "
+                f"is {store.url} with arrays {list(sel.arrays)} and {len(sel.sizes)} chunks "
+                f"(fingerprint {store_fingerprint(store, sel)})"
+            )
+        state = EpochState.from_dict(dict(state))
+    return plan_from_state(state, **table, **opts, world_size=world_size, num_workers=num_workers)
+
+
+def _batches(
+    store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
+    prefetch: int, threads: int,
+) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
+    """Cut the worker's groups into batches: one gather per array per batch (two when a batch
+    straddles groups), into freshly allocated, contiguous, writable arrays."""
+    b = plan.batch_size
+    left = plan.workers[rank][worker].num_rows
+    specs = {a: store.manifest.arrays[a] for a in names}
+    out: dict[str, np.ndarray] | None = None
+    size = filled = 0
+    groups = iter_worker_groups(plan, rank, worker)
+    for g in read_groups(store, names, groups, prefetch=prefetch, threads=threads):
+        pos, n = 0, len(g.order)
+        while pos < n and left > 0:
+            if out is None:
+                size, filled = min(b, left), 0
+                out = {a: np.empty((size, *s.row_shape), np.dtype(s.dtype)) for a, s in specs.items()}
+                out[INDEX_KEY] = np.empty(size, np.int64)
+            take = min(size - filled, n - pos)
+            sel = g.order[pos : pos + take]
+            for a in names:
+                np.take(g.bufs[a], sel, axis=0, out=out[a][filled : filled + take], mode="clip")
+            np.take(g.rows, sel, out=out[INDEX_KEY][filled : filled + take], mode="clip")
+            pos, filled = pos + take, filled + take
+            if filled == size:
+                left -= size
+                batch, out = out, None
+                yield batch
+    if out is not None:  # cannot happen for a consistent plan; never yield a half-filled batch
+        raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")

@@ -1,0 +1,128 @@
+"""Background reads of a worker's shuffle groups, with a bounded read-ahead.
+
+A group's segments are read into one buffer per array (each segment with one read per array
+over its row span, or over the bounding span of an explicit-row segment), by a small thread
+pool. While the caller uses the current group, the pool reads up to ``prefetch`` segments of
+the groups after it, so a worker holds about ``shuffle_chunks + prefetch`` chunks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ChunkReadError, ShardloadError
+from ..formats.base import ReadsInto
+from ..plan.spans import Segment
+from ..store import Store
+
+
+@dataclass(eq=False)
+class Group:
+    """One shuffle group being read: ``bufs[name][order]`` are its rows in yield order and
+    ``rows[order]`` their global row numbers."""
+
+    segments: tuple[Segment, ...]
+    order: np.ndarray
+    bufs: dict[str, np.ndarray]
+    rows: np.ndarray
+    offsets: np.ndarray  # where each segment starts in the buffers
+    futures: list[Future[None]] = field(default_factory=list)
+    submitted: int = 0  # segments handed to the pool
+
+    def wait(self) -> None:
+        for f in self.futures:
+            f.result()  # re-raises a read error here, in the consuming thread
+
+
+def new_group(store: Store, names: Sequence[str], segments: tuple[Segment, ...], order: np.ndarray) -> Group:
+    lens = np.array([len(s) for s in segments], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(lens)))
+    n = int(offsets[-1])
+    arrays = store.manifest.arrays
+    # np.empty commits no memory: pages of segments not read yet cost nothing.
+    bufs = {a: np.empty((n, *arrays[a].row_shape), dtype=np.dtype(arrays[a].dtype)) for a in names}
+    rows = np.concatenate([s.global_rows() for s in segments]) if segments else np.zeros(0, np.int64)
+    return Group(segments, order, bufs, rows, offsets)
+
+
+def read_segment(store: Store, name: str, seg: Segment, out: np.ndarray) -> None:
+    """Read one segment of one array into ``out`` (its slice of the group buffer)."""
+    a, b = seg.chunk_start + seg.start, seg.chunk_start + seg.stop
+    try:
+        reader = store.reader
+        if seg.rows is None:
+            if isinstance(reader, ReadsInto):
+                reader.read_into(name, a, b, out)
+            else:
+                out[...] = reader.read(name, a, b)
+        else:  # explicit rows (a resumed, partly read group): the bounding span, then a gather
+            np.take(reader.read(name, a, b), seg.rows - seg.start, axis=0, out=out, mode="clip")
+    except ShardloadError:
+        raise
+    except Exception as exc:
+        raise ChunkReadError(
+            f"chunk {seg.chunk} (rows {a}:{b}) of array {name!r} in {store.url} could not be "
+            f"read: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def read_groups(
+    store: Store,
+    names: Sequence[str],
+    groups: Iterable[tuple[tuple[Segment, ...], np.ndarray]],
+    *,
+    prefetch: int,
+    threads: int,
+) -> Iterator[Group]:
+    """Yield each group once all its segments are read; read ahead while the caller works.
+
+    ``prefetch`` counts segments (at most one chunk each) read beyond the current group.
+    The pool's threads are stopped when the iterator is closed or garbage-collected.
+    """
+    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-read")
+    source = iter(groups)
+    pending: deque[Group] = deque()
+    exhausted = False
+
+    def submit(g: Group) -> None:
+        i = g.submitted
+        seg, a, b = g.segments[i], int(g.offsets[i]), int(g.offsets[i + 1])
+        for name in names:
+            g.futures.append(pool.submit(read_segment, store, name, seg, g.bufs[name][a:b]))
+        g.submitted += 1
+
+    try:
+        while True:
+            if not pending:
+                nxt = next(source, None)
+                if nxt is None:
+                    return
+                pending.append(new_group(store, names, *nxt))
+            current = pending[0]
+            while current.submitted < len(current.segments):
+                submit(current)
+            budget = prefetch - sum(g.submitted for g in list(pending)[1:])
+            j = 1
+            while budget > 0:
+                if j == len(pending):
+                    nxt = None if exhausted else next(source, None)
+                    if nxt is None:
+                        exhausted = True
+                        break
+                    pending.append(new_group(store, names, *nxt))
+                g = pending[j]
+                if g.submitted == len(g.segments):
+                    j += 1
+                    continue
+                submit(g)
+                budget -= 1
+            current.wait()
+            yield current
+            pending.popleft()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,325 @@
+"""PyTorch integration (the only module that imports torch).
+
+- :class:`StreamingDataset`: an ``IterableDataset`` of whole batches for
+  ``DataLoader(ds, batch_size=None, num_workers=W)``; rank and world from ``torch.distributed``,
+  the worker from ``get_worker_info``; ``set_epoch``; resumable mid-epoch.
+- :class:`StreamingDataLoader`: a ``DataLoader`` that counts the batches it yields (in the main
+  process) so that ``state_dict()`` / ``load_state_dict()`` resume mid-epoch with workers.
+- :class:`MapDataset`: random access by row (memory-mapped npy chunks, or a small LRU cache of
+  decoded chunks), for samplers such as ``DistributedSampler``.
+
+The epoch, the rank/world and a pending resume reach DataLoader workers through a small shared
+memory buffer, so ``set_epoch`` and ``load_state_dict`` work with ``persistent_workers=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from .errors import StateError
+from .loader.batches import DEFAULT_PREFETCH, INDEX_KEY, iter_batches, plan_for
+from .loader.select import select_rows, store_fingerprint
+from .plan.epoch import DEFAULT_SHUFFLE_CHUNKS, plan_fingerprint
+from .plan.resume import EpochState
+from .store import Store, open_store
+
+__all__ = ["MapDataset", "StreamingDataLoader", "StreamingDataset"]
+
+STATE_VERSION = 1
+_SPEC_BYTES = 1 << 16
+
+
+def _to_torch(batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+def _dist_rank_world() -> tuple[int, int] | None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return None
+
+
+class StreamingDataset(IterableDataset):
+    """Batches of a store for one rank, split over the DataLoader's workers.
+
+    Use with ``DataLoader(ds, batch_size=None, num_workers=W)`` (or :class:`StreamingDataLoader`
+    for mid-epoch resume). Each item is a dict of tensors, one per array, and ``"index"`` (int64
+    global rows). Every rank yields the same number of batches (``mode`` ``"drop"``/``"pad"``).
+    Memory per worker is about ``shuffle_chunks + prefetch`` chunks.
+
+    Parameters
+    ----------
+    store
+        A path, URL or :class:`~shardload.store.Store` (only the manifest is read here; workers
+        open the arrays after fork).
+    batch_size, split, shuffle, seed, mode
+        As in :func:`shardload.iter_batches`; so are the other keyword options.
+    rank, world_size
+        Override ``torch.distributed`` (default: its rank and world when initialised, else 0/1).
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store,
+        *,
+        batch_size: int,
+        split: str | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        mode: str = "drop",
+        rank: int | None = None,
+        world_size: int | None = None,
+        arrays: Sequence[str] | None = None,
+        chunks: Sequence[int] | None = None,
+        rows: tuple[int, int] | None = None,
+        drop_last: bool = False,
+        shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
+        prefetch: int = DEFAULT_PREFETCH,
+        threads: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass both rank= and world_size=, or neither")
+        self.store = open_store(store, storage_options=storage_options)
+        self.selection = select_rows(self.store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+        self.options = dict(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
+            shuffle_chunks=shuffle_chunks,
+        )  # fmt: skip
+        self.read_options = dict(prefetch=prefetch, threads=threads)
+        self.split = split
+        self._select = dict(split=split, chunks=chunks, rows=rows, arrays=self.selection.arrays)
+        self.fingerprint = store_fingerprint(self.store, self.selection)
+        sel = self.selection
+        self.plan_fingerprint = plan_fingerprint(
+            sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **self.options
+        )
+        self._explicit = None if rank is None else (int(rank), int(world_size))  # type: ignore[arg-type]
+        self.epoch = 0
+        self.num_workers = 0  # of the loader iterating it (set by StreamingDataLoader)
+        self._pending: dict[str, Any] | None = None  # a loaded state, not started yet
+        self._leg: dict[str, Any] | None = None  # the state the current iteration resumed
+        self._consumed = 0  # batches yielded to the training loop in the current iteration
+        self._counted_by_loader = False
+        self._spec = torch.zeros(_SPEC_BYTES, dtype=torch.uint8).share_memory_()
+        self._publish(self._pending)
+        # Fail early on impossible shapes (e.g. a batch bigger than a rank's share).
+        self._plan(*self.rank_world(), 0, None)
+
+    # -- where this process stands -------------------------------------------------------------
+    def rank_world(self) -> tuple[int, int]:
+        return self._explicit or _dist_rank_world() or (0, 1)
+
+    def _plan(self, rank: int, world: int, num_workers: int, state: Any) -> Any:
+        return plan_for(
+            self.store, self.selection, world_size=world, num_workers=num_workers,
+            epoch=self.epoch, state=state, **self.options,
+        )  # fmt: skip
+
+    def _publish(self, state: dict[str, Any] | None) -> None:
+        rw = self._explicit or _dist_rank_world()
+        spec = {"epoch": self.epoch, "rank_world": rw, "state": state}
+        raw = json.dumps(spec).encode()
+        if len(raw) + 4 > _SPEC_BYTES:
+            raise StateError(f"resume state too large to share with workers ({len(raw)} bytes)")
+        buf = np.frombuffer(len(raw).to_bytes(4, "little") + raw, dtype=np.uint8)
+        self._spec[: len(buf)] = torch.from_numpy(buf.copy())
+
+    def _read_spec(self) -> dict[str, Any]:
+        raw = self._spec.numpy().tobytes()
+        n = int.from_bytes(raw[:4], "little")
+        return json.loads(raw[4 : 4 + n])  # type: ignore[no-any-return]
+
+    def _begin(self, num_workers: int) -> None:
+        """Main process, before an iteration: start a leg from a pending resume, if any."""
+        self._leg, self._pending = self._pending, None
+        self._consumed = 0
+        self.num_workers = num_workers
+        self._publish(self._leg)
+
+    # -- iteration ------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        if info is None and not self._counted_by_loader:
+            self._begin(0)
+        spec = self._read_spec()
+        rank, world = spec["rank_world"] or _dist_rank_world() or (0, 1)
+        worker, workers = (0, 0) if info is None else (info.id, info.num_workers)
+        self.epoch = spec["epoch"]
+        batches = iter_batches(
+            self.store, rank=rank, world_size=world, worker=worker, num_workers=workers,
+            epoch=spec["epoch"], state=spec["state"], **self._select, **self.options,
+            **self.read_options,
+        )  # fmt: skip
+        count = info is None and not self._counted_by_loader
+        for batch in batches:
+            if count:
+                self._consumed += 1
+            yield _to_torch(batch)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the coming (or current) iteration."""
+        rank, world = self.rank_world()
+        return self._plan(rank, world, self.num_workers, self._pending or self._leg).batches_per_rank
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` on the next iteration (forgets any pending resume)."""
+        self.epoch = int(epoch)
+        self._pending = self._leg = None
+        self._consumed = 0
+        self._publish(None)
+
+    # -- resume ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank stands: epoch, batches consumed, plan shape and fingerprints."""
+        if self._pending is not None:
+            return dict(self._pending)
+        rank, world = self.rank_world()
+        readers, k, history = max(1, self.num_workers), self._consumed, ()
+        if self._leg is not None:
+            leg = EpochState.from_dict(self._leg)
+            if leg.world_size == world and max(1, leg.num_workers) == readers:
+                history, k = leg.history, leg.batches_consumed + k
+            else:
+                history = (*leg.history, (leg.world_size, leg.num_workers, leg.batches_consumed))
+        state = EpochState(self.epoch, k, world, self.num_workers, self.plan_fingerprint, history)
+        return {
+            "version": STATE_VERSION, "dataset": self.fingerprint, **state.to_dict(),
+            "seed": self.options["seed"], "batch_size": self.options["batch_size"],
+        }  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state`` on the next iteration (any world shape: elastic re-plan).
+
+        Raises
+        ------
+        StateError
+            A state of another dataset, selection, seed or option set.
+        """
+        state = dict(state)
+        if state.get("version") != STATE_VERSION or "dataset" not in state:
+            raise StateError(f"not a shardload StreamingDataset state: keys {sorted(state)}")
+        if state["dataset"] != self.fingerprint:
+            raise StateError(
+                f"the state was saved for another dataset (fingerprint {state['dataset']}); this "
+                f"one is {self.store.url}, arrays {list(self.selection.arrays)}, split "
+                f"{self.split!r} (fingerprint {self.fingerprint})"
+            )
+        if state.get("fingerprint") != self.plan_fingerprint:
+            raise StateError(
+                f"the state was saved with other loader options (seed={state.get('seed')}, "
+                f"batch_size={state.get('batch_size')}); this dataset has seed="
+                f"{self.options['seed']}, batch_size={self.options['batch_size']}, mode="
+                f"{self.options['mode']!r}, shuffle={self.options['shuffle']}"
+            )
+        EpochState.from_dict(state)  # validates the fields
+        self.epoch = int(state["epoch"])
+        self._pending, self._leg, self._consumed = state, None, 0
+        self._publish(state)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()  # the Store pickles without open handles
+
+
+class StreamingDataLoader(DataLoader):
+    """A ``DataLoader`` over a :class:`StreamingDataset` whose state resumes mid-epoch.
+
+    It counts the batches it yields in the main process; ``state_dict()`` carries the dataset's
+    position, and after ``load_state_dict`` the next iteration yields exactly the remaining
+    batches (same world: the identical continuation; another world or ``num_workers``: the
+    unseen rows re-planned). ``batch_size`` defaults to None (the dataset makes batches).
+    """
+
+    def __init__(self, dataset: StreamingDataset, *, batch_size: int | None = None, **kwargs: Any) -> None:
+        if not isinstance(dataset, StreamingDataset):
+            raise TypeError(f"StreamingDataLoader needs a StreamingDataset, got {type(dataset).__name__}")
+        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        dataset._counted_by_loader = True
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        ds: StreamingDataset = self.dataset  # type: ignore[assignment]
+        ds._begin(self.num_workers)
+        for batch in super().__iter__():
+            ds._consumed += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dataset": self.dataset.state_dict()}  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.dataset.load_state_dict(state["dataset"])  # type: ignore[attr-defined]
+
+
+class MapDataset(Dataset):
+    """Random access by position in a selection: ``ds[i]`` is a dict of tensors for one row,
+    plus ``"index"`` (its global row).
+
+    Local npy stores memory-map their chunk files; other formats keep the last
+    ``cache_chunks`` decoded chunks per array (an LRU), so nearby accesses decode once.
+    Works with any sampler, e.g. ``DistributedSampler``.
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store,
+        *,
+        split: str | None = None,
+        arrays: Sequence[str] | None = None,
+        chunks: Sequence[int] | None = None,
+        rows: tuple[int, int] | None = None,
+        cache_chunks: int = 8,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.store = open_store(store, storage_options=storage_options)
+        self.selection = select_rows(self.store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+        self.cache_chunks = max(1, int(cache_chunks))
+        self._cum = np.concatenate(([0], np.cumsum(self.selection.sizes)))
+        self._bounds = np.asarray(self.store.manifest.chunk_bounds, dtype=np.int64)
+        self._cache: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._mmap = self.store.manifest.format == "npy" and self.store.is_local
+
+    def __len__(self) -> int:
+        return int(self._cum[-1])
+
+    def global_row(self, i: int) -> int:
+        n = len(self)
+        i = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} out of range for a MapDataset of {n} rows")
+        p = int(np.searchsorted(self._cum, i, "right")) - 1
+        return int(self.selection.starts[p] + (i - self._cum[p]))
+
+    def _chunk(self, name: str, c: int) -> np.ndarray:
+        key = (name, c)
+        arr = self._cache.get(key)
+        if arr is None:
+            if self._mmap:
+                arr = self.store.reader.mmap_chunk(name, c)  # type: ignore[attr-defined]
+            else:
+                arr = self.store.read_chunk(name, c)
+            self._cache[key] = arr
+            while len(self._cache) > self.cache_chunks * len(self.selection.arrays):
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return arr
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = self.global_row(i)
+        c = int(np.searchsorted(self._bounds, g, "right")) - 1
+        out = {a: torch.from_numpy(np.array(self._chunk(a, c)[g - self._bounds[c]])) for a in self.selection.arrays}
+        out[INDEX_KEY] = torch.tensor(g, dtype=torch.int64)
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_cache"] = OrderedDict()  # memory maps and decoded chunks stay in their process
+        return d

@@ -1,0 +1,45 @@
+"""Run under torchrun: each rank streams a split and writes the indices of its batches.
+
+usage: ddp_script.py STORE OUT_DIR MODE [--stop-after K] [--resume STATE_JSON]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+
+from shardload.torch import StreamingDataLoader, StreamingDataset
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("store")
+    p.add_argument("out")
+    p.add_argument("mode")
+    p.add_argument("--stop-after", type=int, default=None)
+    p.add_argument("--resume", default=None)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ds = StreamingDataset(args.store, batch_size=16, split="train", mode=args.mode, seed=7)
+    loader = StreamingDataLoader(ds, num_workers=2, persistent_workers=False)
+    if args.resume:
+        loader.load_state_dict(json.loads(Path(args.resume).read_text()))
+    batches = []
+    for step, batch in enumerate(loader):
+        batches.append(batch["index"].tolist())
+        dist.barrier()  # lockstep, as a training step's all-reduce would be
+        if args.stop_after is not None and step + 1 == args.stop_after:
+            break
+    state = loader.state_dict()
+    Path(args.out, f"rank{rank}.json").write_text(json.dumps({"batches": batches, "state": state}))
+    dist.destroy_process_group()
+    os._exit(0)  # do not wait on the DataLoader's workers of the abandoned iteration
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""shardload.torch: DataLoader with workers, set_epoch, mid-epoch resume, errors, map-style."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _stores import check_values, make_store, split_rows
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
+
+from shardload.errors import ChunkReadError, PlanError, StateError  # noqa: E402
+from shardload.torch import MapDataset, StreamingDataLoader, StreamingDataset  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return make_store(tmp_path_factory.mktemp("t"), fmt="zarr", compression="lz4", n=311, chunk_rows=9)
+
+
+def indices(batches):
+    return [b["index"].tolist() for b in batches]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_yields_the_split(store, workers):
+    ds = StreamingDataset(store, batch_size=8, split="train", seed=1)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=workers))
+    idx = np.concatenate([b["index"].numpy() for b in batches])
+    np.testing.assert_array_equal(np.sort(idx), split_rows(store, "train"))
+    assert all(isinstance(v, torch.Tensor) for v in batches[0].values())
+    assert batches[0]["index"].dtype == torch.int64
+    check_values(store, {k: v.numpy() for k, v in batches[3].items()})
+    assert len(batches) == len(ds)
+
+
+def test_workers_give_the_same_set_and_epochs_reorder(store):
+    ds = StreamingDataset(store, batch_size=8, split="train", seed=1)
+    a = indices(DataLoader(ds, batch_size=None, num_workers=0))
+    b = indices(DataLoader(ds, batch_size=None, num_workers=2))
+    assert sorted(sum(a, [])) == sorted(sum(b, []))
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    e0 = indices(loader)
+    assert e0 == indices(loader)  # same epoch, same order
+    ds.set_epoch(1)
+    e1 = indices(loader)  # persistent workers see the new epoch
+    assert e1 != e0 and sorted(sum(e1, [])) == sorted(sum(e0, []))
+
+
+@pytest.mark.parametrize(("workers", "new_workers"), [(2, 2), (2, 0), (0, 2), (1, 2)])
+def test_mid_epoch_resume(store, workers, new_workers):
+    def loader(w):
+        return StreamingDataLoader(StreamingDataset(store, batch_size=8, split="train", seed=2), num_workers=w)
+
+    first = loader(workers)
+    first.dataset.set_epoch(3)
+    full = indices(first)
+    it = iter(first)
+    head = [next(it)["index"].tolist() for _ in range(5)]
+    state = first.state_dict()
+    del it
+    assert state["dataset"]["batches_consumed"] == 5 and state["dataset"]["epoch"] == 3
+    second = loader(new_workers)
+    second.load_state_dict(state)
+    rest = indices(second)
+    if new_workers == workers:
+        assert head + rest == full  # identical continuation
+    else:
+        assert sorted(sum(head + rest, [])) == sorted(sum(full, []))
+    # chained: resume the resumed run again after 2 more batches
+    third = loader(workers)
+    third.load_state_dict(state)
+    it = iter(third)
+    mid = [next(it)["index"].tolist() for _ in range(2)]
+    state2 = third.state_dict()
+    del it
+    fourth = loader(new_workers)
+    fourth.load_state_dict(state2)
+    assert sorted(sum(head + mid + indices(fourth), [])) == sorted(sum(full, []))
+
+
+def test_state_from_other_dataset_or_seed(store, tmp_path):
+    ds = StreamingDataset(store, batch_size=8, split="train", seed=2)
+    state = StreamingDataLoader(ds).state_dict()
+    with pytest.raises(StateError, match="seed"):
+        StreamingDataset(store, batch_size=8, split="train", seed=3).load_state_dict(state["dataset"])
+    with pytest.raises(StateError, match="another dataset"):
+        StreamingDataset(store, batch_size=8, split="val", seed=2).load_state_dict(state["dataset"])
+    other = make_store(tmp_path, fmt="zarr", compression="lz4", n=312, chunk_rows=9)
+    with pytest.raises(StateError):
+        StreamingDataset(other, batch_size=8, split="train", seed=2).load_state_dict(state["dataset"])
+
+
+def test_batch_larger_than_rank_share(store):
+    with pytest.raises(PlanError):
+        StreamingDataset(store, batch_size=64, split="val", rank=0, world_size=2, drop_last=True)
+
+
+def test_missing_chunk_raises_in_main_process(tmp_path):
+    make_store(tmp_path, fmt="npy", n=120, chunk_rows=10, splits={"train": 1.0})
+    (tmp_path / "store" / "y" / "000005.npy").unlink()
+    ds = StreamingDataset(str(tmp_path / "store"), batch_size=4)
+    with pytest.raises(ChunkReadError, match=r"000005\.npy"):
+        list(DataLoader(ds, batch_size=None, num_workers=2))
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr"])
+def test_map_dataset(tmp_path, fmt):
+    store = make_store(tmp_path, fmt=fmt, compression="none" if fmt == "npy" else "zstd", n=90, chunk_rows=8)
+    ds = MapDataset(store, split="train")
+    assert len(ds) == len(split_rows(store, "train"))
+    rows = [ds[i] for i in range(len(ds))]
+    assert [int(r["index"]) for r in rows] == split_rows(store, "train").tolist()
+    sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=0)
+    batch = next(iter(DataLoader(ds, batch_size=5, sampler=sampler, num_workers=2)))
+    check_values(store, {k: v.numpy() for k, v in batch.items()})
+    with pytest.raises(IndexError):
+        ds[len(ds)]
