@@ -49,7 +49,7 @@ def train_mlp(store: Any, *, steps: int = 300, batch_size: int = 256, num_worker
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             seen += len(batch["index"])
             step += 1
             if step >= steps:
