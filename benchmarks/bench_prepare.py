@@ -35,9 +35,13 @@ def disk_write_bandwidth(folder: Path, nbytes: int = 2**30) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--columns-per-file", type=int, default=13568)
-    ap.add_argument("--files", type=int, default=4, help="patch files (default 4 -> ~1.07 GB prepared)")
+    ap.add_argument(
+        "--files", type=int, default=4, help="patch files (default 4 -> ~1.07 GB prepared)"
+    )
     ap.add_argument("--compression", default="none", choices=["none", "lz4", "zstd"])
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None, help="write results here")
@@ -57,8 +61,16 @@ def main() -> None:
     raw = work / "raw"
     if not raw.exists():
         t = time.perf_counter()
-        write_radiation_sample(raw, columns=args.columns_per_file, timesteps=(0,), patches=tuple(range(args.files)), seed=0)
-        print(f"sample data: {sum(p.stat().st_size for p in raw.iterdir()) / 1e6:.0f} MB raw in {time.perf_counter() - t:.1f} s")
+        write_radiation_sample(
+            raw,
+            columns=args.columns_per_file,
+            timesteps=(0,),
+            patches=tuple(range(args.files)),
+            seed=0,
+        )
+        print(
+            f"sample data: {sum(p.stat().st_size for p in raw.iterdir()) / 1e6:.0f} MB raw in {time.perf_counter() - t:.1f} s"
+        )
     inputs = sorted(str(p) for p in raw.glob("rad4NN_inputs_*.nc"))
     outputs = sorted(str(p) for p in raw.glob("3dcorrection_outputs_*.nc"))
     xvars = ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"]
@@ -77,8 +89,12 @@ def main() -> None:
     dt = time.perf_counter() - t
     nbytes = sum(store.manifest.arrays[k].row_bytes for k in store.arrays) * len(store)
     rows = store.manifest.chunk_rows
-    results.update(bytes=nbytes, rows_per_chunk=rows, shardload_s=dt, shardload_MBps=nbytes / dt / 1e6)
-    print(f"shardload prepare: {nbytes / 1e6:.0f} MB in {dt:.1f} s = {results['shardload_MBps']:.0f} MB/s")
+    results.update(
+        bytes=nbytes, rows_per_chunk=rows, shardload_s=dt, shardload_MBps=nbytes / dt / 1e6
+    )
+    print(
+        f"shardload prepare: {nbytes / 1e6:.0f} MB in {dt:.1f} s = {results['shardload_MBps']:.0f} MB/s"
+    )
 
     # baseline: the same lazy view with plain xarray + dask, rechunk along samples, to_zarr
     shutil.rmtree(work / "xarray-store", ignore_errors=True)
@@ -93,13 +109,19 @@ def main() -> None:
     out = out.chunk({"column": rows, "xf": -1, "yf": -1})
     enc = {k: {"compressors": compressors(FormatOptions(args.compression))} for k in ("x", "y")}
     with dask.config.set(scheduler="threads"):
-        out.to_zarr(work / "xarray-store", mode="w", zarr_format=3, encoding=enc, consolidated=False)
+        out.to_zarr(
+            work / "xarray-store", mode="w", zarr_format=3, encoding=enc, consolidated=False
+        )
     dt = time.perf_counter() - t
     results.update(xarray_s=dt, xarray_MBps=nbytes / dt / 1e6)
-    print(f"xarray+dask rechunk().to_zarr(): {nbytes / 1e6:.0f} MB in {dt:.1f} s = {results['xarray_MBps']:.0f} MB/s")
+    print(
+        f"xarray+dask rechunk().to_zarr(): {nbytes / 1e6:.0f} MB in {dt:.1f} s = {results['xarray_MBps']:.0f} MB/s"
+    )
     z = zarr.open_group(work / "xarray-store", mode="r")
     i = len(store) // 2
-    assert np.array_equal(z["x"][i : i + 5], store.read("x", i, i + 5)), "baseline and shardload differ"
+    assert np.array_equal(z["x"][i : i + 5], store.read("x", i, i + 5)), (
+        "baseline and shardload differ"
+    )
     results["speedup_vs_xarray"] = results["shardload_MBps"] / results["xarray_MBps"]
     results["fraction_of_disk_write"] = results["shardload_MBps"] / results["disk_write_MBps"]
     print(f"ratio shardload / xarray+dask: {results['speedup_vs_xarray']:.2f}x; "

@@ -12,8 +12,14 @@ from shardload.store import Store
 
 
 def make_store(
-    tmp: Path, *, fmt: str = "npy", compression: str = "none", n: int = 203, chunk_rows: int = 7,
-    splits: dict[str, float] | None = None, name: str = "store",
+    tmp: Path,
+    *,
+    fmt: str = "npy",
+    compression: str = "none",
+    n: int = 203,
+    chunk_rows: int = 7,
+    splits: dict[str, float] | None = None,
+    name: str = "store",
 ) -> Store:
     """A prepared store with arrays x (n, 4) float32 and y (n, 1) int64; row i holds values
     derived from i, so a batch can be checked against its "index"."""

@@ -51,7 +51,9 @@ def era5_dir() -> Path:
     return target
 
 
-def make_dataset(n: int = 50, *, seed: int = 0, nan_at: tuple[int, int] | None = None) -> xr.Dataset:
+def make_dataset(
+    n: int = 50, *, seed: int = 0, nan_at: tuple[int, int] | None = None
+) -> xr.Dataset:
     """A small dataset with sample dim 'sample' and several variable shapes."""
     rng = np.random.default_rng(seed)
     a = rng.normal(size=(n,)).astype("float32")
@@ -99,7 +101,6 @@ def radiation_sample(tmp_path_factory) -> list[Path]:
     return write_radiation_sample(
         out, columns=300, timesteps=(0, 125), patches=(0, 7), seed=3, block_columns=256
     )
-
 
 
 def make_store(path: Path, *, num_chunks: int = 3, chunk_bytes: int = 4096, complete=True) -> Path:

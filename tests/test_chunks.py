@@ -1,10 +1,15 @@
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from shardload.errors import ConfigError
-from shardload.plan.chunks import chunk_sizes, plan_blocks, plan_chunk_bounds, plan_chunk_rows, plan_splits
+from shardload.plan.chunks import (
+    chunk_sizes,
+    plan_blocks,
+    plan_chunk_bounds,
+    plan_chunk_rows,
+    plan_splits,
+)
 
 
 @given(st.integers(0, 10_000), st.integers(1, 999))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _stores import check_values, make_store, split_rows
 
 import shardload
+from _stores import check_values, make_store, split_rows
 from shardload.errors import ChunkReadError, PlanError, StateError, StoreError
 from shardload.loader.select import select_rows
 from shardload.plan.resume import EpochState
@@ -49,8 +49,17 @@ def test_ranks_and_workers_partition_the_split(npy, mode, world, workers):
     per_rank, seen = [], []
     for rank in range(world):
         got = [
-            collect(npy, batch_size=8, split="train", rank=rank, world_size=world, worker=w,
-                    num_workers=workers, mode=mode, seed=3)  # fmt: skip
+            collect(
+                npy,
+                batch_size=8,
+                split="train",
+                rank=rank,
+                world_size=world,
+                worker=w,
+                num_workers=workers,
+                mode=mode,
+                seed=3,
+            )  # fmt: skip
             for w in range(workers)
         ]
         per_rank.append(sum(len(g) for g in got))
@@ -66,7 +75,10 @@ def test_ranks_and_workers_partition_the_split(npy, mode, world, workers):
 
 def test_round_robin_of_workers_is_the_rank_sequence(npy):
     one = collect(npy, batch_size=6, split="train", num_workers=1, seed=5)
-    parts = [iter(collect(npy, batch_size=6, split="train", num_workers=3, worker=w, seed=5)) for w in range(3)]
+    parts = [
+        iter(collect(npy, batch_size=6, split="train", num_workers=3, worker=w, seed=5))
+        for w in range(3)
+    ]
     # not the same order (groups differ per worker), but the same batch count and sizes
     rr = [next(parts[k % 3]) for k in range(len(one))]
     assert [len(b["index"]) for b in rr] == [len(b["index"]) for b in one]
@@ -90,9 +102,14 @@ def test_row_range_chunk_subset_and_arrays(npy):
     check = np.concatenate([x["y"] for x in b])[:, 0]
     np.testing.assert_array_equal(check, np.arange(10, 33) * 10)
     c = collect(npy, batch_size=4, chunks=[3, 0], shuffle=False)
-    assert sorted(np.concatenate([x["index"] for x in c]).tolist()) == [*range(0, 7), *range(21, 28)]
+    assert sorted(np.concatenate([x["index"] for x in c]).tolist()) == [
+        *range(0, 7),
+        *range(21, 28),
+    ]
     d = collect(npy, batch_size=4, split="train", rows=(0, 50))
-    assert set(np.concatenate([x["index"] for x in d]).tolist()) == set(split_rows(npy, "train")) & set(range(50))
+    assert set(np.concatenate([x["index"] for x in d]).tolist()) == set(
+        split_rows(npy, "train")
+    ) & set(range(50))
 
 
 def test_one_read_per_array_per_segment(npy, monkeypatch):
@@ -100,7 +117,9 @@ def test_one_read_per_array_per_segment(npy, monkeypatch):
 
     calls = []
     real = NpyReader.read_into
-    monkeypatch.setattr(NpyReader, "read_into", lambda self, *a: (calls.append(a[:3]), real(self, *a))[1])
+    monkeypatch.setattr(
+        NpyReader, "read_into", lambda self, *a: (calls.append(a[:3]), real(self, *a))[1]
+    )
     collect(npy, batch_size=8, split="train")
     sel = select_rows(npy, split="train")
     assert len(calls) == 2 * len(sel.sizes)  # two arrays, one read each per chunk
@@ -113,13 +132,17 @@ def test_resume_state_gives_the_rest(npy):
     from shardload.plan.epoch import plan_fingerprint
 
     sel = select_rows(npy, split="train")
-    state["fingerprint"] = plan_fingerprint(sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=8, seed=4)
+    state["fingerprint"] = plan_fingerprint(
+        sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=8, seed=4
+    )
     rest = collect(npy, batch_size=8, split="train", world_size=2, rank=1, seed=4, state=state)
     assert [b["index"].tolist() for b in rest] == [b["index"].tolist() for b in full[3:]]
     with pytest.raises(StateError):
         collect(npy, batch_size=8, split="train", world_size=2, rank=1, seed=5, state=state)
     # elastic: one rank now gets everything rank 0 and 1 had not consumed
-    both = [collect(npy, batch_size=8, split="train", world_size=2, rank=r, seed=4) for r in range(2)]
+    both = [
+        collect(npy, batch_size=8, split="train", world_size=2, rank=r, seed=4) for r in range(2)
+    ]
     left = {i for r in range(2) for b in both[r][3:] for i in b["index"].tolist()}
     one = collect(npy, batch_size=8, split="train", world_size=1, seed=4, state=state)
     assert {i for b in one for i in b["index"].tolist()} == left
@@ -129,7 +152,9 @@ def test_plain_zarr_group(tmp_path):
     import zarr
 
     g = zarr.open_group(str(tmp_path / "z"), mode="w")
-    g.create_array("u", shape=(50, 3), chunks=(8, 3), dtype="f8")[:] = np.arange(150.0).reshape(50, 3)
+    g.create_array("u", shape=(50, 3), chunks=(8, 3), dtype="f8")[:] = np.arange(150.0).reshape(
+        50, 3
+    )
     g.create_array("v", shape=(50,), chunks=(8,), dtype="i4")[:] = np.arange(50)
     idx = np.concatenate([b["index"] for b in collect(str(tmp_path / "z"), batch_size=7)])
     assert sorted(idx.tolist()) == list(range(50))

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
-from conftest import make_dataset
 
 import shardload
+from conftest import make_dataset
 from shardload.errors import (
     ConfigError,
     IncompleteStoreError,
@@ -21,7 +21,14 @@ from shardload.errors import (
     ViewError,
 )
 
-FORMATS = [("zarr", "none"), ("zarr", "zstd"), ("zarr", "lz4"), ("npy", "none"), ("hdf5", "none"), ("hdf5", "zstd")]
+FORMATS = [
+    ("zarr", "none"),
+    ("zarr", "zstd"),
+    ("zarr", "lz4"),
+    ("npy", "none"),
+    ("hdf5", "none"),
+    ("hdf5", "zstd"),
+]
 
 
 def cfg(src: Path, out: Path, **kw):
@@ -82,12 +89,36 @@ def test_stacked_sample_dims_and_window_and_function(tmp_path):
     src = tmp_path / "w.nc"
     ds.to_netcdf(src)
     # flat with stacked (time, lat) samples
-    s = shardload.prepare(cfg(src, tmp_path / "flat", sample_dims=["time", "lat"], arrays={"x": ["t", "z"]}, chunk_rows=5))
+    s = shardload.prepare(
+        cfg(
+            src,
+            tmp_path / "flat",
+            sample_dims=["time", "lat"],
+            arrays={"x": ["t", "z"]},
+            chunk_rows=5,
+        )
+    )
     want = np.concatenate([ds.t.values.reshape(27, -1), ds.z.values.reshape(27, -1)], axis=1)
     np.testing.assert_array_equal(s.read("x"), want)
     # window view: lookback 3, stride 2, target 1 step after the window
-    view = {"name": "window", "time_dim": "time", "lookback": 3, "stride": 2, "horizon": 1, "targets": {"y": ["z"]}}
-    w = shardload.prepare(cfg(src, tmp_path / "win", sample_dims=["lat", "lon"], view=view, arrays={"x": ["t", "z"]}, chunk_rows=5))
+    view = {
+        "name": "window",
+        "time_dim": "time",
+        "lookback": 3,
+        "stride": 2,
+        "horizon": 1,
+        "targets": {"y": ["z"]},
+    }
+    w = shardload.prepare(
+        cfg(
+            src,
+            tmp_path / "win",
+            sample_dims=["lat", "lon"],
+            view=view,
+            arrays={"x": ["t", "z"]},
+            chunk_rows=5,
+        )
+    )
     S, nw = 12, (9 - 3 - 1) // 2 + 1
     assert len(w) == nw * S and w.manifest.arrays["x"].shape == (nw * S, 3, 3)
     x, y = w.read("x"), w.read("y")
@@ -97,12 +128,22 @@ def test_stacked_sample_dims_and_window_and_function(tmp_path):
         np.testing.assert_array_equal(x[r], feats[k * 2 : k * 2 + 3, sp])
         np.testing.assert_array_equal(y[r], ds.z.values.reshape(9, S)[k * 2 + 3, sp : sp + 1])
     # user function view
-    f = shardload.prepare(cfg(src, tmp_path / "fn", view="userfuncs:mean_over_lev", sample_dims=["time"], arrays={}, chunk_rows=4))
+    f = shardload.prepare(
+        cfg(
+            src,
+            tmp_path / "fn",
+            view="userfuncs:mean_over_lev",
+            sample_dims=["time"],
+            arrays={},
+            chunk_rows=4,
+        )
+    )
     np.testing.assert_allclose(f.read("m"), ds.t.mean("lev").values.reshape(9, -1), rtol=1e-6)
 
 
 def test_fixed_surface_era5_netcdf_and_grib_identical(tmp_path, era5_dir):
     import yaml
+
     from shardload.cli import main
 
     stores = {}
@@ -113,11 +154,13 @@ def test_fixed_surface_era5_netcdf_and_grib_identical(tmp_path, era5_dir):
                 "arrays": {"x": ["t", "z"]}, "chunk_rows": 8, "format": "zarr", "compression": "none",
                 "out": "era5-store", "dtype": "float32"}  # fmt: skip
         (tmp_path / kind / "era5.yaml").write_text(yaml.safe_dump(conf))
-        assert main([ "prepare", str(tmp_path / kind / "era5.yaml"), "--no-progress"]) == 0
+        assert main(["prepare", str(tmp_path / kind / "era5.yaml"), "--no-progress"]) == 0
         stores[kind] = shardload.open_store(tmp_path / kind / "era5-store")
     nc, gr = stores["nc"], stores["grib"]
     assert len(nc) == len(gr) == 40
-    ds = xr.open_dataset(era5_dir / "era5-levels-members.grib", engine="cfgrib", backend_kwargs={"indexpath": ""})
+    ds = xr.open_dataset(
+        era5_dir / "era5-levels-members.grib", engine="cfgrib", backend_kwargs={"indexpath": ""}
+    )
     want = np.concatenate([ds.t.values.reshape(40, -1), ds.z.values.reshape(40, -1)], axis=1)
     np.testing.assert_array_equal(gr.read("x"), want)
     dn = xr.open_dataset(era5_dir / "era5-levels-members.nc")
@@ -136,7 +179,12 @@ def test_cli_inspect_json_fixed_surface(tmp_path, small_nc, capsys):
     assert main(["inspect", str(tmp_path / "s"), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["length"] == 50 and d["complete"] is True and d["format"] == "npy"
-    assert d["arrays"]["x"] == {"shape": [50, 8], "dtype": "float64", "chunk_rows": 7, "num_features": 8}
+    assert d["arrays"]["x"] == {
+        "shape": [50, 8],
+        "dtype": "float64",
+        "chunk_rows": 7,
+        "num_features": 8,
+    }
     assert main(["inspect", str(tmp_path / "s")]) == 0
     assert "50 samples" in capsys.readouterr().out
 
@@ -145,8 +193,12 @@ def test_set_overrides_and_relative_paths(tmp_path, small_nc):
     import yaml
 
     (tmp_path / "conf").mkdir()
-    (tmp_path / "conf" / "c.yaml").write_text(yaml.safe_dump({**cfg(Path("../small.nc"), Path("out")), "chunk_rows": 3}))
-    store = shardload.prepare(tmp_path / "conf" / "c.yaml", overrides=["chunk_rows=10", "format=npy", "compression=none"])
+    (tmp_path / "conf" / "c.yaml").write_text(
+        yaml.safe_dump({**cfg(Path("../small.nc"), Path("out")), "chunk_rows": 3})
+    )
+    store = shardload.prepare(
+        tmp_path / "conf" / "c.yaml", overrides=["chunk_rows=10", "format=npy", "compression=none"]
+    )
     assert store.url == str(tmp_path / "conf" / "out") and store.manifest.chunk_rows == 10
 
 
@@ -188,10 +240,25 @@ def test_mismatched_lengths_and_non_numeric(tmp_path):
     src = tmp_path / "bad.nc"
     ds.to_netcdf(src)
     with pytest.raises(ViewError, match="mismatched"):
-        shardload.prepare(cfg(src, tmp_path / "o", sample_dims=["sample"], arrays={"x": ["a"]}, view="userfuncs:unequal"))
+        shardload.prepare(
+            cfg(
+                src,
+                tmp_path / "o",
+                sample_dims=["sample"],
+                arrays={"x": ["a"]},
+                view="userfuncs:unequal",
+            )
+        )
     with pytest.raises(ViewError, match="non-numeric"):
         shardload.prepare(cfg(src, tmp_path / "o", arrays={"x": ["a", "s"]}))
-    times = xr.Dataset({"t": (("sample",), xr.date_range("2000-01-01", periods=5, calendar="noleap", use_cftime=True))})
+    times = xr.Dataset(
+        {
+            "t": (
+                ("sample",),
+                xr.date_range("2000-01-01", periods=5, calendar="noleap", use_cftime=True),
+            )
+        }
+    )
     times.to_netcdf(tmp_path / "cf.nc")
     with pytest.raises(ViewError, match="non-numeric"):
         shardload.prepare(cfg(tmp_path / "cf.nc", tmp_path / "o", arrays={"x": ["t"]}))
@@ -222,7 +289,9 @@ def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monke
         return real(self, root, name, chunk_index, start, data, bounds=bounds)
 
     monkeypatch.setattr(npy.NpyFormat, "write_block", flaky)
-    c = cfg(small_nc, tmp_path / "s", format="npy", compression="none", execution={"scheduler": "sync"})
+    c = cfg(
+        small_nc, tmp_path / "s", format="npy", compression="none", execution={"scheduler": "sync"}
+    )
     with pytest.raises(StoreError, match=r"chunk 4 \(rows 28:35\) of array 'x'.*disk is full"):
         shardload.prepare(c)
     assert not (tmp_path / "s").exists() and (tmp_path / "s.partial").exists()
@@ -230,10 +299,18 @@ def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monke
         shardload.open_store(tmp_path / "s")
     monkeypatch.setattr(npy.NpyFormat, "write_block", real)
     calls["n"] = 0
-    monkeypatch.setattr(npy.NpyFormat, "write_block", lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1])
+    monkeypatch.setattr(
+        npy.NpyFormat,
+        "write_block",
+        lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1],
+    )
     done = len(list((tmp_path / "s.partial" / "_progress").glob("block-*.json")))
     assert 4 <= done < 8  # blocks 0-3 were written before the failure
     s = shardload.prepare(c)  # resumes: only the missing blocks are written
     assert calls["n"] == 2 * (8 - done)  # arrays x and y of each missing block
     np.testing.assert_array_equal(s.read("x"), expected_flat(xr.open_dataset(small_nc))["x"])
-    np.testing.assert_allclose(s.manifest.stats["x"].mean, expected_flat(xr.open_dataset(small_nc))["x"].mean(0), rtol=1e-10)
+    np.testing.assert_allclose(
+        s.manifest.stats["x"].mean,
+        expected_flat(xr.open_dataset(small_nc))["x"].mean(0),
+        rtol=1e-10,
+    )

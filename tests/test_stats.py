@@ -7,7 +7,12 @@ from shardload.stats import finalize, merge_all, partial
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(1, 200), st.integers(1, 5), st.lists(st.integers(1, 60), min_size=1, max_size=6), st.booleans())
+@given(
+    st.integers(1, 200),
+    st.integers(1, 5),
+    st.lists(st.integers(1, 60), min_size=1, max_size=6),
+    st.booleans(),
+)
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_merged_block_stats_equal_numpy(n, f, cuts, with_nan):
     rng = np.random.default_rng(n * 7 + f)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from _stores import check_values, make_store, split_rows
 
 torch = pytest.importorskip("torch")
@@ -17,7 +18,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return make_store(tmp_path_factory.mktemp("t"), fmt="zarr", compression="lz4", n=311, chunk_rows=9)
+    return make_store(
+        tmp_path_factory.mktemp("t"), fmt="zarr", compression="lz4", n=311, chunk_rows=9
+    )
 
 
 def indices(batches):
@@ -52,7 +55,9 @@ def test_workers_give_the_same_set_and_epochs_reorder(store):
 @pytest.mark.parametrize(("workers", "new_workers"), [(2, 2), (2, 0), (0, 2), (1, 2)])
 def test_mid_epoch_resume(store, workers, new_workers):
     def loader(w):
-        return StreamingDataLoader(StreamingDataset(store, batch_size=8, split="train", seed=2), num_workers=w)
+        return StreamingDataLoader(
+            StreamingDataset(store, batch_size=8, split="train", seed=2), num_workers=w
+        )
 
     first = loader(workers)
     first.dataset.set_epoch(3)
@@ -85,12 +90,16 @@ def test_state_from_other_dataset_or_seed(store, tmp_path):
     ds = StreamingDataset(store, batch_size=8, split="train", seed=2)
     state = StreamingDataLoader(ds).state_dict()
     with pytest.raises(StateError, match="seed"):
-        StreamingDataset(store, batch_size=8, split="train", seed=3).load_state_dict(state["dataset"])
+        StreamingDataset(store, batch_size=8, split="train", seed=3).load_state_dict(
+            state["dataset"]
+        )
     with pytest.raises(StateError, match="another dataset"):
         StreamingDataset(store, batch_size=8, split="val", seed=2).load_state_dict(state["dataset"])
     other = make_store(tmp_path, fmt="zarr", compression="lz4", n=312, chunk_rows=9)
     with pytest.raises(StateError):
-        StreamingDataset(other, batch_size=8, split="train", seed=2).load_state_dict(state["dataset"])
+        StreamingDataset(other, batch_size=8, split="train", seed=2).load_state_dict(
+            state["dataset"]
+        )
 
 
 def test_batch_larger_than_rank_share(store):
@@ -108,7 +117,9 @@ def test_missing_chunk_raises_in_main_process(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["npy", "zarr"])
 def test_map_dataset(tmp_path, fmt):
-    store = make_store(tmp_path, fmt=fmt, compression="none" if fmt == "npy" else "zstd", n=90, chunk_rows=8)
+    store = make_store(
+        tmp_path, fmt=fmt, compression="none" if fmt == "npy" else "zstd", n=90, chunk_rows=8
+    )
     ds = MapDataset(store, split="train")
     assert len(ds) == len(split_rows(store, "train"))
     rows = [ds[i] for i in range(len(ds))]

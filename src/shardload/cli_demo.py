@@ -27,7 +27,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--columns", type=int, default=4096, help="columns per raw file (default 4096)")
     p.add_argument("--patches", type=int, default=4, help="number of patch files (default 4)")
-    p.add_argument("--steps", type=int, default=300, help="training steps (default 300; 0 skips training)")
+    p.add_argument(
+        "--steps", type=int, default=300, help="training steps (default 300; 0 skips training)"
+    )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
     p.set_defaults(func=cmd_demo)
@@ -42,12 +44,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     raw = home / "data" / "raw" / "radiation"
     config = home / "config.yaml"
     if not config.exists():
-        config.write_text(resources.files("shardload.configs").joinpath("radiation-flat.yaml").read_text())
+        config.write_text(
+            resources.files("shardload.configs").joinpath("radiation-flat.yaml").read_text()
+        )
         print(f"wrote the default config {config}")
     t0 = time.perf_counter()
     if raw.exists():
         shutil.rmtree(raw)
-    files = write_radiation_sample(raw, columns=args.columns, timesteps=(0,), patches=tuple(range(args.patches)), seed=0)
+    files = write_radiation_sample(
+        raw, columns=args.columns, timesteps=(0,), patches=tuple(range(args.patches)), seed=0
+    )
     print(f"[1/4] sample: {len(files)} raw files in {raw} ({time.perf_counter() - t0:.1f} s)")
     t1 = time.perf_counter()
     store = prepare(config, overrides=["overwrite=true"])
@@ -60,7 +66,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.steps > 0:
         from .train_demo import train_mlp
 
-        res = train_mlp(store, steps=args.steps, batch_size=args.batch_size, num_workers=args.workers)
+        res = train_mlp(
+            store, steps=args.steps, batch_size=args.batch_size, num_workers=args.workers
+        )
         print(f"[4/4] train: {res['steps']} steps of a {res['params']:,}-parameter MLP, loss {res['first_loss']:.4f} -> "
               f"{res['last_loss']:.4f}, {res['samples_per_s']:,.0f} samples/s ({res['mb_per_s']:.1f} MB/s) "
               f"with {args.workers} DataLoader worker(s)")  # fmt: skip

@@ -62,7 +62,11 @@ def build(cfg: PrepareConfig, chunk_rows: int | None = None) -> View:
     from .views import build_view
 
     sample_chunks = None
-    if chunk_rows and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation") and cfg.view != "window":
+    if (
+        chunk_rows
+        and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation")
+        and cfg.view != "window"
+    ):
         sample_chunks = {(cfg.sample_dims or ("column",))[0]: chunk_rows}
     return build_view(open_source(cfg.source, sample_chunks=sample_chunks), cfg)
 
@@ -70,7 +74,9 @@ def build(cfg: PrepareConfig, chunk_rows: int | None = None) -> View:
 def _view(job: PrepareJob) -> View:
     if job.fingerprint not in _VIEWS:
         _VIEWS.clear()
-        _VIEWS[job.fingerprint] = build(job.config, job.bounds[1] - job.bounds[0] if len(job.bounds) > 1 else None)
+        _VIEWS[job.fingerprint] = build(
+            job.config, job.bounds[1] - job.bounds[0] if len(job.bounds) > 1 else None
+        )
     return _VIEWS[job.fingerprint]
 
 

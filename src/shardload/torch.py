@@ -89,7 +89,9 @@ class StreamingDataset(IterableDataset):
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
         self.store = open_store(store, storage_options=storage_options)
-        self.selection = select_rows(self.store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+        self.selection = select_rows(
+            self.store, split=split, chunks=chunks, rows=rows, arrays=arrays
+        )
         self.options = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
             shuffle_chunks=shuffle_chunks,
@@ -168,7 +170,9 @@ class StreamingDataset(IterableDataset):
     def __len__(self) -> int:
         """Batches this rank yields in the coming (or current) iteration."""
         rank, world = self.rank_world()
-        return self._plan(rank, world, self.num_workers, self._pending or self._leg).batches_per_rank
+        return self._plan(
+            rank, world, self.num_workers, self._pending or self._leg
+        ).batches_per_rank
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` on the next iteration (forgets any pending resume)."""
@@ -238,9 +242,13 @@ class StreamingDataLoader(DataLoader):
     unseen rows re-planned). ``batch_size`` defaults to None (the dataset makes batches).
     """
 
-    def __init__(self, dataset: StreamingDataset, *, batch_size: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: StreamingDataset, *, batch_size: int | None = None, **kwargs: Any
+    ) -> None:
         if not isinstance(dataset, StreamingDataset):
-            raise TypeError(f"StreamingDataLoader needs a StreamingDataset, got {type(dataset).__name__}")
+            raise TypeError(
+                f"StreamingDataLoader needs a StreamingDataset, got {type(dataset).__name__}"
+            )
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         dataset._counted_by_loader = True
 
@@ -279,7 +287,9 @@ class MapDataset(Dataset):
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.store = open_store(store, storage_options=storage_options)
-        self.selection = select_rows(self.store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+        self.selection = select_rows(
+            self.store, split=split, chunks=chunks, rows=rows, arrays=arrays
+        )
         self.cache_chunks = max(1, int(cache_chunks))
         self._cum = np.concatenate(([0], np.cumsum(self.selection.sizes)))
         self._bounds = np.asarray(self.store.manifest.chunk_bounds, dtype=np.int64)
@@ -315,7 +325,10 @@ class MapDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         g = self.global_row(i)
         c = int(np.searchsorted(self._bounds, g, "right")) - 1
-        out = {a: torch.from_numpy(np.array(self._chunk(a, c)[g - self._bounds[c]])) for a in self.selection.arrays}
+        out = {
+            a: torch.from_numpy(np.array(self._chunk(a, c)[g - self._bounds[c]]))
+            for a in self.selection.arrays
+        }
         out[INDEX_KEY] = torch.tensor(g, dtype=torch.int64)
         return out
 

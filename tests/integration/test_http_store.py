@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import make_dataset  # noqa: E402
-
-import shardload  # noqa: E402
-from shardload.serve import serving  # noqa: E402
+import shardload
+from conftest import make_dataset
+from shardload.serve import serving
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,9 @@ import xarray as xr
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import make_dataset  # noqa: E402
-
-import shardload  # noqa: E402
-from shardload.errors import IncompleteStoreError  # noqa: E402
+import shardload
+from conftest import make_dataset
+from shardload.errors import IncompleteStoreError
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +81,13 @@ def test_prepare_on_local_cluster_with_two_worker_processes(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["hdf5", "zarr"])
 def test_prepare_with_process_pool(tmp_path, fmt):
-    conf = write_config(tmp_path, 64, format=fmt, compression="lz4", execution={"scheduler": "processes", "num_workers": 2})
+    conf = write_config(
+        tmp_path,
+        64,
+        format=fmt,
+        compression="lz4",
+        execution={"scheduler": "processes", "num_workers": 2},
+    )
     store = shardload.prepare(conf)
     ds = xr.open_dataset(tmp_path / "src.nc")
     np.testing.assert_array_equal(store.read("x")[:, 0], ds.a.values)

@@ -30,7 +30,9 @@ def _filter(options: FormatOptions) -> dict[str, Any]:
     # Blosc2, not Blosc: Blosc's HDF5 "set_local" callback fails when netCDF4's own copy of
     # libhdf5 was loaded first (as it is when sources are netCDF files).
     level = options.level or (3 if options.compression == "zstd" else 5)
-    return dict(plugin.Blosc2(cname=options.compression, clevel=level, filters=plugin.Blosc2.SHUFFLE))
+    return dict(
+        plugin.Blosc2(cname=options.compression, clevel=level, filters=plugin.Blosc2.SHUFFLE)
+    )
 
 
 class Hdf5Format:

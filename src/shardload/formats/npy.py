@@ -123,7 +123,9 @@ class NpyReader:
                 else:
                     from ..remote import read_bytes
 
-                    raw = read_bytes(self.fs, path, off, off + nbytes, what=f"chunk {i} of array {name!r}")
+                    raw = read_bytes(
+                        self.fs, path, off, off + nbytes, what=f"chunk {i} of array {name!r}"
+                    )
                     got = len(raw)
                     dst[:got] = raw[:nbytes]
             except (OSError, ValueError) as exc:

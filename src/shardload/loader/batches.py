@@ -157,7 +157,9 @@ def _batches(
         while pos < n and left > 0:
             if out is None:
                 size, filled = min(b, left), 0
-                out = {a: np.empty((size, *s.row_shape), np.dtype(s.dtype)) for a, s in specs.items()}
+                out = {
+                    a: np.empty((size, *s.row_shape), np.dtype(s.dtype)) for a, s in specs.items()
+                }
                 out[INDEX_KEY] = np.empty(size, np.int64)
             take = min(size - filled, n - pos)
             sel = g.order[pos : pos + take]

@@ -39,14 +39,18 @@ class Group:
             f.result()  # re-raises a read error here, in the consuming thread
 
 
-def new_group(store: Store, names: Sequence[str], segments: tuple[Segment, ...], order: np.ndarray) -> Group:
+def new_group(
+    store: Store, names: Sequence[str], segments: tuple[Segment, ...], order: np.ndarray
+) -> Group:
     lens = np.array([len(s) for s in segments], dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum(lens)))
     n = int(offsets[-1])
     arrays = store.manifest.arrays
     # np.empty commits no memory: pages of segments not read yet cost nothing.
     bufs = {a: np.empty((n, *arrays[a].row_shape), dtype=np.dtype(arrays[a].dtype)) for a in names}
-    rows = np.concatenate([s.global_rows() for s in segments]) if segments else np.zeros(0, np.int64)
+    rows = (
+        np.concatenate([s.global_rows() for s in segments]) if segments else np.zeros(0, np.int64)
+    )
     return Group(segments, order, bufs, rows, offsets)
 
 

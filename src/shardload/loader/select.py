@@ -74,7 +74,9 @@ def select_rows(
         ids = np.asarray(list(chunks), dtype=np.int64).reshape(-1)
         bad = ids[(ids < 0) | (ids >= m.num_chunks)]
         if len(bad):
-            raise PlanError(f"chunk ids {bad[:5].tolist()} out of range: the store has {m.num_chunks} chunks")
+            raise PlanError(
+                f"chunk ids {bad[:5].tolist()} out of range: the store has {m.num_chunks} chunks"
+            )
         if len(np.unique(ids)) != len(ids):
             raise PlanError("chunks= lists a chunk more than once")
     elif split is not None:

@@ -220,7 +220,9 @@ def _open(path: Path, chunks: int | None) -> xr.Dataset:
         from .open import guess_engine
 
         # engine from the magic bytes: h5netcdf / scipy keep netCDF4-python's libhdf5 out
-        return xr.open_dataset(path, engine=guess_engine(str(path)), chunks={"column": chunks or -1}, cache=False)
+        return xr.open_dataset(
+            path, engine=guess_engine(str(path)), chunks={"column": chunks or -1}, cache=False
+        )
     except (OSError, ValueError) as exc:
         raise SourceError(f"cannot open {path}: {exc}") from exc
 

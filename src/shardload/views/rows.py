@@ -33,9 +33,7 @@ def sample_major(da: xr.DataArray, sample_dims: Sequence[str]) -> xr.DataArray:
     return da.transpose(*sample_dims, *rest)
 
 
-def read_rows(
-    da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: int
-) -> np.ndarray:
+def read_rows(da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: int) -> np.ndarray:
     """Rows ``[start, stop)`` of ``da`` with ``sample_dims`` stacked, as ``(rows, *rest)``.
 
     ``da`` must already be sample-major (see :func:`sample_major`).
@@ -54,7 +52,11 @@ def read_many(
         cuts.append(cut)
     lazy = [s.data for s in slabs]
     with dask.config.set(scheduler="synchronous"):
-        values = dask.compute(*lazy) if any(isinstance(v, dask.array.Array) for v in lazy) else [np.asarray(s.values) for s in slabs]
+        values = (
+            dask.compute(*lazy)
+            if any(isinstance(v, dask.array.Array) for v in lazy)
+            else [np.asarray(s.values) for s in slabs]
+        )
     out = []
     for v, s, (lo, hi) in zip(values, slabs, cuts, strict=True):
         rest = tuple(s.shape[len(sample_dims) :])
@@ -62,7 +64,9 @@ def read_many(
     return out
 
 
-def _slab(da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: int) -> tuple[xr.DataArray, tuple[int, int]]:
+def _slab(
+    da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: int
+) -> tuple[xr.DataArray, tuple[int, int]]:
     """The lazy bounding slab of rows ``[start, stop)`` and where the rows sit inside it."""
     dims = list(sample_dims)
     sizes = [da.sizes[d] for d in dims]
