@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import logging
 import os
@@ -58,7 +59,7 @@ _VIEWS: dict[str, View] = {}
 def build(cfg: PrepareConfig, chunk_rows: int | None = None) -> View:
     """Open the source and build the view; with ``chunk_rows``, dask chunks along a single
     sample dim match the store's chunks (each task then reads only its own rows)."""
-    from .sources.open import open_source
+    from .sources.open import open_rows, open_source
     from .views import build_view
 
     sample_chunks = None
@@ -68,7 +69,9 @@ def build(cfg: PrepareConfig, chunk_rows: int | None = None) -> View:
         and cfg.view != "window"
     ):
         sample_chunks = {(cfg.sample_dims or ("column",))[0]: chunk_rows}
-    return build_view(open_source(cfg.source, sample_chunks=sample_chunks), cfg)
+    ds = open_source(cfg.source, sample_chunks=sample_chunks)
+    rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in ("flat", "graph") else None
+    return build_view(ds, cfg, rows=rows)
 
 
 def _view(job: PrepareJob) -> View:
@@ -110,7 +113,7 @@ def run_block(job: PrepareJob, block: int, write: bool) -> dict[str, Any]:
                 f"NaN values in array {name!r} ({label}) in chunk {chunk} (rows {a}:{b}): "
                 f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
             )
-        stats[name] = p.to_dict()
+        stats[name] = p
         if write:
             try:
                 fmt.write_block(Path(job.partial_dir), name, chunk, a, arr, bounds=job.bounds)
@@ -162,7 +165,11 @@ def prepare(
     fingerprint = _fingerprint(cfg, specs, bounds)
     job = PrepareJob(cfg, str(partial_dir), bounds, blocks, specs, fingerprint)
     _VIEWS.clear()
-    if cfg.view != "window" and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation"):
+    if (
+        cfg.view != "window"
+        and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation")
+        and getattr(view, "rows", None) is None
+    ):
         # re-open with dask chunks aligned to the store's chunks; threads here share it
         _VIEWS[fingerprint] = build(cfg, chunk_rows)
     else:
@@ -294,9 +301,7 @@ def _run(
                                 raise _write_error(
                                     exc, name, chunk, a, a + len(arr), job.partial_dir
                                 ) from exc
-                    _write_atomic(
-                        progress_dir / f"block-{i:06d}.json", json.dumps(res["stats"]).encode()
-                    )
+                    _write_partials(progress_dir / f"block-{i:06d}.npz", res["stats"])
                     bar.update(1)
         except BaseException:
             for f in pending:
@@ -319,7 +324,7 @@ def _start_or_resume(
         except (OSError, ValueError, KeyError):
             old = None
         if old == job.fingerprint:
-            return {int(p.stem.split("-")[1]) for p in progress_dir.glob("block-*.json")}
+            return {int(p.stem.split("-")[1]) for p in progress_dir.glob("block-*.npz")}
         log.warning("%s is from another config or source; restarting it", partial_dir)
         shutil.rmtree(partial_dir)
     try:
@@ -334,18 +339,30 @@ def _start_or_resume(
     return set()
 
 
+def _write_partials(path: Path, stats: Mapping[str, Partial]) -> None:
+    """A block's progress record: its statistics partials (binary: a few KB per array)."""
+    buf = io.BytesIO()
+    fields = ("count", "mean", "m2", "min", "max", "nan_count")
+    np.savez(buf, **{f"{n}/{k}": getattr(p, k) for n, p in stats.items() for k in fields})
+    _write_atomic(path, buf.getvalue())
+
+
 def _load_partials(
     progress_dir: Path, num_blocks: int, names: list[str]
 ) -> dict[str, list[Partial]]:
     out: dict[str, list[Partial]] = {n: [] for n in names}
     for i in range(num_blocks):
-        path = progress_dir / f"block-{i:06d}.json"
+        path = progress_dir / f"block-{i:06d}.npz"
         try:
-            d = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"block {i} has no progress record ({path}): {exc}") from exc
-        for n in names:
-            out[n].append(Partial.from_dict(d[n]))
+            with np.load(path) as z:
+                for n in names:
+                    out[n].append(
+                        Partial.from_dict(
+                            {k.split("/", 1)[1]: z[k] for k in z if k.startswith(n + "/")}
+                        )
+                    )
+        except (OSError, ValueError, KeyError) as exc:
+            raise StoreError(f"block {i} has no valid progress record ({path}): {exc}") from exc
     return out
 
 

@@ -51,6 +51,22 @@ def partial(block: np.ndarray) -> Partial:
     """Statistics of one block of rows."""
     v = as_features(block)
     nf = v.shape[1]
+    n = v.shape[0]
+    if n and v.dtype == np.float32:
+        # fast path (the common case): float64 accumulators over float32 data, no float64 copy,
+        # no NaN scan unless a feature's sum says there is a NaN or an infinity
+        s1 = np.add.reduce(v, axis=0, dtype=np.float64)
+        if np.isfinite(s1).all():
+            mean = s1 / n
+            d = v - mean.astype(np.float32)
+            sd = np.add.reduce(d, axis=0, dtype=np.float64)
+            np.multiply(d, d, out=d)
+            m2 = np.add.reduce(d, axis=0, dtype=np.float64) - sd * sd / n  # fixes the f32 mean
+            return Partial(
+                np.full(nf, n, np.int64), mean, np.maximum(m2, 0.0),
+                v.min(axis=0).astype(np.float64), v.max(axis=0).astype(np.float64),
+                np.zeros(nf, np.int64),
+            )  # fmt: skip
     if v.dtype.kind == "f":
         nan = np.isnan(v)
         nan_count = nan.sum(axis=0).astype(np.int64)
@@ -58,20 +74,10 @@ def partial(block: np.ndarray) -> Partial:
     else:
         nan_count = np.zeros(nf, np.int64)
         has_nan = False
-    count = (v.shape[0] - nan_count).astype(np.int64)
-    if v.shape[0] == 0:
+    count = (n - nan_count).astype(np.int64)
+    if n == 0:
         empty = np.full(nf, np.nan)
         return Partial(count, np.zeros(nf), np.zeros(nf), empty, empty.copy(), nan_count)
-    if not has_nan and v.dtype == np.float32:
-        # fast path (the common case): float64 accumulators over float32 data, no float64 copy
-        s1 = np.add.reduce(v, axis=0, dtype=np.float64)
-        n = v.shape[0]
-        mean = s1 / n
-        d = v - mean.astype(np.float32)
-        sd = np.add.reduce(d, axis=0, dtype=np.float64)
-        m2 = np.add.reduce(d * d, axis=0, dtype=np.float64) - sd * sd / n  # corrects the f32 mean
-        return Partial(count, mean, np.maximum(m2, 0.0), v.min(axis=0).astype(np.float64),
-                       v.max(axis=0).astype(np.float64), nan_count)  # fmt: skip
     x = v.astype(np.float64, copy=False)
     with np.errstate(invalid="ignore", divide="ignore"):
         if has_nan:

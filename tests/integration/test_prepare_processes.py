@@ -42,9 +42,9 @@ def test_kill_during_prepare_never_leaves_a_complete_store_and_resumes(tmp_path)
     progress = tmp_path / "store.partial" / "_progress"
     deadline = time.monotonic() + 60
     try:
-        while time.monotonic() < deadline and len(list(progress.glob("block-*.json"))) < 3:
+        while time.monotonic() < deadline and len(list(progress.glob("block-*.npz"))) < 3:
             time.sleep(0.02)
-        assert len(list(progress.glob("block-*.json"))) >= 3, proc.communicate(timeout=5)
+        assert len(list(progress.glob("block-*.npz"))) >= 3, proc.communicate(timeout=5)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -53,7 +53,7 @@ def test_kill_during_prepare_never_leaves_a_complete_store_and_resumes(tmp_path)
     assert not (tmp_path / "store").exists()
     with pytest.raises(IncompleteStoreError):
         shardload.open_store(tmp_path / "store")
-    done_before = len(list(progress.glob("block-*.json")))
+    done_before = len(list(progress.glob("block-*.npz")))
     assert done_before < 20
     # same command again: resumes and completes, values equal a clean run
     res = subprocess.run([sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress"],

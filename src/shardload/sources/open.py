@@ -171,3 +171,16 @@ def open_source(cfg: SourceConfig, *, sample_chunks: dict[str, int] | None = Non
         ds = ds[list(cfg.variables)]
     log.info("opened %d file(s) lazily: %s", len(paths), dict(ds.sizes))
     return ds
+
+
+def open_rows(cfg: SourceConfig, ds: xr.Dataset, sample_dims: Sequence[str]) -> Any:
+    """A :class:`~shardload.views.rows.RowReader` that reads ``ds``'s rows without dask, or
+    None where there is none (then views read through dask). Today: local radiation files with
+    the column as the sample axis."""
+    if cfg.kind != "radiation" or tuple(sample_dims or ("column",)) != ("column",):
+        return None
+    from .radiation_rows import radiation_rows
+
+    so = dict(cfg.storage_options)
+    outputs = expand_paths(cfg.outputs, so) if cfg.outputs else None
+    return radiation_rows(expand_paths(cfg.paths, so), outputs, ds)

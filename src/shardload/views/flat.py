@@ -11,7 +11,7 @@ import xarray as xr
 
 from ..errors import ViewError
 from .base import ArraySpec, check_lengths, check_numeric
-from .rows import read_many, sample_length, sample_major
+from .rows import RowReader, read_vars, sample_length, sample_major
 
 
 def feature_names(da: xr.DataArray, sample_dims: Sequence[str]) -> tuple[str, ...]:
@@ -44,7 +44,9 @@ class FlatView:
         *,
         sample_dims: Sequence[str],
         dtype: str | None = None,
+        rows: RowReader | None = None,
     ) -> None:
+        self.rows = rows  # a RowReader that bypasses dask, or None
         if not sample_dims:
             raise ViewError("sample_dims: the flat view needs at least one sample dimension")
         self.sample_dims = tuple(sample_dims)
@@ -89,13 +91,34 @@ class FlatView:
 
     def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
+        n = stop - start
         for name, das in self._vars.items():
             spec = self._specs[name]
-            buf = np.empty((stop - start, spec.shape[1]), dtype=spec.dtype)
+            buf = np.empty((n, spec.shape[1]), dtype=spec.dtype)
+            # where each variable's rows go: views of buf (a RowReader writes them in place)
+            places, col = [], 0
+            for d in das:
+                rest = d.shape[len(self.sample_dims) :]
+                width = int(np.prod(rest, dtype=np.int64))
+                places.append(_view_as(buf[:, col : col + width], (n, *rest)))
+                col += width
+            blocks = read_vars(das, self.sample_dims, start, stop, self.rows, out=places)
             col = 0
-            for block in read_many(das, self.sample_dims, start, stop):
-                block = block.reshape(stop - start, -1)
-                buf[:, col : col + block.shape[1]] = block
-                col += block.shape[1]
+            for block in blocks:
+                width = int(np.prod(block.shape[1:], dtype=np.int64))
+                target = buf[:, col : col + width]
+                if not np.shares_memory(block, target):  # not read in place: copy it there
+                    target[...] = block.reshape(n, -1)
+                col += width
             out[name] = buf
         return out
+
+
+def _view_as(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``a`` reshaped to ``shape`` without a copy, or None where that needs a copy."""
+    try:
+        v = a.view()
+        v.shape = shape  # raises rather than copying
+    except (AttributeError, ValueError):
+        return None
+    return v

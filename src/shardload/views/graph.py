@@ -30,7 +30,7 @@ import xarray as xr
 
 from ..errors import ViewError
 from .base import ArraySpec, check_lengths, check_numeric
-from .rows import read_rows, sample_length, sample_major
+from .rows import RowReader, read_vars, sample_length, sample_major
 
 FLUXES = ("flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw")
 _INPUTS = ("hl_inputs", "inter_inputs", "sca_inputs", "col_inputs")
@@ -64,8 +64,14 @@ class GraphView:
     """
 
     def __init__(
-        self, ds: xr.Dataset, *, sample_dims: Sequence[str] = ("column",), dtype: Any = "float32"
+        self,
+        ds: xr.Dataset,
+        *,
+        sample_dims: Sequence[str] = ("column",),
+        dtype: Any = "float32",
+        rows: RowReader | None = None,
     ) -> None:
+        self.rows = rows  # a RowReader that bypasses dask, or None
         self.sample_dims = tuple(sample_dims)
         self.dtype = np.dtype(dtype)
         check_numeric("dtype", self.dtype, where="GraphView")
@@ -150,9 +156,9 @@ class GraphView:
 
     def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Rows ``[start, stop)`` of ``x``, ``edge_attr`` and ``y``, reading only those rows."""
-        part = {
-            name: read_rows(var, self.sample_dims, start, stop) for name, var in self._vars.items()
-        }
+        names = list(self._vars)
+        values = read_vars(list(self._vars.values()), self.sample_dims, start, stop, self.rows)
+        part = dict(zip(names, values, strict=True))
         hl, inter, sca = part["hl_inputs"], part["inter_inputs"], part["sca_inputs"]
         rows, nodes = stop - start, self.num_nodes
         n_hl, n_inter = hl.shape[-1], inter.shape[-1]

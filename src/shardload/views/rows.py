@@ -8,13 +8,56 @@ the rows out of it. Only that slab is read from disk.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import dask
 import numpy as np
 import xarray as xr
 
 from ..errors import ViewError
+
+
+@runtime_checkable
+class RowReader(Protocol):
+    """A fast reader of a source's rows that bypasses dask (e.g.
+    :class:`~shardload.sources.radiation_rows.RadiationRows`): ``read_rows`` returns, for each
+    name in ``names``, rows ``[start, stop)`` of the variable made sample-major, exactly what
+    :func:`read_many` would return for it."""
+
+    names: Sequence[str]
+
+    def read_rows(
+        self,
+        names: Sequence[str],
+        start: int,
+        stop: int,
+        *,
+        out: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """``out`` (optional) holds destination arrays to fill in place, for some names."""
+        ...
+
+
+def read_vars(
+    das: Sequence[xr.DataArray],
+    sample_dims: Sequence[str],
+    start: int,
+    stop: int,
+    rows: RowReader | None = None,
+    *,
+    out: Sequence[np.ndarray | None] | None = None,
+) -> list[np.ndarray]:
+    """:func:`read_many`, through ``rows`` when it serves every variable of ``das``; then
+    ``out`` (destinations per variable, or None) may be filled in place and returned."""
+    names = [str(d.name) for d in das]
+    if rows is not None and all(n in rows.names for n in names):
+        dest = {n: o for n, o in zip(names, out or [None] * len(names), strict=True)}
+        got = rows.read_rows(
+            names, start, stop, out={n: o for n, o in dest.items() if o is not None}
+        )
+        return [got[n] for n in names]
+    return read_many(das, sample_dims, start, stop)
 
 
 def sample_length(da: xr.DataArray, sample_dims: Sequence[str]) -> int:
