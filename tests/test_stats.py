@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -20,7 +22,7 @@ def test_merged_block_stats_equal_numpy(n, f, cuts, with_nan):
     if with_nan:
         x[rng.integers(0, n, size=max(1, n // 10)), rng.integers(0, f)] = np.nan
     bounds = sorted({0, n, *[c % (n + 1) for c in cuts]})
-    st_ = finalize(merge_all(partial(x[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)))
+    st_ = finalize(merge_all(partial(x[a:b]) for a, b in itertools.pairwise(bounds)))
     x64 = x.astype("float64")
     with np.errstate(all="ignore"):
         np.testing.assert_allclose(st_.mean, np.nanmean(x64, axis=0), rtol=1e-9, atol=1e-9)
@@ -35,3 +37,12 @@ def test_features_are_last_axis():
     s = finalize(partial(x))
     np.testing.assert_allclose(s.mean, x.reshape(-1, 4).mean(0))
     assert s.count == 6
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_infinities_take_the_general_path():
+    x = np.ones((6, 2), dtype="float32")
+    x[2, 1] = np.inf
+    s = finalize(partial(x))
+    assert s.max == (1.0, float("inf")) and s.mean[0] == 1.0 and s.nan_count == (0, 0)
+    assert np.isinf(s.mean[1]) or np.isnan(s.mean[1])
