@@ -74,3 +74,29 @@ def test_urls_and_other_shapes_fall_back_to_dask(radiation_sample):
     lazy = open_radiation(inputs, outputs)
     assert radiation_rows(["http://127.0.0.1:1/a.nc"], None, lazy) is None
     assert radiation_rows(inputs, outputs, lazy.isel(level=slice(0, 10))) is None
+
+
+@pytest.mark.parametrize("view", ["flat", "graph"])
+def test_views_read_the_same_with_and_without_the_row_reader(radiation_sample, view):
+    from shardload.config import load_config
+    from shardload.pipeline import build
+    from shardload.views import build_view
+
+    inputs, outputs = _pairs(radiation_sample)
+    conf = {
+        "source": {"kind": "radiation", "paths": [str(p) for p in inputs],
+                   "outputs": [str(p) for p in outputs]},
+        "sample_dims": ["column"], "view": view, "out": "unused",
+        **({"arrays": {"x": ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"],
+                       "y": ["flux_up_sw", "hr_sw", "hr_lw"]}} if view == "flat" else {}),
+    }  # fmt: skip
+    cfg = load_config(conf)
+    fast = build(cfg)
+    assert fast.rows is not None
+    slow = build_view(open_radiation(inputs, outputs), cfg)
+    assert slow.rows is None
+    for a, b in [(0, 17), (290, 610), (1190, 1200)]:
+        got, want = fast.read(a, b), slow.read(a, b)
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{view} {k} {a}:{b}")

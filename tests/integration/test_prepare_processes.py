@@ -91,3 +91,26 @@ def test_prepare_with_process_pool(tmp_path, fmt):
     store = shardload.prepare(conf)
     ds = xr.open_dataset(tmp_path / "src.nc")
     np.testing.assert_array_equal(store.read("x")[:, 0], ds.a.values)
+
+
+@pytest.mark.parametrize("view", ["flat", "graph"])
+def test_radiation_prepare_in_worker_processes_equals_threads(tmp_path, radiation_sample, view):
+    """The radiation row reader opens its files lazily in each worker process."""
+    inputs = sorted(str(p) for p in radiation_sample if p.name.startswith("rad4NN"))
+    outputs = sorted(str(p) for p in radiation_sample if p.name.startswith("3dcorrection"))
+    base = {
+        "source": {"kind": "radiation", "paths": inputs, "outputs": outputs},
+        "sample_dims": ["column"], "view": view, "chunk_rows": 170, "format": "zarr",
+        "compression": "zstd",
+    }  # fmt: skip
+    if view == "flat":
+        base["arrays"] = {"x": ["sca_inputs", "col_inputs"], "y": ["hr_sw", "flux_dn_lw"]}
+    threads = shardload.prepare({**base, "out": str(tmp_path / "t")})
+    procs = shardload.prepare(
+        {**base, "out": str(tmp_path / "p"),
+         "execution": {"scheduler": "processes", "num_workers": 2}}
+    )  # fmt: skip
+    assert len(procs) == len(threads) == 1200 and procs.num_chunks == 8
+    for name in threads.arrays:
+        np.testing.assert_array_equal(procs.read(name), threads.read(name))
+    assert procs.manifest.stats["x"].mean == threads.manifest.stats["x"].mean
