@@ -97,8 +97,16 @@ def run_subprocess_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
            "--workdir", str(args.workdir), "--batch-size", str(args.batch_size),
            "--max-seconds", str(args.max_seconds), "--seed", str(args.seed)]  # fmt: skip
     env = dict(os.environ)
+    # the time limit is checked between batches; a batch of a very slow loader can overrun it
+    timeout_s = 10 * args.max_seconds + 120
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
+                           timeout=timeout_s)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        tail = exc.stderr[-3000:] if isinstance(exc.stderr, str) else ""
+        return {"case": name, "error": f"killed after {timeout_s:g} s (no batch in time)",
+                "stderr_tail": tail, "wall_s": time.perf_counter() - t}  # fmt: skip
     wall = time.perf_counter() - t
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
@@ -214,8 +222,10 @@ def plot(recs: list[dict[str, Any]], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 0.35 * len(ok) + 1.5), sharey=True)
     a.barh(names, [r.get("ratio_to_limit") or 0 for r in ok], color=colors)
     a.set_xlabel("ratio to limit (page-cache read; zstd: all-core read + decode)")
-    for x, style in ((0.5, "--"), (0.3, ":")):
-        a.axvline(x, color="k", linestyle=style, linewidth=0.8)
+    for x, style, label in ((0.5, "--", "goal in-process"), (0.3, ":", "goal 2 workers"),
+                            (0.8, "-.", "goal zstd")):  # fmt: skip
+        a.axvline(x, color="k", linestyle=style, linewidth=0.8, label=f"{label} {x:g}")
+    a.legend(loc="lower right", fontsize="small")
     b.barh(names, [r["samples_per_s"] for r in ok], color=colors)
     b.set_xscale("log")
     b.set_xlabel("samples/s (log)")
