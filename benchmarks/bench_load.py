@@ -188,20 +188,20 @@ def goal_lines(by: dict[str, dict[str, Any]]) -> list[str]:
         return a / b if a is not None and b else None
 
     out = [
-        f"in-process shardload / read limit = {_fmt(get('shardload-iter:none:w0', 'ratio_to_limit'))} (goal >= 0.5)",
+        f"in-process shardload / read limit = {_fmt(get('shardload-iter:none:w0', 'ratio_to_limit'))} (goal ≥ 0.5)",
     ]
     for case in ("shardload-dl:none:w2", "shardload-sdl:none:w2"):
         out.append(f"DataLoader 2 workers / read limit = {_fmt(get(case, 'ratio_to_limit'))} "
-                   f"(goal >= 0.3) [{case}]")  # fmt: skip
+                   f"(goal ≥ 0.3) [{case}]")  # fmt: skip
     for ours, theirs in (("shardload-dl:none:w2", "zarr-torch-dataset:none:w2"),
                          ("shardload-iter:none:w0", "zarr-torch-dataset:none:w0")):  # fmt: skip
         speed = ratio(get(ours, "samples_per_s"), get(theirs, "samples_per_s"))
         rss = ratio(get(ours, "peak_rss_MiB"), get(theirs, "peak_rss_MiB"))
         pss = ratio(get(ours, "peak_pss_MiB"), get(theirs, "peak_pss_MiB"))
-        out.append(f"shardload vs zarr-torch-dataset speed = {_fmt(speed)}x (goal >= 4x) at RSS "
-                   f"ratio {_fmt(rss)} (goal <= 0.25) [{ours} vs {theirs}; PSS ratio {_fmt(pss)}]")  # fmt: skip
+        out.append(f"shardload vs zarr-torch-dataset speed = {_fmt(speed)}× (goal ≥ 4×) at RSS "
+                   f"ratio {_fmt(rss)} (goal ≤ 0.25) [{ours} vs {theirs}; PSS ratio {_fmt(pss)}]")  # fmt: skip
     out.append(f"zstd shardload / read+decode limit = "
-               f"{_fmt(get('shardload-iter:zstd:w0', 'ratio_to_limit'))} (goal >= 0.8)")  # fmt: skip
+               f"{_fmt(get('shardload-iter:zstd:w0', 'ratio_to_limit'))} (goal ≥ 0.8)")  # fmt: skip
     hand = get("torch-handoff:none:w2", "samples_per_s")
     if hand:
         dl = get("shardload-dl:none:w2", "samples_per_s")
