@@ -1,0 +1,330 @@
+"""Load throughput, side by side: shardload vs naive torch Datasets, xbatcher, zarr-torch-dataset.
+
+One run on the same data (default 262,144 samples x 1,550 float32 = 6.2 KB each, chunks of
+4,096 rows, 1.6 GB), written by ``shardload.prepare`` as Zarr v3 uncompressed and zstd, plus
+npy-stack and HDF5 copies for the naive npy / h5py loaders. It measures the machine's limits
+(memcpy; reading the store's files from the page cache with the fastest plain call; for zstd,
+read + decode on all cores), then times one shuffled epoch at batch 256 of every loader with 0
+and 2 DataLoader workers, each in a fresh subprocess (``--run-case``) so that peak RSS is per
+case. Page caches are warmed (every data file read once) before the limits and before each case.
+Slow loaders are timed on the first ``--max-seconds`` of the epoch and their rate extrapolated.
+
+Reports per case: samples/s, MB/s, ratio to its limit, peak RSS (process + workers), mean
+distinct chunks per batch (shuffle quality), whether the epoch was complete; prints a markdown
+table and the issue's goal checks, writes JSON (``--out``) and a bar chart (PNG next to it).
+
+Usage::
+
+    python benchmarks/bench_load.py                       # the full run (~10-15 min, 6.4 GB disk)
+    python benchmarks/bench_load.py --quick               # a tiny smoke run (seconds)
+    python benchmarks/bench_load.py --rows 50000 --cases shardload-iter:none:w0,naive-h5py:none:w2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # the helper modules and the prepare view function live here
+    sys.path.insert(0, str(HERE))
+
+import loadbench_data as data  # noqa: E402
+from loadbench_cases import LOADERS, OWN_COPY, case_store, parse_case, run_case  # noqa: E402
+
+DEFAULT_CASES = (
+    "shardload-iter:none:w0", "shardload-dl:none:w0", "shardload-dl:none:w2",
+    "shardload-sdl:none:w2",
+    "naive-zarr:none:w0", "naive-zarr:none:w2", "naive-h5py:none:w0", "naive-h5py:none:w2",
+    "naive-npy:none:w0", "naive-npy:none:w2", "xbatcher:none:w0", "xbatcher:none:w2",
+    "zarr-torch-dataset:none:w0", "zarr-torch-dataset:none:w2", "torch-handoff:none:w2",
+    "shardload-iter:zstd:w0", "shardload-dl:zstd:w2", "naive-zarr:zstd:w2", "xbatcher:zstd:w2",
+    "zarr-torch-dataset:zstd:w0", "zarr-torch-dataset:zstd:w2",
+)  # fmt: skip
+QUICK = {"rows": 8192, "features": 64, "chunk_rows": 512, "max_seconds": 5.0}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rows", type=int, default=None, help="samples (default 262144)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument(
+        "--features", type=int, default=None, help="float32 per sample (default 1550)"
+    )
+    size.add_argument(
+        "--row-bytes", type=int, default=None, help="bytes per sample (rounded to float32)"
+    )
+    ap.add_argument("--chunk-rows", type=int, default=None, help="rows per chunk (default 4096)")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--workdir", default=None,
+                    help="where the stores live (reused when the shape matches); default "
+                         "$TMPDIR/shardload-bench-load")  # fmt: skip
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated subset, LOADER:none|zstd:wN (default: all; see --list)")  # fmt: skip
+    ap.add_argument("--list", action="store_true", help="list the default cases and exit")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"tiny smoke run: {QUICK} unless given explicitly")  # fmt: skip
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="time limit per case; slower loaders are timed on a prefix of the epoch "
+                         "and their rate extrapolated (default 20)")  # fmt: skip
+    ap.add_argument("--out", default="bench-results/bench_load.json")
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--run-case", default=None, help=argparse.SUPPRESS)  # internal: one subprocess
+    args = ap.parse_args(argv)
+    defaults = QUICK if args.quick else {"rows": 262144, "features": 1550, "chunk_rows": 4096,
+                                         "max_seconds": 20.0}  # fmt: skip
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.row_bytes is not None:
+        args.features = max(1, round(args.row_bytes / 4))
+    args.workdir = Path(args.workdir or Path(tempfile.gettempdir()) / "shardload-bench-load")
+    return args
+
+
+def run_subprocess_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--run-case", name,
+           "--workdir", str(args.workdir), "--batch-size", str(args.batch_size),
+           "--max-seconds", str(args.max_seconds), "--seed", str(args.seed)]  # fmt: skip
+    env = dict(os.environ)
+    # the time limit is checked between batches; a batch of a very slow loader can overrun it
+    timeout_s = 10 * args.max_seconds + 120
+    t = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
+                           timeout=timeout_s)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        tail = exc.stderr[-3000:] if isinstance(exc.stderr, str) else ""
+        return {"case": name, "error": f"killed after {timeout_s:g} s (no batch in time)",
+                "stderr_tail": tail, "wall_s": time.perf_counter() - t}  # fmt: skip
+    wall = time.perf_counter() - t
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        err = (p.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+        return {"case": name, "error": f"exit {p.returncode}: {err}",
+                "stderr_tail": p.stderr[-3000:], "wall_s": wall}  # fmt: skip
+    rec = json.loads(lines[-1])
+    rec["wall_s"] = wall
+    return rec
+
+
+def measure_limits(work: Path, info: dict[str, Any], *, chunk_bytes: int, log) -> dict[str, Any]:
+    from loadbench_limits import memcpy_rate, page_cache_read_rate, zstd_read_decode_rate
+
+    lim: dict[str, Any] = {}
+    lim.update(memcpy_rate())
+    log(f"  memcpy (np.copyto, 1 thread, {lim['memcpy_bytes'] >> 20} MiB): "
+        f"{lim['memcpy_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+    if "zarr-none" in info:
+        files = data.zarr_chunk_files(work / "zarr-none")
+        lim.update(page_cache_read_rate(files))
+        rates = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in lim["read_rates_Bps"].items())
+        log(f"  page-cache read of zarr-none's {len(files)} chunk files, 1 thread: {rates} GB/s "
+            f"-> limit {lim['read_Bps'] / 1e9:.2f} GB/s ({lim['read_call']}); "
+            f"{lim['read_threads']} threads: {lim['read_all_cores_Bps'] / 1e9:.2f} GB/s (info)")  # fmt: skip
+    if "zarr-zstd" in info:
+        files = data.zarr_chunk_files(work / "zarr-zstd")
+        lim.update(zstd_read_decode_rate(files, chunk_bytes=[chunk_bytes] * len(files),
+                                         zarr_array=str(work / "zarr-zstd" / "x")))  # fmt: skip
+        rates = "; ".join(f"{k}: {v / 1e9:.2f}" for k, v in lim["zstd_rates_Bps"].items())
+        log(f"  zstd read + decode (decoded GB/s): {rates} -> limit {lim['zstd_Bps'] / 1e9:.2f} "
+            f"GB/s; one thread {lim['zstd_one_thread_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+    return lim
+
+
+def add_ratios(rec: dict[str, Any], lim: dict[str, Any]) -> None:
+    if "error" in rec:
+        return
+    key = "zstd_Bps" if rec["codec"] == "zstd" else "read_Bps"
+    rec["limit"] = "zstd read+decode, all cores" if key == "zstd_Bps" else "page-cache read"
+    rec["limit_MBps"] = lim[key] / 1e6 if key in lim else None
+    rec["ratio_to_limit"] = rec["MBps"] / rec["limit_MBps"] if rec["limit_MBps"] else None
+
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def table(recs: list[dict[str, Any]]) -> str:
+    head = ("| case | samples/s | MB/s | ratio to limit | peak RSS MiB (PSS) | chunks/batch | "
+            "complete epoch | first batch s | timed samples (s) |")  # fmt: skip
+    rows = [head, "|" + "---|" * 9]
+    for r in recs:
+        if "error" in r:
+            rows.append(f"| {r['case']} | error: {r['error'][:120]} ||||||||")
+            continue
+        timed = f"{r['samples']:,} ({r['seconds']:.1f} s)"
+        if r["truncated"]:
+            timed += f", {100 * r['epoch_fraction']:.1f}% of the epoch, extrapolated"
+        rows.append(
+            f"| {r['case']} | {r['samples_per_s']:,.0f} | {r['MBps']:,.0f} | "
+            f"{_fmt(r.get('ratio_to_limit'), '.3f')} | {r['peak_rss_MiB']:,.0f} "
+            f"({r['peak_pss_MiB']:,.0f}) | {r['chunks_per_batch']:.1f} | {r['complete_epoch']} | "
+            f"{_fmt(r['first_batch_s'])} | {timed} |"
+        )
+    return "\n".join(rows)
+
+
+def goal_lines(by: dict[str, dict[str, Any]]) -> list[str]:
+    def get(case: str, key: str) -> float | None:
+        r = by.get(case)
+        return None if r is None or "error" in r else r.get(key)
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    out = [
+        f"in-process shardload / read limit = {_fmt(get('shardload-iter:none:w0', 'ratio_to_limit'))} (goal ≥ 0.5)",
+    ]
+    for case in ("shardload-dl:none:w2", "shardload-sdl:none:w2"):
+        out.append(f"DataLoader 2 workers / read limit = {_fmt(get(case, 'ratio_to_limit'))} "
+                   f"(goal ≥ 0.3) [{case}]")  # fmt: skip
+    for ours, theirs in (("shardload-dl:none:w2", "zarr-torch-dataset:none:w2"),
+                         ("shardload-iter:none:w0", "zarr-torch-dataset:none:w0")):  # fmt: skip
+        speed = ratio(get(ours, "samples_per_s"), get(theirs, "samples_per_s"))
+        rss = ratio(get(ours, "peak_rss_MiB"), get(theirs, "peak_rss_MiB"))
+        pss = ratio(get(ours, "peak_pss_MiB"), get(theirs, "peak_pss_MiB"))
+        out.append(f"shardload vs zarr-torch-dataset speed = {_fmt(speed)}× (goal ≥ 4×) at RSS "
+                   f"ratio {_fmt(rss)} (goal ≤ 0.25) [{ours} vs {theirs}; PSS ratio {_fmt(pss)}]")  # fmt: skip
+    out.append(f"zstd shardload / read+decode limit = "
+               f"{_fmt(get('shardload-iter:zstd:w0', 'ratio_to_limit'))} (goal ≥ 0.8)")  # fmt: skip
+    hand = get("torch-handoff:none:w2", "samples_per_s")
+    if hand:
+        dl = get("shardload-dl:none:w2", "samples_per_s")
+        out.append(f"DataLoader hand-off alone (no I/O, 2 workers) = {hand:,.0f} samples/s; "
+                   f"shardload-dl:none:w2 / hand-off = {_fmt(ratio(dl, hand))}")  # fmt: skip
+    return out
+
+
+def plot(recs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in recs if "error" not in r]
+    names = [r["case"] + (" *" if r["truncated"] else "") for r in ok]
+    colors = ["tab:blue" if r["loader"].startswith("shardload") else "tab:gray" for r in ok]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 0.35 * len(ok) + 1.5), sharey=True)
+    a.barh(names, [r.get("ratio_to_limit") or 0 for r in ok], color=colors)
+    a.set_xlabel("ratio to limit (page-cache read; zstd: all-core read + decode)")
+    for x, style, label in ((0.5, "--", "goal in-process"), (0.3, ":", "goal 2 workers"),
+                            (0.8, "-.", "goal zstd")):  # fmt: skip
+        a.axvline(x, color="k", linestyle=style, linewidth=0.8, label=f"{label} {x:g}")
+    a.legend(loc="lower right", fontsize="small")
+    b.barh(names, [r["samples_per_s"] for r in ok], color=colors)
+    b.set_xscale("log")
+    b.set_xlabel("samples/s (log)")
+    a.invert_yaxis()
+    fig.suptitle(
+        "shardload load benchmark, batch 256, one shuffled epoch (* = time-limited prefix)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.run_case:
+        rec = run_case(args.run_case, args.workdir, batch_size=args.batch_size,
+                       max_seconds=args.max_seconds, seed=args.seed)  # fmt: skip
+        print(json.dumps(rec))
+        return
+    cases = args.cases.split(",") if args.cases else list(DEFAULT_CASES)
+    if args.list:
+        print("\n".join(f"{c:32s} {LOADERS[parse_case(c)[0]]}" for c in DEFAULT_CASES))
+        return
+    for c in cases:
+        parse_case(c)
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    needed = {"zarr-none", "zarr-zstd"}
+    needed |= {OWN_COPY[parse_case(c)[0]] for c in cases if parse_case(c)[0] in OWN_COPY}
+    kinds = [k for k in data.STORE_KINDS if k in needed]
+    row_bytes = args.features * 4
+    log(f"data: {args.rows:,} samples x {args.features} float32 ({row_bytes:,} B), chunks of "
+        f"{args.chunk_rows:,} rows, {args.rows * row_bytes / 1e9:.2f} GB per store; "
+        f"stores {kinds} in {args.workdir}")  # fmt: skip
+    t = time.perf_counter()
+    info = data.build_stores(args.workdir, rows=args.rows, features=args.features,
+                             chunk_rows=args.chunk_rows, kinds=kinds, seed=args.seed, log=log)  # fmt: skip
+    log(f"  stores ready in {time.perf_counter() - t:.1f} s")
+    chunk_bytes = args.chunk_rows * row_bytes
+    all_files = list(data.iter_store_files(args.workdir, kinds))
+    n = data.warm_page_cache(all_files)
+    log(f"page cache warmed: read all {len(all_files)} data files once ({n / 1e9:.2f} GB)")
+    log("limits:")
+    lim = measure_limits(args.workdir, info, chunk_bytes=chunk_bytes, log=log)
+    if "zarr-zstd" in info and "zarr-none" in info:
+        lim["zstd_ratio"] = info["zarr-none"]["disk_bytes"] / info["zarr-zstd"]["disk_bytes"]
+        log(f"  zstd store: {lim['zstd_ratio']:.2f}x smaller than the uncompressed one")
+    recs: list[dict[str, Any]] = []
+    log(f"cases (each in a fresh subprocess; page cache re-warmed first; time limit "
+        f"{args.max_seconds:g} s per case, slower loaders extrapolated from a prefix):")  # fmt: skip
+    for c in cases:
+        loader, codec, _ = parse_case(c)
+        data.warm_page_cache(data.data_files(case_store(args.workdir, loader, codec)))
+        rec = run_subprocess_case(c, args)
+        add_ratios(rec, lim)
+        recs.append(rec)
+        if "error" in rec:
+            log(f"  {c}: ERROR {rec['error']}")
+            continue
+        log(f"  {c}: {rec['samples_per_s']:,.0f} samples/s, {rec['MBps']:,.0f} MB/s, ratio "
+            f"{_fmt(rec['ratio_to_limit'], '.3f')}, peak RSS {rec['peak_rss_MiB']:,.0f} MiB, "
+            f"{rec['chunks_per_batch']:.1f} chunks/batch, complete: {rec['complete_epoch']}"
+            + (f" [prefix {100 * rec['epoch_fraction']:.1f}% of the epoch, extrapolated]"
+               if rec["truncated"] else ""))  # fmt: skip
+    log("")
+    log(f"limits: page-cache read {_fmt(lim.get('read_Bps', 0) / 1e9)} GB/s "
+        f"({lim.get('read_call')}); memcpy {lim['memcpy_Bps'] / 1e9:.2f} GB/s; zstd read + decode "
+        f"(all cores) {_fmt(lim.get('zstd_Bps', 0) / 1e9)} GB/s ({lim.get('zstd_variant')})")  # fmt: skip
+    log(table(recs))
+    log("")
+    notes = {r["loader"]: r["note"] for r in recs if r.get("note")}
+    for loader, note in notes.items():
+        log(f"note {loader}: {note}")
+    if any(r.get("truncated") for r in recs):
+        log(f"rates of cases marked 'extrapolated' come from the first {args.max_seconds:g} s of "
+            "the epoch (samples timed / seconds), not from a whole epoch")  # fmt: skip
+    log("")
+    by = {r["case"]: r for r in recs}
+    goals = goal_lines(by)
+    for g in goals:
+        log(g)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "config": {"rows": args.rows, "features": args.features, "row_bytes": row_bytes,
+                   "chunk_rows": args.chunk_rows, "batch_size": args.batch_size,
+                   "max_seconds": args.max_seconds, "seed": args.seed, "cpu_count": os.cpu_count(),
+                   "workdir": str(args.workdir)},
+        "stores": info, "limits": lim, "cases": recs, "goals": goals,
+    }  # fmt: skip
+    out.write_text(json.dumps(result, indent=1, default=str))
+    log(f"wrote {out}")
+    if not args.no_plot:
+        png = out.with_suffix(".png")
+        plot(recs, png)
+        log(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The load benchmark's bookkeeping (shuffle quality, epoch completeness) and a smoke run.
+
+Rates are never asserted: the benchmark measures, the docs report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from loadbench_cases import parse_case, shuffle_stats  # noqa: E402
+
+
+def test_shuffle_stats_counts_distinct_chunks_and_checks_the_epoch() -> None:
+    n, chunk, batch = 64, 8, 16
+    sequential = [np.arange(k, k + batch) for k in range(0, n, batch)]
+    s = shuffle_stats(sequential, length=n, chunk_rows=chunk, batch_size=batch, truncated=False)
+    assert s["chunks_per_batch"] == 2.0
+    assert s["chunks_per_batch_max_possible"] == 8
+    assert s["complete_epoch"] is True
+
+    perm = np.random.default_rng(0).permutation(n)
+    mixed = [perm[k : k + batch] for k in range(0, n, batch)]
+    s = shuffle_stats(mixed, length=n, chunk_rows=chunk, batch_size=batch, truncated=False)
+    assert 2.0 < s["chunks_per_batch"] <= 8.0
+    assert s["complete_epoch"] is True
+
+    repeated = [*sequential[:-1], sequential[0]]
+    s = shuffle_stats(repeated, length=n, chunk_rows=chunk, batch_size=batch, truncated=False)
+    assert s["complete_epoch"] is False
+    assert (s["duplicates"], s["missing"]) == (batch, batch)
+
+    s = shuffle_stats(sequential[:1], length=n, chunk_rows=chunk, batch_size=batch, truncated=True)
+    assert s["complete_epoch"].startswith("n/a")
+
+
+def test_case_names_are_checked() -> None:
+    assert parse_case("shardload-dl:zstd:w2") == ("shardload-dl", "zstd", 2)
+    for bad in ("shardload-dl:lz4:w2", "nope:none:w0", "shardload-dl:none:2"):
+        with pytest.raises(ValueError, match="bad case name"):
+            parse_case(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_smoke_run_writes_complete_epochs(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("psutil")
+    out = tmp_path / "r.json"
+    cases = "shardload-iter:none:w0,shardload-dl:none:w2,naive-npy:none:w0,shardload-iter:zstd:w0"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_load.py"), "--rows", "2048",
+           "--features", "16", "--chunk-rows", "256", "--max-seconds", "60", "--cases", cases,
+           "--workdir", str(tmp_path / "work"), "--out", str(out), "--no-plot"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert {"read_Bps", "memcpy_Bps", "zstd_Bps"} <= set(res["limits"])
+    recs = {r["case"]: r for r in res["cases"]}
+    assert set(recs) == set(cases.split(","))
+    for name, r in recs.items():
+        assert "error" not in r, (name, r.get("error"))
+        assert r["samples"] == 2048 and r["complete_epoch"] is True, name
+        assert r["ratio_to_limit"] > 0 and r["peak_rss_MiB"] > 0, name
+    assert recs["naive-npy:none:w0"]["chunks_per_batch"] > 4  # uniform sampling over 8 chunks
+    assert "in-process shardload / read limit" in p.stdout
