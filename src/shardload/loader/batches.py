@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -12,7 +14,7 @@ from ..errors import PlanError, StateError
 from ..plan.epoch import DEFAULT_SHUFFLE_CHUNKS, EpochPlan, iter_worker_groups, plan_epoch
 from ..plan.resume import EpochState, plan_from_state
 from ..store import Store, open_store
-from .reader import read_groups
+from .reader import BufferPool, Group, read_groups
 from .select import Selection, select_rows, store_fingerprint
 
 #: Segments (at most a chunk each) read ahead of the group being yielded.
@@ -140,36 +142,88 @@ def plan_for(
     return plan_from_state(state, **table, **opts, world_size=world_size, num_workers=num_workers)
 
 
+#: A function giving the arrays a batch of ``n`` rows is gathered into (key -> array).
+Allocate = Callable[[int], dict[str, np.ndarray]]
+
+
+def new_batch(specs: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
+    """Freshly allocated, contiguous, writable arrays for a batch of ``n`` rows."""
+    out = {a: np.empty((n, *s.row_shape), np.dtype(s.dtype)) for a, s in specs.items()}
+    out[INDEX_KEY] = np.empty(n, np.int64)
+    return out
+
+
+def _gather(pieces: list[tuple[Group, np.ndarray, int]], names: Sequence[str], out: dict) -> None:
+    for g, sel, at in pieces:
+        for a in names:
+            np.take(g.bufs[a], sel, axis=0, out=out[a][at : at + len(sel)], mode="clip")
+        np.take(g.rows, sel, out=out[INDEX_KEY][at : at + len(sel)], mode="clip")
+
+
 def _batches(
     store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-    prefetch: int, threads: int,
+    prefetch: int, threads: int, allocate: Allocate | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
     """Cut the worker's groups into batches: one gather per array per batch (two when a batch
-    straddles groups), into freshly allocated, contiguous, writable arrays."""
+    straddles groups), into arrays from ``allocate`` (default: fresh ones).
+
+    The gathers run in a pool of ``threads`` threads (numpy releases the GIL in ``take``), up to
+    ``threads + 1`` batches ahead of the one yielded; batches are yielded in plan order, so the
+    result does not depend on the thread count. A group's buffers go back to the reader's pool
+    once every batch taking rows from it is gathered.
+    """
     b = plan.batch_size
     left = plan.workers[rank][worker].num_rows
     specs = {a: store.manifest.arrays[a] for a in names}
+    alloc = allocate or (lambda n: new_batch(specs, n))
+    buffers = BufferPool(keep=2)
+    gathers = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-take")
+    users: dict[int, int] = {}  # id(group) -> batches in flight reading it (+1 while current)
+    inflight: deque[tuple[Future[None], dict[str, np.ndarray], list[Group]]] = deque()
+    ahead = max(1, threads) + 1
+
+    def unuse(g: Group) -> None:
+        users[id(g)] -= 1
+        if users[id(g)] == 0:
+            del users[id(g)]
+            g.release(buffers)
+
+    def finish() -> dict[str, np.ndarray]:
+        fut, batch, used = inflight.popleft()
+        fut.result()
+        for g in used:
+            unuse(g)
+        return batch
+
     out: dict[str, np.ndarray] | None = None
+    pieces: list[tuple[Group, np.ndarray, int]] = []
     size = filled = 0
     groups = iter_worker_groups(plan, rank, worker)
-    for g in read_groups(store, names, groups, prefetch=prefetch, threads=threads):
-        pos, n = 0, len(g.order)
-        while pos < n and left > 0:
-            if out is None:
-                size, filled = min(b, left), 0
-                out = {
-                    a: np.empty((size, *s.row_shape), np.dtype(s.dtype)) for a, s in specs.items()
-                }
-                out[INDEX_KEY] = np.empty(size, np.int64)
-            take = min(size - filled, n - pos)
-            sel = g.order[pos : pos + take]
-            for a in names:
-                np.take(g.bufs[a], sel, axis=0, out=out[a][filled : filled + take], mode="clip")
-            np.take(g.rows, sel, out=out[INDEX_KEY][filled : filled + take], mode="clip")
-            pos, filled = pos + take, filled + take
-            if filled == size:
-                left -= size
-                batch, out = out, None
-                yield batch
+    try:
+        for g in read_groups(
+            store, names, groups, prefetch=prefetch, threads=threads, buffers=buffers
+        ):
+            users[id(g)] = 1
+            pos, n = 0, len(g.order)
+            while pos < n and left > 0:
+                if out is None:
+                    size, filled = min(b, left), 0
+                    out, pieces = alloc(size), []
+                take = min(size - filled, n - pos)
+                pieces.append((g, g.order[pos : pos + take], filled))
+                users[id(g)] += 1
+                pos, filled = pos + take, filled + take
+                if filled == size:
+                    left -= size
+                    fut = gathers.submit(_gather, pieces, names, out)
+                    inflight.append((fut, out, [p[0] for p in pieces]))
+                    out = None
+                    while len(inflight) > ahead:
+                        yield finish()
+            unuse(g)
+        while inflight:
+            yield finish()
+    finally:
+        gathers.shutdown(wait=True, cancel_futures=True)
     if out is not None:  # cannot happen for a consistent plan; never yield a half-filled batch
         raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")
