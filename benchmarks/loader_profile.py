@@ -7,6 +7,8 @@ comparable on a shared machine:
   read    page-cache read limit: ``np.fromfile`` over every chunk file (after a warm-up pass)
   iter    ``shardload.iter_batches`` in-process, one shuffled epoch
   dl2     ``StreamingDataset`` through ``DataLoader(batch_size=None, num_workers=2)``
+  dl2warm the same with persistent workers, second epoch (no worker start-up)
+  dl2stock  dl2warm with ``ring_slots=0`` (the stock shared-memory hand-off)
   handoff the DataLoader with 2 workers yielding pre-made batches (no I/O): the hand-off cost
 
 Usage::
@@ -100,14 +102,33 @@ def run_iter(store: Path) -> tuple[int, float]:
     return n, time.perf_counter() - t
 
 
-def run_dl(store: Path, workers: int = 2) -> tuple[int, float]:
+def run_dl(store: Path, workers: int = 2, ring_slots: int | None = None) -> tuple[int, float]:
     from torch.utils.data import DataLoader
 
     from shardload.torch import StreamingDataset
 
-    ds = StreamingDataset(str(store), batch_size=BATCH, seed=1)
+    kw = {} if ring_slots is None else {"ring_slots": ring_slots}
+    ds = StreamingDataset(str(store), batch_size=BATCH, seed=1, **kw)
     t, n = time.perf_counter(), 0
     for b in DataLoader(ds, batch_size=None, num_workers=workers):
+        n += len(b["index"])
+    return n, time.perf_counter() - t
+
+
+def run_dl_warm(store: Path, workers: int = 2, ring_slots: int | None = None) -> tuple[int, float]:
+    """Persistent workers, second epoch timed (no worker start-up in the figure)."""
+    from torch.utils.data import DataLoader
+
+    from shardload.torch import StreamingDataset
+
+    kw = {} if ring_slots is None else {"ring_slots": ring_slots}
+    ds = StreamingDataset(str(store), batch_size=BATCH, seed=1, **kw)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=True)
+    for _ in loader:
+        pass
+    ds.set_epoch(1)
+    t, n = time.perf_counter(), 0
+    for b in loader:
         n += len(b["index"])
     return n, time.perf_counter() - t
 
@@ -146,7 +167,7 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/shardload-loader-profile")
     ap.add_argument("--rows", type=int, default=12 * CHUNK_ROWS)
     ap.add_argument("--compression", default="none,zstd")
-    ap.add_argument("--only", default="iter,dl2,handoff")
+    ap.add_argument("--only", default="iter,dl2,dl2warm,dl2stock,handoff")
     ap.add_argument("--profile", default=None, help="cProfile this case (e.g. iter)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case (best reported)")
     args = ap.parse_args()
@@ -161,7 +182,12 @@ def main() -> None:
         if comp != "none":
             limit = decode_limit(store)
             print(f"[{comp}] read + Blosc decode, all cores: {limit:.2f} GB/s (decoded bytes)")
-        cases = {"iter": lambda s=store: run_iter(s), "dl2": lambda s=store: run_dl(s)}
+        cases = {
+            "iter": lambda s=store: run_iter(s),
+            "dl2": lambda s=store: run_dl(s),
+            "dl2warm": lambda s=store: run_dl_warm(s),
+            "dl2stock": lambda s=store: run_dl_warm(s, ring_slots=0),
+        }
         if comp == "none":
             cases["handoff"] = lambda: run_handoff(args.rows)
         for name, fn in cases.items():
@@ -176,7 +202,7 @@ def main() -> None:
                 n, dt = min((fn() for _ in range(args.repeat)), key=lambda r: r[1])
             gbs = n * row_bytes / dt / 1e9
             print(
-                f"[{comp}] {name:8s} {n / dt / 1e3:8.1f} k samples/s  {gbs:6.2f} GB/s  "
+                f"[{comp}] {name:9s} {n / dt / 1e3:8.1f} k samples/s  {gbs:6.2f} GB/s  "
                 f"{gbs / limit:5.2f} of read limit"
             )
 

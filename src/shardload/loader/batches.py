@@ -6,6 +6,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,8 @@ def iter_batches(
     threads: int | None = None,
     state: EpochState | Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    skip_batches: int = 0,
+    allocate: Allocate | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
 
@@ -75,6 +78,13 @@ def iter_batches(
         Resume mid-epoch from an :class:`~shardload.plan.resume.EpochState` (or its dict, as
         saved by ``shardload.torch``); the epoch is the state's. The world shape may differ
         from the saved one (the unseen rows are re-planned).
+    skip_batches
+        Leave out this worker's first ``skip_batches`` batches without reading them (a
+        per-worker resume, as ``torchdata``'s ``StatefulDataLoader`` restores workers).
+    allocate
+        ``allocate(n)`` returns the arrays (one per array name and ``"index"``) a batch of ``n``
+        rows is gathered into, or None for fresh ones (``shardload.torch`` passes its
+        shared-memory ring). The caller must not reuse them before the batch is consumed.
 
     Raises
     ------
@@ -106,7 +116,36 @@ def iter_batches(
         raise PlanError(f"worker={worker} is not within 0..{readers - 1}")
     prefetch = _check_nonneg("prefetch", prefetch)
     threads = min(4, max(1, prefetch)) if threads is None else max(1, int(threads))
-    return _batches(st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads)
+    skip = _check_nonneg("skip_batches", skip_batches)
+    if skip:
+        plan = skip_worker_batches(plan, rank, worker, skip)
+    return _batches(
+        st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads, allocate=allocate
+    )
+
+
+def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
+    """``plan`` with worker ``worker`` of ``rank`` starting after its first ``skip`` batches.
+
+    >>> from shardload.plan.epoch import iter_worker_batches
+    >>> plan = plan_epoch([3, 2], batch_size=2, num_workers=0, shuffle=False)
+    >>> [b.tolist() for b in iter_worker_batches(skip_worker_batches(plan, 0, 0, 1), 0, 0)]
+    [[2, 3], [4]]
+    """
+    wp = plan.workers[rank][worker]
+    if skip > wp.num_batches:
+        raise StateError(
+            f"cannot skip {skip} batches of worker {worker} of rank {rank}: it has "
+            f"{wp.num_batches} in this plan"
+        )
+    rows = min(skip * plan.batch_size, wp.num_rows)
+    wp = replace(
+        wp, num_rows=wp.num_rows - rows, num_batches=wp.num_batches - skip,
+        skip_rows=wp.skip_rows + rows,
+    )  # fmt: skip
+    ranks = list(plan.workers)
+    ranks[rank] = (*plan.workers[rank][:worker], wp, *plan.workers[rank][worker + 1 :])
+    return replace(plan, workers=tuple(ranks))
 
 
 def _check_nonneg(name: str, value: int) -> int:
@@ -142,8 +181,9 @@ def plan_for(
     return plan_from_state(state, **table, **opts, world_size=world_size, num_workers=num_workers)
 
 
-#: A function giving the arrays a batch of ``n`` rows is gathered into (key -> array).
-Allocate = Callable[[int], dict[str, np.ndarray]]
+#: Where a batch of ``n`` rows is gathered (key -> array, keys as in a batch), or None for
+#: fresh arrays.
+Allocate = Callable[[int], "dict[str, np.ndarray] | None"]
 
 
 def new_batch(specs: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
@@ -175,7 +215,6 @@ def _batches(
     b = plan.batch_size
     left = plan.workers[rank][worker].num_rows
     specs = {a: store.manifest.arrays[a] for a in names}
-    alloc = allocate or (lambda n: new_batch(specs, n))
     buffers = BufferPool(keep=2)
     gathers = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-take")
     users: dict[int, int] = {}  # id(group) -> batches in flight reading it (+1 while current)
@@ -208,7 +247,8 @@ def _batches(
             while pos < n and left > 0:
                 if out is None:
                     size, filled = min(b, left), 0
-                    out, pieces = alloc(size), []
+                    out = (allocate(size) if allocate else None) or new_batch(specs, size)
+                    pieces = []
                 take = min(size - filled, n - pos)
                 pieces.append((g, g.order[pos : pos + take], filled))
                 users[id(g)] += 1

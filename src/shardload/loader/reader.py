@@ -61,10 +61,8 @@ class BufferPool:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         with self._lock:
             free = self._free.get(name, [])
-            fits = [b for b in free if b.nbytes >= nbytes]
-            buf = min(fits, key=lambda b: b.nbytes) if fits else None
-            if buf is not None:
-                free.remove(buf)
+            fits = [i for i, b in enumerate(free) if b.nbytes >= nbytes]
+            buf = free.pop(min(fits, key=lambda i: free[i].nbytes)) if fits else None
         if buf is None:  # np.empty commits no memory: unread pages cost nothing
             buf = np.empty(nbytes, np.uint8)
         return buf[:nbytes].view(dtype).reshape(shape)
