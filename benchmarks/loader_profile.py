@@ -60,7 +60,9 @@ def build(work: Path, rows: int, compression: str) -> Path:
 
 
 def chunk_files(store: Path) -> list[str]:
-    return [p for p in glob.glob(str(store / "*" / "c" / "**"), recursive=True) if os.path.isfile(p)]
+    return [
+        p for p in glob.glob(str(store / "*" / "c" / "**"), recursive=True) if os.path.isfile(p)
+    ]
 
 
 def read_limit(store: Path) -> float:

@@ -334,12 +334,18 @@ class StreamingDataset(IterableDataset):
         """Resume from ``state`` on the next iteration (any world shape: elastic re-plan).
 
         A worker's state (``StatefulDataLoader``) resumes that worker, same world shape only.
+        A state with no batch left in its epoch changes nothing (as torchdata's
+        ``StatefulDataLoader`` does, the next iteration is the epoch set by ``set_epoch``);
+        :class:`StreamingDataLoader` instead resumes it as an empty rest of that epoch.
 
         Raises
         ------
         StateError
             A state of another dataset, selection, seed or option set.
         """
+        self._load_state(state, keep_finished=False)
+
+    def _load_state(self, state: Mapping[str, Any], *, keep_finished: bool) -> None:
         state = dict(state)
         if state.get("version") != STATE_VERSION or "dataset" not in state:
             raise StateError(f"not a shardload StreamingDataset state: keys {sorted(state)}")
@@ -358,7 +364,12 @@ class StreamingDataset(IterableDataset):
             )
         if state.get("kind") == "worker":
             return self._load_worker_state(state)
-        EpochState.from_dict(state)  # validates the fields
+        es = EpochState.from_dict(state)  # validates the fields
+        if not keep_finished:
+            rank, _ = self.rank_world()
+            left = self._plan(min(rank, es.world_size - 1), es.world_size, es.num_workers, state)
+            if left.batches_per_rank == 0:
+                return
         self.epoch = int(state["epoch"])
         self._pending, self._leg, self._consumed = state, None, 0
         self._publish(state)
@@ -399,7 +410,7 @@ class StreamingDataLoader(DataLoader):
         return {"dataset": self.dataset.state_dict()}  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.dataset.load_state_dict(state["dataset"])  # type: ignore[attr-defined]
+        self.dataset._load_state(state["dataset"], keep_finished=True)  # type: ignore[attr-defined]
 
 
 class MapDataset(Dataset):

@@ -78,7 +78,7 @@ def plan_chunk_layout(
         zdtype = np.dtype(meta["data_type"])
     except (KeyError, TypeError):
         return None
-    if endian != "little" and zdtype.itemsize > 1 or zdtype != dtype or dtype.hasobject:
+    if (endian != "little" and zdtype.itemsize > 1) or zdtype != dtype or dtype.hasobject:
         return None
     sep = ((keys.get("configuration") or {}).get("separator")) or "/"
     row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
@@ -113,7 +113,9 @@ def read_rows_into(layout: ChunkLayout, name: str, start: int, stop: int, out: n
         pos += b - a
 
 
-def _read_chunk_part(layout: ChunkLayout, name: str, i: int, a: int, b: int, dst: memoryview) -> None:
+def _read_chunk_part(
+    layout: ChunkLayout, name: str, i: int, a: int, b: int, dst: memoryview
+) -> None:
     path = layout.chunk_path(i)
     rb, nrows = layout.row_bytes, layout.chunk_rows
     try:
@@ -134,7 +136,9 @@ def _read_chunk_part(layout: ChunkLayout, name: str, i: int, a: int, b: int, dst
         np.frombuffer(dst, dtype=layout.dtype)[...] = layout.fill_value
         return
     except OSError as exc:
-        raise ChunkReadError(f"chunk {i} of array {name!r} could not be read: {path}: {exc}") from exc
+        raise ChunkReadError(
+            f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
+        ) from exc
     from numcodecs import blosc
 
     try:

@@ -62,7 +62,9 @@ class BatchRing:
         at = 0
         for k, (shape, dtype) in self.specs.items():
             self.offsets[k] = at
-            at = _round_up(at + self.batch_rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 64)
+            at = _round_up(
+                at + self.batch_rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 64
+            )
         self.slot_bytes = _round_up(max(at, 1), _PAGE)
         self.header_bytes = _round_up(self.slots * 8, _PAGE)
         size = self.header_bytes + self.slots * self.slot_bytes
