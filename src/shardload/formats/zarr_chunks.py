@@ -80,11 +80,15 @@ def plan_chunk_layout(
         return None
     if (endian != "little" and zdtype.itemsize > 1) or zdtype != dtype or dtype.hasobject:
         return None
+    try:  # fill values zarr writes as strings ("NaN", "Infinity") convert; hex ones do not
+        fill = np.array(meta.get("fill_value", 0), dtype=dtype)
+    except (TypeError, ValueError):
+        return None
     sep = ((keys.get("configuration") or {}).get("separator")) or "/"
     row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     return ChunkLayout(
         folder.rstrip("/"), rows, len(shape), dtype, row_bytes, sep, "blosc" in names, strict,
-        meta.get("fill_value", 0),
+        fill,
     )  # fmt: skip
 
 
@@ -142,6 +146,15 @@ def _read_chunk_part(
     from numcodecs import blosc
 
     try:
+        # Blosc trusts its header: check it against the file before decoding into our buffer
+        if len(raw) < 16:
+            raise ValueError(f"{len(raw)} bytes, shorter than a Blosc header")
+        nbytes, _, cbytes = np.frombuffer(raw, "<u4", count=3, offset=4).tolist()
+        if cbytes != len(raw) or nbytes != nrows * rb:
+            raise ValueError(
+                f"header says {cbytes} compressed / {nbytes} decoded bytes; the file has "
+                f"{len(raw)} and a chunk decodes to {nrows * rb}"
+            )
         if a == 0 and b == nrows:
             blosc.decompress(raw, dst)  # in C, without the GIL, straight into the caller's rows
         else:  # part of a chunk: decode all of it, keep the rows asked for
@@ -150,7 +163,7 @@ def _read_chunk_part(
             dst[:] = full[a * rb : b * rb].data
     except Exception as exc:
         raise ChunkReadError(
-            f"chunk {i} of array {name!r} is corrupt (Blosc decode failed): {path}: {exc}"
+            f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
         ) from exc
 
 
