@@ -193,11 +193,10 @@ def new_batch(specs: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _gather(pieces: list[tuple[Group, np.ndarray, int]], names: Sequence[str], out: dict) -> None:
-    for g, sel, at in pieces:
-        for a in names:
-            np.take(g.bufs[a], sel, axis=0, out=out[a][at : at + len(sel)], mode="clip")
-        np.take(g.rows, sel, out=out[INDEX_KEY][at : at + len(sel)], mode="clip")
+def _gather(g: Group, sel: np.ndarray, at: int, names: Sequence[str], out: dict) -> None:
+    for a in names:
+        np.take(g.bufs[a], sel, axis=0, out=out[a][at : at + len(sel)], mode="clip")
+    np.take(g.rows, sel, out=out[INDEX_KEY][at : at + len(sel)], mode="clip")
 
 
 def _batches(
@@ -209,58 +208,53 @@ def _batches(
 
     The gathers run in a pool of ``threads`` threads (numpy releases the GIL in ``take``), up to
     ``threads + 1`` batches ahead of the one yielded; batches are yielded in plan order, so the
-    result does not depend on the thread count. A group's buffers go back to the reader's pool
-    once every batch taking rows from it is gathered.
+    result does not depend on the thread count. Before the next group is asked for, the gathers
+    from the current one are waited for and its buffers go back to the reader's pool (so a
+    worker holds two groups' buffers, not three).
     """
     b = plan.batch_size
     left = plan.workers[rank][worker].num_rows
     specs = {a: store.manifest.arrays[a] for a in names}
-    buffers = BufferPool(keep=2)
+    buffers = BufferPool(keep=1)
     gathers = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-take")
-    users: dict[int, int] = {}  # id(group) -> batches in flight reading it (+1 while current)
-    inflight: deque[tuple[Future[None], dict[str, np.ndarray], list[Group]]] = deque()
+    inflight: deque[tuple[list[Future[None]], dict[str, np.ndarray]]] = deque()
     ahead = max(1, threads) + 1
 
-    def unuse(g: Group) -> None:
-        users[id(g)] -= 1
-        if users[id(g)] == 0:
-            del users[id(g)]
-            g.release(buffers)
-
     def finish() -> dict[str, np.ndarray]:
-        fut, batch, used = inflight.popleft()
-        fut.result()
-        for g in used:
-            unuse(g)
+        futs, batch = inflight.popleft()
+        for f in futs:
+            f.result()
         return batch
 
     out: dict[str, np.ndarray] | None = None
-    pieces: list[tuple[Group, np.ndarray, int]] = []
+    futs: list[Future[None]] = []
     size = filled = 0
     groups = iter_worker_groups(plan, rank, worker)
     try:
         for g in read_groups(
             store, names, groups, prefetch=prefetch, threads=threads, buffers=buffers
         ):
-            users[id(g)] = 1
             pos, n = 0, len(g.order)
+            mine: list[Future[None]] = []  # gathers reading this group
             while pos < n and left > 0:
                 if out is None:
                     size, filled = min(b, left), 0
                     out = (allocate(size) if allocate else None) or new_batch(specs, size)
-                    pieces = []
+                    futs = []
                 take = min(size - filled, n - pos)
-                pieces.append((g, g.order[pos : pos + take], filled))
-                users[id(g)] += 1
+                f = gathers.submit(_gather, g, g.order[pos : pos + take], filled, names, out)
+                futs.append(f)
+                mine.append(f)
                 pos, filled = pos + take, filled + take
                 if filled == size:
                     left -= size
-                    fut = gathers.submit(_gather, pieces, names, out)
-                    inflight.append((fut, out, [p[0] for p in pieces]))
+                    inflight.append((futs, out))
                     out = None
                     while len(inflight) > ahead:
                         yield finish()
-            unuse(g)
+            for f in mine:
+                f.result()
+            g.release(buffers)
         while inflight:
             yield finish()
     finally:
