@@ -4,7 +4,9 @@ Builds, once, small Zarr v3 stores in a work folder (uncompressed and zstd; ~6.2
 x float32 (1536,) + y float32 (14,); 4,096-row chunks) and prints, in one run so the ratios are
 comparable on a shared machine:
 
-  read    page-cache read limit: ``np.fromfile`` over every chunk file (after a warm-up pass)
+  read    page-cache read limit: ``np.fromfile`` over every chunk file (after a warm-up pass);
+          for compressed stores also read + Blosc decode with one thread per core (the limit
+          the ratios of that store refer to)
   iter    ``shardload.iter_batches`` in-process, one shuffled epoch
   dl2     ``StreamingDataset`` through ``DataLoader(batch_size=None, num_workers=2)``
   dl2warm the same with persistent workers, second epoch (no worker start-up)
@@ -205,7 +207,7 @@ def main() -> None:
             gbs = n * row_bytes / dt / 1e9
             print(
                 f"[{comp}] {name:9s} {n / dt / 1e3:8.1f} k samples/s  {gbs:6.2f} GB/s  "
-                f"{gbs / limit:5.2f} of read limit"
+                f"{gbs / limit:5.2f} of {'read' if comp == 'none' else 'read + decode'} limit"
             )
 
 

@@ -177,7 +177,10 @@ class StreamingDataset(IterableDataset):
             arrays = self.store.manifest.arrays
             specs = {a: (arrays[a].row_shape, np.dtype(arrays[a].dtype)) for a in sel.arrays}
             specs[INDEX_KEY] = ((), np.dtype(np.int64))
-            self._ring = BatchRing(specs, batch_size, slots=ring_slots)
+            try:
+                self._ring = BatchRing(specs, batch_size, slots=ring_slots)
+            except OSError:  # no address space for it (strict overcommit): the stock hand-off
+                self._ring = None
         # Fail early on impossible shapes (e.g. a batch bigger than a rank's share).
         self._plan(*self.rank_world(), 0, None)
 
@@ -278,7 +281,7 @@ class StreamingDataset(IterableDataset):
             return self._worker_state()
         if self._pending is not None:
             return dict(self._pending)
-        rank, world = self.rank_world()
+        _, world = self.rank_world()
         readers, k, history = max(1, self.num_workers), self._consumed, ()
         if self._leg is not None:
             leg = EpochState.from_dict(self._leg)
