@@ -190,6 +190,20 @@ def test_stateful_dataloader_across_epochs(store, workers):
     assert indices(loader4) == indices(ref_loader)
 
 
+def test_stateful_state_taken_before_the_first_batch_of_a_new_epoch(store):
+    """Persistent workers: a state taken after set_epoch but before any batch of the new epoch
+    resumes that epoch from its start (not the end of the previous one)."""
+    ds, loader = _sdl(store, 2, persistent_workers=True)
+    list(loader)
+    ds.set_epoch(1)
+    it = iter(loader)
+    state = loader.state_dict()
+    rest = indices(it)
+    _, loader2 = _sdl(store, 2)
+    loader2.load_state_dict(state)
+    assert indices(loader2) == rest and len(rest) > 0
+
+
 def test_worker_state_is_refused_outside_a_worker(store):
     _, loader = _sdl(store, 2)
     it = iter(loader)

@@ -118,7 +118,7 @@ class StreamingDataset(IterableDataset):
         Override ``torch.distributed`` (default: its rank and world when initialised, else 0/1).
     ring_slots
         Batch slots of the shared-memory ring forked DataLoader workers hand batches over in
-        (virtual memory; only slots in use at once hold memory, about ``threads + 2 +
+        (virtual memory; only slots in use at once hold memory, about ``threads + 1 +
         prefetch_factor`` batches per worker). 0: the stock DataLoader hand-off.
     """
 
@@ -217,6 +217,9 @@ class StreamingDataset(IterableDataset):
 
     # -- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        # Not a generator: the iteration's plan and position are set when the DataLoader (or
+        # torchdata, right before it asks for the worker's state) calls iter(), not at the
+        # first batch.
         info = get_worker_info()
         if info is None and not self._counted_by_loader:
             self._begin(0)
@@ -236,10 +239,15 @@ class StreamingDataset(IterableDataset):
             allocate=ring.allocate if ring is not None else None,
             **self._select, **self.options, **self.read_options,
         )  # fmt: skip
-        count = info is None and not self._counted_by_loader
         pos = {"epoch": epoch, "leg": state, "worker": worker, "num_workers": workers,
                "rank_world": [rank, world], "worker_batches": skip}  # fmt: skip
         self._worker_pos = pos
+        return self._yield(batches, ring, pos, count=info is None and not self._counted_by_loader)
+
+    def _yield(
+        self, batches: Iterator[dict[str, np.ndarray]], ring: BatchRing | None,
+        pos: dict[str, Any], *, count: bool,
+    ) -> Iterator[dict[str, torch.Tensor]]:  # fmt: skip
         try:
             for batch in batches:
                 if count:
@@ -251,7 +259,7 @@ class StreamingDataset(IterableDataset):
                 else:
                     yield _RingBatch(_to_torch(batch), ring, slot, len(batch[INDEX_KEY]))  # type: ignore[arg-type]
         finally:
-            batches.close()  # waits for gathers still writing into ring slots
+            batches.close()  # type: ignore[attr-defined]  # waits for gathers writing into slots
             if ring is not None:
                 ring.release_unsent()
 
