@@ -201,11 +201,15 @@ def test_missing_or_corrupt_chunk(tmp_path, damage):
         collect(str(tmp_path / "store"), batch_size=4)
 
 
+@pytest.mark.parametrize("inline_bytes", [0, 1 << 30])  # gathers in the pool / all inline
 @pytest.mark.parametrize("fmt", ["zarr-zstd", "npy-none"])
-def test_batches_follow_the_plan_whatever_the_threads(stores, fmt):
+def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes, monkeypatch):
     """Batches equal the pure plan's rows in order, for any thread count, prefetch, allocator
     and per-worker skip (gathers run ahead in threads but are yielded in plan order)."""
+    from shardload.loader import batches as batches_mod
     from shardload.loader.batches import plan_for
+
+    monkeypatch.setattr(batches_mod, "INLINE_GATHER_BYTES", inline_bytes)
     from shardload.plan.epoch import iter_worker_batches
 
     store = stores[fmt]

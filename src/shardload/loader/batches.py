@@ -21,6 +21,8 @@ from .select import Selection, select_rows, store_fingerprint
 #: Segments (at most a chunk each) read ahead of the group being yielded.
 DEFAULT_PREFETCH = DEFAULT_SHUFFLE_CHUNKS
 INDEX_KEY = "index"
+#: Batch pieces smaller than this are gathered in the calling thread (no thread hop).
+INLINE_GATHER_BYTES = 256 * 1024
 
 
 def iter_batches(
@@ -215,6 +217,7 @@ def _batches(
     b = plan.batch_size
     left = plan.workers[rank][worker].num_rows
     specs = {a: store.manifest.arrays[a] for a in names}
+    row_bytes = sum(s.row_bytes for s in specs.values()) + 8
     buffers = BufferPool(keep=1)
     gathers = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-take")
     inflight: deque[tuple[list[Future[None]], dict[str, np.ndarray]]] = deque()
@@ -242,9 +245,12 @@ def _batches(
                     out = (allocate(size) if allocate else None) or new_batch(specs, size)
                     futs = []
                 take = min(size - filled, n - pos)
-                f = gathers.submit(_gather, g, g.order[pos : pos + take], filled, names, out)
-                futs.append(f)
-                mine.append(f)
+                if take * row_bytes < INLINE_GATHER_BYTES:  # a thread hop costs more than this
+                    _gather(g, g.order[pos : pos + take], filled, names, out)
+                else:
+                    f = gathers.submit(_gather, g, g.order[pos : pos + take], filled, names, out)
+                    futs.append(f)
+                    mine.append(f)
                 pos, filled = pos + take, filled + take
                 if filled == size:
                     left -= size
