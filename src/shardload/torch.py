@@ -174,8 +174,8 @@ class StreamingDataset(IterableDataset):
         self._worker_pos: dict[str, Any] | None = None  # where this worker stands
         self._ring: BatchRing | None = None
         if ring_slots and hasattr(os, "fork"):
-            arrays = self.store.manifest.arrays
-            specs = {a: (arrays[a].row_shape, np.dtype(arrays[a].dtype)) for a in sel.arrays}
+            infos = self.store.manifest.arrays
+            specs = {a: (infos[a].row_shape, np.dtype(infos[a].dtype)) for a in sel.arrays}
             specs[INDEX_KEY] = ((), np.dtype(np.int64))
             try:
                 self._ring = BatchRing(specs, batch_size, slots=ring_slots)
@@ -306,12 +306,13 @@ class StreamingDataset(IterableDataset):
     def _worker_state(self) -> dict[str, Any]:
         info = get_worker_info()
         pos = self._worker_resume or self._worker_pos
-        if pos is None:  # not started: the iteration the spec describes, from its start
+        if pos is None and info is not None:  # not started: the spec's iteration, from its start
             spec = self._read_spec()
             rank_world = spec["rank_world"] or _dist_rank_world() or (0, 1)
             pos = {"epoch": spec["epoch"], "leg": spec["state"], "worker": info.id,
                    "num_workers": info.num_workers, "rank_world": list(rank_world),
                    "worker_batches": 0}  # fmt: skip
+        assert pos is not None  # only called in a worker
         return {
             "version": STATE_VERSION, "kind": "worker", "dataset": self.fingerprint,
             "fingerprint": self.plan_fingerprint, "seed": self.options["seed"],

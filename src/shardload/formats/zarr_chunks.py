@@ -106,7 +106,7 @@ def read_rows_into(layout: ChunkLayout, name: str, start: int, stop: int, out: n
     """Rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows), chunk by chunk."""
     if stop <= start:
         return
-    dst = memoryview(out.reshape(-1).view(np.uint8))
+    dst = out.reshape(-1).view(np.uint8).data
     rb, rows = layout.row_bytes, layout.chunk_rows
     pos = start
     while pos < stop:
