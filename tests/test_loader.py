@@ -59,7 +59,7 @@ def test_ranks_and_workers_partition_the_split(npy, mode, world, workers):
                 num_workers=workers,
                 mode=mode,
                 seed=3,
-            )  # fmt: skip
+            )
             for w in range(workers)
         ]
         per_rank.append(sum(len(g) for g in got))
@@ -191,7 +191,7 @@ def test_bad_options(npy):
 
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
 def test_missing_or_corrupt_chunk(tmp_path, damage):
-    store = make_store(tmp_path, fmt="npy", n=60, chunk_rows=10, splits={"train": 1.0})
+    make_store(tmp_path, fmt="npy", n=60, chunk_rows=10, splits={"train": 1.0})
     path = tmp_path / "store" / "x" / "000003.npy"
     if damage == "delete":
         path.unlink()
@@ -199,3 +199,47 @@ def test_missing_or_corrupt_chunk(tmp_path, damage):
         path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(ChunkReadError, match=r"chunk 3 .*000003\.npy"):
         collect(str(tmp_path / "store"), batch_size=4)
+
+
+@pytest.mark.parametrize("inline_bytes", [0, 1 << 30])  # gathers in the pool / all inline
+@pytest.mark.parametrize("fmt", ["zarr-zstd", "npy-none"])
+def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes, monkeypatch):
+    """Batches equal the pure plan's rows in order, for any thread count, prefetch, allocator
+    and per-worker skip (gathers run ahead in threads but are yielded in plan order)."""
+    from shardload.loader import batches as batches_mod
+    from shardload.loader.batches import plan_for
+
+    monkeypatch.setattr(batches_mod, "INLINE_GATHER_BYTES", inline_bytes)
+    from shardload.plan.epoch import iter_worker_batches
+
+    store = stores[fmt]
+    sel = select_rows(store, split="train")
+    kw = dict(batch_size=6, split="train", seed=4, epoch=2, num_workers=2, worker=1)
+    plan = plan_for(
+        store, sel, batch_size=6, world_size=1, num_workers=2, shuffle=True, seed=4, epoch=2,
+        mode="drop", drop_last=False, shuffle_chunks=4,
+    )  # fmt: skip
+    want = [b.tolist() for b in iter_worker_batches(plan, 0, 1)]
+    slots: list[dict] = []
+
+    def allocate(n):  # gather into caller-owned arrays (as the torch ring does)
+        if len(slots) % 2:
+            slots.append({})
+            return None  # every other batch: fresh arrays
+        out = {
+            "x": np.empty((n, 4), "f4"), "y": np.empty((n, 1), "i8"),
+            "index": np.empty(n, "i8"),
+        }  # fmt: skip
+        slots.append(out)
+        return out
+
+    for opts in [dict(threads=1, prefetch=0), dict(threads=4), dict(threads=3, allocate=allocate)]:
+        got = collect(store, **kw, **opts)
+        assert [b["index"].tolist() for b in got] == want
+        for b in got:
+            check_values(store, b)
+    for skip in (1, 3, len(want)):
+        got = collect(store, **kw, skip_batches=skip)
+        assert [b["index"].tolist() for b in got] == want[skip:]
+    with pytest.raises(StateError, match="cannot skip"):
+        collect(store, **kw, skip_batches=len(want) + 1)

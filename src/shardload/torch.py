@@ -10,6 +10,14 @@
 
 The epoch, the rank/world and a pending resume reach DataLoader workers through a small shared
 memory buffer, so ``set_epoch`` and ``load_state_dict`` work with ``persistent_workers=True``.
+
+Hand-off: DataLoader workers gather each batch into a slot of a shared-memory ring
+(:mod:`shardload.loader.ring`, mapped before the workers fork) and send only the slot's address;
+the main process copies the batch out once into fresh tensors and frees the slot.
+
+``StreamingDataset`` also works with torchdata's ``StatefulDataLoader``: inside a worker,
+``state_dict()`` is that worker's position (``load_state_dict`` of it skips what the worker
+already yielded, without reading it); in the main process it is the rank's position.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from .errors import StateError
 from .loader.batches import DEFAULT_PREFETCH, INDEX_KEY, iter_batches, plan_for
+from .loader.ring import DEFAULT_SLOTS, RINGS, BatchRing
 from .loader.select import select_rows, store_fingerprint
 from .plan.epoch import DEFAULT_SHUFFLE_CHUNKS, plan_fingerprint
 from .plan.resume import EpochState
@@ -39,6 +48,49 @@ _SPEC_BYTES = 1 << 16
 
 def _to_torch(batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+class _RingBatch(dict):  # type: ignore[type-arg]
+    """A batch in a ring slot, in a DataLoader worker: a dict of tensors viewing the slot, which
+    pickles as the slot's address; the main process rebuilds a plain dict of fresh tensors.
+
+    If code in the worker replaced or added entries, it pickles as a plain dict of private
+    copies instead (and frees the slot), so the main process still gets what the worker saw.
+    """
+
+    def __init__(self, data: Mapping[str, torch.Tensor], ring: BatchRing, slot: int, rows: int):
+        super().__init__(data)
+        self._ring, self._slot, self._rows = ring, slot, rows
+        self._views = dict(data)
+        self._sent = [False]  # shared with copies: one slot, sent once
+
+    def __copy__(self) -> _RingBatch:  # default_convert copies, then updates with equal values
+        new = _RingBatch(self, self._ring, self._slot, self._rows)
+        new._views, new._sent = self._views, self._sent
+        return new
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._sent[0]:
+            raise RuntimeError("a shardload ring batch can be sent to another process only once")
+        self._sent[0] = True
+        views = self._views
+        if self.keys() == views.keys() and all(self[k] is v for k, v in views.items()):
+            return (_batch_from_ring, (self._ring.token, self._slot, self._rows))
+        ids = {id(v) for v in views.values()}
+        plain = {k: v.clone() if id(v) in ids else v for k, v in self.items()}
+        self._ring.free(self._slot)
+        return (dict, (plain,))
+
+
+def _batch_from_ring(token: str, slot: int, rows: int) -> dict[str, torch.Tensor]:
+    """Main process: copy a batch out of its ring slot (then free) into fresh tensors."""
+    ring = RINGS.get(token)
+    if ring is None:
+        raise RuntimeError(
+            "a shardload batch arrived from a DataLoader worker but its shared-memory ring is "
+            "not mapped in this process (was the StreamingDataset garbage-collected?)"
+        )
+    return _to_torch(ring.copy_out(slot, rows))
 
 
 def _dist_rank_world() -> tuple[int, int] | None:
@@ -64,6 +116,10 @@ class StreamingDataset(IterableDataset):
         As in :func:`shardload.iter_batches`; so are the other keyword options.
     rank, world_size
         Override ``torch.distributed`` (default: its rank and world when initialised, else 0/1).
+    ring_slots
+        Batch slots of the shared-memory ring forked DataLoader workers hand batches over in
+        (virtual memory; only slots in use at once hold memory, about ``threads + 1 +
+        prefetch_factor`` batches per worker). 0: the stock DataLoader hand-off.
     """
 
     def __init__(
@@ -85,6 +141,7 @@ class StreamingDataset(IterableDataset):
         prefetch: int = DEFAULT_PREFETCH,
         threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        ring_slots: int = DEFAULT_SLOTS,
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
@@ -113,6 +170,17 @@ class StreamingDataset(IterableDataset):
         self._counted_by_loader = False
         self._spec = torch.zeros(_SPEC_BYTES, dtype=torch.uint8).share_memory_()
         self._publish(self._pending)
+        self._worker_resume: dict[str, Any] | None = None  # a worker's own state (torchdata)
+        self._worker_pos: dict[str, Any] | None = None  # where this worker stands
+        self._ring: BatchRing | None = None
+        if ring_slots and hasattr(os, "fork"):
+            infos = self.store.manifest.arrays
+            specs = {a: (infos[a].row_shape, np.dtype(infos[a].dtype)) for a in sel.arrays}
+            specs[INDEX_KEY] = ((), np.dtype(np.int64))
+            try:
+                self._ring = BatchRing(specs, batch_size, slots=ring_slots)
+            except OSError:  # no address space for it (strict overcommit): the stock hand-off
+                self._ring = None
         # Fail early on impossible shapes (e.g. a batch bigger than a rank's share).
         self._plan(*self.rank_world(), 0, None)
 
@@ -149,23 +217,51 @@ class StreamingDataset(IterableDataset):
 
     # -- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        # Not a generator: the iteration's plan and position are set when the DataLoader (or
+        # torchdata, right before it asks for the worker's state) calls iter(), not at the
+        # first batch.
         info = get_worker_info()
         if info is None and not self._counted_by_loader:
             self._begin(0)
         spec = self._read_spec()
         rank, world = spec["rank_world"] or _dist_rank_world() or (0, 1)
         worker, workers = (0, 0) if info is None else (info.id, info.num_workers)
-        self.epoch = spec["epoch"]
+        epoch, state, skip = spec["epoch"], spec["state"], 0
+        resume, self._worker_resume = self._worker_resume, None
+        if resume is not None and info is not None:  # torchdata restored this worker
+            epoch, state, skip = resume["epoch"], resume["leg"], resume["worker_batches"]
+        self.epoch = epoch
+        ring = self._ring if info is not None and self._ring is not None else None
+        ring = ring if ring is not None and ring.usable else None
         batches = iter_batches(
             self.store, rank=rank, world_size=world, worker=worker, num_workers=workers,
-            epoch=spec["epoch"], state=spec["state"], **self._select, **self.options,
-            **self.read_options,
+            epoch=epoch, state=state, skip_batches=skip,
+            allocate=ring.allocate if ring is not None else None,
+            **self._select, **self.options, **self.read_options,
         )  # fmt: skip
-        count = info is None and not self._counted_by_loader
-        for batch in batches:
-            if count:
-                self._consumed += 1
-            yield _to_torch(batch)
+        pos = {"epoch": epoch, "leg": state, "worker": worker, "num_workers": workers,
+               "rank_world": [rank, world], "worker_batches": skip}  # fmt: skip
+        self._worker_pos = pos
+        return self._yield(batches, ring, pos, count=info is None and not self._counted_by_loader)
+
+    def _yield(
+        self, batches: Iterator[dict[str, np.ndarray]], ring: BatchRing | None,
+        pos: dict[str, Any], *, count: bool,
+    ) -> Iterator[dict[str, torch.Tensor]]:  # fmt: skip
+        try:
+            for batch in batches:
+                if count:
+                    self._consumed += 1
+                pos["worker_batches"] += 1
+                slot = ring.slot_of(batch) if ring is not None else None
+                if slot is None:
+                    yield _to_torch(batch)
+                else:
+                    yield _RingBatch(_to_torch(batch), ring, slot, len(batch[INDEX_KEY]))  # type: ignore[arg-type]
+        finally:
+            batches.close()  # type: ignore[attr-defined]  # waits for gathers writing into slots
+            if ring is not None:
+                ring.release_unsent()
 
     def __len__(self) -> int:
         """Batches this rank yields in the coming (or current) iteration."""
@@ -177,16 +273,23 @@ class StreamingDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` on the next iteration (forgets any pending resume)."""
         self.epoch = int(epoch)
-        self._pending = self._leg = None
+        self._pending = self._leg = self._worker_resume = self._worker_pos = None
         self._consumed = 0
         self._publish(None)
 
     # -- resume ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank stands: epoch, batches consumed, plan shape and fingerprints."""
+        """Where this rank stands: epoch, batches consumed, plan shape and fingerprints.
+
+        In a DataLoader worker (torchdata's ``StatefulDataLoader`` asks there), where this
+        worker stands: its epoch, the resume state its iteration started from, and the batches
+        it has yielded.
+        """
+        if get_worker_info() is not None:
+            return self._worker_state()
         if self._pending is not None:
             return dict(self._pending)
-        rank, world = self.rank_world()
+        _, world = self.rank_world()
         readers, k, history = max(1, self.num_workers), self._consumed, ()
         if self._leg is not None:
             leg = EpochState.from_dict(self._leg)
@@ -200,14 +303,61 @@ class StreamingDataset(IterableDataset):
             "seed": self.options["seed"], "batch_size": self.options["batch_size"],
         }  # fmt: skip
 
+    def _worker_state(self) -> dict[str, Any]:
+        info = get_worker_info()
+        pos = self._worker_resume or self._worker_pos
+        if pos is None and info is not None:  # not started: the spec's iteration, from its start
+            spec = self._read_spec()
+            rank_world = spec["rank_world"] or _dist_rank_world() or (0, 1)
+            pos = {"epoch": spec["epoch"], "leg": spec["state"], "worker": info.id,
+                   "num_workers": info.num_workers, "rank_world": list(rank_world),
+                   "worker_batches": 0}  # fmt: skip
+        assert pos is not None  # only called in a worker
+        return {
+            "version": STATE_VERSION, "kind": "worker", "dataset": self.fingerprint,
+            "fingerprint": self.plan_fingerprint, "seed": self.options["seed"],
+            "batch_size": self.options["batch_size"], **pos,
+        }  # fmt: skip
+
+    def _load_worker_state(self, state: dict[str, Any]) -> None:
+        info = get_worker_info()
+        if info is None:
+            raise StateError(
+                "this is a DataLoader worker's state (from torchdata's StatefulDataLoader); load "
+                "it through StatefulDataLoader.load_state_dict, not into the dataset directly"
+            )
+        if (state["worker"], state["num_workers"]) != (info.id, info.num_workers):
+            raise StateError(
+                f"the state is worker {state['worker']} of {state['num_workers']}; this is worker "
+                f"{info.id} of {info.num_workers}"
+            )
+        rank_world = list(self._read_spec()["rank_world"] or _dist_rank_world() or (0, 1))
+        if list(state["rank_world"]) != rank_world:
+            raise StateError(
+                f"the state was saved by rank/world {state['rank_world']}; this is {rank_world} "
+                "(StatefulDataLoader resumes on the same world shape only)"
+            )
+        self._worker_resume = {
+            k: state[k]
+            for k in ("epoch", "leg", "worker", "num_workers", "rank_world", "worker_batches")
+        }
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state`` on the next iteration (any world shape: elastic re-plan).
+
+        A worker's state (``StatefulDataLoader``) resumes that worker, same world shape only.
+        A state with no batch left in its epoch changes nothing (as torchdata's
+        ``StatefulDataLoader`` does, the next iteration is the epoch set by ``set_epoch``);
+        :class:`StreamingDataLoader` instead resumes it as an empty rest of that epoch.
 
         Raises
         ------
         StateError
             A state of another dataset, selection, seed or option set.
         """
+        self._load_state(state, keep_finished=False)
+
+    def _load_state(self, state: Mapping[str, Any], *, keep_finished: bool) -> None:
         state = dict(state)
         if state.get("version") != STATE_VERSION or "dataset" not in state:
             raise StateError(f"not a shardload StreamingDataset state: keys {sorted(state)}")
@@ -224,13 +374,22 @@ class StreamingDataset(IterableDataset):
                 f"{self.options['seed']}, batch_size={self.options['batch_size']}, mode="
                 f"{self.options['mode']!r}, shuffle={self.options['shuffle']}"
             )
-        EpochState.from_dict(state)  # validates the fields
+        if state.get("kind") == "worker":
+            return self._load_worker_state(state)
+        es = EpochState.from_dict(state)  # validates the fields
+        if not keep_finished:
+            rank, _ = self.rank_world()
+            left = self._plan(min(rank, es.world_size - 1), es.world_size, es.num_workers, state)
+            if left.batches_per_rank == 0:
+                return
         self.epoch = int(state["epoch"])
         self._pending, self._leg, self._consumed = state, None, 0
         self._publish(state)
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()  # the Store pickles without open handles
+        d = self.__dict__.copy()  # the Store pickles without open handles
+        d["_ring"] = None  # shared by fork only: spawned workers use the stock hand-off
+        return d
 
 
 class StreamingDataLoader(DataLoader):
@@ -263,7 +422,7 @@ class StreamingDataLoader(DataLoader):
         return {"dataset": self.dataset.state_dict()}  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.dataset.load_state_dict(state["dataset"])  # type: ignore[attr-defined]
+        self.dataset._load_state(state["dataset"], keep_finished=True)  # type: ignore[attr-defined]
 
 
 class MapDataset(Dataset):

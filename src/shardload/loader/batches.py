@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -12,12 +15,14 @@ from ..errors import PlanError, StateError
 from ..plan.epoch import DEFAULT_SHUFFLE_CHUNKS, EpochPlan, iter_worker_groups, plan_epoch
 from ..plan.resume import EpochState, plan_from_state
 from ..store import Store, open_store
-from .reader import read_groups
+from .reader import BufferPool, Group, read_groups
 from .select import Selection, select_rows, store_fingerprint
 
 #: Segments (at most a chunk each) read ahead of the group being yielded.
 DEFAULT_PREFETCH = DEFAULT_SHUFFLE_CHUNKS
 INDEX_KEY = "index"
+#: Batch pieces smaller than this are gathered in the calling thread (no thread hop).
+INLINE_GATHER_BYTES = 256 * 1024
 
 
 def iter_batches(
@@ -42,6 +47,8 @@ def iter_batches(
     threads: int | None = None,
     state: EpochState | Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    skip_batches: int = 0,
+    allocate: Allocate | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
 
@@ -73,6 +80,13 @@ def iter_batches(
         Resume mid-epoch from an :class:`~shardload.plan.resume.EpochState` (or its dict, as
         saved by ``shardload.torch``); the epoch is the state's. The world shape may differ
         from the saved one (the unseen rows are re-planned).
+    skip_batches
+        Leave out this worker's first ``skip_batches`` batches without reading them (a
+        per-worker resume, as ``torchdata``'s ``StatefulDataLoader`` restores workers).
+    allocate
+        ``allocate(n)`` returns the arrays (one per array name and ``"index"``) a batch of ``n``
+        rows is gathered into, or None for fresh ones (``shardload.torch`` passes its
+        shared-memory ring). The caller must not reuse them before the batch is consumed.
 
     Raises
     ------
@@ -104,7 +118,36 @@ def iter_batches(
         raise PlanError(f"worker={worker} is not within 0..{readers - 1}")
     prefetch = _check_nonneg("prefetch", prefetch)
     threads = min(4, max(1, prefetch)) if threads is None else max(1, int(threads))
-    return _batches(st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads)
+    skip = _check_nonneg("skip_batches", skip_batches)
+    if skip:
+        plan = skip_worker_batches(plan, rank, worker, skip)
+    return _batches(
+        st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads, allocate=allocate
+    )
+
+
+def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
+    """``plan`` with worker ``worker`` of ``rank`` starting after its first ``skip`` batches.
+
+    >>> from shardload.plan.epoch import iter_worker_batches
+    >>> plan = plan_epoch([3, 2], batch_size=2, num_workers=0, shuffle=False)
+    >>> [b.tolist() for b in iter_worker_batches(skip_worker_batches(plan, 0, 0, 1), 0, 0)]
+    [[2, 3], [4]]
+    """
+    wp = plan.workers[rank][worker]
+    if skip > wp.num_batches:
+        raise StateError(
+            f"cannot skip {skip} batches of worker {worker} of rank {rank}: it has "
+            f"{wp.num_batches} in this plan"
+        )
+    rows = min(skip * plan.batch_size, wp.num_rows)
+    wp = replace(
+        wp, num_rows=wp.num_rows - rows, num_batches=wp.num_batches - skip,
+        skip_rows=wp.skip_rows + rows,
+    )  # fmt: skip
+    ranks = list(plan.workers)
+    ranks[rank] = (*plan.workers[rank][:worker], wp, *plan.workers[rank][worker + 1 :])
+    return replace(plan, workers=tuple(ranks))
 
 
 def _check_nonneg(name: str, value: int) -> int:
@@ -140,36 +183,87 @@ def plan_for(
     return plan_from_state(state, **table, **opts, world_size=world_size, num_workers=num_workers)
 
 
+#: Where a batch of ``n`` rows is gathered (key -> array, keys as in a batch), or None for
+#: fresh arrays.
+Allocate = Callable[[int], "dict[str, np.ndarray] | None"]
+
+
+def new_batch(specs: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
+    """Freshly allocated, contiguous, writable arrays for a batch of ``n`` rows."""
+    out = {a: np.empty((n, *s.row_shape), np.dtype(s.dtype)) for a, s in specs.items()}
+    out[INDEX_KEY] = np.empty(n, np.int64)
+    return out
+
+
+def _gather(g: Group, sel: np.ndarray, at: int, names: Sequence[str], out: dict) -> None:
+    for a in names:
+        np.take(g.bufs[a], sel, axis=0, out=out[a][at : at + len(sel)], mode="clip")
+    np.take(g.rows, sel, out=out[INDEX_KEY][at : at + len(sel)], mode="clip")
+
+
 def _batches(
     store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-    prefetch: int, threads: int,
+    prefetch: int, threads: int, allocate: Allocate | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
     """Cut the worker's groups into batches: one gather per array per batch (two when a batch
-    straddles groups), into freshly allocated, contiguous, writable arrays."""
+    straddles groups), into arrays from ``allocate`` (default: fresh ones).
+
+    The gathers run in a pool of ``threads`` threads (numpy releases the GIL in ``take``), up to
+    ``threads + 1`` batches ahead of the one yielded; batches are yielded in plan order, so the
+    result does not depend on the thread count. Before the next group is asked for, the gathers
+    from the current one are waited for and its buffers go back to the reader's pool (so a
+    worker holds two groups' buffers, not three).
+    """
     b = plan.batch_size
     left = plan.workers[rank][worker].num_rows
     specs = {a: store.manifest.arrays[a] for a in names}
+    row_bytes = sum(s.row_bytes for s in specs.values()) + 8
+    buffers = BufferPool(keep=1)
+    gathers = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-take")
+    inflight: deque[tuple[list[Future[None]], dict[str, np.ndarray]]] = deque()
+    ahead = max(1, threads) + 1
+
+    def finish() -> dict[str, np.ndarray]:
+        futs, batch = inflight.popleft()
+        for f in futs:
+            f.result()
+        return batch
+
     out: dict[str, np.ndarray] | None = None
+    futs: list[Future[None]] = []
     size = filled = 0
     groups = iter_worker_groups(plan, rank, worker)
-    for g in read_groups(store, names, groups, prefetch=prefetch, threads=threads):
-        pos, n = 0, len(g.order)
-        while pos < n and left > 0:
-            if out is None:
-                size, filled = min(b, left), 0
-                out = {
-                    a: np.empty((size, *s.row_shape), np.dtype(s.dtype)) for a, s in specs.items()
-                }
-                out[INDEX_KEY] = np.empty(size, np.int64)
-            take = min(size - filled, n - pos)
-            sel = g.order[pos : pos + take]
-            for a in names:
-                np.take(g.bufs[a], sel, axis=0, out=out[a][filled : filled + take], mode="clip")
-            np.take(g.rows, sel, out=out[INDEX_KEY][filled : filled + take], mode="clip")
-            pos, filled = pos + take, filled + take
-            if filled == size:
-                left -= size
-                batch, out = out, None
-                yield batch
+    try:
+        for g in read_groups(
+            store, names, groups, prefetch=prefetch, threads=threads, buffers=buffers
+        ):
+            pos, n = 0, len(g.order)
+            mine: list[Future[None]] = []  # gathers reading this group
+            while pos < n and left > 0:
+                if out is None:
+                    size, filled = min(b, left), 0
+                    out = (allocate(size) if allocate else None) or new_batch(specs, size)
+                    futs = []
+                take = min(size - filled, n - pos)
+                if take * row_bytes < INLINE_GATHER_BYTES:  # a thread hop costs more than this
+                    _gather(g, g.order[pos : pos + take], filled, names, out)
+                else:
+                    f = gathers.submit(_gather, g, g.order[pos : pos + take], filled, names, out)
+                    futs.append(f)
+                    mine.append(f)
+                pos, filled = pos + take, filled + take
+                if filled == size:
+                    left -= size
+                    inflight.append((futs, out))
+                    out = None
+                    while len(inflight) > ahead:
+                        yield finish()
+            for f in mine:
+                f.result()
+            g.release(buffers)
+        while inflight:
+            yield finish()
+    finally:
+        gathers.shutdown(wait=True, cancel_futures=True)
     if out is not None:  # cannot happen for a consistent plan; never yield a half-filled batch
         raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")

@@ -8,6 +8,7 @@ the groups after it, so a worker holds about ``shuffle_chunks + prefetch`` chunk
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,16 +39,58 @@ class Group:
         for f in self.futures:
             f.result()  # re-raises a read error here, in the consuming thread
 
+    def release(self, pool: BufferPool) -> None:
+        """Give the buffers back to ``pool`` (the caller no longer reads them)."""
+        bufs, self.bufs = self.bufs, {}
+        for name, buf in bufs.items():
+            pool.give(name, buf)
+
+
+class BufferPool:
+    """Free group buffers per array, reused by later groups (flat bytes, grown when needed).
+
+    Holds at most ``keep`` buffers per array; a worker's groups in flight bound the rest.
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self._free: dict[str, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        with self._lock:
+            free = self._free.get(name, [])
+            fits = [i for i, b in enumerate(free) if b.nbytes >= nbytes]
+            buf = free.pop(min(fits, key=lambda i: free[i].nbytes)) if fits else None
+        if buf is None:  # np.empty commits no memory: unread pages cost nothing
+            buf = np.empty(nbytes, np.uint8)
+        return buf[:nbytes].view(dtype).reshape(shape)
+
+    def give(self, name: str, arr: np.ndarray) -> None:
+        base = arr
+        while base.base is not None and isinstance(base.base, np.ndarray):
+            base = base.base
+        with self._lock:
+            free = self._free.setdefault(name, [])
+            free.append(base)
+            free.sort(key=lambda b: -b.nbytes)
+            del free[self.keep :]
+
 
 def new_group(
-    store: Store, names: Sequence[str], segments: tuple[Segment, ...], order: np.ndarray
+    store: Store,
+    names: Sequence[str],
+    segments: tuple[Segment, ...],
+    order: np.ndarray,
+    pool: BufferPool | None = None,
 ) -> Group:
     lens = np.array([len(s) for s in segments], dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum(lens)))
     n = int(offsets[-1])
     arrays = store.manifest.arrays
-    # np.empty commits no memory: pages of segments not read yet cost nothing.
-    bufs = {a: np.empty((n, *arrays[a].row_shape), dtype=np.dtype(arrays[a].dtype)) for a in names}
+    pool = pool or BufferPool(keep=0)
+    bufs = {a: pool.take(a, (n, *arrays[a].row_shape), np.dtype(arrays[a].dtype)) for a in names}
     rows = (
         np.concatenate([s.global_rows() for s in segments]) if segments else np.zeros(0, np.int64)
     )
@@ -82,10 +125,13 @@ def read_groups(
     *,
     prefetch: int,
     threads: int,
+    buffers: BufferPool | None = None,
 ) -> Iterator[Group]:
     """Yield each group once all its segments are read; read ahead while the caller works.
 
     ``prefetch`` counts segments (at most one chunk each) read beyond the current group.
+    With ``buffers``, new groups take their buffers from that pool; the caller gives a group's
+    buffers back (:meth:`Group.release`) once nothing reads them any more.
     The pool's threads are stopped when the iterator is closed or garbage-collected.
     """
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-read")
@@ -106,7 +152,7 @@ def read_groups(
                 nxt = next(source, None)
                 if nxt is None:
                     return
-                pending.append(new_group(store, names, *nxt))
+                pending.append(new_group(store, names, *nxt, buffers))
             current = pending[0]
             while current.submitted < len(current.segments):
                 submit(current)
@@ -118,7 +164,7 @@ def read_groups(
                     if nxt is None:
                         exhausted = True
                         break
-                    pending.append(new_group(store, names, *nxt))
+                    pending.append(new_group(store, names, *nxt, buffers))
                 g = pending[j]
                 if g.submitted == len(g.segments):
                     j += 1

@@ -36,7 +36,10 @@ class Selection:
 
     def global_rows(self) -> np.ndarray:
         """Every selected row, in order (for tests and small data)."""
-        parts = [np.arange(s, s + n, dtype=np.int64) for s, n in zip(self.starts, self.sizes)]
+        parts = [
+            np.arange(s, s + n, dtype=np.int64)
+            for s, n in zip(self.starts, self.sizes, strict=True)
+        ]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 

@@ -1,0 +1,177 @@
+"""Direct chunk reads for simple local Zarr v3 arrays: the chunk file straight into the caller's
+buffer, bypassing zarr-python's async codec pipeline.
+
+Used only when an array's ``zarr.json`` says exactly what shardload writes without sharding: a
+regular chunk grid chunked along axis 0 only (matching the manifest's chunk bounds), the default
+chunk key encoding, a ``bytes`` codec (little endian, on a little-endian machine), then either
+nothing or one ``blosc`` codec, no storage transformers. Anything else (sharding, other codecs,
+Zarr v2, URLs) keeps going through zarr-python (:meth:`ZarrReader.read`).
+
+Uncompressed chunks are read with ``readinto`` on a view of the destination rows (one copy, from
+the page cache); Blosc chunks are decoded by ``numcodecs`` straight into the destination, in C
+without the GIL, so the loader's reader threads decode in parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ChunkReadError
+
+_CODECS_OK = ({"bytes"}, {"bytes", "blosc"})
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """How to find and decode one array's chunks (see :func:`plan_chunk_layout`)."""
+
+    folder: str  # the array's folder (holds zarr.json and c/...)
+    chunk_rows: int
+    ndim: int
+    dtype: np.dtype
+    row_bytes: int
+    separator: str
+    blosc: bool
+    strict: bool  # a missing chunk is an error (shardload stores); else it is fill_value
+    fill_value: Any
+
+    def chunk_path(self, i: int) -> str:
+        key = self.separator.join(["c", str(i), *(["0"] * (self.ndim - 1))])
+        return f"{self.folder}/{key}"
+
+
+def plan_chunk_layout(
+    meta: dict[str, Any], *, folder: str, dtype: np.dtype, shape: tuple[int, ...],
+    chunk_bounds: list[int] | tuple[int, ...], strict: bool,
+) -> ChunkLayout | None:  # fmt: skip
+    """The layout of an array from its ``zarr.json`` (pure), or None when it is not simple."""
+    if sys.byteorder != "little" or meta.get("zarr_format") != 3:
+        return None
+    if meta.get("storage_transformers") or meta.get("node_type") != "array":
+        return None
+    grid, keys = meta.get("chunk_grid") or {}, meta.get("chunk_key_encoding") or {}
+    if grid.get("name") != "regular" or keys.get("name") != "default":
+        return None
+    chunk_shape = tuple(int(c) for c in (grid.get("configuration") or {}).get("chunk_shape", ()))
+    if tuple(int(s) for s in meta.get("shape", ())) != tuple(shape) or len(chunk_shape) != len(
+        shape
+    ):
+        return None
+    if not shape or chunk_shape[1:] != tuple(shape[1:]) or chunk_shape[0] <= 0:
+        return None
+    rows = chunk_shape[0]
+    bounds = [int(b) for b in chunk_bounds]
+    if bounds != [min(i * rows, shape[0]) for i in range(len(bounds))] or bounds[-1] != shape[0]:
+        return None
+    codecs = meta.get("codecs") or []
+    names = [c.get("name") if isinstance(c, dict) else None for c in codecs]
+    if set(names) not in _CODECS_OK or len(names) != len(set(names)) or names[0] != "bytes":
+        return None
+    endian = (codecs[0].get("configuration") or {}).get("endian", "little")
+    try:
+        zdtype = np.dtype(meta["data_type"])
+    except (KeyError, TypeError):
+        return None
+    if (endian != "little" and zdtype.itemsize > 1) or zdtype != dtype or dtype.hasobject:
+        return None
+    try:  # fill values zarr writes as strings ("NaN", "Infinity") convert; hex ones do not
+        fill = np.array(meta.get("fill_value", 0), dtype=dtype)
+    except (TypeError, ValueError):
+        return None
+    sep = ((keys.get("configuration") or {}).get("separator")) or "/"
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    return ChunkLayout(
+        folder.rstrip("/"), rows, len(shape), dtype, row_bytes, sep, "blosc" in names, strict,
+        fill,
+    )  # fmt: skip
+
+
+def load_chunk_layout(folder: str, **kw: Any) -> ChunkLayout | None:
+    """Read ``folder/zarr.json`` (local) and plan its layout; None if absent or not simple."""
+    try:
+        with open(os.path.join(folder, "zarr.json"), "rb") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return plan_chunk_layout(meta, folder=folder, **kw) if isinstance(meta, dict) else None
+
+
+def read_rows_into(layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray) -> None:
+    """Rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows), chunk by chunk."""
+    if stop <= start:
+        return
+    dst = out.reshape(-1).view(np.uint8).data
+    rb, rows = layout.row_bytes, layout.chunk_rows
+    pos = start
+    while pos < stop:
+        i = pos // rows
+        a, b = pos - i * rows, min(stop, (i + 1) * rows) - i * rows
+        part = dst[(pos - start) * rb : (pos - start + b - a) * rb]
+        _read_chunk_part(layout, name, i, a, b, part)
+        pos += b - a
+
+
+def _read_chunk_part(
+    layout: ChunkLayout, name: str, i: int, a: int, b: int, dst: memoryview
+) -> None:
+    path = layout.chunk_path(i)
+    rb, nrows = layout.row_bytes, layout.chunk_rows
+    try:
+        with open(path, "rb", buffering=0) as f:
+            if not layout.blosc:
+                f.seek(a * rb)
+                got = _readinto_full(f, dst)
+                if got != len(dst):
+                    raise ChunkReadError(
+                        f"chunk {i} of array {name!r} is truncated or corrupt: {path} (expected "
+                        f"{len(dst)} bytes at offset {a * rb}, got {got})"
+                    )
+                return
+            raw = f.read()
+    except FileNotFoundError as exc:
+        if layout.strict:
+            raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
+        np.frombuffer(dst, dtype=layout.dtype)[...] = layout.fill_value
+        return
+    except OSError as exc:
+        raise ChunkReadError(
+            f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
+        ) from exc
+    from numcodecs import blosc
+
+    try:
+        # Blosc trusts its header: check it against the file before decoding into our buffer
+        if len(raw) < 16:
+            raise ValueError(f"{len(raw)} bytes, shorter than a Blosc header")
+        nbytes, _, cbytes = np.frombuffer(raw, "<u4", count=3, offset=4).tolist()
+        if cbytes != len(raw) or nbytes != nrows * rb:
+            raise ValueError(
+                f"header says {cbytes} compressed / {nbytes} decoded bytes; the file has "
+                f"{len(raw)} and a chunk decodes to {nrows * rb}"
+            )
+        if a == 0 and b == nrows:
+            blosc.decompress(raw, dst)  # in C, without the GIL, straight into the caller's rows
+        else:  # part of a chunk: decode all of it, keep the rows asked for
+            full = np.empty(nrows * rb, np.uint8)
+            blosc.decompress(raw, full)
+            dst[:] = full[a * rb : b * rb].data
+    except Exception as exc:
+        raise ChunkReadError(
+            f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
+        ) from exc
+
+
+def _readinto_full(f: Any, dst: memoryview) -> int:
+    got = 0
+    while got < len(dst):
+        n = f.readinto(dst[got:])
+        if not n:
+            break
+        got += n
+    return got

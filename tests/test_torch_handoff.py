@@ -1,0 +1,214 @@
+"""The shared-memory ring hand-off of StreamingDataset and torchdata's StatefulDataLoader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _stores import check_values, make_store, split_rows
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
+
+from shardload.errors import StateError  # noqa: E402
+from shardload.loader.ring import BatchRing  # noqa: E402
+from shardload.torch import StreamingDataset  # noqa: E402
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    # torchdata 0.11's StatefulDataLoader calls torch.set_vital, deprecated in newer torch
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
+]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return make_store(
+        tmp_path_factory.mktemp("h"), fmt="zarr", compression="none", n=331, chunk_rows=9
+    )
+
+
+def as_numpy(batch):
+    return {k: v.numpy() for k, v in batch.items()}
+
+
+def indices(batches):
+    return [b["index"].tolist() for b in batches]
+
+
+def test_ring_batches_are_private_copies(store):
+    """Batches held by the main process are never overwritten by later ones (the ring has only
+    a few slots, far fewer than the batches of an epoch)."""
+    ds = StreamingDataset(store, batch_size=4, seed=3, ring_slots=3)
+    held = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(held) > 20
+    assert all(type(b) is dict for b in held)
+    for b in held:
+        check_values(store, as_numpy(b))
+    idx = np.concatenate([b["index"].numpy() for b in held])
+    np.testing.assert_array_equal(np.sort(idx), split_rows(store, None))
+    stock = StreamingDataset(store, batch_size=4, seed=3, ring_slots=0)
+    assert indices(held) == indices(DataLoader(stock, batch_size=None, num_workers=2))
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")  # CPU-only torch
+@pytest.mark.parametrize("pin", [False, True])
+def test_persistent_workers_epochs_and_pin_memory(store, pin):
+    ds = StreamingDataset(store, batch_size=8, seed=1)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, pin_memory=pin)
+    ref = StreamingDataset(store, batch_size=8, seed=1, ring_slots=0)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        ref.set_epoch(epoch)
+        got = list(loader)
+        assert indices(got) == indices(DataLoader(ref, batch_size=None, num_workers=2))
+        for b in got[:: max(1, len(got) // 5)]:
+            check_values(store, as_numpy(b))
+
+
+def test_break_mid_epoch_then_iterate_again(store):
+    ds = StreamingDataset(store, batch_size=4, seed=5, ring_slots=4)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    full = indices(
+        DataLoader(
+            StreamingDataset(store, batch_size=4, seed=5, ring_slots=0),
+            batch_size=None,
+            num_workers=2,
+        )
+    )
+    for _ in range(3):  # leave batches (and their slots) behind in the queues each time
+        for i, _b in enumerate(loader):
+            if i == 5:
+                break
+    assert indices(loader) == full
+    plain = DataLoader(ds, batch_size=None, num_workers=2)  # fresh workers, same ring
+    for i, _b in enumerate(plain):
+        if i == 3:
+            break
+    assert indices(plain) == full
+
+
+class _Doubler(IterableDataset):
+    """Changes the batches inside the worker: replaces one entry and adds another."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __iter__(self):
+        for b in self.ds:
+            b["x"] = b["x"] * 2
+            b["extra"] = b["index"] + 1
+            yield b
+
+
+def test_batches_changed_in_the_worker_arrive_changed(store):
+    ds = StreamingDataset(store, batch_size=8, seed=1, ring_slots=2)
+    for b in DataLoader(_Doubler(ds), batch_size=None, num_workers=2):
+        x = store.read("x")[b["index"].numpy()]
+        np.testing.assert_array_equal(b["x"].numpy(), x * 2)
+        np.testing.assert_array_equal(b["extra"].numpy(), b["index"].numpy() + 1)
+
+
+def test_num_workers_0_uses_no_ring(store):
+    ds = StreamingDataset(store, batch_size=8, seed=1)
+    b = next(iter(DataLoader(ds, batch_size=None, num_workers=0)))
+    assert type(b) is dict and set(b) == {"x", "y", "index"}
+    check_values(store, as_numpy(b))
+
+
+def test_ring_slots_and_fallback():
+    ring = BatchRing({"x": ((3,), np.dtype("f4")), "index": ((), np.dtype("i8"))}, 4, slots=2)
+    assert not ring.usable  # the creating process never uses its ring
+    a, b = ring.allocate(4), ring.allocate(2)
+    assert a is not None and b is not None and ring.allocate(1) is None  # full: caller falls back
+    assert ring.allocate(5) is None  # larger than a slot
+    a["x"][:] = 7
+    slot = ring.slot_of(a)
+    out = ring.copy_out(slot, 4)
+    a["x"][:] = 1  # the slot is reused: the copy keeps its values
+    assert (out["x"] == 7).all()
+    assert ring.allocate(4) is not None  # the freed slot
+    ring.release_unsent()
+    assert ring.allocate(3) is not None
+
+
+# -- torchdata StatefulDataLoader --------------------------------------------------------------
+stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+
+def _sdl(store, workers, **kw):
+    ds = StreamingDataset(store, batch_size=8, seed=7)
+    return ds, stateful.StatefulDataLoader(ds, batch_size=None, num_workers=workers, **kw)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("k", [0, 1, 3, 6])
+def test_stateful_dataloader_resumes_mid_epoch(store, workers, k):
+    ds, loader = _sdl(store, workers)
+    ds.set_epoch(2)
+    full = indices(loader)
+    ds.set_epoch(2)
+    it = iter(loader)
+    head = [next(it)["index"].tolist() for _ in range(k)]
+    state = loader.state_dict()
+    del it
+    ds2, loader2 = _sdl(store, workers)
+    loader2.load_state_dict(state)
+    rest = indices(loader2)
+    assert head + rest == full
+    ds2.set_epoch(3)  # the next epoch starts from its beginning
+    ds.set_epoch(3)
+    assert indices(loader2) == indices(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_across_epochs(store, workers):
+    ds, loader = _sdl(store, workers, persistent_workers=workers > 0)
+    e0 = indices(loader)
+    ds.set_epoch(1)
+    it = iter(loader)
+    head = [next(it)["index"].tolist() for _ in range(4)]
+    state = loader.state_dict()
+    del it
+    ref, ref_loader = _sdl(store, workers)
+    ref.set_epoch(1)
+    e1 = indices(ref_loader)
+    assert e1 != e0 and head == e1[:4]
+    _, loader2 = _sdl(store, workers)
+    loader2.load_state_dict(state)
+    assert head + indices(loader2) == e1
+    # a state saved at the end of an epoch starts the next one (torchdata's semantics): the
+    # epoch set with set_epoch, from its beginning
+    ds3, loader3 = _sdl(store, workers)
+    ds3.set_epoch(1)
+    list(loader3)
+    end = loader3.state_dict()
+    ds4, loader4 = _sdl(store, workers)
+    ds4.set_epoch(2)
+    loader4.load_state_dict(end)
+    ref.set_epoch(2)
+    assert indices(loader4) == indices(ref_loader)
+
+
+def test_stateful_state_taken_before_the_first_batch_of_a_new_epoch(store):
+    """Persistent workers: a state taken after set_epoch but before any batch of the new epoch
+    resumes that epoch from its start (not the end of the previous one)."""
+    ds, loader = _sdl(store, 2, persistent_workers=True)
+    list(loader)
+    ds.set_epoch(1)
+    it = iter(loader)
+    state = loader.state_dict()
+    rest = indices(it)
+    _, loader2 = _sdl(store, 2)
+    loader2.load_state_dict(state)
+    assert indices(loader2) == rest and len(rest) > 0
+
+
+def test_worker_state_is_refused_outside_a_worker(store):
+    _, loader = _sdl(store, 2)
+    it = iter(loader)
+    next(it)
+    worker_state = next(iter(loader.state_dict()["_snapshot"]["_worker_snapshots"].values()))
+    del it
+    with pytest.raises(StateError, match="worker"):
+        StreamingDataset(store, batch_size=8, seed=7).load_state_dict(worker_state["dataset_state"])
