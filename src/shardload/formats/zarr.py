@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import ChunkReadError, StoreError
 from ..manifest import ArrayInfo, Manifest
 from .base import FormatOptions, is_local
-from .zarr_chunks import ChunkLayout, load_chunk_layout, read_rows_into
+from .zarr_chunks import ChunkLayout, load_chunk_layout, read_rows_into, write_chunk
 
 _LEVELS = {"zstd": 3, "lz4": 5}
 
@@ -38,7 +38,7 @@ class ZarrFormat:
 
     def __init__(self) -> None:
         self._arrays: dict[tuple[str, str], Any] = {}
-        self._encoders: dict[tuple[str, str], Any] = {}
+        self._layouts: dict[tuple[str, str], ChunkLayout | None] = {}
         self._lock = threading.Lock()
 
     def create(
@@ -85,84 +85,37 @@ class ZarrFormat:
         *,
         bounds: Sequence[int],
     ) -> None:
-        arr = self._array(root, name)
-        encode = self._direct(root, name, arr)
-        if encode is None:  # sharded or unusual codecs: zarr-python writes it
-            arr[start : start + len(data)] = data
+        layout = self._layout(root, name, bounds)
+        if layout is None:  # sharded or other codecs: zarr-python writes it
+            self._array(root, name)[start : start + len(data)] = data
             return
         # One chunk, encoded here and written as one file: zarr-python's sync API funnels every
-        # write through its single event-loop thread, which halves throughput when several
-        # write tasks run at once (measured: docs/benchmarks.md).
-        rows = arr.chunks[0]
-        if start % rows or len(data) > rows:
-            raise ValueError(f"rows {start}:{start + len(data)} are not one chunk of {rows} rows")
-        block = np.ascontiguousarray(data, dtype=arr.dtype.newbyteorder("<"))
-        if len(block) < rows:  # Zarr v3 stores edge chunks at full size, padded with fill
-            pad = np.full((rows - len(block), *block.shape[1:]), arr.fill_value, block.dtype)
-            block = np.concatenate([block, pad])
-        key = arr.metadata.encode_chunk_key((start // rows,) + (0,) * (arr.ndim - 1))
-        path = root / name / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(encode(block))
+        # write through its single event-loop thread, which serialised concurrent write tasks.
+        if start % layout.chunk_rows:
+            raise ValueError(f"row {start} does not start a chunk of {layout.chunk_rows} rows")
+        write_chunk(layout, start // layout.chunk_rows, data)
 
-    def _direct(self, root: Path, name: str, arr: Any) -> Any:
-        """An encoder for ``arr``'s chunks when their layout is plain: default chunk keys and
-        ``bytes`` (little endian) alone or followed by Blosc; else None."""
+    def _layout(self, root: Path, name: str, bounds: Sequence[int]) -> ChunkLayout | None:
+        """The plain chunk layout of an array this format created (None: use zarr-python)."""
         key = (str(root), name)
-        if key in self._encoders:
-            return self._encoders[key]
-        from zarr.codecs import BloscCodec, BytesCodec
-        from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
-
-        meta, encode = arr.metadata, None
-        codecs = list(getattr(meta, "codecs", ()))
-        plain = (
-            getattr(meta, "zarr_format", None) == 3
-            and isinstance(getattr(meta, "chunk_key_encoding", None), DefaultChunkKeyEncoding)
-            and codecs
-            and isinstance(codecs[0], BytesCodec)
-            and str(getattr(codecs[0].endian, "value", codecs[0].endian)) in ("little", "None")
-        )
-        if plain and len(codecs) == 1:
-            encode = _raw_bytes
-        elif plain and len(codecs) == 2 and isinstance(codecs[1], BloscCodec):
-            encode = _blosc_encoder(codecs[1])
-        with self._lock:
-            self._encoders[key] = encode
-        return encode
+        if key not in self._layouts:
+            arr = self._array(root, name)
+            layout = load_chunk_layout(
+                str(root / name), dtype=np.dtype(arr.dtype),
+                shape=tuple(arr.shape), chunk_bounds=tuple(bounds), strict=True,
+            )  # fmt: skip
+            with self._lock:
+                self._layouts[key] = layout
+        return self._layouts[key]
 
     def finish(self, root: Path) -> None:
         with self._lock:
             for key in [k for k in self._arrays if k[0] == str(root)]:
                 del self._arrays[key]
-                self._encoders.pop(key, None)
+                self._layouts.pop(key, None)
 
     def open_reader(self, fs: Any, root: str, manifest: Manifest) -> ZarrReader:
         return ZarrReader(fs, root, manifest)
-
-
-def _raw_bytes(block: np.ndarray) -> memoryview:
-    return memoryview(block).cast("B")
-
-
-def _blosc_encoder(codec: Any) -> Any:
-    """numcodecs' Blosc with the codec's settings (zarr's BloscCodec wraps the same library)."""
-    from numcodecs import Blosc
-
-    cfg = codec.to_dict()["configuration"]
-    shuffle = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE}.get(
-        str(cfg.get("shuffle")), Blosc.BITSHUFFLE
-    )
-    blosc = Blosc(
-        cname=cfg["cname"], clevel=cfg["clevel"], shuffle=shuffle, blocksize=cfg.get("blocksize", 0)
-    )
-
-    def encode(block: np.ndarray) -> bytes:
-        # typesize: numcodecs takes the item size of the array it is given
-        return blosc.encode(block)  # type: ignore[no-any-return]
-
-    return encode
 
 
 def open_group_readonly(fs: Any, root: str) -> Any:

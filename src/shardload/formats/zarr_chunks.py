@@ -37,9 +37,13 @@ class ChunkLayout:
     dtype: np.dtype
     row_bytes: int
     separator: str
-    blosc: bool
+    blosc_config: dict[str, Any] | None  # the blosc codec's configuration, or None: raw bytes
     strict: bool  # a missing chunk is an error (shardload stores); else it is fill_value
     fill_value: Any
+
+    @property
+    def blosc(self) -> bool:
+        return self.blosc_config is not None
 
     def chunk_path(self, i: int) -> str:
         key = self.separator.join(["c", str(i), *(["0"] * (self.ndim - 1))])
@@ -86,9 +90,9 @@ def plan_chunk_layout(
         return None
     sep = ((keys.get("configuration") or {}).get("separator")) or "/"
     row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    blosc = dict(codecs[1].get("configuration") or {}) if "blosc" in names else None
     return ChunkLayout(
-        folder.rstrip("/"), rows, len(shape), dtype, row_bytes, sep, "blosc" in names, strict,
-        fill,
+        folder.rstrip("/"), rows, len(shape), dtype, row_bytes, sep, blosc, strict, fill,
     )  # fmt: skip
 
 
@@ -165,6 +169,38 @@ def _read_chunk_part(
         raise ChunkReadError(
             f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
         ) from exc
+
+
+def write_chunk(layout: ChunkLayout, i: int, rows: np.ndarray) -> None:
+    """Encode chunk ``i`` from ``rows`` (at most ``chunk_rows``; a short last chunk is padded
+    with the fill value, as Zarr v3 stores edge chunks at full size) and write its file."""
+    n = layout.chunk_rows
+    if len(rows) > n:
+        raise ValueError(f"{len(rows)} rows do not fit a chunk of {n} rows")
+    block = np.ascontiguousarray(rows, dtype=layout.dtype)
+    if len(block) < n:
+        pad = np.full((n - len(block), *block.shape[1:]), layout.fill_value, layout.dtype)
+        block = np.concatenate([block, pad])
+    data: Any = memoryview(block).cast("B")
+    if layout.blosc_config is not None:
+        data = _blosc(layout.blosc_config).encode(block)  # typesize: the array's item size
+    path = layout.chunk_path(i)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _blosc(config: dict[str, Any]) -> Any:
+    """numcodecs' Blosc with a Zarr v3 blosc codec's settings (zarr's codec wraps it too)."""
+    from numcodecs import Blosc
+
+    shuffle = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE}.get(
+        str(config.get("shuffle")), Blosc.BITSHUFFLE
+    )
+    return Blosc(
+        cname=config.get("cname", "zstd"), clevel=int(config.get("clevel", 5)), shuffle=shuffle,
+        blocksize=int(config.get("blocksize", 0)),
+    )  # fmt: skip
 
 
 def _readinto_full(f: Any, dst: memoryview) -> int:
