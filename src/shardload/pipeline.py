@@ -237,6 +237,7 @@ def prepare(
         complete=True,
         shardload_version=__version__,
     )
+    _fsync_tree(partial_dir)  # every array file on disk before the manifest says complete
     _write_atomic(partial_dir / MANIFEST_NAME, manifest.to_json().encode())
     shutil.rmtree(progress_dir, ignore_errors=True)
     _publish(partial_dir, out)
@@ -385,6 +386,18 @@ def _publish(partial_dir: Path, out: Path) -> None:
     _fsync_dir(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` (files written durably already cost little)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
 
 
 def _fsync_dir(path: Path) -> None:

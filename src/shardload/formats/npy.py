@@ -5,6 +5,8 @@ Chunk files are uncompressed (the format's point is zero-decode, mmap-able reads
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,8 @@ class NpyFormat:
             path = Path(root) / chunk_path(name, i)
             with open(path, "wb") as f:
                 np.lib.format.write_array(f, part, allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())  # durable before the block's progress record says done
             offset += rows
             i += 1
 

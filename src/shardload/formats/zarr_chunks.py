@@ -188,6 +188,8 @@ def write_chunk(layout: ChunkLayout, i: int, rows: np.ndarray) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
+        f.flush()
+        os.fsync(f.fileno())  # durable before the block's progress record says it is done
 
 
 def _blosc(config: dict[str, Any]) -> Any:
