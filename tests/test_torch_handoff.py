@@ -212,3 +212,16 @@ def test_worker_state_is_refused_outside_a_worker(store):
     del it
     with pytest.raises(StateError, match="worker"):
         StreamingDataset(store, batch_size=8, seed=7).load_state_dict(worker_state["dataset_state"])
+
+
+def test_spawned_workers_use_the_stock_hand_off(store):
+    """A ring is shared by fork only; spawned workers get the dataset without it."""
+    ds = StreamingDataset(store, batch_size=16, seed=2)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
+    got = sorted(int(i) for b in loader for i in b["index"])
+    want = sorted(
+        int(i) for b in torch.utils.data.DataLoader(ds, batch_size=None) for i in b["index"]
+    )
+    assert got == want and len(got) > 0
