@@ -27,6 +27,11 @@ def indices(batches):
     return [b["index"].tolist() for b in batches]
 
 
+def flat(batches):
+    """The rows of a list of batches (of row lists), in order."""
+    return [row for batch in batches for row in batch]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dataloader_yields_the_split(store, workers):
     ds = StreamingDataset(store, batch_size=8, split="train", seed=1)
@@ -43,13 +48,13 @@ def test_workers_give_the_same_set_and_epochs_reorder(store):
     ds = StreamingDataset(store, batch_size=8, split="train", seed=1)
     a = indices(DataLoader(ds, batch_size=None, num_workers=0))
     b = indices(DataLoader(ds, batch_size=None, num_workers=2))
-    assert sorted(sum(a, [])) == sorted(sum(b, []))
+    assert sorted(flat(a)) == sorted(flat(b))
     loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
     e0 = indices(loader)
     assert e0 == indices(loader)  # same epoch, same order
     ds.set_epoch(1)
     e1 = indices(loader)  # persistent workers see the new epoch
-    assert e1 != e0 and sorted(sum(e1, [])) == sorted(sum(e0, []))
+    assert e1 != e0 and sorted(flat(e1)) == sorted(flat(e0))
 
 
 @pytest.mark.parametrize(("workers", "new_workers"), [(2, 2), (2, 0), (0, 2), (1, 2)])
@@ -73,7 +78,7 @@ def test_mid_epoch_resume(store, workers, new_workers):
     if new_workers == workers:
         assert head + rest == full  # identical continuation
     else:
-        assert sorted(sum(head + rest, [])) == sorted(sum(full, []))
+        assert sorted(flat(head + rest)) == sorted(flat(full))
     # chained: resume the resumed run again after 2 more batches
     third = loader(workers)
     third.load_state_dict(state)
@@ -83,7 +88,7 @@ def test_mid_epoch_resume(store, workers, new_workers):
     del it
     fourth = loader(new_workers)
     fourth.load_state_dict(state2)
-    assert sorted(sum(head + mid + indices(fourth), [])) == sorted(sum(full, []))
+    assert sorted(flat(head + mid + indices(fourth))) == sorted(flat(full))
 
 
 def test_state_from_other_dataset_or_seed(store, tmp_path):

@@ -26,7 +26,7 @@ import json
 import os
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ from .errors import StateError
 from .loader.batches import DEFAULT_PREFETCH, INDEX_KEY, iter_batches, plan_for
 from .loader.ring import DEFAULT_SLOTS, RINGS, BatchRing
 from .loader.select import select_rows, store_fingerprint
-from .plan.epoch import DEFAULT_SHUFFLE_CHUNKS, plan_fingerprint
+from .plan.epoch import DEFAULT_SHUFFLE_CHUNKS, PlanOptions, plan_fingerprint
 from .plan.resume import EpochState
 from .store import Store, open_store
 
@@ -44,6 +44,22 @@ __all__ = ["MapDataset", "StreamingDataLoader", "StreamingDataset"]
 
 STATE_VERSION = 1
 _SPEC_BYTES = 1 << 16
+
+
+class _SelectOptions(TypedDict):
+    """What a :class:`StreamingDataset` reads, as keyword arguments of ``iter_batches``."""
+
+    split: str | None
+    chunks: Sequence[int] | None
+    rows: tuple[int, int] | None
+    arrays: Sequence[str]
+
+
+class _ReadOptions(TypedDict):
+    """How a :class:`StreamingDataset` reads, as keyword arguments of ``iter_batches``."""
+
+    prefetch: int
+    threads: int | None
 
 
 def _to_torch(batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -149,19 +165,23 @@ class StreamingDataset(IterableDataset):
         self.selection = select_rows(
             self.store, split=split, chunks=chunks, rows=rows, arrays=arrays
         )
-        self.options = dict(
+        self.options: PlanOptions = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
             shuffle_chunks=shuffle_chunks,
         )  # fmt: skip
-        self.read_options = dict(prefetch=prefetch, threads=threads)
+        self.read_options: _ReadOptions = dict(prefetch=prefetch, threads=threads)
         self.split = split
-        self._select = dict(split=split, chunks=chunks, rows=rows, arrays=self.selection.arrays)
+        self._select: _SelectOptions = dict(
+            split=split, chunks=chunks, rows=rows, arrays=self.selection.arrays
+        )
         self.fingerprint = store_fingerprint(self.store, self.selection)
         sel = self.selection
         self.plan_fingerprint = plan_fingerprint(
             sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **self.options
         )
-        self._explicit = None if rank is None else (int(rank), int(world_size))  # type: ignore[arg-type]
+        self._explicit = (
+            None if rank is None or world_size is None else (int(rank), int(world_size))
+        )
         self.epoch = 0
         self.num_workers = 0  # of the loader iterating it (set by StreamingDataLoader)
         self._pending: dict[str, Any] | None = None  # a loaded state, not started yet
@@ -290,7 +310,8 @@ class StreamingDataset(IterableDataset):
         if self._pending is not None:
             return dict(self._pending)
         _, world = self.rank_world()
-        readers, k, history = max(1, self.num_workers), self._consumed, ()
+        readers, k = max(1, self.num_workers), self._consumed
+        history: tuple[tuple[int, int, int], ...] = ()
         if self._leg is not None:
             leg = EpochState.from_dict(self._leg)
             if leg.world_size == world and max(1, leg.num_workers) == readers:

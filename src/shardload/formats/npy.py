@@ -6,7 +6,6 @@ Chunk files are uncompressed (the format's point is zero-decode, mmap-able reads
 from __future__ import annotations
 
 import os
-
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -109,7 +108,7 @@ class NpyReader:
             return
         dtype = out.dtype
         row_bytes = int(np.prod(out.shape[1:], dtype=np.int64)) * dtype.itemsize
-        dst_bytes = memoryview(out.reshape(-1).view(np.uint8))
+        dst_bytes = out.reshape(-1).view(np.uint8).data  # = memoryview(...), typed on 3.11
         first = int(np.searchsorted(self.bounds, start, side="right") - 1)
         pos, i = start, first
         while pos < stop:

@@ -24,12 +24,12 @@ _LEVELS = {"zstd": 3, "lz4": 5}
 
 
 def compressors(options: FormatOptions) -> Any:
-    from zarr.codecs import BloscCodec
+    from zarr.codecs import BloscCname, BloscCodec
 
     if options.compression == "none":
         return None
     level = options.level if options.level is not None else _LEVELS[options.compression]
-    return BloscCodec(cname=options.compression, clevel=level, shuffle="shuffle")
+    return BloscCodec(cname=BloscCname(options.compression), clevel=level, shuffle="shuffle")
 
 
 class ZarrFormat:

@@ -181,7 +181,7 @@ def write_chunk(layout: ChunkLayout, i: int, rows: np.ndarray) -> None:
     if len(block) < n:
         pad = np.full((n - len(block), *block.shape[1:]), layout.fill_value, layout.dtype)
         block = np.concatenate([block, pad])
-    data: Any = memoryview(block).cast("B")
+    data: Any = block.data.cast("B")  # ndarray.data is memoryview(block)
     if layout.blosc_config is not None:
         data = _blosc(layout.blosc_config).encode(block)  # typesize: the array's item size
     path = layout.chunk_path(i)

@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import PlanError, StateError
-from ..plan.epoch import DEFAULT_SHUFFLE_CHUNKS, EpochPlan, iter_worker_groups, plan_epoch
+from ..plan.epoch import (
+    DEFAULT_SHUFFLE_CHUNKS,
+    EpochPlan,
+    PlanOptions,
+    iter_worker_groups,
+    plan_epoch,
+)
 from ..plan.resume import EpochState, plan_from_state
 from ..store import Store, open_store
 from .reader import BufferPool, Group, read_groups
@@ -162,15 +168,15 @@ def plan_for(
     state: EpochState | Mapping[str, Any] | None = None,
 ) -> EpochPlan:  # fmt: skip
     """The epoch plan of a selection, fresh or resumed from ``state``."""
-    table = dict(chunk_sizes=sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts)
-    opts = dict(
+    opts: PlanOptions = dict(
         batch_size=batch_size, seed=seed, mode=mode, drop_last=drop_last, shuffle=shuffle,
         shuffle_chunks=shuffle_chunks,
     )  # fmt: skip
     if state is None:
         return plan_epoch(
-            **table, **opts, world_size=world_size, num_workers=num_workers, epoch=epoch
-        )
+            sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
+            world_size=world_size, num_workers=num_workers, epoch=epoch,
+        )  # fmt: skip
     if isinstance(state, Mapping):
         data = state.get("dataset")
         if data is not None and data != store_fingerprint(store, sel):
@@ -180,7 +186,10 @@ def plan_for(
                 f"(fingerprint {store_fingerprint(store, sel)})"
             )
         state = EpochState.from_dict(dict(state))
-    return plan_from_state(state, **table, **opts, world_size=world_size, num_workers=num_workers)
+    return plan_from_state(
+        state, sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
+        world_size=world_size, num_workers=num_workers,
+    )  # fmt: skip
 
 
 #: Where a batch of ``n`` rows is gathered (key -> array, keys as in a batch), or None for

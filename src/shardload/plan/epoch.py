@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from .spans import Segment, Spans, concat_spans, spans_rows
 __all__ = [
     "DEFAULT_SHUFFLE_CHUNKS",
     "EpochPlan",
+    "PlanOptions",
     "Segment",
     "WorkerPlan",
     "iter_rank_batches",
@@ -62,6 +64,18 @@ MODES = ("drop", "pad")
 #: (plus prefetch); 4 mixes enough chunks per batch to break the within-chunk correlation of
 #: sample-major scientific data (neighbouring times / locations).
 DEFAULT_SHUFFLE_CHUNKS = 4
+
+
+class PlanOptions(TypedDict):
+    """The epoch options a resume must keep (those :func:`plan_fingerprint` hashes), as keyword
+    arguments of :func:`plan_epoch`, :func:`plan_fingerprint` and ``plan_from_state``."""
+
+    batch_size: int
+    seed: int
+    mode: str
+    drop_last: bool
+    shuffle: bool
+    shuffle_chunks: int
 
 
 @dataclass(frozen=True, eq=False)

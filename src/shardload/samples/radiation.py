@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 
@@ -48,7 +49,7 @@ PATCHES = tuple(range(16))
 #: netCDF flavour: the classic data model of ecrad_meridian.nc, stored in HDF5 so variables can
 #: be defined without netCDF-3's rewrite-per-definition cost. Column is a fixed dim (contiguous
 #: storage). No timestamps are stored, so the bytes depend only on the data.
-FILE_FORMAT = "NETCDF4_CLASSIC"
+FILE_FORMAT: Final = "NETCDF4_CLASSIC"
 
 
 def radiation_file_names(date: str, timestep: int, patch: int) -> tuple[str, str]:
@@ -97,7 +98,7 @@ def write_radiation_sample(
     list of Path
         The files written, inputs then outputs for each (timestep, patch) in order.
     """
-    timesteps, patches = _check_args(columns, list(timesteps), list(patches), date, block_columns)
+    steps, patch_ids = _check_args(columns, list(timesteps), list(patches), date, block_columns)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     units_per_block = -(-block_columns // UNIT_COLUMNS)
@@ -105,15 +106,15 @@ def write_radiation_sample(
     from tqdm.auto import tqdm
 
     written: list[Path] = []
-    total = num_blocks * len(timesteps) * len(patches)
+    total = num_blocks * len(steps) * len(patch_ids)
     with tqdm(
         total=total,
         desc="radiation sample",
         unit="block",
         disable=None if progress is None else not progress,
     ) as bar:
-        for timestep in timesteps:
-            for patch in patches:
+        for timestep in steps:
+            for patch in patch_ids:
                 written += _write_pair(
                     out, columns, date, timestep, patch, seed, units_per_block, bar
                 )
@@ -223,7 +224,7 @@ def _output_attrs(context: str) -> dict[str, str]:
     }
 
 
-def _check_args(columns, timesteps, patches, date, block_columns):
+def _check_args(columns, timesteps, patches, date, block_columns) -> tuple[list[int], list[int]]:
     if not isinstance(columns, (int, np.integer)) or columns <= 0:
         raise ConfigError(f"columns must be a positive integer, got {columns!r}")
     if block_columns <= 0:

@@ -198,7 +198,7 @@ def generate_inputs(
 
     sigma = p_full / surface_pressure[:, None]
     out: dict[str, np.ndarray] = {
-        "solar_irradiance": np.float32(solar_irradiance(date)),
+        "solar_irradiance": np.asarray(solar_irradiance(date), np.float32),
         "lat": np.rad2deg(lat),
         "lon": np.rad2deg(lon),
         "skin_temperature": skin,

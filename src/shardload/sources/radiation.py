@@ -99,14 +99,14 @@ def open_radiation(
         A file cannot be opened, lacks a variable, or an output's column count differs from
         its input's.
     """
-    inputs = [Path(p) for p in inputs]
-    if not inputs:
+    paths = [Path(p) for p in inputs]
+    if not paths:
         raise SourceError("open_radiation needs at least one input file")
     pairs: list[tuple[Path, Path | None]]
     if outputs is None:
-        pairs = [(p, None) for p in inputs]
+        pairs = [(p, None) for p in paths]
     else:
-        pairs = _pair(inputs, [Path(p) for p in outputs])
+        pairs = _pair(paths, [Path(p) for p in outputs])
     parts = [_open_pair(inp, out, chunks) for inp, out in pairs]
     if len(parts) == 1:
         return parts[0]
@@ -244,8 +244,8 @@ def _open_pair(inp: Path, out: Path | None, chunks: int | None) -> xr.Dataset:
 def feature_names(ds: xr.Dataset) -> Mapping[str, tuple[str, ...]]:
     """Feature labels of every packed array that has a feature dim (e.g. for a manifest)."""
     return {
-        name: tuple(str(v) for v in ds[dim].values)
+        str(name): tuple(str(v) for v in ds[dim].values)
         for name, da in ds.data_vars.items()
         for dim in da.dims
-        if dim.endswith("_feature") and dim in ds.coords
+        if str(dim).endswith("_feature") and dim in ds.coords
     }

@@ -160,7 +160,7 @@ class _File:
             with self._lock:
                 if self._fd is None:
                     self._fd = os.open(self.path, os.O_RDONLY)
-        view = memoryview(dst).cast("B")
+        view = dst.data.cast("B")  # ndarray.data: numpy's stubs give __buffer__ on 3.12+ only
         done = 0
         while done < nbytes:
             got = os.preadv(self._fd, [view[done:nbytes]], offset + done)
@@ -226,12 +226,13 @@ class RadiationRows:
             raise SourceError(f"rows [{start}, {stop}) out of range for {self.length} columns")
         n = stop - start
         given = dict(out or {})
-        res = {}
+        res: dict[str, np.ndarray] = {}
         for name in names:
             shape = (n, *_row_shape(name))
             dst = given.get(name)
-            ok = dst is not None and dst.shape == shape and dst.dtype == np.float32
-            res[name] = dst if ok else np.empty(shape, np.float32)
+            if dst is None or dst.shape != shape or dst.dtype != np.float32:
+                dst = np.empty(shape, np.float32)
+            res[name] = dst
         for f, lo, hi, at in self._pieces(start, stop):
             self._read_piece(f, lo, hi, {k: v[at : at + hi - lo] for k, v in res.items()})
         return res
