@@ -225,6 +225,10 @@ def test_evict_lru_unit(tmp_path: Path) -> None:
     for i, name in enumerate(["a", "b", "c"]):
         (tmp_path / name).write_bytes(b"x" * 100)
         os.utime(tmp_path / name, (1000 + i, 1000 + i))
-    (tmp_path / "cache").write_bytes(b"m" * 1000)  # fsspec's metadata is never evicted
-    assert evict_lru(tmp_path, 150) == 200
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "cache"]
+    (tmp_path / "a.lock").write_bytes(b"")  # locks are never evicted
+    (tmp_path / "d.tmp-123").write_bytes(b"t" * 50)  # a dead download's leftover: removed
+    os.utime(tmp_path / "d.tmp-123", (1000, 1000))
+    (tmp_path / "e.tmp-456").write_bytes(b"t" * 50)  # a download in progress: kept
+    os.symlink(tmp_path / "c", tmp_path / "link")  # never followed nor removed
+    assert evict_lru(tmp_path, 150) == 250
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.lock", "c", "e.tmp-456", "link"]
