@@ -168,6 +168,15 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (OSError, TimeoutError, ConnectionError))
 
 
+def _unmask(exc: Exception) -> Exception:
+    """The transient error behind a FileNotFoundError (fsspec's HTTP ``info`` turns a refused
+    connection into FileNotFoundError: that is not a missing file)."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, FileNotFoundError) and isinstance(cause, Exception) and is_transient(cause):
+        return cause
+    return exc
+
+
 def _describe(url: str, what: str) -> str:
     return f"{what} ({url})" if what else url
 
@@ -198,6 +207,7 @@ def call_with_retries(
                 on_error()
             if isinstance(exc, RemoteError):
                 raise  # already described (a nested read)
+            exc = _unmask(exc)
             status = getattr(exc, "status", None)
             if isinstance(exc, FileNotFoundError) or status == 404:
                 raise RemoteNotFoundError(f"{_describe(url, what)}: not found") from exc
@@ -300,9 +310,15 @@ class RemoteFileSystem(AbstractFileSystem):
     def _retry(self, func: Callable[[], T], path: str, what: str) -> T:
         s = self.spec
         return call_with_retries(
-            func, url=self.unstrip_protocol(path), what=what, retries=s.retries,
-            backoff_s=s.backoff_s,
+            func, url=self.unstrip_protocol(path), what=what or self._name(path),
+            retries=s.retries, backoff_s=s.backoff_s,
         )  # fmt: skip
+
+    def _name(self, path: str, what: str = "file") -> str:
+        """``file x/000004.npy`` (the path inside the store) for error messages."""
+        root = self.root.rstrip("/")
+        rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
+        return f"{what} {rel}" if rel else what
 
     def _cached_fd(self, path: str, what: str) -> int:
         s = self.spec
@@ -336,13 +352,16 @@ class RemoteFileSystem(AbstractFileSystem):
 
     # -- metadata and listings (retried; paths as the wrapped filesystem spells them) -----------
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        return self._retry(lambda: self.target.info(path, **kwargs), path, "file info")
+        what = self._name(path, "size of")
+        return self._retry(lambda: self.target.info(path, **kwargs), path, what)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
-        return self._retry(lambda: self.target.ls(path, detail=detail, **kwargs), path, "listing")
+        what = self._name(path, "listing of")
+        return self._retry(lambda: self.target.ls(path, detail=detail, **kwargs), path, what)
 
     def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
-        return self._retry(lambda: self.target.find(path, *args, **kwargs), path, "listing")
+        what = self._name(path, "listing of")
+        return self._retry(lambda: self.target.find(path, *args, **kwargs), path, what)
 
     def sizes(self, paths: list[str]) -> list[int]:
         if not paths:
