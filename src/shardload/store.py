@@ -126,6 +126,8 @@ def open_store(
     retries: int | None = None,
     timeout_s: float | None = None,
     backoff_s: float | None = None,
+    stage_to: str | os.PathLike[str] | None = None,
+    stage_keep: bool = False,
 ) -> Store:
     """Open a shardload store (any format), or plain Zarr data chunked along axis 0.
 
@@ -146,6 +148,11 @@ def open_store(
         timeout, the first retry delay (doubled each retry). Defaults: the environment
         variables ``SHARDLOAD_RETRIES``, ``SHARDLOAD_TIMEOUT_S``, ``SHARDLOAD_RETRY_BACKOFF_S``,
         else 5, 30 s and 0.25 s.
+    stage_to, stage_keep
+        Copy the store (a folder, URL or ``.tar``/``.tgz`` archive) into this node-local
+        folder first, e.g. ``/dev/shm``, and open the copy: one copy per node even when every
+        rank asks, removed when the last process using it exits unless ``stage_keep`` (see
+        :func:`shardload.staging.stage`).
 
     Raises
     ------
@@ -155,6 +162,12 @@ def open_store(
     if isinstance(path_or_url, Store):
         return path_or_url
     url = os.fspath(path_or_url)
+    if stage_to is not None:
+        from .staging import stage
+
+        url = str(
+            stage(url, stage_to, keep=stage_keep, storage_options=dict(storage_options or {}))
+        )
     remote = dict(
         storage_options=dict(storage_options or {}), cache_dir=cache_dir,
         cache_bytes=cache_bytes, retries=retries, timeout_s=timeout_s, backoff_s=backoff_s,
