@@ -177,6 +177,10 @@ def _unmask(exc: Exception) -> Exception:
     return exc
 
 
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def _describe(url: str, what: str) -> str:
     return f"{what} ({url})" if what else url
 
@@ -212,16 +216,16 @@ def call_with_retries(
             if isinstance(exc, FileNotFoundError) or status == 404:
                 raise RemoteNotFoundError(f"{_describe(url, what)}: not found") from exc
             if not is_transient(exc):
-                raise RemoteError(f"cannot read {_describe(url, what)}: {exc!r}") from exc
+                raise RemoteError(f"cannot read {_describe(url, what)}: {_short(exc)}") from exc
             if attempt == retries:
                 raise RemoteError(
-                    f"cannot read {_describe(url, what)} after {retries + 1} attempts: {exc!r}"
+                    f"cannot read {_describe(url, what)} after {retries + 1} attempts: {_short(exc)}"
                 ) from exc
             delay = backoff_s * 2**attempt * (0.5 + random.random())
             log.warning(
-                "reading %s failed (%r); retry %d/%d in %.2fs",
+                "reading %s failed (%s); retry %d/%d in %.2fs",
                 _describe(url, what),
-                exc,
+                _short(exc),
                 attempt + 1,
                 retries,
                 delay,
