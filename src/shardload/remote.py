@@ -158,7 +158,7 @@ def is_transient(exc: BaseException) -> bool:
     try:
         import aiohttp
     except ImportError:  # pragma: no cover - aiohttp is only needed for HTTP
-        aiohttp = None
+        aiohttp = None  # type: ignore[assignment]
     if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError):
         return exc.status >= 500 or exc.status in (408, 429)
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):

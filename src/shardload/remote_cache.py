@@ -127,7 +127,7 @@ def evict_lru(cache_dir: str | os.PathLike, cache_bytes: int) -> int:
     entries = []
     freed = 0
     now = time.time()
-    with os.scandir(cache_dir) as it:
+    with os.scandir(str(cache_dir)) as it:
         for e in it:
             if e.name.endswith(LOCK_SUFFIX) or not e.is_file(follow_symlinks=False):
                 continue
