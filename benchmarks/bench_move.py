@@ -8,6 +8,7 @@ a DataLoader with 2 workers):
   http           ``shardload serve`` in a subprocess on 127.0.0.1, ``open_store(url)``, no cache
   http+cache e1  ``open_store(url, cache_dir=...)``, first epoch (downloads into the cache)
   http+cache e2  the same, second epoch (served from the cache; goal: within 1.5x of local)
+  local e2       the local store again, second epoch (ratios use the faster local epoch)
   staged         ``shardload.staging.stage(store, /dev/shm)`` (timed), then an epoch on the copy
 
 The page cache cannot be dropped without root: every read here is warm (the store was just
@@ -143,11 +144,19 @@ def main() -> None:
     if args.format == "npy" and args.compression != "none":
         ap.error("the npy format is uncompressed: use --compression none")
 
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-move-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        measure(args, work)
+    finally:
+        if not args.keep and not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, work: Path) -> None:
     import shardload
     from shardload.staging import staged
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-move-"))
-    work.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     path = make_store(work, args.size_mb, args.format, args.compression, args.chunk_mb)
     size = store_bytes(path)
@@ -162,7 +171,7 @@ def main() -> None:
         r["samples_per_s"] = r["samples"] / r["seconds"]
         r.update(extra or {})
         results[name] = r
-        print(f"  {name:<24} {r['seconds']:8.2f} s {r['MB_per_s']:9.1f} MB/s "
+        print(f"  {name:<32} {r['seconds']:8.2f} s {r['MB_per_s']:9.1f} MB/s "
               f"{r['samples_per_s']:12.0f} samples/s", flush=True)  # fmt: skip
 
     warm = shardload.open_store(path)  # imports and first-use costs stay out of the timings
@@ -197,13 +206,15 @@ def main() -> None:
     else:
         print(f"  staging skipped: {args.stage_to} has {free / 1e6:.0f} MB free")
 
-    print(f"\n{'measurement':<28}{'MB/s':>9}{'samples/s':>13}{'x local':>9}")
+    print(f"\n{'measurement':<34}{'MB/s':>9}{'samples/s':>13}{'x local':>9}")
     for name, r in results.items():
         suffix = name[name.index(" [") :] if " [" in name else ""
-        base = results["local" + suffix]
-        ratio = base["samples_per_s"] / r["samples_per_s"]  # >1: slower than local
+        # the reference is the faster local epoch: conservative, and free of first-use costs
+        base = max(results[f"local{suffix}"]["samples_per_s"],
+                   results[f"local epoch 2{suffix}"]["samples_per_s"])  # fmt: skip
+        ratio = base / r["samples_per_s"]  # >1: slower than local
         r["slowdown_vs_local"] = ratio
-        print(f"{name:<28}{r['MB_per_s']:9.1f}{r['samples_per_s']:13.0f}{ratio:9.2f}")
+        print(f"{name:<34}{r['MB_per_s']:9.1f}{r['samples_per_s']:13.0f}{ratio:9.2f}")
     goal = results["http+cache epoch 2"]["slowdown_vs_local"]
     print(f"\ngoal: HTTP with cache after the first epoch within 1.5x of local: "
           f"{goal:.2f}x -> {'met' if goal <= 1.5 else 'MISSED'}")  # fmt: skip
@@ -222,8 +233,6 @@ def main() -> None:
     dest = out / f"move-{time.strftime('%Y%m%d-%H%M%S')}.json"
     dest.write_text(json.dumps(report, indent=2))
     print(f"results: {dest}")
-    if not args.keep and not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
