@@ -277,3 +277,20 @@ def test_read_options_from_the_environment(monkeypatch) -> None:
     ):
         read_bytes(fs, root + "/x")
     assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_plain_zarr_groups_by_url(tmp_path: Path, zarr_format: int) -> None:
+    import numpy as np
+    import zarr
+
+    import shardload
+
+    g = zarr.open_group(tmp_path / "plain", mode="w", zarr_format=zarr_format)
+    g.create_array("t", shape=(50, 3), chunks=(10, 3), dtype="f4")[:] = np.arange(150).reshape(
+        50, 3
+    )
+    with serving(tmp_path) as url:
+        store = shardload.open_store(url + "plain", cache_dir=tmp_path / "cache")
+        assert len(store) == 50 and store.num_chunks == 5
+        np.testing.assert_array_equal(store.read("t", 5, 27), np.arange(15, 81).reshape(22, 3))

@@ -102,6 +102,7 @@ def open_group_readonly(fs: Any, root: str) -> Any:
     bounded cache), handed to zarr's async core with fsspec's ``AsyncFileSystemWrapper``.
     """
     import zarr
+    import zarr.errors
     from zarr.storage import FsspecStore, LocalStore
 
     if is_local(fs):
@@ -116,6 +117,11 @@ def open_group_readonly(fs: Any, root: str) -> Any:
         store = FsspecStore(
             AsyncFileSystemWrapper(fs, asynchronous=True), read_only=True, path=root
         )
+        # Zarr v3 first: one request (zarr.json) instead of also probing the three v2 keys
+        try:
+            return zarr.open_group(store=store, mode="r", zarr_format=3)
+        except (FileNotFoundError, zarr.errors.NodeNotFoundError):
+            pass  # plain Zarr v2 data
     return zarr.open_group(store=store, mode="r")
 
 
