@@ -225,6 +225,72 @@ def test_evict_lru_unit(tmp_path: Path) -> None:
     for i, name in enumerate(["a", "b", "c"]):
         (tmp_path / name).write_bytes(b"x" * 100)
         os.utime(tmp_path / name, (1000 + i, 1000 + i))
-    (tmp_path / "cache").write_bytes(b"m" * 1000)  # fsspec's metadata is never evicted
-    assert evict_lru(tmp_path, 150) == 200
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "cache"]
+    (tmp_path / "a.lock").write_bytes(b"")  # locks are never evicted
+    (tmp_path / "d.tmp-123").write_bytes(b"t" * 50)  # a dead download's leftover: removed
+    os.utime(tmp_path / "d.tmp-123", (1000, 1000))
+    (tmp_path / "e.tmp-456").write_bytes(b"t" * 50)  # a download in progress: kept
+    os.symlink(tmp_path / "c", tmp_path / "link")  # never followed nor removed
+    assert evict_lru(tmp_path, 150) == 250
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.lock", "c", "e.tmp-456", "link"]
+
+
+def test_filesystem_pickles_and_reads_after_fork(stores: Path, tmp_path: Path) -> None:
+    import multiprocessing
+    import pickle
+
+    chunk = (stores / "alpha" / "x" / "000002.npy").read_bytes()
+    with serving(stores) as url:
+        fs, root = open_fs(url + "alpha", retries=1)
+        assert read_bytes(fs, root + "/x/000002.npy") == chunk  # the parent's session is live
+        clone = pickle.loads(pickle.dumps(fs))
+        assert clone.spec == fs.spec and read_bytes(clone, root + "/x/000002.npy") == chunk
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(1) as pool:  # fsspec's async filesystems are not fork-safe; ours reopens
+            got = pool.apply(read_bytes, (fs, root + "/x/000002.npy", 10, 20))
+    assert got == chunk[10:20]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_suffix_and_open_ended_ranges(stores: Path, tmp_path: Path, cached: bool) -> None:
+    chunk = (stores / "alpha" / "x" / "000001.npy").read_bytes()
+    with serving(stores) as url:
+        fs, root = open_fs(url + "alpha", cache_dir=tmp_path / "c" if cached else None)
+        path = root + "/x/000001.npy"
+        assert read_bytes(fs, path, -16) == chunk[-16:]  # how zarr reads a shard index
+        assert read_bytes(fs, path, 4000) == chunk[4000:]
+        assert read_bytes(fs, path, 5, 5) == b""
+        with fs.open(path, "rb", block_size=0) as f:  # npy headers, HDF5
+            f.seek(100)
+            assert f.read(50) == chunk[100:150]
+
+
+def test_read_options_from_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("SHARDLOAD_RETRIES", "1")
+    monkeypatch.setenv("SHARDLOAD_RETRY_BACKOFF_S", "0.01")
+    monkeypatch.setenv("SHARDLOAD_TIMEOUT_S", "3")
+    assert open_fs("http://127.0.0.1:9/store", retries=4)[0].spec.retries == 4  # explicit wins
+    fs, root = open_fs("http://127.0.0.1:9/store")  # nothing listens on port 9
+    assert (fs.spec.retries, fs.spec.backoff_s, fs.spec.timeout_s) == (1, 0.01, 3.0)
+    t0 = time.monotonic()
+    with pytest.raises(
+        RemoteError, match=r"file x \(http://127.0.0.1:9/store/x\) after 2 attempts"
+    ):
+        read_bytes(fs, root + "/x")
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_plain_zarr_groups_by_url(tmp_path: Path, zarr_format: int) -> None:
+    import numpy as np
+    import zarr
+
+    import shardload
+
+    g = zarr.open_group(tmp_path / "plain", mode="w", zarr_format=zarr_format)
+    g.create_array("t", shape=(50, 3), chunks=(10, 3), dtype="f4")[:] = np.arange(150).reshape(
+        50, 3
+    )
+    with serving(tmp_path) as url:
+        store = shardload.open_store(url + "plain", cache_dir=tmp_path / "cache")
+        assert len(store) == 50 and store.num_chunks == 5
+        np.testing.assert_array_equal(store.read("t", 5, 27), np.arange(15, 81).reshape(22, 3))

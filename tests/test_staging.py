@@ -60,6 +60,25 @@ def test_over_http_from_our_server(stores: Path, tmp_path: Path) -> None:
     assert leftovers(tmp_path / "shm") == []
 
 
+def test_open_store_stage_to(tmp_path: Path) -> None:
+    import shardload
+    from _stores import make_store as prepared_store
+
+    src = prepared_store(tmp_path / "p", fmt="npy", n=50, chunk_rows=7)
+    to = tmp_path / "shm"
+    with serving(tmp_path / "p") as url:
+        store = shardload.open_store(url + "store", stage_to=to, stage_keep=True)
+    # the server is gone: the store reads from its node-local copy
+    assert Path(store.root).parent == to.resolve() and store.is_local
+    for name in src.arrays:
+        assert (store.read(name) == src.read(name)).all()
+    first = shardload.open_store(src.root, stage_to=to, stage_keep=True)
+    again = shardload.open_store(src.root, stage_to=to, stage_keep=True)
+    assert first.root == again.root != store.root  # one copy per source, reused
+    assert len([p for p in to.iterdir() if not p.name.startswith(".")]) == 2
+    shutil.rmtree(to)
+
+
 def test_keep_leaves_the_copy_and_a_later_run_reuses_it(tmp_path: Path) -> None:
     src = make_store(tmp_path / "store")
     to = tmp_path / "shm"

@@ -1,49 +1,75 @@
-"""fsspec helpers for stores given as URLs: open a filesystem, read bytes with retries, cache.
+"""Stores given as URLs: one filesystem for every format, with retries and an optional cache.
 
-Cache choice: ``filecache`` (fsspec's ``WholeFileCacheFileSystem``). Store files are immutable
-once a store is complete, and the unit of reading is a whole file (an npy chunk, a Zarr chunk or
-shard of ~16 MiB), so caching whole files matches the access pattern; a range read of a cached
-file is a local ``seek``. ``filecache`` saves its metadata only after a download finished, so a
-process killed mid-download leaves no entry that later readers trust (``simplecache`` trusts
-any file present). ``blockcache`` would suit sparse range reads of one huge file (e.g. a large
-``data.h5``), but keeps sparse files whose size on disk is hard to bound and is not safe to share
-between processes (DataLoader workers). The size bound is ours: after a download, the least
-recently used cache files are deleted until the folder is under ``cache_bytes``; only files
-inside ``cache_dir`` are ever deleted.
+:func:`open_fs` returns a :class:`RemoteFileSystem` wrapping fsspec's filesystem of the URL
+(``http``, ``s3``, ``gs``...). Every read of every format goes through it: npy chunks and headers,
+HDF5 (a file object on top of ranged reads), and Zarr (``formats.zarr.open_group_readonly``
+hands it to zarr through fsspec's ``AsyncFileSystemWrapper``). So all of them get the same
+retries (transient errors: connection reset, 5xx, timeouts; exponential backoff with jitter),
+the same errors (:class:`~shardload.errors.RemoteError` naming the URL and what was read), and
+the same optional local cache of whole files (:mod:`shardload.remote_cache`, bounded in bytes).
+
+The filesystem is described by a picklable :class:`RemoteSpec` and reopens its fsspec instance
+in each process (fsspec's async filesystems are not fork-safe), so a Store holding it can go to
+DataLoader workers under fork, spawn or forkserver.
+
+Defaults of the read options come from the environment when not given:
+``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25), ``SHARDLOAD_TIMEOUT_S`` (30).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import random
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from fsspec import AbstractFileSystem
+from fsspec.spec import AbstractBufferedFile
+
+from . import remote_cache
 from .errors import RemoteError, RemoteNotFoundError
+from .remote_cache import evict_lru
+
+__all__ = [
+    "RemoteFileSystem",
+    "RemoteSpec",
+    "call_with_retries",
+    "evict_lru",
+    "is_url",
+    "open_fs",
+    "read_bytes",
+]
 
 log = logging.getLogger("shardload.remote")
 
 T = TypeVar("T")
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
-_OPTIONS_ATTR = "_shardload_read_options"
-_CACHE_METADATA = "cache"  # filecache's own metadata file inside cache_dir
+#: Smallest block of a file object's ranged reads (an npy header in one request, not three).
+MIN_BLOCK_BYTES = 64 * 1024
+_DEFAULTS = {"retries": 5, "backoff_s": 0.25, "timeout_s": 30.0}
+_ENV = {
+    "retries": "SHARDLOAD_RETRIES",
+    "backoff_s": "SHARDLOAD_RETRY_BACKOFF_S",
+    "timeout_s": "SHARDLOAD_TIMEOUT_S",
+}
 
 
-@dataclass(frozen=True)
-class ReadOptions:
-    """How :func:`read_bytes` treats one filesystem (set by :func:`open_fs`)."""
+def default_option(name: str) -> float:
+    """A read option's default: its environment variable, else the built-in value."""
+    raw = os.environ.get(_ENV[name])
+    if raw is None or raw.strip() == "":
+        return _DEFAULTS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        from .errors import ConfigError
 
-    retries: int = 5
-    backoff_s: float = 0.25
-    cache_dir: str | None = None
-    cache_bytes: int | None = None
+        raise ConfigError(f"{_ENV[name]}={raw!r} is not a number") from None
+    return int(value) if name == "retries" else value
 
 
 def is_url(s: str | os.PathLike) -> bool:
@@ -51,71 +77,80 @@ def is_url(s: str | os.PathLike) -> bool:
     return isinstance(s, str) and bool(_URL.match(s))
 
 
+@dataclass(frozen=True)
+class RemoteSpec:
+    """Everything needed to (re)open a store's filesystem, in any process (picklable).
+
+    Attributes
+    ----------
+    url : str
+        The store's URL.
+    storage_options : mapping
+        Passed to fsspec (credentials, endpoint...).
+    cache_dir, cache_bytes
+        Cache whole files in ``cache_dir``, at most ``cache_bytes`` (None: no cache / no bound).
+    retries, backoff_s, timeout_s
+        Attempts after the first for transient errors; first retry delay (doubled each time,
+        +-50% jitter); HTTP connect and read-stall timeout.
+    """
+
+    url: str
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    cache_dir: str | None = None
+    cache_bytes: int | None = None
+    retries: int = 5
+    backoff_s: float = 0.25
+    timeout_s: float = 30.0
+
+    def open_target(self) -> tuple[Any, str]:
+        """fsspec's own filesystem for the URL (a private instance) and the root path on it."""
+        from fsspec.core import url_to_fs
+
+        opts = dict(self.storage_options)
+        if self.url.split("://", 1)[0].lower() in ("http", "https"):
+            import aiohttp
+
+            client = dict(opts.pop("client_kwargs", {}) or {})
+            client.setdefault(
+                "timeout",
+                aiohttp.ClientTimeout(sock_connect=self.timeout_s, sock_read=self.timeout_s),
+            )
+            opts["client_kwargs"] = client
+        # a private instance: a dead server's session is not shared with later calls
+        fs, root = url_to_fs(self.url, skip_instance_cache=True, **opts)
+        return fs, root.rstrip("/")
+
+
 def open_fs(
     url: str,
     *,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     cache_dir: str | os.PathLike | None = None,
     cache_bytes: int | None = None,
-    retries: int = 5,
-    timeout_s: float = 30,
-    backoff_s: float = 0.25,
-) -> tuple[Any, str]:
-    """Open the fsspec filesystem of ``url``.
+    retries: int | None = None,
+    timeout_s: float | None = None,
+    backoff_s: float | None = None,
+) -> tuple[RemoteFileSystem, str]:
+    """Open the filesystem of ``url`` (see :class:`RemoteSpec` for the options).
 
-    Parameters
-    ----------
-    url : str
-        Any fsspec URL (``http://``, ``s3://``, ``gs://``, ``file://`` ...).
-    storage_options : dict, optional
-        Passed to the filesystem (credentials, endpoint, ...).
-    cache_dir : path, optional
-        Cache whole files here (``filecache``; see the module docstring).
-    cache_bytes : int, optional
-        Bound on the cache folder's size; least recently used files are evicted.
-    retries : int
-        Attempts after the first one in :func:`read_bytes` for transient errors.
-    timeout_s : float
-        HTTP connect and read-stall timeout (a silent server fails after this long).
-    backoff_s : float
-        First retry delay; doubled at each retry, with +-50% jitter.
+    Options left as None take their default from the environment (module docstring).
 
     Returns
     -------
     (fs, root_path)
         The filesystem and the store's path on it (what ``fs.find`` / ``read_bytes`` take).
     """
-    import fsspec
-    from fsspec.core import url_to_fs
-
-    opts = dict(storage_options or {})
-    if url.split("://", 1)[0].lower() in ("http", "https"):
-        import aiohttp
-
-        client = dict(opts.pop("client_kwargs", {}) or {})
-        client.setdefault(
-            "timeout", aiohttp.ClientTimeout(sock_connect=timeout_s, sock_read=timeout_s)
-        )
-        opts["client_kwargs"] = client
-    # a private instance: read options are attached to it, and a dead server's session is not
-    # shared with later calls
-    fs, root = url_to_fs(url, skip_instance_cache=True, **opts)
-    if cache_dir is not None:
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        fs = fsspec.filesystem(
-            "filecache", fs=fs, cache_storage=str(cache_dir), skip_instance_cache=True
-        )
-    setattr(
-        fs,
-        _OPTIONS_ATTR,
-        ReadOptions(
-            retries=retries,
-            backoff_s=backoff_s,
-            cache_dir=None if cache_dir is None else str(cache_dir),
-            cache_bytes=cache_bytes,
-        ),
+    spec = RemoteSpec(
+        url=url,
+        storage_options=dict(storage_options or {}),
+        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+        cache_bytes=None if cache_bytes is None else int(cache_bytes),
+        retries=int(default_option("retries") if retries is None else retries),
+        backoff_s=float(default_option("backoff_s") if backoff_s is None else backoff_s),
+        timeout_s=float(default_option("timeout_s") if timeout_s is None else timeout_s),
     )
-    return fs, root.rstrip("/")
+    fs = RemoteFileSystem(spec)
+    return fs, fs.root
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -123,7 +158,7 @@ def is_transient(exc: BaseException) -> bool:
     try:
         import aiohttp
     except ImportError:  # pragma: no cover - aiohttp is only needed for HTTP
-        aiohttp = None
+        aiohttp = None  # type: ignore[assignment]
     if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError):
         return exc.status >= 500 or exc.status in (408, 429)
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
@@ -131,6 +166,19 @@ def is_transient(exc: BaseException) -> bool:
     if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
         return True
     return isinstance(exc, (OSError, TimeoutError, ConnectionError))
+
+
+def _unmask(exc: Exception) -> Exception:
+    """The transient error behind a FileNotFoundError (fsspec's HTTP ``info`` turns a refused
+    connection into FileNotFoundError: that is not a missing file)."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, FileNotFoundError) and isinstance(cause, Exception) and is_transient(cause):
+        return cause
+    return exc
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _describe(url: str, what: str) -> str:
@@ -161,20 +209,23 @@ def call_with_retries(
         except Exception as exc:
             if on_error is not None:
                 on_error()
+            if isinstance(exc, RemoteError):
+                raise  # already described (a nested read)
+            exc = _unmask(exc)
             status = getattr(exc, "status", None)
             if isinstance(exc, FileNotFoundError) or status == 404:
                 raise RemoteNotFoundError(f"{_describe(url, what)}: not found") from exc
             if not is_transient(exc):
-                raise RemoteError(f"cannot read {_describe(url, what)}: {exc!r}") from exc
+                raise RemoteError(f"cannot read {_describe(url, what)}: {_short(exc)}") from exc
             if attempt == retries:
                 raise RemoteError(
-                    f"cannot read {_describe(url, what)} after {retries + 1} attempts: {exc!r}"
+                    f"cannot read {_describe(url, what)} after {retries + 1} attempts: {_short(exc)}"
                 ) from exc
             delay = backoff_s * 2**attempt * (0.5 + random.random())
             log.warning(
-                "reading %s failed (%r); retry %d/%d in %.2fs",
+                "reading %s failed (%s); retry %d/%d in %.2fs",
                 _describe(url, what),
-                exc,
+                _short(exc),
                 attempt + 1,
                 retries,
                 delay,
@@ -186,53 +237,29 @@ def call_with_retries(
 def read_bytes(
     fs: Any, path: str, start: int | None = None, end: int | None = None, *, what: str = ""
 ) -> bytes:
-    """Read ``path[start:end]`` (``start``, ``end`` >= 0 or None) with retries.
+    """Read ``path[start:end]`` (Python slice rules; None reads the whole file) with retries.
 
     Parameters
     ----------
     fs, path
-        A filesystem and path, as returned by :func:`open_fs` (plus a file name).
-    start, end : int, optional
-        Byte range; None reads the whole file.
+        A filesystem and path, as returned by :func:`open_fs` (plus a file name); any other
+        fsspec filesystem is read with the default retries and no cache.
     what : str
         What is being read, for error messages (e.g. ``"chunk 12 of array 'x'"``).
 
     Raises
     ------
     RemoteError
-        After the retries of :func:`open_fs` (``RemoteNotFoundError`` for missing files).
+        After the retries (``RemoteNotFoundError``, at once, for missing files).
     """
-    opts = getattr(fs, _OPTIONS_ATTR, None) or ReadOptions()
-    local = _cache_file(fs, path, opts)
-
-    def purge() -> None:
-        # a failed download may leave a partial file that the cache would trust
-        if local is not None:
-            with contextlib.suppress(Exception):
-                fs.pop_from_cache(path)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(local)
-
-    def read() -> bytes:
-        if local is None:
-            return fs.cat_file(path, start=start, end=end)
-        with _locked(local):  # one download per file, also across processes
-            hit = os.path.exists(local)
-            data = fs.cat_file(path, start=start, end=end)
-            with contextlib.suppress(FileNotFoundError):
-                now_ns = time.time_ns()  # explicit: the kernel's own clock here is coarse
-                os.utime(local, ns=(now_ns, now_ns))  # mtime marks recent use for the LRU
-        if not hit and opts.cache_bytes is not None:
-            evict_lru(opts.cache_dir, opts.cache_bytes)
-        return data
-
+    if isinstance(fs, RemoteFileSystem):
+        return fs.cat_file(path, start, end, what=what)
     return call_with_retries(
-        read,
+        lambda: fs.cat_file(path, start=start, end=end),
         url=_full_url(fs, path),
         what=what,
-        retries=opts.retries,
-        backoff_s=opts.backoff_s,
-        on_error=purge,
+        retries=int(default_option("retries")),
+        backoff_s=float(default_option("backoff_s")),
     )
 
 
@@ -243,45 +270,120 @@ def _full_url(fs: Any, path: str) -> str:
         return path
 
 
-def _cache_file(fs: Any, path: str, opts: ReadOptions) -> str | None:
-    if opts.cache_dir is None:
-        return None
-    return os.path.join(opts.cache_dir, fs.hash_name(fs._strip_protocol(path)))
+class RemoteFileSystem(AbstractFileSystem):
+    """A read-only filesystem over fsspec's filesystem of a URL: retries, cache, fork safety.
 
-
-@contextlib.contextmanager
-def _locked(local: str):
-    fd = os.open(local + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def evict_lru(cache_dir: str | os.PathLike, cache_bytes: int) -> int:
-    """Delete the least recently used files of ``cache_dir`` until it holds <= ``cache_bytes``.
-
-    Only regular files directly inside ``cache_dir`` are considered (never a symlink, never the
-    cache's metadata or lock files). Returns the number of bytes freed.
+    Paths are those of the wrapped filesystem (full URLs for HTTP, ``bucket/key`` for S3).
+    Only reading and listing are offered; ``open`` gives a read-only file (a local file when
+    cached).
     """
-    entries = []
-    with os.scandir(cache_dir) as it:
-        for e in it:
-            if e.name == _CACHE_METADATA or e.name.endswith(".lock"):
-                continue
-            if e.is_file(follow_symlinks=False):
-                with contextlib.suppress(FileNotFoundError):
-                    st = e.stat(follow_symlinks=False)
-                    entries.append((st.st_mtime_ns, st.st_size, e.path))
-    total = sum(size for _, size, _ in entries)
-    freed = 0
-    for _, size, file in sorted(entries):
-        if total - freed <= cache_bytes:
-            break
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(file)  # its .lock stays: removing it could let two downloads overlap
-            freed += size
-    if freed:
-        log.debug("cache %s: evicted %d bytes", cache_dir, freed)
-    return freed
+
+    protocol = ("shardload-remote",)
+    cachable = False
+    async_impl = False
+
+    def __init__(self, spec: RemoteSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self._pid = -1
+        self._target: Any = None
+        self.root = self.target_and_root()[1]
+
+    def target_and_root(self) -> tuple[Any, str]:
+        if self._target is None or self._pid != os.getpid():
+            self._target, self._root = self.spec.open_target()
+            self._pid = os.getpid()
+        return self._target, self._root
+
+    @property
+    def target(self) -> Any:
+        """fsspec's filesystem for the URL, opened in this process."""
+        return self.target_and_root()[0]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteFileSystem, (self.spec,))
+
+    def __repr__(self) -> str:
+        return f"<RemoteFileSystem {self.spec.url}>"
+
+    # -- paths ----------------------------------------------------------------------------------
+    def unstrip_protocol(self, name: str) -> str:
+        return _full_url(self.target, name)
+
+    # -- reads ----------------------------------------------------------------------------------
+    def _retry(self, func: Callable[[], T], path: str, what: str) -> T:
+        s = self.spec
+        return call_with_retries(
+            func, url=self.unstrip_protocol(path), what=what or self._name(path),
+            retries=s.retries, backoff_s=s.backoff_s,
+        )  # fmt: skip
+
+    def _name(self, path: str, what: str = "file") -> str:
+        """``file x/000004.npy`` (the path inside the store) for error messages."""
+        root = self.root.rstrip("/")
+        rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
+        return f"{what} {rel}" if rel else what
+
+    def _cached_fd(self, path: str, what: str) -> int:
+        s = self.spec
+        assert s.cache_dir is not None
+        return remote_cache.open_cached(
+            s.cache_dir,
+            self.unstrip_protocol(path),
+            lambda: self._retry(lambda: self.target.cat_file(path), path, what),
+            cache_bytes=s.cache_bytes,
+        )
+
+    def cat_file(  # type: ignore[override]
+        self, path: str, start: int | None = None, end: int | None = None, what: str = "", **kw
+    ) -> bytes:
+        if self.spec.cache_dir is not None:
+            fd = self._cached_fd(path, what)
+            try:
+                return remote_cache.read_range(fd, start, end)
+            finally:
+                os.close(fd)
+        return self._retry(lambda: self.target.cat_file(path, start=start, end=end), path, what)
+
+    def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
+        if mode != "rb":
+            raise PermissionError(f"{self.unstrip_protocol(path)}: remote stores are read-only")
+        if self.spec.cache_dir is not None:
+            return os.fdopen(self._cached_fd(path, ""), "rb")
+        if not isinstance(block_size, int) or block_size < MIN_BLOCK_BYTES:
+            block_size = "default" if block_size in (None, "default") else MIN_BLOCK_BYTES
+        return _RemoteFile(self, path, mode="rb", block_size=block_size, **kwargs)
+
+    # -- metadata and listings (retried; paths as the wrapped filesystem spells them) -----------
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        what = self._name(path, "size of")
+        return self._retry(lambda: self.target.info(path, **kwargs), path, what)
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        what = self._name(path, "listing of")
+        return self._retry(lambda: self.target.ls(path, detail=detail, **kwargs), path, what)
+
+    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        what = self._name(path, "listing of")
+        return self._retry(lambda: self.target.find(path, *args, **kwargs), path, what)
+
+    def sizes(self, paths: list[str]) -> list[int]:
+        if not paths:
+            return []
+        return self._retry(lambda: self.target.sizes(paths), paths[0], "file sizes")
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        try:
+            self.info(path)
+        except FileNotFoundError:
+            return False
+        except RemoteError:
+            return False
+        return True
+
+
+class _RemoteFile(AbstractBufferedFile):
+    """A read-only file on a :class:`RemoteFileSystem`: ranged reads, each retried."""
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path, start, end)

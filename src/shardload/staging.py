@@ -169,6 +169,10 @@ def _release(token: str) -> None:
         use = _ACTIVE.get(token)
     if use is None:
         return
+    if not use.lock.parent.is_dir():  # the target folder was removed under us: nothing to do
+        with _GUARD:
+            _ACTIVE.pop(token, None)
+        return
     with _locked(use.lock):
         state = _read_users(use.users)
         if token in state["users"]:

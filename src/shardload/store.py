@@ -123,6 +123,11 @@ def open_store(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
     arrays: Sequence[str] | None = None,
+    retries: int | None = None,
+    timeout_s: float | None = None,
+    backoff_s: float | None = None,
+    stage_to: str | os.PathLike[str] | None = None,
+    stage_keep: bool = False,
 ) -> Store:
     """Open a shardload store (any format), or plain Zarr data chunked along axis 0.
 
@@ -133,15 +138,41 @@ def open_store(
     storage_options
         Passed to fsspec for URLs (credentials, endpoint, ...).
     cache_dir, cache_bytes
-        Optional local cache of remote files, bounded in bytes.
+        Optional local cache of remote files (whole files), bounded in bytes (None: unbounded).
+        The source is never modified; see :mod:`shardload.remote_cache`.
     arrays
         For plain Zarr data: which arrays to read together (default: all arrays sharing the
         longest leading dimension).
+    retries, timeout_s, backoff_s
+        For URLs: attempts after the first on transient errors, the HTTP connect/read-stall
+        timeout, the first retry delay (doubled each retry). Defaults: the environment
+        variables ``SHARDLOAD_RETRIES``, ``SHARDLOAD_TIMEOUT_S``, ``SHARDLOAD_RETRY_BACKOFF_S``,
+        else 5, 30 s and 0.25 s.
+    stage_to, stage_keep
+        Copy the store (a folder, URL or ``.tar``/``.tgz`` archive) into this node-local
+        folder first, e.g. ``/dev/shm``, and open the copy: one copy per node even when every
+        rank asks, removed when the last process using it exits unless ``stage_keep`` (see
+        :func:`shardload.staging.stage`).
+
+    Raises
+    ------
+    RemoteError
+        A URL's manifest cannot be read after the retries (names the URL).
     """
     if isinstance(path_or_url, Store):
         return path_or_url
     url = os.fspath(path_or_url)
-    fs, root = _open_fs(url, storage_options, cache_dir, cache_bytes)
+    if stage_to is not None:
+        from .staging import stage
+
+        url = str(
+            stage(url, stage_to, keep=stage_keep, storage_options=dict(storage_options or {}))
+        )
+    remote = dict(
+        storage_options=dict(storage_options or {}), cache_dir=cache_dir,
+        cache_bytes=cache_bytes, retries=retries, timeout_s=timeout_s, backoff_s=backoff_s,
+    )  # fmt: skip
+    fs, root = _open_fs(url, remote)
     root = root.rstrip("/") or "/"
     text = _read_manifest(fs, root)
     if text is None:
@@ -163,18 +194,11 @@ def open_store(
     return Store(manifest, fs, root, url=url)
 
 
-def _open_fs(
-    url: str, storage_options: Mapping[str, Any] | None, cache_dir: Any, cache_bytes: int | None
-) -> tuple[Any, str]:
+def _open_fs(url: str, remote: dict[str, Any]) -> tuple[Any, str]:
     if "://" in url and not url.startswith("file://"):
         from .remote import open_fs
 
-        return open_fs(
-            url,
-            storage_options=dict(storage_options or {}),
-            cache_dir=cache_dir,
-            cache_bytes=cache_bytes,
-        )
+        return open_fs(url, **remote)
     from fsspec.implementations.local import LocalFileSystem
 
     path = url[len("file://") :] if url.startswith("file://") else url

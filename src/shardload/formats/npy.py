@@ -6,6 +6,7 @@ Chunk files are uncompressed (the format's point is zero-decode, mmap-able reads
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -161,13 +162,19 @@ def _readinto_full(f: Any, dst: memoryview) -> int:
     return got
 
 
+# numpy parses npy headers with ast.literal_eval, which is not thread-safe in CPython < 3.11.8
+# / 3.12.1 ("SystemError: AST constructor recursion depth mismatch", gh-106905).
+_HEADER_LOCK = threading.Lock()
+
+
 def _header_len(f: Any, path: str) -> int:
     try:
         version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            np.lib.format.read_array_header_1_0(f)
-        else:
-            np.lib.format.read_array_header_2_0(f)
+        with _HEADER_LOCK:
+            if version == (1, 0):
+                np.lib.format.read_array_header_1_0(f)
+            else:
+                np.lib.format.read_array_header_2_0(f)
     except ValueError as exc:
         raise ChunkReadError(f"not a valid .npy chunk file: {path}: {exc}") from exc
     return int(f.tell())

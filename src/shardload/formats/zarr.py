@@ -119,16 +119,33 @@ class ZarrFormat:
 
 
 def open_group_readonly(fs: Any, root: str) -> Any:
+    """The Zarr group at ``root``, read-only.
+
+    A remote store is read through the same filesystem as the other formats
+    (:class:`shardload.remote.RemoteFileSystem`: retries, errors naming the URL, the optional
+    bounded cache), handed to zarr's async core with fsspec's ``AsyncFileSystemWrapper``.
+    """
     import zarr
+    import zarr.errors
     from zarr.storage import FsspecStore, LocalStore
 
     if is_local(fs):
         store: Any = LocalStore(root, read_only=True)
     else:
-        # zarr drives fsspec asynchronously: give it its own async instance for the URL (the
-        # user's storage options ride along on the sync instance as `shardload_storage_options`)
-        opts = dict(getattr(fs, "shardload_storage_options", {}) or {})
-        store = FsspecStore.from_url(_url(fs, root), read_only=True, storage_options=opts)
+        from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+
+        from ..remote import RemoteFileSystem, open_fs
+
+        if not isinstance(fs, RemoteFileSystem):  # a plain fsspec filesystem
+            fs, root = open_fs(_url(fs, root), storage_options=_so(fs))
+        store = FsspecStore(
+            AsyncFileSystemWrapper(fs, asynchronous=True), read_only=True, path=root
+        )
+        # Zarr v3 first: one request (zarr.json) instead of also probing the three v2 keys
+        try:
+            return zarr.open_group(store=store, mode="r", zarr_format=3)
+        except (FileNotFoundError, zarr.errors.NodeNotFoundError):
+            pass  # plain Zarr v2 data
     return zarr.open_group(store=store, mode="r")
 
 
