@@ -108,11 +108,11 @@ def copy_store(src: str | os.PathLike, kind: str, tmp: Path, storage_options=Non
     The number of bytes written is checked against the source listing.
     """
     if kind == "dir":
-        root = Path(src).expanduser()
-        files = _list_dir(root)
+        local = Path(src).expanduser()
+        files = _list_dir(local)
         for rel in files:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            _copy_file(str(root / rel), str(tmp / rel))
+            _copy_file(str(local / rel), str(tmp / rel))
         expected, top = files, tmp
     elif kind == "tar":
         expected = {m.name: m.size for m in _tar_members(Path(src)) if m.isfile()}
