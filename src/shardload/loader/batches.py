@@ -79,7 +79,8 @@ def iter_batches(
     shuffle_chunks
         Chunks whose rows are permuted together (the shuffle buffer, in chunks).
     prefetch, threads
-        Chunks read ahead in background threads (``threads``, default ``min(4, prefetch)``).
+        Chunks read ahead in background threads (``threads``, default ``min(4, prefetch,
+        CPUs)``).
         Memory per reader is about ``(shuffle_chunks + prefetch)`` chunks of the selected
         arrays, plus the batches the caller holds.
     state
@@ -123,7 +124,7 @@ def iter_batches(
     if not 0 <= worker < readers:
         raise PlanError(f"worker={worker} is not within 0..{readers - 1}")
     prefetch = _check_nonneg("prefetch", prefetch)
-    threads = min(4, max(1, prefetch)) if threads is None else max(1, int(threads))
+    threads = min(4, max(1, prefetch), _cores()) if threads is None else max(1, int(threads))
     skip = _check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
@@ -154,6 +155,13 @@ def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> E
     ranks = list(plan.workers)
     ranks[rank] = (*plan.workers[rank][:worker], wp, *plan.workers[rank][worker + 1 :])
     return replace(plan, workers=tuple(ranks))
+
+
+def _cores() -> int:
+    """CPUs this process may run on (more reader threads than that only contend)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def _check_nonneg(name: str, value: int) -> int:
