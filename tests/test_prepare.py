@@ -330,3 +330,11 @@ def test_zarr_chunks_written_directly_read_back_by_plain_zarr(tmp_path, small_nc
     assert sorted(p.name for p in (tmp_path / "s" / "x" / "c").iterdir()) == sorted(
         str(i) for i in range(8)
     )
+
+
+def test_zarr_store_opens_in_xarray(tmp_path, small_nc):
+    """Named dims: xarray users open a shardload Zarr store as a dataset, rows on 'sample'."""
+    store = shardload.prepare(cfg(small_nc, tmp_path / "s", format="zarr", compression="zstd"))
+    ds = xr.open_zarr(tmp_path / "s", consolidated=False)
+    assert ds["x"].dims == ("sample", "x_dim1") and ds.sizes["sample"] == len(store)
+    np.testing.assert_array_equal(ds["x"].values, store.read("x"))

@@ -63,6 +63,8 @@ class ZarrFormat:
                 fill_value=0,
                 overwrite=True,
                 attributes={"features": list(spec.features)} if spec.features else {},
+                # named dims let xarray open the store directly (xr.open_zarr)
+                dimension_names=("sample", *(f"{name}_dim{i}" for i in range(1, len(spec.shape)))),
             )
         return {name: name for name in specs}
 
@@ -165,12 +167,16 @@ class ZarrReader:
         """The direct-read layout of array ``name``, or None (read through zarr-python)."""
         if name not in self._layouts:
             layout = None
-            if is_local(self.fs):
+            # local files, or a URL whose whole-file cache makes each chunk a local file once
+            # fetched (without a cache, zarr-python's concurrent range requests serve better)
+            cached = getattr(getattr(self.fs, "spec", None), "cache_dir", None) is not None
+            if is_local(self.fs) or cached:
                 info = self.manifest.arrays[name]
                 layout = load_chunk_layout(
                     f"{self.root.rstrip('/')}/{info.path}", dtype=np.dtype(info.dtype),
                     shape=tuple(info.shape), chunk_bounds=self.manifest.chunk_bounds,
                     strict=self.manifest.provenance.get("source") != "plain zarr",
+                    opener=None if is_local(self.fs) else (lambda p: self.fs.open(p, "rb")),
                 )  # fmt: skip
             self._layouts[name] = layout
         return self._layouts[name]

@@ -14,6 +14,7 @@ without the GIL, so the loader's reader threads decode in parallel.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -40,6 +41,12 @@ class ChunkLayout:
     blosc_config: dict[str, Any] | None  # the blosc codec's configuration, or None: raw bytes
     strict: bool  # a missing chunk is an error (shardload stores); else it is fill_value
     fill_value: Any
+    #: Opens a chunk file for binary reading (default: the local file, unbuffered); e.g. a
+    #: remote filesystem's ``open`` when its whole-file cache makes every chunk a local file.
+    opener: Any = None
+
+    def open(self, path: str) -> Any:
+        return self.opener(path) if self.opener is not None else open(path, "rb", buffering=0)
 
     @property
     def blosc(self) -> bool:
@@ -96,14 +103,18 @@ def plan_chunk_layout(
     )  # fmt: skip
 
 
-def load_chunk_layout(folder: str, **kw: Any) -> ChunkLayout | None:
-    """Read ``folder/zarr.json`` (local) and plan its layout; None if absent or not simple."""
+def load_chunk_layout(folder: str, *, opener: Any = None, **kw: Any) -> ChunkLayout | None:
+    """Read ``folder/zarr.json`` and plan its layout; None if absent or not simple.
+
+    ``opener`` (default: local files) opens the metadata and, later, the chunk files."""
     try:
-        with open(os.path.join(folder, "zarr.json"), "rb") as f:
-            meta = json.load(f)
+        path = f"{folder.rstrip('/')}/zarr.json"
+        with opener(path) if opener is not None else open(path, "rb") as f:
+            meta = json.loads(f.read())
     except (OSError, ValueError):
         return None
-    return plan_chunk_layout(meta, folder=folder, **kw) if isinstance(meta, dict) else None
+    layout = plan_chunk_layout(meta, folder=folder, **kw) if isinstance(meta, dict) else None
+    return dataclasses.replace(layout, opener=opener) if layout is not None else None
 
 
 def read_rows_into(layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray) -> None:
@@ -127,7 +138,7 @@ def _read_chunk_part(
     path = layout.chunk_path(i)
     rb, nrows = layout.row_bytes, layout.chunk_rows
     try:
-        with open(path, "rb", buffering=0) as f:
+        with layout.open(path) as f:
             if not layout.blosc:
                 f.seek(a * rb)
                 got = _readinto_full(f, dst)
