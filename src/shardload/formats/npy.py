@@ -5,6 +5,7 @@ Chunk files are uncompressed (the format's point is zero-decode, mmap-able reads
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -163,21 +164,38 @@ def _readinto_full(f: Any, dst: memoryview) -> int:
 
 
 # numpy parses npy headers with ast.literal_eval, which is not thread-safe in CPython < 3.11.8
-# / 3.12.1 ("SystemError: AST constructor recursion depth mismatch", gh-106905).
+# / 3.12.1 ("SystemError: AST constructor recursion depth mismatch", gh-106905). The lock guards
+# the parse only, never I/O: a thread holding it across a (remote, retried) read while a
+# DataLoader forks its workers would leave the workers a lock that is never released.
 _HEADER_LOCK = threading.Lock()
 
 
+def _new_header_lock() -> None:
+    global _HEADER_LOCK
+    _HEADER_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_header_lock)
+
+
 def _header_len(f: Any, path: str) -> int:
+    """Bytes before the data of an npy file (magic, header length, header); parses the header
+    (validating it) from memory, after all reads are done."""
     try:
-        version = np.lib.format.read_magic(f)
+        prefix = f.read(8)  # magic string + version
+        version = np.lib.format.read_magic(io.BytesIO(prefix))
+        size_field = f.read(2 if version == (1, 0) else 4)
+        header = f.read(int.from_bytes(size_field, "little"))
+        raw = io.BytesIO(prefix + size_field + header)
         with _HEADER_LOCK:
+            np.lib.format.read_magic(raw)
             if version == (1, 0):
-                np.lib.format.read_array_header_1_0(f)
+                np.lib.format.read_array_header_1_0(raw)
             else:
-                np.lib.format.read_array_header_2_0(f)
+                np.lib.format.read_array_header_2_0(raw)
     except ValueError as exc:
         raise ChunkReadError(f"not a valid .npy chunk file: {path}: {exc}") from exc
-    return int(f.tell())
+    return len(prefix) + len(size_field) + len(header)
 
 
 FORMAT = NpyFormat()
