@@ -310,6 +310,15 @@ class RemoteFileSystem(AbstractFileSystem):
     def unstrip_protocol(self, name: str) -> str:
         return _full_url(self.target, name)
 
+    @property
+    def _deadline(self) -> dict[str, Any]:
+        """A hard deadline for one call of an async filesystem, enforced by the waiting thread
+        (fsspec's ``sync(timeout=)``), above the HTTP client's own connect/read timeouts: a call
+        whose event loop never answers becomes a (retried) timeout instead of a hang."""
+        if getattr(self.target, "async_impl", False):
+            return {"timeout": 2 * self.spec.timeout_s + 1}
+        return {}
+
     # -- reads ----------------------------------------------------------------------------------
     def _retry(self, func: Callable[[], T], path: str, what: str) -> T:
         s = self.spec
@@ -330,7 +339,7 @@ class RemoteFileSystem(AbstractFileSystem):
         return remote_cache.open_cached(
             s.cache_dir,
             self.unstrip_protocol(path),
-            lambda: self._retry(lambda: self.target.cat_file(path), path, what),
+            lambda: self._retry(lambda: self.target.cat_file(path, **self._deadline), path, what),
             cache_bytes=s.cache_bytes,
         )
 
@@ -343,7 +352,9 @@ class RemoteFileSystem(AbstractFileSystem):
                 return remote_cache.read_range(fd, start, end)
             finally:
                 os.close(fd)
-        return self._retry(lambda: self.target.cat_file(path, start=start, end=end), path, what)
+        return self._retry(
+            lambda: self.target.cat_file(path, start=start, end=end, **self._deadline), path, what
+        )
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
         if mode != "rb":
@@ -357,7 +368,7 @@ class RemoteFileSystem(AbstractFileSystem):
     # -- metadata and listings (retried; paths as the wrapped filesystem spells them) -----------
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         what = self._name(path, "size of")
-        return self._retry(lambda: self.target.info(path, **kwargs), path, what)
+        return self._retry(lambda: self.target.info(path, **kwargs, **self._deadline), path, what)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
         what = self._name(path, "listing of")

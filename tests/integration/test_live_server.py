@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 FORMATS = ("npy", "zarr", "zarr_sharded", "hdf5")  # store names; hdf5 reads by ranges
 T = 10
-FAST = dict(retries=2, backoff_s=0.05, timeout_s=5)  # errors surface in seconds, not minutes
+FAST = dict(retries=2, backoff_s=0.05, timeout_s=3)  # errors surface in seconds, not minutes
 
 
 @pytest.fixture(scope="module")
