@@ -35,16 +35,6 @@ def disk_write_bandwidth(folder: Path, nbytes: int = 2**30) -> float:
     return nbytes / dt / 1e6
 
 
-def _fsync_tree(root: Path) -> None:
-    for folder, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -65,6 +55,7 @@ def main() -> None:
     import shardload
     from shardload.formats.base import FormatOptions
     from shardload.formats.zarr import compressors
+    from shardload.pipeline import fsync_tree
     from shardload.samples.radiation import write_radiation_sample
     from shardload.sources.radiation import open_radiation
 
@@ -134,7 +125,7 @@ def main() -> None:
     # shardload makes every chunk durable (fsync) before it records it as done; the same
     # guarantee for the baseline costs an fsync of its files after to_zarr
     t = time.perf_counter()
-    _fsync_tree(work / "xarray-store")
+    fsync_tree(work / "xarray-store")
     dt_sync = dt + time.perf_counter() - t
     results.update(xarray_fsync_s=dt_sync, xarray_fsync_MBps=nbytes / dt_sync / 1e6)
     print(

@@ -237,7 +237,7 @@ def prepare(
         complete=True,
         shardload_version=__version__,
     )
-    _fsync_tree(partial_dir)  # every array file on disk before the manifest says complete
+    fsync_tree(partial_dir)  # every array file on disk before the manifest says complete
     _write_atomic(partial_dir / MANIFEST_NAME, manifest.to_json().encode())
     shutil.rmtree(progress_dir, ignore_errors=True)
     _publish(partial_dir, out)
@@ -388,7 +388,7 @@ def _publish(partial_dir: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: Path) -> None:
     """fsync every file and folder under ``root`` (files written durably already cost little)."""
     for folder, _, files in os.walk(root):
         for name in files:

@@ -114,3 +114,15 @@ def is_local(fs: Any) -> bool:
     protocol = getattr(fs, "protocol", "file")
     protocols = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
     return "file" in protocols or "local" in protocols
+
+
+def readinto_full(f: Any, dst: memoryview) -> int:
+    """Fill ``dst`` from file ``f`` with as many ``readinto`` calls as it takes; the number of
+    bytes read (less than ``len(dst)`` only at the end of the file)."""
+    got = 0
+    while got < len(dst):
+        n = f.readinto(dst[got:])
+        if not n:
+            break
+        got += n
+    return got

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ChunkReadError, ConfigError
 from ..manifest import Manifest
-from .base import FormatOptions, is_local
+from .base import FormatOptions, is_local, readinto_full
 
 CHUNK_NAME = "{:06d}.npy"
 
@@ -124,7 +124,7 @@ class NpyReader:
                 if self.local:
                     with open(path, "rb", buffering=0) as f:
                         f.seek(off)
-                        got = _readinto_full(f, dst)
+                        got = readinto_full(f, dst)
                 else:
                     from ..remote import read_bytes
 
@@ -151,16 +151,6 @@ class NpyReader:
 
     def close(self) -> None:
         self._offsets.clear()
-
-
-def _readinto_full(f: Any, dst: memoryview) -> int:
-    got = 0
-    while got < len(dst):
-        n = f.readinto(dst[got:])
-        if not n:
-            break
-        got += n
-    return got
 
 
 # numpy parses npy headers with ast.literal_eval, which is not thread-safe in CPython < 3.11.8

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ChunkReadError
+from .base import readinto_full
 
 _CODECS_OK = ({"bytes"}, {"bytes", "blosc"})
 
@@ -141,7 +142,7 @@ def _read_chunk_part(
         with layout.open(path) as f:
             if not layout.blosc:
                 f.seek(a * rb)
-                got = _readinto_full(f, dst)
+                got = readinto_full(f, dst)
                 if got != len(dst):
                     raise ChunkReadError(
                         f"chunk {i} of array {name!r} is truncated or corrupt: {path} (expected "
@@ -214,13 +215,3 @@ def _blosc(config: dict[str, Any]) -> Any:
         cname=config.get("cname", "zstd"), clevel=int(config.get("clevel", 5)), shuffle=shuffle,
         blocksize=int(config.get("blocksize", 0)),
     )  # fmt: skip
-
-
-def _readinto_full(f: Any, dst: memoryview) -> int:
-    got = 0
-    while got < len(dst):
-        n = f.readinto(dst[got:])
-        if not n:
-            break
-        got += n
-    return got
