@@ -4,6 +4,7 @@ source -> view -> plan -> format. See docs/design.md ("Writing a store").
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -392,25 +393,22 @@ def fsync_tree(root: Path) -> None:
     """fsync every file and folder under ``root`` (files written durably already cost little)."""
     for folder, _, files in os.walk(root):
         for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(Path(folder) / name)
         _fsync_dir(Path(folder))
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError:
-        pass
     finally:
         os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a folder where the filesystem allows it (some refuse: ignored)."""
+    with contextlib.suppress(OSError):
+        _fsync(path)
 
 
 def _fingerprint(

@@ -29,6 +29,12 @@ from .radiation import _COL, _HL, _SCA, FLUX_VARIABLES, GRAVITY, HEAT_CAPACITY, 
 _DECODE_ATTRS = ("scale_factor", "add_offset", "missing_value", "valid_min", "valid_max")
 _INPUTS = ("sca_inputs", "col_inputs", "hl_inputs", "inter_inputs", "pressure_hl")
 NAMES = (*_INPUTS, *FLUX_VARIABLES, "hr_sw", "hr_lw")
+_LEVEL_DIM = {  # the raw level dim of each packed input array that has one
+    "col_inputs": "level",
+    "hl_inputs": "half_level",
+    "inter_inputs": "level_interface",
+    "pressure_hl": "half_level",
+}
 _CACHE_BYTES = 1 << 18  # rows transposed at a time: about this much of the stack
 
 
@@ -282,9 +288,7 @@ class RadiationRows:
         time into ``dst`` would stream all of ``dst`` through memory once per feature.
         """
         n = b - a
-        level = {"col_inputs": "level", "inter_inputs": "level_interface"}.get(array)
-        if array in ("hl_inputs", "pressure_hl"):
-            level = "half_level"
+        level = _LEVEL_DIM.get(array)
         stack = np.empty((dst.shape[-1], *dst.shape[:-1]), np.float32)  # (features, n[, L])
         for place in PLACES:
             if place.array != array:

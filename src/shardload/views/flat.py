@@ -3,6 +3,7 @@ flattened after the (stacked) sample axis."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -95,21 +96,15 @@ class FlatView:
         for name, das in self._vars.items():
             spec = self._specs[name]
             buf = np.empty((n, spec.shape[1]), dtype=spec.dtype)
-            # where each variable's rows go: views of buf (a RowReader writes them in place)
-            places, col = [], 0
-            for d in das:
-                rest = d.shape[len(self.sample_dims) :]
-                width = int(np.prod(rest, dtype=np.int64))
-                places.append(_view_as(buf[:, col : col + width], (n, *rest)))
-                col += width
+            # each variable's columns of buf; a RowReader fills the reshaped views in place
+            rests = [d.shape[len(self.sample_dims) :] for d in das]
+            cols = np.cumsum([0, *(int(np.prod(r, dtype=np.int64)) for r in rests)])
+            targets = [buf[:, a:b] for a, b in itertools.pairwise(cols.tolist())]
+            places = [_view_as(t, (n, *r)) for t, r in zip(targets, rests, strict=True)]
             blocks = read_vars(das, self.sample_dims, start, stop, self.rows, out=places)
-            col = 0
-            for block in blocks:
-                width = int(np.prod(block.shape[1:], dtype=np.int64))
-                target = buf[:, col : col + width]
+            for block, target in zip(blocks, targets, strict=True):
                 if not np.shares_memory(block, target):  # not read in place: copy it there
                     target[...] = block.reshape(n, -1)
-                col += width
             out[name] = buf
         return out
 

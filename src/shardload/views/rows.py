@@ -52,10 +52,8 @@ def read_vars(
     ``out`` (destinations per variable, or None) may be filled in place and returned."""
     names = [str(d.name) for d in das]
     if rows is not None and all(n in rows.names for n in names):
-        dest = {n: o for n, o in zip(names, out or [None] * len(names), strict=True)}
-        got = rows.read_rows(
-            names, start, stop, out={n: o for n, o in dest.items() if o is not None}
-        )
+        given = zip(names, out or [None] * len(names), strict=True)
+        got = rows.read_rows(names, start, stop, out={n: o for n, o in given if o is not None})
         return [got[n] for n in names]
     return read_many(das, sample_dims, start, stop)
 
