@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -36,9 +38,9 @@ def indices(batches):
     return [b["index"].tolist() for b in batches]
 
 
-def test_ring_batches_are_private_copies(store):
+def test_held_ring_batches_are_never_overwritten(store):
     """Batches held by the main process are never overwritten by later ones (the ring has only
-    a few slots, far fewer than the batches of an epoch)."""
+    a few slots, far fewer than the batches of an epoch: workers fall back to fresh memory)."""
     ds = StreamingDataset(store, batch_size=4, seed=3, ring_slots=3)
     held = list(DataLoader(ds, batch_size=None, num_workers=2))
     assert len(held) > 20
@@ -49,6 +51,20 @@ def test_ring_batches_are_private_copies(store):
     np.testing.assert_array_equal(np.sort(idx), split_rows(store, None))
     stock = StreamingDataset(store, batch_size=4, seed=3, ring_slots=0)
     assert indices(held) == indices(DataLoader(stock, batch_size=None, num_workers=2))
+
+
+def test_batches_arrive_in_ring_slots_without_a_copy(store):
+    """A loop that drops each batch before the next gets them all in place, in reused slots."""
+    ds = StreamingDataset(store, batch_size=8, seed=4, ring_slots=16)
+    lo = np.frombuffer(ds._ring._mm, np.uint8).ctypes.data
+    hi = lo + len(ds._ring._mm)
+    n = in_ring = 0
+    for b in DataLoader(ds, batch_size=None, num_workers=2):
+        n += 1
+        in_ring += all(lo <= t.data_ptr() < hi for t in b.values())
+        check_values(store, as_numpy(b))
+        del b
+    assert n > 30 and in_ring == n  # 16 slots served every batch of the epoch
 
 
 @pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")  # CPU-only torch
@@ -124,10 +140,17 @@ def test_ring_slots_and_fallback():
     assert ring.allocate(5) is None  # larger than a slot
     a["x"][:] = 7
     slot = ring.slot_of(a)
-    out = ring.copy_out(slot, 4)
-    a["x"][:] = 1  # the slot is reused: the copy keeps its values
-    assert (out["x"] == 7).all()
-    assert ring.allocate(4) is not None  # the freed slot
+    out = ring.lease(slot, 4)  # the consumer's arrays, in place
+    assert (out["x"] == 7).all() and out["x"].shape == (4, 3) and out["index"].shape == (4,)
+    view = out["x"][1:]
+    del out
+    assert ring.allocate(4) is None  # a view still holds the slot
+    ring._reclaim_dead()  # a slot the consumer holds is never reclaimed
+    assert ring.allocate(4) is None
+    del view
+    gc.collect()
+    c = ring.allocate(4)  # the freed slot
+    assert c is not None and ring.slot_of(c) == slot
     ring.release_unsent()
     assert ring.allocate(3) is not None
 

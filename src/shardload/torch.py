@@ -13,7 +13,9 @@ memory buffer, so ``set_epoch`` and ``load_state_dict`` work with ``persistent_w
 
 Hand-off: DataLoader workers gather each batch into a slot of a shared-memory ring
 (:mod:`shardload.loader.ring`, mapped before the workers fork) and send only the slot's address;
-the main process copies the batch out once into fresh tensors and frees the slot.
+the main process wraps the slot as tensors (no copy), and the slot is reused once those tensors
+(and any views of them) are garbage. A training loop that keeps many batches alive just makes
+the workers fall back to the stock hand-off for the batches that find no free slot.
 
 ``StreamingDataset`` also works with torchdata's ``StatefulDataLoader``: inside a worker,
 ``state_dict()`` is that worker's position (``load_state_dict`` of it skips what the worker
@@ -99,14 +101,15 @@ class _RingBatch(dict):  # type: ignore[type-arg]
 
 
 def _batch_from_ring(token: str, slot: int, rows: int) -> dict[str, torch.Tensor]:
-    """Main process: copy a batch out of its ring slot (then free) into fresh tensors."""
+    """Main process: tensors over a batch's ring slot (no copy); the slot is freed when they,
+    and every view of them, are garbage."""
     ring = RINGS.get(token)
     if ring is None:
         raise RuntimeError(
             "a shardload batch arrived from a DataLoader worker but its shared-memory ring is "
             "not mapped in this process (was the StreamingDataset garbage-collected?)"
         )
-    return _to_torch(ring.copy_out(slot, rows))
+    return _to_torch(ring.lease(slot, rows))
 
 
 def _dist_rank_world() -> tuple[int, int] | None:
@@ -135,7 +138,9 @@ class StreamingDataset(IterableDataset):
     ring_slots
         Batch slots of the shared-memory ring forked DataLoader workers hand batches over in
         (virtual memory; only slots in use at once hold memory, about ``threads + 1 +
-        prefetch_factor`` batches per worker). 0: the stock DataLoader hand-off.
+        prefetch_factor`` batches per worker plus the batches the training loop holds). The
+        main process gets tensors over the slot itself (no copy); a slot is reused once those
+        tensors are garbage. 0: the stock DataLoader hand-off.
     """
 
     def __init__(

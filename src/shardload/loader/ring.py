@@ -1,18 +1,21 @@
-"""A ring of shared-memory batch slots: DataLoader workers gather batches into it, the main
-process copies each batch out once and frees its slot.
+"""A ring of shared-memory batch slots: DataLoader workers gather batches into it and the main
+process uses them in place, with no copy.
 
 The stock hand-off of a DataLoader worker moves every batch through a fresh shared-memory
 segment (create, fill, send a file descriptor, map, unmap): for 1.5 MB batches that costs more
 than reading them. Here the main process maps one anonymous shared region *before* the workers
 fork (``MAP_SHARED | MAP_NORESERVE``: virtual only, a page costs memory once touched); a worker
 claims a free slot, gathers a batch straight into it and sends only ``(ring, slot, rows)``; the
-main process copies the rows out into fresh arrays (one memcpy) and marks the slot free.
+main process wraps the slot's rows as arrays (:meth:`BatchRing.lease`) and the slot becomes free
+when the last of those arrays, and of every view of them, is garbage.
 
-A slot's state is one int64 in the region's header: 0 free, else the pid of the worker holding
-it. Workers claim slots under a process-shared lock; only the main process frees them. A worker
-that finds no free slot gathers into fresh memory instead (the stock path for that batch), so a
-slow consumer never blocks a worker and breaking out of a loop never deadlocks one. Slots held by
-workers that died are reclaimed. Torch-free: :mod:`shardload.torch` wraps the arrays.
+A slot's state is one int64 in the region's header: 0 free, -1 held by the consumer (the main
+process), else the pid of the worker filling it. Workers claim slots under a process-shared
+lock; only the main process frees them. A worker that finds no free slot gathers into fresh
+memory instead (the stock path for that batch), so a consumer that keeps many batches never
+blocks a worker and breaking out of a loop never deadlocks one. Slots held by workers that
+died are reclaimed (never slots the consumer holds). Torch-free: :mod:`shardload.torch` wraps
+the arrays.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswit
 
 #: Rings of this process by token (the main process looks a slot's ring up when a batch arrives).
 RINGS: weakref.WeakValueDictionary[str, BatchRing] = weakref.WeakValueDictionary()
+
+
+def _free_flag(flags: np.ndarray, slot: int) -> None:
+    flags[slot] = 0
 
 
 def _round_up(n: int, to: int) -> int:
@@ -107,7 +114,7 @@ class BatchRing:
         return slot
 
     def _reclaim_dead(self) -> None:
-        for pid in np.unique(self._flags[self._flags != 0]):
+        for pid in np.unique(self._flags[self._flags > 0]):
             try:
                 os.kill(int(pid), 0)
             except ProcessLookupError:
@@ -140,12 +147,22 @@ class BatchRing:
     def free(self, slot: int) -> None:
         self._flags[slot] = 0
 
-    def copy_out(self, slot: int, rows: int) -> dict[str, np.ndarray]:
-        """Fresh copies of a slot's arrays; the slot is free again afterwards."""
-        try:
-            return {k: v.copy() for k, v in self.views(slot, rows).items()}
-        finally:
-            self.free(slot)
+    def lease(self, slot: int, rows: int) -> dict[str, np.ndarray]:
+        """The consumer's arrays of a slot's batch, in place (no copy).
+
+        The slot stays taken until every returned array, and every view of them (tensors from
+        ``torch.from_numpy`` included), is garbage; then a finalizer frees it.
+        """
+        self._flags[slot] = -1  # the consumer's now: never reclaimed as a dead worker's
+        base = self.header_bytes + slot * self.slot_bytes
+        raw = np.frombuffer(self._mm, np.uint8, count=self.slot_bytes, offset=base)
+        weakref.finalize(raw, _free_flag, self._flags, slot)
+        out = {}
+        for k, (shape, dtype) in self.specs.items():
+            nbytes = rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            at = self.offsets[k]
+            out[k] = raw[at : at + nbytes].view(dtype).reshape((rows, *shape))
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a BatchRing is shared by fork only")
