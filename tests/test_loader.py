@@ -113,8 +113,11 @@ def test_row_range_chunk_subset_and_arrays(npy):
 
 
 def test_one_read_per_array_per_segment(npy, monkeypatch):
+    """The gather path (compressed or remote chunks): one read per array per chunk."""
     from shardload.formats.npy import NpyReader
+    from shardload.loader import batches as batches_mod
 
+    monkeypatch.setattr(batches_mod, "raw_sources", lambda *a: None)
     calls = []
     real = NpyReader.read_into
     monkeypatch.setattr(
@@ -124,6 +127,71 @@ def test_one_read_per_array_per_segment(npy, monkeypatch):
     sel = select_rows(npy, split="train")
     assert len(calls) == 2 * len(sel.sizes)  # two arrays, one read each per chunk
     assert all(b - a > 1 for _, a, b in calls)
+
+
+def test_scatter_reads_one_task_per_array_per_segment(npy, monkeypatch):
+    """Raw local chunks are read straight into the batches: one preadv task per array per
+    chunk segment, and no group buffer read (``read_into``) at all."""
+    from shardload.formats.npy import NpyReader
+    from shardload.loader import scatter
+
+    calls = []
+    real = scatter.read_scatter
+    monkeypatch.setattr(scatter, "read_scatter", lambda *a: (calls.append(a[1:3]), real(*a))[1])
+    monkeypatch.setattr(NpyReader, "read_into", None)
+    got = collect(npy, batch_size=8, split="train")
+    monkeypatch.undo()
+    sel = select_rows(npy, split="train")
+    assert len(calls) == 2 * len(sel.sizes)
+    assert sorted(c for a, c in calls if a == "x") == sorted(sel.ids.tolist())
+    for b in got:
+        check_values(npy, b)
+
+
+@pytest.mark.parametrize("fmt", ["npy-none", "zarr-none"])
+@pytest.mark.parametrize("consumed", [1, 3, 5])
+def test_scatter_and_gather_paths_agree(stores, fmt, consumed, monkeypatch):
+    """Scatter reads give exactly the gather path's batches, fresh and resumed mid-group (a
+    resumed group reads explicit rows: the bounding span, unwanted rows to scratch)."""
+    from shardload.loader import batches as batches_mod
+    from shardload.plan.epoch import plan_fingerprint
+
+    store = stores[fmt]
+    sel = select_rows(store, split="train")
+    state = EpochState(1, consumed, 1, 2, "", ()).to_dict()
+    state["fingerprint"] = plan_fingerprint(
+        sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=5, seed=2,
+        shuffle_chunks=3,
+    )  # fmt: skip
+    kw = dict(batch_size=5, split="train", seed=2, num_workers=2, shuffle_chunks=3)
+    runs = []
+    for raw in (True, False):
+        if not raw:
+            monkeypatch.setattr(batches_mod, "raw_sources", lambda *a: None)
+        runs.append([
+            collect(store, **kw, worker=w, epoch=1, **extra)
+            for w in range(2) for extra in ({}, {"state": state}, {"skip_batches": 2})
+        ])  # fmt: skip
+    scatter_runs, gather_runs = runs
+    for got, want in zip(scatter_runs, gather_runs, strict=True):
+        assert [b["index"].tolist() for b in got] == [b["index"].tolist() for b in want]
+        for b, w in zip(got, want, strict=True):
+            for k in w:
+                np.testing.assert_array_equal(b[k], w[k])
+            check_values(store, b)
+
+
+def test_batches_are_recycled_once_dropped(npy):
+    """Batch memory is reused once the caller drops a batch, never while it holds one."""
+    seen, held = set(), []
+    for i, b in enumerate(shardload.iter_batches(npy, batch_size=4, seed=1)):
+        seen.add(b["x"].ctypes.data)
+        if i % 5 == 0:
+            held.append(b)  # kept: its memory must not change under it
+    for b in held:
+        check_values(npy, b)
+    n = sum(1 for _ in shardload.iter_batches(npy, batch_size=4, seed=1))
+    assert len(seen) < n  # dropped batches' buffers came back
 
 
 def test_resume_state_gives_the_rest(npy):
@@ -190,6 +258,20 @@ def test_bad_options(npy):
 
 
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_missing_or_corrupt_raw_zarr_chunk(tmp_path, damage):
+    """Scatter reads of raw Zarr chunks name the chunk and its file (a truncated file is caught
+    before any read: no SIGBUS, no short batch)."""
+    make_store(tmp_path, fmt="zarr", n=60, chunk_rows=10, splits={"train": 1.0})
+    path = tmp_path / "store" / "x" / "c" / "3" / "0"
+    if damage == "delete":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ChunkReadError, match=r"chunk 3 .*x/c/3/0"):
+        collect(str(tmp_path / "store"), batch_size=4)
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
 def test_missing_or_corrupt_chunk(tmp_path, damage):
     make_store(tmp_path, fmt="npy", n=60, chunk_rows=10, splits={"train": 1.0})
     path = tmp_path / "store" / "x" / "000003.npy"
@@ -202,7 +284,7 @@ def test_missing_or_corrupt_chunk(tmp_path, damage):
 
 
 @pytest.mark.parametrize("inline_bytes", [0, 1 << 30])  # gathers in the pool / all inline
-@pytest.mark.parametrize("fmt", ["zarr-zstd", "npy-none"])
+@pytest.mark.parametrize("fmt", ["zarr-zstd", "npy-none", "zarr-none"])
 def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes, monkeypatch):
     """Batches equal the pure plan's rows in order, for any thread count, prefetch, allocator
     and per-worker skip (gathers run ahead in threads but are yielded in plan order)."""

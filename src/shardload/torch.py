@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from .errors import StateError
 from .loader.batches import DEFAULT_PREFETCH, INDEX_KEY, iter_batches, plan_for
-from .loader.ring import DEFAULT_SLOTS, RINGS, BatchRing
+from .loader.ring import RINGS, BatchRing, plan_ring_slots
 from .loader.select import select_rows, store_fingerprint
 from .plan.epoch import DEFAULT_SHUFFLE_CHUNKS, PlanOptions, plan_fingerprint
 from .plan.resume import EpochState
@@ -138,9 +138,11 @@ class StreamingDataset(IterableDataset):
     ring_slots
         Batch slots of the shared-memory ring forked DataLoader workers hand batches over in
         (virtual memory; only slots in use at once hold memory, about ``threads + 1 +
-        prefetch_factor`` batches per worker plus the batches the training loop holds). The
-        main process gets tensors over the slot itself (no copy); a slot is reused once those
-        tensors are garbage. 0: the stock DataLoader hand-off.
+        prefetch_factor`` batches per worker plus the batches the training loop holds; scatter
+        reads of raw local chunks fill a whole shuffle group's batches at once). The main
+        process gets tensors over the slot itself (no copy); a slot is reused once those
+        tensors are garbage. Default: enough for up to ``min(16, CPUs)`` workers; 0: the stock
+        DataLoader hand-off.
     """
 
     def __init__(
@@ -162,7 +164,7 @@ class StreamingDataset(IterableDataset):
         prefetch: int = DEFAULT_PREFETCH,
         threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        ring_slots: int = DEFAULT_SLOTS,
+        ring_slots: int | None = None,
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
@@ -198,16 +200,29 @@ class StreamingDataset(IterableDataset):
         self._worker_resume: dict[str, Any] | None = None  # a worker's own state (torchdata)
         self._worker_pos: dict[str, Any] | None = None  # where this worker stands
         self._ring: BatchRing | None = None
-        if ring_slots and hasattr(os, "fork"):
+        if ring_slots != 0 and hasattr(os, "fork"):
             infos = self.store.manifest.arrays
             specs = {a: (infos[a].row_shape, np.dtype(infos[a].dtype)) for a in sel.arrays}
             specs[INDEX_KEY] = ((), np.dtype(np.int64))
+            slots = ring_slots or self._ring_slots(specs, batch_size, shuffle_chunks, prefetch)
             try:
-                self._ring = BatchRing(specs, batch_size, slots=ring_slots)
+                self._ring = BatchRing(specs, batch_size, slots=slots)
             except OSError:  # no address space for it (strict overcommit): the stock hand-off
                 self._ring = None
         # Fail early on impossible shapes (e.g. a batch bigger than a rank's share).
         self._plan(*self.rank_world(), 0, None)
+
+    def _ring_slots(self, specs: Any, batch_size: int, shuffle_chunks: int, prefetch: int) -> int:
+        """Enough ring slots for the batches in flight of up to ``min(16, CPUs)`` workers."""
+        sizes = self.selection.sizes
+        chunk_rows = int(sizes.max()) if len(sizes) else 1
+        k = max(1, shuffle_chunks)
+        slot_bytes = sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for s, d in specs.values())
+        return plan_ring_slots(
+            group_batches=-(-k * chunk_rows // max(1, batch_size)) + 1,
+            groups_ahead=-(-prefetch // k), workers=min(16, max(2, os.cpu_count() or 1)),
+            slot_bytes=slot_bytes * max(1, batch_size),
+        )  # fmt: skip
 
     # -- where this process stands -------------------------------------------------------------
     def rank_world(self) -> tuple[int, int]:

@@ -55,6 +55,28 @@ class ReadsInto(Protocol):
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None: ...
 
 
+@dataclass(frozen=True)
+class RawChunk:
+    """Where a chunk's rows lie, uncompressed and C-ordered, in a local file: row ``r`` is the
+    ``row_bytes`` bytes at ``offset + r * row_bytes``, for ``r < rows``."""
+
+    path: str
+    offset: int
+    row_bytes: int
+    rows: int
+
+    @property
+    def min_file_bytes(self) -> int:
+        return self.offset + self.rows * self.row_bytes
+
+
+@runtime_checkable
+class RawChunks(Protocol):
+    """Optional capability: say where a chunk's raw rows are (None: not a plain local file)."""
+
+    def raw_chunk(self, name: str, i: int) -> RawChunk | None: ...
+
+
 class Format(Protocol):
     name: str
     #: True when tasks in other processes may write blocks concurrently (zarr, npy); False when

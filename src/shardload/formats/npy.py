@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ChunkReadError, ConfigError
 from ..manifest import Manifest
-from .base import FormatOptions, is_local, readinto_full
+from .base import FormatOptions, RawChunk, is_local, readinto_full
 
 CHUNK_NAME = "{:06d}.npy"
 
@@ -144,6 +144,15 @@ class NpyReader:
                 )
             pos += b - a
             i += 1
+
+    def raw_chunk(self, name: str, i: int) -> RawChunk | None:
+        """Chunk ``i`` of ``name`` as raw rows in a local file (local stores only)."""
+        if not self.local:
+            return None
+        info = self.manifest.arrays[name]
+        row_bytes = int(np.prod(info.row_shape, dtype=np.int64)) * np.dtype(info.dtype).itemsize
+        rows = int(self.bounds[i + 1] - self.bounds[i])
+        return RawChunk(self.path(name, i), self._data_offset(name, i), row_bytes, rows)
 
     def mmap_chunk(self, name: str, i: int) -> np.ndarray:
         """A read-only memory map of one chunk (local stores only)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ChunkReadError, StoreError
 from ..manifest import ArrayInfo, Manifest
-from .base import FormatOptions, is_local
+from .base import FormatOptions, RawChunk, is_local
 from .zarr_chunks import ChunkLayout, load_chunk_layout, read_rows_into, write_chunk
 
 _LEVELS = {"zstd": 3, "lz4": 5}
@@ -180,6 +180,13 @@ class ZarrReader:
                 )  # fmt: skip
             self._layouts[name] = layout
         return self._layouts[name]
+
+    def raw_chunk(self, name: str, i: int) -> RawChunk | None:
+        """Chunk ``i`` of ``name`` as raw rows in a local file (uncompressed shardload arrays)."""
+        layout = self.layout(name)
+        if layout is None or layout.blosc or layout.opener is not None or not layout.strict:
+            return None
+        return RawChunk(layout.chunk_path(i), 0, layout.row_bytes, layout.chunk_rows)
 
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)`` into ``out`` (C-contiguous): directly from the chunk files

@@ -22,6 +22,8 @@ from ..plan.epoch import (
 from ..plan.resume import EpochState, plan_from_state
 from ..store import Store, open_store
 from .reader import BufferPool, Group, read_groups
+from .recycle import BatchRecycler
+from .scatter import raw_sources, scatter_batches
 from .select import Selection, select_rows, store_fingerprint
 
 #: Segments (at most a chunk each) read ahead of the group being yielded.
@@ -212,6 +214,21 @@ def new_batch(specs: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
     return out
 
 
+def batch_recycler(
+    store: Store, names: Sequence[str], plan: EpochPlan, prefetch: int
+) -> BatchRecycler:
+    """A recycler that keeps idle about the batches of the groups a worker has in flight."""
+    bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
+    chunk_rows = int(np.diff(bounds).max()) if len(bounds) > 1 else 1
+    k = max(1, plan.shuffle_chunks)
+    group_batches = -(-k * chunk_rows // plan.batch_size) + 1
+    specs = {a: (store.manifest.arrays[a].row_shape, np.dtype(store.manifest.arrays[a].dtype))
+             for a in names}  # fmt: skip
+    specs[INDEX_KEY] = ((), np.dtype(np.int64))
+    keep = (2 + -(-prefetch // k)) * group_batches + 8
+    return BatchRecycler(specs, plan.batch_size, keep=keep)
+
+
 def _gather(g: Group, sel: np.ndarray, at: int, names: Sequence[str], out: dict) -> None:
     for a in names:
         np.take(g.bufs[a], sel, axis=0, out=out[a][at : at + len(sel)], mode="clip")
@@ -223,7 +240,8 @@ def _batches(
     prefetch: int, threads: int, allocate: Allocate | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
     """Cut the worker's groups into batches: one gather per array per batch (two when a batch
-    straddles groups), into arrays from ``allocate`` (default: fresh ones).
+    straddles groups), into arrays from ``allocate`` (default: fresh ones). Raw local chunks
+    skip the group buffers and the gather: :mod:`.scatter` reads them into the batches.
 
     The gathers run in a pool of ``threads`` threads (numpy releases the GIL in ``take``), up to
     ``threads + 1`` batches ahead of the one yielded; batches are yielded in plan order, so the
@@ -231,9 +249,18 @@ def _batches(
     from the current one are waited for and its buffers go back to the reader's pool (so a
     worker holds two groups' buffers, not three).
     """
+    specs = {a: store.manifest.arrays[a] for a in names}
+    if allocate is None:  # reuse the memory of batches the caller has dropped
+        allocate = batch_recycler(store, names, plan, prefetch).allocate
+    raw = raw_sources(store, names)
+    if raw is not None:  # raw local chunks: straight into the batches (loader/scatter.py)
+        yield from scatter_batches(
+            store, names, plan, rank, worker, raw=raw, prefetch=prefetch, threads=threads,
+            new_batch=lambda n: new_batch(specs, n), index_key=INDEX_KEY, allocate=allocate,
+        )  # fmt: skip
+        return
     b = plan.batch_size
     left = plan.workers[rank][worker].num_rows
-    specs = {a: store.manifest.arrays[a] for a in names}
     row_bytes = sum(s.row_bytes for s in specs.values()) + 8
     buffers = BufferPool(keep=1)
     gathers = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-take")

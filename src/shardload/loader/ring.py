@@ -31,13 +31,28 @@ from typing import Any
 
 import numpy as np
 
-#: Slots in a ring (virtual; only slots used at the same time ever hold memory).
+#: Fewest slots in a ring (virtual; only slots used at the same time ever hold memory).
 DEFAULT_SLOTS = 64
+#: Most address space a ring reserves (virtual, ``MAP_NORESERVE``).
+MAX_RING_BYTES = 64 << 30
 _PAGE = mmap.PAGESIZE
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
 #: Rings of this process by token (the main process looks a slot's ring up when a batch arrives).
 RINGS: weakref.WeakValueDictionary[str, BatchRing] = weakref.WeakValueDictionary()
+
+
+def plan_ring_slots(*, group_batches: int, groups_ahead: int, workers: int, slot_bytes: int) -> int:
+    """Slots for ``workers`` workers that each fill ``groups_ahead + 1`` shuffle groups of
+    ``group_batches`` batches at a time (scatter reads fill a whole group's batches at once),
+    plus a few for the DataLoader's queue and the training loop; at least ``DEFAULT_SLOTS``, at
+    most ``MAX_RING_BYTES`` of address space (pure).
+
+    >>> plan_ring_slots(group_batches=65, groups_ahead=1, workers=2, slot_bytes=1 << 20)
+    276
+    """
+    want = workers * ((groups_ahead + 1) * group_batches + 8)
+    return max(DEFAULT_SLOTS, min(want, MAX_RING_BYTES // max(1, slot_bytes)))
 
 
 def _free_flag(flags: np.ndarray, slot: int) -> None:

@@ -1,0 +1,70 @@
+"""Batch memory that is reused once the caller drops a batch.
+
+Fresh memory is expensive to touch for the first time (a page fault per 4 KiB page; far more in
+a virtual machine whose host backs guest memory lazily), and a loader that allocates a fresh
+batch for every batch touches the whole epoch's worth of it. :class:`BatchRecycler` hands out
+batches over a small set of buffers and takes a buffer back when the last array viewing it, of
+the batch or of any view the caller made (``torch.from_numpy`` tensors included), is garbage:
+the arrays of a batch all view one non-owning wrapper array, and a ``weakref.finalize`` on that
+wrapper returns the buffer. A caller that keeps batches just makes the recycler allocate more.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping
+
+import numpy as np
+
+
+class BatchRecycler:
+    """Batches of at most ``batch_rows`` rows for arrays ``specs`` (key -> (row_shape, dtype)).
+
+    Keeps at most ``keep`` idle buffers; more are released to the allocator.
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+        batch_rows: int,
+        *,
+        keep: int = 64,
+    ) -> None:
+        self.specs = {k: (tuple(s), np.dtype(d)) for k, (s, d) in specs.items()}
+        self.batch_rows, self.keep = int(batch_rows), int(keep)
+        self.offsets: dict[str, int] = {}
+        at = 0
+        for k, (shape, dtype) in self.specs.items():
+            self.offsets[k] = at
+            at += (
+                -(-self.batch_rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 64)
+                * 64
+            )
+        self.buffer_bytes = max(at, 1)
+        self._idle: list[np.ndarray] = []
+        self._lock = threading.Lock()
+        self.allocated = 0  # buffers ever made (for tests and logs)
+
+    def _give_back(self, buf: np.ndarray) -> None:
+        with self._lock:
+            if len(self._idle) < self.keep:
+                self._idle.append(buf)
+
+    def allocate(self, rows: int) -> dict[str, np.ndarray] | None:
+        """Arrays for a batch of ``rows`` rows over a reused buffer, or None if too many rows."""
+        if rows > self.batch_rows:
+            return None
+        with self._lock:
+            buf = self._idle.pop() if self._idle else None
+        if buf is None:
+            buf = np.empty(self.buffer_bytes, np.uint8)
+            self.allocated += 1
+        raw = np.frombuffer(memoryview(buf), np.uint8)  # views of it keep it (not buf) as base
+        weakref.finalize(raw, self._give_back, buf)
+        out = {}
+        for k, (shape, dtype) in self.specs.items():
+            nbytes = rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            at = self.offsets[k]
+            out[k] = raw[at : at + nbytes].view(dtype).reshape((rows, *shape))
+        return out
