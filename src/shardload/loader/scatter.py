@@ -64,7 +64,7 @@ def raw_sources(store: Store, names: Sequence[str]) -> Callable[[str, int], RawC
     try:
         if any(reader.raw_chunk(n, 0) is None for n in names):
             return None
-    except Exception:  # noqa: BLE001 - e.g. a missing first chunk: the general path reports it
+    except Exception:
         return None
 
     def raw(name: str, chunk: int) -> RawChunk:
