@@ -48,7 +48,7 @@ DEFAULT_CASES = (
     "shardload-iter:zstd:w0", "shardload-dl:zstd:w2", "naive-zarr:zstd:w2", "xbatcher:zstd:w2",
     "zarr-torch-dataset:zstd:w0", "zarr-torch-dataset:zstd:w2",
 )  # fmt: skip
-QUICK = {"rows": 8192, "features": 64, "chunk_rows": 512, "max_seconds": 5.0}
+QUICK = {"rows": 8192, "features": 64, "chunk_rows": 512, "max_seconds": 5.0, "repeats": 1}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,10 +79,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="bench-results/bench_load.json")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="cases that finish their epoch within --max-seconds run this many times "
+                         "(fresh processes); the fastest is reported, with every run's rate in "
+                         "the JSON, and peak memory is the largest of the runs (default 3; --quick: 1)")  # fmt: skip
     ap.add_argument("--run-case", default=None, help=argparse.SUPPRESS)  # internal: one subprocess
     args = ap.parse_args(argv)
     defaults = QUICK if args.quick else {"rows": 262144, "features": 1550, "chunk_rows": 4096,
-                                         "max_seconds": 20.0}  # fmt: skip
+                                         "max_seconds": 20.0, "repeats": 3}  # fmt: skip
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -287,6 +291,18 @@ def main(argv: list[str] | None = None) -> None:
         loader, codec, _ = parse_case(c)
         data.warm_page_cache(data.data_files(case_store(args.workdir, loader, codec)))
         rec = run_subprocess_case(c, args)
+        if args.repeats > 1 and "error" not in rec and not rec["truncated"]:
+            # a whole epoch in a few seconds is at the mercy of a shared machine: best of
+            # --repeats fresh-process runs, as the limits are the best of several passes
+            runs = [rec]
+            for _ in range(args.repeats - 1):
+                data.warm_page_cache(data.data_files(case_store(args.workdir, loader, codec)))
+                runs.append(run_subprocess_case(c, args))
+            ok = [r for r in runs if "error" not in r]
+            rec = max(ok, key=lambda r: r["samples_per_s"])
+            rec["runs_samples_per_s"] = [round(r["samples_per_s"]) for r in ok]
+            rec["peak_rss_MiB"] = max(r["peak_rss_MiB"] for r in ok)
+            rec["peak_pss_MiB"] = max(r["peak_pss_MiB"] for r in ok)
         add_ratios(rec, lim)
         recs.append(rec)
         if "error" in rec:
@@ -295,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         log(f"  {c}: {rec['samples_per_s']:,.0f} samples/s, {rec['MBps']:,.0f} MB/s, ratio "
             f"{_fmt(rec['ratio_to_limit'], '.3f')}, peak RSS {rec['peak_rss_MiB']:,.0f} MiB, "
             f"{rec['chunks_per_batch']:.1f} chunks/batch, complete: {rec['complete_epoch']}"
+            + (f" [runs: {rec['runs_samples_per_s']}]" if "runs_samples_per_s" in rec else "")
             + (f" [prefix {100 * rec['epoch_fraction']:.1f}% of the epoch, extrapolated]"
                if rec["truncated"] else ""))  # fmt: skip
     log("")

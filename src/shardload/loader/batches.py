@@ -286,7 +286,7 @@ def _batches(
             while pos < n and left > 0:
                 if out is None:
                     size, filled = min(b, left), 0
-                    out = (allocate(size) if allocate else None) or new_batch(specs, size)
+                    out = allocate(size) or new_batch(specs, size)
                     futs = []
                 take = min(size - filled, n - pos)
                 if take * row_bytes < INLINE_GATHER_BYTES:  # a thread hop costs more than this

@@ -60,7 +60,7 @@ class BatchRecycler:
         if buf is None:
             buf = np.empty(self.buffer_bytes, np.uint8)
             self.allocated += 1
-        raw = np.frombuffer(memoryview(buf), np.uint8)  # views of it keep it (not buf) as base
+        raw = np.frombuffer(buf.data, np.uint8)  # views of it keep it (not buf) as base
         weakref.finalize(raw, self._give_back, buf)
         out = {}
         for k, (shape, dtype) in self.specs.items():
