@@ -17,6 +17,33 @@ from collections.abc import Mapping
 
 import numpy as np
 
+Specs = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+
+
+def plan_batch_layout(specs: Specs, batch_rows: int) -> tuple[dict[str, int], int]:
+    """Byte offsets of each array of a ``batch_rows``-row batch in one buffer (64-byte aligned),
+    and the buffer's size (pure).
+
+    >>> plan_batch_layout({"x": ((3,), np.dtype("f4")), "index": ((), np.dtype("i8"))}, 4)
+    ({'x': 0, 'index': 64}, 128)
+    """
+    offsets, at = {}, 0
+    for k, (shape, dtype) in specs.items():
+        offsets[k] = at
+        at += -(-batch_rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 64) * 64
+    return offsets, max(at, 1)
+
+
+def batch_views(
+    raw: np.ndarray, specs: Specs, offsets: Mapping[str, int], rows: int
+) -> dict[str, np.ndarray]:
+    """The arrays of a ``rows``-row batch laid out in the uint8 buffer ``raw`` (views of it)."""
+    out = {}
+    for k, (shape, dtype) in specs.items():
+        nbytes = rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        out[k] = raw[offsets[k] : offsets[k] + nbytes].view(dtype).reshape((rows, *shape))
+    return out
+
 
 class BatchRecycler:
     """Batches of at most ``batch_rows`` rows for arrays ``specs`` (key -> (row_shape, dtype)).
@@ -62,9 +89,4 @@ class BatchRecycler:
             self.allocated += 1
         raw = np.frombuffer(buf.data, np.uint8)  # views of it keep it (not buf) as base
         weakref.finalize(raw, self._give_back, buf)
-        out = {}
-        for k, (shape, dtype) in self.specs.items():
-            nbytes = rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            at = self.offsets[k]
-            out[k] = raw[at : at + nbytes].view(dtype).reshape((rows, *shape))
-        return out
+        return batch_views(raw, self.specs, self.offsets, rows)

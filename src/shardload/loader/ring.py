@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from .recycle import batch_views, plan_batch_layout
+
 #: Fewest slots in a ring (virtual; only slots used at the same time ever hold memory).
 DEFAULT_SLOTS = 64
 #: Most address space a ring reserves (virtual, ``MAP_NORESERVE``).
@@ -80,14 +82,8 @@ class BatchRing:
     ) -> None:
         self.specs = {k: (tuple(s), np.dtype(d)) for k, (s, d) in specs.items()}
         self.batch_rows, self.slots = int(batch_rows), int(slots)
-        self.offsets: dict[str, int] = {}
-        at = 0
-        for k, (shape, dtype) in self.specs.items():
-            self.offsets[k] = at
-            at = _round_up(
-                at + self.batch_rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 64
-            )
-        self.slot_bytes = _round_up(max(at, 1), _PAGE)
+        self.offsets, nbytes = plan_batch_layout(self.specs, self.batch_rows)
+        self.slot_bytes = _round_up(nbytes, _PAGE)
         self.header_bytes = _round_up(self.slots * 8, _PAGE)
         size = self.header_bytes + self.slots * self.slot_bytes
         self._mm = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | _MAP_NORESERVE)
@@ -105,13 +101,11 @@ class BatchRing:
 
     def views(self, slot: int, rows: int) -> dict[str, np.ndarray]:
         """The arrays of ``rows`` rows in ``slot`` (views of the shared region)."""
+        return batch_views(self._slot(slot), self.specs, self.offsets, rows)
+
+    def _slot(self, slot: int) -> np.ndarray:
         base = self.header_bytes + slot * self.slot_bytes
-        out = {}
-        for k, (shape, dtype) in self.specs.items():
-            count = rows * int(np.prod(shape, dtype=np.int64))
-            arr = np.frombuffer(self._mm, dtype, count=count, offset=base + self.offsets[k])
-            out[k] = arr.reshape((rows, *shape))
-        return out
+        return np.frombuffer(self._mm, np.uint8, count=self.slot_bytes, offset=base)
 
     # -- worker side ---------------------------------------------------------------------------
     def claim(self) -> int | None:
@@ -169,15 +163,9 @@ class BatchRing:
         ``torch.from_numpy`` included), is garbage; then a finalizer frees it.
         """
         self._flags[slot] = -1  # the consumer's now: never reclaimed as a dead worker's
-        base = self.header_bytes + slot * self.slot_bytes
-        raw = np.frombuffer(self._mm, np.uint8, count=self.slot_bytes, offset=base)
+        raw = self._slot(slot)
         weakref.finalize(raw, _free_flag, self._flags, slot)
-        out = {}
-        for k, (shape, dtype) in self.specs.items():
-            nbytes = rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            at = self.offsets[k]
-            out[k] = raw[at : at + nbytes].view(dtype).reshape((rows, *shape))
-        return out
+        return batch_views(raw, self.specs, self.offsets, rows)
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a BatchRing is shared by fork only")
