@@ -289,15 +289,16 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.max_seconds:g} s per case, slower loaders extrapolated from a prefix):")  # fmt: skip
     for c in cases:
         loader, codec, _ = parse_case(c)
-        data.warm_page_cache(data.data_files(case_store(args.workdir, loader, codec)))
-        rec = run_subprocess_case(c, args)
+
+        def warm_and_run(c: str = c, loader: str = loader, codec: str = codec) -> dict[str, Any]:
+            data.warm_page_cache(data.data_files(case_store(args.workdir, loader, codec)))
+            return run_subprocess_case(c, args)
+
+        rec = warm_and_run()
         if args.repeats > 1 and "error" not in rec and not rec["truncated"]:
             # a whole epoch in a few seconds is at the mercy of a shared machine: best of
             # --repeats fresh-process runs, as the limits are the best of several passes
-            runs = [rec]
-            for _ in range(args.repeats - 1):
-                data.warm_page_cache(data.data_files(case_store(args.workdir, loader, codec)))
-                runs.append(run_subprocess_case(c, args))
+            runs = [rec, *(warm_and_run() for _ in range(args.repeats - 1))]
             ok = [r for r in runs if "error" not in r]
             rec = max(ok, key=lambda r: r["samples_per_s"])
             rec["runs_samples_per_s"] = [round(r["samples_per_s"]) for r in ok]

@@ -35,8 +35,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from .errors import StateError
-from .loader.batches import DEFAULT_PREFETCH, INDEX_KEY, iter_batches, plan_for
+from .loader.batches import DEFAULT_PREFETCH, INDEX_KEY, batch_specs, iter_batches, plan_for
+from .loader.recycle import plan_batch_layout
 from .loader.ring import RINGS, BatchRing, plan_ring_slots
+from .loader.scatter import batches_per_group, groups_in_flight
 from .loader.select import select_rows, store_fingerprint
 from .plan.epoch import DEFAULT_SHUFFLE_CHUNKS, PlanOptions, plan_fingerprint
 from .plan.resume import EpochState
@@ -201,9 +203,7 @@ class StreamingDataset(IterableDataset):
         self._worker_pos: dict[str, Any] | None = None  # where this worker stands
         self._ring: BatchRing | None = None
         if ring_slots != 0 and hasattr(os, "fork"):
-            infos = self.store.manifest.arrays
-            specs = {a: (infos[a].row_shape, np.dtype(infos[a].dtype)) for a in sel.arrays}
-            specs[INDEX_KEY] = ((), np.dtype(np.int64))
+            specs = batch_specs(self.store, sel.arrays)
             slots = ring_slots or self._ring_slots(specs, batch_size, shuffle_chunks, prefetch)
             try:
                 self._ring = BatchRing(specs, batch_size, slots=slots)
@@ -216,13 +216,14 @@ class StreamingDataset(IterableDataset):
         """Enough ring slots for the batches in flight of up to ``min(16, CPUs)`` workers."""
         sizes = self.selection.sizes
         chunk_rows = int(sizes.max()) if len(sizes) else 1
-        k = max(1, shuffle_chunks)
-        slot_bytes = sum(int(np.prod(s, dtype=np.int64)) * d.itemsize for s, d in specs.values())
         return plan_ring_slots(
-            group_batches=-(-k * chunk_rows // max(1, batch_size)) + 1,
-            groups_ahead=-(-prefetch // k), workers=min(16, max(2, os.cpu_count() or 1)),
-            slot_bytes=slot_bytes * max(1, batch_size),
-        )  # fmt: skip
+            group_batches=batches_per_group(
+                chunk_rows=chunk_rows, shuffle_chunks=shuffle_chunks, batch_size=batch_size
+            ),
+            groups_in_flight=groups_in_flight(prefetch=prefetch, shuffle_chunks=shuffle_chunks),
+            workers=min(16, max(2, os.cpu_count() or 1)),
+            slot_bytes=plan_batch_layout(specs, max(1, batch_size))[1],
+        )
 
     # -- where this process stands -------------------------------------------------------------
     def rank_world(self) -> tuple[int, int]:

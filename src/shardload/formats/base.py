@@ -58,16 +58,11 @@ class ReadsInto(Protocol):
 @dataclass(frozen=True)
 class RawChunk:
     """Where a chunk's rows lie, uncompressed and C-ordered, in a local file: row ``r`` is the
-    ``row_bytes`` bytes at ``offset + r * row_bytes``, for ``r < rows``."""
+    ``row_bytes`` bytes at ``offset + r * row_bytes``."""
 
     path: str
     offset: int
     row_bytes: int
-    rows: int
-
-    @property
-    def min_file_bytes(self) -> int:
-        return self.offset + self.rows * self.row_bytes
 
 
 @runtime_checkable

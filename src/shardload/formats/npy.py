@@ -151,8 +151,7 @@ class NpyReader:
             return None
         info = self.manifest.arrays[name]
         row_bytes = int(np.prod(info.row_shape, dtype=np.int64)) * np.dtype(info.dtype).itemsize
-        rows = int(self.bounds[i + 1] - self.bounds[i])
-        return RawChunk(self.path(name, i), self._data_offset(name, i), row_bytes, rows)
+        return RawChunk(self.path(name, i), self._data_offset(name, i), row_bytes)
 
     def mmap_chunk(self, name: str, i: int) -> np.ndarray:
         """A read-only memory map of one chunk (local stores only)."""

@@ -186,7 +186,7 @@ class ZarrReader:
         layout = self.layout(name)
         if layout is None or layout.blosc or layout.opener is not None or not layout.strict:
             return None
-        return RawChunk(layout.chunk_path(i), 0, layout.row_bytes, layout.chunk_rows)
+        return RawChunk(layout.chunk_path(i), 0, layout.row_bytes)
 
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)`` into ``out`` (C-contiguous): directly from the chunk files

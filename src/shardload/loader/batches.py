@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -22,8 +22,8 @@ from ..plan.epoch import (
 from ..plan.resume import EpochState, plan_from_state
 from ..store import Store, open_store
 from .reader import BufferPool, Group, read_groups
-from .recycle import BatchRecycler
-from .scatter import raw_sources, scatter_batches
+from .recycle import Allocate, BatchRecycler
+from .scatter import batches_per_group, groups_in_flight, raw_sources, scatter_batches
 from .select import Selection, select_rows, store_fingerprint
 
 #: Segments (at most a chunk each) read ahead of the group being yielded.
@@ -202,11 +202,6 @@ def plan_for(
     )  # fmt: skip
 
 
-#: Where a batch of ``n`` rows is gathered (key -> array, keys as in a batch), or None for
-#: fresh arrays.
-Allocate = Callable[[int], "dict[str, np.ndarray] | None"]
-
-
 def new_batch(specs: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
     """Freshly allocated, contiguous, writable arrays for a batch of ``n`` rows."""
     out = {a: np.empty((n, *s.row_shape), np.dtype(s.dtype)) for a, s in specs.items()}
@@ -220,13 +215,20 @@ def batch_recycler(
     """A recycler that keeps idle about the batches of the groups a worker has in flight."""
     bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
     chunk_rows = int(np.diff(bounds).max()) if len(bounds) > 1 else 1
-    k = max(1, plan.shuffle_chunks)
-    group_batches = -(-k * chunk_rows // plan.batch_size) + 1
-    specs = {a: (store.manifest.arrays[a].row_shape, np.dtype(store.manifest.arrays[a].dtype))
-             for a in names}  # fmt: skip
+    group_batches = batches_per_group(
+        chunk_rows=chunk_rows, shuffle_chunks=plan.shuffle_chunks, batch_size=plan.batch_size
+    )
+    groups = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks)
+    keep = (groups + 1) * group_batches + 8
+    return BatchRecycler(batch_specs(store, names), plan.batch_size, keep=keep)
+
+
+def batch_specs(store: Store, names: Sequence[str]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included."""
+    infos = store.manifest.arrays
+    specs = {a: (tuple(infos[a].row_shape), np.dtype(infos[a].dtype)) for a in names}
     specs[INDEX_KEY] = ((), np.dtype(np.int64))
-    keep = (2 + -(-prefetch // k)) * group_batches + 8
-    return BatchRecycler(specs, plan.batch_size, keep=keep)
+    return specs
 
 
 def _gather(g: Group, sel: np.ndarray, at: int, names: Sequence[str], out: dict) -> None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 Specs = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+#: Where a batch of ``n`` rows goes (key -> array, keys as in a batch), or None for fresh arrays.
+Allocate = Callable[[int], "dict[str, np.ndarray] | None"]
 
 
 def plan_batch_layout(specs: Specs, batch_rows: int) -> tuple[dict[str, int], int]:
@@ -53,22 +55,14 @@ class BatchRecycler:
 
     def __init__(
         self,
-        specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+        specs: Specs,
         batch_rows: int,
         *,
         keep: int = 64,
     ) -> None:
         self.specs = {k: (tuple(s), np.dtype(d)) for k, (s, d) in specs.items()}
         self.batch_rows, self.keep = int(batch_rows), int(keep)
-        self.offsets: dict[str, int] = {}
-        at = 0
-        for k, (shape, dtype) in self.specs.items():
-            self.offsets[k] = at
-            at += (
-                -(-self.batch_rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 64)
-                * 64
-            )
-        self.buffer_bytes = max(at, 1)
+        self.offsets, self.buffer_bytes = plan_batch_layout(self.specs, self.batch_rows)
         self._idle: list[np.ndarray] = []
         self._lock = threading.Lock()
         self.allocated = 0  # buffers ever made (for tests and logs)

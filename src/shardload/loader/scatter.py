@@ -31,6 +31,7 @@ from ..formats.base import RawChunk, RawChunks
 from ..plan.epoch import EpochPlan, iter_worker_groups
 from ..plan.spans import Segment
 from ..store import Store
+from .recycle import Allocate
 
 #: Linux's IOV_MAX: iovecs per ``preadv`` call.
 IOV_MAX = 1024
@@ -64,7 +65,7 @@ def raw_sources(store: Store, names: Sequence[str]) -> Callable[[str, int], RawC
     try:
         if any(reader.raw_chunk(n, 0) is None for n in names):
             return None
-    except Exception:
+    except Exception:  # e.g. a missing first chunk: the gather path reports it, naming it
         return None
 
     def raw(name: str, chunk: int) -> RawChunk:
@@ -159,7 +160,19 @@ def _segment_rows(seg: Segment) -> tuple[int, int, np.ndarray | None]:
     return seg.start, seg.stop - seg.start, seg.rows - seg.start
 
 
-Allocate = Callable[[int], "dict[str, np.ndarray] | None"]
+def groups_in_flight(*, prefetch: int, shuffle_chunks: int) -> int:
+    """Shuffle groups a scatter reader fills at once: the current one and
+    ``ceil(prefetch / shuffle_chunks)`` ahead (pure).
+
+    >>> groups_in_flight(prefetch=4, shuffle_chunks=4), groups_in_flight(prefetch=0, shuffle_chunks=4)
+    (2, 1)
+    """
+    return 1 + math.ceil(prefetch / max(1, shuffle_chunks))
+
+
+def batches_per_group(*, chunk_rows: int, shuffle_chunks: int, batch_size: int) -> int:
+    """Most batches one shuffle group's rows touch (one more when a batch straddles groups)."""
+    return -(-max(1, shuffle_chunks) * chunk_rows // max(1, batch_size)) + 1
 
 
 def scatter_batches(
@@ -179,7 +192,7 @@ def scatter_batches(
     b = plan.batch_size
     total = plan.workers[rank][worker].num_rows
     num_batches = -(-total // b)
-    ahead = 1 + math.ceil(prefetch / max(1, plan.shuffle_chunks))
+    ahead = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks)
     batches: dict[int, dict[str, np.ndarray]] = {}
     inflight: deque[tuple[int, int, list[Future[None]]]] = deque()
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-read")
