@@ -325,3 +325,100 @@ def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes,
         assert [b["index"].tolist() for b in got] == want[skip:]
     with pytest.raises(StateError, match="cannot skip"):
         collect(store, **kw, skip_batches=len(want) + 1)
+
+
+def test_split_pieces_cover_the_selection_exactly():
+    """Pieces are the selection's rows in order, at most ``piece_rows`` each, equal within a
+    chunk (sizes differ by at most one), and every piece stays inside its chunk."""
+    from shardload.loader.select import Selection, split_pieces
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sizes = rng.integers(1, 40, size=rng.integers(1, 8))
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1])) + 5
+        sel = Selection(("x",), sizes, np.arange(len(sizes)) * 3, starts)
+        p = int(rng.integers(0, 15))
+        cut = split_pieces(sel, p)
+        np.testing.assert_array_equal(cut.global_rows(), sel.global_rows())
+        if p == 0:
+            assert cut is sel
+            continue
+        assert cut.sizes.max() <= p and cut.sizes.min() >= 1
+        for i, n, s in zip(sel.ids, sel.sizes, sel.starts, strict=True):
+            mine = cut.ids == i
+            assert cut.sizes[mine].sum() == n and np.ptp(cut.sizes[mine]) <= 1
+            assert cut.starts[mine].min() == s and len(cut.sizes[mine]) == -(-n // p)
+    with pytest.raises(PlanError, match="piece_rows"):
+        split_pieces(sel, -1)
+
+
+@pytest.mark.parametrize("fmt", ["npy-none", "zarr-none", "zarr-zstd", "hdf5-none"])
+def test_pieces_are_the_shuffle_unit(stores, fmt):
+    """With ``piece_rows``, ranks and workers still partition the split exactly, batches mix
+    pieces of several chunks, and the values are right in every format."""
+    store = stores[fmt]
+    rows = split_rows(store, "train")
+    seen, counts = [], []
+    for rank in range(2):
+        got = [
+            collect(store, batch_size=4, split="train", rank=rank, world_size=2, worker=w,
+                    num_workers=2, seed=1, piece_rows=3, shuffle_chunks=3)
+            for w in range(2)
+        ]  # fmt: skip
+        counts.append(sum(len(g) for g in got))
+        for b in (b for g in got for b in g):
+            check_values(store, b)
+            seen.extend(b["index"].tolist())
+    assert counts[0] == counts[1]
+    assert len(seen) == len(set(seen)) == len(rows) - len(rows) % 2
+    assert set(seen) <= set(rows.tolist())
+    whole = collect(store, batch_size=4, split="train", seed=1, piece_rows=0, shuffle_chunks=3)
+    cut = collect(store, batch_size=4, split="train", seed=1, piece_rows=3, shuffle_chunks=3)
+    assert [b["index"].tolist() for b in whole] != [b["index"].tolist() for b in cut]
+
+
+def test_pieces_scatter_and_gather_agree_and_resume(stores, monkeypatch):
+    """Scatter reads of pieces (which start inside chunks) equal the gather path's batches,
+    fresh and resumed; a state saved with other pieces is refused, naming the options."""
+    from shardload.loader import batches as batches_mod
+    from shardload.plan.epoch import plan_fingerprint
+
+    store = stores["zarr-none"]
+    sel = batches_mod.loader_selection(store, split="train", piece_rows=4)
+    state = EpochState(0, 3, 1, 1, "", ()).to_dict()
+    state["fingerprint"] = plan_fingerprint(
+        sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=5, seed=2
+    )
+    kw = dict(batch_size=5, split="train", seed=2, piece_rows=4)
+    runs = []
+    for raw in (True, False):
+        if not raw:
+            monkeypatch.setattr(batches_mod, "raw_sources", lambda *a: None)
+        runs.append([collect(store, **kw), collect(store, **kw, state=state)])
+    for got, want in zip(*runs, strict=True):
+        assert [b["index"].tolist() for b in got] == [b["index"].tolist() for b in want]
+        for b, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(b["x"], w["x"])
+    fresh, resumed = runs[0]
+    assert [b["index"].tolist() for b in resumed] == [b["index"].tolist() for b in fresh[3:]]
+    with pytest.raises(StateError, match="fingerprint"):
+        collect(store, batch_size=5, split="train", seed=2, piece_rows=0, state=state)
+
+
+@pytest.mark.parametrize("fmt", ["npy-none", "zarr-none", "zarr-zstd", "hdf5-none"])
+def test_auto_pieces_only_for_raw_local_chunks(stores, fmt, monkeypatch):
+    """``piece_rows=None`` cuts chunks into pieces of at most DEFAULT_PIECE_BYTES where rows are
+    raw in local files (a piece of a compressed chunk would decode all of it)."""
+    from shardload.loader import batches as batches_mod
+
+    monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # a row: x 16 B, y 8 B, index 8 B
+    store = stores[fmt]
+    whole = select_rows(store, split="train")
+    sel = batches_mod.loader_selection(store, split="train")
+    if fmt in ("npy-none", "zarr-none"):
+        assert sel.sizes.max() <= 3 and len(sel.sizes) > len(whole.sizes)
+    else:
+        np.testing.assert_array_equal(sel.sizes, whole.sizes)
+    got = collect(store, batch_size=4, split="train", seed=3)
+    idx = np.concatenate([b["index"] for b in got])
+    np.testing.assert_array_equal(np.sort(idx), split_rows(store, "train"))

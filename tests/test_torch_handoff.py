@@ -156,6 +156,33 @@ def test_ring_slots_and_fallback():
     assert ring.allocate(3) is not None
 
 
+def test_each_worker_claims_its_own_part_of_the_ring():
+    """A worker claims slots of its own part of the ring first (it page-faults in only those),
+    and borrows another part's free slots only when its own are all taken."""
+    ring = BatchRing({"x": ((3,), np.dtype("f4")), "index": ((), np.dtype("i8"))}, 4, slots=6)
+    w1 = [ring.slot_of(ring.allocate(4, part=(1, 2))) for _ in range(3)]
+    assert w1 == [3, 4, 5]
+    w0 = [ring.slot_of(ring.allocate(4, part=(0, 2))) for _ in range(2)]
+    assert w0 == [0, 1]
+    assert ring.slot_of(ring.allocate(4, part=(1, 2))) == 2  # part 1 full: borrows part 0's
+    assert ring.allocate(4, part=(0, 2)) is None  # all taken
+
+
+def test_pieces_through_dataloader_workers(store):
+    """Pieces (``piece_rows``) through 2 DataLoader workers: every row once, values right, the
+    same batches as in-process, all in ring slots."""
+    ds = StreamingDataset(store, batch_size=4, seed=5, piece_rows=4)
+    got = [as_numpy(b) for b in DataLoader(ds, batch_size=None, num_workers=2)]
+    for b in got:
+        check_values(store, b)
+    idx = np.concatenate([b["index"] for b in got])
+    np.testing.assert_array_equal(np.sort(idx), split_rows(store, None))
+    again = StreamingDataset(store, batch_size=4, seed=5, piece_rows=4)
+    assert indices(got) == indices(DataLoader(again, batch_size=None, num_workers=2))
+    whole = StreamingDataset(store, batch_size=4, seed=5, piece_rows=0)
+    assert ds.fingerprint != whole.fingerprint  # a resume across piece sizes is refused
+
+
 # -- torchdata StatefulDataLoader --------------------------------------------------------------
 stateful = pytest.importorskip("torchdata.stateful_dataloader")
 

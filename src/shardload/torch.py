@@ -24,6 +24,7 @@ already yielded, without reading it); in the main process it is the rank's posit
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections import OrderedDict
@@ -35,11 +36,18 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from .errors import StateError
-from .loader.batches import DEFAULT_PREFETCH, INDEX_KEY, batch_specs, iter_batches, plan_for
+from .loader.batches import (
+    DEFAULT_PREFETCH,
+    INDEX_KEY,
+    batch_specs,
+    iter_batches,
+    plan_for,
+    resolve_piece_rows,
+)
 from .loader.recycle import plan_batch_layout
 from .loader.ring import RINGS, BatchRing, plan_ring_slots
 from .loader.scatter import batches_per_group, groups_in_flight
-from .loader.select import select_rows, store_fingerprint
+from .loader.select import select_rows, split_pieces, store_fingerprint
 from .plan.epoch import DEFAULT_SHUFFLE_CHUNKS, PlanOptions, plan_fingerprint
 from .plan.resume import EpochState
 from .store import Store, open_store
@@ -57,6 +65,7 @@ class _SelectOptions(TypedDict):
     chunks: Sequence[int] | None
     rows: tuple[int, int] | None
     arrays: Sequence[str]
+    piece_rows: int
 
 
 class _ReadOptions(TypedDict):
@@ -163,6 +172,7 @@ class StreamingDataset(IterableDataset):
         rows: tuple[int, int] | None = None,
         drop_last: bool = False,
         shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
+        piece_rows: int | None = None,
         prefetch: int = DEFAULT_PREFETCH,
         threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
@@ -171,9 +181,9 @@ class StreamingDataset(IterableDataset):
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
         self.store = open_store(store, storage_options=storage_options)
-        self.selection = select_rows(
-            self.store, split=split, chunks=chunks, rows=rows, arrays=arrays
-        )
+        whole = select_rows(self.store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+        resolved = resolve_piece_rows(self.store, whole, piece_rows)  # workers take it as is
+        self.selection = split_pieces(whole, resolved)
         self.options: PlanOptions = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
             shuffle_chunks=shuffle_chunks,
@@ -181,8 +191,9 @@ class StreamingDataset(IterableDataset):
         self.read_options: _ReadOptions = dict(prefetch=prefetch, threads=threads)
         self.split = split
         self._select: _SelectOptions = dict(
-            split=split, chunks=chunks, rows=rows, arrays=self.selection.arrays
-        )
+            split=split, chunks=chunks, rows=rows, arrays=self.selection.arrays,
+            piece_rows=resolved,
+        )  # fmt: skip
         self.fingerprint = store_fingerprint(self.store, self.selection)
         sel = self.selection
         self.plan_fingerprint = plan_fingerprint(
@@ -277,7 +288,10 @@ class StreamingDataset(IterableDataset):
         batches = iter_batches(
             self.store, rank=rank, world_size=world, worker=worker, num_workers=workers,
             epoch=epoch, state=state, skip_batches=skip,
-            allocate=ring.allocate if ring is not None else None,
+            allocate=(
+                functools.partial(ring.allocate, part=(worker, workers)) if ring is not None
+                else None
+            ),
             **self._select, **self.options, **self.read_options,
         )  # fmt: skip
         pos = {"epoch": epoch, "leg": state, "worker": worker, "num_workers": workers,

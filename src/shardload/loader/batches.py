@@ -23,14 +23,17 @@ from ..plan.resume import EpochState, plan_from_state
 from ..store import Store, open_store
 from .reader import BufferPool, Group, read_groups
 from .recycle import Allocate, BatchRecycler
-from .scatter import batches_per_group, groups_in_flight, raw_sources, scatter_batches
-from .select import Selection, select_rows, store_fingerprint
+from .scatter import batches_per_group, groups_in_flight, raw_rows, raw_sources, scatter_batches
+from .select import Selection, plan_piece_rows, select_rows, split_pieces, store_fingerprint
 
 #: Segments (at most a chunk each) read ahead of the group being yielded.
 DEFAULT_PREFETCH = DEFAULT_SHUFFLE_CHUNKS
 INDEX_KEY = "index"
 #: Batch pieces smaller than this are gathered in the calling thread (no thread hop).
 INLINE_GATHER_BYTES = 256 * 1024
+#: ``piece_rows=None`` on raw local chunks: cut chunks into pieces of at most this many bytes
+#: (all selected arrays and the index), the loader's unit of shuffling and of memory.
+DEFAULT_PIECE_BYTES = 8 << 20
 
 
 def iter_batches(
@@ -51,6 +54,7 @@ def iter_batches(
     arrays: Sequence[str] | None = None,
     drop_last: bool = False,
     shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
+    piece_rows: int | None = None,
     prefetch: int = DEFAULT_PREFETCH,
     threads: int | None = None,
     state: EpochState | Mapping[str, Any] | None = None,
@@ -79,11 +83,18 @@ def iter_batches(
         What to read: a split, or explicit chunk ids, and/or a global ``(start, stop)`` row
         range; which arrays (default all).
     shuffle_chunks
-        Chunks whose rows are permuted together (the shuffle buffer, in chunks).
+        Pieces whose rows are permuted together (the shuffle buffer, in pieces).
+    piece_rows
+        The shuffle unit: chunks longer than this are cut into equal pieces of at most
+        ``piece_rows`` rows, which the plan shuffles, spreads over ranks and workers, and groups
+        as it would chunks. ``None`` (default): pieces of at most ``DEFAULT_PIECE_BYTES``
+        (8 MiB) when every array is raw rows in local files (uncompressed Zarr, npy stacks;
+        reading part of a chunk costs no more per row there), whole chunks otherwise (a piece
+        of a compressed chunk would decode the whole chunk); ``0``: whole chunks.
     prefetch, threads
-        Chunks read ahead in background threads (``threads``, default ``min(4, prefetch,
+        Pieces read ahead in background threads (``threads``, default ``min(4, prefetch,
         CPUs)``).
-        Memory per reader is about ``(shuffle_chunks + prefetch)`` chunks of the selected
+        Memory per reader is about ``(shuffle_chunks + prefetch)`` pieces of the selected
         arrays, plus the batches the caller holds.
     state
         Resume mid-epoch from an :class:`~shardload.plan.resume.EpochState` (or its dict, as
@@ -114,7 +125,9 @@ def iter_batches(
     ...     x, y, idx = batch["x"], batch["y"], batch["index"]
     """
     st = open_store(store, storage_options=storage_options)
-    sel = select_rows(st, split=split, chunks=chunks, rows=rows, arrays=arrays)
+    sel = loader_selection(
+        st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows
+    )
     plan = plan_for(
         st, sel, batch_size=batch_size, world_size=world_size, num_workers=num_workers,
         shuffle=shuffle, seed=seed, epoch=epoch, mode=mode, drop_last=drop_last,
@@ -133,6 +146,35 @@ def iter_batches(
     return _batches(
         st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads, allocate=allocate
     )
+
+
+def loader_selection(
+    store: Store,
+    *,
+    split: str | None = None,
+    chunks: Sequence[int] | None = None,
+    rows: tuple[int, int] | None = None,
+    arrays: Sequence[str] | None = None,
+    piece_rows: int | None = None,
+) -> Selection:
+    """The selection a loader plans over: :func:`select_rows` cut into pieces
+    (:func:`resolve_piece_rows`)."""
+    sel = select_rows(store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+    return split_pieces(sel, resolve_piece_rows(store, sel, piece_rows))
+
+
+def resolve_piece_rows(store: Store, sel: Selection, piece_rows: int | None) -> int:
+    """``piece_rows`` checked, or for None: pieces of at most ``DEFAULT_PIECE_BYTES`` on raw
+    local chunks and 0 (whole chunks) on every other store. Depends on the store only, never
+    on the platform, so every rank plans the same pieces."""
+    if piece_rows is not None:
+        return _check_nonneg("piece_rows", piece_rows)
+    if not raw_rows(store, sel.arrays):
+        return 0
+    infos = store.manifest.arrays
+    row_bytes = sum(infos[a].row_bytes for a in sel.arrays) + 8
+    chunk_rows = int(np.diff(np.asarray(store.manifest.chunk_bounds)).max())
+    return plan_piece_rows(chunk_rows, row_bytes, DEFAULT_PIECE_BYTES)
 
 
 def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
@@ -210,11 +252,10 @@ def new_batch(specs: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
 
 
 def batch_recycler(
-    store: Store, names: Sequence[str], plan: EpochPlan, prefetch: int
+    store: Store, names: Sequence[str], plan: EpochPlan, prefetch: int, *, chunk_rows: int
 ) -> BatchRecycler:
-    """A recycler that keeps idle about the batches of the groups a worker has in flight."""
-    bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
-    chunk_rows = int(np.diff(bounds).max()) if len(bounds) > 1 else 1
+    """A recycler that keeps idle about the batches of the groups a worker has in flight
+    (``chunk_rows``: the longest piece it reads)."""
     group_batches = batches_per_group(
         chunk_rows=chunk_rows, shuffle_chunks=plan.shuffle_chunks, batch_size=plan.batch_size
     )
@@ -253,7 +294,9 @@ def _batches(
     """
     specs = {a: store.manifest.arrays[a] for a in names}
     if allocate is None:  # reuse the memory of batches the caller has dropped
-        allocate = batch_recycler(store, names, plan, prefetch).allocate
+        spans = plan.workers[rank][worker].spans
+        longest = int((spans.hi - spans.lo).max()) if len(spans) else 1
+        allocate = batch_recycler(store, names, plan, prefetch, chunk_rows=longest).allocate
     raw = raw_sources(store, names)
     if raw is not None:  # raw local chunks: straight into the batches (loader/scatter.py)
         yield from scatter_batches(

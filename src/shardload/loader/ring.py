@@ -20,6 +20,7 @@ the arrays.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import multiprocessing
 import os
@@ -38,6 +39,8 @@ DEFAULT_SLOTS = 64
 #: Most address space a ring reserves (virtual, ``MAP_NORESERVE``).
 MAX_RING_BYTES = 64 << 30
 _PAGE = mmap.PAGESIZE
+#: madvise(MADV_POPULATE_WRITE) (Linux 5.14+): map a slot's pages in one call.
+_MADV_POPULATE_WRITE = 23 if sys.platform.startswith("linux") else 0
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
 #: Rings of this process by token (the main process looks a slot's ring up when a batch arrives).
@@ -94,6 +97,7 @@ class BatchRing:
         self.owner = os.getpid()
         self.token = secrets.token_hex(8)
         self._claimed: dict[int, int] = {}  # id(batch index array) -> slot, in a worker
+        self._mapped: set[int] = set()  # slots this process has written to
         RINGS[self.token] = self
 
     @property
@@ -110,17 +114,28 @@ class BatchRing:
         return np.frombuffer(self._mm, np.uint8, count=self.slot_bytes, offset=base)
 
     # -- worker side ---------------------------------------------------------------------------
-    def claim(self) -> int | None:
-        """A free slot, now held by this process; None when every slot is taken."""
+    def claim(self, part: tuple[int, int] = (0, 1)) -> int | None:
+        """A free slot, now held by this process; None when every slot is taken.
+
+        ``part=(k, n)``: the lowest free slot of the ``k``-th of ``n`` equal parts of the ring
+        if there is one, else the lowest free slot anywhere. Lowest first: slots never used
+        never cost memory; a part per worker: a worker maps (page-faults in) its own slots only.
+        """
         pid = os.getpid()
+        lo = part[0] * self.slots // max(1, part[1])
         with self._lock:
-            free = np.flatnonzero(self._flags == 0)
-            if not len(free):
-                self._reclaim_dead()
-                free = np.flatnonzero(self._flags == 0)
-                if not len(free):
+            for attempt in range(2):
+                free = np.flatnonzero(self._flags[lo:] == 0)
+                if len(free):
+                    slot = lo + int(free[0])
+                    break
+                free = np.flatnonzero(self._flags[:lo] == 0)
+                if len(free):
+                    slot = int(free[0])
+                    break
+                if attempt:
                     return None
-            slot = int(free[0])  # lowest first: slots never used never cost memory
+                self._reclaim_dead()
             self._flags[slot] = pid
         return slot
 
@@ -133,13 +148,23 @@ class BatchRing:
             except OSError:
                 pass
 
-    def allocate(self, rows: int) -> dict[str, np.ndarray] | None:
-        """Arrays for a batch of ``rows`` rows in a claimed slot, or None (no slot free)."""
+    def allocate(self, rows: int, part: tuple[int, int] = (0, 1)) -> dict[str, np.ndarray] | None:
+        """Arrays for a batch of ``rows`` rows in a claimed slot (of ``part`` first, as in
+        :meth:`claim`), or None (no slot free)."""
         if rows > self.batch_rows:
             return None
-        slot = self.claim()
+        slot = self.claim(part)
         if slot is None:
             return None
+        if slot not in self._mapped:  # map the whole slot in one call, not page by page
+            self._mapped.add(slot)
+            # kernels before 5.14 refuse it (OSError): page faults then do the same
+            with contextlib.suppress(OSError, ValueError):
+                if _MADV_POPULATE_WRITE:
+                    self._mm.madvise(
+                        _MADV_POPULATE_WRITE, self.header_bytes + slot * self.slot_bytes,
+                        self.slot_bytes,
+                    )  # fmt: skip
         out = self.views(slot, rows)
         self._claimed[id(out[next(iter(out))])] = slot
         return out

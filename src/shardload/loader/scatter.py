@@ -56,17 +56,26 @@ def _preadv() -> Any:
     return _PREADV or None
 
 
+def raw_rows(store: Store, names: Sequence[str]) -> bool:
+    """True when every array in ``names`` is stored as raw rows in local files (uncompressed
+    shardload Zarr, local npy stacks): reading part of a chunk costs no more per row than the
+    whole chunk. Depends on the store only (never on the platform), so every rank agrees."""
+    reader = store.reader
+    if not isinstance(reader, RawChunks) or not names:
+        return False
+    try:
+        return all(reader.raw_chunk(n, 0) is not None for n in names)
+    except Exception:  # e.g. a missing first chunk: the gather path reports it, naming it
+        return False
+
+
 def raw_sources(store: Store, names: Sequence[str]) -> Callable[[str, int], RawChunk] | None:
     """``raw(name, chunk)`` when every array in ``names`` is raw rows in local files and this
     platform has ``preadv``; else None (the loader reads into group buffers and gathers)."""
     reader = store.reader
-    if _preadv() is None or not isinstance(reader, RawChunks) or not names:
+    if _preadv() is None or not raw_rows(store, names):
         return None
-    try:
-        if any(reader.raw_chunk(n, 0) is None for n in names):
-            return None
-    except Exception:  # e.g. a missing first chunk: the gather path reports it, naming it
-        return None
+    assert isinstance(reader, RawChunks)
 
     def raw(name: str, chunk: int) -> RawChunk:
         got = reader.raw_chunk(name, chunk)

@@ -1,7 +1,8 @@
 """Which rows a loader reads: a split, an explicit subset of chunks, and/or a row range.
 
 The result is a *chunk table* (sizes, ids, global first rows) that the pure epoch planner
-takes as is; a row range cuts the first and last chunks it touches into pieces.
+takes as is; a row range cuts the first and last chunks it touches into pieces, and
+:func:`split_pieces` cuts long chunks into pieces (the loader's shuffle unit).
 """
 
 from __future__ import annotations
@@ -101,6 +102,44 @@ def select_rows(
             f"rows={rows}) has no rows"
         )
     return Selection(names, stops - starts, ids, starts)
+
+
+def split_pieces(sel: Selection, piece_rows: int) -> Selection:
+    """``sel`` with every piece longer than ``piece_rows`` rows cut into equal pieces of at most
+    ``piece_rows`` rows (pure; ``piece_rows=0``: unchanged).
+
+    The epoch planner shuffles and groups pieces as it does chunks, so the shuffle buffer costs
+    ``shuffle_chunks`` pieces instead of whole chunks, and a chunk's pieces spread over the epoch.
+
+    >>> sel = Selection(("x",), np.array([10, 3]), np.array([0, 1]), np.array([0, 10]))
+    >>> cut = split_pieces(sel, 4)
+    >>> cut.sizes.tolist(), cut.ids.tolist(), cut.starts.tolist()
+    ([4, 3, 3, 3], [0, 0, 0, 1], [0, 4, 7, 10])
+    """
+    p = int(piece_rows)
+    if p < 0:
+        raise PlanError(f"piece_rows must be an integer >= 0, got {piece_rows!r}")
+    if p == 0 or int(sel.sizes.max()) <= p:
+        return sel
+    n = sel.sizes.astype(np.int64)
+    k = -(-n // p)  # pieces of each entry
+    entry = np.repeat(np.arange(len(n)), k)
+    j = np.arange(int(k.sum()), dtype=np.int64) - np.repeat(np.cumsum(k) - k, k)
+    base, extra = n[entry] // k[entry], n[entry] % k[entry]
+    sizes = base + (j < extra)
+    starts = sel.starts[entry] + j * base + np.minimum(j, extra)
+    return Selection(sel.arrays, sizes, sel.ids[entry], starts.astype(np.int64))
+
+
+def plan_piece_rows(chunk_rows: int, row_bytes: int, target_bytes: int) -> int:
+    """Rows per piece so that a chunk of ``chunk_rows`` rows of ``row_bytes`` bytes is cut into
+    equal pieces of at most ``target_bytes`` (pure; a chunk that fits stays whole).
+
+    >>> plan_piece_rows(4096, 6208, 8 << 20), plan_piece_rows(1000, 100, 8 << 20)
+    (1024, 1000)
+    """
+    pieces = max(1, -(-int(chunk_rows) * int(row_bytes) // max(1, int(target_bytes))))
+    return max(1, -(-int(chunk_rows) // pieces))
 
 
 def store_fingerprint(store: Store, selection: Selection) -> str:
