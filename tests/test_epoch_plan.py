@@ -369,3 +369,36 @@ def test_state_errors():
         plan_from_state(state, sizes, batch_size=5, seed=1, world_size=2, num_workers=1)
     with pytest.raises(StateError, match="not an epoch state"):
         EpochState.from_dict({"epoch": 1})
+
+
+def test_shuffle_order_spreads_the_pieces_of_each_chunk():
+    """Pieces come in rounds of one piece per chunk: the order is a permutation, each round
+    holds distinct chunks, it changes with the seed, and a shuffle group of pieces nearly
+    always holds distinct chunks."""
+    from shardload.plan.epoch import iter_worker_groups, shuffle_order
+
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        pieces = rng.integers(1, 5, size=rng.integers(1, 30))
+        ids = np.repeat(np.arange(len(pieces)) * 7, pieces)
+        order = shuffle_order(ids, np.random.default_rng(int(rng.integers(1 << 30))))
+        assert sorted(order.tolist()) == list(range(len(ids)))
+        seq = ids[order]
+        at = 0
+        for k in range(int(pieces.max())):
+            n = int((pieces > k).sum())
+            assert sorted(seq[at : at + n].tolist()) == sorted(
+                (np.flatnonzero(pieces > k) * 7).tolist()
+            )
+            at += n
+    ids = np.repeat(np.arange(64), 4)
+    a, b = (shuffle_order(ids, np.random.default_rng(s)) for s in (0, 1))
+    assert not np.array_equal(a, b)
+    plan = plan_epoch(
+        np.full(256, 1024), chunk_ids=ids, chunk_starts=np.arange(256) * 1024,
+        batch_size=256, num_workers=2, seed=3,
+    )  # fmt: skip
+    groups = [
+        [s.chunk for s in segs] for w in range(2) for segs, _ in iter_worker_groups(plan, 0, w)
+    ]
+    assert np.mean([len(set(g)) for g in groups]) > 3.95

@@ -5,7 +5,9 @@ It is never a per-row array: it is a list of segments (a chunk, and a row range 
 array of row offsets inside it), so a plan for 10**9 rows costs what its chunk list costs.
 
 1. **Sequence.** The chunks in a permutation seeded by ``(seed, epoch)`` when ``shuffle``, in
-   the given order otherwise.
+   the given order otherwise. Where a chunk is cut into pieces (several entries with its id),
+   the permutation comes in rounds of one piece per chunk (:func:`shuffle_order`), so a
+   chunk's pieces spread over the epoch and a shuffle group seldom holds two of them.
 2. **Ranks.** ``N`` rows, ``world_size`` ranks. Mode ``drop`` removes the last ``N mod world``
    rows of the sequence; mode ``pad`` appends (cyclically) its first ``(world - N mod world) mod
    world`` rows. The sequence is then cut into ``world_size`` contiguous parts of ``n_r`` rows,
@@ -152,6 +154,26 @@ def _chunk_table(chunk_sizes, chunk_ids, chunk_starts) -> tuple[np.ndarray, ...]
     return sizes, ids.astype(np.int64), starts.astype(np.int64)
 
 
+def shuffle_order(ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A seeded permutation of chunk-table entries that spreads the pieces of each chunk: the
+    entries come in rounds, round ``k`` holding one piece of every chunk that has more than
+    ``k`` (which piece, and the order of chunks in a round, are random). With one entry per
+    chunk it is a plain random permutation (pure).
+
+    >>> ids = np.array([0, 0, 1, 1, 2, 2])
+    >>> ids[shuffle_order(ids, np.random.default_rng(0))].reshape(2, 3).tolist()
+    [[0, 2, 1], [2, 1, 0]]
+    """
+    n = len(ids)
+    pick, place = rng.random(n), rng.random(n)
+    by_chunk = np.lexsort((pick, ids))  # each chunk's entries together, in a random order
+    sorted_ids = ids[by_chunk]
+    first = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+    round_ = np.empty(n, np.int64)
+    round_[by_chunk] = np.arange(n) - np.repeat(first, np.diff(np.append(first, n)))
+    return np.lexsort((place, round_))
+
+
 def plan_fingerprint(
     chunk_sizes,
     *,
@@ -231,7 +253,7 @@ def plan_epoch(
     opts = _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chunks)
     order = np.arange(len(sizes))
     if shuffle:
-        order = np.random.default_rng((seed, epoch, 0)).permutation(len(sizes))
+        order = shuffle_order(ids, np.random.default_rng((seed, epoch, 0)))
     seq = Spans(
         ids[order],
         starts[order],
