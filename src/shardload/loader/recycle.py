@@ -11,6 +11,7 @@ wrapper returns the buffer. A caller that keeps batches just makes the recycler 
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -32,7 +33,7 @@ def plan_batch_layout(specs: Specs, batch_rows: int) -> tuple[dict[str, int], in
     offsets, at = {}, 0
     for k, (shape, dtype) in specs.items():
         offsets[k] = at
-        at += -(-batch_rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 64) * 64
+        at += -(-batch_rows * math.prod(shape) * dtype.itemsize // 64) * 64
     return offsets, max(at, 1)
 
 
@@ -41,8 +42,8 @@ def batch_views(
 ) -> dict[str, np.ndarray]:
     """The arrays of a ``rows``-row batch laid out in the uint8 buffer ``raw`` (views of it)."""
     out = {}
-    for k, (shape, dtype) in specs.items():
-        nbytes = rows * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    for k, (shape, dtype) in specs.items():  # math.prod: np.prod costs ~10 us a call
+        nbytes = rows * math.prod(shape) * dtype.itemsize
         out[k] = raw[offsets[k] : offsets[k] + nbytes].view(dtype).reshape((rows, *shape))
     return out
 
