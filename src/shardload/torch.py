@@ -135,7 +135,8 @@ class StreamingDataset(IterableDataset):
     Use with ``DataLoader(ds, batch_size=None, num_workers=W)`` (or :class:`StreamingDataLoader`
     for mid-epoch resume). Each item is a dict of tensors, one per array, and ``"index"`` (int64
     global rows). Every rank yields the same number of batches (``mode`` ``"drop"``/``"pad"``).
-    Memory per worker is about ``shuffle_chunks + prefetch`` chunks.
+    Memory per worker is about ``shuffle_chunks + prefetch`` pieces (chunks, or pieces of
+    ``piece_rows`` rows: see :func:`shardload.iter_batches`).
 
     Parameters
     ----------
