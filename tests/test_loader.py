@@ -384,7 +384,7 @@ def test_pieces_scatter_and_gather_agree_and_resume(stores, monkeypatch):
     from shardload.plan.epoch import plan_fingerprint
 
     store = stores["zarr-none"]
-    sel = batches_mod.loader_selection(store, split="train", piece_rows=4)
+    sel, _ = batches_mod.loader_selection(store, split="train", piece_rows=4)
     state = EpochState(0, 3, 1, 1, "", ()).to_dict()
     state["fingerprint"] = plan_fingerprint(
         sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=5, seed=2
@@ -414,7 +414,7 @@ def test_auto_pieces_only_for_raw_local_chunks(stores, fmt, monkeypatch):
     monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # a row: x 16 B, y 8 B, index 8 B
     store = stores[fmt]
     whole = select_rows(store, split="train")
-    sel = batches_mod.loader_selection(store, split="train")
+    sel, _ = batches_mod.loader_selection(store, split="train")
     if fmt in ("npy-none", "zarr-none"):
         assert sel.sizes.max() <= 3 and len(sel.sizes) > len(whole.sizes)
     else:

@@ -41,13 +41,13 @@ from .loader.batches import (
     INDEX_KEY,
     batch_specs,
     iter_batches,
+    loader_selection,
     plan_for,
-    resolve_piece_rows,
 )
 from .loader.recycle import plan_batch_layout
 from .loader.ring import RINGS, BatchRing, plan_ring_slots
 from .loader.scatter import batches_per_group, groups_in_flight
-from .loader.select import select_rows, split_pieces, store_fingerprint
+from .loader.select import select_rows, store_fingerprint
 from .plan.epoch import DEFAULT_SHUFFLE_CHUNKS, PlanOptions, plan_fingerprint
 from .plan.resume import EpochState
 from .store import Store, open_store
@@ -182,9 +182,10 @@ class StreamingDataset(IterableDataset):
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
         self.store = open_store(store, storage_options=storage_options)
-        whole = select_rows(self.store, split=split, chunks=chunks, rows=rows, arrays=arrays)
-        resolved = resolve_piece_rows(self.store, whole, piece_rows)  # workers take it as is
-        self.selection = split_pieces(whole, resolved)
+        self.selection, resolved = loader_selection(
+            self.store, split=split, chunks=chunks, rows=rows, arrays=arrays,
+            piece_rows=piece_rows,
+        )  # fmt: skip
         self.options: PlanOptions = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
             shuffle_chunks=shuffle_chunks,
@@ -193,7 +194,7 @@ class StreamingDataset(IterableDataset):
         self.split = split
         self._select: _SelectOptions = dict(
             split=split, chunks=chunks, rows=rows, arrays=self.selection.arrays,
-            piece_rows=resolved,
+            piece_rows=resolved,  # workers take the pieces as resolved here
         )  # fmt: skip
         self.fingerprint = store_fingerprint(self.store, self.selection)
         sel = self.selection

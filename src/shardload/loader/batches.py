@@ -125,7 +125,7 @@ def iter_batches(
     ...     x, y, idx = batch["x"], batch["y"], batch["index"]
     """
     st = open_store(store, storage_options=storage_options)
-    sel = loader_selection(
+    sel, _ = loader_selection(
         st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows
     )
     plan = plan_for(
@@ -156,11 +156,13 @@ def loader_selection(
     rows: tuple[int, int] | None = None,
     arrays: Sequence[str] | None = None,
     piece_rows: int | None = None,
-) -> Selection:
-    """The selection a loader plans over: :func:`select_rows` cut into pieces
-    (:func:`resolve_piece_rows`)."""
+) -> tuple[Selection, int]:
+    """The selection a loader plans over: :func:`select_rows` cut into pieces, and the rows per
+    piece it was cut with (:func:`resolve_piece_rows`; pass that on, e.g. to workers, so
+    nothing decides it twice)."""
     sel = select_rows(store, split=split, chunks=chunks, rows=rows, arrays=arrays)
-    return split_pieces(sel, resolve_piece_rows(store, sel, piece_rows))
+    resolved = resolve_piece_rows(store, sel, piece_rows)
+    return split_pieces(sel, resolved), resolved
 
 
 def resolve_piece_rows(store: Store, sel: Selection, piece_rows: int | None) -> int:

@@ -117,27 +117,29 @@ class BatchRing:
     def claim(self, part: tuple[int, int] = (0, 1)) -> int | None:
         """A free slot, now held by this process; None when every slot is taken.
 
-        ``part=(k, n)``: the lowest free slot of the ``k``-th of ``n`` equal parts of the ring
-        if there is one, else the lowest free slot anywhere. Lowest first: slots never used
-        never cost memory; a part per worker: a worker maps (page-faults in) its own slots only.
+        ``part=(k, n)``: the first free slot from the start of the ``k``-th of ``n`` equal parts
+        of the ring on, wrapping round to the ring's start: a worker's own part first (it maps,
+        page-faults in, its own slots only), then the parts after it, then those before it.
+        Lowest first within that order: slots never used never cost memory.
         """
         pid = os.getpid()
         lo = part[0] * self.slots // max(1, part[1])
         with self._lock:
-            for attempt in range(2):
-                free = np.flatnonzero(self._flags[lo:] == 0)
-                if len(free):
-                    slot = lo + int(free[0])
-                    break
-                free = np.flatnonzero(self._flags[:lo] == 0)
-                if len(free):
-                    slot = int(free[0])
-                    break
-                if attempt:
-                    return None
+            slot = self._first_free(lo)
+            if slot is None:
                 self._reclaim_dead()
+                slot = self._first_free(lo)
+                if slot is None:
+                    return None
             self._flags[slot] = pid
         return slot
+
+    def _first_free(self, lo: int) -> int | None:
+        free = np.flatnonzero(self._flags == 0)
+        if not len(free):
+            return None
+        after = free[free >= lo]
+        return int(after[0] if len(after) else free[0])
 
     def _reclaim_dead(self) -> None:
         for pid in np.unique(self._flags[self._flags > 0]):
