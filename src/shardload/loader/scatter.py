@@ -193,31 +193,36 @@ def scatter_batches(
     """The worker's batches, in plan order, read by scatter; ``index_key`` holds the global
     rows. Batches come from ``allocate(n)`` (or ``new_batch(n)`` when it gives None).
 
-    Groups are submitted whole: the current one and ``ceil(prefetch / shuffle_chunks)`` ahead
-    (more while a batch still straddles unread groups). A batch is yielded once every group
-    holding some of its rows is read. Closing the iterator waits for the reads in flight, so
+    Groups are planned whole: the current one and ``ceil(prefetch / shuffle_chunks)`` ahead
+    (more while a batch still straddles unread groups). Planning a group (allocating its
+    batches, writing their index rows, cutting the iovecs) takes a few ms, so it runs in a
+    planner thread of its own, off the path of the batch being yielded; the planner hands the
+    group's reads to ``threads`` reader threads. A batch is yielded once every group holding
+    some of its rows is read. Closing the iterator waits for the plans and reads in flight, so
     no thread writes into a batch's memory after the caller reclaims it.
     """
     b = plan.batch_size
     total = plan.workers[rank][worker].num_rows
     num_batches = -(-total // b)
     ahead = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks)
-    batches: dict[int, dict[str, np.ndarray]] = {}
-    inflight: deque[tuple[int, int, list[Future[None]]]] = deque()
+    batches: dict[int, dict[str, np.ndarray]] = {}  # written by the planner, popped here
+    inflight: deque[tuple[int, int, Future[list[Future[None]]]]] = deque()
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-read")
+    planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardload-plan")
     groups = iter_worker_groups(plan, rank, worker)
     bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
-    at = 0  # stream position of the next group's first row
+    at = 0  # stream position of the next group's first row (main thread only)
 
-    def batch(k: int) -> dict[str, np.ndarray]:
+    def batch(k: int) -> dict[str, np.ndarray]:  # planner thread only
         if k not in batches:
             size = min(b, total - k * b)
             batches[k] = (allocate(size) if allocate else None) or new_batch(size)
         return batches[k]
 
-    def submit(segments: tuple[Segment, ...], order: np.ndarray) -> None:
-        nonlocal at
-        n = min(len(order), total - at)
+    def plan_group(
+        segments: tuple[Segment, ...], order: np.ndarray, at: int, n: int
+    ) -> list[Future[None]]:
+        """Planner thread: allocate the group's batches, fill their index, submit its reads."""
         lens = np.array([len(s) for s in segments], dtype=np.int64)
         pos = np.full(int(lens.sum()), -1, np.int64)  # stream position of each group row
         pos[order[:n]] = at + np.arange(n, dtype=np.int64)
@@ -247,8 +252,7 @@ def scatter_batches(
                 futs.append(pool.submit(
                     read_scatter, raw(a, seg.chunk), a, seg.chunk, first, mine, bases[a], k0, b
                 ))  # fmt: skip
-        inflight.append((at, at + n, futs))
-        at += n
+        return futs
 
     try:
         exhausted = False
@@ -259,17 +263,20 @@ def scatter_batches(
                 if g is None:
                     exhausted = True
                 else:
-                    submit(*g)
+                    n = min(len(g[1]), total - at)
+                    inflight.append((at, at + n, planner.submit(plan_group, *g, at, n)))
+                    at += n
             if at < end:
                 raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")
-            for start, _, futs in inflight:
+            for start, _, planned in inflight:
                 if start >= end:
                     break
-                for f in futs:
-                    f.result()  # re-raises a read error here, in the consuming thread
+                for f in planned.result():
+                    f.result()  # re-raises a plan or read error here, in the consuming thread
             out = batches.pop(k)
             while inflight and inflight[0][1] <= end:
                 inflight.popleft()
             yield out
     finally:
+        planner.shutdown(wait=True, cancel_futures=True)
         pool.shutdown(wait=True, cancel_futures=True)
