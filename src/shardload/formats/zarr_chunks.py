@@ -24,6 +24,10 @@ from typing import Any
 
 import numpy as np
 
+# imported with the module (a Zarr store's open), not at its first chunk: importing numcodecs
+# takes about 0.1 s, which would otherwise land in the first epoch's first batch
+from numcodecs import Blosc, blosc
+
 from ..errors import ChunkReadError
 from .base import readinto_full
 
@@ -179,8 +183,6 @@ def _read_chunk_part(
         raise ChunkReadError(
             f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
         ) from exc
-    from numcodecs import blosc
-
     try:
         # Blosc trusts its header: check it against the file before decoding into our buffer
         if len(raw) < 16:
@@ -226,7 +228,6 @@ def write_chunk(layout: ChunkLayout, i: int, rows: np.ndarray) -> None:
 
 def _blosc(config: dict[str, Any]) -> Any:
     """numcodecs' Blosc with a Zarr v3 blosc codec's settings (zarr's codec wraps it too)."""
-    from numcodecs import Blosc
 
     shuffle = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE}.get(
         str(config.get("shuffle")), Blosc.BITSHUFFLE
