@@ -148,6 +148,31 @@ def test_scatter_reads_one_task_per_array_per_segment(npy, monkeypatch):
         check_values(npy, b)
 
 
+def test_scatter_planner_errors_surface_and_close_stops_its_threads(npy):
+    """Groups are planned in a planner thread: an error there (here the batch allocator)
+    is raised by ``next`` in the consuming thread, and closing the iterator mid-epoch leaves no
+    planner or reader thread behind (none can write into a batch after it is reclaimed)."""
+    import threading
+
+    before = set(threading.enumerate())
+
+    def names() -> set[str]:  # of the threads this test started
+        new = set(threading.enumerate()) - before
+        return {t.name.rsplit("_", 1)[0] for t in new if t.is_alive()}
+
+    def broken(n: int):
+        raise RuntimeError(f"no memory for a batch of {n}")
+
+    it = shardload.iter_batches(npy, batch_size=8, split="train", allocate=broken)
+    with pytest.raises(RuntimeError, match="no memory for a batch of 8"):
+        next(it)
+    it = shardload.iter_batches(npy, batch_size=8, split="train", prefetch=8)
+    check_values(npy, next(it))
+    assert {"shardload-plan", "shardload-read"} <= names()
+    it.close()
+    assert not {"shardload-plan", "shardload-read"} & names()
+
+
 @pytest.mark.parametrize("fmt", ["npy-none", "zarr-none"])
 @pytest.mark.parametrize("consumed", [1, 3, 5])
 def test_scatter_and_gather_paths_agree(stores, fmt, consumed, monkeypatch):
