@@ -282,29 +282,25 @@ def test_bad_options(npy):
         shardload.iter_batches(npy, batch_size=4, arrays=["nope"])
 
 
+@pytest.mark.parametrize(
+    ("fmt", "rel", "keep", "pattern"),
+    [
+        ("npy", "x/000003.npy", 200, r"chunk 3 .*000003\.npy"),
+        ("zarr", "x/c/3/0", 100, r"chunk 3 .*x/c/3/0"),
+    ],
+)
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
-def test_missing_or_corrupt_raw_zarr_chunk(tmp_path, damage):
-    """Scatter reads of raw Zarr chunks name the chunk and its file (a truncated file is caught
-    before any read: no SIGBUS, no short batch)."""
-    make_store(tmp_path, fmt="zarr", n=60, chunk_rows=10, splits={"train": 1.0})
-    path = tmp_path / "store" / "x" / "c" / "3" / "0"
+def test_missing_or_corrupt_chunk(tmp_path, fmt, rel, keep, pattern, damage):
+    """A missing or truncated chunk names the chunk and its file. npy and raw Zarr chunks are
+    read by scatter, where a truncated file is caught before any read: no SIGBUS, no short
+    batch."""
+    make_store(tmp_path, fmt=fmt, n=60, chunk_rows=10, splits={"train": 1.0})
+    path = tmp_path / "store" / rel
     if damage == "delete":
         path.unlink()
     else:
-        path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(ChunkReadError, match=r"chunk 3 .*x/c/3/0"):
-        collect(str(tmp_path / "store"), batch_size=4)
-
-
-@pytest.mark.parametrize("damage", ["delete", "truncate"])
-def test_missing_or_corrupt_chunk(tmp_path, damage):
-    make_store(tmp_path, fmt="npy", n=60, chunk_rows=10, splits={"train": 1.0})
-    path = tmp_path / "store" / "x" / "000003.npy"
-    if damage == "delete":
-        path.unlink()
-    else:
-        path.write_bytes(path.read_bytes()[:200])
-    with pytest.raises(ChunkReadError, match=r"chunk 3 .*000003\.npy"):
+        path.write_bytes(path.read_bytes()[:keep])
+    with pytest.raises(ChunkReadError, match=pattern):
         collect(str(tmp_path / "store"), batch_size=4)
 
 
