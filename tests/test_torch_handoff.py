@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 
 from shardload.errors import StateError  # noqa: E402
 from shardload.loader.ring import BatchRing  # noqa: E402
-from shardload.torch import StreamingDataset  # noqa: E402
+from shardload.torch import StreamingDataLoader, StreamingDataset  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -181,6 +181,84 @@ def test_pieces_through_dataloader_workers(store):
     assert indices(got) == indices(DataLoader(again, batch_size=None, num_workers=2))
     whole = StreamingDataset(store, batch_size=4, seed=5, piece_rows=0)
     assert ds.fingerprint != whole.fingerprint  # a resume across piece sizes is refused
+
+
+# -- StreamingDataLoader bundles ---------------------------------------------------------------
+# 3 workers on a 2-CPU machine: DataLoader warns, and the tests mean it
+many_workers = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def _plain(store, workers, **kw):
+    ds = StreamingDataset(store, **kw)
+    return indices(DataLoader(ds, batch_size=None, num_workers=workers))
+
+
+@many_workers
+@pytest.mark.parametrize(
+    ("workers", "bundle", "batch_size"),
+    [(1, 3, 8), (2, None, 8), (2, 1, 50), (3, 2, 8), (3, 4, 40), (2, 7, 50)],
+)
+def test_bundles_come_out_in_the_order_of_a_plain_dataloader(store, workers, bundle, batch_size):
+    """Workers with unequal batch counts (331 rows), bundles that do and do not divide them:
+    the batches, values and order are those of a plain DataLoader, one batch per item."""
+    want = _plain(store, workers, batch_size=batch_size, seed=6)
+    loader = StreamingDataLoader(
+        StreamingDataset(store, batch_size=batch_size, seed=6), num_workers=workers, bundle=bundle
+    )
+    assert loader.bundle == (bundle or loader.dataset.default_bundle) and loader._bundled
+    got = list(loader)
+    assert all(type(b) is dict for b in got)
+    assert indices(got) == want
+    for b in got[:: max(1, len(got) // 4)]:
+        check_values(store, as_numpy(b))
+
+
+def test_bundles_restore_the_order_with_in_order_false(store):
+    import inspect
+
+    if "in_order" not in inspect.signature(DataLoader).parameters:
+        pytest.skip("this torch's DataLoader has no in_order")
+    want = _plain(store, 2, batch_size=8, seed=7)
+    ds = StreamingDataset(store, batch_size=8, seed=7)
+    assert indices(StreamingDataLoader(ds, num_workers=2, bundle=3, in_order=False)) == want
+
+
+@many_workers
+def test_a_worker_with_no_batch(store):
+    """3 workers, 2 batches: worker 2 sends nothing; the loader must neither hang nor drop any."""
+    kw = dict(batch_size=8, seed=1, rows=(0, 16))
+    want = _plain(store, 3, **kw)
+    assert len(want) == 2
+    ds = StreamingDataset(store, **kw)
+    assert indices(StreamingDataLoader(ds, num_workers=3, bundle=4)) == want
+
+
+def test_bundles_break_resume_and_free_every_ring_slot(store):
+    """Breaking mid-epoch (persistent workers) leaves no slot taken once an epoch completes,
+    and a bundled loader's state resumes exactly where it stopped."""
+    ds = StreamingDataset(store, batch_size=4, seed=5)
+    loader = StreamingDataLoader(ds, num_workers=2, bundle=5, persistent_workers=True)
+    full = _plain(store, 2, batch_size=4, seed=5)
+    for _ in range(2):
+        it = iter(loader)
+        head = [next(it)["index"].tolist() for _ in range(7)]
+        state = loader.state_dict()
+        del it
+        gc.collect()
+    assert head == full[:7] and state["dataset"]["batches_consumed"] == 7
+    assert indices(loader) == full
+    gc.collect()
+    assert not ds._ring._flags.any()  # every slot free: none leaked by a discarded bundle
+    resumed = StreamingDataLoader(StreamingDataset(store, batch_size=4, seed=5), num_workers=2)
+    resumed.load_state_dict(state)
+    assert head + indices(resumed) == full
+
+
+def test_no_bundles_without_workers_or_with_a_collate_fn(store):
+    ds = StreamingDataset(store, batch_size=8, seed=1)
+    assert not StreamingDataLoader(ds, num_workers=0)._bundled
+    own = StreamingDataLoader(ds, num_workers=2, collate_fn=lambda b: b)
+    assert not own._bundled and indices(own) == _plain(store, 2, batch_size=8, seed=1)
+    with pytest.raises(ValueError, match="bundle"):
+        StreamingDataLoader(ds, num_workers=2, bundle=0)
 
 
 # -- torchdata StatefulDataLoader --------------------------------------------------------------

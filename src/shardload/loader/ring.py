@@ -48,17 +48,17 @@ RINGS: weakref.WeakValueDictionary[str, BatchRing] = weakref.WeakValueDictionary
 
 
 def plan_ring_slots(
-    *, group_batches: int, groups_in_flight: int, workers: int, slot_bytes: int
+    *, group_batches: int, groups_in_flight: int, workers: int, slot_bytes: int, extra: int = 8
 ) -> int:
     """Slots for ``workers`` workers that each fill ``groups_in_flight`` shuffle groups of
     ``group_batches`` batches at a time (scatter reads fill a whole group's batches at once),
-    plus a few for the DataLoader's queue and the training loop; at least ``DEFAULT_SLOTS``, at
-    most ``MAX_RING_BYTES`` of address space (pure).
+    plus ``extra`` each for the DataLoader's queue and the training loop; at least
+    ``DEFAULT_SLOTS``, at most ``MAX_RING_BYTES`` of address space (pure).
 
     >>> plan_ring_slots(group_batches=65, groups_in_flight=2, workers=2, slot_bytes=1 << 20)
     276
     """
-    want = workers * (groups_in_flight * group_batches + 8)
+    want = workers * (groups_in_flight * group_batches + extra)
     return max(DEFAULT_SLOTS, min(want, MAX_RING_BYTES // max(1, slot_bytes)))
 
 
