@@ -186,6 +186,8 @@ def test_pieces_through_dataloader_workers(store):
 # -- StreamingDataLoader bundles ---------------------------------------------------------------
 # 3 workers on a 2-CPU machine: DataLoader warns, and the tests mean it
 many_workers = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
 def _plain(store, workers, **kw):
     ds = StreamingDataset(store, **kw)
     return indices(DataLoader(ds, batch_size=None, num_workers=workers))

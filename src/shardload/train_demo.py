@@ -26,13 +26,11 @@ def train_mlp(store: Any, *, steps: int = 300, batch_size: int = 256, num_worker
     import torch
     from torch import nn
 
-    from .torch import StreamingDataset
+    from .torch import StreamingDataLoader, StreamingDataset
 
     torch.manual_seed(seed)
     ds = StreamingDataset(store, batch_size=batch_size, split="train", shuffle=True, seed=seed)
-    loader = torch.utils.data.DataLoader(
-        ds, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0
-    )
+    loader = StreamingDataLoader(ds, num_workers=num_workers, persistent_workers=num_workers > 0)
     (mx, sx), (my, sy) = _norm(store, x), _norm(store, y)
     mx_t, sx_t, my_t, sy_t = (torch.from_numpy(a) for a in (mx, sx, my, sy))
     n_in, n_out = store.manifest.arrays[x].shape[1], store.manifest.arrays[y].shape[1]
