@@ -18,7 +18,7 @@ the main process wraps the slot as tensors (no copy), and the slot is reused onc
 the workers fall back to the stock hand-off for the batches that find no free slot.
 
 Bundles: every DataLoader item costs a round trip between the main process and a worker (two
-queue hops, a feeder thread on each side, about 0.2-0.3 ms of CPU a batch on 2 cores).
+queue hops, a feeder thread on each side, about 0.2-0.6 ms of CPU a batch on 2 cores).
 :class:`StreamingDataLoader` has each worker send ``bundle`` consecutive batches as one item and
 puts them back in the exact order a plain ``DataLoader`` yields them (worker 0's batch ``i``, then
 worker 1's batch ``i``, ...), so what the training loop sees, and resumes from, is unchanged.
@@ -567,7 +567,7 @@ class StreamingDataLoader(DataLoader):
 
     ``bundle``: batches a worker sends per DataLoader item (default: up to 8, within 16 MiB,
     :func:`plan_bundle`). Each item costs a round trip between the main process and a worker
-    (about 0.2-0.3 ms of CPU), so bundles cut that cost by ``bundle``; the
+    (about 0.2-0.6 ms of CPU), so bundles cut that cost by ``bundle``; the
     batches come out one at a time in exactly the order of a plain ``DataLoader`` over the same
     dataset, so results and resume points do not depend on it. ``prefetch_factor`` counts
     bundles here: about ``bundle * (prefetch_factor + 2)`` batches per worker are in flight
