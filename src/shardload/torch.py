@@ -314,10 +314,13 @@ class StreamingDataset(IterableDataset):
         self._worker_pos: dict[str, Any] | None = None  # where this worker stands
         self._ring: BatchRing | None = None
         specs = batch_specs(self.store, sel.arrays)
+        batch_bytes = plan_batch_layout(specs, max(1, batch_size))[1]
         #: batches per worker item a StreamingDataLoader uses unless told (``plan_bundle``)
-        self.default_bundle = plan_bundle(plan_batch_layout(specs, max(1, batch_size))[1])
+        self.default_bundle = plan_bundle(batch_bytes)
         if ring_slots != 0 and hasattr(os, "fork"):
-            slots = ring_slots or self._ring_slots(specs, batch_size, shuffle_chunks, prefetch)
+            slots = ring_slots or self._ring_slots(
+                batch_bytes, batch_size, shuffle_chunks, prefetch
+            )
             try:
                 self._ring = BatchRing(specs, batch_size, slots=slots)
             except OSError:  # no address space for it (strict overcommit): the stock hand-off
@@ -325,7 +328,9 @@ class StreamingDataset(IterableDataset):
         # Fail early on impossible shapes (e.g. a batch bigger than a rank's share).
         self._plan(*self.rank_world(), 0, None)
 
-    def _ring_slots(self, specs: Any, batch_size: int, shuffle_chunks: int, prefetch: int) -> int:
+    def _ring_slots(
+        self, batch_bytes: int, batch_size: int, shuffle_chunks: int, prefetch: int
+    ) -> int:
         """Enough ring slots for the batches in flight of up to ``min(16, CPUs)`` workers
         (a StreamingDataLoader's default bundles and ``prefetch_factor=2`` included)."""
         sizes = self.selection.sizes
@@ -336,7 +341,7 @@ class StreamingDataset(IterableDataset):
             ),
             groups_in_flight=groups_in_flight(prefetch=prefetch, shuffle_chunks=shuffle_chunks),
             workers=min(16, max(2, os.cpu_count() or 1)),
-            slot_bytes=plan_batch_layout(specs, max(1, batch_size))[1],
+            slot_bytes=batch_bytes,
             # bundles: the one being filled, prefetch_factor (2) queued, one being reordered
             extra=8 + 4 * self.default_bundle,
         )
