@@ -97,6 +97,9 @@ class Manifest:
     complete: bool = False
     version: int = MANIFEST_VERSION
     shardload_version: str = ""
+    #: The per-chunk checksum algorithm of the store's ``checksums.npz`` sidecar ("": none;
+    #: stores written before checksums existed, plain Zarr data). See :mod:`shardload.checksum`.
+    checksums: str = ""
 
     @property
     def num_chunks(self) -> int:
@@ -143,6 +146,7 @@ class Manifest:
                 complete=bool(d.get("complete", False)),
                 version=int(d.get("version", MANIFEST_VERSION)),
                 shardload_version=str(d.get("shardload_version", "")),
+                checksums=str(d.get("checksums", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"malformed {MANIFEST_NAME}: {exc!r}") from exc

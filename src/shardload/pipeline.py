@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from .checksum import ALGORITHM, CHECKSUMS_NAME, encode_checksums
 from .config import PrepareConfig, load_config
 from .errors import NaNError, ShardloadError, StoreError, StoreExistsError
 from .executor import open_executor
@@ -93,6 +94,7 @@ def run_block(job: PrepareJob, block: int, write: bool) -> dict[str, Any]:
     data = _view(job).read(a, b)
     fmt = get_format(job.config.format)
     stats: dict[str, Any] = {}
+    sums: dict[str, dict[int, int]] = {}  # checksums of the units written, per array
     for name, spec in job.specs.items():
         arr = data[name]
         want = (b - a, *spec.shape[1:])
@@ -117,10 +119,12 @@ def run_block(job: PrepareJob, block: int, write: bool) -> dict[str, Any]:
         stats[name] = p
         if write:
             try:
-                fmt.write_block(Path(job.partial_dir), name, chunk, a, arr, bounds=job.bounds)
+                sums[name] = fmt.write_block(
+                    Path(job.partial_dir), name, chunk, a, arr, bounds=job.bounds
+                )
             except OSError as exc:
                 raise _write_error(exc, name, chunk, a, b, job.partial_dir) from exc
-    return {"block": block, "stats": stats, "data": None if write else data}
+    return {"block": block, "stats": stats, "data": None if write else data, "checksums": sums}
 
 
 def _write_error(exc: OSError, name: str, chunk: int, a: int, b: int, where: str) -> StoreError:
@@ -195,6 +199,7 @@ def prepare(
     fmt.finish(partial_dir)
 
     partials = _load_partials(progress_dir, num_blocks, list(specs))
+    sums = _load_checksums(progress_dir, num_blocks, list(specs))
     stats = {}
     for name in specs:
         merged = merge_all(partials[name])
@@ -237,7 +242,10 @@ def prepare(
         provenance=_provenance(cfg),
         complete=True,
         shardload_version=__version__,
+        checksums=ALGORITHM if sums else "",
     )
+    if sums:
+        _write_atomic(partial_dir / CHECKSUMS_NAME, encode_checksums(sums))
     fsync_tree(partial_dir)  # every array file on disk before the manifest says complete
     _write_atomic(partial_dir / MANIFEST_NAME, manifest.to_json().encode())
     shutil.rmtree(progress_dir, ignore_errors=True)
@@ -296,14 +304,16 @@ def _run(
                         chunk = job.bounds.index(a)
                         for name, arr in res["data"].items():
                             try:
-                                fmt.write_block(
+                                res["checksums"][name] = fmt.write_block(
                                     Path(job.partial_dir), name, chunk, a, arr, bounds=job.bounds
                                 )
                             except OSError as exc:
                                 raise _write_error(
                                     exc, name, chunk, a, a + len(arr), job.partial_dir
                                 ) from exc
-                    _write_partials(progress_dir / f"block-{i:06d}.npz", res["stats"])
+                    _write_partials(
+                        progress_dir / f"block-{i:06d}.npz", res["stats"], res["checksums"]
+                    )
                     bar.update(1)
         except BaseException:
             for f in pending:
@@ -341,12 +351,40 @@ def _start_or_resume(
     return set()
 
 
-def _write_partials(path: Path, stats: Mapping[str, Partial]) -> None:
-    """A block's progress record: its statistics partials (binary: a few KB per array)."""
+def _write_partials(
+    path: Path, stats: Mapping[str, Partial], sums: Mapping[str, Mapping[int, int]]
+) -> None:
+    """A block's progress record: its statistics partials (binary: a few KB per array) and
+    the checksums of the units it wrote (``checksum:NAME``: rows of unit, digest)."""
     buf = io.BytesIO()
     fields = ("count", "mean", "m2", "min", "max", "nan_count")
-    np.savez(buf, **{f"{n}/{k}": getattr(p, k) for n, p in stats.items() for k in fields})
+    arrays = {f"{n}/{k}": getattr(p, k) for n, p in stats.items() for k in fields}
+    for n, d in sums.items():
+        arrays[f"{CHECKSUM_KEY}{n}"] = np.array([list(d), list(d.values())], dtype=np.uint64)
+    np.savez(buf, **arrays)
     _write_atomic(path, buf.getvalue())
+
+
+CHECKSUM_KEY = "checksum:"
+
+
+def _load_checksums(progress_dir: Path, num_blocks: int, names: list[str]) -> dict[str, Any]:
+    """Every array's checksums by unit, from the blocks' records; {} when a record has none
+    (written by a version without checksums: the store then has none)."""
+    units: dict[str, dict[int, int]] = {n: {} for n in names}
+    for i in range(num_blocks):
+        with np.load(progress_dir / f"block-{i:06d}.npz") as z:
+            for n in names:
+                if f"{CHECKSUM_KEY}{n}" not in z:
+                    return {}
+                k, v = z[f"{CHECKSUM_KEY}{n}"]
+                units[n].update(zip(k.tolist(), v.tolist(), strict=True))
+    out = {}
+    for n, d in units.items():
+        if sorted(d) != list(range(len(d))):
+            raise StoreError(f"checksums of array {n!r} do not cover its chunks: {sorted(d)[:10]}")
+        out[n] = np.array([d[k] for k in range(len(d))], dtype=np.uint64)
+    return out
 
 
 def _load_partials(

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .checksum import DEFAULT_VERIFY, check_verify
 from .errors import IncompleteStoreError, StoreError
 from .formats.base import ArrayReader, get_format, is_local
 from .manifest import MANIFEST_NAME, Manifest
@@ -23,11 +24,14 @@ PARTIAL_SUFFIX = ".partial"
 class Store:
     """A prepared store: ``len(store)`` rows, arrays by name, any row range without dask."""
 
-    def __init__(self, manifest: Manifest, fs: Any, root: str, *, url: str) -> None:
+    def __init__(
+        self, manifest: Manifest, fs: Any, root: str, *, url: str, verify: str = DEFAULT_VERIFY
+    ) -> None:
         self.manifest = manifest
         self.fs = fs
         self.root = root
         self.url = url
+        self.verify = check_verify(verify)
         self._reader: ArrayReader | None = None
         self._pid = os.getpid()
 
@@ -60,7 +64,7 @@ class Store:
     def reader(self) -> ArrayReader:
         if self._reader is None or self._pid != os.getpid():
             self._reader = get_format(self.manifest.format).open_reader(
-                self.fs, self.root, self.manifest
+                self.fs, self.root, self.manifest, verify=self.verify
             )
             self._pid = os.getpid()
         return self._reader
@@ -128,6 +132,7 @@ def open_store(
     backoff_s: float | None = None,
     stage_to: str | os.PathLike[str] | None = None,
     stage_keep: bool = False,
+    verify: str = DEFAULT_VERIFY,
 ) -> Store:
     """Open a shardload store (any format), or plain Zarr data chunked along axis 0.
 
@@ -153,6 +158,13 @@ def open_store(
         folder first, e.g. ``/dev/shm``, and open the copy: one copy per node even when every
         rank asks, removed when the last process using it exits unless ``stage_keep`` (see
         :func:`shardload.staging.stage`).
+    verify
+        Check chunks against the checksums recorded when the store was written:
+        ``"first-epoch"`` (default) the first time each process reads a chunk, ``"always"`` on
+        every read, ``"never"``. A mismatch raises :class:`ChunkReadError` naming the file.
+        Every loader reading this ``Store`` (``iter_batches``, ``StreamingDataset``,
+        ``MapDataset``, their DataLoader workers) uses its setting. Plain Zarr data has no
+        checksums. See docs/loading.md ("Integrity").
 
     Raises
     ------
@@ -161,6 +173,7 @@ def open_store(
     """
     if isinstance(path_or_url, Store):
         return path_or_url
+    check_verify(verify)
     url = os.fspath(path_or_url)
     if stage_to is not None:
         from .staging import stage
@@ -184,14 +197,15 @@ def open_store(
         if any(_exists(fs, f"{root}/{m}") for m in ("zarr.json", ".zgroup", ".zarray")):
             from .formats.zarr import manifest_from_zarr
 
-            return Store(manifest_from_zarr(fs, root, arrays=arrays), fs, root, url=url)
+            manifest = manifest_from_zarr(fs, root, arrays=arrays)
+            return Store(manifest, fs, root, url=url, verify=verify)
         if not _exists(fs, root):
             raise StoreError(f"no store at {url}: the path does not exist")
         raise StoreError(f"{url} is not a shardload store: no {MANIFEST_NAME} and no Zarr metadata")
     manifest = Manifest.from_json(text, where=f"{url}/{MANIFEST_NAME}")
     if not manifest.complete:
         raise IncompleteStoreError(f"{url} is not complete ({MANIFEST_NAME} says complete: false)")
-    return Store(manifest, fs, root, url=url)
+    return Store(manifest, fs, root, url=url, verify=verify)
 
 
 def _open_fs(url: str, remote: dict[str, Any]) -> tuple[Any, str]:

@@ -97,15 +97,23 @@ class Format(Protocol):
         data: np.ndarray,
         *,
         bounds: Sequence[int],
-    ) -> None:
-        """Write rows ``[start, start+len(data))``; they span whole chunks from ``chunk_index``."""
+    ) -> dict[int, int]:
+        """Write rows ``[start, start+len(data))``; they span whole chunks from ``chunk_index``.
+
+        Returns the checksum (:func:`shardload.checksum.digest`) of every checksum unit it
+        wrote, by unit number (see :mod:`shardload.checksum` for what a unit is per format)."""
         ...
 
     def finish(self, root: Any) -> None:
         """Flush and close what the writer holds (called once, by the driver)."""
         ...
 
-    def open_reader(self, fs: Any, root: str, manifest: Manifest) -> ArrayReader: ...
+    def open_reader(
+        self, fs: Any, root: str, manifest: Manifest, *, verify: str = ...
+    ) -> ArrayReader:
+        """A reader that checks chunks against the store's checksums as ``verify`` says
+        (``"always" | "first-epoch" | "never"``, see :mod:`shardload.checksum`)."""
+        ...
 
 
 def get_format(name: str) -> Format:

@@ -1,6 +1,8 @@
 """npy stack: one ``.npy`` file per chunk, ``NAME/000000.npy``; memory-mappable, any numpy reads it.
 
-Chunk files are uncompressed (the format's point is zero-decode, mmap-able reads).
+Chunk files are uncompressed (the format's point is zero-decode, mmap-able reads). A chunk's
+header is checked against the manifest (dtype, shape, C order) before its bytes are trusted,
+and its checksum (over the whole file, header included) as ``verify`` says.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checksum import DEFAULT_VERIFY, Verifier, digest, file_digest
 from ..errors import ChunkReadError, ConfigError
 from ..manifest import Manifest
 from .base import FormatOptions, RawChunk, is_local, readinto_full
@@ -50,50 +53,90 @@ class NpyFormat:
         data: np.ndarray,
         *,
         bounds: Sequence[int],
-    ) -> None:
+    ) -> dict[int, int]:
         i, offset = chunk_index, 0
+        sums: dict[int, int] = {}
         while offset < len(data):
             rows = bounds[i + 1] - bounds[i]
             part = np.ascontiguousarray(data[offset : offset + rows])
             path = Path(root) / chunk_path(name, i)
-            with open(path, "wb") as f:
+            with open(path, "w+b") as f:
                 np.lib.format.write_array(f, part, allow_pickle=False)
                 f.flush()
                 os.fsync(f.fileno())  # durable before the block's progress record says done
+                f.seek(0)
+                header = f.read(_file_size(f) - part.nbytes)
+            sums[i] = digest(header, part)  # the whole file's bytes, without reading them back
             offset += rows
             i += 1
+        return sums
 
     def finish(self, root: Path) -> None:
         pass
 
-    def open_reader(self, fs: Any, root: str, manifest: Manifest) -> NpyReader:
-        return NpyReader(fs, root, manifest)
+    def open_reader(
+        self, fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
+    ) -> NpyReader:
+        return NpyReader(fs, root, manifest, verify=verify)
+
+
+def _file_size(f: Any) -> int:
+    return os.fstat(f.fileno()).st_size
 
 
 class NpyReader:
     """Reads row ranges; local files with ``np.fromfile`` at the data offset, remote ones with
     one ranged request per touched chunk."""
 
-    def __init__(self, fs: Any, root: str, manifest: Manifest) -> None:
+    def __init__(
+        self, fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
+    ) -> None:
         self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
         self.local = is_local(fs)
         self._offsets: dict[tuple[str, int], int] = {}
         self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
+        self.verifier = Verifier(fs, self.root, manifest, verify)
+
+    def verify_chunk(self, name: str, i: int) -> None:
+        """Check chunk ``i`` of ``name`` against its checksum when ``verify`` asks for it (the
+        whole file: local files through mmap, from the page cache)."""
+        if not self.verifier.needed(name, i):
+            return
+        path = self.path(name, i)
+        try:
+            if self.local:
+                got = file_digest(path)
+            else:
+                from ..remote import read_bytes
+
+                got = digest(read_bytes(self.fs, path, what=f"chunk {i} of array {name!r}"))
+        except FileNotFoundError as exc:
+            raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
+        except OSError as exc:
+            raise ChunkReadError(
+                f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
+            ) from exc
+        self.verifier.check(name, i, got, path=path, what=f"chunk {i}")
 
     def path(self, name: str, i: int) -> str:
         return f"{self.root}/{chunk_path(self.manifest.arrays[name].path, i)}"
 
     def _data_offset(self, name: str, i: int) -> int:
+        """Where chunk ``i``'s rows start in its file, once its header was checked against
+        the manifest (dtype, C order, shape): a valid header of another layout is an error."""
         key = (name, i)
         if key not in self._offsets:
             path = self.path(name, i)
+            info = self.manifest.arrays[name]
+            c0, c1 = self.manifest.chunk_range(i)
+            want = (np.dtype(info.dtype), False, (c1 - c0, *info.row_shape))
             try:
                 if self.local:
                     with open(path, "rb") as f:
-                        self._offsets[key] = _header_len(f, path)
+                        self._offsets[key] = _header_len(f, path, want, f"chunk {i} of {name!r}")
                 else:
                     with self.fs.open(path, "rb", block_size=0) as f:
-                        self._offsets[key] = _header_len(f, path)
+                        self._offsets[key] = _header_len(f, path, want, f"chunk {i} of {name!r}")
             except FileNotFoundError as exc:
                 raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
         return self._offsets[key]
@@ -117,6 +160,7 @@ class NpyReader:
             c0, c1 = int(self.bounds[i]), int(self.bounds[i + 1])
             a, b = pos - c0, min(stop, c1) - c0
             off = self._data_offset(name, i) + a * row_bytes
+            self.verify_chunk(name, i)
             nbytes = (b - a) * row_bytes
             path = self.path(name, i)
             dst = dst_bytes[(pos - start) * row_bytes : (pos - start) * row_bytes + nbytes]
@@ -151,11 +195,29 @@ class NpyReader:
             return None
         info = self.manifest.arrays[name]
         row_bytes = int(np.prod(info.row_shape, dtype=np.int64)) * np.dtype(info.dtype).itemsize
-        return RawChunk(self.path(name, i), self._data_offset(name, i), row_bytes)
+        offset = self._data_offset(name, i)
+        self.verify_chunk(name, i)  # before the caller's reads scatter its rows anywhere
+        return RawChunk(self.path(name, i), offset, row_bytes)
 
     def mmap_chunk(self, name: str, i: int) -> np.ndarray:
-        """A read-only memory map of one chunk (local stores only)."""
-        return np.load(self.path(name, i), mmap_mode="r")
+        """A read-only memory map of one chunk (local stores only), header and checksum
+        checked first."""
+        offset = self._data_offset(name, i)
+        self.verify_chunk(name, i)
+        info = self.manifest.arrays[name]
+        c0, c1 = self.manifest.chunk_range(i)
+        path = self.path(name, i)
+        try:
+            return np.memmap(
+                path, dtype=np.dtype(info.dtype), mode="r", offset=offset,
+                shape=(c1 - c0, *info.row_shape),
+            )  # fmt: skip
+        except FileNotFoundError as exc:
+            raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
+        except (OSError, ValueError) as exc:  # e.g. shorter than its header says
+            raise ChunkReadError(
+                f"chunk {i} of array {name!r} is truncated or corrupt: {path}: {exc}"
+            ) from exc
 
     def close(self) -> None:
         self._offsets.clear()
@@ -176,9 +238,12 @@ def _new_header_lock() -> None:
 os.register_at_fork(after_in_child=_new_header_lock)
 
 
-def _header_len(f: Any, path: str) -> int:
+def _header_len(
+    f: Any, path: str, want: tuple[np.dtype, bool, tuple[int, ...]] | None = None, what: str = ""
+) -> int:
     """Bytes before the data of an npy file (magic, header length, header); parses the header
-    (validating it) from memory, after all reads are done."""
+    (validating it) from memory, after all reads are done, and compares its ``(dtype,
+    fortran_order, shape)`` with ``want``."""
     try:
         prefix = f.read(8)  # magic string + version
         version = np.lib.format.read_magic(io.BytesIO(prefix))
@@ -188,11 +253,17 @@ def _header_len(f: Any, path: str) -> int:
         with _HEADER_LOCK:
             np.lib.format.read_magic(raw)
             if version == (1, 0):
-                np.lib.format.read_array_header_1_0(raw)
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(raw)
             else:
-                np.lib.format.read_array_header_2_0(raw)
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(raw)
     except ValueError as exc:
         raise ChunkReadError(f"not a valid .npy chunk file: {path}: {exc}") from exc
+    if want is not None and (np.dtype(dtype), bool(fortran), tuple(shape)) != want:
+        raise ChunkReadError(
+            f"{what} does not match the manifest: {path} holds dtype {np.dtype(dtype)}, shape "
+            f"{tuple(shape)}, {'Fortran' if fortran else 'C'} order; the store says "
+            f"{want[0]}, {want[2]}, C order"
+        )
     return len(prefix) + len(size_field) + len(header)
 
 

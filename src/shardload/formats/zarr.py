@@ -8,6 +8,7 @@ tasks never write the same file. Plain Zarr v2/v3 data (e.g. written by xarray) 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,10 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from ..checksum import DEFAULT_VERIFY, Verifier, file_digest
 from ..errors import ChunkReadError, StoreError
 from ..manifest import ArrayInfo, Manifest
 from .base import FormatOptions, RawChunk, is_local
-from .zarr_chunks import ChunkLayout, load_chunk_layout, read_rows_into, write_chunk
+from .zarr_chunks import (
+    ChunkLayout,
+    StoredObjects,
+    load_chunk_layout,
+    load_stored_objects,
+    read_rows_into,
+    verify_file,
+    write_chunk,
+)
 
 _LEVELS = {"zstd": 3, "lz4": 5}
 
@@ -86,16 +96,20 @@ class ZarrFormat:
         data: np.ndarray,
         *,
         bounds: Sequence[int],
-    ) -> None:
+    ) -> dict[int, int]:
         layout = self._layout(root, name, bounds)
         if layout is None:  # sharded or other codecs: zarr-python writes it
             self._array(root, name)[start : start + len(data)] = data
-            return
+            # checksum units are the files written (shards): hashed from the page cache
+            objects = load_stored_objects(str(Path(root) / name))
+            if objects is None:
+                raise StoreError(f"array {name!r} in {root} has a chunk layout shardload cannot hash")
+            return {k: file_digest(objects.path(k)) for k in objects.units(start, start + len(data))}
         # One chunk, encoded here and written as one file: zarr-python's sync API funnels every
         # write through its single event-loop thread, which serialised concurrent write tasks.
         if start % layout.chunk_rows:
             raise ValueError(f"row {start} does not start a chunk of {layout.chunk_rows} rows")
-        write_chunk(layout, start // layout.chunk_rows, data)
+        return {start // layout.chunk_rows: write_chunk(layout, start // layout.chunk_rows, data)}
 
     def _layout(self, root: Path, name: str, bounds: Sequence[int]) -> ChunkLayout | None:
         """The plain chunk layout of an array this format created (None: use zarr-python)."""
@@ -116,8 +130,10 @@ class ZarrFormat:
                 del self._arrays[key]
                 self._layouts.pop(key, None)
 
-    def open_reader(self, fs: Any, root: str, manifest: Manifest) -> ZarrReader:
-        return ZarrReader(fs, root, manifest)
+    def open_reader(
+        self, fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
+    ) -> ZarrReader:
+        return ZarrReader(fs, root, manifest, verify=verify)
 
 
 def open_group_readonly(fs: Any, root: str) -> Any:
@@ -154,14 +170,54 @@ def open_group_readonly(fs: Any, root: str) -> Any:
 class ZarrReader:
     """Reads row ranges. Local arrays in the simple layout shardload writes (no sharding, no
     codec but Blosc) are read chunk by chunk straight into the caller's buffer
-    (:mod:`.zarr_chunks`); everything else goes through zarr-python."""
+    (:mod:`.zarr_chunks`); everything else goes through zarr-python.
 
-    def __init__(self, fs: Any, root: str, manifest: Manifest) -> None:
+    In a shardload store (a manifest, not plain Zarr) a missing chunk or shard is an error on
+    every path, never zarr's fill value; stored files are checked against the store's
+    checksums as ``verify`` says (one unit per chunk file, or per shard file)."""
+
+    def __init__(
+        self, fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
+    ) -> None:
         self.fs, self.root, self.manifest = fs, root, manifest
         self._group: Any = None
         self._arrays: dict[str, Any] = {}
         self._layouts: dict[str, ChunkLayout | None] = {}
+        self._objects: dict[str, StoredObjects | None] = {}
         self._lock = threading.Lock()
+        self.strict = manifest.provenance.get("source") != "plain zarr"
+        self.verifier = Verifier(fs, root, manifest, verify)
+
+    def _opener(self) -> Any:
+        return None if is_local(self.fs) else (lambda p: self.fs.open(p, "rb"))
+
+    def objects(self, name: str) -> StoredObjects | None:
+        """The stored files of array ``name`` (chunks or shards), from its ``zarr.json``."""
+        if name not in self._objects:
+            info = self.manifest.arrays[name]
+            folder = f"{self.root.rstrip('/')}/{info.path}"
+            self._objects[name] = load_stored_objects(folder, opener=self._opener())
+        return self._objects[name]
+
+    def check_files(self, name: str, start: int, stop: int) -> None:
+        """Before zarr-python reads rows ``[start, stop)`` of a shardload array: each stored
+        file they touch exists (zarr would serve a missing one as its fill value) and matches
+        its checksum when ``verify`` asks."""
+        if not self.strict:
+            return
+        objects = self.objects(name)
+        if objects is None:
+            raise StoreError(
+                f"array {name!r} of {self.root} has no readable zarr.json, or a chunk layout "
+                "shardload did not write"
+            )
+        what = "shard" if objects.rows != self.manifest.arrays[name].chunk_rows else "chunk"
+        for k in objects.units(start, stop):
+            path = objects.path(k)
+            if self.verifier.needed(name, k):
+                verify_file(self.verifier, name, k, path, opener=self._opener(), what=f"{what} {k}")
+            elif is_local(self.fs) and not os.path.isfile(path):
+                raise ChunkReadError(f"{what} {k} of array {name!r} is missing: {path}")
 
     def layout(self, name: str) -> ChunkLayout | None:
         """The direct-read layout of array ``name``, or None (read through zarr-python)."""
@@ -175,8 +231,7 @@ class ZarrReader:
                 layout = load_chunk_layout(
                     f"{self.root.rstrip('/')}/{info.path}", dtype=np.dtype(info.dtype),
                     shape=tuple(info.shape), chunk_bounds=self.manifest.chunk_bounds,
-                    strict=self.manifest.provenance.get("source") != "plain zarr",
-                    opener=None if is_local(self.fs) else (lambda p: self.fs.open(p, "rb")),
+                    strict=self.strict, opener=self._opener(),
                 )  # fmt: skip
             self._layouts[name] = layout
         return self._layouts[name]
@@ -186,16 +241,19 @@ class ZarrReader:
         layout = self.layout(name)
         if layout is None or layout.blosc or layout.opener is not None or not layout.strict:
             return None
-        return RawChunk(layout.chunk_path(i), 0, layout.row_bytes)
+        path = layout.chunk_path(i)
+        # before the caller's reads scatter the chunk's rows anywhere
+        verify_file(self.verifier, name, i, path, what=f"chunk {i}")
+        return RawChunk(path, 0, layout.row_bytes)
 
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)`` into ``out`` (C-contiguous): directly from the chunk files
         when the array's layout allows, else one zarr-python read and a copy."""
         layout = self.layout(name)
         if layout is not None and out.flags.c_contiguous and out.dtype == layout.dtype:
-            read_rows_into(layout, name, start, stop, out)
+            read_rows_into(layout, name, start, stop, out, self.verifier)
         else:
-            out[...] = self.read(name, start, stop)
+            out[...] = self._read_zarr(name, start, stop)
 
     def array(self, name: str) -> Any:
         with self._lock:  # reader threads may open arrays concurrently
@@ -214,7 +272,17 @@ class ZarrReader:
         return self._arrays[name]
 
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
+        layout = self.layout(name)
+        if layout is not None:  # the same checked path as the loader's
+            info = self.manifest.arrays[name]
+            out = np.empty((max(0, stop - start), *info.row_shape), dtype=layout.dtype)
+            read_rows_into(layout, name, start, stop, out, self.verifier)
+            return out
+        return self._read_zarr(name, start, stop)
+
+    def _read_zarr(self, name: str, start: int, stop: int) -> np.ndarray:
         try:
+            self.check_files(name, start, stop)
             return np.asarray(self.array(name)[start:stop])
         except StoreError:
             raise
@@ -230,6 +298,7 @@ class ZarrReader:
     def close(self) -> None:
         self._arrays.clear()
         self._layouts.clear()
+        self._objects.clear()
         self._group = None
 
 

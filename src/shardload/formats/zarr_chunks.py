@@ -28,6 +28,7 @@ import numpy as np
 # takes about 0.1 s, which would otherwise land in the first epoch's first batch
 from numcodecs import Blosc, blosc
 
+from ..checksum import Verifier, digest, file_digest
 from ..errors import ChunkReadError
 from .base import readinto_full
 
@@ -123,8 +124,12 @@ def load_chunk_layout(folder: str, *, opener: Any = None, **kw: Any) -> ChunkLay
     return dataclasses.replace(layout, opener=opener) if layout is not None else None
 
 
-def read_rows_into(layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray) -> None:
-    """Rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows), chunk by chunk."""
+def read_rows_into(
+    layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray,
+    verifier: Verifier | None = None,
+) -> None:  # fmt: skip
+    """Rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows), chunk by chunk;
+    each chunk checked against its checksum first when ``verifier`` asks for it."""
     if stop <= start:
         return
     dst = out.reshape(-1).view(np.uint8).data
@@ -134,7 +139,7 @@ def read_rows_into(layout: ChunkLayout, name: str, start: int, stop: int, out: n
         i = pos // rows
         a, b = pos - i * rows, min(stop, (i + 1) * rows) - i * rows
         part = dst[(pos - start) * rb : (pos - start + b - a) * rb]
-        _read_chunk_part(layout, name, i, a, b, part)
+        _read_chunk_part(layout, name, i, a, b, part, verifier)
         pos += b - a
 
 
@@ -157,14 +162,34 @@ def _read_whole(f: Any) -> memoryview:
     return view[:got]
 
 
-def _read_chunk_part(
-    layout: ChunkLayout, name: str, i: int, a: int, b: int, dst: memoryview
+def verify_file(
+    verifier: Verifier, name: str, unit: int, path: str, *, opener: Any = None, what: str
 ) -> None:
+    """Check one stored file (a chunk or a shard) against its checksum, if ``verifier`` asks."""
+    if not verifier.needed(name, unit):
+        return
+    try:
+        got = file_digest(path, opener=opener)
+    except FileNotFoundError as exc:
+        raise ChunkReadError(f"{what} of array {name!r} is missing: {path}") from exc
+    except OSError as exc:
+        raise ChunkReadError(f"{what} of array {name!r} could not be read: {path}: {exc}") from exc
+    verifier.check(name, unit, got, path=path, what=what)
+
+
+def _read_chunk_part(
+    layout: ChunkLayout, name: str, i: int, a: int, b: int, dst: memoryview,
+    verifier: Verifier | None = None,
+) -> None:  # fmt: skip
     path = layout.chunk_path(i)
     rb, nrows = layout.row_bytes, layout.chunk_rows
+    check = verifier is not None and verifier.needed(name, i)
     try:
         with layout.open(path) as f:
             if not layout.blosc:
+                if check:
+                    assert verifier is not None
+                    verify_file(verifier, name, i, path, opener=layout.opener, what=f"chunk {i}")
                 f.seek(a * rb)
                 got = readinto_full(f, dst)
                 if got != len(dst):
@@ -185,6 +210,9 @@ def _read_chunk_part(
         ) from exc
     try:
         # Blosc trusts its header: check it against the file before decoding into our buffer
+        if check:  # the compressed bytes are in memory already: hashing them costs little
+            assert verifier is not None
+            verifier.check(name, i, digest(raw), path=path, what=f"chunk {i}")
         if len(raw) < 16:
             raise ValueError(f"{len(raw)} bytes, shorter than a Blosc header")
         nbytes, _, cbytes = np.frombuffer(raw, "<u4", count=3, offset=4).tolist()
@@ -193,19 +221,27 @@ def _read_chunk_part(
                 f"header says {cbytes} compressed / {nbytes} decoded bytes; the file has "
                 f"{len(raw)} and a chunk decodes to {nrows * rb}"
             )
+        typesize = int(raw[3])
+        if typesize not in (1, layout.dtype.itemsize):  # numcodecs writes 1 for > 255 bytes
+            raise ValueError(
+                f"header says items of {typesize} bytes; the array's {layout.dtype} has "
+                f"{layout.dtype.itemsize}"
+            )
         if a == 0 and b == nrows:
             blosc.decompress(raw, dst)  # in C, without the GIL, straight into the caller's rows
         else:  # part of a chunk: decode all of it, keep the rows asked for
             full = np.empty(nrows * rb, np.uint8)
             blosc.decompress(raw, full)
             dst[:] = full[a * rb : b * rb].data
+    except ChunkReadError:
+        raise
     except Exception as exc:
         raise ChunkReadError(
             f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
         ) from exc
 
 
-def write_chunk(layout: ChunkLayout, i: int, rows: np.ndarray) -> None:
+def write_chunk(layout: ChunkLayout, i: int, rows: np.ndarray) -> int:
     """Encode chunk ``i`` from ``rows`` (at most ``chunk_rows``; a short last chunk is padded
     with the fill value, as Zarr v3 stores edge chunks at full size) and write its file."""
     n = layout.chunk_rows
@@ -224,6 +260,45 @@ def write_chunk(layout: ChunkLayout, i: int, rows: np.ndarray) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())  # durable before the block's progress record says it is done
+    return digest(data)  # the file's bytes: the chunk's checksum
+
+
+@dataclass(frozen=True)
+class StoredObjects:
+    """The files of a Zarr v3 array chunked along axis 0 only: chunk files, or shard files
+    when the sharding codec is used (then ``rows`` is the rows of a shard). The unit of
+    checksums for Zarr: ``path(k)`` holds rows ``[k * rows, (k + 1) * rows)``."""
+
+    folder: str
+    rows: int
+    ndim: int
+    separator: str
+
+    def path(self, k: int) -> str:
+        return f"{self.folder}/{self.separator.join(['c', str(k), *(['0'] * (self.ndim - 1))])}"
+
+    def units(self, start: int, stop: int) -> range:
+        return range(start // self.rows, -(-stop // self.rows)) if stop > start else range(0)
+
+
+def load_stored_objects(folder: str, *, opener: Any = None) -> StoredObjects | None:
+    """Read ``folder/zarr.json``; None unless a Zarr v3 array with a regular grid, default
+    chunk keys and chunks (or shards) that span whole rows."""
+    try:
+        path = f"{folder.rstrip('/')}/zarr.json"
+        with opener(path) if opener is not None else open(path, "rb") as f:
+            meta = json.loads(f.read())
+        grid, keys = meta.get("chunk_grid") or {}, meta.get("chunk_key_encoding") or {}
+        shape = [int(s) for s in meta["shape"]]
+        chunk = [int(c) for c in (grid.get("configuration") or {})["chunk_shape"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if meta.get("zarr_format") != 3 or grid.get("name") != "regular":
+        return None
+    if keys.get("name") != "default" or not shape or chunk[1:] != shape[1:] or chunk[0] <= 0:
+        return None
+    sep = ((keys.get("configuration") or {}).get("separator")) or "/"
+    return StoredObjects(folder.rstrip("/"), chunk[0], len(shape), sep)
 
 
 def _blosc(config: dict[str, Any]) -> Any:
