@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "shardload.cli_prepare",
     "shardload.cli_demo",
     "shardload.cli_move",
+    "shardload.cli_verify",
 )
 
 log = logging.getLogger("shardload")

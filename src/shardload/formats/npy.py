@@ -219,6 +219,19 @@ class NpyReader:
                 f"chunk {i} of array {name!r} is truncated or corrupt: {path}: {exc}"
             ) from exc
 
+    def checksum_units(self, name: str) -> int:
+        """Checksum units of array ``name``: its chunk files."""
+        return self.manifest.num_chunks
+
+    def check_unit(self, name: str, k: int) -> None:
+        """Check chunk file ``k`` whole (header against the manifest, then the checksum, or,
+        in a store without checksums, that all its rows read)."""
+        self._data_offset(name, k)
+        if self.verifier.enabled:
+            self.verify_chunk(name, k)
+        else:
+            self.read(name, *self.manifest.chunk_range(k))
+
     def close(self) -> None:
         self._offsets.clear()
 

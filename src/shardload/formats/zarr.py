@@ -295,6 +295,28 @@ class ZarrReader:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
+    def checksum_units(self, name: str) -> int:
+        """Checksum units of array ``name``: its stored files (chunks, or shards)."""
+        objects = self.objects(name)
+        if objects is None:  # plain Zarr of another layout: its chunks are read instead
+            return self.manifest.num_chunks
+        return len(objects.units(0, self.manifest.length))
+
+    def check_unit(self, name: str, k: int) -> None:
+        """Check stored file ``k`` against its checksum, or, in a store without checksums,
+        read its rows (a missing chunk of plain Zarr data reads as its fill value)."""
+        objects = self.objects(name)
+        if objects is None:
+            self.read(name, *self.manifest.chunk_range(k))
+            return
+        if self.verifier.enabled:
+            what = "shard" if objects.rows != self.manifest.arrays[name].chunk_rows else "chunk"
+            verify_file(
+                self.verifier, name, k, objects.path(k), opener=self._opener(), what=f"{what} {k}"
+            )
+        else:
+            self.read(name, k * objects.rows, min((k + 1) * objects.rows, self.manifest.length))
+
     def close(self) -> None:
         self._arrays.clear()
         self._layouts.clear()
