@@ -1,0 +1,318 @@
+"""The corruption matrix: a damaged chunk is an error naming its file, on every read path, and
+never wrong values.
+
+(deleted, truncated, same-size garbage, wrong dtype, flipped bit) x (npy, Zarr uncompressed,
+Zarr zstd, sharded Zarr, HDF5) x (Store.read, iter_batches, StreamingDataLoader with 2 workers,
+MapDataset), with the default ``verify`` setting. Every batch or row served before the error
+is checked against the data as written. A representative subset runs by default; the whole
+matrix is marked ``slow``.
+
+HDF5 keeps every chunk inside ``data.h5``, so "deleted" deletes that file and "truncated" cuts
+it at the damaged chunk; a dataset's dtype is one for all its chunks, so "wrong dtype" (which
+cannot happen to one chunk in place) is the nearest thing that can: the chunk's bytes replaced
+by the same rows as int32 (same size, written with ``write_direct_chunk``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import shardload
+from shardload.errors import ShardloadError
+
+N, CHUNK_ROWS, SHARD_CHUNKS, BAD_CHUNK = 1000, 50, 3, 4
+FORMATS = {
+    "npy": {"format": "npy", "compression": "none"},
+    "zarr-none": {"format": "zarr", "compression": "none"},
+    "zarr-zstd": {"format": "zarr", "compression": "zstd"},
+    "zarr-sharded": {"format": "zarr", "compression": "lz4", "shard_chunks": SHARD_CHUNKS},
+    "hdf5": {"format": "hdf5", "compression": "none"},
+}
+CORRUPTIONS = ("deleted", "truncated", "garbage", "dtype", "bitflip")
+PATHS = ("store_read", "iter_batches", "dataloader_w2", "map_dataset")
+#: Run by default: every corruption, every format and every path appear at least once.
+FAST = {
+    ("npy", "dtype"), ("npy", "bitflip"), ("zarr-none", "bitflip"), ("zarr-zstd", "garbage"),
+    ("zarr-sharded", "deleted"), ("hdf5", "bitflip"), ("zarr-zstd", "truncated"),
+}  # fmt: skip
+LIMIT_S = 30.0
+
+
+def _prepare(out: Path, src: Path, options: dict) -> None:
+    prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
+    prepare({
+        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
+        "arrays": {"x": ["a", "b"], "y": ["c"]}, "chunk_rows": CHUNK_ROWS, "out": str(out),
+        **options,
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> dict[str, Path]:
+    """One good store per format (copied by each test before it is damaged)."""
+    root = tmp_path_factory.mktemp("pristine")
+    rng = np.random.default_rng(0)
+    src = root / "src.nc"
+    xr.Dataset({
+        "a": ("sample", np.arange(N, dtype="f4")),
+        "b": (("sample", "lev"), rng.standard_normal((N, 3)).astype("f4")),
+        "c": ("sample", np.arange(N, dtype="i8") * 10),
+    }).to_netcdf(src)  # fmt: skip
+    out = {}
+    for name, options in FORMATS.items():
+        _prepare(root / name, src, options)
+        out[name] = root / name
+    return out
+
+
+def _expected(root: Path) -> dict[str, np.ndarray]:
+    with shardload.open_store(root, verify="always") as s:
+        return {a: s.read(a) for a in s.arrays}
+
+
+# -- damaging one chunk ---------------------------------------------------------------------------
+def unit_file(root: Path, fmt: str) -> Path:
+    """The file holding chunk BAD_CHUNK of array x."""
+    if fmt == "npy":
+        return root / "x" / f"{BAD_CHUNK:06d}.npy"
+    if fmt == "zarr-sharded":
+        return root / "x" / "c" / str(BAD_CHUNK // SHARD_CHUNKS) / "0"
+    if fmt.startswith("zarr"):
+        return root / "x" / "c" / str(BAD_CHUNK) / "0"
+    return root / "data.h5"
+
+
+def _h5_chunk(root: Path) -> tuple[int, int]:
+    import h5py
+
+    with h5py.File(root / "data.h5", "r") as f:
+        info = f["x"].id.get_chunk_info_by_coord((BAD_CHUNK * CHUNK_ROWS, 0))
+        return int(info.byte_offset), int(info.size)
+
+
+def _rows_as_int32(fmt: str, root: Path, expected: np.ndarray) -> None:
+    """Rewrite the unit holding BAD_CHUNK validly, with the same rows as int32 (same size)."""
+    path = unit_file(root, fmt)
+    if fmt == "npy":
+        rows = expected[BAD_CHUNK * CHUNK_ROWS : (BAD_CHUNK + 1) * CHUNK_ROWS]
+        np.save(path, rows.astype("i4"))
+        return
+    if fmt == "hdf5":
+        import h5py
+
+        rows = expected[BAD_CHUNK * CHUNK_ROWS : (BAD_CHUNK + 1) * CHUNK_ROWS]
+        with h5py.File(path, "r+") as f:
+            f["x"].id.write_direct_chunk((BAD_CHUNK * CHUNK_ROWS, 0), rows.astype("i4").tobytes())
+        return
+    import zarr
+
+    # an array like x (same chunks, shards, codecs) of int32: its file for the same unit
+    src = zarr.open_array(store=str(root), path="x", mode="r")
+    scratch = root.parent / "scratch.zarr"
+    arr = zarr.create_array(
+        store=str(scratch), shape=src.shape, chunks=src.chunks, shards=src.shards, dtype="i4",
+        compressors=src.compressors, fill_value=0, overwrite=True,
+    )  # fmt: skip
+    arr[:] = expected.astype("i4")
+    shutil.copyfile(scratch / path.relative_to(root / "x"), path)
+
+
+def corrupt(fmt: str, kind: str, root: Path, expected: np.ndarray) -> Path:
+    """Damage chunk BAD_CHUNK of array x; returns the file an error must name."""
+    path = unit_file(root, fmt)
+    rng = np.random.default_rng(1)
+    if fmt == "hdf5":
+        lo, size = _h5_chunk(root)
+    elif fmt == "npy":
+        lo = path.stat().st_size - CHUNK_ROWS * 4 * 4  # the rows; the header stays valid
+        size = CHUNK_ROWS * 4 * 4
+    else:
+        lo, size = 0, path.stat().st_size
+    if kind == "deleted":
+        path.unlink()
+    elif kind == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(lo + size // 2)
+    elif kind == "garbage":  # same size; keeps a header in front (npy header, Blosc header)
+        start = lo + min(16, size // 4)
+        with open(path, "r+b") as f:
+            f.seek(start)
+            f.write(rng.integers(0, 256, lo + size - start, dtype=np.uint8).tobytes())
+    elif kind == "dtype":
+        _rows_as_int32(fmt, root, expected)
+    elif kind == "bitflip":
+        at = lo + size // 2
+        with open(path, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0x10]))
+    else:  # pragma: no cover
+        raise ValueError(kind)
+    return path
+
+
+# -- reading it back, every path ------------------------------------------------------------------
+def _check_batch(batch, expected: dict[str, np.ndarray]) -> None:
+    idx = np.asarray(batch["index"])
+    for a, full in expected.items():
+        np.testing.assert_array_equal(np.asarray(batch[a]), full[idx])
+
+
+def read_all(path: str, root: Path, expected: dict[str, np.ndarray]) -> None:
+    """Read everything of the store at ``root`` through ``path``, checking what is served."""
+    if path == "store_read":
+        s = shardload.open_store(root)
+        for a, full in expected.items():
+            np.testing.assert_array_equal(s.read(a), full)
+    elif path in ("iter_batches", "iter_batches_gather"):
+        for batch in shardload.iter_batches(root, batch_size=64, seed=3):
+            _check_batch(batch, expected)
+    elif path == "dataloader_w2":
+        from shardload.torch import StreamingDataLoader, StreamingDataset
+
+        ds = StreamingDataset(root, batch_size=64, seed=3)
+        for batch in StreamingDataLoader(ds, num_workers=2):
+            _check_batch(batch, expected)
+    elif path == "map_dataset":
+        from shardload.torch import MapDataset
+
+        ds = MapDataset(root)
+        for i in range(len(ds)):
+            row = ds[i]
+            g = int(row["index"])
+            for a, full in expected.items():
+                np.testing.assert_array_equal(row[a].numpy(), full[g])
+    else:  # pragma: no cover
+        raise ValueError(path)
+
+
+def _cases():
+    for fmt in FORMATS:
+        for kind in CORRUPTIONS:
+            for path in PATHS:
+                marks = () if (fmt, kind) in FAST else (pytest.mark.slow,)
+                yield pytest.param(fmt, kind, path, marks=marks, id=f"{fmt}-{kind}-{path}")
+    # raw stores read by scatter in iter_batches by default: the gather path too
+    for fmt in ("npy", "zarr-none"):
+        for kind in CORRUPTIONS:
+            marks = () if (fmt, kind) in FAST else (pytest.mark.slow,)
+            yield pytest.param(fmt, kind, "iter_batches_gather", marks=marks,
+                               id=f"{fmt}-{kind}-iter_batches_gather")  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "kind", "path"), list(_cases()))
+def test_corrupt_chunk_is_an_error_naming_its_file(
+    pristine, tmp_path, monkeypatch, fmt, kind, path
+):
+    root = tmp_path / "store"
+    shutil.copytree(pristine[fmt], root)
+    expected = _expected(root)
+    bad_file = corrupt(fmt, kind, root, expected["x"])
+    if path == "iter_batches_gather":
+        from shardload.loader import scatter
+
+        monkeypatch.setattr(scatter, "_PREADV", False)  # no preadv: read into groups, gather
+    t0 = time.perf_counter()
+    with pytest.raises(ShardloadError) as err:
+        read_all(path, root, expected)
+    assert time.perf_counter() - t0 < LIMIT_S
+    assert str(bad_file) in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr-none", "zarr-zstd", "zarr-sharded", "hdf5"])
+def test_pristine_store_reads_on_every_path(pristine, fmt):
+    """The same checks pass on an undamaged store (so the matrix's errors come from damage)."""
+    expected = _expected(pristine[fmt])
+    for path in PATHS:
+        read_all(path, pristine[fmt], expected)
+
+
+def test_fortran_order_npy_chunk_is_refused(pristine, tmp_path):
+    """A valid npy header in Fortran order (same dtype, same shape) is not served as C rows."""
+    root = tmp_path / "store"
+    shutil.copytree(pristine["npy"], root)
+    expected = _expected(root)
+    path = unit_file(root, "npy")
+    rows = expected["x"][BAD_CHUNK * CHUNK_ROWS : (BAD_CHUNK + 1) * CHUNK_ROWS]
+    np.save(path, np.asfortranarray(rows))
+    for how in ("store_read", "iter_batches", "map_dataset"):
+        with pytest.raises(ShardloadError, match="Fortran order") as err:
+            read_all(how, root, expected)
+        assert str(path) in str(err.value)
+
+
+def test_verify_never_still_refuses_structural_damage(pristine, tmp_path):
+    """``verify="never"`` skips checksums only: a missing chunk is still an error."""
+    root = tmp_path / "store"
+    shutil.copytree(pristine["zarr-zstd"], root)
+    expected = _expected(root)
+    path = corrupt("zarr-zstd", "deleted", root, expected["x"])
+    s = shardload.open_store(root, verify="never")
+    with pytest.raises(ShardloadError, match="missing") as err:
+        s.read("x")
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["always", "first-epoch"])
+def test_verify_modes_catch_a_flipped_bit(pristine, tmp_path, mode):
+    root = tmp_path / "store"
+    shutil.copytree(pristine["zarr-none"], root)
+    expected = _expected(root)
+    s = shardload.open_store(root, verify=mode)
+    np.testing.assert_array_equal(s.read("x"), expected["x"])  # verified, now trusted
+    corrupt("zarr-none", "bitflip", root, expected["x"])
+    if mode == "always":
+        with pytest.raises(ShardloadError, match="corrupt"):
+            s.read("x")
+    else:  # first-epoch: this process checked the chunk once already
+        assert not np.array_equal(s.read("x"), expected["x"])
+        with pytest.raises(ShardloadError, match="corrupt"):
+            shardload.open_store(root, verify=mode).read("x")  # a new process / handle
+
+
+def test_verify_cli_names_every_bad_chunk(pristine, tmp_path):
+    import subprocess
+    import sys
+
+    root = tmp_path / "store"
+    shutil.copytree(pristine["npy"], root)
+    env = {**os.environ, "PYTHONPATH": str(Path(shardload.__file__).parents[1])}
+    cmd = [sys.executable, "-m", "shardload", "verify", str(root)]
+    ok = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "all good" in ok.stdout
+    expected = _expected(root)
+    bad = [corrupt("npy", "bitflip", root, expected["x"])]
+    (root / "y" / "000007.npy").unlink()
+    bad.append(root / "y" / "000007.npy")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("BAD")]
+    assert len(lines) == 2
+    for path in bad:
+        assert any(str(path) in ln for ln in lines), res.stdout
+    assert "2 bad" in res.stdout
+
+
+def test_store_without_checksums_still_reads(pristine, tmp_path):
+    """Stores written before checksums existed (no sidecar, no manifest field) read as before."""
+    import json
+
+    root = tmp_path / "store"
+    shutil.copytree(pristine["zarr-zstd"], root)
+    expected = _expected(root)
+    (root / "checksums.npz").unlink()
+    m = json.loads((root / "shardload.json").read_text())
+    m.pop("checksums")
+    (root / "shardload.json").write_text(json.dumps(m))
+    s = shardload.open_store(root, verify="always")
+    assert s.manifest.checksums == ""
+    np.testing.assert_array_equal(s.read("x"), expected["x"])
