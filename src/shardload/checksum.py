@@ -30,10 +30,15 @@ from .errors import ChunkReadError, ConfigError, StoreError
 
 ALGORITHM = "xxh3_64"
 CHECKSUMS_NAME = "checksums.npz"
-VERIFY_MODES = ("always", "first-epoch", "never")
-#: Checked the first time a process reads a chunk: every chunk once per training process (all
-#: of a split is read in the first epoch), measured at under 5% of the loader's speed.
-DEFAULT_VERIFY = "first-epoch"
+VERIFY_MODES = ("auto", "always", "first-epoch", "never")
+#: The default of ``open_store(verify=None)`` when set (e.g. to measure, or to trust a store).
+VERIFY_ENV = "SHARDLOAD_VERIFY"
+#: ``"first-epoch"`` where a chunk's bytes pass through memory anyway to be decoded (Blosc
+#: Zarr chunks, shards, HDF5), where hashing them costs little; ``"never"`` for raw rows (npy
+#: stacks, uncompressed Zarr), which the loader copies straight from the page cache into
+#: batches: hashing them is one more pass over every byte, measured at 20-35% of the loader's
+#: speed (docs/design.md, "Checksums"), over the 5% a default may cost.
+DEFAULT_VERIFY = "auto"
 
 
 def check_verify(mode: str) -> str:
@@ -78,7 +83,8 @@ def file_digest(path: str, *, opener: Any = None) -> int:
 def encode_checksums(sums: Mapping[str, np.ndarray]) -> bytes:
     """The sidecar's bytes: an ``.npz`` of one ``uint64`` array per store array."""
     buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v, dtype=np.uint64) for k, v in sums.items()})
+    arrays: dict[str, Any] = {k: np.asarray(v, dtype=np.uint64) for k, v in sums.items()}
+    np.savez(buf, **arrays)
     return buf.getvalue()
 
 
@@ -114,9 +120,14 @@ class Verifier:
     """One reader's checksum state: the store's digests (loaded on first use) and the units
     this process already verified (``first-epoch``)."""
 
-    def __init__(self, fs: Any, root: str, manifest: Any, mode: str) -> None:
+    def __init__(self, fs: Any, root: str, manifest: Any, mode: str, *, raw_rows: bool) -> None:
+        """``raw_rows``: the reader copies rows straight from uncompressed files (``"auto"``
+        then means ``"never"``; else ``"first-epoch"``)."""
         self.fs, self.root = fs, root
-        self.mode = check_verify(mode)
+        mode = check_verify(mode)
+        if mode == "auto":
+            mode = "never" if raw_rows else "first-epoch"
+        self.mode = mode
         # stores written before checksums existed, and plain Zarr data, have none to check
         self.enabled = mode != "never" and bool(getattr(manifest, "checksums", None))
         self._sums: dict[str, np.ndarray] | None = None

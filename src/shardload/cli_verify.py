@@ -74,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"BAD {problem.array} {problem.unit}: {problem.message}", flush=True)
     dt = time.perf_counter() - t0
     verdict = f"{len(bad)} bad" if bad else "all good"
-    print(f"{units} chunk file(s)/chunk(s) of {len(store.arrays)} array(s) checked in {dt:.1f} s: {verdict}")
+    print(
+        f"{units} chunk file(s)/chunk(s) of {len(store.arrays)} array(s) checked in {dt:.1f} s: {verdict}"
+    )
     return 1 if bad else 0
 
 

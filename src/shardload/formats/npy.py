@@ -95,7 +95,7 @@ class NpyReader:
         self.local = is_local(fs)
         self._offsets: dict[tuple[str, int], int] = {}
         self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
-        self.verifier = Verifier(fs, self.root, manifest, verify)
+        self.verifier = Verifier(fs, self.root, manifest, verify, raw_rows=True)
 
     def verify_chunk(self, name: str, i: int) -> None:
         """Check chunk ``i`` of ``name`` against its checksum when ``verify`` asks for it (the

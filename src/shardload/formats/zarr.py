@@ -103,8 +103,12 @@ class ZarrFormat:
             # checksum units are the files written (shards): hashed from the page cache
             objects = load_stored_objects(str(Path(root) / name))
             if objects is None:
-                raise StoreError(f"array {name!r} in {root} has a chunk layout shardload cannot hash")
-            return {k: file_digest(objects.path(k)) for k in objects.units(start, start + len(data))}
+                raise StoreError(
+                    f"array {name!r} in {root} has a chunk layout shardload cannot hash"
+                )
+            return {
+                k: file_digest(objects.path(k)) for k in objects.units(start, start + len(data))
+            }
         # One chunk, encoded here and written as one file: zarr-python's sync API funnels every
         # write through its single event-loop thread, which serialised concurrent write tasks.
         if start % layout.chunk_rows:
@@ -186,7 +190,10 @@ class ZarrReader:
         self._objects: dict[str, StoredObjects | None] = {}
         self._lock = threading.Lock()
         self.strict = manifest.provenance.get("source") != "plain zarr"
-        self.verifier = Verifier(fs, root, manifest, verify)
+        raw = manifest.options.get("compression", "none") == "none" and not manifest.options.get(
+            "shard_chunks"
+        )
+        self.verifier = Verifier(fs, root, manifest, verify, raw_rows=raw)
 
     def _opener(self) -> Any:
         return None if is_local(self.fs) else (lambda p: self.fs.open(p, "rb"))
