@@ -190,9 +190,12 @@ class ZarrReader:
         self._objects: dict[str, StoredObjects | None] = {}
         self._lock = threading.Lock()
         self.strict = manifest.provenance.get("source") != "plain zarr"
+        # "auto" hashes chunks whose bytes this process holds anyway to decode them; not raw
+        # rows, nor URLs read by zarr-python without a cache (hashing would fetch them twice)
         raw = manifest.options.get("compression", "none") == "none" and not manifest.options.get(
             "shard_chunks"
         )
+        raw = raw or not (is_local(fs) or _cached(fs))
         self.verifier = Verifier(fs, root, manifest, verify, raw_rows=raw)
 
     def _opener(self) -> Any:
@@ -232,8 +235,7 @@ class ZarrReader:
             layout = None
             # local files, or a URL whose whole-file cache makes each chunk a local file once
             # fetched (without a cache, zarr-python's concurrent range requests serve better)
-            cached = getattr(getattr(self.fs, "spec", None), "cache_dir", None) is not None
-            if is_local(self.fs) or cached:
+            if is_local(self.fs) or _cached(self.fs):
                 info = self.manifest.arrays[name]
                 layout = load_chunk_layout(
                     f"{self.root.rstrip('/')}/{info.path}", dtype=np.dtype(info.dtype),
@@ -395,6 +397,11 @@ def manifest_from_zarr(fs: Any, root: str, *, arrays: Sequence[str] | None = Non
         splits={"all": tuple(range(len(bounds) - 1))}, complete=True,
         provenance={"source": "plain zarr", "root": root},
     )  # fmt: skip
+
+
+def _cached(fs: Any) -> bool:
+    """A remote filesystem with a whole-file cache (each chunk a local file once fetched)."""
+    return getattr(getattr(fs, "spec", None), "cache_dir", None) is not None
 
 
 def _url(fs: Any, root: str) -> str:
