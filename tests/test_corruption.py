@@ -342,3 +342,74 @@ def test_store_without_checksums_still_reads(pristine, tmp_path):
     s = shardload.open_store(root, verify="always")
     assert s.manifest.checksums == ""
     np.testing.assert_array_equal(s.read("x"), expected["x"])
+
+
+def test_blosc_chunk_of_another_item_size_is_refused_without_checksums(pristine, tmp_path):
+    """A valid Blosc chunk whose header says 8-byte items (float64) in a float32 array: same
+    decoded size, so only the header tells; refused even with ``verify="never"``."""
+    from numcodecs import Blosc
+
+    root = tmp_path / "store"
+    shutil.copytree(pristine["zarr-zstd"], root)
+    expected = _expected(root)
+    rows = expected["x"][BAD_CHUNK * CHUNK_ROWS : (BAD_CHUNK + 1) * CHUNK_ROWS]
+    path = unit_file(root, "zarr-zstd")
+    path.write_bytes(Blosc(cname="zstd", clevel=3).encode(rows.view("f8")))
+    s = shardload.open_store(root, verify="never")
+    with pytest.raises(ShardloadError, match="items of 8 bytes") as err:
+        s.read("x")
+    assert str(path) in str(err.value)
+
+
+def test_plain_zarr_keeps_zarr_fill_value_semantics(tmp_path):
+    """Plain Zarr written by others (no shardload.json): a missing chunk is the fill value, as
+    zarr-python reads it (documented in docs/loading.md)."""
+    import zarr
+
+    group = zarr.open_group(str(tmp_path / "plain"), mode="w")
+    arr = group.create_array("data", shape=(40, 2), chunks=(10, 2), dtype="f4", fill_value=-1)
+    arr[:] = np.arange(80, dtype="f4").reshape(40, 2)
+    (tmp_path / "plain" / "data" / "c" / "1" / "0").unlink()
+    s = shardload.open_store(tmp_path / "plain")
+    assert s.manifest.checksums == ""
+    got = s.read("data")
+    np.testing.assert_array_equal(got[10:20], -1)
+    np.testing.assert_array_equal(got[20:], np.arange(40, 80, dtype="f4").reshape(20, 2))
+
+
+@pytest.mark.parametrize("fmt", ["zarr-zstd", "hdf5"])
+def test_checksums_survive_a_resumed_prepare(tmp_path, monkeypatch, fmt):
+    """Checksums travel in the blocks' progress records: a prepare that fails half-way and is
+    resumed records every chunk's checksum, including those written before the failure."""
+    import errno
+
+    from shardload.checksum import read_checksums
+    from shardload.formats.base import get_format
+
+    src = tmp_path / "src.nc"
+    xr.Dataset({
+        "a": ("sample", np.arange(300, dtype="f4")),
+        "b": (("sample", "lev"), np.ones((300, 3), "f4")),
+        "c": ("sample", np.arange(300, dtype="i8")),
+    }).to_netcdf(src)  # fmt: skip
+    cls = type(get_format(FORMATS[fmt]["format"]))
+    real = cls.write_block
+
+    def flaky(self, root, name, chunk_index, start, data, *, bounds):
+        if chunk_index == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, root, name, chunk_index, start, data, bounds=bounds)
+
+    options = {**FORMATS[fmt], "execution": {"scheduler": "sync"}}
+    monkeypatch.setattr(cls, "write_block", flaky)
+    with pytest.raises(ShardloadError, match="disk is full"):
+        _prepare(tmp_path / "s", src, options)
+    monkeypatch.setattr(cls, "write_block", real)
+    _prepare(tmp_path / "s", src, options)
+    s = shardload.open_store(tmp_path / "s", verify="always")
+    sums = read_checksums(s.fs, s.root)
+    assert {k: len(v) for k, v in sums.items()} == {"x": 6, "y": 6}
+    assert s.read("x").shape == (300, 4)
+    from shardload.cli import main
+
+    assert main(["verify", str(tmp_path / "s")]) == 0
