@@ -16,6 +16,7 @@ Usage::
 
     python benchmarks/bench_verify.py --rows 65536 --rounds 5
     python benchmarks/bench_verify.py --cases shardload-iter:none:w0 --rounds 3
+    python benchmarks/bench_verify.py --no-loader --before-src ../main/src   # before/after
 """
 
 from __future__ import annotations
@@ -92,12 +93,31 @@ def cpu_epoch(store: str, mode: str, batch_size: int = 256) -> dict[str, float]:
     return {"samples": n, "wall_s": t1 - t0, "cpu_s": cpu}
 
 
-def run_cpu_epoch(store: Path, mode: str) -> dict[str, float]:
+def run_cpu_epoch(store: Path, mode: str, src: str | None = None) -> dict[str, float]:
+    """``cpu_epoch`` in a fresh process; with ``src``, shardload imported from that source tree
+    with its default ``verify`` (``mode`` is then only a label)."""
     import subprocess
 
-    code = (f"import sys, json; sys.path.insert(0, {str(HERE)!r}); import bench_verify; "
-            f"print(json.dumps(bench_verify.cpu_epoch({str(store)!r}, {mode!r})))")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = dict(os.environ)
+    env.pop("SHARDLOAD_VERIFY", None)
+    if src is None:
+        call = f"bench_verify.cpu_epoch({str(store)!r}, {mode!r})"
+        code = f"import sys, json; sys.path.insert(0, {str(HERE)!r}); import bench_verify; "
+    else:  # another tree's open_store may not take verify=
+        env["PYTHONPATH"] = src
+        call = "cpu_default(" + repr(str(store)) + ")"
+        code = (
+            "import json, resource, time, shardload\n"
+            "def cpu_default(store):\n"
+            "    s = shardload.open_store(store)\n"
+            "    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()\n"
+            "    n = sum(len(b['index']) for b in shardload.iter_batches(s, batch_size=256, seed=0))\n"
+            "    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()\n"
+            "    cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime\n"
+            "    return {'samples': n, 'wall_s': t1 - t0, 'cpu_s': cpu}\n"
+        )
+    out = subprocess.run([sys.executable, "-c", code + f"print(json.dumps({call}))"],
+                         capture_output=True, text=True, check=True, env=env)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -114,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default="bench-results/bench_verify.json")
     ap.add_argument("--no-loader", action="store_true", help="only hashes and CPU time")
+    ap.add_argument("--before-src", default=None,
+                    help="also time, interleaved, shardload from this source tree (e.g. main's "
+                         "src) and this tree, both with their default verify")  # fmt: skip
     args = ap.parse_args(argv)
     for name, rate in hash_rates().items():
         print(f"hash {name:36s} {rate:6.1f} GB/s (one thread, 16 MiB)", flush=True)
@@ -131,25 +154,33 @@ def main(argv: list[str] | None = None) -> None:
                       log=print)  # fmt: skip
     os.sync()
     cpu: dict[str, dict[str, list[float]]] = {}
+    modes = list(MODES)
+    if args.before_src:
+        modes += ["before (default)", "after (default)"]
+    here_src = str(HERE.parent / "src")
     for kind in ("zarr-none", "zarr-zstd"):
         store = load_args.workdir / kind
-        cpu[kind] = {m: [] for m in MODES}
+        cpu[kind] = {m: [] for m in modes}
         for r in range(args.rounds):
-            for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            for mode in modes if r % 2 == 0 else modes[::-1]:
                 data.warm_page_cache(data.data_files(store))
-                rec = run_cpu_epoch(store, mode)
+                src = {"before (default)": args.before_src, "after (default)": here_src}.get(mode)
+                rec = run_cpu_epoch(store, mode, src)
                 cpu[kind][mode].append(rec["cpu_s"])
                 print(f"round {r} iter_batches {kind:10s} verify={mode:12s} CPU {rec['cpu_s']:6.2f} s "
                       f"wall {rec['wall_s']:6.2f} s ({rec['samples'] / rec['wall_s']:,.0f} samples/s)",
                       flush=True)  # fmt: skip
-    print("\n| store | " + " | ".join(f"CPU s, {m} (median)" for m in MODES)
-          + " | first-epoch cost | always cost |")  # fmt: skip
-    print("|---|" + "---|" * (len(MODES) + 2))
+    print("\n| store | " + " | ".join(f"CPU s, {m} (median)" for m in modes)
+          + " | first-epoch cost | always cost |"
+          + (" after / before |" if args.before_src else ""))  # fmt: skip
+    print("|---|" + "---|" * (len(modes) + 2 + bool(args.before_src)))
     for kind, by in cpu.items():
         med = {m: statistics.median(v) for m, v in by.items()}
-        print(f"| {kind} | " + " | ".join(f"{med[m]:.2f}" for m in MODES)
-              + f" | {med['first-epoch'] / med['never'] - 1:+.1%} | {med['always'] / med['never'] - 1:+.1%} |",
-              flush=True)  # fmt: skip
+        extra = (f" {med['after (default)'] / med['before (default)'] - 1:+.1%} |"
+                 if args.before_src else "")  # fmt: skip
+        print(f"| {kind} | " + " | ".join(f"{med[m]:.3f}" for m in modes)
+              + f" | {med['first-epoch'] / med['never'] - 1:+.1%} | {med['always'] / med['never'] - 1:+.1%} |"
+              + extra, flush=True)  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if args.no_loader:
         Path(args.out).write_text(json.dumps({"cpu_s": cpu}, indent=1))

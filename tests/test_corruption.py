@@ -241,10 +241,30 @@ def test_corrupt_chunk_is_an_error_naming_its_file(
 
 @pytest.mark.parametrize("fmt", ["npy", "zarr-none", "zarr-zstd", "zarr-sharded", "hdf5"])
 def test_pristine_store_reads_on_every_path(pristine, fmt):
-    """The same checks pass on an undamaged store (so the matrix's errors come from damage)."""
+    """The same checks pass on an undamaged store (so the matrix's errors come from damage),
+    whose every chunk has a recorded checksum."""
+    from shardload.checksum import read_checksums
+
+    s = shardload.open_store(pristine[fmt])
+    assert s.manifest.checksums == "xxh3_64"
+    units = -(-N // (CHUNK_ROWS * (SHARD_CHUNKS if fmt == "zarr-sharded" else 1)))
+    assert {k: len(v) for k, v in read_checksums(s.fs, s.root).items()} == {"x": units, "y": units}
     expected = _expected(pristine[fmt])
     for path in PATHS:
         read_all(path, pristine[fmt], expected)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr-none", "zarr-zstd", "zarr-sharded"])
+def test_read_chunk_of_a_deleted_chunk_is_an_error(pristine, tmp_path, fmt):
+    root = tmp_path / "store"
+    shutil.copytree(pristine[fmt], root)
+    path = unit_file(root, fmt)
+    path.unlink()
+    s = shardload.open_store(root, verify="never")
+    with pytest.raises(ShardloadError, match="missing") as err:
+        s.read_chunk("x", BAD_CHUNK)
+    assert str(path) in str(err.value)
+    s.read_chunk("y", BAD_CHUNK)  # the other array's chunk is there
 
 
 def test_fortran_order_npy_chunk_is_refused(pristine, tmp_path):
