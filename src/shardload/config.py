@@ -125,7 +125,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             if depth == 0 and p in _SHORTHANDS and child is not None:
                 child = _SHORTHANDS[p](child)  # view: window -> {name: window}
             if child is None:
-                child = {}
+                child = {"name": "flat"} if depth == 0 and p == "view" else {}
             elif not isinstance(child, Mapping):
                 where = ".".join(parts[: depth + 1])
                 raise ConfigError(f"--set {item!r}: {where} is {child!r}, not a mapping")
