@@ -237,7 +237,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     s = summary(store)
     if args.json:
-        json.dump(s, sys.stdout, indent=1, default=_nan_safe)
+        # strict JSON: a NaN statistic (an all-NaN feature) is null, never a bare NaN token
+        json.dump(json_safe(s), sys.stdout, indent=1, allow_nan=False)
         sys.stdout.write("\n")
         return 0
     print(f"store     {s['url']}")
@@ -259,7 +260,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for k, st in s["stats"].items():
         import numpy as np
 
-        mn, mean, mx = np.nanmin(st["min"]), np.nanmean(st["mean"]), np.nanmax(st["max"])
+        mn, mean, mx = (_nan_or(f, st[key]) for f, key in ((np.nanmin, "min"), (np.nanmean, "mean"), (np.nanmax, "max")))  # fmt: skip
         print(f"  {k:12s} min {mn:.4g}  mean {mean:.4g}  max {mx:.4g}  NaN {st['nan_count']}")
         if args.stats:
             feats = store.manifest.arrays[k].features or [str(i) for i in range(len(st["mean"]))]
@@ -270,5 +271,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nan_safe(o: Any) -> Any:
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+def _nan_or(reduce: Any, values: Any) -> float:
+    """``reduce`` over the finite values; NaN (no warning) when there are none."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype="f8")
+    return float(reduce(arr)) if np.isfinite(arr).any() else float("nan")
+
+
+def json_safe(obj: Any) -> Any:
+    """A copy that ``json.dump(..., allow_nan=False)`` accepts: NaN and infinities -> None."""
+    import math
+
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and hasattr(obj, "dtype"):  # numpy scalar
+        return json_safe(obj.item())
+    return obj
