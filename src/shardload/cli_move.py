@@ -109,8 +109,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_stage(args: argparse.Namespace) -> int:
-    from .staging import staged
+    from .staging import exit_on_sigterm, staged
 
+    exit_on_sigterm()  # SIGTERM while copying or running: unwind, so the copy is removed
     command = shlex.split(args.run) if args.run else []
     with staged(args.src, args.to, keep=args.keep) as path:
         print(f"staged {args.src} at {path}", flush=True)
