@@ -141,6 +141,9 @@ def test_strict_types_no_coercion():
 def test_cross_key_rules():
     p = problems(base(format="npy", compression="zstd", shard_chunks=2))
     assert "npy" in p["compression"] and "zarr" in p["shard_chunks"]
+    # reported together with the problems of single keys, never as a consequence of one
+    p = problems(base(format="npy", compression="zstd", overwrite="no", view="windw"))
+    assert set(p) == {"compression", "overwrite", "view.name"}
     p = problems(base(execution={"scheduler": "jobqueue"}))
     assert "cluster" in p["execution.cluster"]
     p = problems(base(arrays={}))

@@ -12,6 +12,7 @@ once, each with its key path (``view.lookbak``, ``execution.cluster.queu``).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import types
@@ -407,56 +408,53 @@ class PrepareModel(_Model):
         return v
 
 
-def cross_checks(raw: Mapping[str, Any], model: PrepareModel) -> list[tuple[str, str]]:
-    """Rules that tie keys together; only run on a model whose fields are each valid."""
+def cross_checks(model: PrepareModel, skip: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """Rules that tie keys together. A rule that reads a top-level key in ``skip`` (a key
+    that failed on its own) is not run, so it never reports a consequence of that failure."""
     problems: list[tuple[str, str]] = []
-    view = model.view
-    if model.shard_chunks is not None and model.format != "zarr":
+
+    def rule(*keys: str) -> bool:
+        return not skip.intersection(keys)
+
+    view, ex = model.view, model.execution
+    if rule("shard_chunks", "format") and model.shard_chunks is not None and model.format != "zarr":
         problems.append(
             ("shard_chunks", f"only the zarr format has shards (format is {model.format!r})")
         )
-    if model.format == "npy" and model.compression not in (None, "none"):
+    if rule("format", "compression") and model.format == "npy" and model.compression not in (None, "none"):  # fmt: skip
         problems.append(
-            (
-                "compression",
-                f"the npy format stores raw arrays: use 'none', not {model.compression!r}",
-            )
-        )
-    if model.compression == "none" and model.compression_level is not None:
+            ("compression", f"the npy format stores raw arrays: use 'none', not {model.compression!r}")
+        )  # fmt: skip
+    if rule("compression", "compression_level") and model.compression == "none" and model.compression_level is not None:  # fmt: skip
         problems.append(("compression_level", "has no effect with compression: none"))
-    if view.name in ("flat", "window") and not model.arrays:
+    if rule("view", "arrays") and view.name in ("flat", "window") and not model.arrays:
         problems.append(
-            (
-                "arrays",
-                f"the {view.name!r} view needs at least one array, e.g. arrays: {{x: [t, z]}}",
-            )
-        )
-    if view.name == "flat" and not model.sample_dims:
+            ("arrays", f"the {view.name!r} view needs at least one array, e.g. arrays: {{x: [t, z]}}")
+        )  # fmt: skip
+    if rule("view", "sample_dims") and view.name == "flat" and not model.sample_dims:
         problems.append(("sample_dims", "the flat view needs at least one sample dimension"))
-    if view.name == "function" and isinstance(view.function, str):
+    if rule("view") and isinstance(view, FunctionViewModel) and isinstance(view.function, str):
         from .views.user import import_function
 
         try:
             import_function(view.function)
         except ConfigError as exc:
             problems.append(("view.function", str(exc)))
-    ex = model.execution
-    if ex.address is not None and ex.scheduler != "distributed":
-        problems.append(("execution.address", "only used with scheduler: distributed"))
-    if ex.cluster is not None and ex.scheduler != "jobqueue":
-        problems.append(("execution.cluster", "only used with scheduler: jobqueue"))
-    if ex.scheduler == "jobqueue" and ex.cluster is None:
-        problems.append(
-            (
-                "execution.cluster",
-                "scheduler: jobqueue needs a cluster, e.g. {kind: slurm, jobs: 4}",
-            )
-        )
+    if rule("execution"):
+        if ex.address is not None and ex.scheduler != "distributed":
+            problems.append(("execution.address", "only used with scheduler: distributed"))
+        if ex.cluster is not None and ex.scheduler != "jobqueue":
+            problems.append(("execution.cluster", "only used with scheduler: jobqueue"))
+        if ex.scheduler == "jobqueue" and ex.cluster is None:
+            problems.append(
+                ("execution.cluster", "scheduler: jobqueue needs a cluster, e.g. {kind: slurm, jobs: 4}")
+            )  # fmt: skip
     return problems
 
 
 def validate_input(raw: Any, *, where: str = "config") -> PrepareModel:
-    """Validate a raw config (as loaded from YAML); raise one error listing every problem."""
+    """Validate a raw config (as loaded from YAML); raise one error listing every problem:
+    those of single keys, and the rules between keys whose inputs are valid."""
     if not isinstance(raw, Mapping):
         raise ConfigValidationError(
             where, [("", f"the config must be a mapping of keys, got {type(raw).__name__}")]
@@ -464,8 +462,16 @@ def validate_input(raw: Any, *, where: str = "config") -> PrepareModel:
     try:
         model = PrepareModel.model_validate(dict(raw))
     except ValidationError as exc:
-        raise ConfigValidationError(where, [_describe(e, raw) for e in exc.errors()]) from None
-    problems = cross_checks(raw, model)
+        errors = exc.errors()
+        problems = [_describe(e, raw) for e in errors]
+        bad = frozenset(str(e["loc"][0]) for e in errors if e["loc"])
+        rest = {k: v for k, v in raw.items() if k not in bad and k in PrepareModel.model_fields}
+        rest.setdefault("source", {"paths": ["-"]})  # placeholders: no rule reads them
+        rest.setdefault("out", "-")
+        with contextlib.suppress(ValidationError):
+            problems += cross_checks(PrepareModel.model_validate(rest), bad)
+        raise ConfigValidationError(where, problems) from None
+    problems = cross_checks(model)
     if problems:
         raise ConfigValidationError(where, problems)
     return model
