@@ -22,7 +22,6 @@ from typing import Any
 
 import yaml
 
-from . import config_models as models
 from .errors import ConfigError
 from .formats.base import DEFAULT_COMPRESSION
 from .plan.chunks import DEFAULT_TARGET_CHUNK_BYTES
@@ -99,18 +98,20 @@ def _resolve(p: str, base: Path) -> str:
 
 def parse_size(v: Any, key: str) -> int:
     """``16MiB``, ``1GB``, ``4096`` -> bytes."""
+    from . import config_models as models
+
     try:
         return models.parse_size(v)
     except ValueError as exc:
         raise ConfigError(f"{key}: {exc}") from None
 
 
-_SHORTHANDS = {"source": models._source, "view": models._view, "execution": models._execution}
-
-
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` overrides to a raw config dict. Values are parsed as YAML
     (``true`` is a boolean, ``'"true"'`` a string) and validated strictly afterwards."""
+    from . import config_models as models
+
+    shorthands = {"source": models._source, "view": models._view, "execution": models._execution}
     out = dict(raw)
     for item in overrides:
         if "=" not in item:
@@ -122,8 +123,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
         node = out
         for depth, p in enumerate(parts[:-1]):
             child = node.get(p)
-            if depth == 0 and p in _SHORTHANDS and child is not None:
-                child = _SHORTHANDS[p](child)  # view: window -> {name: window}
+            if depth == 0 and p in shorthands and child is not None:
+                child = shorthands[p](child)  # view: window -> {name: window}
             if child is None:
                 child = {"name": "flat"} if depth == 0 and p == "view" else {}
             elif not isinstance(child, Mapping):
@@ -170,7 +171,10 @@ def load_config(
 
 def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> PrepareConfig:
     """Check a raw config completely (every problem at once, see :mod:`.config_models`) and
-    resolve it into a :class:`PrepareConfig`. Pure: opens no file."""
+    resolve it into a :class:`PrepareConfig`. Pure: opens no file. (pydantic is imported here,
+    not at module import: worker processes unpickle a PrepareConfig without it.)"""
+    from . import config_models as models
+
     m = models.validate_input(raw, where=where)
     src = m.source
     source = SourceConfig(
