@@ -197,6 +197,13 @@ def test_example_configs_validate(path):
     assert cfg.out and cfg.source.paths
 
 
+def test_readme_config_validates():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = readme.split("cat > era5.yaml <<'EOF'\n", 1)[1].split("\nEOF", 1)[0]
+    cfg = load_config(yaml.safe_load(text), base_dir="/x")
+    assert cfg.arrays == {"x": ("t", "z")} and cfg.out == "/x/era5-store"
+
+
 def test_cluster_keys_are_dask_jobqueue_names():
     jq = pytest.importorskip("dask_jobqueue")
     from dask_jobqueue.core import Job, JobQueueCluster
