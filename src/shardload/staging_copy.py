@@ -158,7 +158,7 @@ def copy_store(src: str | os.PathLike, kind: str, tmp: Path, storage_options=Non
 
 def _extract(tf: tarfile.TarFile, dest: Path) -> None:
     if hasattr(tarfile, "data_filter"):
-        tf.extractall(dest, filter="data")  # strips leading slashes, refuses, '..', links leading out
+        tf.extractall(dest, filter="data")  # strips leading slashes; refuses ".." and links out
         return
     for m in tf.getmembers():  # pragma: no cover - Python without extraction filters
         target = (dest / m.name).resolve()
