@@ -163,7 +163,9 @@ def _extract(tf: tarfile.TarFile, dest: Path) -> None:
     for m in tf.getmembers():  # pragma: no cover - Python without extraction filters
         target = (dest / m.name).resolve()
         if not target.is_relative_to(dest.resolve()) or m.issym() or m.islnk() or m.isdev():
-            raise StagingError(f"refusing to stage {tf.name!r}: archive member {m.name!r} is unsafe")
+            raise StagingError(
+                f"refusing to stage {tf.name!r}: archive member {m.name!r} is unsafe"
+            )
     tf.extractall(dest)  # pragma: no cover
 
 
