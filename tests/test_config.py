@@ -78,6 +78,7 @@ def test_every_problem_of_the_issue_at_once_with_its_key_path():
         ({"execution": {"schduler": "threads"}}, "execution.schduler", "scheduler"),
         ({"execution": {"scheduler": "thread"}}, "execution.scheduler", "threads"),
         ({"format": "zar"}, "format", "zarr"),
+        ({"compression": "LZ4"}, "compression", "lz4"),
         ({"nan": "warning"}, "nan", "warn"),
         (
             {"execution": {"scheduler": "jobqueue", "cluster": {"kind": "slurm", "queu": "x"}}},

@@ -131,7 +131,10 @@ DType = Annotated[
 
 
 def did_you_mean(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    """`` (did you mean 'x'?)`` for the closest choice (case aside first), or ``""``."""
+    names = [str(c) for c in choices]
+    same = [c for c in names if c.lower() == str(word).lower()]
+    close = same or difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
