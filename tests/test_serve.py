@@ -370,3 +370,23 @@ def test_empty_suffix_range_is_416(stores: Path) -> None:
         ok = requests.get(url + "alpha/x/000000.npy", headers={"Range": "bytes=-3"}, timeout=T)
     assert r.status_code == 416 and r.headers["Content-Range"] == f"bytes */{size}"
     assert ok.status_code == 206 and len(ok.content) == 3
+
+
+def test_serve_gives_the_callers_signal_handlers_back(stores: Path) -> None:
+    import threading
+
+    from shardload.serve import serve
+
+    def mine(signum, frame):  # pragma: no cover - never called
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+
+        def stop_soon(url: str) -> None:
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+        serve(stores, port=0, ready=stop_soon)  # returns on SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)

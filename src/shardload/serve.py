@@ -356,6 +356,9 @@ def serve(
 ) -> None:
     """Serve ``root`` in the foreground until Ctrl-C or SIGTERM, then return.
 
+    SIGINT and SIGTERM stop the server only while this call runs (the foreground is its job);
+    the caller's handlers are put back when it returns. :func:`serving` touches no signal.
+
     Parameters
     ----------
     root : str or Path
@@ -375,16 +378,20 @@ def serve(
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        installed = []
+        installed = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, stop.set)
-                installed.append(sig)
+                installed[sig] = previous
         try:
             await _run(root, host, port, ready, stop, limits)
         finally:
-            for sig in installed:
+            for sig, previous in installed.items():
                 loop.remove_signal_handler(sig)
+                # remove_signal_handler leaves SIG_DFL: give the caller its own handler back
+                with contextlib.suppress(TypeError, ValueError):
+                    signal.signal(sig, previous)
 
     asyncio.run(main())
 
