@@ -562,6 +562,13 @@ def _walk(loc: tuple[Any, ...]) -> tuple[str, type[BaseModel] | None]:
     return ".".join(shown), holder
 
 
+_SHORTHAND_WHAT = {
+    "source": "a path, a list of paths or a mapping",
+    "view": "a view name (flat, graph, window, package.module:function) or a mapping",
+    "execution": "a scheduler name or a mapping",
+}
+
+
 def _got(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -615,7 +622,8 @@ def _describe(e: Mapping[str, Any], raw: Mapping[str, Any]) -> tuple[str, str]:
     if kind in ("list_type", "tuple_type"):
         return path, f"expected a list, got {_got(value)}"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return path, f"expected a mapping of keys, got {_got(value)}"
+        what = _SHORTHAND_WHAT.get(path, "a mapping of keys")
+        return path, f"expected {what}, got {_got(value)}"
     if kind == "value_error":
         return path, str(e["msg"]).removeprefix("Value error, ")
     msg = str(e["msg"])
