@@ -257,7 +257,7 @@ class _JobqueueCommon(_Model):
     dashboard_address: str | None = None
     host: str | None = None
     scheduler_options: dict[str, Any] | None = None
-    silence_logs: str | bool | None = None
+    silence_logs: str | None = None
 
 
 class _Batch(_JobqueueCommon):
