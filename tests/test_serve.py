@@ -281,7 +281,8 @@ def test_cli_help_mentions_everything(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     text = capsys.readouterr().out
-    for word in ("--host", "--port", "ranges", "format=json", "SIGTERM"):
+    for word in ("--host", "--port", "ranges", "format=json", "SIGTERM", "--max-connections",
+                 "--idle-timeout", "--header-timeout"):  # fmt: skip
         assert word in text
 
 
