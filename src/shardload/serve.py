@@ -40,8 +40,9 @@ SHUTDOWN_TIMEOUT_S = 2.0
 HEADER_TIMEOUT_S = 10.0
 #: a connection with no request for this long (since opening, or since its last response) closes
 IDLE_TIMEOUT_S = 30.0
-#: open connections at most (capped at half the file-descriptor limit); more get 503
+#: open connections at most (lowered to fit the open-file limit); more get 503
 MAX_CONNECTIONS = 512
+_BACKLOG = 128
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
     b"Connection: close\r\n\r\n"
@@ -158,6 +159,19 @@ class _Limits:
         self.header_timeout_s = header_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.open = 0
+        self.refused = 0  # since the last warning
+        self.warned_at = -1e9
+
+    def refuse(self) -> None:
+        """Count a refused connection; warn at most every 10 s (a flood must not flood the log)."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self.warned_at >= 10:
+            log.warning(
+                "refused %d connection(s): %d open, the limit (max_connections)",
+                self.refused, self.open,
+            )  # fmt: skip
+            self.refused, self.warned_at = 0, now
 
 
 class _Guarded(asyncio.Protocol):
@@ -177,7 +191,7 @@ class _Guarded(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         if self.limits.open >= self.limits.max_connections:
-            log.warning("refusing a connection: %d open (the limit)", self.limits.open)
+            self.limits.refuse()
             transport.write(_BUSY)
             transport.close()
             return
@@ -237,13 +251,18 @@ class _Guarded(asyncio.Protocol):
 
 
 def _max_connections(wanted: int) -> int:
+    """``wanted``, lowered to what the open-file limit can hold: two descriptors per connection
+    (its socket and a file being sent), a burst of ``listen`` backlog connections accepted before
+    their refusal closes them, and 50 for the rest of the process."""
     try:
         import resource
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ImportError, OSError, ValueError):
         return wanted
-    return max(1, min(wanted, soft // 2)) if soft > 0 else wanted
+    if soft <= 0:  # RLIM_INFINITY
+        return wanted
+    return max(1, min(wanted, (soft - _BACKLOG - 50) // 2))
 
 
 def _access_logger_class():
@@ -275,7 +294,7 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError:
         sock.close()
         raise
-    sock.listen(128)
+    sock.listen(_BACKLOG)
     sock.setblocking(False)
     return sock
 
