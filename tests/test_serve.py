@@ -391,3 +391,33 @@ def test_serve_gives_the_callers_signal_handlers_back(stores: Path) -> None:
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.integration
+def test_hundreds_of_idle_clients_never_block_a_server_with_few_descriptors(stores: Path) -> None:
+    """300 idle connections to a server allowed 256 open files: a new client gets an answer
+    at once (503 while they hold their slots), never a hang (the old server made it wait)."""
+    import subprocess
+    import sys
+
+    from conftest import python_env
+
+    proc = subprocess.Popen(
+        ["bash", "-c", f"ulimit -n 256 && exec {sys.executable} -m shardload -q serve "
+                       f"{stores} --port 0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+    )  # fmt: skip
+    held = []
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"(http://\S+/)", line).group(1)
+        held = [_connect(url) for _ in range(300)]
+        t0 = time.monotonic()
+        r = requests.get(url + "alpha/shardload.json", timeout=T)
+        assert r.status_code in (200, 503) and time.monotonic() - t0 < 3
+    finally:
+        for s in held:
+            s.close()
+        proc.terminate()
+        _, err = proc.communicate(timeout=T)
+    assert "out of system resource" not in err and err.count("refused") <= 2
