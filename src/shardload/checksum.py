@@ -36,8 +36,8 @@ VERIFY_ENV = "SHARDLOAD_VERIFY"
 #: ``"first-epoch"`` where a chunk's bytes pass through memory anyway to be decoded (Blosc
 #: Zarr chunks, shards, HDF5), where hashing them costs little; ``"never"`` for raw rows (npy
 #: stacks, uncompressed Zarr), which the loader copies straight from the page cache into
-#: batches: hashing them is one more pass over every byte, measured at 20-35% of the loader's
-#: speed (docs/design.md, "Checksums"), over the 5% a default may cost.
+#: batches: hashing them is one more pass over every byte, measured at about +30% of an
+#: epoch's CPU (docs/design.md, "Checksums"), over the 5% a default may cost.
 DEFAULT_VERIFY = "auto"
 
 

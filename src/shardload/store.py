@@ -163,9 +163,9 @@ def open_store(
         ``"first-epoch"`` the first time each process reads a chunk, ``"always"`` on every
         read, ``"never"``; ``"auto"`` is ``"first-epoch"`` for compressed Zarr and HDF5 and
         ``"never"`` for raw rows (npy, uncompressed Zarr), where hashing would cost the loader
-        20-35% of its speed. Default: the environment variable ``SHARDLOAD_VERIFY``, else
-        ``"auto"``. Missing, truncated or mis-typed chunks are errors in every mode. A mismatch raises :class:`ChunkReadError` naming the file.
-        Every loader reading this ``Store`` (``iter_batches``, ``StreamingDataset``,
+        about 30% of its CPU. Default: the environment variable ``SHARDLOAD_VERIFY``, else
+        ``"auto"``. A mismatch raises :class:`ChunkReadError` naming the file; missing,
+        truncated or mis-typed chunks are errors in every mode. Every loader reading this ``Store`` (``iter_batches``, ``StreamingDataset``,
         ``MapDataset``, their DataLoader workers) uses its setting. Plain Zarr data has no
         checksums. See docs/loading.md ("Integrity").
 
