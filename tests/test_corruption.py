@@ -40,13 +40,14 @@ FORMATS = {
 }
 CORRUPTIONS = ("deleted", "truncated", "garbage", "dtype", "bitflip")
 PATHS = ("store_read", "iter_batches", "dataloader_w2", "map_dataset")
-#: Run by default: every format, every path and each kind of damage at least once (a 2-worker
-#: DataLoader costs seconds per case: two of them).
+#: Run by default: every format, every path and all but one kind of damage (truncation, which
+#: the old code caught too, is in the slow matrix); a 2-worker DataLoader costs seconds per
+#: case (its shutdown after an error): one of them.
 FAST = {
     ("npy", "dtype"), ("zarr-none", "bitflip"), ("zarr-zstd", "garbage"),
-    ("zarr-sharded", "deleted"), ("hdf5", "bitflip"), ("npy", "truncated"),
+    ("zarr-sharded", "deleted"), ("hdf5", "bitflip"),
 }  # fmt: skip
-FAST_DATALOADER = {("npy", "dtype"), ("zarr-sharded", "deleted")}
+FAST_DATALOADER = {("zarr-sharded", "deleted")}
 LIMIT_S = 30.0
 #: (format, damage) that only a checksum reveals on raw rows, which verify="auto" trusts
 NEEDS_CHECKSUM = {(f, k) for f in ("npy", "zarr-none") for k in ("garbage", "bitflip")} | {
