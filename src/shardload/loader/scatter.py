@@ -117,7 +117,9 @@ def read_scatter(
     """
     rb = raw.row_bytes
     keep = positions >= 0
-    pos = np.where(keep, positions, 0)
+    # unwanted rows take the group's first batch as a stand-in (their pointer is the scratch
+    # row below): position 0 would index ``bases[-k0]``, out of range after an elastic resume
+    pos = np.where(keep, positions, k0 * batch_size)
     scratch = np.empty(max(rb, 1), np.uint8)
     ptrs = bases[pos // batch_size - k0] + (pos % batch_size).astype(np.uint64) * np.uint64(rb)
     ptrs = np.where(keep, ptrs, np.uint64(scratch.ctypes.data))
