@@ -125,7 +125,7 @@ def iter_batches(
     >>> for batch in iter_batches("store", batch_size=256, split="train", epoch=0):  # doctest: +SKIP
     ...     x, y, idx = batch["x"], batch["y"], batch["index"]
     """
-    st = open_store(store, storage_options=storage_options)
+    st = open_store(store, storage_options=storage_options, arrays=arrays)
     sel, _ = loader_selection(
         st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows
     )

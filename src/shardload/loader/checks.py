@@ -28,7 +28,9 @@ def check_batch_arrays(batch: object, specs: Specs, rows: int) -> None:
             f"(keys {list(specs)}) or None"
         )
     for key, (row_shape, dtype) in specs.items():
-        want = f"a writable C-contiguous numpy array of dtype {dtype} and shape {(rows, *row_shape)}"
+        want = (
+            f"a writable C-contiguous numpy array of dtype {dtype} and shape {(rows, *row_shape)}"
+        )
         arr = batch.get(key)
         if arr is None:
             raise PlanError(f"allocate({rows}) returned no array {key!r} (expected {want})")
