@@ -143,13 +143,14 @@ def test_torch_datasets_serve_xarray_values(cf_store):
     from shardload.torch import MapDataset, StreamingDataset
 
     path, ref = cf_store
-    ds = StreamingDataset(path, batch_size=6, arrays=["t2m", "sp", "u10"], ring_slots=0)
-    n = 0
-    for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0):
-        for v in ("t2m", "sp", "u10"):
-            assert_like_xarray(b[v].numpy(), ref[v].values[b["index"].numpy()], v)
-        n += len(b["index"])
-    assert n == T
+    ds = StreamingDataset(path, batch_size=6, arrays=["t2m", "sp", "u10"])
+    for workers in (0, 2):  # in the main process; in forked workers, through the ring
+        n = 0
+        for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers):
+            for v in ("t2m", "sp", "u10"):
+                assert_like_xarray(b[v].numpy(), ref[v].values[b["index"].numpy()], v)
+            n += len(b["index"])
+        assert n == T
     m = MapDataset(path, arrays=["sp", "tp"])
     for i in (0, 3, 5, 44):
         assert_like_xarray(m[i]["sp"].numpy(), ref["sp"].values[i], "sp")
