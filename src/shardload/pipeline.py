@@ -239,7 +239,10 @@ def prepare(
         shardload_version=__version__,
     )
     fsync_tree(partial_dir)  # every array file on disk before the manifest says complete
-    _write_atomic(partial_dir / MANIFEST_NAME, manifest.to_json().encode())
+    for rel, data in manifest.to_files().items():  # feature files first, the manifest last
+        (partial_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(partial_dir / rel, data)
+        _fsync_dir((partial_dir / rel).parent)
     shutil.rmtree(progress_dir, ignore_errors=True)
     _publish(partial_dir, out)
     dt = time.perf_counter() - t0

@@ -188,7 +188,9 @@ def open_store(
         if not _exists(fs, root):
             raise StoreError(f"no store at {url}: the path does not exist")
         raise StoreError(f"{url} is not a shardload store: no {MANIFEST_NAME} and no Zarr metadata")
-    manifest = Manifest.from_json(text, where=f"{url}/{MANIFEST_NAME}")
+    manifest = Manifest.from_json(
+        text, where=f"{url}/{MANIFEST_NAME}", read=StoreFiles(fs, root, url=url)
+    )
     if not manifest.complete:
         raise IncompleteStoreError(f"{url} is not complete ({MANIFEST_NAME} says complete: false)")
     return Store(manifest, fs, root, url=url)
@@ -218,6 +220,22 @@ def _read_manifest(fs: Any, root: str) -> bytes | None:
         return read_bytes(fs, path, what="the manifest")
     except FileNotFoundError:
         return None
+
+
+class StoreFiles:
+    """Reads a store's small files (the manifest's feature files) through the store's own
+    filesystem -- local, or the remote one with its retries and cache. Picklable."""
+
+    def __init__(self, fs: Any, root: str, *, url: str) -> None:
+        self.fs, self.root, self.url = fs, root, url
+
+    def __call__(self, rel: str) -> bytes:
+        path = f"{self.root}/{rel}"
+        if is_local(self.fs):
+            return Path(path).read_bytes()
+        from .remote import read_bytes
+
+        return read_bytes(self.fs, path, what=f"{rel} of {self.url}")
 
 
 def _exists(fs: Any, path: str) -> bool:
