@@ -154,3 +154,11 @@ def test_feature_files_come_through_the_url_and_its_cache(tmp_path):
     cached = [p.stat().st_size for p in cache.rglob("*") if p.is_file()]
     size = (tmp_path / "s" / "_features" / "x.npz").stat().st_size
     assert size in cached  # fetched through the store's remote filesystem (and its cache)
+
+
+def test_zarr_array_metadata_stays_small_for_wide_arrays(tmp_path):
+    store, wide = _wide_store(tmp_path, n=4, k=5000, fmt="zarr")
+    meta = json.loads((tmp_path / "s" / "x" / "zarr.json").read_text())
+    assert meta["attributes"] == {"num_features": 5000}  # names: in _features/x.npz
+    assert len(store.manifest.arrays["x"].features) == 5000
+    np.testing.assert_array_equal(shardload.open_store(tmp_path / "s").read("x"), wide)
