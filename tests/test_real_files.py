@@ -4,9 +4,13 @@ wide feature axes, GRIB (issue 13, items 6, 7, 12)."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -16,7 +20,10 @@ import xarray as xr
 from packaging.requirements import Requirement
 
 import shardload
-from conftest import REPO, SRC
+from conftest import CACHE, REPO, SRC
+from shardload.config import load_config
+from shardload.errors import ConfigError, SourceError
+from shardload.sources.open import open_source
 
 
 def _closure(reqs: list[str]) -> set[str]:
@@ -156,3 +163,120 @@ def test_hdf5_create_error_names_the_array(tmp_path):
     bad = {"big": ArraySpec("big", (4, 3), np.dtype("M8[ns]"))}  # no HDF5 type
     with pytest.raises(StoreError, match=re.escape("array 'big'")):
         FORMAT.create(tmp_path, bad, (0, 4), FormatOptions("none"))
+
+
+# -- GRIB ---------------------------------------------------------------------------------------
+GRIB_SAMPLES = ("t_on_different_level_types.grib", "uv_on_different_levels.grib")
+
+
+@pytest.fixture(scope="session")
+def grib_dir(era5_dir) -> Path:
+    """More GRIB samples from the cfgrib sdist that ``era5_dir`` fetched (never committed)."""
+    target = CACHE / "grib"
+    if not all((target / n).exists() for n in GRIB_SAMPLES):
+        archives = sorted((CACHE / "sdist").glob("cfgrib-*.tar.gz"))
+        if not archives:
+            pytest.skip(f"no cfgrib sdist in {CACHE / 'sdist'}")
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archives[-1]) as tf:
+            for m in tf.getmembers():
+                if m.name.endswith(tuple(f"sample-data/{n}" for n in GRIB_SAMPLES)):
+                    m.name = Path(m.name).name
+                    tf.extract(m, target, filter="data")
+    return target
+
+
+def _source(src):
+    """A validated SourceConfig (through the whole config's validation)."""
+    src = {"paths": [src]} if isinstance(src, str) else src
+    return load_config({"source": src, "arrays": {"x": ["a"]}, "out": "x"}).source
+
+
+def _grib_cfg(path: Path, out: Path, **kw) -> dict:
+    return {"source": {"paths": [str(path)], **kw.pop("source", {})}, "sample_dims": ["latitude"],
+            "arrays": kw.pop("arrays", {"x": ["t"]}), "out": str(out), **kw}  # fmt: skip
+
+
+def test_grib_recognised_by_content_and_opened_once(tmp_path, era5_dir, monkeypatch):
+    renamed = tmp_path / "era5.data"  # no GRIB extension
+    shutil.copy(era5_dir / "era5-levels-members.grib", renamed)
+    opened: list[str] = []
+    real = xr.open_dataset
+
+    def counting(target, *a, **kw):
+        opened.append(str(target))
+        return real(target, *a, **kw)
+
+    monkeypatch.setattr(xr, "open_dataset", counting)
+    store = shardload.prepare({
+        "source": str(renamed), "sample_dims": ["number", "time"], "arrays": {"t": ["t"]},
+        "chunk_rows": 8, "out": str(tmp_path / "s"),
+    })  # fmt: skip
+    assert opened == [str(renamed)]  # one scan of the file, though prepare builds the view twice
+    ref = real(
+        era5_dir / "era5-levels-members.grib", engine="cfgrib", backend_kwargs={"indexpath": ""}
+    )
+    want = ref["t"].transpose("number", "time", ...).values.reshape(40, -1)
+    np.testing.assert_array_equal(store.read("t"), want)
+
+
+def test_grib_filter_key_and_the_error_that_asks_for_it(tmp_path, grib_dir):
+    path = grib_dir / "t_on_different_level_types.grib"
+    with pytest.raises(
+        SourceError, match=r"source\.filter, one of: \{'typeOfLevel': 'isobaricInhPa'\}"
+    ):
+        shardload.prepare(_grib_cfg(path, tmp_path / "a"))
+    store = shardload.prepare(
+        _grib_cfg(path, tmp_path / "b", source={"filter": {"typeOfLevel": "isobaricInhPa"}})
+    )
+    ref = xr.open_dataset(path, engine="cfgrib", backend_kwargs={
+        "indexpath": "", "filter_by_keys": {"typeOfLevel": "isobaricInhPa"}})  # fmt: skip
+    np.testing.assert_array_equal(
+        store.read("x"), ref["t"].transpose("latitude", ...).values.reshape(len(store), -1)
+    )
+    with pytest.raises(ConfigError, match=r"source\.filter"):
+        load_config(_grib_cfg(path, tmp_path / "c", source={"filter": "typeOfLevel"}))
+    (tmp_path / "v3.nc").write_bytes(b"CDF\x01")
+    with pytest.raises(SourceError, match=r"source\.filter selects GRIB messages"):
+        open_source(_source({"paths": [str(tmp_path / "v3.nc")], "engine": "scipy",
+                                            "filter": {"a": 1}}))  # fmt: skip
+
+
+def test_grib_skipped_variables_are_reported_once_without_tracebacks(tmp_path, grib_dir):
+    path = grib_dir / "uv_on_different_levels.grib"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps(_grib_cfg(path, tmp_path / "s", arrays={"x": ["u"]})))
+    res = subprocess.run(
+        [sys.executable, "-m", "shardload", "prepare", str(cfg)], capture_output=True, text=True,
+        timeout=240, env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    assert res.stderr.count("cfgrib skipped GRIB variable(s) 'v'") == 1, res.stderr
+    assert "filter: {shortName: v}" in res.stderr
+    with pytest.raises(SourceError, match=r"cfgrib skipped 'v' .*source\.filter"):
+        open_source(_source({"paths": [str(path)], "variables": ["v"]}))
+    ok = open_source(_source({"paths": [str(path)], "variables": ["v"], "filter": {"shortName": "v"}}))  # fmt: skip
+    assert ok["v"].sizes["isobaricInhPa"] == 3
+
+
+# -- what is missing: a group, or combine: nested --------------------------------------------------
+def test_missing_group_is_named(tmp_path):
+    path = tmp_path / "grouped.nc"
+    xr.Dataset({"a": ("sample", np.arange(5.0))}).to_netcdf(path, group="inner", engine="h5netcdf")
+    with pytest.raises(SourceError, match=r"groups \['inner'\]: set source\.group"):
+        open_source(_source(str(path)))
+    with pytest.raises(SourceError, match=r"not found .*groups \['inner'\]: is source\.group"):
+        open_source(_source({"paths": [str(path)], "variables": ["a"]}))
+    ds = open_source(_source({"paths": [str(path)], "group": "inner"}))
+    assert ds["a"].values.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_missing_combine_nested_is_named(tmp_path):
+    for i in range(2):  # no coordinate variable: nothing orders the files
+        xr.Dataset({"a": ("sample", np.arange(3.0) + 3 * i)}).to_netcdf(tmp_path / f"p{i}.nc")
+    paths = [str(tmp_path / "p0.nc"), str(tmp_path / "p1.nc")]
+    with pytest.raises(SourceError, match=r"set source\.combine: nested and source\.concat_dim"):
+        open_source(_source({"paths": paths}))
+    ds = open_source(_source({"paths": paths, "combine": "nested", "concat_dim": "sample"}))  # fmt: skip
+    assert ds["a"].values.tolist() == [0, 1, 2, 3, 4, 5]

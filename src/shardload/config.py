@@ -3,7 +3,7 @@
 Keys (see docs/config.md for the full reference with examples)::
 
     source: {paths, kind, engine, combine, concat_dim, decode_times, group, variables,
-             open_kwargs, storage_options, outputs}
+             open_kwargs, storage_options, outputs, filter}
     sample_dims, view, arrays, dtype,
     chunk_rows | target_chunk_bytes, format, compression, compression_level, shard_chunks,
     splits, split_seed, split_shuffle, nan, out, overwrite,
@@ -44,6 +44,8 @@ class SourceConfig:
     variables: tuple[str, ...] | None = None
     open_kwargs: Mapping[str, Any] = field(default_factory=dict)
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    #: GRIB: select messages by key, e.g. {typeOfLevel: isobaricInhPa} (cfgrib's filter_by_keys)
+    filter: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,17 @@ def _strs(v: Any, key: str) -> tuple[str, ...]:
     if isinstance(v, Sequence) and all(isinstance(x, (str, os.PathLike)) for x in v):
         return tuple(os.fspath(x) for x in v)
     raise ConfigError(f"{key}: expected a string or a list of strings, got {v!r}")
+
+
+def _filter(v: Any) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+        raise ConfigError(
+            f"source.filter: expected a mapping of GRIB keys to values "
+            f"(e.g. {{typeOfLevel: isobaricInhPa}}), got {v!r}"
+        )
+    return dict(v)
 
 
 def _resolve(p: str, base: Path) -> str:
@@ -224,6 +237,7 @@ def validate(raw: Mapping[str, Any], base: Path) -> PrepareConfig:
         variables=_strs(src.get("variables"), "source.variables") or None,
         open_kwargs=dict(src.get("open_kwargs") or {}),
         storage_options=dict(src.get("storage_options") or {}),
+        filter=_filter(src.get("filter")),
     )
     if source.kind not in ("xarray", "radiation"):
         raise ConfigError(
