@@ -27,7 +27,7 @@ from .errors import ConfigError
 from .formats.base import COMPRESSIONS, DEFAULT_COMPRESSION, REGISTRY
 from .plan.chunks import DEFAULT_TARGET_CHUNK_BYTES
 
-SCHEDULERS = ("threads", "processes", "distributed", "jobqueue", "sync")
+SCHEDULERS = ("auto", "threads", "processes", "distributed", "jobqueue", "sync")
 NAN_POLICIES = ("warn", "fail", "ignore")
 
 
@@ -50,7 +50,8 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class ExecutionConfig:
-    scheduler: str = "threads"
+    #: "auto": the active dask.distributed client if the process has one, else threads
+    scheduler: str = "auto"
     num_workers: int | None = None
     threads_per_worker: int = 1
     address: str | None = None
@@ -301,7 +302,7 @@ def validate(raw: Mapping[str, Any], base: Path) -> PrepareConfig:
         ex = {"scheduler": ex}
     _unknown(list(ex), EXEC_KEYS, "execution")
     execution = ExecutionConfig(
-        scheduler=str(ex.get("scheduler", "threads")),
+        scheduler=str(ex.get("scheduler", "auto")),
         num_workers=ex.get("num_workers"),
         threads_per_worker=int(ex.get("threads_per_worker", 1)),
         address=ex.get("address"),

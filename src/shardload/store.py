@@ -114,7 +114,7 @@ class Store:
         import dask.array as da
         import xarray as xr
 
-        chunks = tuple(int(b - a) for a, b in zip(self.chunk_bounds[:-1], self.chunk_bounds[1:]))
+        chunks = tuple(int(c) for c in np.diff(self.chunk_bounds))
         data_vars = {}
         for name in names or self.arrays:
             if name not in self.manifest.arrays:
