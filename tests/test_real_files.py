@@ -213,6 +213,16 @@ def test_grib_recognised_by_content_and_opened_once(tmp_path, era5_dir, monkeypa
         "chunk_rows": 8, "out": str(tmp_path / "s"),
     })  # fmt: skip
     assert opened == [str(renamed)]  # one scan of the file, though prepare builds the view twice
+    opened.clear()
+    second = tmp_path / "era5-copy.grb"
+    shutil.copy(renamed, second)
+    two = shardload.prepare({
+        "source": {"paths": [str(renamed), str(second)], "combine": "nested", "concat_dim": "number"},
+        "sample_dims": ["number", "time"], "arrays": {"t": ["t"]}, "chunk_rows": 8,
+        "out": str(tmp_path / "two"),
+    })  # fmt: skip
+    assert opened == [str(second)]  # each file once per process: the first one is known
+    assert len(two) == 80
     ref = real(
         era5_dir / "era5-levels-members.grib", engine="cfgrib", backend_kwargs={"indexpath": ""}
     )

@@ -165,6 +165,7 @@ def open_source(cfg: SourceConfig, *, sample_chunks: dict[str, int] | None = Non
     skipped: dict[str, str] = {}
     try:
         if engine == "cfgrib":
+            _keep_grib(paths)
             parts = [_open_grib(p, kw, skipped, cfg) for p in paths]
             ds = parts[0] if len(parts) == 1 else _combine(parts, cfg)
         elif len(paths) == 1:
@@ -266,6 +267,14 @@ _GRIB: dict[str, tuple[Any, dict[str, str]]] = {}
 _GRIB_LOCK = threading.Lock()
 
 
+def _keep_grib(paths: Sequence[str]) -> None:
+    """Forget the GRIB files of other sources (one source at a time: memory stays bounded)."""
+    keep = set(paths)
+    with _GRIB_LOCK:
+        for key in [k for k in _GRIB if json.loads(k)[0] not in keep]:
+            del _GRIB[key]
+
+
 def _open_grib(
     path: str, kw: dict[str, Any], skipped: dict[str, str], cfg: SourceConfig
 ) -> xr.Dataset:
@@ -277,7 +286,9 @@ def _open_grib(
     open_kw = {k: v for k, v in kw.items() if k != "chunks"}
     target = _open_one_target(path, "cfgrib", cfg)
     st = os.stat(path) if not is_url(path) else None
-    key = json.dumps([path, st and (st.st_size, st.st_mtime_ns), open_kw], sort_keys=True, default=str)
+    key = json.dumps(
+        [path, st and (st.st_size, st.st_mtime_ns), open_kw], sort_keys=True, default=str
+    )
     with _GRIB_LOCK:
         if key not in _GRIB:
             with _capture_cfgrib_errors() as errors:
@@ -290,7 +301,6 @@ def _open_grib(
                     "(cfgrib's filter_by_keys, e.g. filter: {shortName: %s})",
                     path, names, why, first,
                 )  # fmt: skip
-            _GRIB.clear()  # one source at a time: keep memory bounded
             _GRIB[key] = (ds, errors)
         ds, errors = _GRIB[key]
     skipped.update(errors)
