@@ -102,6 +102,11 @@ class Store:
         d["_reader"] = None
         return d
 
+    def _identity(self) -> str:
+        """Names this store's content for dask keys (a rewritten store gets new keys)."""
+        m = self.manifest
+        return f"{self.url}|{m.provenance.get('created', '')}|{m.length}|{m.chunk_bounds[-1:]}"
+
     # -- xarray ------------------------------------------------------------------------------------
     def to_xarray(self, names: Sequence[str] | None = None) -> Any:
         """The store as a lazy ``xarray.Dataset``: one dask chunk per store chunk, read with
@@ -134,7 +139,7 @@ class Store:
                 coords[dims[-1]] = np.asarray(list(info.features), dtype=str)
             lazy = da.from_array(
                 _Rows(self, name), chunks=(chunks or (0,), *info.shape[1:]), lock=False,
-                asarray=False, inline_array=True, name=f"shardload-{name}-{abs(hash(self.url))}",
+                asarray=False, inline_array=True, name=f"shardload-{name}-{_digest(self._identity())}",
                 meta=np.empty((0,) * len(info.shape), dtype=info.dtype),  # no probing read
             )  # fmt: skip
             data_vars[name] = xr.Variable(dims, lazy, attrs=dict(info.attrs))
@@ -147,6 +152,12 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 class _Rows:
