@@ -184,7 +184,8 @@ def grib_dir(era5_dir) -> Path:
 def _source(src):
     """A validated SourceConfig (through the whole config's validation)."""
     src = {"paths": [src]} if isinstance(src, str) else src
-    return load_config({"source": src, "arrays": {"x": ["a"]}, "out": "x"}).source
+    cfg = {"source": src, "sample_dims": ["s"], "arrays": {"x": ["a"]}, "out": "x"}
+    return load_config(cfg).source
 
 
 def _grib_cfg(path: Path, out: Path, **kw) -> dict:

@@ -265,10 +265,13 @@ class Manifest:
     ) -> Manifest:
         try:
             d = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{where} is not valid JSON: {exc}") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            # UnicodeDecodeError: bytes that are not UTF-8 text (a corrupt or foreign file)
+            raise StoreError(f"{where} is not a valid manifest (not JSON text): {exc}") from None
         if not isinstance(d, Mapping):
-            raise StoreError(f"{where} is not a shardload manifest (a JSON {type(d).__name__})")
+            raise StoreError(
+                f"{where} is not a valid manifest: JSON {type(d).__name__}, not an object"
+            )
         return cls.from_dict(d, read=read)
 
 
