@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import xarray as xr
+
 from ..errors import ConfigError
 from .base import ArraySpec, View
+from .rows import RowReader
 
-if TYPE_CHECKING:  # xarray only for annotations: the read side imports views.base, not xarray
-    import xarray as xr
-
+if TYPE_CHECKING:
     from ..config import PrepareConfig
-    from .rows import RowReader
 
 VIEWS = ("flat", "graph", "window", "function")
 
