@@ -462,3 +462,44 @@ def test_auto_pieces_only_for_raw_local_chunks(stores, fmt, monkeypatch):
     got = collect(store, batch_size=4, split="train", seed=3, shuffle_chunks=4)
     idx = np.concatenate([b["index"] for b in got])
     np.testing.assert_array_equal(np.sort(idx), split_rows(store, "train"))
+
+
+@pytest.mark.parametrize("fmt", ["npy-none", "zarr-none"])
+def test_uniform_shuffle_reads_rows_where_they_lie(stores, fmt):
+    """``shuffle="uniform"`` yields the plan's uniform permutation with the right values, on
+    every rank and worker; resumed (also on another world shape) it yields exactly the rest."""
+    from shardload.plan.epoch import iter_rank_batches
+    from shardload.plan.resume import plan_state
+
+    store = stores[fmt]
+    kw = dict(batch_size=5, split="train", seed=3, shuffle="uniform", epoch=1)
+    sel, _, k = loader_selection(store, split="train", shuffle="uniform")
+    plan = plan_for(
+        store, sel, batch_size=5, world_size=2, num_workers=2, shuffle="uniform", seed=3,
+        epoch=1, mode="drop", drop_last=False, shuffle_chunks=k,
+    )  # fmt: skip
+    for r in range(2):
+        got = [
+            collect(store, **kw, rank=r, world_size=2, worker=w, num_workers=2) for w in range(2)
+        ]
+        rank = [b for pair in zip(*got, strict=False) for b in pair]
+        want = list(iter_rank_batches(plan, r))
+        assert [b["index"].tolist() for b in rank] == [b.tolist() for b in want]
+        for b in rank:
+            check_values(store, b)
+    state = {**plan_state(plan, 3).to_dict(), "dataset": None}
+    del state["dataset"]
+    rest = [collect(store, **kw, rank=0, world_size=1, worker=w, num_workers=3, state=state)
+            for w in range(3)]  # fmt: skip
+    seen = {i for r in range(2) for b in list(iter_rank_batches(plan, r))[:3] for i in b.tolist()}
+    left = {i for r in range(2) for b in list(iter_rank_batches(plan, r))[3:] for i in b.tolist()}
+    got = [i for g in rest for b in g for i in b["index"].tolist()]
+    assert len(got) == len(set(got)) and set(got) <= left and not set(got) & seen
+    for g in rest:
+        for b in g:
+            check_values(store, b)
+
+
+def test_uniform_shuffle_needs_raw_local_chunks(stores):
+    with pytest.raises(PlanError, match="uniform"):
+        collect(stores["zarr-zstd"], batch_size=4, shuffle="uniform")
