@@ -86,6 +86,10 @@ def iter_batches(
         Who is reading. ``num_workers=0`` means the same as 1 (reading in the main process).
     shuffle, seed, epoch, mode
         Chunk order and shuffle groups are seeded by ``(seed, epoch)``; see ``plan_epoch``.
+        ``shuffle="uniform"`` (raw rows in local files only: uncompressed Zarr, npy): an
+        exact uniform permutation of all rows every epoch, each row read where it lies
+        (a batch's rows sorted by file offset, runs coalesced into one ``preadv`` each); no
+        buffer of the store, so it works for stores larger than RAM.
     split, chunks, rows, arrays
         What to read: a split, or explicit chunk ids, and/or a global ``(start, stop)`` row
         range; which arrays (default all).
@@ -93,11 +97,15 @@ def iter_batches(
         Pieces whose rows are permuted together (the shuffle buffer, in pieces).
     piece_rows
         The shuffle unit: chunks longer than this are cut into equal pieces of at most
-        ``piece_rows`` rows, which the plan shuffles, spreads over ranks and workers, and groups
-        as it would chunks. ``None`` (default): pieces of at most ``DEFAULT_PIECE_BYTES``
-        (8 MiB) when every array is raw rows in local files (uncompressed Zarr, npy stacks;
-        reading part of a chunk costs no more per row there), whole chunks otherwise (a piece
-        of a compressed chunk would decode the whole chunk); ``0``: whole chunks.
+        ``piece_rows`` rows, which the plan shuffles (in rounds of one piece per chunk),
+        spreads over ranks and workers, and groups as it would chunks. Defaults
+        (:func:`resolve_shuffle`): on raw rows in local files (uncompressed Zarr, npy stacks),
+        groups of as many rows as 4 pieces of at most 8 MiB, cut into
+        ``DEFAULT_GROUP_PIECES`` (512) small pieces, so a group holds pieces of every chunk
+        and a batch mixes as many chunks as a uniform shuffle; with only ``shuffle_chunks``
+        given, pieces of at most 8 MiB (``shuffle_chunks=4``: the earlier default, 4 chunks
+        per batch). Other stores: whole chunks, 4 per group (a piece of a compressed chunk
+        would decode the whole chunk). ``0``: whole chunks.
     prefetch, threads
         Pieces read ahead in background threads (``threads``, default ``min(4, prefetch,
         CPUs)``).

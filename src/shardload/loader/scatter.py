@@ -3,10 +3,15 @@
 For uncompressed local chunk files (:class:`~shardload.formats.base.RawChunk`: shardload's
 Zarr arrays without compression, npy stacks), a shuffle needs no gather. Each row of a group
 has a known place in the worker's stream of batches (its position in the group's ``order``),
-so the batches of a group are allocated first and one ``preadv`` per 1,024 rows copies the
-file's rows into their places: one copy from the page cache, where reading into a group buffer
-and gathering out of it costs two, and no group buffer at all. The iovecs are built with numpy;
-``preadv`` runs through ctypes, which releases the GIL, in the reader threads.
+so the batches of a group are allocated first and the file's rows are copied into their
+places: one copy from the page cache, where reading into a group buffer and gathering out of
+it costs two, and no group buffer at all.
+
+A group is planned with numpy as a whole (it may hold thousands of small pieces, or single
+rows with ``shuffle="uniform"``): its rows sorted by (chunk, file row), cut into runs of
+consecutive file rows, one ``preadv`` per run (at most 1,024 iovecs a call), destinations
+that follow each other merged into one iovec. ``preadv`` runs through ctypes, which releases
+the GIL, in the reader threads; each chunk file is opened once per reader task.
 
 Memory: the batches of the group being yielded and of the groups read ahead (``prefetch``, in
 chunks, rounded up to whole groups), which is what the batches would cost anyway.
