@@ -503,3 +503,12 @@ def test_uniform_shuffle_reads_rows_where_they_lie(stores, fmt):
 def test_uniform_shuffle_needs_raw_local_chunks(stores):
     with pytest.raises(PlanError, match="uniform"):
         collect(stores["zarr-zstd"], batch_size=4, shuffle="uniform")
+
+
+def test_loader_doctests():
+    import doctest
+
+    from shardload.loader import batches, scatter, select
+
+    for mod in (scatter, select, batches):
+        assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS).failed == 0, mod.__name__

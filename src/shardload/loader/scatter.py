@@ -107,7 +107,7 @@ def plan_group_reads(
 
     >>> o, s, c = plan_group_reads(np.array([1, 0, 1, 0, 1]), np.array([5, 9, 4, 8, 7]))
     >>> o.tolist(), s.tolist(), c.tolist()
-    [[3, 1, 2, 0, 4], [0, 2, 4, 5], [0, 1, 1]]
+    ([3, 1, 2, 0, 4], [0, 2, 4, 5], [0, 1, 1])
     """
     order = np.lexsort((file_rows, chunks))
     c, r = chunks[order], file_rows[order]
@@ -122,11 +122,12 @@ def plan_iovecs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(k, 2)`` uint64 iovecs (base, length) for consecutive file rows landing at ``ptrs``,
     runs of rows whose destinations follow each other merged, never across a ``breaks`` row
-    (a new run starts there); and the first iovec of each run (pure).
+    (a new run starts there; ``breaks`` ends with the row count); and the first iovec of each
+    run, with the iovec count at the end (pure).
 
-    >>> iov, first = plan_iovecs(np.array([100, 110, 200, 210]), np.array([0, 3]), 10)
+    >>> iov, first = plan_iovecs(np.array([100, 110, 200, 210]), np.array([0, 3, 4]), 10)
     >>> iov.tolist(), first.tolist()
-    [[100, 20], [200, 10], [210, 10]], [0, 2, 3]
+    ([[100, 20], [200, 10], [210, 10]], [0, 2, 3])
     """
     n = len(ptrs)
     if n == 0:
