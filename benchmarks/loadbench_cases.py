@@ -421,6 +421,10 @@ def run_case(
     return rec
 
 
+#: VIFs of a time-limited prefix with fewer batches than this are not reported (NaN).
+MIN_VIF_BATCHES = 32
+
+
 def quality_stats(epoch0: list[np.ndarray], epoch1: list[np.ndarray], *, length: int,
                   chunk_rows: int) -> dict[str, Any]:  # fmt: skip
     """The five shuffle-quality figures (``shardload.plan.quality``) of a loader's batches;
@@ -431,6 +435,8 @@ def quality_stats(epoch0: list[np.ndarray], epoch1: list[np.ndarray], *, length:
         return {}
     chunk_of = np.arange(length) // chunk_rows
     q = quality([epoch0, epoch1] if epoch1 else [epoch0], chunk_of)
+    if len(epoch0) < MIN_VIF_BATCHES:  # a variance over a handful of batch means says little
+        q["vif_pos"] = q["vif_ar"] = float("nan")
     return {k: v for k, v in q.items() if k != "chunks_per_batch"}
 
 
