@@ -512,3 +512,27 @@ def test_loader_doctests():
 
     for mod in (scatter, select, batches):
         assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS).failed == 0, mod.__name__
+
+
+@pytest.mark.parametrize("fmt", ["npy-none", "zarr-none", "zarr-zstd", "hdf5-none"])
+def test_default_shuffle_is_small_pieces_on_raw_local_chunks(stores, fmt, monkeypatch):
+    """The default cuts a group of the earlier default's rows (4 pieces of at most
+    DEFAULT_PIECE_BYTES) into DEFAULT_GROUP_PIECES small pieces on raw local chunks; whole
+    chunks, 4 per group, elsewhere; and the batches still cover the split exactly."""
+    from shardload.loader import batches as batches_mod
+
+    monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # 3-row pieces (32 B a row)
+    monkeypatch.setattr(batches_mod, "DEFAULT_GROUP_PIECES", 6)  # 12 rows -> 6 pieces of 2
+    store = stores[fmt]
+    whole = select_rows(store, split="train")
+    sel, piece, k = batches_mod.loader_selection(store, split="train")
+    if fmt in ("npy-none", "zarr-none"):
+        assert (piece, k) == (2, 6) and sel.sizes.max() == 2
+    else:
+        assert (piece, k) == (0, 4)
+        np.testing.assert_array_equal(sel.sizes, whole.sizes)
+    got = collect(store, batch_size=4, split="train", seed=3)
+    idx = np.concatenate([b["index"] for b in got])
+    np.testing.assert_array_equal(np.sort(idx), split_rows(store, "train"))
+    for b in got:
+        check_values(store, b)
