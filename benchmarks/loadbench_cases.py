@@ -416,7 +416,8 @@ def run_case(
             if max_seconds and time.perf_counter() - t1 > 2 * max_seconds:
                 nxt = []
                 break
-    rec.update(quality_stats(idxs, nxt, length=length, chunk_rows=chunk_rows))
+    rec.update(quality_stats(idxs, nxt, length=length, chunk_rows=chunk_rows,
+                             truncated=truncated))  # fmt: skip
     rec["sample_batches"] = [i.tolist() for i in idxs[:48]]
     return rec
 
@@ -426,7 +427,7 @@ MIN_VIF_BATCHES = 32
 
 
 def quality_stats(epoch0: list[np.ndarray], epoch1: list[np.ndarray], *, length: int,
-                  chunk_rows: int) -> dict[str, Any]:  # fmt: skip
+                  chunk_rows: int, truncated: bool = False) -> dict[str, Any]:  # fmt: skip
     """The five shuffle-quality figures (``shardload.plan.quality``) of a loader's batches;
     recurrence needs a complete second epoch (else NaN)."""
     from shardload.plan.quality import quality
@@ -435,7 +436,7 @@ def quality_stats(epoch0: list[np.ndarray], epoch1: list[np.ndarray], *, length:
         return {}
     chunk_of = np.arange(length) // chunk_rows
     q = quality([epoch0, epoch1] if epoch1 else [epoch0], chunk_of)
-    if len(epoch0) < MIN_VIF_BATCHES:  # a variance over a handful of batch means says little
+    if truncated and len(epoch0) < MIN_VIF_BATCHES:  # a handful of batch means says little
         q["vif_pos"] = q["vif_ar"] = float("nan")
     return {k: v for k, v in q.items() if k != "chunks_per_batch"}
 
