@@ -36,6 +36,7 @@ from ..formats.base import RawChunk, RawChunks
 from ..plan.epoch import EpochPlan, group_batches, iter_worker_spans
 from ..plan.spans import Spans, spans_chunks, spans_rows
 from ..store import Store
+from .checks import check_indices
 from .recycle import Allocate
 
 #: Linux's IOV_MAX: iovecs per ``preadv`` call.
@@ -300,6 +301,8 @@ def scatter_batches(
         if n <= 0:
             return []
         want = order[:n]
+        where = f"worker {worker} of rank {rank}: a group's order"
+        check_indices(want, int(spans.cum[-1]) if len(spans) else 0, where)
         rows = spans_rows(spans)[want]  # global rows, in stream order
         chunks = spans_chunks(spans)[want]
         cut = group_batches(at, n, b)
