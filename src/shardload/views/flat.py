@@ -27,12 +27,14 @@ def feature_names(da: xr.DataArray, sample_dims: Sequence[str]) -> tuple[str, ..
             labels.append([str(v) for v in np.asarray(da.coords[d].values)])
         else:
             labels.append([str(i) for i in range(da.sizes[d])])
-    grids = np.meshgrid(*[np.arange(len(lab)) for lab in labels], indexing="ij")
-    flat = [g.reshape(-1) for g in grids]
-    return tuple(
-        f"{name}[{','.join(labels[k][int(idx[k])] for k in range(len(labels)))}]"
-        for idx in zip(*flat, strict=True)
-    )
+    # C order over the other dims; built prefix by prefix (millions of features on wide grids:
+    # one f-string per feature, not a join per feature)
+    heads = labels[0]
+    for lab in labels[1:-1]:
+        heads = [f"{h},{x}" for h in heads for x in lab]
+    if len(labels) == 1:
+        return tuple(f"{name}[{h}]" for h in heads)
+    return tuple(f"{name}[{h},{x}]" for h in heads for x in labels[-1])
 
 
 class FlatView:
