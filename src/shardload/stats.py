@@ -47,26 +47,58 @@ def as_features(block: np.ndarray) -> np.ndarray:
     return block.reshape(-1, block.shape[-1])
 
 
+_CACHE_BYTES = 1 << 18  # rows reduced at a time: about this much, so they stay in cache
+
+
+def _partial_float32(v: np.ndarray) -> Partial | None:
+    """The common case: float32 values, float64 accumulators, no float64 copy, and no NaN scan
+    unless a feature's sum says there is a NaN or an infinity (then None: the general path).
+
+    Rows are reduced a cache-sized slab at a time, in two passes over memory (sums, min and
+    max; then deviations from the float32 mean, whose sum corrects that mean's rounding):
+    whole-block reductions would stream the block from memory once per operation and allocate
+    a block-sized temporary (page faults), which cost more than writing the block to disk.
+    """
+    n, nf = v.shape
+    step = max(1, _CACHE_BYTES // max(1, nf * 4))
+    s1 = np.zeros(nf)
+    mn = np.full(nf, np.inf, np.float32)
+    mx = np.full(nf, -np.inf, np.float32)
+    for r in range(0, n, step):
+        blk = v[r : r + step]
+        s1 += np.add.reduce(blk, axis=0, dtype=np.float64)
+        np.minimum(mn, np.minimum.reduce(blk, axis=0), out=mn)
+        np.maximum(mx, np.maximum.reduce(blk, axis=0), out=mx)
+    if not np.isfinite(s1).all():
+        return None
+    mean = s1 / n
+    center = mean.astype(np.float32)
+    sd = np.zeros(nf)
+    sq = np.zeros(nf)
+    buf = np.empty((min(step, n), nf), np.float32)
+    for r in range(0, n, step):
+        blk = v[r : r + step]
+        d = buf[: len(blk)]
+        np.subtract(blk, center, out=d)
+        sd += np.add.reduce(d, axis=0, dtype=np.float64)
+        np.multiply(d, d, out=d)
+        sq += np.add.reduce(d, axis=0, dtype=np.float64)
+    m2 = sq - sd * sd / n  # fixes the float32 mean
+    return Partial(
+        np.full(nf, n, np.int64), mean, np.maximum(m2, 0.0),
+        mn.astype(np.float64), mx.astype(np.float64), np.zeros(nf, np.int64),
+    )  # fmt: skip
+
+
 def partial(block: np.ndarray) -> Partial:
     """Statistics of one block of rows."""
     v = as_features(block)
     nf = v.shape[1]
     n = v.shape[0]
     if n and v.dtype == np.float32:
-        # fast path (the common case): float64 accumulators over float32 data, no float64 copy,
-        # no NaN scan unless a feature's sum says there is a NaN or an infinity
-        s1 = np.add.reduce(v, axis=0, dtype=np.float64)
-        if np.isfinite(s1).all():
-            mean = s1 / n
-            d = v - mean.astype(np.float32)
-            sd = np.add.reduce(d, axis=0, dtype=np.float64)
-            np.multiply(d, d, out=d)
-            m2 = np.add.reduce(d, axis=0, dtype=np.float64) - sd * sd / n  # fixes the f32 mean
-            return Partial(
-                np.full(nf, n, np.int64), mean, np.maximum(m2, 0.0),
-                v.min(axis=0).astype(np.float64), v.max(axis=0).astype(np.float64),
-                np.zeros(nf, np.int64),
-            )  # fmt: skip
+        fast = _partial_float32(v)
+        if fast is not None:
+            return fast
     if v.dtype.kind == "f":
         nan = np.isnan(v)
         nan_count = nan.sum(axis=0).astype(np.int64)
