@@ -104,6 +104,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 def shardload_prepare(conf: dict[str, Any]) -> tuple[Any, float, int]:
     import shardload
 
+    shutil.rmtree(conf["out"], ignore_errors=True)  # both sides start without an old store
     store, dt = timed(lambda: shardload.prepare(conf, progress=False))
     nbytes = sum(store.manifest.arrays[k].row_bytes for k in store.arrays) * len(store)
     return store, dt, nbytes
