@@ -135,3 +135,20 @@ def test_prepare_rows_file_equals_xarray_values(tmp_path, scheduler):
     for name, names in {"x": ["x", "flat", "scaled"], "y": ["z"], "g": ["gap", "be", "masked"]}.items():  # fmt: skip
         want = cols(names).astype(store.manifest.arrays[name].dtype)
         assert store.read(name).tobytes() == want.tobytes(), name
+
+
+def test_real_era5_netcdf(tmp_path, era5_dir):
+    """The real ERA5 sample packs z and t with scale_factor: they stay on xarray's decoding.
+    The same values written plain (float64, chunked by xarray) are read by H5Rows, bit for bit,
+    with the sample dims in the middle of the storage order."""
+    src = era5_dir / "era5-levels-members.nc"
+    ds = xr.open_dataset(src, engine="h5netcdf", chunks={})
+    assert h5_rows(str(src), ds, ["number", "time"]) is None
+    plain = tmp_path / "plain.nc"
+    enc = {v: {"chunksizes": (2, 1, 2, 61, 60)} for v in ("z", "t")}
+    ds[["z", "t"]].load().to_netcdf(plain, engine="h5netcdf", encoding=enc)
+    ds2 = xr.open_dataset(plain, engine="h5netcdf", chunks={})
+    for dims, a, b in [(["number", "time"], 3, 38), (["time", "latitude"], 59, 64)]:
+        rows = h5_rows(str(plain), ds2, dims)
+        assert rows is not None and set(rows.names) == {"z", "t"}
+        _check(rows, ds2, dims, a, b)
