@@ -72,3 +72,21 @@ def test_float32_blocks_larger_than_one_cache_slab(monkeypatch, bad):
         if bad is None:
             m2 = ((x64 - x64.mean(axis=0)) ** 2).sum(axis=0)
             np.testing.assert_allclose(p.m2, m2, rtol=1e-7)  # float32 squares, as before
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int64", "float64", "bool"])
+def test_other_dtypes_give_numpys_figures(monkeypatch, dtype):
+    import shardload.stats as stats
+
+    monkeypatch.setattr(stats, "_CACHE_BYTES", 64)
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 255, size=(501, 3)).astype(dtype)
+    if dtype == "int64":
+        x = x * 10**12 - 7
+    p = partial(x)
+    x64 = x.astype("float64")
+    np.testing.assert_allclose(p.mean, x64.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(p.m2, ((x64 - x64.mean(axis=0)) ** 2).sum(axis=0), rtol=1e-9)
+    np.testing.assert_array_equal(p.min, x64.min(axis=0))
+    np.testing.assert_array_equal(p.max, x64.max(axis=0))
+    assert p.nan_count.tolist() == [0, 0, 0] and p.count.tolist() == [501] * 3
