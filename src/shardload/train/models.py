@@ -1,0 +1,66 @@
+"""The example models (plain ``torch.nn`` modules): MLP on flat vectors, GNN on the radiation
+path graphs (PyTorch Geometric), LSTM on look-back windows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    """``(B, n_in) -> (B, n_out)``: ``layers`` hidden layers of ``hidden`` units, SiLU."""
+
+    def __init__(self, n_in: int, n_out: int, *, hidden: int = 256, layers: int = 2) -> None:
+        super().__init__()
+        dims = [n_in] + [hidden] * layers
+        mods: list[nn.Module] = []
+        for a, b in zip(dims[:-1], dims[1:], strict=True):
+            mods += [nn.Linear(a, b), nn.SiLU()]
+        mods.append(nn.Linear(dims[-1], n_out))
+        self.net = nn.Sequential(*mods)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.reshape(x.shape[0], -1))
+
+
+class LSTMRegressor(nn.Module):
+    """``(B, lookback, n_in) -> (B, n_out)`` from the last time step's hidden state."""
+
+    def __init__(self, n_in: int, n_out: int, *, hidden: int = 64, layers: int = 1) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(n_in, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, n_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x.reshape(x.shape[0], x.shape[1], -1))
+        return self.head(out[:, -1])
+
+
+class GNN(nn.Module):
+    """Node regression on graphs with edge features: an encoder, ``layers`` GATv2 message
+    passing layers using ``edge_attr`` with residual connections, a node decoder."""
+
+    def __init__(
+        self, n_node: int, n_edge: int, n_out: int, *, hidden: int = 64, layers: int = 3
+    ) -> None:
+        super().__init__()
+        try:
+            from torch_geometric.nn import GATv2Conv
+        except ImportError as exc:
+            raise ImportError(
+                "the GNN example needs PyTorch Geometric: pip install 'shardload[gnn]'"
+            ) from exc
+        self.encode = nn.Linear(n_node, hidden)
+        self.convs = nn.ModuleList(
+            GATv2Conv(hidden, hidden, edge_dim=n_edge, add_self_loops=False) for _ in range(layers)
+        )
+        self.decode = nn.Linear(hidden, n_out)
+        self.act = nn.SiLU()
+
+    def forward(self, graph: Any) -> torch.Tensor:
+        h = self.act(self.encode(graph.x))
+        for conv in self.convs:
+            h = h + self.act(conv(h, graph.edge_index, graph.edge_attr))
+        return self.decode(h)
