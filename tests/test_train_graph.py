@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("torch_geometric")
 from torch_geometric.data import Batch, Data  # noqa: E402
 
-from shardload.train.graph import batch_graphs, shared_graph  # noqa: E402
+from shardload.train.graph import GraphBatcher, batch_graphs, shared_graph  # noqa: E402
 
 
 def _radiation_static(nodes: int = 138) -> dict:
@@ -35,6 +35,23 @@ def test_batch_equals_from_data_list():
     for key in ("x", "edge_index", "edge_attr", "y", "batch", "ptr"):
         assert torch.equal(got[key], want[key]), key
     assert got.num_graphs == want.num_graphs == b
+
+
+def test_batcher_undirected_rows_and_batch_sizes():
+    static = _radiation_static(10)
+    batcher = GraphBatcher(static)
+    ei, _ = shared_graph(static)
+    g = torch.Generator().manual_seed(1)
+    for b in (3, 2, 3):  # a cached layout reused, another batch size in between
+        x, ea = torch.randn(b, 10, 5, generator=g), torch.randn(b, 9, 2, generator=g)
+        got = batcher(x, ea, directed_edge_attr=False)
+        want = Batch.from_data_list(
+            [Data(x=x[i], edge_index=ei, edge_attr=torch.cat([ea[i], ea[i]])) for i in range(b)]
+        )
+        assert torch.equal(got.edge_index, want.edge_index)
+        assert torch.equal(got.batch, want.batch) and torch.equal(got.x, want.x)
+        assert torch.equal(got.edge_attr.index_select(0, got.edge_attr_index), want.edge_attr)
+        assert torch.equal(batcher(x, ea).edge_attr, want.edge_attr)
 
 
 def test_not_a_graph_store():

@@ -47,26 +47,87 @@ def shared_graph(static: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]
     return edge_index, rows
 
 
+class GraphBatcher:
+    """Builds PyTorch Geometric batches of graphs that all share one ``edge_index``.
+
+    The batched ``edge_index``, ``batch`` and ``ptr`` depend only on the batch size, so they
+    are computed once per batch size (one broadcast add offsets the shared edges by
+    ``nodes * b``, ``repeat_interleave`` numbers the nodes' graphs) and reused: the tensors are
+    shared between batches, so treat them as read-only (PyG's layers do). Node features and
+    targets are reshaped views of the loader's tensors (no copy).
+
+    Parameters
+    ----------
+    static
+        The graph store manifest's ``static`` (``edge_index``, ``num_undirected_edges``).
+    """
+
+    def __init__(self, static: Mapping[str, Any]) -> None:
+        self.edge_index, self.edge_rows = shared_graph(static)
+        self._layouts: dict[tuple[int, int, str], tuple[torch.Tensor, ...]] = {}
+
+    def _layout(
+        self, b: int, nodes: int, undirected: int, device: torch.device
+    ) -> tuple[torch.Tensor, ...]:
+        key = (b, nodes, undirected, str(device))
+        got = self._layouts.get(key)
+        if got is None:
+            directed = int(self.edge_index.shape[1])
+            offsets = torch.arange(b, dtype=torch.int64, device=device)
+            ei = self.edge_index.to(device)[:, None, :] + (offsets * nodes)[None, :, None]
+            rows = self.edge_rows.to(device)[None, :] + (offsets * undirected)[:, None]
+            got = (
+                ei.reshape(2, b * directed),
+                offsets.repeat_interleave(nodes),
+                torch.arange(b + 1, dtype=torch.int64, device=device) * nodes,
+                rows.reshape(b * directed),
+            )
+            if len(self._layouts) > 8:  # a few batch sizes in use (e.g. a short last batch)
+                self._layouts.clear()
+            self._layouts[key] = got
+        return got
+
+    def __call__(
+        self, x: torch.Tensor, edge_attr: torch.Tensor, y: torch.Tensor | None = None, *,
+        directed_edge_attr: bool = True,
+    ) -> Any:  # fmt: skip
+        """One ``torch_geometric.data.Batch`` of the ``B`` graphs in ``x`` (B, nodes, F) and
+        ``edge_attr`` (B, undirected, E) (and ``y`` (B, nodes, ...)).
+
+        ``directed_edge_attr=True``: ``edge_attr`` per directed edge (B * directed, E), equal
+        to ``Batch.from_data_list`` of the per-sample ``Data``; this copies every edge's
+        features once per direction. ``False``: ``edge_attr`` is the undirected rows
+        (B * undirected, E, a view) and ``edge_attr_index`` (B * directed,) says which row each
+        directed edge uses; a model can encode the rows first and gather the encodings.
+        """
+        data = _pyg()
+        b, nodes, undirected = int(x.shape[0]), int(x.shape[1]), int(edge_attr.shape[1])
+        if self.edge_rows.numel() and int(self.edge_rows.max()) >= undirected:
+            raise ShardloadError(
+                f"edge_attr has {undirected} edges per graph; the shared graph needs "
+                f"{int(self.edge_rows.max()) + 1}"
+            )
+        ei, batch, ptr, rows = self._layout(b, nodes, undirected, x.device)
+        ea = edge_attr.reshape(b * edge_attr.shape[1], -1)
+        kw: dict[str, Any] = {"x": x.reshape(b * nodes, -1), "edge_index": ei}
+        if directed_edge_attr:
+            kw["edge_attr"] = ea.index_select(0, rows)
+        else:
+            kw["edge_attr"], kw["edge_attr_index"] = ea, rows
+        if y is not None:
+            kw["y"] = y.reshape(b * nodes, *y.shape[2:])
+        out = data.Batch(batch=batch, ptr=ptr, **kw)
+        out._num_graphs = b
+        return out
+
+
 def batch_graphs(
     x: torch.Tensor, edge_attr: torch.Tensor, edge_index: torch.Tensor, edge_rows: torch.Tensor,
     y: torch.Tensor | None = None,
 ) -> Any:  # fmt: skip
-    """One ``torch_geometric.data.Batch`` of ``B`` graphs sharing ``edge_index``.
-
-    ``x`` (B, nodes, F), ``edge_attr`` (B, undirected, E), ``y`` (B, nodes, T) or None. Equal to
-    ``Batch.from_data_list`` of the per-sample ``Data(x, edge_index, edge_attr, y)``.
-    """
-    data = _pyg()
-    b, nodes = int(x.shape[0]), int(x.shape[1])
-    directed = int(edge_index.shape[1])
-    offsets = torch.arange(b, dtype=torch.int64, device=x.device) * nodes
-    ei = (edge_index.to(x.device)[:, None, :] + offsets[None, :, None]).reshape(2, b * directed)
-    ea = edge_attr.index_select(1, edge_rows.to(x.device)).reshape(b * directed, -1)
-    batch = torch.arange(b, device=x.device).repeat_interleave(nodes)
-    ptr = torch.arange(b + 1, dtype=torch.int64, device=x.device) * nodes
-    kw: dict[str, Any] = {"x": x.reshape(b * nodes, -1), "edge_index": ei, "edge_attr": ea}
-    if y is not None:
-        kw["y"] = y.reshape(b * nodes, *y.shape[2:])
-    out = data.Batch(batch=batch, ptr=ptr, **kw)
-    out._num_graphs = b
-    return out
+    """One-off :class:`GraphBatcher` call with per-directed-edge ``edge_attr`` (equal to
+    ``Batch.from_data_list``); reuse a :class:`GraphBatcher` in a training loop."""
+    batcher = GraphBatcher.__new__(GraphBatcher)
+    batcher.edge_index, batcher.edge_rows = edge_index, edge_rows
+    batcher._layouts = {}
+    return batcher(x, edge_attr, y)

@@ -39,8 +39,12 @@ class LSTMRegressor(nn.Module):
 
 
 class GNN(nn.Module):
-    """Node regression on graphs with edge features: an encoder, ``layers`` GATv2 message
-    passing layers using ``edge_attr`` with residual connections, a node decoder."""
+    """Node regression on graphs with edge features: node and edge encoders, ``layers`` GATv2
+    message passing layers using the encoded edges, with residual connections, a node decoder.
+
+    Takes a PyG batch whose ``edge_attr`` is per directed edge, or per undirected edge with an
+    ``edge_attr_index`` (edges are encoded before they are gathered per direction).
+    """
 
     def __init__(
         self, n_node: int, n_edge: int, n_out: int, *, hidden: int = 64, layers: int = 3
@@ -53,14 +57,19 @@ class GNN(nn.Module):
                 "the GNN example needs PyTorch Geometric: pip install 'shardload[gnn]'"
             ) from exc
         self.encode = nn.Linear(n_node, hidden)
+        self.encode_edge = nn.Linear(n_edge, hidden)
         self.convs = nn.ModuleList(
-            GATv2Conv(hidden, hidden, edge_dim=n_edge, add_self_loops=False) for _ in range(layers)
+            GATv2Conv(hidden, hidden, edge_dim=hidden, add_self_loops=False) for _ in range(layers)
         )
         self.decode = nn.Linear(hidden, n_out)
         self.act = nn.SiLU()
 
     def forward(self, graph: Any) -> torch.Tensor:
         h = self.act(self.encode(graph.x))
+        e = self.act(self.encode_edge(graph.edge_attr))
+        index = getattr(graph, "edge_attr_index", None)
+        if index is not None:  # undirected rows (GraphBatcher(directed_edge_attr=False))
+            e = e.index_select(0, index)
         for conv in self.convs:
-            h = h + self.act(conv(h, graph.edge_index, graph.edge_attr))
+            h = h + self.act(conv(h, graph.edge_index, e))
         return self.decode(h)

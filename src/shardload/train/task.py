@@ -22,7 +22,7 @@ from torch import nn
 import lightning.pytorch as pl
 
 from ..errors import ShardloadError
-from .graph import batch_graphs, shared_graph
+from .graph import GraphBatcher
 from .models import GNN, MLP, LSTMRegressor
 from .transforms import Normalize
 
@@ -120,9 +120,7 @@ class ExampleTask(pl.LightningModule):
             self.model = LSTMRegressor(xs[2], int(np.prod(ys[1:])), hidden=hidden or 64)
         else:
             self.model = GNN(xs[2], arrays["edge_attr"].shape[2], ys[2], hidden=hidden or 64)
-            ei, rows = shared_graph(manifest.static)
-            self.register_buffer("edge_index", ei, persistent=False)
-            self.register_buffer("edge_rows", rows, persistent=False)
+            self.graphs = GraphBatcher(manifest.static)
         self.hr = plan_heating_rate_columns(kind, manifest)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.rows: list[dict[str, float]] = []
@@ -131,7 +129,7 @@ class ExampleTask(pl.LightningModule):
     # -- steps -------------------------------------------------------------------------------------
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.kind == "gnn":
-            graph = batch_graphs(batch["x"], batch["edge_attr"], self.edge_index, self.edge_rows)
+            graph = self.graphs(batch["x"], batch["edge_attr"], directed_edge_attr=False)
             return self.model(graph).reshape(batch["y"].shape)
         return self.model(batch["x"]).reshape(batch["y"].shape)
 
