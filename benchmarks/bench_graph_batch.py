@@ -47,12 +47,15 @@ def main() -> None:
     fast = rate(lambda: batcher(x, ea, y, directed_edge_attr=False), b, args.seconds)
     copy = rate(lambda: batcher(x, ea, y), b, args.seconds)
     slow = rate(
-        lambda: Batch.from_data_list([
-            Data(x=x[i], edge_index=ei, edge_attr=ea[i].index_select(0, rows), y=y[i])
-            for i in range(b)
-        ]),  # fmt: skip
-        b, args.seconds,
-    )  # fmt: skip
+        lambda: Batch.from_data_list(
+            [
+                Data(x=x[i], edge_index=ei, edge_attr=ea[i].index_select(0, rows), y=y[i])
+                for i in range(b)
+            ]
+        ),
+        b,
+        args.seconds,
+    )
     print(f"batch {b}, threads {args.threads}")
     print(f"GraphBatcher (undirected edge_attr, as the GNN example): {fast:12,.0f} graphs/s")
     print(f"GraphBatcher (edge_attr per directed edge, a copy)     : {copy:12,.0f} graphs/s")

@@ -10,11 +10,10 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from _stores import make_store, split_rows  # noqa: E402
-
-from shardload.errors import ShardloadError  # noqa: E402
-from shardload.lightning import ShardloadDataModule  # noqa: E402
-from shardload.train.transforms import Normalize, plan_scale  # noqa: E402
+from _stores import make_store, split_rows
+from shardload.errors import ShardloadError
+from shardload.lightning import ShardloadDataModule
+from shardload.train.transforms import Normalize, plan_scale
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +85,10 @@ def test_resume_of_a_finished_epoch_starts_the_current_one(store):
 
 def test_eval_loaders_and_bad_split(store):
     dm = ShardloadDataModule(store, batch_size=4)
-    assert sorted(_rows(dm.val_dataloader())) == sorted(split_rows(store, "val").tolist())[
-        : len(_rows(dm.val_dataloader()))
-    ]
+    assert (
+        sorted(_rows(dm.val_dataloader()))
+        == sorted(split_rows(store, "val").tolist())[: len(_rows(dm.val_dataloader()))]
+    )
     with pytest.raises(ShardloadError, match="val_split='valid'"):
         ShardloadDataModule(store, batch_size=4, val_split="valid")
 
@@ -104,7 +104,9 @@ def test_normalize_in_workers_matches_manifest_stats(store):
         want = (full[np.asarray(batch["index"])] - shift) / scale
         np.testing.assert_allclose(np.asarray(batch["x"]), want, rtol=1e-6, atol=1e-6)
     back = norm.inverse("x", batch["x"])
-    np.testing.assert_allclose(np.asarray(back), full[np.asarray(batch["index"])], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(back), full[np.asarray(batch["index"])], rtol=1e-5, atol=1e-5
+    )
     with pytest.raises(ShardloadError, match="dtype int64"):
         Normalize(m, ["y"])
 

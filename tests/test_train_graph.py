@@ -6,9 +6,9 @@ import pytest
 import torch
 
 pytest.importorskip("torch_geometric")
-from torch_geometric.data import Batch, Data  # noqa: E402
+from torch_geometric.data import Batch, Data
 
-from shardload.train.graph import GraphBatcher, batch_graphs, shared_graph  # noqa: E402
+from shardload.train.graph import GraphBatcher, batch_graphs, shared_graph
 
 
 def _radiation_static(nodes: int = 138) -> dict:

@@ -199,7 +199,9 @@ class ShardloadDataModule(pl.LightningDataModule):
     def _need(self, stage: str) -> str:
         split = self.splits[stage]
         if split is None:
-            raise ShardloadError(f"no {stage} loader: the DataModule was made with {stage}_split=None")
+            raise ShardloadError(
+                f"no {stage} loader: the DataModule was made with {stage}_split=None"
+            )
         return split
 
     # -- counting the batches the training loop took ---------------------------------------------
@@ -223,4 +225,3 @@ class ShardloadDataModule(pl.LightningDataModule):
             self._train.load_state_dict(train)
         else:  # Lightning restores the DataModule before it asks for loaders
             self._train_state = train
-

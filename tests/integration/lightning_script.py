@@ -45,9 +45,11 @@ def main() -> None:
     if extra.isdigit():
         callbacks.append(
             pl.callbacks.ModelCheckpoint(
-                dirpath=out_dir / "ckpt", filename="{epoch}-{step}", save_top_k=-1,
+                dirpath=out_dir / "ckpt",
+                filename="{epoch}-{step}",
+                save_top_k=-1,
                 every_n_train_steps=int(extra),
-            )  # fmt: skip
+            )
         )
     elif extra:
         resume = extra

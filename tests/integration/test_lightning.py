@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("lightning")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _stores import make_store, split_rows  # noqa: E402
+from _stores import make_store, split_rows
+
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.timeout(400)]
 
 SCRIPT = Path(__file__).with_name("lightning_script.py")

@@ -85,7 +85,7 @@ def _train(model: str, store: str, out: Path, *extra: str) -> subprocess.Complet
 def _check_outputs(out: Path, *, epochs: int, radiation: bool) -> None:
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert COLUMNS <= set(rows[0]), rows[0].keys()
+    assert set(rows[0]) >= COLUMNS, rows[0].keys()
     assert [int(r["epoch"]) for r in rows] == list(range(epochs))
     for r in rows:
         for k in ("train_loss", "val_loss", "samples_per_s"):

@@ -41,8 +41,12 @@ def register(sub: Any) -> None:
         "--max-steps", type=int, default=None, metavar="S",
         help="stop after S optimizer steps in all (each epoch is also cut to at most S steps)",
     )  # fmt: skip
-    p.add_argument("--batch-size", type=int, default=256, metavar="B", help="rows per batch per rank")
-    p.add_argument("--num-workers", type=int, default=2, metavar="W", help="DataLoader workers per rank")
+    p.add_argument(
+        "--batch-size", type=int, default=256, metavar="B", help="rows per batch per rank"
+    )
+    p.add_argument(
+        "--num-workers", type=int, default=2, metavar="W", help="DataLoader workers per rank"
+    )
     p.add_argument("--devices", type=int, default=1, metavar="D", help="processes (DDP when > 1)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="output folder (default $SHARDLOAD_HOME/artifacts/<model>-<time>)")  # fmt: skip
@@ -71,7 +75,9 @@ def _out_dir(args: argparse.Namespace) -> Path:
 def _check(args: argparse.Namespace) -> None:
     for name in ("epochs", "batch_size", "devices"):
         if getattr(args, name) < 1:
-            raise ShardloadError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise ShardloadError(
+                f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+            )
     if args.num_workers < 0:
         raise ShardloadError(f"--num-workers must be >= 0, got {args.num_workers}")
     if args.max_steps is not None and args.max_steps < 1:
@@ -141,7 +147,9 @@ def plot_losses(rows: list[dict[str, float]], path: Path, *, title: str = "") ->
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise ShardloadError("the loss plot needs matplotlib: pip install 'shardload[train]'") from exc
+        raise ShardloadError(
+            "the loss plot needs matplotlib: pip install 'shardload[train]'"
+        ) from exc
     epochs = [int(r["epoch"]) for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(epochs, [r["train_loss"] for r in rows], "o-", label="train")

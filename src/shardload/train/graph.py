@@ -64,7 +64,7 @@ class GraphBatcher:
 
     def __init__(self, static: Mapping[str, Any]) -> None:
         self.edge_index, self.edge_rows = shared_graph(static)
-        self._layouts: dict[tuple[int, int, str], tuple[torch.Tensor, ...]] = {}
+        self._layouts: dict[tuple[int, int, int, str], tuple[torch.Tensor, ...]] = {}
 
     def _layout(
         self, b: int, nodes: int, undirected: int, device: torch.device

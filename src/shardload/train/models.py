@@ -3,6 +3,7 @@ path graphs (PyTorch Geometric), LSTM on look-back windows."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ class MLP(nn.Module):
         super().__init__()
         dims = [n_in] + [hidden] * layers
         mods: list[nn.Module] = []
-        for a, b in zip(dims[:-1], dims[1:], strict=True):
+        for a, b in itertools.pairwise(dims):
             mods += [nn.Linear(a, b), nn.SiLU()]
         mods.append(nn.Linear(dims[-1], n_out))
         self.net = nn.Sequential(*mods)

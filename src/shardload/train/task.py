@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import nn
-
-import lightning.pytorch as pl
 
 from ..errors import ShardloadError
 from .graph import GraphBatcher
@@ -197,7 +196,9 @@ class ExampleTask(pl.LightningModule):
     def on_train_epoch_end(self) -> None:
         train_s = self._train_s if self._train_s is not None else time.perf_counter() - self._t0
         sums, hr = self._reduce(self._sums), self._reduce(self._hr)
-        seconds = float(self._reduce(np.array([train_s]))[0]) / self.trainer.world_size  # mean over ranks
+        seconds = (
+            float(self._reduce(np.array([train_s]))[0]) / self.trainer.world_size
+        )  # mean over ranks
         row = {
             "epoch": self.current_epoch,
             "train_loss": sums[0] / sums[1] if sums[1] else float("nan"),
