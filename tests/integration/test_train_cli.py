@@ -105,6 +105,14 @@ def test_train_mlp(radiation_raw, tmp_path):
     _check_outputs(tmp_path / "out", epochs=1, radiation=True)
 
 
+@pytest.mark.distributed
+def test_train_mlp_ddp_two_processes(radiation_raw, tmp_path):
+    store = _radiation_store(radiation_raw, tmp_path / "flat", "flat")
+    res = _train("mlp", store, tmp_path / "out", "--out", str(tmp_path / "out"), "--devices", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    _check_outputs(tmp_path / "out", epochs=1, radiation=True)
+
+
 def test_train_gnn(radiation_raw, tmp_path):
     pytest.importorskip("torch_geometric")
     store = _radiation_store(radiation_raw, tmp_path / "graph", "graph")

@@ -209,7 +209,8 @@ class ExampleTask(pl.LightningModule):
             "train_seconds": seconds,
         }
         self.rows.append(row)
-        self.log_dict({k: float(v) for k, v in row.items() if k != "epoch"}, rank_zero_only=True)
+        # the same on every rank (reduced above); sync_dist keeps Lightning's DDP check quiet
+        self.log_dict({k: float(v) for k, v in row.items() if k != "epoch"}, sync_dist=True)
         if self.out_dir is not None and self.trainer.is_global_zero:
             write_metrics(self.out_dir / "metrics.csv", self.rows)
 
