@@ -68,6 +68,21 @@ def test_state_leaves_batches_fetched_ahead_unseen(store):
     assert sorted(trained) == sorted(_rows(dm3.train_dataloader()))
 
 
+def test_the_models_own_batch_hook_still_runs(store):
+    import lightning.pytorch as pl
+
+    class Model(pl.LightningModule):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            batch["seen_by_model"] = True
+            return batch
+
+    dm = ShardloadDataModule(store, batch_size=8)
+    dm.trainer = SimpleNamespace(current_epoch=0, training=True, lightning_module=Model())
+    batch = next(iter(dm.train_dataloader()))
+    assert dm.on_before_batch_transfer(batch, 0)["seen_by_model"] is True
+    assert dm.state_dict()["train"]["dataset"]["batches_consumed"] == 1
+
+
 def test_resume_of_a_finished_epoch_starts_the_current_one(store):
     dm = ShardloadDataModule(store, batch_size=8, seed=1)
     dm.trainer = SimpleNamespace(current_epoch=0, training=True)

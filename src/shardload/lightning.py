@@ -27,6 +27,7 @@ from .store import Store, open_store
 
 try:
     import lightning.pytorch as pl
+    from lightning.pytorch.utilities.model_helpers import is_overridden
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "shardload.lightning needs PyTorch Lightning: pip install 'shardload[train]'"
@@ -209,6 +210,10 @@ class ShardloadDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if self._train is not None and trainer is not None and trainer.training:
             self._train.took_batch()
+        # Lightning calls only the DataModule's hook when both define it: run the model's too
+        model = getattr(trainer, "lightning_module", None)
+        if model is not None and is_overridden("on_before_batch_transfer", model):
+            batch = model.on_before_batch_transfer(batch, dataloader_idx)
         return batch
 
     # -- resume ------------------------------------------------------------------------------------
