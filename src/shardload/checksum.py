@@ -89,8 +89,13 @@ def encode_checksums(sums: Mapping[str, np.ndarray]) -> bytes:
 
 
 def decode_checksums(data: bytes, *, where: str) -> dict[str, np.ndarray]:
+    # np.load parses npy headers with ast.literal_eval, which is not thread-safe in CPython
+    # < 3.11.8 / 3.12.1 (gh-106905): reader threads load this file concurrently, so under the
+    # lock that guards every npy header parse of the read side (no I/O here: data is in memory)
+    from .formats import npy
+
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        with npy._HEADER_LOCK, np.load(io.BytesIO(data), allow_pickle=False) as z:
             return {k: np.asarray(z[k], dtype=np.uint64) for k in z.files}
     except Exception as exc:
         raise StoreError(f"checksum file {where} is not readable: {exc}") from exc
