@@ -184,3 +184,46 @@ def test_map_dataset(tmp_path, fmt):
     check_values(store, {k: v.numpy() for k, v in batch.items()})
     with pytest.raises(IndexError):
         ds[len(ds)]
+
+
+def test_rank_and_world_from_torchrun_environment(store, monkeypatch):
+    """No process group: torchrun's RANK / WORLD_SIZE decide (here and, carried in the pickle,
+    in spawned workers); bad values are refused by name."""
+    want = StreamingDataset(store, batch_size=8, split="train", seed=1, rank=1, world_size=2)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = StreamingDataset(store, batch_size=8, split="train", seed=1)
+    assert ds.rank_world() == (1, 2)
+    ours = sorted(flat(indices(DataLoader(ds, batch_size=None, num_workers=0))))
+    assert ours == sorted(flat(indices(DataLoader(want, batch_size=None, num_workers=0))))
+    assert len(ds) == len(want)
+    other = StreamingDataset(store, batch_size=8, split="train", seed=1, rank=0, world_size=2)
+    theirs = sorted(flat(indices(DataLoader(other, batch_size=None, num_workers=0))))
+    assert not set(ours) & set(theirs)
+    import pickle
+
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    # what a spawned worker gets: the main process's answer, resolved when it was pickled
+    assert pickle.loads(pickle.dumps(ds))._carried == (0, 1)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(StateError, match="RANK=2"):
+        ds.rank_world()
+
+
+def test_a_worker_that_cannot_know_its_rank_raises(store, monkeypatch):
+    """A dataset unpickled in a worker without the main process's rank/world (and no process
+    group, no RANK/WORLD_SIZE there) refuses to guess (0, 1)."""
+    import types
+
+    import shardload.torch.dataset as dataset_mod
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ds = StreamingDataset(store, batch_size=8, split="train", seed=1)
+    ds._carried = None  # as if unpickled here without the main process's answer
+    info = types.SimpleNamespace(id=0, num_workers=2, seed=5)
+    monkeypatch.setattr(dataset_mod, "get_worker_info", lambda: info)
+    with pytest.raises(StateError, match="cannot know its rank"):
+        iter(ds)

@@ -131,6 +131,7 @@ class BatchRing:
         #: main process: frees between sweeps (0: never give pages back)
         self.sweep_every = max(32, self.slots // 2) if _MADV_REMOVE else 0
         self._frees = 0
+        self._sweeping = False
         self._idle = np.zeros(n, dtype=np.int64)  # main process: sweeps each slot went unused
         RINGS[self.token] = self
 
@@ -267,7 +268,8 @@ class BatchRing:
         self._flags[slot] = 0
         if self.sweep_every:
             self._frees += 1
-            if self._frees >= self.sweep_every:
+            # not from inside a sweep (a garbage collection there can free leased batches)
+            if self._frees >= self.sweep_every and not self._sweeping:
                 self._frees = 0
                 self.sweep()
 
@@ -277,6 +279,13 @@ class BatchRing:
         Under the lock, so no worker claims a slot while its pages go (a worker repopulates a
         given-back slot on its next claim: the slot's generation changed).
         """
+        self._sweeping = True
+        try:
+            return self._sweep_locked()
+        finally:
+            self._sweeping = False
+
+    def _sweep_locked(self) -> int:
         released = 0
         with self._lock:
             used = (self._touched != 0) | (self._flags != 0)
