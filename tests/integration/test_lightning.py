@@ -17,7 +17,12 @@ pytest.importorskip("lightning")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _stores import make_store, split_rows
 
-pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.distributed,
+    pytest.mark.slow,  # 2 Lightning imports
+    pytest.mark.timeout(300),
+]
 SCRIPT = Path(__file__).with_name("lightning_script.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
 

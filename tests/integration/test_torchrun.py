@@ -52,6 +52,7 @@ def test_ddp_epoch_covers_the_split(store, tmp_path, mode):
     assert set(seen) <= set(rows.tolist())
 
 
+@pytest.mark.slow  # spawn / forkserver workers import torch: ~30 s of CPU
 def test_ddp_workers_of_every_start_method_split_by_rank(store, tmp_path):
     """A dataset built before init_process_group, plain DataLoaders whose workers are started
     by forkserver (rank from torchrun's environment), fork and spawn: each rank reads its own
