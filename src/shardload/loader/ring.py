@@ -206,21 +206,28 @@ class BatchRing:
                         self.slot_bytes,
                     )  # fmt: skip
         raw = self._slot(slot)
-        done = [False]  # this claim's: set once the batch is sent or its slot freed
-        self._live[slot] = done
-        weakref.finalize(raw, self._orphaned, slot, done)
+        cell = [False, False]  # this claim's: (sent or freed, handed out by slot_of)
+        self._live[slot] = cell
+        weakref.finalize(raw, self._orphaned, slot, cell)
         out = batch_views(raw, self.specs, self.offsets, rows)
         self._claimed[id(out[next(iter(out))])] = slot
         return out
 
-    def _orphaned(self, slot: int, done: list[bool]) -> None:
-        """Every array of a claimed batch is garbage, yet it was neither sent nor freed."""
-        if done[0]:
+    def _orphaned(self, slot: int, cell: list[bool]) -> None:
+        """Every array of a claimed batch is garbage, yet it was neither sent nor freed.
+
+        Not handed out yet (a batch gathered ahead, dropped as the reader closes): just free
+        it. Handed out, then dropped unsent: worker code made a new dict of it; warn.
+        """
+        if cell[0]:
             return
-        done[0] = True
-        if self._live.get(slot) is done:
+        cell[0] = True
+        if self._live.get(slot) is cell:
             del self._live[slot]
         self._flags[slot] = 0
+        if not cell[1]:
+            self._claimed = {k: v for k, v in self._claimed.items() if v != slot}
+            return
         self._head[0] += 1
         if not _WARNED[0]:
             _WARNED[0] = True
@@ -231,9 +238,9 @@ class BatchRing:
 
     def sent(self, slot: int) -> None:
         """The batch in ``slot`` was handed to the consumer (which frees the slot)."""
-        done = self._live.pop(slot, None)
-        if done is not None:
-            done[0] = True
+        cell = self._live.pop(slot, None)
+        if cell is not None:
+            cell[0] = True
 
     @property
     def orphaned(self) -> int:
@@ -246,8 +253,11 @@ class BatchRing:
         return int(self._resident.sum())
 
     def slot_of(self, batch: Mapping[str, np.ndarray]) -> int | None:
-        """The slot a batch from :meth:`allocate` lives in (forgets it), or None."""
-        return self._claimed.pop(id(batch[next(iter(self.specs))]), None)
+        """The slot a batch from :meth:`allocate` lives in (forgets it: handed out), or None."""
+        slot = self._claimed.pop(id(batch[next(iter(self.specs))]), None)
+        if slot is not None:
+            self._live[slot][1] = True
+        return slot
 
     def release_unsent(self) -> None:
         """Free the slots this worker claimed but never handed out (a closed iterator)."""
@@ -257,9 +267,9 @@ class BatchRing:
 
     def free(self, slot: int) -> None:
         """Free a slot whose batch will not be sent (or was sent as a copy)."""
-        done = self._live.pop(slot, None)
-        if done is not None:
-            done[0] = True
+        cell = self._live.pop(slot, None)
+        if cell is not None:
+            cell[0] = True
         self._flags[slot] = 0
 
     # -- main side -----------------------------------------------------------------------------
