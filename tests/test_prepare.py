@@ -267,7 +267,7 @@ def test_mismatched_lengths_and_non_numeric(tmp_path):
 def test_nan_counted_or_fail(tmp_path):
     make_dataset(30, nan_at=(17, 1)).to_netcdf(tmp_path / "n.nc")
     s = shardload.prepare(cfg(tmp_path / "n.nc", tmp_path / "s", arrays={"y": ["b"]}))
-    assert s.manifest.stats["y"].nan_count == (0, 1, 0)
+    assert s.manifest.stats["y"].nan_count.tolist() == [0, 1, 0]
     with pytest.raises(NaNError, match=r"'y' \(b\[v\]\) in chunk 2"):
         shardload.prepare(cfg(tmp_path / "n.nc", tmp_path / "t", arrays={"y": ["b"]}, nan="fail"))
     with pytest.raises(IncompleteStoreError):
@@ -332,8 +332,10 @@ def test_zarr_chunks_written_directly_read_back_by_plain_zarr(tmp_path, small_nc
     )
 
 
-# zarr notes that the manifest (shardload.json) beside the arrays is not a Zarr node: harmless
+# zarr notes that the manifest (shardload.json) and the feature files (_features/) beside the
+# arrays are not Zarr nodes: harmless
 @pytest.mark.filterwarnings("ignore:Object at shardload.json is not recognized:UserWarning")
+@pytest.mark.filterwarnings("ignore:Object at _features is not recognized:UserWarning")
 def test_zarr_store_opens_in_xarray(tmp_path, small_nc):
     """Named dims: xarray users open a shardload Zarr store as a dataset, rows on 'sample'."""
     store = shardload.prepare(cfg(small_nc, tmp_path / "s", format="zarr", compression="zstd"))

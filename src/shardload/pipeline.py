@@ -24,8 +24,8 @@ import numpy as np
 
 from . import __version__
 from .config import PrepareConfig, load_config
-from .errors import NaNError, ShardloadError, StoreError, StoreExistsError
-from .executor import open_executor
+from .errors import ConfigError, NaNError, ShardloadError, StoreError, StoreExistsError
+from .executor import open_executor, resolve_scheduler
 from .formats.base import FormatOptions, get_format
 from .manifest import MANIFEST_NAME, ArrayInfo, Manifest
 from .plan.chunks import plan_blocks, plan_chunk_bounds, plan_chunk_rows, plan_splits
@@ -51,17 +51,24 @@ class PrepareJob:
     blocks: tuple[int, ...]  # write-block boundaries (chunks or shards)
     specs: Mapping[str, ArraySpec]
     fingerprint: str
+    dataset: Any = None  # prepare(config, dataset=ds): the caller's lazy xarray.Dataset
 
 
 # -- per-process cache: a worker opens the source and builds the view once ----------------------
 _VIEWS: dict[str, View] = {}
 
 
-def build(cfg: PrepareConfig, chunk_rows: int | None = None) -> View:
+def build(cfg: PrepareConfig, chunk_rows: int | None = None, dataset: Any = None) -> View:
     """Open the source and build the view; with ``chunk_rows``, dask chunks along a single
-    sample dim match the store's chunks (each task then reads only its own rows)."""
+    sample dim match the store's chunks (each task then reads only its own rows). A
+    ``dataset`` (the caller's lazy ``xarray.Dataset``) replaces the source, chunks as they are."""
     from .sources.open import open_rows, open_source
     from .views import build_view
+
+    if dataset is not None:
+        if cfg.source.variables:
+            dataset = dataset[list(cfg.source.variables)]
+        return build_view(dataset, cfg)
 
     sample_chunks = None
     if (
@@ -79,7 +86,7 @@ def _view(job: PrepareJob) -> View:
     if job.fingerprint not in _VIEWS:
         _VIEWS.clear()
         _VIEWS[job.fingerprint] = build(
-            job.config, job.bounds[1] - job.bounds[0] if len(job.bounds) > 1 else None
+            job.config, job.bounds[1] - job.bounds[0] if len(job.bounds) > 1 else None, job.dataset
         )
     return _VIEWS[job.fingerprint]
 
@@ -137,13 +144,19 @@ def prepare(
     *,
     overrides: tuple[str, ...] | list[str] = (),
     progress: bool | None = None,
+    dataset: Any = None,
 ) -> Store:
     """Prepare a store from a config (a :class:`PrepareConfig`, a dict, or a YAML path).
 
+    ``dataset``: a (lazy, e.g. dask-backed) ``xarray.Dataset`` to prepare instead of opening
+    ``source`` (which the config then leaves out); its dask chunks are read as they are.
+
     Returns the opened, complete store. Raises :class:`StoreExistsError` when ``out`` exists and
     ``overwrite`` is false. An interrupted run leaves ``OUT.partial``; running again with the same
-    config resumes it.
+    config (and the same dataset, by dask's token) resumes it.
     """
+    if dataset is not None:
+        config = _with_dataset_source(config, dataset)
     cfg = config if isinstance(config, PrepareConfig) else load_config(config, overrides)
     out = Path(cfg.out)
     partial_dir = out.with_name(out.name + PARTIAL_SUFFIX)
@@ -152,7 +165,7 @@ def prepare(
             f"output {out} exists; pass --overwrite (overwrite: true) to replace it"
         )
     t0 = time.perf_counter()
-    view = build(cfg)
+    view = build(cfg, dataset=dataset)
     specs = dict(view.specs)
     length = view.length
     if length == 0:
@@ -163,11 +176,12 @@ def prepare(
     )
     bounds = plan_chunk_bounds(length, chunk_rows)
     blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
-    fingerprint = _fingerprint(cfg, specs, bounds)
-    job = PrepareJob(cfg, str(partial_dir), bounds, blocks, specs, fingerprint)
+    fingerprint = _fingerprint(cfg, specs, bounds, dataset)
+    job = PrepareJob(cfg, str(partial_dir), bounds, blocks, specs, fingerprint, dataset)
     _VIEWS.clear()
     if (
-        cfg.view != "window"
+        dataset is None
+        and cfg.view != "window"
         and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation")
         and getattr(view, "rows", None) is None
     ):
@@ -190,7 +204,8 @@ def prepare(
         log.info(
             "resuming %s: %d of %d block(s) already written", partial_dir, len(done), num_blocks
         )
-    write_in_task = fmt.parallel_write or cfg.execution.scheduler in ("threads", "sync")
+    scheduler = resolve_scheduler(cfg.execution)
+    write_in_task = fmt.parallel_write or scheduler in ("threads", "sync")
     _run(job, todo, num_blocks, len(done), write_in_task, progress_dir, progress)
     fmt.finish(partial_dir)
 
@@ -234,12 +249,15 @@ def prepare(
             "sample_dims": list(cfg.sample_dims),
             "blocks": list(blocks),
         },
-        provenance=_provenance(cfg),
+        provenance=_provenance(cfg, dataset),
         complete=True,
         shardload_version=__version__,
     )
     fsync_tree(partial_dir)  # every array file on disk before the manifest says complete
-    _write_atomic(partial_dir / MANIFEST_NAME, manifest.to_json().encode())
+    for rel, data in manifest.to_files().items():  # feature files first, the manifest last
+        (partial_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(partial_dir / rel, data)
+        _fsync_dir((partial_dir / rel).parent)
     shutil.rmtree(progress_dir, ignore_errors=True)
     _publish(partial_dir, out)
     dt = time.perf_counter() - t0
@@ -411,34 +429,68 @@ def _fsync_dir(path: Path) -> None:
         _fsync(path)
 
 
+#: the source of a config prepared with ``prepare(config, dataset=ds)``
+DATASET_SOURCE = "dataset://in-memory"
+
+
+def _with_dataset_source(config: Any, dataset: Any) -> Any:
+    import xarray as xr
+
+    if not isinstance(dataset, xr.Dataset):
+        raise ConfigError(
+            f"prepare(dataset=...): expected an xarray.Dataset, got {type(dataset).__name__}"
+        )
+    if isinstance(config, Mapping):
+        if "source" in config:
+            raise ConfigError(
+                "prepare(dataset=...) replaces the config's source: remove 'source' from the config"
+            )
+        return {**config, "source": {"paths": [DATASET_SOURCE]}}
+    return config
+
+
 def _fingerprint(
-    cfg: PrepareConfig, specs: Mapping[str, ArraySpec], bounds: tuple[int, ...]
+    cfg: PrepareConfig,
+    specs: Mapping[str, ArraySpec],
+    bounds: tuple[int, ...],
+    dataset: Any = None,
 ) -> str:
     from .sources.open import expand_paths, is_url
 
     d = cfg.to_dict()
     for k in ("execution", "overwrite", "base_dir"):
         d.pop(k, None)
-    files = []
-    for p in expand_paths(
-        list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
-    ):
-        if not is_url(p):
-            st = os.stat(p)
-            files.append([p, st.st_size, st.st_mtime_ns])
-        else:
-            files.append([p])
+    files: list[list[Any]] = []
+    if dataset is not None:
+        from dask.base import tokenize
+
+        # dask's token: deterministic for dask-backed and in-memory data (a resume), random
+        # where it cannot tell (a restart, never a wrong resume)
+        files.append(["dataset", tokenize(dataset)])
+    else:
+        for p in expand_paths(
+            list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
+        ):
+            if not is_url(p):
+                st = os.stat(p)
+                files.append([p, st.st_size, st.st_mtime_ns])
+            else:
+                files.append([p])
     d["_files"] = files
     d["_specs"] = {k: [list(s.shape), np.dtype(s.dtype).name] for k, s in specs.items()}
     d["_bounds"] = [len(bounds), bounds[1] if len(bounds) > 1 else 0]
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def _provenance(cfg: PrepareConfig) -> dict[str, Any]:
+def _provenance(cfg: PrepareConfig, dataset: Any = None) -> dict[str, Any]:
     from .sources.open import expand_paths
 
-    files = expand_paths(
-        list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
+    files = (
+        ["xarray.Dataset passed to prepare(dataset=...)"]
+        if dataset is not None
+        else expand_paths(
+            list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
+        )
     )
     return {
         "files": files[:10000],

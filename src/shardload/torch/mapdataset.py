@@ -38,7 +38,7 @@ class MapDataset(Dataset):
         cache_chunks: int = 8,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.store = open_store(store, storage_options=storage_options)
+        self.store = open_store(store, storage_options=storage_options, arrays=arrays)
         self.selection = select_rows(
             self.store, split=split, chunks=chunks, rows=rows, arrays=arrays
         )
