@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,10 @@ import shardload
 from conftest import make_dataset
 from shardload.errors import (
     ConfigError,
+    DiskFullError,
     IncompleteStoreError,
     NaNError,
     SourceError,
-    StoreError,
     StoreExistsError,
     ViewError,
 )
@@ -292,8 +293,15 @@ def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monke
     c = cfg(
         small_nc, tmp_path / "s", format="npy", compression="none", execution={"scheduler": "sync"}
     )
-    with pytest.raises(StoreError, match=r"chunk 4 \(rows 28:35\) of array 'x'.*disk is full"):
+    out = tmp_path / "s"
+    with pytest.raises(DiskFullError) as info:
         shardload.prepare(c)
+    msg = str(info.value)
+    # names the output, the failed chunk, the bytes still needed, how to resume
+    assert f"the disk holding {out} is full" in msg
+    assert "chunk 4 (rows 28:35) of array 'x'" in msg
+    needed = int(re.search(r"about ([\d,]+) more bytes", msg).group(1).replace(",", ""))
+    assert "re-run the same command to resume" in msg
     assert not (tmp_path / "s").exists() and (tmp_path / "s.partial").exists()
     with pytest.raises(IncompleteStoreError, match="interrupted"):
         shardload.open_store(tmp_path / "s")
@@ -308,6 +316,8 @@ def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monke
     assert 4 <= done < 8  # blocks 0-3 were written before the failure
     s = shardload.prepare(c)  # resumes: only the missing blocks are written
     assert calls["n"] == 2 * (8 - done)  # arrays x and y of each missing block
+    row_bytes = sum(a.row_bytes for a in s.manifest.arrays.values())
+    assert needed == (50 - 28) * row_bytes  # rows 28:50 (blocks 4-7) were not written
     np.testing.assert_array_equal(s.read("x"), expected_flat(xr.open_dataset(small_nc))["x"])
     np.testing.assert_allclose(
         s.manifest.stats["x"].mean,

@@ -48,7 +48,8 @@ class Hdf5Format:
         import h5py
 
         rows = int(bounds[1] - bounds[0]) if len(bounds) > 1 else 1
-        with _LOCK, h5py.File(Path(root) / FILE_NAME, "a") as f:
+        # "w": a fresh file each time; the commit protocol rebuilds it from staged blocks
+        with _LOCK, h5py.File(Path(root) / FILE_NAME, "w") as f:
             for name, spec in specs.items():
                 if name in f:
                     del f[name]

@@ -6,7 +6,8 @@ Chunks are plain data, as in dask: a tuple of boundaries ``(0, b1, b2, ..., leng
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -51,6 +52,92 @@ def plan_chunk_bounds(length: int, chunk_rows: int) -> tuple[int, ...]:
     if length < 0:
         raise ConfigError(f"length must be >= 0, got {length}")
     return (*range(0, length, chunk_rows), length) if length else (0,)
+
+
+class RegularBounds(Sequence[int]):
+    """The boundaries :func:`plan_chunk_bounds` returns, computed on demand: O(1) to index,
+    to search and to pickle (a write task ships them; 65,536 chunks must not cost 65,536 ints
+    per task, nor a linear ``tuple.index`` per block).
+
+    >>> b = RegularBounds(10, 4)
+    >>> list(b), b[-1], b.index(8), len(b), b == (0, 4, 8, 10)
+    ([0, 4, 8, 10], 10, 2, 4, True)
+    """
+
+    __slots__ = ("chunk_rows", "length")
+
+    def __init__(self, length: int, chunk_rows: int) -> None:
+        if chunk_rows <= 0:
+            raise ConfigError(f"chunk_rows must be positive, got {chunk_rows}")
+        if length < 0:
+            raise ConfigError(f"length must be >= 0, got {length}")
+        self.length, self.chunk_rows = int(length), int(chunk_rows)
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.length // self.chunk_rows)
+
+    def __len__(self) -> int:
+        return self.num_chunks + 1 if self.length else 1
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, i: int | slice) -> int | tuple[int, ...]:
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"chunk boundary {i} out of range (0..{n - 1})")
+        return min(i * self.chunk_rows, self.length)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from (plan_chunk_bounds(self.length, self.chunk_rows))
+
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
+        i = int(value) // self.chunk_rows if value != self.length else len(self) - 1
+        if (
+            value < 0
+            or i >= len(self)
+            or self[i] != value
+            or i < start
+            or (stop is not None and i >= stop)
+        ):
+            raise ValueError(f"{value} is not a chunk boundary")
+        return i
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RegularBounds):
+            return (self.length, self.chunk_rows) == (other.length, other.chunk_rows)
+        if isinstance(other, (tuple, list)):
+            return len(other) == len(self) and tuple(other) == tuple(self)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.length, self.chunk_rows))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RegularBounds, (self.length, self.chunk_rows))
+
+    def __repr__(self) -> str:
+        return f"RegularBounds(length={self.length}, chunk_rows={self.chunk_rows})"
+
+
+def block_span(bounds: Sequence[int], chunks_per_block: int, block: int) -> tuple[int, int, int]:
+    """``(first chunk, first row, stop row)`` of write block ``block`` (O(1) for
+    :class:`RegularBounds`; blocks group ``chunks_per_block`` chunks, as :func:`plan_blocks`).
+
+    >>> block_span(RegularBounds(10, 4), 2, 1)
+    (2, 8, 10)
+    """
+    num_chunks = len(bounds) - 1
+    chunk = block * chunks_per_block
+    if not 0 <= chunk < num_chunks:
+        raise IndexError(f"write block {block} out of range ({num_chunks} chunks)")
+    return chunk, int(bounds[chunk]), int(bounds[min(chunk + chunks_per_block, num_chunks)])
 
 
 def chunk_sizes(bounds: Sequence[int]) -> np.ndarray:
