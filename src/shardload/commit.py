@@ -58,6 +58,8 @@ STAGED_DIR = "_staged"
 JOB_FILE = "job.json"
 MERGED_FILE = "merged.json"
 RECORD_NAME = "block-{:06d}.npz"
+#: Testing aid: seconds to sleep per block in write tasks and in the staging merge.
+THROTTLE_ENV = "SHARDLOAD_THROTTLE_S"
 
 
 def partial_path(out: Path) -> Path:
@@ -366,7 +368,9 @@ class BlockCommit:
             return
         create(self.root)
         try:
+            throttle_s = float(os.environ.get(THROTTLE_ENV) or 0)  # testing aid (crash tests)
             for block, chunk, start in blocks:
+                time.sleep(throttle_s)
                 for name in names:
                     data = np.load(staged_path(self.root, block, name), mmap_mode="r")
                     fmt.write_block(self.root, name, chunk, start, data, bounds=bounds)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .commit import BlockCommit, disk_full_error, is_disk_full, write_block_durably
+from .commit import THROTTLE_ENV, BlockCommit, disk_full_error, is_disk_full, write_block_durably
 from .commit import fsync_tree as fsync_tree  # re-exported (benchmarks)
 from .config import PrepareConfig, load_config
 from .errors import DiskFullError, NaNError, ShardloadError, StoreError
@@ -33,8 +33,6 @@ from .views.base import ArraySpec, View
 
 log = logging.getLogger(__name__)
 
-#: Testing aid: seconds to sleep in every write task (simulates slow storage for crash tests).
-THROTTLE_ENV = "SHARDLOAD_THROTTLE_S"
 STAT_FIELDS = ("count", "mean", "m2", "min", "max", "nan_count")
 
 
@@ -100,8 +98,8 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
     (``NAME/count``, ``NAME/mean``, ...), written by the driver once this returns.
     """
     chunk, a, b = job.block(block)
-    if os.environ.get(THROTTLE_ENV):
-        time.sleep(float(os.environ[THROTTLE_ENV]))
+    throttle_s = float(os.environ.get(THROTTLE_ENV) or 0)
+    time.sleep(throttle_s / 2)
     data = _view(job).read(a, b)
     fmt = get_format(job.config.format)
     record: dict[str, np.ndarray] = {}
@@ -126,6 +124,8 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
                 f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
             )
         record.update({f"{name}/{k}": getattr(p, k) for k in STAT_FIELDS})
+        if len(record) > len(STAT_FIELDS):  # between two arrays' writes
+            time.sleep(throttle_s / 2)
         try:
             write_block_durably(fmt, job.partial_dir, block, name, chunk, a, arr, bounds=job.bounds)
         except OSError as exc:
