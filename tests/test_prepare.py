@@ -118,6 +118,7 @@ def test_stacked_sample_dims_and_window_and_function(tmp_path):
             view=view,
             arrays={"x": ["t", "z"]},
             chunk_rows=5,
+            splits={"train": 1.0},  # 3 windows: too few for leak-free time splits
         )
     )
     S, nw = 12, (9 - 3 - 1) // 2 + 1
@@ -350,3 +351,96 @@ def test_zarr_store_opens_in_xarray(tmp_path, small_nc):
     ds = xr.open_zarr(tmp_path / "s", consolidated=False)
     assert ds["x"].dims == ("sample", "x_dim1") and ds.sizes["sample"] == len(store)
     np.testing.assert_array_equal(ds["x"].values, store.read("x"))
+
+
+def test_splits_are_not_part_of_the_write_fingerprint(tmp_path, small_nc, monkeypatch):
+    """Changing split fractions or seed resumes an interrupted run instead of rewriting it."""
+    import errno
+
+    from shardload.formats import npy
+
+    real = npy.NpyFormat.write_block
+    calls = {"n": 0}
+
+    def failing_at_4(self, root, name, chunk_index, start, data, *, bounds):
+        if chunk_index == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, root, name, chunk_index, start, data, bounds=bounds)
+
+    def counting(self, *a, **k):
+        calls["n"] += 1
+        return real(self, *a, **k)
+
+    c = cfg(small_nc, tmp_path / "s", format="npy", compression="none",
+            execution={"scheduler": "sync"}, splits={"train": 0.5, "val": 0.5})  # fmt: skip
+    monkeypatch.setattr(npy.NpyFormat, "write_block", failing_at_4)
+    with pytest.raises(DiskFullError):
+        shardload.prepare(c)
+    monkeypatch.setattr(npy.NpyFormat, "write_block", counting)
+    s = shardload.prepare({**c, "splits": {"train": 0.75, "test": 0.25}, "split_seed": 3})
+    assert calls["n"] == 2 * 4  # chunks 4-7 of x and y only: the written blocks were kept
+    assert sorted(s.manifest.splits) == ["test", "train"]
+    assert len(s.manifest.splits["train"]) == 6 and len(s.manifest.splits["test"]) == 2
+    np.testing.assert_array_equal(s.read("x"), expected_flat(xr.open_dataset(small_nc))["x"])
+
+
+def test_too_few_chunks_split_by_rows(tmp_path, small_nc, caplog):
+    """2 chunks cannot give train/val/test a whole chunk each: contiguous row ranges instead,
+    said in the log, and the loader serves exactly those rows."""
+    from shardload.loader.select import select_rows
+
+    with caplog.at_level("WARNING", logger="shardload.pipeline"):
+        s = shardload.prepare(cfg(small_nc, tmp_path / "s", chunk_rows=25))
+    assert "contiguous row ranges" in caplog.text
+    m = s.manifest
+    assert m.split_rows == {"train": (0, 40), "val": (40, 45), "test": (45, 50)}
+    assert m.splits == {"train": (0, 1), "val": (1,), "test": (1,)}
+    want = expected_flat(xr.open_dataset(small_nc))["x"]
+    seen = []
+    for name, (a, b) in m.split_rows.items():
+        rows = select_rows(s, split=name).global_rows()
+        np.testing.assert_array_equal(rows, np.arange(a, b))
+        assert m.split_num_rows(name) == b - a
+        seen.extend(rows.tolist())
+    assert sorted(seen) == list(range(50))  # a partition: no row in two splits
+    batch = next(iter(shardload.iter_batches(s, batch_size=5, split="val", shuffle=False)))
+    np.testing.assert_array_equal(batch["x"], want[40:45])
+    reopened = shardload.open_store(tmp_path / "s")  # survives the JSON round trip
+    assert reopened.manifest.split_rows == m.split_rows
+
+
+def test_window_splits_are_time_ranges_that_never_share_a_time_step(tmp_path):
+    from shardload.loader.select import select_rows
+
+    T, lookback, stride, horizon = 40, 4, 2, 1
+    rng = np.random.default_rng(2)
+    ds = xr.Dataset({"t": (("time", "lat"), rng.normal(size=(T, 3)).astype("f4"))})
+    ds.to_netcdf(tmp_path / "w.nc")
+    view = {"name": "window", "time_dim": "time", "lookback": lookback, "stride": stride,
+            "horizon": horizon, "targets": {"y": ["t"]}}  # fmt: skip
+    s = shardload.prepare(
+        cfg(tmp_path / "w.nc", tmp_path / "s", sample_dims=["lat"], view=view,
+            arrays={"x": ["t"]}, chunk_rows=4, split_seed=5)
+    )  # fmt: skip
+    S = 3
+    times = {}
+    for name in ("train", "val", "test"):
+        rows = select_rows(s, split=name).global_rows()
+        assert len(rows) and len(rows) % S == 0  # whole windows (all space points together)
+        w = np.unique(rows // S)
+        times[name] = {t for k in w for t in range(k * stride, k * stride + lookback + horizon)}
+    assert max(times["train"]) < min(times["val"]) and max(times["val"]) < min(times["test"])
+    assert not (times["train"] & times["val"]) and not (times["val"] & times["test"])
+    # the gap is the smallest that works: one window less and they would share a step
+    (_, a_end), (b_start, _) = s.manifest.split_rows["train"], s.manifest.split_rows["val"]
+    assert (b_start // S - (a_end // S - 1)) * stride == -(-(lookback + horizon) // stride) * stride
+
+
+def test_window_store_too_small_for_time_splits_fails_before_writing(tmp_path):
+    ds = xr.Dataset({"t": (("time", "lat"), np.zeros((6, 2), "f4"))})
+    ds.to_netcdf(tmp_path / "w.nc")
+    view = {"name": "window", "time_dim": "time", "lookback": 2}
+    with pytest.raises(ConfigError, match=r"splits: \['val', 'test'\] would be empty.*gap"):
+        shardload.prepare(cfg(tmp_path / "w.nc", tmp_path / "s", sample_dims=["lat"],
+                              view=view, arrays={"x": ["t"]}))  # fmt: skip
+    assert not (tmp_path / "s.partial").exists() and not (tmp_path / "s").exists()

@@ -3,6 +3,7 @@ number of chunks (it was quadratic: ``tuple.index`` per block, every boundary sh
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import time
 
@@ -44,7 +45,7 @@ def test_regular_bounds_equal_the_planned_tuple(per_block):
         assert [b.index(x) for x in want] == list(range(len(want)))
         blocks = plan_blocks(want, per_block)
         spans = [block_span(b, per_block, i) for i in range(len(blocks) - 1)]
-        assert [(a, c) for _, a, c in spans] == list(zip(blocks[:-1], blocks[1:], strict=True))
+        assert [(a, c) for _, a, c in spans] == list(itertools.pairwise(blocks))
         assert [k for k, _, _ in spans] == [want.index(a) for _, a, _ in spans]
         assert pickle.loads(pickle.dumps(b)) == b
     with pytest.raises(ValueError):
@@ -69,9 +70,7 @@ def test_driver_work_is_linear_in_blocks(monkeypatch):
 
     monkeypatch.setattr(chunks_mod.RegularBounds, "__getitem__", counting)
     j = job(65536)
-    assert driver_pass(j) == sum(
-        min(3 * (i + 1), j.length) - 3 * i for i in range(1, 65536, 2)
-    )
+    assert driver_pass(j) == sum(min(3 * (i + 1), j.length) - 3 * i for i in range(1, 65536, 2))
     assert calls["n"] == 2 * 32768  # two boundaries per block written, nothing per chunk
     monkeypatch.setattr(chunks_mod.RegularBounds, "__getitem__", real)
 

@@ -94,7 +94,7 @@ def summary(store: Any) -> dict[str, Any]:
         "splits": {
             k: {
                 "chunks": len(v),
-                "rows": int(sum(m.chunk_bounds[i + 1] - m.chunk_bounds[i] for i in v)),
+                "rows": m.split_num_rows(k),
             }
             for k, v in m.splits.items()
         },

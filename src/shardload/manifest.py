@@ -97,6 +97,9 @@ class Manifest:
     complete: bool = False
     version: int = MANIFEST_VERSION
     shardload_version: str = ""
+    #: Splits that are a row range ``(start, stop)`` rather than whole chunks (time-series
+    #: windows, or too few chunks); ``splits`` then lists the chunks the range touches.
+    split_rows: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def num_chunks(self) -> int:
@@ -115,6 +118,15 @@ class Manifest:
                 f"split {split!r} does not exist in this store; it has {sorted(self.splits)}"
             )
         return self.splits[split]
+
+    def split_num_rows(self, split: str) -> int:
+        """Rows of a split (its row range, or the sum of its chunks)."""
+        if split in self.split_rows:
+            a, b = self.split_rows[split]
+            return b - a
+        return int(
+            sum(self.chunk_bounds[i + 1] - self.chunk_bounds[i] for i in self.split_chunks(split))
+        )
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +155,7 @@ class Manifest:
                 complete=bool(d.get("complete", False)),
                 version=int(d.get("version", MANIFEST_VERSION)),
                 shardload_version=str(d.get("shardload_version", "")),
+                split_rows={k: (int(v[0]), int(v[1])) for k, v in d.get("split_rows", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"malformed {MANIFEST_NAME}: {exc!r}") from exc

@@ -26,7 +26,7 @@ from .errors import DiskFullError, NaNError, ShardloadError, StoreError
 from .executor import open_executor
 from .formats.base import FormatOptions, get_format
 from .manifest import MANIFEST_NAME, ArrayInfo, Manifest
-from .plan.chunks import RegularBounds, block_span, plan_chunk_rows, plan_splits
+from .plan.chunks import RegularBounds, block_span, plan_chunk_rows, plan_store_splits
 from .stats import Partial, finalize, merge_all, partial
 from .store import Store, open_store
 from .views.base import ArraySpec, View
@@ -167,9 +167,7 @@ def prepare(
         row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
     )
     bounds = RegularBounds(length, chunk_rows)
-    splits = plan_splits(
-        bounds.num_chunks, cfg.splits, seed=cfg.split_seed, shuffle=cfg.split_shuffle
-    )  # before any file is written: bad fractions fail here
+    splits, split_rows = _plan_splits(cfg, view, bounds)  # before any file is written
     fingerprint = _fingerprint(cfg, specs, bounds)
     fmt = get_format(cfg.format)
     options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
@@ -237,6 +235,7 @@ def prepare(
                     for n, s in specs.items()
                 },
                 splits=splits,
+                split_rows=split_rows,
                 stats=stats,
                 static=dict(view.static),
                 options={
@@ -308,6 +307,29 @@ def _run(
             raise
         finally:
             bar.close()
+
+
+def _plan_splits(
+    cfg: PrepareConfig, view: View, bounds: RegularBounds
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, int]]]:
+    """Splits are labels over the written rows, planned from the config at each publish (not
+    part of the write fingerprint). Window views get contiguous time ranges with a gap so that
+    no two splits share a time step: window ``w`` spans times ``[w*stride, w*stride +
+    lookback + horizon)``, so consecutive splits keep ``ceil((lookback + horizon) / stride) - 1``
+    windows apart."""
+    group_rows, gap = None, 0
+    if cfg.view == "window":
+        span = int(view.lookback) + int(view.horizon)  # type: ignore[attr-defined]
+        stride = int(view.stride)  # type: ignore[attr-defined]
+        group_rows, gap = int(view.S), -(-span // stride) - 1  # type: ignore[attr-defined]
+    chunks, rows, why = plan_store_splits(
+        bounds, cfg.splits, seed=cfg.split_seed, shuffle=cfg.split_shuffle,
+        group_rows=group_rows, gap_groups=gap,
+    )  # fmt: skip
+    if why:
+        ranges = ", ".join(f"{k} rows {a}:{b}" for k, (a, b) in rows.items())
+        (log.info if cfg.view == "window" else log.warning)("splits: %s (%s)", why, ranges)
+    return chunks, rows
 
 
 def _merge_stats(

@@ -14,8 +14,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import make_dataset
 from killing import campaign
+
+from conftest import make_dataset
 
 pytestmark = pytest.mark.integration
 

@@ -43,8 +43,11 @@ def test_two_writers_race_one_store_with_the_winners_data(tmp_path):
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "shardload", "prepare", str(p), "--no-progress"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for p, _, _ in confs
         ]
         res = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
