@@ -120,3 +120,50 @@ def test_staging_format_blocks_are_files_until_the_merge(tmp_path):
 
         with h5py.File(c.root / "data.h5", "r") as f:
             np.testing.assert_array_equal(f["x"][:], data)
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        {"format": "npy", "compression": "none"},
+        {"format": "zarr", "compression": "lz4"},
+        {"format": "zarr", "compression": "zstd", "shard_chunks": 2},
+        {"format": "hdf5", "compression": "none"},
+    ],
+    ids=["npy", "zarr", "zarr-sharded", "hdf5"],
+)
+def test_every_block_is_fsynced_before_its_record(tmp_path, small_nc, monkeypatch, fmt):
+    """When a block's progress record is written, every data file written so far has been
+    fsynced (sync scheduler: nothing else is writing meanwhile)."""
+    import shardload
+    from shardload import commit as commit_mod
+
+    synced: set[tuple[int, int]] = set()  # inodes (a file may be renamed after its fsync)
+    real_fsync, real_record = os.fsync, commit_mod.BlockCommit.record
+
+    def spy(fd):
+        st = os.fstat(fd)
+        synced.add((st.st_dev, st.st_ino))
+        return real_fsync(fd)
+
+    checked = []
+
+    def record(self, block, fields):
+        data = {
+            (p.stat().st_dev, p.stat().st_ino)
+            for p in self.root.rglob("*")
+            if p.is_file() and "_progress" not in p.parts
+            and p.name not in ("zarr.json", "data.h5") and not p.name.startswith(".")
+        }  # fmt: skip
+        assert data and data <= synced, f"block {block}: {len(data - synced)} file(s) not fsynced"
+        checked.append(block)
+        return real_record(self, block, fields)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    monkeypatch.setattr(commit_mod.BlockCommit, "record", record)
+    shardload.prepare({
+        "source": {"paths": [str(small_nc)]}, "sample_dims": ["sample"], "view": "flat",
+        "arrays": {"x": ["a", "b", "c"]}, "chunk_rows": 7, "out": str(tmp_path / "s"),
+        "execution": {"scheduler": "sync"}, **fmt,
+    })  # fmt: skip
+    assert len(checked) == (4 if "shard_chunks" in fmt else 8)
