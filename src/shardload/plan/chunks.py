@@ -231,6 +231,10 @@ def plan_row_splits(
     usable = groups - gap_groups * max(0, sum(1 for n in names if fractions[n] > 0) - 1)
     assigned = max(0, usable) if total >= 1 - 1e-9 else round(total * max(0, usable))
     counts = _largest_remainder([fractions[n] / total for n in names], assigned)
+    for i, n in enumerate(names):  # every positive split gets a group if possible
+        if fractions[n] > 0 and counts[i] == 0 and counts.max() > 1:
+            counts[int(np.argmax(counts))] -= 1
+            counts[i] = 1
     empty = [n for n, c in zip(names, counts, strict=True) if fractions[n] > 0 and c == 0]
     if empty:
         what = f"{groups} window(s) of {group_rows} rows" if group_rows > 1 else f"{length} rows"
