@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -67,7 +69,7 @@ def test_row_splits_are_ordered_disjoint_and_follow_fractions(length, group_rows
         assert length // group_rows - 2 * gap < 3  # only when there is truly too little
         return
     ranges = list(s.values())
-    for (a0, b0), (a1, b1) in zip(ranges, ranges[1:]):
+    for (a0, b0), (a1, b1) in itertools.pairwise(ranges):
         assert a0 < b0 <= a1 < b1 and a1 - b0 == gap * group_rows  # ordered, gap exactly
     for a, b in ranges:
         assert a % group_rows == 0 and b % group_rows == 0 and b <= length
