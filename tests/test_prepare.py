@@ -446,3 +446,36 @@ def test_window_store_too_small_for_time_splits_fails_before_writing(tmp_path):
         shardload.prepare(cfg(tmp_path / "w.nc", tmp_path / "s", sample_dims=["lat"],
                               view=view, arrays={"x": ["t"]}))  # fmt: skip
     assert not (tmp_path / "s.partial").exists() and not (tmp_path / "s").exists()
+
+
+def test_disk_full_during_the_hdf5_merge_then_resume(tmp_path, small_nc, monkeypatch):
+    """ENOSPC while data.h5 is built from the staged blocks: a clear error, the blocks stay
+    recorded, and the re-run rebuilds data.h5 from scratch without re-reading the source."""
+    import errno
+
+    from shardload.formats import hdf5
+
+    real = hdf5.Hdf5Format.write_block
+    seen = {"n": 0}
+
+    def full_at_third(self, *a, **k):
+        seen["n"] += 1
+        if seen["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a, **k)
+
+    c = cfg(small_nc, tmp_path / "s", format="hdf5", compression="none")
+    monkeypatch.setattr(hdf5.Hdf5Format, "write_block", full_at_third)
+    with pytest.raises(DiskFullError, match=rf"disk holding {tmp_path / 's'} is full"):
+        shardload.prepare(c)
+    progress = tmp_path / "s.partial" / "_progress"
+    assert len(list(progress.glob("block-*.npz"))) == 8  # every block recorded and staged
+    assert len(list((tmp_path / "s.partial" / "_staged").glob("*.npy"))) == 16
+    monkeypatch.setattr(hdf5.Hdf5Format, "write_block", real)
+    from shardload import pipeline
+
+    monkeypatch.setattr(pipeline, "run_block", lambda *a: pytest.fail("a block was rewritten"))
+    s = shardload.prepare(c)
+    want = expected_flat(xr.open_dataset(small_nc))
+    for name in ("x", "y"):
+        np.testing.assert_array_equal(s.read(name), want[name])
