@@ -249,10 +249,17 @@ def prepare(
                 shardload_version=__version__,
             )
             commit.publish(MANIFEST_NAME, manifest.to_json().encode())
-        except (DiskFullError, OSError) as exc:
-            if not (isinstance(exc, DiskFullError) or is_disk_full(exc)):
-                raise
+        except DiskFullError as exc:
             raise disk_full_error(out, needed_bytes(commit.recorded()), str(exc)) from exc
+        except ShardloadError:
+            raise
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(out, needed_bytes(commit.recorded()), str(exc)) from exc
+            raise StoreError(
+                f"writing {out} failed: {exc}; the store stays incomplete in {commit.root}, "
+                "re-run to resume"
+            ) from exc
     dt = time.perf_counter() - t0
     total = length * row_bytes
     log.info(
