@@ -52,7 +52,7 @@ def config(tmp_path: Path, fmt: str, execution: dict, n: int = 300) -> dict:
 
 
 def test_kill_smoke_hdf5_resumes_to_the_clean_store(tmp_path):
-    conf = config(tmp_path, "hdf5", SCHEDULERS["threads"], n=200)
+    conf = config(tmp_path, "hdf5", SCHEDULERS["threads"], n=140)
     log = campaign(tmp_path, conf, [("KILL", 4), ("TERM", 3)], throttle_s=0.05)
     assert all("finished" not in line for line in log), log
 
