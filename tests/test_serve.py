@@ -281,7 +281,8 @@ def test_cli_help_mentions_everything(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     text = capsys.readouterr().out
-    for word in ("--host", "--port", "ranges", "format=json", "SIGTERM"):
+    for word in ("--host", "--port", "ranges", "format=json", "SIGTERM", "--max-connections",
+                 "--idle-timeout", "--header-timeout"):  # fmt: skip
         assert word in text
 
 
@@ -292,3 +293,131 @@ def test_serving_reports_a_port_in_use(stores: Path) -> None:
         with pytest.raises(RuntimeError, match="did not start"), serving(stores, port=port):
             pass
         assert time.monotonic() - t0 < T
+
+
+# -- limits: idle, slow and too many clients; empty suffix ranges --------------------------------
+def _closed_within(sock, seconds: float, *, trickle: bool = False) -> float:
+    """Seconds until the server closes ``sock`` (fails after ``seconds``). With ``trickle``,
+    send one header byte every 0.1 s meanwhile (a slow-loris client)."""
+
+    t0 = time.monotonic()
+    sock.settimeout(0.1)
+    while time.monotonic() - t0 < seconds:
+        if trickle:
+            try:
+                sock.sendall(b"X")
+            except OSError:
+                return time.monotonic() - t0
+        try:
+            if sock.recv(4096) == b"":
+                return time.monotonic() - t0
+        except TimeoutError:
+            continue
+        except OSError:  # reset by the server
+            return time.monotonic() - t0
+    pytest.fail(f"the server kept the connection open for {seconds} s")
+
+
+def _connect(url: str):
+    import socket as socketlib
+
+    u = urlparse(url)
+    return socketlib.create_connection((u.hostname, u.port), timeout=T)
+
+
+def test_idle_half_sent_and_slow_connections_are_closed(stores: Path) -> None:
+    with serving(stores, header_timeout_s=0.5, idle_timeout_s=1.0) as url:
+        idle, half, slow = _connect(url), _connect(url), _connect(url)
+        half.sendall(b"GET /alpha/shardload.json HTTP/1.1\r\nHost: x\r\n")  # never ends
+        slow.sendall(b"GET /alpha/shardload.json HTTP/1.1\r\nX-Slow: ")
+        try:
+            assert _closed_within(idle, 5) >= 0.8
+            assert _closed_within(half, 5) < 3
+            assert _closed_within(slow, 5, trickle=True) < 3
+            # a keep-alive connection that finished a request is closed once idle, too
+            conn = http.client.HTTPConnection(urlparse(url).netloc, timeout=T)
+            conn.request("GET", "/alpha/shardload.json")
+            assert conn.getresponse().read()
+            assert _closed_within(conn.sock, 5) < 3
+            conn.close()
+            assert requests.get(url + "alpha/shardload.json", timeout=T).status_code == 200
+        finally:
+            for s in (idle, half, slow):
+                s.close()
+
+
+def test_too_many_connections_get_503_and_never_block_others(stores: Path) -> None:
+    with serving(stores, max_connections=20, idle_timeout_s=1.0) as url:
+        held = [_connect(url) for _ in range(60)]  # more idle clients than the limit
+        try:
+            t0 = time.monotonic()
+            r = requests.get(url + "alpha/shardload.json", timeout=T)
+            assert r.status_code in (200, 503) and time.monotonic() - t0 < 3
+            extra = _connect(url)
+            extra.settimeout(T)
+            assert extra.recv(100).startswith(b"HTTP/1.1 503")  # at once, not after a timeout
+            extra.close()
+            time.sleep(1.5)  # the idle ones are closed by now
+            assert requests.get(url + "alpha/shardload.json", timeout=T).status_code == 200
+        finally:
+            for s in held:
+                s.close()
+
+
+def test_empty_suffix_range_is_416(stores: Path) -> None:
+    size = (stores / "alpha" / "x" / "000000.npy").stat().st_size
+    with serving(stores) as url:
+        r = requests.get(url + "alpha/x/000000.npy", headers={"Range": "bytes=-0"}, timeout=T)
+        ok = requests.get(url + "alpha/x/000000.npy", headers={"Range": "bytes=-3"}, timeout=T)
+    assert r.status_code == 416 and r.headers["Content-Range"] == f"bytes */{size}"
+    assert ok.status_code == 206 and len(ok.content) == 3
+
+
+def test_serve_gives_the_callers_signal_handlers_back(stores: Path) -> None:
+    import threading
+
+    from shardload.serve import serve
+
+    def mine(signum, frame):  # pragma: no cover - never called
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+
+        def stop_soon(url: str) -> None:
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+        serve(stores, port=0, ready=stop_soon)  # returns on SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.integration
+def test_hundreds_of_idle_clients_never_block_a_server_with_few_descriptors(stores: Path) -> None:
+    """300 idle connections to a server allowed 256 open files: a new client gets an answer
+    at once (503 while they hold their slots), never a hang (the old server made it wait)."""
+    import subprocess
+    import sys
+
+    from conftest import python_env
+
+    proc = subprocess.Popen(
+        ["bash", "-c", f"ulimit -n 256 && exec {sys.executable} -m shardload -q serve "
+                       f"{stores} --port 0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+    )  # fmt: skip
+    held = []
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"(http://\S+/)", line).group(1)
+        held = [_connect(url) for _ in range(300)]
+        t0 = time.monotonic()
+        r = requests.get(url + "alpha/shardload.json", timeout=T)
+        assert r.status_code in (200, 503) and time.monotonic() - t0 < 3
+    finally:
+        for s in held:
+            s.close()
+        proc.terminate()
+        _, err = proc.communicate(timeout=T)
+    assert "out of system resource" not in err and err.count("refused") <= 2

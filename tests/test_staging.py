@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -117,7 +118,8 @@ WORKER = textwrap.dedent(
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     from pathlib import Path
     from shardload import staging_copy
-    from shardload.staging import staged
+    from shardload.staging import exit_on_sigterm, staged
+    exit_on_sigterm()  # a program that wants cleanup on SIGTERM says so (the library does not)
     slow = float(sys.argv[3])
     if slow:
         real = staging_copy._copy_file
@@ -236,3 +238,102 @@ def test_users_file_records_the_source(tmp_path: Path) -> None:
     with staged(src, tmp_path / "shm") as path:
         users = json.loads((path.parent / f".{path.name}.users").read_text())
         assert users["source"] == str(src.resolve()) and len(users["users"]) == 1
+
+
+# -- archives with unsafe members, signals, PID reuse ---------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("../evil.txt", tarfile.REGTYPE), ("store/dev", tarfile.CHRTYPE),
+     ("store/link", tarfile.SYMTYPE)],
+)  # fmt: skip
+def test_unsafe_archive_member_is_a_staging_error_naming_it(tmp_path: Path, name, kind) -> None:
+    src = make_store(tmp_path / "store")
+    archive = tmp_path / "bad.tar"
+    with tarfile.open(archive, "w") as tf:
+        tf.add(src, arcname="store")
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        if kind != tarfile.REGTYPE:
+            info.linkname = "/etc/passwd"
+            tf.addfile(info)
+        else:
+            data = b"pwned"
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(StagingError, match="unsafe") as err:
+        stage(archive, tmp_path / "shm")
+    assert repr(name) in str(err.value)
+    assert not (tmp_path / "evil.txt").exists()
+    assert not any(p.startswith("bad-") for p in leftovers(tmp_path / "shm"))
+
+
+def test_corrupt_archive_is_a_staging_error(tmp_path: Path) -> None:
+    archive = tmp_path / "junk.tgz"
+    archive.write_bytes(os.urandom(2000))
+    with pytest.raises(StagingError, match=r"junk\.tgz"):
+        stage(archive, tmp_path / "shm")
+
+
+def test_the_library_installs_no_signal_handler(tmp_path: Path) -> None:
+    src = make_store(tmp_path / "store")
+    code = textwrap.dedent(
+        """
+        import signal, sys
+        import shardload
+        from shardload.staging import stage
+        before = signal.getsignal(signal.SIGTERM)
+        stage(sys.argv[1], sys.argv[2])
+        try:
+            shardload.open_store(sys.argv[1], stage_to=sys.argv[2])
+        except Exception:
+            pass  # a fake store: only the staging matters here
+        print(signal.getsignal(signal.SIGTERM) is before)
+        """
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(tmp_path / "shm")], capture_output=True,
+        text=True, env=python_env(), timeout=T, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "True"
+    assert leftovers(tmp_path / "shm") == []  # atexit still ended the uses
+
+
+def test_a_reused_pid_is_not_a_user(tmp_path: Path) -> None:
+    """A users entry whose PID now belongs to another process (here: ours, with another start
+    time) is a dead use: the last real use still removes the copy."""
+    src = make_store(tmp_path / "store")
+    to = tmp_path / "shm"
+    with staged(src, to) as path:
+        users_file = path.parent / f".{path.name}.users"
+        state = json.loads(users_file.read_text())
+        state["users"].append(f"{os.getpid()}-1-deadbeef")  # same pid, started at tick 1
+        users_file.write_text(json.dumps(state))
+    assert leftovers(to) == []
+
+
+def test_process_identity_compares_start_times() -> None:
+    from shardload import procs
+
+    me, start = os.getpid(), procs.my_start_time()
+    assert start is not None and procs.alive(me, start)
+    assert not procs.alive(me, start + 1)  # the pid was reused by another process
+    assert procs.alive_packed(procs.pack(me, start))
+    assert not procs.alive_packed(procs.pack(me, start + 1))
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(T)
+    assert not procs.alive(child.pid, None) and not procs.alive_packed(procs.pack(child.pid, 5))
+
+
+def test_ring_reclaims_a_dead_workers_slot_even_if_its_pid_lives_on() -> None:
+    import numpy as np
+
+    from shardload import procs
+    from shardload.loader.ring import BatchRing
+
+    ring = BatchRing({"x": ((4,), np.dtype("f4"))}, 8, slots=2)
+    me = procs.my_start_time()
+    ring._flags[0] = procs.pack(os.getpid(), me + 1)  # a worker that died; its pid is ours now
+    ring._flags[1] = procs.pack(os.getpid(), me)  # a live worker (this process)
+    ring._reclaim_dead()
+    assert ring._flags[0] == 0 and ring._flags[1] != 0

@@ -11,6 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
+from .serve import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS
+
 SERVE_HELP = """\
 Serve every store under DIR read-only over HTTP: the store at DIR/NAME is
 http://HOST:PORT/NAME/ and its files are http://HOST:PORT/NAME/path/inside.
@@ -69,6 +71,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="address to bind (default 127.0.0.1; anything else is reachable by other machines)",
     )
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free)")
+    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+                   help=f"open connections at most; more get 503 (default {MAX_CONNECTIONS})")  # fmt: skip
+    p.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_S, metavar="S",
+                   help=f"close a connection with no request for S seconds (default {IDLE_TIMEOUT_S:g})")  # fmt: skip
+    p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="S",
+                   help=f"close a connection whose request header takes longer (default {HEADER_TIMEOUT_S:g})")  # fmt: skip
     p.set_defaults(func=run_serve)
 
     p = subparsers.add_parser(
@@ -103,14 +111,19 @@ def run_serve(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         print(f"serving {root} at {url} ({num_stores} stores) — Ctrl-C to stop", flush=True)
 
-    serve(root, host=args.host, port=args.port, ready=ready)
+    serve(
+        root, host=args.host, port=args.port, ready=ready,
+        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+        header_timeout_s=args.header_timeout,
+    )  # fmt: skip
     print("stopped", flush=True)
     return 0
 
 
 def run_stage(args: argparse.Namespace) -> int:
-    from .staging import staged
+    from .staging import exit_on_sigterm, staged
 
+    exit_on_sigterm()  # SIGTERM while copying or running: unwind, so the copy is removed
     command = shlex.split(args.run) if args.run else []
     with staged(args.src, args.to, keep=args.keep) as path:
         print(f"staged {args.src} at {path}", flush=True)

@@ -24,6 +24,7 @@ Minimal config (all keys: docs/config.md):
   out: era5-store
 
 An interrupted run leaves OUT.partial and resumes when run again with the same config.
+The whole config is checked before any file is written; --check stops there and prints the plan.
 """
 
 
@@ -39,7 +40,15 @@ def register(sub: Any) -> None:
                    help="shortcut for --set execution.scheduler=...")  # fmt: skip
     p.add_argument("--workers", type=int, help="shortcut for --set execution.num_workers=N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--check", action="store_true",
+                   help="validate the config and print the plan (length, arrays, chunks, bytes, "
+                   "splits) without writing anything; the source is opened lazily")  # fmt: skip
     p.set_defaults(func=cmd_prepare)
+
+    c = sub.add_parser("config-schema", help="print the JSON schema of prepare configs (for editors)",
+                       description="Print the JSON schema of the prepare config, e.g. for the YAML "
+                       "language server: shardload config-schema > shardload.schema.json")  # fmt: skip
+    c.set_defaults(func=cmd_config_schema)
 
     q = sub.add_parser("inspect", help="summarise a store (length, arrays, chunks, splits, stats, size)",
                        description="Print a store's manifest summary. STORE is a folder or a URL.")  # fmt: skip
@@ -50,8 +59,6 @@ def register(sub: Any) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from .pipeline import prepare
-
     overrides = list(args.overrides)
     if args.overwrite:
         overrides.append("overwrite=true")
@@ -59,11 +66,122 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         overrides.append(f"execution.scheduler={args.scheduler}")
     if args.workers:
         overrides.append(f"execution.num_workers={args.workers}")
+    if args.check:
+        from .config import load_config
+
+        print(format_plan(check_plan(load_config(args.config, overrides))))
+        return 0
+    from .pipeline import prepare
+
     store = prepare(args.config, overrides=overrides, progress=False if args.no_progress else None)
     print(
         f"wrote {store.url}: {len(store)} samples, {store.num_chunks} chunks, arrays {list(store.arrays)}"
     )
     return 0
+
+
+def cmd_config_schema(args: argparse.Namespace) -> int:
+    from .config_models import config_schema
+
+    json.dump(config_schema(), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+def check_plan(cfg: Any) -> dict[str, Any]:
+    """What ``prepare`` would write for a valid config, computed without writing anything.
+
+    Opens the source lazily (metadata only) to learn the view's length and arrays.
+    """
+    from pathlib import Path
+
+    from .errors import ShardloadError
+    from .pipeline import build, plan_splits_for
+    from .plan.chunks import plan_blocks, plan_chunk_bounds, plan_chunk_rows
+
+    view = build(cfg)
+    specs = dict(view.specs)
+    length = int(view.length)
+    if length == 0:
+        raise ShardloadError("the view has no samples (length 0): check sample_dims and the source")
+    row_bytes = sum(s.row_bytes for s in specs.values())
+    chunk_rows = cfg.chunk_rows or plan_chunk_rows(
+        row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
+    )
+    bounds = plan_chunk_bounds(length, chunk_rows)
+    blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
+    splits, split_rows = plan_splits_for(cfg, view, bounds)  # exactly as prepare plans them
+    out = Path(cfg.out)
+    partial = out.with_name(out.name + ".partial")
+    return {
+        "out": str(out),
+        "out_exists": out.exists(),
+        "partial_exists": partial.exists(),
+        "overwrite": cfg.overwrite,
+        "length": length,
+        "view": cfg.view,
+        "sample_dims": list(cfg.sample_dims),
+        "arrays": {
+            k: {"shape": list(s.shape), "dtype": str(s.dtype), "row_bytes": s.row_bytes}
+            for k, s in specs.items()
+        },
+        "chunk_rows": chunk_rows,
+        "num_chunks": len(bounds) - 1,
+        "num_blocks": len(blocks) - 1,
+        "chunk_bytes": chunk_rows * row_bytes,
+        "total_bytes": length * row_bytes,
+        "format": cfg.format,
+        "compression": cfg.compression,
+        "compression_level": cfg.compression_level,
+        "shard_chunks": cfg.shard_chunks,
+        "splits": {
+            k: {
+                "chunks": len(v),
+                "rows": split_rows[k][1] - split_rows[k][0]
+                if k in split_rows
+                else int(sum(bounds[i + 1] - bounds[i] for i in v)),
+            }
+            for k, v in splits.items()
+        },
+        "execution": cfg.execution.scheduler,
+    }
+
+
+def format_plan(p: dict[str, Any]) -> str:
+    """The plan of :func:`check_plan` as text."""
+    lines = ["config is valid; nothing was written", f"out       {p['out']}"]
+    if p["out_exists"]:
+        what = (
+            "would be replaced (overwrite: true)"
+            if p["overwrite"]
+            else "exists: prepare would refuse it (set overwrite: true)"
+        )
+        lines.append(f"          {what}")
+    if p["partial_exists"]:
+        lines.append(
+            "          an unfinished run exists: prepare resumes it if the config and files are unchanged"
+        )
+    lines += [
+        f"view      {p['view']} over sample dims {p['sample_dims']}",
+        f"length    {p['length']} samples",
+        "arrays",
+        *(
+            f"  {k:12s} {tuple(a['shape'])!s:24s} {a['dtype']:8s} {a['row_bytes']} bytes/sample"
+            for k, a in p["arrays"].items()
+        ),
+        f"chunks    {p['num_chunks']} chunks of {p['chunk_rows']} rows "
+        f"({p['chunk_bytes'] / 2**20:.2f} MiB each, uncompressed)"
+        + (
+            f", {p['num_blocks']} shards of {p['shard_chunks']} chunks" if p["shard_chunks"] else ""
+        ),
+        f"bytes     {p['total_bytes']:,} ({p['total_bytes'] / 2**30:.3f} GiB) before compression",
+        f"format    {p['format']}, compression {p['compression']}"
+        + (f" level {p['compression_level']}" if p["compression_level"] is not None else ""),
+        "splits",
+        *(f"  {k:12s} {v['chunks']} chunks, {v['rows']} rows" for k, v in p["splits"].items()),
+        f"execution {p['execution']}",
+    ]
+    return "\n".join(lines)
 
 
 def summary(store: Any) -> dict[str, Any]:
@@ -122,7 +240,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     s = summary(store)
     if args.json:
-        json.dump(s, sys.stdout, indent=1, default=_nan_safe)
+        # strict JSON: a NaN statistic (an all-NaN feature) is null, never a bare NaN token
+        json.dump(json_safe(s), sys.stdout, indent=1, allow_nan=False)
         sys.stdout.write("\n")
         return 0
     print(f"store     {s['url']}")
@@ -144,7 +263,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for k, st in s["stats"].items():
         import numpy as np
 
-        mn, mean, mx = np.nanmin(st["min"]), np.nanmean(st["mean"]), np.nanmax(st["max"])
+        mn, mean, mx = (_nan_or(f, st[key]) for f, key in ((np.nanmin, "min"), (np.nanmean, "mean"), (np.nanmax, "max")))  # fmt: skip
         print(f"  {k:12s} min {mn:.4g}  mean {mean:.4g}  max {mx:.4g}  NaN {st['nan_count']}")
         if args.stats:
             feats = store.manifest.arrays[k].features or [str(i) for i in range(len(st["mean"]))]
@@ -155,5 +274,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nan_safe(o: Any) -> Any:
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+def _nan_or(reduce: Any, values: Any) -> float:
+    """``reduce`` over the finite values; NaN (no warning) when there are none."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype="f8")
+    return float(reduce(arr)) if np.isfinite(arr).any() else float("nan")
+
+
+def json_safe(obj: Any) -> Any:
+    """A copy that ``json.dump(..., allow_nan=False)`` accepts: NaN and infinities -> None."""
+    import math
+
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and hasattr(obj, "dtype"):  # numpy scalar
+        return json_safe(obj.item())
+    return obj

@@ -157,15 +157,20 @@ class Manifest:
                 shardload_version=str(d.get("shardload_version", "")),
                 split_rows={k: (int(v[0]), int(v[1])) for k, v in d.get("split_rows", {}).items()},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StoreError(f"malformed {MANIFEST_NAME}: {exc!r}") from exc
 
     @classmethod
     def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"{where} is not valid JSON: {exc}") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            # UnicodeDecodeError: bytes that are not UTF-8 text (a corrupt or foreign file)
+            raise StoreError(f"{where} is not a valid manifest (not JSON text): {exc}") from None
+        if not isinstance(d, Mapping):
+            raise StoreError(
+                f"{where} is not a valid manifest: JSON {type(d).__name__}, not an object"
+            )
         return cls.from_dict(d)
 
 

@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,7 +167,7 @@ def prepare(
         row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
     )
     bounds = RegularBounds(length, chunk_rows)
-    splits, split_rows = _plan_splits(cfg, view, bounds)  # before any file is written
+    splits, split_rows = plan_splits_for(cfg, view, bounds)  # before any file is written
     fingerprint = _fingerprint(cfg, specs, bounds)
     fmt = get_format(cfg.format)
     options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
@@ -316,8 +316,8 @@ def _run(
             bar.close()
 
 
-def _plan_splits(
-    cfg: PrepareConfig, view: View, bounds: RegularBounds
+def plan_splits_for(
+    cfg: PrepareConfig, view: View, bounds: Sequence[int]
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, int]]]:
     """Splits are labels over the written rows, planned from the config at each publish (not
     part of the write fingerprint). Window views get contiguous time ranges with a gap so that

@@ -6,15 +6,20 @@ Every process (rank) calls :func:`stage` or :func:`staged` with the same source 
 - ``STEM/`` the staged copy (mode 0700), renamed into place only when complete and checked;
 - ``.STEM.lock`` an ``flock`` taken while copying and while changing the users file, so one
   process copies and the others wait, then reuse the copy;
-- ``.STEM.users`` JSON: the source fingerprint, ``keep``, and one entry ``PID-TOKEN`` per use.
+- ``.STEM.users`` JSON: the source fingerprint, ``keep``, and one entry ``PID-START-TOKEN`` per
+  use (``START``: the process's start time, so a reused PID is not taken for the user).
 
-A use ends at the end of the ``with staged(...)`` block, at interpreter exit (``atexit``) or on
-SIGTERM (turned into ``SystemExit`` so both of those run). The last use removes the copy and its
-two files unless one use asked to ``keep`` it. Entries of dead processes are dropped and
-``.STEM.tmp-*`` folders found while holding the lock are leftovers of a killed copy (the lock
-would be held otherwise), so a killed run never blocks a later one. Forked processes that exit
-through ``os._exit`` (multiprocessing's fork start method) skip ``atexit``: use :func:`staged`
-there, or their entries are dropped once they are dead.
+A use ends at the end of the ``with staged(...)`` block or at interpreter exit (``atexit``), in
+the process that began it (a forked child never ends its parent's uses). The last use removes the
+copy and its two files unless one use asked to ``keep`` it. Entries of dead processes are dropped
+(PID and start time compared, :mod:`shardload.procs`) and ``.STEM.tmp-*`` folders found while
+holding the lock are leftovers of a killed copy (the lock would be held otherwise), so a killed
+run never blocks a later one.
+
+This module installs no signal handler: a library must not change how the whole process reacts
+to signals. A process killed by a signal without a handler skips ``atexit``; its entry is dropped
+by the next run on the node. To clean up on SIGTERM, turn SIGTERM into ``SystemExit`` in your
+program (``shardload stage`` does: :func:`exit_on_sigterm`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import staging_copy
+from . import procs, staging_copy
 from .errors import StagingError
 
 log = logging.getLogger("shardload.staging")
@@ -43,7 +48,7 @@ log = logging.getLogger("shardload.staging")
 POLL_S = 0.05
 _ACTIVE: dict[str, _Use] = {}
 _GUARD = threading.Lock()
-_HANDLERS_INSTALLED = False
+_ATEXIT_REGISTERED = False
 
 
 @dataclass(frozen=True)
@@ -109,8 +114,9 @@ def _stage(src, to_dir, *, keep: bool, storage_options) -> tuple[Path, str]:
     identity = staging_copy.source_identity(src)
     stem = f"{staging_copy.source_name(src)}-{hashlib.sha1(identity.encode()).hexdigest()[:10]}"
     use = _Use(to_dir / stem, to_dir / f".{stem}.lock", to_dir / f".{stem}.users")
-    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    _install_handlers()
+    start = procs.my_start_time()
+    token = f"{os.getpid()}-{start if start is not None else 'x'}-{uuid.uuid4().hex[:8]}"
+    _register_atexit()
     fingerprint = staging_copy.source_fingerprint(src, kind, storage_options)
     with _locked(use.lock):
         for leftover in to_dir.glob(f".{stem}.tmp-*"):
@@ -165,6 +171,8 @@ def _copy(src, kind: str, to_dir: Path, stem: str, final: Path, storage_options)
 
 
 def _release(token: str) -> None:
+    if not _mine(token):  # a forked child: the use is its parent's to end
+        return
     with _GUARD:
         use = _ACTIVE.get(token)
     if use is None:
@@ -198,28 +206,26 @@ def release_all() -> None:
             log.exception("could not release the staged copy of use %s", token)
 
 
-def _install_handlers() -> None:
-    global _HANDLERS_INSTALLED
+def _register_atexit() -> None:
+    """End this process's uses at interpreter exit (a finalizer; no signal handler)."""
+    global _ATEXIT_REGISTERED
     with _GUARD:
-        if _HANDLERS_INSTALLED:
+        if _ATEXIT_REGISTERED:
             return
-        _HANDLERS_INSTALLED = True
+        _ATEXIT_REGISTERED = True
     atexit.register(release_all)
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous in (signal.SIG_IGN, None):
-        return
 
-    def on_sigterm(signum, frame):
-        # Unwind instead of cleaning here: a copy in progress holds the lock in this very
-        # process, so its own ``finally`` must run; atexit then releases the remaining uses.
-        signal.signal(signal.SIGTERM, previous)
-        if callable(previous):
-            release_all()
-            previous(signum, frame)
-        else:
-            raise SystemExit(128 + signum)
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into ``SystemExit(143)`` so ``finally`` blocks and ``atexit`` run.
+
+    For programs (the ``shardload`` command line calls it); the library never installs it.
+    Call from the main thread.
+    """
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+        raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -258,14 +264,27 @@ def _unlink(*paths: Path) -> None:
             path.unlink()
 
 
+def _parse(token: str) -> tuple[int, int | None]:
+    """``(pid, start time)`` of a use token (start None in tokens of older versions)."""
+    parts = token.split("-")
+    pid = int(parts[0])
+    start = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+    return pid, start
+
+
+def _mine(token: str) -> bool:
+    try:
+        return _parse(token)[0] == os.getpid()
+    except ValueError:
+        return False
+
+
 def _alive(token: str) -> bool:
     try:
-        os.kill(int(token.split("-", 1)[0]), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
+        pid, start = _parse(token)
+    except ValueError:
+        return True  # not ours to judge: keep it
+    return procs.alive(pid, start)
 
 
 def _read_users(path: Path) -> dict:

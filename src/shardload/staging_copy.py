@@ -89,8 +89,11 @@ def _list_url(src: str, storage_options) -> tuple[Any, str, dict[str, int]]:
 
 
 def _tar_members(archive: Path) -> list[tarfile.TarInfo]:
-    with tarfile.open(archive) as tf:
-        return tf.getmembers()
+    try:
+        with tarfile.open(archive) as tf:
+            return tf.getmembers()
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise StagingError(f"cannot read the archive {archive}: {exc}") from exc
 
 
 def source_size(src: str | os.PathLike, kind: str, storage_options=None) -> int:
@@ -116,8 +119,16 @@ def copy_store(src: str | os.PathLike, kind: str, tmp: Path, storage_options=Non
         expected, top = files, tmp
     elif kind == "tar":
         expected = {m.name: m.size for m in _tar_members(Path(src)) if m.isfile()}
-        with tarfile.open(src) as tf:
-            _extract(tf, tmp)
+        try:
+            with tarfile.open(src) as tf:
+                _extract(tf, tmp)
+        except tarfile.FilterError as exc:  # an absolute path, '..', a link out, a device
+            member = exc.tarinfo.name if exc.tarinfo is not None else "?"
+            raise StagingError(
+                f"refusing to stage {src}: archive member {member!r} is unsafe ({exc})"
+            ) from None
+        except (tarfile.TarError, EOFError) as exc:
+            raise StagingError(f"cannot extract the archive {src}: {exc}") from exc
         top = _store_root(tmp)
         expected = {
             (tmp / name).relative_to(top).as_posix(): size
@@ -147,12 +158,14 @@ def copy_store(src: str | os.PathLike, kind: str, tmp: Path, storage_options=Non
 
 def _extract(tf: tarfile.TarFile, dest: Path) -> None:
     if hasattr(tarfile, "data_filter"):
-        tf.extractall(dest, filter="data")  # refuses absolute paths, '..', links leading out
+        tf.extractall(dest, filter="data")  # strips leading slashes; refuses ".." and links out
         return
     for m in tf.getmembers():  # pragma: no cover - Python without extraction filters
         target = (dest / m.name).resolve()
         if not target.is_relative_to(dest.resolve()) or m.issym() or m.islnk() or m.isdev():
-            raise StagingError(f"refusing archive member {m.name!r}")
+            raise StagingError(
+                f"refusing to stage {tf.name!r}: archive member {m.name!r} is unsafe"
+            )
     tf.extractall(dest)  # pragma: no cover
 
 

@@ -10,7 +10,7 @@ main process wraps the slot's rows as arrays (:meth:`BatchRing.lease`) and the s
 when the last of those arrays, and of every view of them, is garbage.
 
 A slot's state is one int64 in the region's header: 0 free, -1 held by the consumer (the main
-process), else the pid of the worker filling it. Workers claim slots under a process-shared
+process), else the pid and start time of the worker filling it (:func:`shardload.procs.pack`). Workers claim slots under a process-shared
 lock; only the main process frees them. A worker that finds no free slot gathers into fresh
 memory instead (the stock path for that batch), so a consumer that keeps many batches never
 blocks a worker and breaking out of a loop never deadlocks one. Slots held by workers that
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import procs
 from .recycle import batch_views, plan_batch_layout
 
 #: Fewest slots in a ring (virtual; only slots used at the same time ever hold memory).
@@ -98,6 +99,7 @@ class BatchRing:
         self.token = secrets.token_hex(8)
         self._claimed: dict[int, int] = {}  # id(batch index array) -> slot, in a worker
         self._mapped: set[int] = set()  # slots this process has written to
+        self._mark: tuple[int, int] | None = None  # (pid, slot mark) of this process
         RINGS[self.token] = self
 
     @property
@@ -122,7 +124,7 @@ class BatchRing:
         page-faults in, its own slots only), then the parts after it, then those before it.
         Lowest first within that order: slots never used never cost memory.
         """
-        pid = os.getpid()
+        pid = self._me()
         lo = part[0] * self.slots // max(1, part[1])
         with self._lock:
             slot = self._first_free(lo)
@@ -141,14 +143,18 @@ class BatchRing:
         after = free[free >= lo]
         return int(after[0] if len(after) else free[0])
 
+    def _me(self) -> int:
+        """This worker's slot mark: its pid with its start time (:func:`procs.pack`), so a
+        slot of a dead worker whose pid was reused is still reclaimed."""
+        pid = os.getpid()
+        if self._mark is None or self._mark[0] != pid:
+            self._mark = (pid, procs.pack(pid, procs.my_start_time()))
+        return self._mark[1]
+
     def _reclaim_dead(self) -> None:
-        for pid in np.unique(self._flags[self._flags > 0]):
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                self._flags[self._flags == pid] = 0
-            except OSError:
-                pass
+        for mark in np.unique(self._flags[self._flags > 0]):
+            if not procs.alive_packed(int(mark)):
+                self._flags[self._flags == mark] = 0
 
     def allocate(self, rows: int, part: tuple[int, int] = (0, 1)) -> dict[str, np.ndarray] | None:
         """Arrays for a batch of ``rows`` rows in a claimed slot (of ``part`` first, as in
