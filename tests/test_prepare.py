@@ -479,3 +479,16 @@ def test_disk_full_during_the_hdf5_merge_then_resume(tmp_path, small_nc, monkeyp
     want = expected_flat(xr.open_dataset(small_nc))
     for name in ("x", "y"):
         np.testing.assert_array_equal(s.read(name), want[name])
+
+
+def test_check_plan_shows_the_splits_prepare_will_write(tmp_path, small_nc):
+    from shardload.cli_prepare import check_plan
+    from shardload.config import load_config
+
+    p = check_plan(load_config(cfg(small_nc, tmp_path / "s", chunk_rows=25)))
+    assert p["splits"] == {
+        "train": {"chunks": 2, "rows": 40},  # rows 0:40 touch chunks 0 and 1
+        "val": {"chunks": 1, "rows": 5},
+        "test": {"chunks": 1, "rows": 5},
+    }
+    assert not (tmp_path / "s.partial").exists()
