@@ -167,3 +167,28 @@ def test_every_block_is_fsynced_before_its_record(tmp_path, small_nc, monkeypatc
         "execution": {"scheduler": "sync"}, **fmt,
     })  # fmt: skip
     assert len(checked) == (4 if "shard_chunks" in fmt else 8)
+
+
+def test_lock_opened_before_its_release_is_not_trusted(tmp_path, monkeypatch):
+    """B opened the lock file, A released (unlinked) it, C took a new one: B's flock on the
+    old file must not count; B retries on the path and finds C's lock."""
+    from shardload import commit as commit_mod
+
+    out = tmp_path / "store"
+    a = OutputLock(out)
+    a.acquire()
+    stale = os.open(a.path, os.O_RDWR)  # B's open, before A's release
+    a.release()
+    c = OutputLock(out)
+    c.acquire()
+    real_open, opens = os.open, []
+
+    def b_open(path, flags, mode=0o777):
+        opens.append(path)
+        return stale if len(opens) == 1 else real_open(path, flags, mode)
+
+    monkeypatch.setattr(commit_mod.os, "open", b_open)
+    with pytest.raises(StoreLockedError, match=f"pid {os.getpid()}"):
+        OutputLock(out).acquire()
+    assert len(opens) == 2  # the stale file was dropped and the path opened again
+    c.release()
