@@ -192,3 +192,25 @@ def test_lock_opened_before_its_release_is_not_trusted(tmp_path, monkeypatch):
         OutputLock(out).acquire()
     assert len(opens) == 2  # the stale file was dropped and the path opened again
     c.release()
+
+
+def test_cli_prepare_refused_while_another_run_holds_the_output(tmp_path, small_nc, capsys):
+    import yaml
+
+    from shardload.cli import main
+
+    conf = tmp_path / "c.yaml"
+    conf.write_text(yaml.safe_dump({
+        "source": {"paths": [str(small_nc)]}, "sample_dims": ["sample"], "view": "flat",
+        "arrays": {"x": ["a"]}, "out": str(tmp_path / "store"),
+    }))  # fmt: skip
+    holder = OutputLock(tmp_path / "store")
+    holder.acquire()
+    try:
+        assert main(["prepare", str(conf), "--no-progress"]) == 2
+    finally:
+        holder.release()
+    err = capsys.readouterr().err
+    assert f"shardload prepare: error: another prepare is writing {tmp_path / 'store'}" in err
+    assert f"pid {os.getpid()}" in err and "Traceback" not in err
+    assert not (tmp_path / "store.partial").exists()
