@@ -86,3 +86,28 @@ def test_driver_work_is_linear_in_blocks(monkeypatch):
     t8, t64 = best(8192), best(65536)
     assert t64 / t8 < 24, (t8, t64)  # linear: ~8; quadratic: ~64
     assert t64 < 1.0, t64
+
+
+def test_tasks_do_not_carry_feature_names(tmp_path, monkeypatch):
+    """Wide arrays have millions of feature names: they stay in the driver's manifest, not in
+    every task shipped to a worker."""
+    import xarray as xr
+
+    import shardload
+    from shardload import pipeline
+
+    xr.Dataset({"v": (("sample", "f"), np.zeros((20, 3000), "f4"))}).to_netcdf(tmp_path / "w.nc")
+    sizes = []
+    real = pipeline.run_block
+
+    def spy(job, block):
+        sizes.append(len(pickle.dumps(job)))
+        assert all(s.features is None for s in job.specs.values())
+        return real(job, block)
+
+    monkeypatch.setattr(pipeline, "run_block", spy)
+    s = shardload.prepare({"source": {"paths": [str(tmp_path / "w.nc")]}, "sample_dims": ["sample"],
+                           "view": "flat", "arrays": {"x": ["v"]}, "chunk_rows": 10,
+                           "out": str(tmp_path / "s"), "splits": {}})  # fmt: skip
+    assert len(s.manifest.arrays["x"].features) == 3000
+    assert sizes and max(sizes) < 4000  # 3,000 names would be ~20 kB

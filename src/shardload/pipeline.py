@@ -4,6 +4,7 @@ source -> view -> plan -> format. See docs/design.md ("Writing a store").
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -114,11 +115,8 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
         p = partial(arr)
         if job.config.nan == "fail" and p.nan_count.any():
             feat = int(np.argmax(p.nan_count > 0))
-            label = (
-                spec.features[feat]
-                if spec.features and feat < len(spec.features)
-                else f"feature {feat}"
-            )
+            names = _view(job).specs[name].features
+            label = names[feat] if names and feat < len(names) else f"feature {feat}"
             raise NaNError(
                 f"NaN values in array {name!r} ({label}) in chunk {chunk} (rows {a}:{b}): "
                 f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
@@ -178,8 +176,11 @@ def prepare(
         overwrite=cfg.overwrite,
         describe={"config": cfg.to_dict()},
     )
+    # feature names stay out of the task (millions of names for wide arrays, shipped per task);
+    # a worker reads them from its own view when an error needs one
+    slim = {n: dataclasses.replace(s, features=None) for n, s in specs.items()}
     job = PrepareJob(
-        cfg, str(commit.root), length, chunk_rows, cfg.shard_chunks or 1, specs, fingerprint
+        cfg, str(commit.root), length, chunk_rows, cfg.shard_chunks or 1, slim, fingerprint
     )
     _VIEWS.clear()
     if (
