@@ -27,7 +27,7 @@ from .errors import DiskFullError, NaNError, ShardloadError, StoreError
 from .executor import open_executor
 from .formats.base import FormatOptions, get_format
 from .manifest import MANIFEST_NAME, ArrayInfo, Manifest
-from .plan.chunks import RegularBounds, block_span, plan_chunk_rows, plan_store_splits
+from .plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
 from .stats import Partial, finalize, merge_all, partial
 from .store import Store, open_store
 from .views.base import ArraySpec, View
@@ -56,11 +56,16 @@ class PrepareJob:
 
     @property
     def num_blocks(self) -> int:
-        return -(-self.bounds.num_chunks // self.chunks_per_block)
+        return -(-self.length // (self.chunk_rows * self.chunks_per_block))
 
     def block(self, i: int) -> tuple[int, int, int]:
-        """``(first chunk, first row, stop row)`` of write block ``i``, in O(1)."""
-        return block_span(self.bounds, self.chunks_per_block, i)
+        """``(first chunk, first row, stop row)`` of write block ``i``, in O(1)
+        (:func:`~shardload.plan.chunks.block_span` on regular boundaries)."""
+        chunk = i * self.chunks_per_block
+        if not 0 <= i < self.num_blocks:
+            raise IndexError(f"write block {i} out of range ({self.num_blocks} blocks)")
+        rows = self.chunk_rows * self.chunks_per_block
+        return chunk, i * rows, min((i + 1) * rows, self.length)
 
 
 # -- per-process cache: a worker opens the source and builds the view once ----------------------
