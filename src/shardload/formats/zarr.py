@@ -32,6 +32,19 @@ def compressors(options: FormatOptions) -> Any:
     return BloscCodec(cname=BloscCname(options.compression), clevel=level, shuffle="shuffle")
 
 
+#: Above this many features the names stay out of the array's zarr.json (every reader parses
+#: it); they are in the store's feature file (``_features/NAME.npz``, see manifest.py).
+MAX_FEATURE_ATTRS = 4096
+
+
+def _feature_attrs(features: Any) -> dict[str, Any]:
+    if not features:
+        return {}
+    if len(features) > MAX_FEATURE_ATTRS:
+        return {"num_features": len(features)}
+    return {"features": list(features)}
+
+
 class ZarrFormat:
     name = "zarr"
     parallel_write = True
@@ -62,7 +75,7 @@ class ZarrFormat:
                 compressors=compressors(options),
                 fill_value=0,
                 overwrite=True,
-                attributes={"features": list(spec.features)} if spec.features else {},
+                attributes=_feature_attrs(spec.features),
                 # named dims let xarray open the store directly (xr.open_zarr)
                 dimension_names=("sample", *(f"{name}_dim{i}" for i in range(1, len(spec.shape)))),
             )
