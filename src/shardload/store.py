@@ -55,6 +55,13 @@ class Store:
     def is_local(self) -> bool:
         return is_local(self.fs)
 
+    def left_out(self, names: Sequence[str]) -> str:
+        """Why arrays of plain Zarr data were left out when it was opened ("" if they were
+        not), for error messages."""
+        skipped = self.manifest.provenance.get("skipped") or {}
+        why = [f"{n!r}: {skipped[n]}" for n in names if n in skipped]
+        return f" (left out when opened: {'; '.join(why)})" if why else ""
+
     # -- reading ---------------------------------------------------------------------------------
     @property
     def reader(self) -> ArrayReader:
@@ -70,6 +77,7 @@ class Store:
         if name not in self.manifest.arrays:
             raise StoreError(
                 f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
+                + self.left_out([name])
             )
         n = len(self)
         stop = n if stop is None else stop
