@@ -100,7 +100,9 @@ def assert_same_store(got: Path, want: Path) -> None:
         sa, sb = a.manifest.stats[name], b.manifest.stats[name]
         np.testing.assert_allclose(sa.mean, sb.mean, rtol=1e-12)
         np.testing.assert_allclose(sa.std, sb.std, rtol=1e-12)
-        assert sa.count == sb.count and sa.min == sb.min and sa.max == sb.max
+        assert np.array_equal(sa.count, sb.count)
+        np.testing.assert_array_equal(sa.min, sb.min)
+        np.testing.assert_array_equal(sa.max, sb.max)
     assert not got.with_name(got.name + ".partial").exists()
 
 
