@@ -34,3 +34,14 @@ def inplace(x: np.ndarray) -> np.ndarray:
 
 def scaled(x: np.ndarray, *, factor: float = 1.0) -> np.ndarray:
     return (x * factor).astype(x.dtype)
+
+
+CALLS = {"n": 0, "fail_at": -1}
+
+
+def flaky(x: np.ndarray) -> np.ndarray:
+    """``box``, but raises on call number ``CALLS['fail_at']`` (a crash mid-run)."""
+    CALLS["n"] += 1
+    if CALLS["n"] == CALLS["fail_at"]:
+        raise RuntimeError("injected failure")
+    return box(x)

@@ -87,7 +87,7 @@ def test_source_chunks_and_threads_and_processes(tmp_path: Path, cube: np.ndarra
     from compute_funcs import box
 
     ref = dask_reference(cube, {0: 5, 1: 4}, box, {0: 1, 1: 1, 2: 1}, "periodic")
-    for sched in ("threads", "processes"):
+    for sched in ("threads", "processes") if _SLOW else ("threads",):
         shardload.compute(
             {
                 "source": {"paths": [str(src)], "variable": "amp"},
@@ -98,6 +98,38 @@ def test_source_chunks_and_threads_and_processes(tmp_path: Path, cube: np.ndarra
         )
         got = shardload.open_store(str(tmp_path / sched)).read("b", 0, SHAPE[0])
         assert got.tobytes() == ref.tobytes(), sched
+
+
+_SLOW = False
+
+
+@pytest.mark.slow
+def test_processes_scheduler(tmp_path: Path, cube: np.ndarray) -> None:
+    global _SLOW
+    _SLOW = True
+    try:
+        test_source_chunks_and_threads_and_processes(tmp_path, cube)
+    finally:
+        _SLOW = False
+
+
+def test_resume_after_failure_gives_the_same_store(tmp_path: Path, cube: np.ndarray) -> None:
+    """A run that dies mid-way leaves recorded slabs; the re-run computes only the others."""
+    import compute_funcs
+
+    src = write_source(tmp_path / "cube.zarr", cube, (5, 11, 9))
+    cfg = _cfg(tmp_path, src, function="compute_funcs:flaky", depth=1, boundary="periodic")
+    compute_funcs.CALLS.update(n=0, fail_at=3)  # slabs 0 and 1 written, slab 2 fails
+    with pytest.raises(RuntimeError, match="injected"):
+        shardload.compute(cfg)
+    assert not (tmp_path / "attrs").exists()
+    assert len(list((tmp_path / "attrs.partial" / "_progress").glob("block-*.npz"))) == 2
+    compute_funcs.CALLS.update(n=0, fail_at=-1)
+    shardload.compute(cfg)
+    assert compute_funcs.CALLS["n"] == 1  # only the last slab
+    got = shardload.open_store(str(tmp_path / "attrs")).read("a", 0, 13)
+    ref = dask_reference(cube, {0: 5}, compute_funcs.box, {0: 1, 1: 1, 2: 1}, "periodic")
+    assert got.tobytes() == ref.tobytes()
 
 
 def test_netcdf_source_via_xarray(tmp_path: Path, cube: np.ndarray) -> None:
