@@ -160,58 +160,56 @@ def _source(job: ComputeJob) -> SourceArray:
     return src
 
 
-def read_padded_blocks(
+def read_window(
     read: Callable[[Sequence[tuple[int, int]]], np.ndarray],
     box: Sequence[tuple[int, int]],
     shape: Sequence[int],
     attributes: Sequence[AttributePlan],
     *,
     dtype: np.dtype[Any],
-) -> tuple[np.ndarray, list[tuple[np.ndarray, list[AxisWindow]]]]:
-    """Read the window of block ``box`` once; return it and, per attribute, the padded block
-    (read-only) with its axis windows."""
-    ndim = len(shape)
+) -> tuple[np.ndarray, list[np.ndarray], list[list[AxisWindow]]]:
+    """Read the window of block ``box`` (the block with every attribute's halo) once: one read,
+    or one per piece where a periodic boundary wraps around. Returns the window (read-only),
+    the source index of each of its elements per axis, and each attribute's axis windows."""
     axes = [
         [plan_axis(a, b, n, att.depth[k], att.boundary[k]) for att in attributes]
         for k, ((a, b), n) in enumerate(zip(box, shape, strict=True))
     ]
     axis_runs = [runs([i for w in ws for i in w.index]) for ws in axes]
-    sizes = [sum(b - a for a, b in r) for r in axis_runs]
     if all(len(r) == 1 for r in axis_runs):
         buf = read([r[0] for r in axis_runs])
-    else:  # a periodic boundary wraps: read each piece, place it
-        buf = np.empty(sizes, dtype=dtype)
+    else:
+        buf = np.empty([sum(b - a for a, b in r) for r in axis_runs], dtype=dtype)
         offsets = [np.cumsum([0] + [b - a for a, b in r]) for r in axis_runs]
         for pick in product(*[range(len(r)) for r in axis_runs]):
-            piece = [axis_runs[k][j] for k, j in enumerate(pick)]
             where = tuple(
                 slice(int(offsets[k][j]), int(offsets[k][j + 1])) for k, j in enumerate(pick)
             )
-            buf[where] = read(piece)
+            buf[where] = read([axis_runs[k][j] for k, j in enumerate(pick)])
     buf.flags.writeable = False
     coords = [np.concatenate([np.arange(a, b) for a, b in r]) for r in axis_runs]
-    padded_blocks = []
-    for j in range(len(attributes)):
-        idx, const = [], []
-        for k in range(ndim):
-            index = np.asarray(axes[k][j].index)
-            local = np.searchsorted(coords[k], np.maximum(index, 0))
-            idx.append(local)
-            const.append(index == CONSTANT)
-        contiguous = all(
-            not c.any() and (len(i) == 0 or (np.diff(i) == 1).all()) for i, c in zip(idx, const, strict=True)
-        )
-        if contiguous:
-            padded = buf[tuple(slice(int(i[0]), int(i[-1]) + 1) for i in idx)]
-        else:
-            padded = buf[np.ix_(*idx)]
-            for k in range(ndim):
-                if const[k].any():
-                    value = attributes[j].boundary[k]
-                    padded[(slice(None),) * k + (const[k],)] = value
-            padded.flags.writeable = False
-        padded_blocks.append((padded, [axes[k][j] for k in range(ndim)]))
-    return buf, padded_blocks
+    per_attribute = [[axes[k][j] for k in range(len(shape))] for j in range(len(attributes))]
+    return buf, coords, per_attribute
+
+
+def pad_window(
+    buf: np.ndarray, coords: Sequence[np.ndarray], windows: Sequence[AxisWindow], att: AttributePlan
+) -> np.ndarray:
+    """The attribute's padded block, as dask pads it: a view of the window where no padding is
+    needed, else one copy (gathered by index; constants filled). Read-only either way."""
+    idx, const = [], []
+    for k, w in enumerate(windows):
+        index = np.asarray(w.index)
+        idx.append(np.searchsorted(coords[k], np.maximum(index, 0)))
+        const.append(index == CONSTANT)
+    if all(not c.any() and (np.diff(i) == 1).all() for i, c in zip(idx, const, strict=True)):
+        return buf[tuple(slice(int(i[0]), int(i[-1]) + 1) for i in idx)]
+    padded = buf[np.ix_(*idx)]
+    for k, c in enumerate(const):
+        if c.any():
+            padded[(slice(None),) * k + (c,)] = att.boundary[k]
+    padded.flags.writeable = False
+    return padded
 
 
 def apply_attribute(att: AttributePlan, padded: np.ndarray, windows: Sequence[AxisWindow]) -> np.ndarray:
@@ -253,7 +251,7 @@ def run_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
     inner = block_grid([(b0 - a0,), *job.chunks[1:]])
     for rel in inner:
         box = [(a0, b0), *rel[1:]]
-        buf, padded_blocks = read_padded_blocks(
+        buf, coords, windows = read_window(
             src.read, box, shape, job.attributes, dtype=np.dtype(job.info.dtype)
         )
         if not job.config.allow_nan and buf.dtype.kind in "fc" and np.isnan(buf).any():
@@ -263,9 +261,10 @@ def run_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
                 "anyway (NaNs then spread through each function's support)"
             )
         where = (slice(None),) + tuple(slice(a, b) for a, b in rel[1:])
-        for att, (padded, windows) in zip(job.attributes, padded_blocks, strict=True):
-            outs[att.name][where] = apply_attribute(att, padded, windows)
-        del buf, padded_blocks
+        for att, wins in zip(job.attributes, windows, strict=True):
+            # one attribute's padded copy and output at a time (the memory bound)
+            outs[att.name][where] = apply_attribute(att, pad_window(buf, coords, wins, att), wins)
+        del buf
     record: dict[str, np.ndarray] = {}
     for att in job.attributes:
         write_block_durably(
