@@ -63,8 +63,12 @@ def run_case(case: str, src: Path, out: Path, depth: int, workers: int) -> dict[
             {
                 "source": {"paths": [str(src)], "variable": "amp"},
                 "attributes": {
-                    "smooth": {"function": "bench_compute:smooth", "depth": depth,
-                               "boundary": "reflect", "size": size}  # fmt: skip
+                    "smooth": {
+                        "function": "bench_compute:smooth",
+                        "depth": depth,
+                        "boundary": "reflect",
+                        "size": size,
+                    }
                 },
                 "out": str(out),
                 "execution": {"scheduler": "threads", "num_workers": workers},
@@ -130,7 +134,9 @@ def main() -> None:
             for i in range(0, shape[0], chunks[0])
         )
     d, s = results["dask"], results["shardload"]
-    print(f"\ndepth {args.depth}, boundary reflect, {args.workers} threads; results equal: {same}\n")
+    print(
+        f"\ndepth {args.depth}, boundary reflect, {args.workers} threads; results equal: {same}\n"
+    )
     print("| engine | time (s) | peak RSS (MiB) |\n|---|---|---|")
     for name, r in (("dask map_overlap(...).to_zarr", d), ("shardload.compute", s)):
         print(f"| {name} | {r['seconds']:.1f} | {r['peak_rss_bytes'] / 2**20:.0f} |")

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 import shardload
-from shardload.blockwise.plan import ensure_minimum_chunksize, normalize_chunks, plan_axis, plan_memory, runs
+from shardload.blockwise.plan import (
+    ensure_minimum_chunksize,
+    normalize_chunks,
+    plan_axis,
+    plan_memory,
+    runs,
+)
 from shardload.errors import ConfigError, NaNError, StoreExistsError
 
 da = pytest.importorskip("dask.array")
@@ -40,7 +46,9 @@ def cube() -> np.ndarray:
     return rng.standard_normal(SHAPE).astype(np.float32)
 
 
-def dask_reference(x: np.ndarray, chunks: Any, func: Any, depth: dict[int, int], boundary: Any) -> np.ndarray:
+def dask_reference(
+    x: np.ndarray, chunks: Any, func: Any, depth: dict[int, int], boundary: Any
+) -> np.ndarray:
     d = da.from_array(x, chunks=normalize_chunks(chunks, x.shape))
     if not any(depth.values()):
         return d.map_blocks(func, dtype=x.dtype).compute(scheduler="sync")
@@ -51,7 +59,9 @@ def dask_reference(x: np.ndarray, chunks: Any, func: Any, depth: dict[int, int],
 
 @pytest.mark.parametrize("chunks", CHUNKINGS, ids=["c5x4", "c7x8x5"])
 @pytest.mark.parametrize("depth", DEPTHS, ids=["d213", "d0", "d330"])
-def test_bit_identical_to_dask(tmp_path: Path, cube: np.ndarray, chunks: dict[int, int], depth: dict[int, int]) -> None:
+def test_bit_identical_to_dask(
+    tmp_path: Path, cube: np.ndarray, chunks: dict[int, int], depth: dict[int, int]
+) -> None:
     """Every boundary mode (one attribute each) on chunkings that do not divide the shape."""
     src = write_source(tmp_path / "cube.zarr", cube, (4, 4, 4))  # the source's own chunks differ
     attrs = {
@@ -91,7 +101,9 @@ def test_source_chunks_and_threads_and_processes(tmp_path: Path, cube: np.ndarra
         shardload.compute(
             {
                 "source": {"paths": [str(src)], "variable": "amp"},
-                "attributes": {"b": {"function": "compute_funcs:box", "depth": 1, "boundary": "periodic"}},
+                "attributes": {
+                    "b": {"function": "compute_funcs:box", "depth": 1, "boundary": "periodic"}
+                },
                 "out": str(tmp_path / sched),
                 "execution": {"scheduler": sched, "num_workers": 2},
             }
@@ -141,7 +153,9 @@ def test_netcdf_source_via_xarray(tmp_path: Path, cube: np.ndarray) -> None:
     shardload.compute(
         {
             "source": {"paths": [str(path)], "variable": "amp"},
-            "attributes": {"b": {"function": "compute_funcs:box", "depth": {0: 2}, "boundary": "nearest"}},
+            "attributes": {
+                "b": {"function": "compute_funcs:box", "depth": {0: 2}, "boundary": "nearest"}
+            },
             "chunks": {0: 5},
             "out": str(tmp_path / "attrs"),
             "execution": {"scheduler": "sync"},
@@ -174,7 +188,9 @@ def test_plan_axis_none_and_constant() -> None:
 
 def test_memory_estimate_formula() -> None:
     chunks = normalize_chunks({0: 10}, (100, 20, 30))
-    est = plan_memory(chunks, [(2, 0, 0)], itemsize=4, out_itemsizes=[4], work_bytes_per_element=[8], tasks=3)
+    est = plan_memory(
+        chunks, [(2, 0, 0)], itemsize=4, out_itemsizes=[4], work_bytes_per_element=[8], tasks=3
+    )
     window = 14 * 20 * 30 * 4
     assert est.window_bytes == window
     assert est.per_task_bytes == 2 * window + 14 * 20 * 30 * 12 + 10 * 20 * 30 * 4
@@ -198,7 +214,10 @@ def test_refusals_before_any_write(tmp_path: Path, cube: np.ndarray) -> None:
     cases = [
         ({"function": "no_such_module:f"}, r"attributes\.a\.function.*cannot import"),
         ({"function": "compute_funcs:nothing"}, r"attributes\.a\.function.*has no"),
-        ({"depth": {0: 4}}, r"attributes\.a\.depth.*larger than the smallest block.*axis 0.*'chunks'"),
+        (
+            {"depth": {0: 4}},
+            r"attributes\.a\.depth.*larger than the smallest block.*axis 0.*'chunks'",
+        ),
         ({"depth": {1: 12}}, r"attributes\.a\.depth.*larger than the axis"),
         ({"boundary": "mirror"}, r"attributes\.a\.boundary.*unknown boundary"),
         ({"depth": {5: 1}}, r"attributes\.a\.depth.*axis 5"),
@@ -253,7 +272,9 @@ def test_existing_output_and_kwargs(tmp_path: Path, cube: np.ndarray) -> None:
     m = shardload.compute(cfg)
     assert m.arrays["a"].attrs["kwargs"] == {"factor": 2.0}
     assert m.stats["a"].count == cube.size
-    np.testing.assert_array_equal(shardload.open_store(str(tmp_path / "attrs")).read("a", 0, 13), cube * 2)
+    np.testing.assert_array_equal(
+        shardload.open_store(str(tmp_path / "attrs")).read("a", 0, 13), cube * 2
+    )
     with pytest.raises(StoreExistsError):
         shardload.compute(cfg)
 
@@ -267,9 +288,38 @@ def test_inner_axis_rechunked_as_dask(tmp_path: Path, cube: np.ndarray) -> None:
     src = write_source(tmp_path / "cube.zarr", cube, (5, 11, 9))
     from compute_funcs import block_position
 
-    cfg = _cfg(tmp_path, src, function="compute_funcs:block_position", depth={1: 3}, boundary="none")
+    cfg = _cfg(
+        tmp_path, src, function="compute_funcs:block_position", depth={1: 3}, boundary="none"
+    )
     cfg["chunks"] = {0: 5, 1: 5}  # axis 1: (5, 5, 1)
     shardload.compute(cfg)
     got = shardload.open_store(str(tmp_path / "attrs")).read("a", 0, 13)
     ref = dask_reference(cube, {0: 5, 1: 5}, block_position, {0: 0, 1: 3, 2: 0}, "none")
     assert got.tobytes() == ref.tobytes()
+
+
+def test_cli_compute(tmp_path: Path, cube: np.ndarray, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardload.cli import main
+
+    write_source(tmp_path / "cube.zarr", cube, (5, 11, 9))
+    cfg = tmp_path / "attrs.yaml"
+    cfg.write_text(
+        "source: {paths: [cube.zarr], variable: amp}\n"
+        "attributes:\n"
+        "  smooth: {function: 'compute_funcs:box', depth: {0: 1, 1: 1, 2: 1}, boundary: reflect}\n"
+        "  env: {function: 'shardload.attributes:envelope', axis: -1, depth: {2: 0}, boundary: nearest}\n"
+        "chunks: source\n"
+        "out: attrs\n"
+        "execution: {scheduler: threads, num_workers: 2}\n"
+    )
+    assert main(["compute", str(cfg), "--no-progress"]) == 0
+    assert "computed 2 attribute(s)" in capsys.readouterr().out
+    store = shardload.open_store(str(tmp_path / "attrs"))
+    from compute_funcs import box
+
+    ref = dask_reference(cube, {0: 5}, box, {0: 1, 1: 1, 2: 1}, "reflect")
+    assert store.read("smooth", 2, 11).tobytes() == ref[2:11].tobytes()
+    # bad input: exit 2, the option named, no traceback
+    assert main(["compute", str(cfg), "--set", "attributes.smooth.depth.0=9", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "attributes.smooth.depth" in err and "Traceback" not in err

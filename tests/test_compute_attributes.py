@@ -108,8 +108,12 @@ def test_attributes_through_the_engine(
             {
                 "source": {"paths": [str(src)], "variable": "amp"},
                 "attributes": {
-                    name: {"function": f"shardload.attributes:{name}", "depth": depth,
-                           "boundary": "none", **kwargs}  # fmt: skip
+                    name: {
+                        "function": f"shardload.attributes:{name}",
+                        "depth": depth,
+                        "boundary": "none",
+                        **kwargs,
+                    }
                 },
                 "chunks": chunks,
                 "out": str(out),
@@ -121,7 +125,7 @@ def test_attributes_through_the_engine(
 
 
 def test_bad_windows() -> None:
-    with pytest.raises(shardload.errors.ConfigError, match="rms_amplitude window.*even"):
+    with pytest.raises(shardload.errors.ConfigError, match=r"rms_amplitude window.*even"):
         A.rms_amplitude(np.zeros((3, 4)), window=4)
     with pytest.raises(shardload.errors.ConfigError, match="semblance needs a 3-D"):
         A.semblance(np.zeros((3, 4)))

@@ -30,8 +30,8 @@ from ..errors import ConfigError, NaNError, ShardloadError
 from ..executor import default_workers, open_executor
 from ..formats.base import FormatOptions
 from ..manifest import MANIFEST_NAME, ArrayInfo, Manifest
-from ..stats import finalize, merge_all, partial
 from ..stats import Partial as StatPartial
+from ..stats import finalize, merge_all, partial
 from .config import ComputeConfig, import_function, load_compute_config
 from .plan import (
     CONSTANT,
@@ -89,7 +89,9 @@ def plan_job(cfg: ComputeConfig, info: SourceInfo, root: str) -> ComputeJob:
     """Blocks, attributes and fingerprint; every config error surfaces here, before any read."""
     ndim = len(info.shape)
     if ndim == 0 or 0 in info.shape:
-        raise ConfigError(f"source.variable {cfg.variable!r} has shape {info.shape}: nothing to compute")
+        raise ConfigError(
+            f"source.variable {cfg.variable!r} has shape {info.shape}: nothing to compute"
+        )
     if cfg.chunks is None:
         chunks = normalize_chunks(info.chunks, info.shape, where="chunks (the source's own)")
     else:
@@ -212,7 +214,9 @@ def pad_window(
     return padded
 
 
-def apply_attribute(att: AttributePlan, padded: np.ndarray, windows: Sequence[AxisWindow]) -> np.ndarray:
+def apply_attribute(
+    att: AttributePlan, padded: np.ndarray, windows: Sequence[AxisWindow]
+) -> np.ndarray:
     """``function(padded, **kwargs)`` checked for shape and dtype, then trimmed to the block."""
     func = import_function(att.function, f"attributes.{att.name}.function")
     try:
@@ -245,9 +249,7 @@ def run_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
     src = _source(job)
     shape = job.info.shape
     a0, b0 = job.bounds[slab], job.bounds[slab + 1]
-    outs = {
-        att.name: np.empty((b0 - a0, *shape[1:]), dtype=att.dtype) for att in job.attributes
-    }
+    outs = {att.name: np.empty((b0 - a0, *shape[1:]), dtype=att.dtype) for att in job.attributes}
     inner = block_grid([(b0 - a0,), *job.chunks[1:]])
     for rel in inner:
         box = [(a0, b0), *rel[1:]]
@@ -260,7 +262,7 @@ def run_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
                 f"{[tuple(b) for b in box]} (block with halo); set 'allow_nan: true' to compute "
                 "anyway (NaNs then spread through each function's support)"
             )
-        where = (slice(None),) + tuple(slice(a, b) for a, b in rel[1:])
+        where = (slice(None), *tuple(slice(a, b) for a, b in rel[1:]))
         for att, wins in zip(job.attributes, windows, strict=True):
             # one attribute's padded copy and output at a time (the memory bound)
             outs[att.name][where] = apply_attribute(att, pad_window(buf, coords, wins, att), wins)
@@ -320,7 +322,12 @@ def compute(
     with commit:
         done = commit.start(create)
         if done:
-            log.info("resuming %s: %d of %d slab(s) already written", commit.root, len(done), job.num_slabs)
+            log.info(
+                "resuming %s: %d of %d slab(s) already written",
+                commit.root,
+                len(done),
+                job.num_slabs,
+            )
         _run(job, commit, commit.todo(), len(done), progress)
         records = [commit.read_record(i) for i in range(job.num_slabs)]
         commit.finish_format(FORMAT, create, [], list(specs), bounds=bounds)
@@ -338,12 +345,19 @@ def compute(
             chunk_bounds=bounds,
             arrays={
                 a.name: ArrayInfo(
-                    a.name, info.shape, a.dtype, bounds[1] - bounds[0], path=a.name,
+                    a.name,
+                    info.shape,
+                    a.dtype,
+                    bounds[1] - bounds[0],
+                    path=a.name,
                     attrs={
-                        "function": a.function, "kwargs": dict(a.kwargs), "depth": list(a.depth),
-                        "boundary": list(a.boundary), "dims": list(info.dims),
+                        "function": a.function,
+                        "kwargs": dict(a.kwargs),
+                        "depth": list(a.depth),
+                        "boundary": list(a.boundary),
+                        "dims": list(info.dims),
                     },
-                )  # fmt: skip
+                )
                 for a in job.attributes
             },
             splits={"all": tuple(range(job.num_slabs))},
@@ -357,11 +371,15 @@ def compute(
             shardload_version=__version__,
         )
         commit.publish(MANIFEST_NAME, manifest.to_json().encode())
-    log.info("computed %d attribute(s) into %s in %.1f s", len(specs), out, time.perf_counter() - t0)
+    log.info(
+        "computed %d attribute(s) into %s in %.1f s", len(specs), out, time.perf_counter() - t0
+    )
     return manifest
 
 
-def _run(job: ComputeJob, commit: BlockCommit, todo: list[int], initial: int, progress: bool | None) -> None:
+def _run(
+    job: ComputeJob, commit: BlockCommit, todo: list[int], initial: int, progress: bool | None
+) -> None:
     """At most ``parallelism`` slabs in flight (the memory bound); record each as it finishes."""
     from tqdm.auto import tqdm
 

@@ -70,11 +70,15 @@ def normalize_chunks(
         return tuple(out)
     result = tuple(tuple(int(c) for c in ax) for ax in chunks)
     if len(result) != ndim or any(sum(c) != n for c, n in zip(result, shape, strict=True)):
-        raise ConfigError(f"{where}: block sizes {result} do not add up to the shape {tuple(shape)}")
+        raise ConfigError(
+            f"{where}: block sizes {result} do not add up to the shape {tuple(shape)}"
+        )
     return result
 
 
-def normalize_depth(depth: Mapping[int, int] | int | None, ndim: int, where: str) -> tuple[int, ...]:
+def normalize_depth(
+    depth: Mapping[int, int] | int | None, ndim: int, where: str
+) -> tuple[int, ...]:
     if depth is None:
         return (0,) * ndim
     if isinstance(depth, int) and not isinstance(depth, bool):
@@ -173,8 +177,11 @@ def plan_overlap_chunks(
                         f"attributes.{name}.depth: depth {widest} along axis {axis} is larger than "
                         f"the smallest block along that axis ({min(sizes)} of blocks "
                         f"{tuple(sizes)}); dask would rechunk to {shared}"
-                        + (", which the output store's equal chunks along axis 0 cannot hold"
-                           if axis == 0 else " for some attributes only")
+                        + (
+                            ", which the output store's equal chunks along axis 0 cannot hold"
+                            if axis == 0
+                            else " for some attributes only"
+                        )
                         + "; use other chunks (option 'chunks') or a smaller depth"
                     )
         out.append(shared)
@@ -289,7 +296,10 @@ def plan_memory(
     window = win_elems * itemsize
     slab_elems = max(chunks[0]) * int(np.prod([sum(c) for c in chunks[1:]], dtype=np.int64))
     work = max(
-        (int(win_elems * (o + w)) for o, w in zip(out_itemsizes, work_bytes_per_element, strict=True)),
+        (
+            int(win_elems * (o + w))
+            for o, w in zip(out_itemsizes, work_bytes_per_element, strict=True)
+        ),
         default=0,
     )
     per_task = 2 * window + work + slab_elems * int(sum(out_itemsizes))

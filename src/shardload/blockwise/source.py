@@ -35,11 +35,15 @@ class SourceArray:
         paths = list(cfg.paths)
         from ..sources.open import expand_paths, guess_engine, is_url
 
-        if len(paths) == 1 and not is_url(paths[0]) and (cfg.engine or guess_engine(paths[0])) == "zarr":
+        if (
+            len(paths) == 1
+            and not is_url(paths[0])
+            and (cfg.engine or guess_engine(paths[0])) == "zarr"
+        ):
             import zarr
 
             try:
-                node = zarr.open_group(store=expand_paths(paths)[0], mode="r")
+                node: Any = zarr.open_group(store=expand_paths(paths)[0], mode="r")
                 if cfg.group:
                     node = node[cfg.group]
                 if variable not in node:
@@ -53,7 +57,11 @@ class SourceArray:
             except Exception as exc:
                 raise SourceError(f"cannot open Zarr source {paths[0]}: {exc}") from exc
             arr = self._zarr
-            dims = tuple(arr.metadata.dimension_names or ()) if hasattr(arr.metadata, "dimension_names") else ()
+            dims = (
+                tuple(arr.metadata.dimension_names or ())
+                if hasattr(arr.metadata, "dimension_names")
+                else ()
+            )
             if not dims:
                 dims = tuple(arr.attrs.get("_ARRAY_DIMENSIONS", ())) or tuple(
                     f"dim_{i}" for i in range(arr.ndim)
