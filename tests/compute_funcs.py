@@ -45,3 +45,12 @@ def flaky(x: np.ndarray) -> np.ndarray:
     if CALLS["n"] == CALLS["fail_at"]:
         raise RuntimeError("injected failure")
     return box(x)
+
+
+def slow_box(x: np.ndarray) -> np.ndarray:
+    """``box`` after a pause (lets a test kill the run mid-way)."""
+    import time
+
+    CALLS["n"] += 1
+    time.sleep(0.3)
+    return box(x)

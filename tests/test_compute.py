@@ -323,3 +323,44 @@ def test_cli_compute(tmp_path: Path, cube: np.ndarray, capsys: pytest.CaptureFix
     assert main(["compute", str(cfg), "--set", "attributes.smooth.depth.0=9", "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert "attributes.smooth.depth" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_kill_9_and_rerun_gives_the_same_store(tmp_path: Path, cube: np.ndarray) -> None:
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src = write_source(tmp_path / "cube.zarr", cube, (2, 11, 9))  # 7 slabs
+    cfg = _cfg(tmp_path, src, function="compute_funcs:slow_box", depth=1, boundary="reflect")
+    cfg["chunks"] = "source"
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    tests_dir = str(Path(__file__).parent)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), tests_dir]),
+    }
+    code = (
+        "import json, sys, shardload; "
+        "shardload.compute(json.load(open(sys.argv[1])), progress=False)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "cfg.json")], env=env)
+    progress = tmp_path / "attrs.partial" / "_progress"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(progress.glob("block-*.npz"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = len(list(progress.glob("block-*.npz")))
+    assert 2 <= done < 7 and not (tmp_path / "attrs").exists()
+    import compute_funcs
+
+    compute_funcs.CALLS.update(n=0)
+    shardload.compute(cfg)  # resumes
+    assert compute_funcs.CALLS["n"] == 7 - done  # only the slabs not recorded
+    got = shardload.open_store(str(tmp_path / "attrs")).read("a", 0, 13)
+    ref = dask_reference(cube, {0: 2}, compute_funcs.box, {0: 1, 1: 1, 2: 1}, "reflect")
+    assert got.tobytes() == ref.tobytes()
