@@ -16,6 +16,7 @@ Usage::
 
     python benchmarks/bench_compute.py                 # 1 GiB, depth 8, 2 threads
     python benchmarks/bench_compute.py --gib 0.25 --depth 4 --workers 2
+    python benchmarks/bench_compute.py --gib 0.0625 --chunks 32 32 32 --map-blocks  # small blocks
 """
 
 from __future__ import annotations
@@ -82,8 +83,11 @@ def run_case(case: str, src: Path, out: Path, depth: int, workers: int) -> dict[
         from zarr.codecs import BloscCodec
 
         x = da.from_zarr(str(src), component="amp")
-        y = da.map_overlap(smooth, x, depth=depth, boundary="reflect", trim=True,
-                           dtype=x.dtype, size=size)  # fmt: skip
+        if case == "dask-map-blocks":  # the same function without halo: dask's baseline peak
+            y = x.map_blocks(smooth, dtype=x.dtype, size=size)
+        else:
+            y = da.map_overlap(smooth, x, depth=depth, boundary="reflect", trim=True,
+                               dtype=x.dtype, size=size)  # fmt: skip
         g = zarr.open_group(store=str(out), mode="w", zarr_format=3)
         arr = g.create_array("smooth", shape=y.shape, chunks=x.chunksize, dtype=y.dtype,
                              compressors=BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"))  # fmt: skip
@@ -101,6 +105,10 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--chunks", type=int, nargs=3, default=None)
     p.add_argument("--dir", default=None)
+    p.add_argument(
+        "--map-blocks", action="store_true",
+        help="also run dask's map_blocks (no halo) for its baseline peak",
+    )  # fmt: skip
     p.add_argument("--run-case", nargs=3, metavar=("CASE", "SRC", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.run_case:
@@ -117,7 +125,8 @@ def main() -> None:
         print(f"cube {shape} float32 ({np.prod(shape) * 4 / 2**30:.2f} GiB), chunks {chunks}, "
               f"written in {time.perf_counter() - t0:.1f} s")  # fmt: skip
         results = {}
-        for case in ("dask", "shardload"):
+        cases = ("dask", "shardload") + (("dask-map-blocks",) if args.map_blocks else ())
+        for case in cases:
             out = Path(tmp) / f"{case}.zarr"
             cmd = [sys.executable, __file__, "--depth", str(args.depth), "--workers",
                    str(args.workers), "--run-case", case, str(src), str(out)]  # fmt: skip
@@ -138,7 +147,10 @@ def main() -> None:
         f"\ndepth {args.depth}, boundary reflect, {args.workers} threads; results equal: {same}\n"
     )
     print("| engine | time (s) | peak RSS (MiB) |\n|---|---|---|")
-    for name, r in (("dask map_overlap(...).to_zarr", d), ("shardload.compute", s)):
+    rows = [("dask map_overlap(...).to_zarr", d), ("shardload.compute", s)]
+    if "dask-map-blocks" in results:
+        rows.append(("dask map_blocks(...).to_zarr (no halo)", results["dask-map-blocks"]))
+    for name, r in rows:
         print(f"| {name} | {r['seconds']:.1f} | {r['peak_rss_bytes'] / 2**20:.0f} |")
     print(f"\nshardload / dask: time {s['seconds'] / d['seconds']:.2f}x, "
           f"peak RSS {s['peak_rss_bytes'] / d['peak_rss_bytes']:.2f}x")  # fmt: skip

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..commit import BlockCommit, write_block_durably
+from ..commit import BlockCommit, partial_path, write_block_durably
 from ..errors import ConfigError, NaNError, ShardloadError
 from ..executor import default_workers, open_executor
 from ..formats.base import FormatOptions
@@ -291,8 +291,7 @@ def compute(
     out = Path(cfg.out)
     t0 = time.perf_counter()
     info = SourceArray(cfg.source, cfg.variable).info
-    commit = BlockCommit(out, fingerprint="", num_blocks=0, overwrite=cfg.overwrite)
-    job = plan_job(cfg, info, str(commit.root))
+    job = plan_job(cfg, info, str(partial_path(out)))
     tasks = int(cfg.execution.num_workers or default_workers())
     est = estimate_memory(job, tasks)
     log.info("compute %s: memory bound %s", out, est.describe())
