@@ -20,6 +20,7 @@ def make_store(
     chunk_rows: int = 7,
     splits: dict[str, float] | None = None,
     name: str = "store",
+    **config: object,
 ) -> Store:
     """A prepared store with arrays x (n, 4) float32 and y (n, 1) int64; row i holds values
     derived from i, so a batch can be checked against its "index"."""
@@ -42,7 +43,7 @@ def make_store(
         "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
         "arrays": {"x": ["a", "b"], "y": ["c"]}, "chunk_rows": chunk_rows, "format": fmt,
         "compression": compression, "out": str(tmp / name),
-        "splits": splits or {"train": 0.8, "val": 0.1, "test": 0.1},
+        "splits": splits or {"train": 0.8, "val": 0.1, "test": 0.1}, **config,
     })  # fmt: skip
 
 

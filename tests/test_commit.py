@@ -68,12 +68,12 @@ def test_publish_never_replaces_an_output_without_overwrite(tmp_path):
         out.mkdir()  # someone else published meanwhile
         (out / "theirs").write_text("keep me")
         with pytest.raises(StoreExistsError, match="stays in"):
-            c.publish("shardload.json", b"{}")
+            c.publish({"shardload.json": b"{}"})
     assert (out / "theirs").read_text() == "keep me"
     assert (c.root / "shardload.json").exists()  # finished store kept for a later run
     with make(out, n=1, overwrite=True) as c:
         assert c.start(lambda root: None) == {0}
-        c.publish("shardload.json", b"{}")
+        c.publish({"shardload.json": b"{}"})
     assert (out / "shardload.json").exists() and not (out / "theirs").exists()
     assert not (out / "_progress").exists() and not c.root.exists()
     assert not list(tmp_path.glob("store.old-*"))

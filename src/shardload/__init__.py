@@ -3,8 +3,10 @@
 Public API::
 
     shardload.prepare(config)            # raw files -> sharded store (see docs/config.md)
+    shardload.prepare(config, dataset=ds)  # ... or a lazy xarray.Dataset you already hold
     shardload.compute(config)            # attributes block by block (see docs/compute.md)
     shardload.open_store(path_or_url)    # a store handle: len(store), store.read(name, a, b)
+    store.to_xarray()                    # the store as a lazy xarray.Dataset
     shardload.iter_batches(store, ...)   # numpy batches for any framework
     shardload.torch.StreamingDataset     # PyTorch (imports torch; not imported here)
 """
@@ -25,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy imports keep `import shardload` fast and free of heavy optional dependencies.
+    # PEP 562: lazy imports keep `import shardload` fast, and the read side (open_store,
+    # iter_batches) free of xarray, dask and pandas, which only prepare needs.
     if name == "open_store":
         from .store import open_store
 
@@ -43,3 +46,7 @@ def __getattr__(name: str) -> Any:
 
         return iter_batches
     raise AttributeError(f"module 'shardload' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

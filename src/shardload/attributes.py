@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .errors import ConfigError, require
+from .errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,7 +40,8 @@ def _float(x: np.ndarray) -> np.dtype[Any]:
 
 
 def _analytic(x: np.ndarray, axis: int) -> np.ndarray:
-    signal = require("scipy.signal", "compute")
+    from scipy import signal  # a base dependency
+
     return signal.hilbert(np.asarray(x, dtype=np.float64), axis=axis)  # type: ignore[no-any-return]
 
 

@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
                    help="override a config key (dotted for nested keys, value parsed as YAML), e.g. "
                    "--set chunk_rows=4096 --set execution.scheduler=processes; repeatable")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at 'out'")
-    p.add_argument("--scheduler", choices=["threads", "processes", "distributed", "jobqueue", "sync"],
+    p.add_argument("--scheduler", choices=["auto", "threads", "processes", "distributed", "jobqueue", "sync"],
                    help="shortcut for --set execution.scheduler=...")  # fmt: skip
     p.add_argument("--workers", type=int, help="shortcut for --set execution.num_workers=N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

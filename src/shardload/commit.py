@@ -10,7 +10,7 @@ Every writer (``prepare`` today, a block-wise compute engine tomorrow) goes thro
             commit.record(i, {"x/mean": ..., ...})                  # then the block's record
         fields = [commit.read_record(i) for i in range(n)]
         commit.finish_format(fmt, ...)                              # merge staged blocks
-        commit.publish(manifest_bytes)                              # atomically, once
+        commit.publish({"shardload.json": manifest_bytes})          # atomically, once
 
 The rules (docs/design.md, "Writing a store"):
 
@@ -380,15 +380,21 @@ class BlockCommit:
         write_atomic(marker, b"{}")
         shutil.rmtree(self.root / STAGED_DIR, ignore_errors=True)
 
-    def publish(self, manifest_name: str, manifest: bytes) -> None:
-        """fsync the tree, write the manifest, rename ``OUT.partial`` to ``OUT``.
+    def publish(self, files: Mapping[str, bytes]) -> None:
+        """fsync the tree, write ``files`` (path relative to the store root: bytes) in order,
+        each durably, then rename ``OUT.partial`` to ``OUT``. The last file is the one that makes
+        the store complete (the manifest).
 
         An existing ``OUT`` is moved aside and deleted only with ``overwrite``; the progress
         records are removed after the rename (a crash between leaves a harmless ``_progress``).
         """
         shutil.rmtree(self.root / STAGED_DIR, ignore_errors=True)
         fsync_tree(self.root)  # every array file on disk before the manifest says complete
-        write_atomic(self.root / manifest_name, manifest)
+        for rel, data in files.items():
+            path = self.root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, data)
+            fsync_dir(path.parent)
         old = None
         if self.out.exists():
             if not self.overwrite:

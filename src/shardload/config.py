@@ -3,7 +3,7 @@
 Keys (see docs/config.md for the full reference with examples)::
 
     source: {paths, kind, engine, combine, concat_dim, decode_times, group, variables,
-             open_kwargs, storage_options, outputs}
+             open_kwargs, storage_options, outputs, filter}
     sample_dims, view, arrays, dtype,
     chunk_rows | target_chunk_bytes, format, compression, compression_level, shard_chunks,
     splits, split_seed, split_shuffle, nan, out, overwrite,
@@ -40,11 +40,14 @@ class SourceConfig:
     variables: tuple[str, ...] | None = None
     open_kwargs: Mapping[str, Any] = field(default_factory=dict)
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    #: GRIB: select messages by key, e.g. {typeOfLevel: isobaricInhPa} (cfgrib's filter_by_keys)
+    filter: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ExecutionConfig:
-    scheduler: str = "threads"
+    #: "auto": the active dask.distributed client if the process has one, else threads
+    scheduler: str = "auto"
     num_workers: int | None = None
     threads_per_worker: int = 1
     address: str | None = None
@@ -189,6 +192,7 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
         variables=tuple(src.variables) if src.variables else None,
         open_kwargs=dict(src.open_kwargs),
         storage_options=dict(src.storage_options),
+        filter=dict(src.filter),
     )
     view_options = m.view.model_dump(exclude={"name"})
     if m.view.name == "window" and m.view.targets is None:

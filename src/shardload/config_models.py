@@ -37,7 +37,7 @@ DEFAULT_TARGET_CHUNK_BYTES_TEXT = "16MiB"
 FORMATS = ("zarr", "npy", "hdf5")
 COMPRESSION_NAMES = ("none", "zstd", "lz4")
 VIEW_NAMES = ("flat", "graph", "window", "function")
-SCHEDULERS = ("threads", "processes", "distributed", "jobqueue", "sync")
+SCHEDULERS = ("auto", "threads", "processes", "distributed", "jobqueue", "sync")
 NUMERIC_DTYPES = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64",
@@ -157,6 +157,11 @@ class SourceModel(_Model):
     variables: StrList | None = None
     open_kwargs: dict[str, Any] = Field(default_factory=dict)
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    filter: dict[str, Any] = Field(
+        default_factory=dict,
+        description="GRIB: keep messages with these key values, e.g. {typeOfLevel: isobaricInhPa} "
+        "(cfgrib's filter_by_keys)",
+    )
 
 
 # -- views ----------------------------------------------------------------------------------------
@@ -349,7 +354,8 @@ CLUSTER_KINDS: dict[str, tuple[str, type[_JobqueueCommon]]] = {
 class ExecutionModel(_Model):
     """How write tasks run (``execution:``; a string is shorthand for ``scheduler``)."""
 
-    scheduler: Literal["threads", "processes", "distributed", "jobqueue", "sync"] = "threads"
+    #: auto: the process's active distributed.Client if there is one, else threads
+    scheduler: Literal["auto", "threads", "processes", "distributed", "jobqueue", "sync"] = "auto"
     num_workers: PositiveInt | None = None
     threads_per_worker: PositiveInt = 1
     address: str | None = None

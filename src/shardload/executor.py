@@ -1,10 +1,12 @@
 """One ``concurrent.futures.Executor`` for every way of running write tasks.
 
-- ``threads`` (default): a thread pool in this process (numpy, codecs and file I/O release
-  the GIL).
+- ``auto`` (default): the active ``distributed.Client`` of this process if there is one (a
+  notebook's ``Client()``), else ``threads``.
+- ``threads``: a thread pool in this process (numpy, codecs and file I/O release the GIL).
 - ``processes``: a process pool (spawned, so HDF5/netCDF handles are never inherited).
-- ``distributed``: a dask.distributed cluster -- ``address`` of a running scheduler, or a
-  ``LocalCluster`` of ``num_workers`` processes -- through ``Client.get_executor()``.
+- ``distributed``: a dask.distributed cluster -- ``address`` of a running scheduler, else the
+  active client, else a new ``LocalCluster`` of ``num_workers`` processes -- through
+  ``Client.get_executor()``. A client shardload did not create is left open.
 - ``jobqueue``: an HPC cluster from dask-jobqueue (``cluster: {kind: slurm|pbs|lsf|sge|htcondor,
   jobs: N, ...}``; the other keys go to the cluster class, e.g. cores, memory, queue, walltime).
 - ``sync``: run in the calling thread (debugging).
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -53,23 +56,48 @@ def default_workers() -> int:
     )
 
 
+def active_client() -> Any | None:
+    """The ``distributed.Client`` this process made current (e.g. ``Client()`` in a notebook),
+    or None. Never imports distributed: a process with a client has imported it."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return None
+    try:
+        return distributed.default_client()
+    except ValueError:  # no client
+        return None
+
+
+def resolve_scheduler(cfg: ExecutionConfig) -> str:
+    """The scheduler a run uses: ``auto`` becomes ``distributed`` with an active client, else
+    ``threads``."""
+    if cfg.scheduler != "auto":
+        return cfg.scheduler
+    return "distributed" if active_client() is not None else "threads"
+
+
 @contextmanager
 def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
-    """Yield ``(executor, parallelism)``; tear everything down on exit."""
+    """Yield ``(executor, parallelism)``; tear down on exit what was created here."""
     n = int(cfg.num_workers or default_workers())
-    if cfg.scheduler == "sync":
+    scheduler = resolve_scheduler(cfg)
+    if scheduler == "sync":
         yield SyncExecutor(), 1
-    elif cfg.scheduler == "threads":
+    elif scheduler == "threads":
         with ThreadPoolExecutor(max_workers=n, thread_name_prefix="shardload-write") as ex:
             yield ex, n
-    elif cfg.scheduler == "processes":
+    elif scheduler == "processes":
         with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as ex:
             yield ex, n
-    elif cfg.scheduler == "distributed":
+    elif scheduler == "distributed":
         distributed = require("distributed", "distributed")
+        own = True
         if cfg.address:
             client = distributed.Client(cfg.address)
             cluster = None
+        elif active_client() is not None:
+            client, cluster, own = active_client(), None, False
+            log.info("using the active dask.distributed client %s", client)
         else:
             cluster = distributed.LocalCluster(
                 n_workers=n, threads_per_worker=cfg.threads_per_worker, processes=True,
@@ -77,14 +105,17 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
             )  # fmt: skip
             client = distributed.Client(cluster)
         try:
-            workers = len(client.scheduler_info().get("workers", {})) or n
+            info = client.scheduler_info().get("workers", {})
+            workers = len(info) or n
+            threads = sum(int(w.get("nthreads", 0)) for w in info.values())
             log.info("dask.distributed: %s with %d worker(s)", client.scheduler.address, workers)
-            yield client.get_executor(), workers * cfg.threads_per_worker
+            yield client.get_executor(), (threads or workers * cfg.threads_per_worker)
         finally:
-            client.close()
+            if own:
+                client.close()
             if cluster is not None:
                 cluster.close()
-    elif cfg.scheduler == "jobqueue":
+    elif scheduler == "jobqueue":
         jq = require("dask_jobqueue", "hpc")
         distributed = require("distributed", "hpc")
         opts = dict(cfg.cluster)
@@ -104,4 +135,4 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
             client.close()
             cluster.close()
     else:  # validated in config, kept for direct callers
-        raise ConfigError(f"execution.scheduler: unknown {cfg.scheduler!r}")
+        raise ConfigError(f"execution.scheduler: unknown {scheduler!r}")

@@ -1,22 +1,34 @@
 """The manifest: everything a loader needs to know about a store, without opening any array.
 
-It is one JSON file, ``shardload.json``, at the store root. Values are frozen dataclasses that
-round-trip through JSON exactly (``Manifest.from_json(m.to_json()) == m``).
+On disk (``Manifest.to_files``) it is one small JSON file, ``shardload.json``, at the store root
+(arrays, chunks, splits, options), and beside it one binary file per array,
+``_features/NAME.npz``, with the array's per-feature names and statistics: a store of 4.5 M
+features would otherwise carry hundreds of MB of JSON that every ``open_store`` parses. The
+feature files are read lazily, on first access of ``manifest.stats[name]`` or of
+``manifest.arrays[name].features``. Stores written before (names and stats inline in the JSON)
+still open. Values are frozen dataclasses; ``Manifest.from_json(m.to_json()) == m`` (the
+standalone JSON form, everything inline).
 """
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, overload
 
 import numpy as np
 
 from .errors import StoreError
 
 MANIFEST_NAME = "shardload.json"
-MANIFEST_VERSION = 1
+#: 2: per-feature names and statistics in ``_features/NAME.npz`` (1: inline in the JSON).
+MANIFEST_VERSION = 2
+FEATURES_DIR = "_features"
+STATS_FIELDS = ("mean", "std", "min", "max", "nan_count")
 FORMATS = ("zarr", "npy", "hdf5")
 
 
@@ -29,7 +41,8 @@ class ArrayInfo:
     dtype: str
     chunk_rows: int
     path: str
-    features: tuple[str, ...] | None = None
+    #: per-feature names (a lazy sequence when they live in a feature file)
+    features: Sequence[str] | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -54,26 +67,47 @@ class ArrayInfo:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FeatureStats:
-    """Per-feature statistics along the last axis (one feature for 1-D arrays), in float64."""
+    """Per-feature statistics along the last axis (one feature for 1-D arrays), in float64.
+
+    ``mean``, ``std``, ``min``, ``max`` (float64) and ``nan_count`` (int64) are read-only numpy
+    arrays of one value per feature (sequences given to the constructor are converted)."""
 
     count: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    min: tuple[float, ...]
-    max: tuple[float, ...]
-    nan_count: tuple[int, ...]
+    mean: np.ndarray
+    std: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    nan_count: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "count", int(self.count))
+        for name in STATS_FIELDS:
+            dtype = np.int64 if name == "nan_count" else np.float64
+            arr = np.array(getattr(self, name), dtype=dtype).reshape(-1)
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FeatureStats):
+            return NotImplemented
+        return self.count == other.count and all(
+            np.array_equal(getattr(self, f), getattr(other, f), equal_nan=f != "nan_count")
+            for f in STATS_FIELDS
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FeatureStats:
         return cls(
             count=int(d["count"]),
-            mean=tuple(_num(v) for v in d["mean"]),
-            std=tuple(_num(v) for v in d["std"]),
-            min=tuple(_num(v) for v in d["min"]),
-            max=tuple(_num(v) for v in d["max"]),
-            nan_count=tuple(int(v) for v in d["nan_count"]),
+            mean=np.array([_num(v) for v in d["mean"]]),
+            std=np.array([_num(v) for v in d["std"]]),
+            min=np.array([_num(v) for v in d["min"]]),
+            max=np.array([_num(v) for v in d["max"]]),
+            nan_count=np.array([int(v) for v in d["nan_count"]], dtype=np.int64),
         )
 
 
@@ -100,6 +134,8 @@ class Manifest:
     #: Splits that are a row range ``(start, stop)`` rather than whole chunks (time-series
     #: windows, or too few chunks); ``splits`` then lists the chunks the range touches.
     split_rows: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    #: array name -> its feature file (relative to the store root), for stores read from disk
+    feature_files: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def num_chunks(self) -> int:
@@ -130,8 +166,12 @@ class Manifest:
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["arrays"] = {k: asdict(v) for k, v in self.arrays.items()}
+        """The standalone form: every feature name and statistic inline (small stores, tests)."""
+        d = self._plain_fields()
+        d["arrays"] = {
+            k: {**_fields(v), "features": None if v.features is None else list(v.features)}
+            for k, v in self.arrays.items()
+        }
         d["stats"] = {k: _clean(asdict(v)) for k, v in self.stats.items()}
         d["splits"] = {k: list(v) for k, v in self.splits.items()}
         return _clean(d)
@@ -139,29 +179,103 @@ class Manifest:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
 
+    def to_files(self) -> dict[str, bytes]:
+        """The on-disk form: ``{path relative to the store root: bytes}``, the feature files
+        first and ``shardload.json`` last (write them in this order: the manifest is what
+        makes a store complete)."""
+        files: dict[str, bytes] = {}
+        arrays: dict[str, Any] = {}
+        names = set(self.arrays) | set(self.stats)
+        for i, name in enumerate(sorted(names)):
+            info = self.arrays.get(name)
+            feats = None if info is None else info.features
+            stats = self.stats.get(name)
+            if feats is None and stats is None:
+                continue
+            rel = feature_file_name(name, i)
+            files[rel] = encode_features(name, feats, stats)
+            arrays[name] = rel
+        d = self._plain_fields()
+        d["version"] = MANIFEST_VERSION
+        d["arrays"] = {
+            k: {
+                **_fields(a),
+                "features": None,
+                "num_features": None if a.features is None else len(a.features),
+            }
+            for k, a in self.arrays.items()
+        }
+        d["stats"] = {}
+        d["feature_files"] = arrays
+        d["splits"] = {k: list(v) for k, v in self.splits.items()}
+        text = json.dumps(_clean(d), separators=(",", ":"), allow_nan=False)
+        files[MANIFEST_NAME] = text.encode()
+        return files
+
+    def _plain_fields(self) -> dict[str, Any]:
+        skip = ("arrays", "stats", "splits", "feature_files")
+        return {k: v for k, v in _fields(self).items() if k not in skip}
+
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Manifest:
+    def from_dict(
+        cls, d: Mapping[str, Any], *, read: Callable[[str], bytes] | None = None
+    ) -> Manifest:
+        """``read(path relative to the store root) -> bytes`` reads the feature files, lazily;
+        it is needed for manifests that name feature files (version 2)."""
         try:
+            version = int(d.get("version", 1))
+            if version > MANIFEST_VERSION:
+                raise StoreError(
+                    f"{MANIFEST_NAME} has version {version}, newer than this shardload reads "
+                    f"({MANIFEST_VERSION}): upgrade shardload"
+                )
+            files = {str(k): str(v) for k, v in (d.get("feature_files") or {}).items()}
+            side = None
+            if files:
+                if read is None:
+                    raise StoreError(
+                        f"{MANIFEST_NAME} keeps feature names and statistics in {FEATURES_DIR}/; "
+                        "open the store with open_store to read them"
+                    )
+                side = _FeatureFiles(read, files)
+            arrays = {}
+            for k, v in d["arrays"].items():
+                info = ArrayInfo.from_dict(v)
+                if side is not None and v.get("num_features") is not None and k in files:
+                    info = _replace_features(info, LazyFeatures(side, k, int(v["num_features"])))
+                arrays[k] = info
+            stats: Mapping[str, FeatureStats]
+            if side is not None:
+                stats = LazyStats(side)
+            else:
+                stats = {k: FeatureStats.from_dict(v) for k, v in d.get("stats", {}).items()}
             return cls(
                 format=str(d["format"]),
                 length=int(d["length"]),
                 chunk_bounds=tuple(int(b) for b in d["chunk_bounds"]),
-                arrays={k: ArrayInfo.from_dict(v) for k, v in d["arrays"].items()},
+                arrays=arrays,
                 splits={k: tuple(int(i) for i in v) for k, v in d.get("splits", {}).items()},
-                stats={k: FeatureStats.from_dict(v) for k, v in d.get("stats", {}).items()},
+                stats=stats,
                 static=dict(d.get("static", {})),
                 options=dict(d.get("options", {})),
                 provenance=dict(d.get("provenance", {})),
                 complete=bool(d.get("complete", False)),
-                version=int(d.get("version", MANIFEST_VERSION)),
+                version=version,
                 shardload_version=str(d.get("shardload_version", "")),
                 split_rows={k: (int(v[0]), int(v[1])) for k, v in d.get("split_rows", {}).items()},
+                feature_files=files,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StoreError(f"malformed {MANIFEST_NAME}: {exc!r}") from exc
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
+    def from_json(
+        cls,
+        text: str | bytes,
+        *,
+        where: str = MANIFEST_NAME,
+        read: Callable[[str], bytes] | None = None,
+    ) -> Manifest:
         try:
             d = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -171,7 +285,159 @@ class Manifest:
             raise StoreError(
                 f"{where} is not a valid manifest: JSON {type(d).__name__}, not an object"
             )
-        return cls.from_dict(d)
+        return cls.from_dict(d, read=read)
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields, shallow (``asdict`` would deep-copy lazy feature files)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def _replace_features(info: ArrayInfo, features: Sequence[str]) -> ArrayInfo:
+    from dataclasses import replace
+
+    return replace(info, features=features)
+
+
+# -- feature files ------------------------------------------------------------------------------
+def feature_file_name(array: str, index: int) -> str:
+    """``_features/NAME.npz`` (a numbered name where the array name is not a safe file name)."""
+    safe = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}", array) is not None
+    return f"{FEATURES_DIR}/{array if safe else f'array-{index:04d}'}.npz"
+
+
+def encode_features(array: str, names: Sequence[str] | None, stats: FeatureStats | None) -> bytes:
+    """One array's feature file: ``.npz`` of the statistics (float64 / int64 per feature) and
+    the names as UTF-8 joined by NUL (one buffer: 4.5 M names load in a fraction of a second;
+    a numpy unicode array would take 4 bytes per character of the longest name)."""
+    d: dict[str, np.ndarray] = {}
+    if stats is not None:
+        d["count"] = np.array(stats.count, dtype=np.int64)
+        for f in STATS_FIELDS:
+            d[f] = np.asarray(getattr(stats, f))
+    if names is not None:
+        names = list(names)
+        joined = "\0".join(names)
+        if joined.count("\0") != max(len(names) - 1, 0):
+            raise StoreError(f"a feature name of array {array!r} contains a NUL character")
+        d["num_names"] = np.array(len(names), dtype=np.int64)
+        d["names"] = np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **d)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def decode_features(
+    data: bytes, *, where: str
+) -> tuple[tuple[str, ...] | None, FeatureStats | None]:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            names: tuple[str, ...] | None = None
+            if "num_names" in z:
+                n = int(z["num_names"])
+                names = tuple(z["names"].tobytes().decode("utf-8").split("\0")) if n else ()
+                if len(names) != n:
+                    raise ValueError(f"{len(names)} names, expected {n}")
+            stats = None
+            if "count" in z:
+                stats = FeatureStats(int(z["count"]), *(z[f] for f in STATS_FIELDS))
+    except (OSError, ValueError, KeyError, UnicodeDecodeError, EOFError) as exc:
+        raise StoreError(f"feature file {where} is corrupt: {exc}") from exc
+    return names, stats
+
+
+class _FeatureFiles:
+    """Reads each array's feature file once, on first use (thread-safe); picklable (the cache
+    stays behind: a DataLoader worker reads only what it uses)."""
+
+    def __init__(self, read: Callable[[str], bytes], files: Mapping[str, str]) -> None:
+        self.read, self.files = read, dict(files)
+        self._cache: dict[str, tuple[tuple[str, ...] | None, FeatureStats | None]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, array: str) -> tuple[tuple[str, ...] | None, FeatureStats | None]:
+        with self._lock:
+            if array not in self._cache:
+                rel = self.files[array]
+                try:
+                    data = self.read(rel)
+                except FileNotFoundError as exc:
+                    raise StoreError(
+                        f"feature file {rel} of array {array!r} is missing from the store"
+                    ) from exc
+                self._cache[array] = decode_features(data, where=rel)
+            return self._cache[array]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"read": self.read, "files": self.files}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["read"], state["files"])  # type: ignore[misc]
+
+
+class LazyStats(Mapping[str, FeatureStats]):
+    """``manifest.stats``: each array's statistics read from its feature file on first access."""
+
+    def __init__(self, files: _FeatureFiles) -> None:
+        self._files = files
+
+    def __getitem__(self, array: str) -> FeatureStats:
+        if array not in self._files.files:
+            raise KeyError(array)
+        stats = self._files.get(array)[1]
+        if stats is None:
+            raise KeyError(array)
+        return stats
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files.files)
+
+    def __len__(self) -> int:
+        return len(self._files.files)
+
+    def __repr__(self) -> str:
+        return f"<stats of {list(self._files.files)}, read from {FEATURES_DIR}/ on access>"
+
+
+class LazyFeatures(Sequence[str]):
+    """An array's feature names, read from its feature file on first access of a name (the
+    count is in the manifest, so ``len`` reads nothing)."""
+
+    def __init__(self, files: _FeatureFiles, array: str, count: int) -> None:
+        self._files, self._array, self._count = files, array, count
+
+    def _names(self) -> tuple[str, ...]:
+        names = self._files.get(self._array)[0]
+        if names is None or len(names) != self._count:
+            raise StoreError(
+                f"feature file {self._files.files[self._array]} has "
+                f"{'no' if names is None else len(names)} names for array {self._array!r}, "
+                f"the manifest says {self._count}"
+            )
+        return names
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
+        return self._names()[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (LazyFeatures, tuple, list)):
+            return len(self) == len(other) and self._names() == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<{self._count} feature names of {self._array!r}, read on access>"
 
 
 def _clean(obj: Any) -> Any:

@@ -23,10 +23,10 @@ from . import __version__
 from .commit import THROTTLE_ENV, BlockCommit, disk_full_error, is_disk_full, write_block_durably
 from .commit import fsync_tree as fsync_tree  # re-exported (benchmarks)
 from .config import PrepareConfig, load_config
-from .errors import DiskFullError, NaNError, ShardloadError, StoreError
+from .errors import ConfigError, DiskFullError, NaNError, ShardloadError, StoreError
 from .executor import open_executor
 from .formats.base import FormatOptions, get_format
-from .manifest import MANIFEST_NAME, ArrayInfo, Manifest
+from .manifest import ArrayInfo, Manifest
 from .plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
 from .stats import Partial, finalize, merge_all, partial
 from .store import Store, open_store
@@ -49,6 +49,7 @@ class PrepareJob:
     chunks_per_block: int  # write block = this many chunks (a Zarr shard; 1 otherwise)
     specs: Mapping[str, ArraySpec]
     fingerprint: str
+    dataset: Any = None  # prepare(config, dataset=ds): the caller's lazy xarray.Dataset
 
     @property
     def bounds(self) -> RegularBounds:
@@ -72,11 +73,17 @@ class PrepareJob:
 _VIEWS: dict[str, View] = {}
 
 
-def build(cfg: PrepareConfig, chunk_rows: int | None = None) -> View:
+def build(cfg: PrepareConfig, chunk_rows: int | None = None, dataset: Any = None) -> View:
     """Open the source and build the view; with ``chunk_rows``, dask chunks along a single
-    sample dim match the store's chunks (each task then reads only its own rows)."""
+    sample dim match the store's chunks (each task then reads only its own rows). A
+    ``dataset`` (the caller's lazy ``xarray.Dataset``) replaces the source, chunks as they are."""
     from .sources.open import open_rows, open_source
     from .views import build_view
+
+    if dataset is not None:
+        if cfg.source.variables:
+            dataset = dataset[list(cfg.source.variables)]
+        return build_view(dataset, cfg)
 
     sample_chunks = None
     if (
@@ -93,7 +100,7 @@ def build(cfg: PrepareConfig, chunk_rows: int | None = None) -> View:
 def _view(job: PrepareJob) -> View:
     if job.fingerprint not in _VIEWS:
         _VIEWS.clear()
-        _VIEWS[job.fingerprint] = build(job.config, job.chunk_rows)
+        _VIEWS[job.fingerprint] = build(job.config, job.chunk_rows, job.dataset)
     return _VIEWS[job.fingerprint]
 
 
@@ -148,19 +155,25 @@ def prepare(
     *,
     overrides: tuple[str, ...] | list[str] = (),
     progress: bool | None = None,
+    dataset: Any = None,
 ) -> Store:
     """Prepare a store from a config (a :class:`PrepareConfig`, a dict, or a YAML path).
+
+    ``dataset``: a (lazy, e.g. dask-backed) ``xarray.Dataset`` to prepare instead of opening
+    ``source`` (which the config then leaves out); its dask chunks are read as they are.
 
     Returns the opened, complete store. Raises :class:`StoreExistsError` when ``out`` exists and
     ``overwrite`` is false, :class:`StoreLockedError` when another run is writing ``out``,
     :class:`DiskFullError` when the disk fills up. An interrupted run leaves ``OUT.partial``;
-    running again with the same config resumes it (splits may differ: they are not written
-    into the arrays).
+    running again with the same config (and the same dataset, by dask's token) resumes it
+    (splits may differ: they are not written into the arrays).
     """
+    if dataset is not None:
+        config = _with_dataset_source(config, dataset)
     cfg = config if isinstance(config, PrepareConfig) else load_config(config, overrides)
     out = Path(cfg.out)
     t0 = time.perf_counter()
-    view = build(cfg)
+    view = build(cfg, dataset=dataset)
     specs = dict(view.specs)
     length = view.length
     if length == 0:
@@ -171,7 +184,7 @@ def prepare(
     )
     bounds = RegularBounds(length, chunk_rows)
     splits, split_rows = plan_splits_for(cfg, view, bounds)  # before any file is written
-    fingerprint = _fingerprint(cfg, specs, bounds)
+    fingerprint = _fingerprint(cfg, specs, bounds, dataset)
     fmt = get_format(cfg.format)
     options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
     commit = BlockCommit(
@@ -185,11 +198,13 @@ def prepare(
     # a worker reads them from its own view when an error needs one
     slim = {n: dataclasses.replace(s, features=None) for n, s in specs.items()}
     job = PrepareJob(
-        cfg, str(commit.root), length, chunk_rows, cfg.shard_chunks or 1, slim, fingerprint
-    )
+        cfg, str(commit.root), length, chunk_rows, cfg.shard_chunks or 1, slim, fingerprint,
+        dataset,
+    )  # fmt: skip
     _VIEWS.clear()
     if (
-        cfg.view != "window"
+        dataset is None
+        and cfg.view != "window"
         and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation")
         and getattr(view, "rows", None) is None
     ):
@@ -250,11 +265,11 @@ def prepare(
                     "sample_dims": list(cfg.sample_dims),
                     "blocks": [job.block(i)[1] for i in range(num_blocks)] + [length],
                 },
-                provenance=_provenance(cfg),
+                provenance=_provenance(cfg, dataset),
                 complete=True,
                 shardload_version=__version__,
             )
-            commit.publish(MANIFEST_NAME, manifest.to_json().encode())
+            commit.publish(manifest.to_files())  # feature files first, the manifest last
         except DiskFullError as exc:
             raise disk_full_error(out, needed_bytes(commit.recorded()), str(exc)) from exc
         except ShardloadError:
@@ -367,7 +382,32 @@ def _merge_stats(
     return stats
 
 
-def _fingerprint(cfg: PrepareConfig, specs: Mapping[str, ArraySpec], bounds: RegularBounds) -> str:
+#: the source of a config prepared with ``prepare(config, dataset=ds)``
+DATASET_SOURCE = "dataset://in-memory"
+
+
+def _with_dataset_source(config: Any, dataset: Any) -> Any:
+    import xarray as xr
+
+    if not isinstance(dataset, xr.Dataset):
+        raise ConfigError(
+            f"prepare(dataset=...): expected an xarray.Dataset, got {type(dataset).__name__}"
+        )
+    if isinstance(config, Mapping):
+        if "source" in config:
+            raise ConfigError(
+                "prepare(dataset=...) replaces the config's source: remove 'source' from the config"
+            )
+        return {**config, "source": {"paths": [DATASET_SOURCE]}}
+    return config
+
+
+def _fingerprint(
+    cfg: PrepareConfig,
+    specs: Mapping[str, ArraySpec],
+    bounds: RegularBounds,
+    dataset: Any = None,
+) -> str:
     """What the written arrays depend on: config (less what only runs or labels them: execution,
     overwrite, splits), source files (size, mtime), array specs, chunking."""
     from .sources.open import expand_paths, is_url
@@ -375,26 +415,37 @@ def _fingerprint(cfg: PrepareConfig, specs: Mapping[str, ArraySpec], bounds: Reg
     d = cfg.to_dict()
     for k in ("execution", "overwrite", "base_dir", "splits", "split_seed", "split_shuffle"):
         d.pop(k, None)
-    files = []
-    for p in expand_paths(
-        list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
-    ):
-        if not is_url(p):
-            st = os.stat(p)
-            files.append([p, st.st_size, st.st_mtime_ns])
-        else:
-            files.append([p])
+    files: list[list[Any]] = []
+    if dataset is not None:
+        from dask.base import tokenize
+
+        # dask's token: deterministic for dask-backed and in-memory data (a resume), random
+        # where it cannot tell (a restart, never a wrong resume)
+        files.append(["dataset", tokenize(dataset)])
+    else:
+        for p in expand_paths(
+            list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
+        ):
+            if not is_url(p):
+                st = os.stat(p)
+                files.append([p, st.st_size, st.st_mtime_ns])
+            else:
+                files.append([p])
     d["_files"] = files
     d["_specs"] = {k: [list(s.shape), np.dtype(s.dtype).name] for k, s in specs.items()}
     d["_bounds"] = [bounds.length, bounds.chunk_rows]
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def _provenance(cfg: PrepareConfig) -> dict[str, Any]:
+def _provenance(cfg: PrepareConfig, dataset: Any = None) -> dict[str, Any]:
     from .sources.open import expand_paths
 
-    files = expand_paths(
-        list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
+    files = (
+        ["xarray.Dataset passed to prepare(dataset=...)"]
+        if dataset is not None
+        else expand_paths(
+            list(cfg.source.paths) + list(cfg.source.outputs), dict(cfg.source.storage_options)
+        )
     )
     return {
         "files": files[:10000],

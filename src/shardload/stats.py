@@ -121,9 +121,9 @@ def finalize(p: Partial) -> FeatureStats:
         mean = np.where(p.count > 0, p.mean, np.nan)
     return FeatureStats(
         count=int(p.count.max()) if p.count.size else 0,
-        mean=tuple(float(v) for v in mean),
-        std=tuple(float(v) for v in np.sqrt(np.maximum(var, 0))),
-        min=tuple(float(v) for v in p.min),
-        max=tuple(float(v) for v in p.max),
-        nan_count=tuple(int(v) for v in p.nan_count),
+        mean=mean,
+        std=np.sqrt(np.maximum(var, 0)),
+        min=p.min,
+        max=p.max,
+        nan_count=p.nan_count,
     )

@@ -55,6 +55,13 @@ class Store:
     def is_local(self) -> bool:
         return is_local(self.fs)
 
+    def left_out(self, names: Sequence[str]) -> str:
+        """Why arrays of plain Zarr data were left out when it was opened ("" if they were
+        not), for error messages."""
+        skipped = self.manifest.provenance.get("skipped") or {}
+        why = [f"{n!r}: {skipped[n]}" for n in names if n in skipped]
+        return f" (left out when opened: {'; '.join(why)})" if why else ""
+
     # -- reading ---------------------------------------------------------------------------------
     @property
     def reader(self) -> ArrayReader:
@@ -70,6 +77,7 @@ class Store:
         if name not in self.manifest.arrays:
             raise StoreError(
                 f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
+                + self.left_out([name])
             )
         n = len(self)
         stop = n if stop is None else stop
@@ -102,11 +110,80 @@ class Store:
         d["_reader"] = None
         return d
 
+    def _identity(self) -> str:
+        """Names this store's content for dask keys (a rewritten store gets new keys)."""
+        m = self.manifest
+        return f"{self.url}|{m.provenance.get('created', '')}|{m.length}|{m.chunk_bounds[-1:]}"
+
+    # -- xarray ------------------------------------------------------------------------------------
+    def to_xarray(self, names: Sequence[str] | None = None) -> Any:
+        """The store as a lazy ``xarray.Dataset``: one dask chunk per store chunk, read with
+        :meth:`read` on compute.
+
+        Dims are ``sample`` and ``NAME_dim1, ...`` (as in the Zarr format's dimension names);
+        an array with feature names has them as the coordinate of its last dim, ``NAME_feature``.
+        xarray and dask are imported here only: the read side stays free of them.
+        """
+        import dask.array as da
+        import xarray as xr
+
+        chunks = tuple(int(c) for c in np.diff(self.chunk_bounds))
+        data_vars = {}
+        for name in names or self.arrays:
+            if name not in self.manifest.arrays:
+                raise StoreError(
+                    f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
+                )
+            info = self.manifest.arrays[name]
+            dims = ["sample", *(f"{name}_dim{i}" for i in range(1, len(info.shape)))]
+            coords = {}
+            if info.features is not None and len(info.shape) > 1:
+                if len(info.features) != info.shape[-1]:
+                    raise StoreError(
+                        f"array {name!r} of {self.url} has {len(info.features)} feature names "
+                        f"for {info.shape[-1]} features"
+                    )
+                dims[-1] = f"{name}_feature"
+                coords[dims[-1]] = np.asarray(list(info.features), dtype=str)
+            lazy = da.from_array(
+                _Rows(self, name), chunks=(chunks or (0,), *info.shape[1:]), lock=False,
+                asarray=False, inline_array=True, name=f"shardload-{name}-{_digest(self._identity())}",
+                meta=np.empty((0,) * len(info.shape), dtype=info.dtype),  # no probing read
+            )  # fmt: skip
+            data_vars[name] = xr.Variable(dims, lazy, attrs=dict(info.attrs))
+            for d, c in coords.items():
+                data_vars[d] = xr.Variable((d,), c)
+        return xr.Dataset(data_vars, attrs={"shardload_store": self.url})
+
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+class _Rows:
+    """An array-like over one array of a store for ``dask.array.from_array``: indexing with
+    slices reads the rows through :meth:`Store.read` (picklable: the store drops its handles)."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        info = store.manifest.arrays[name]
+        self.store, self.name = store, name
+        self.shape, self.dtype, self.ndim = tuple(info.shape), np.dtype(info.dtype), len(info.shape)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        rows = key[0] if key else slice(None)
+        if isinstance(rows, slice) and rows.step in (None, 1):
+            start, stop, _ = rows.indices(self.shape[0])
+            return self.store.read(self.name, start, max(start, stop))[(slice(None), *key[1:])]
+        return self.store.read(self.name)[key]
 
 
 def _clip(i: int, n: int) -> int:
@@ -117,7 +194,7 @@ def _clip(i: int, n: int) -> int:
 
 
 def open_store(
-    path_or_url: str | os.PathLike[str] | Store,
+    path_or_url: str | os.PathLike[str] | Store | Any,
     *,
     storage_options: Mapping[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -134,7 +211,9 @@ def open_store(
     Parameters
     ----------
     path_or_url
-        A local folder, or an fsspec URL (``http://``, ``s3://``, ...).
+        A local folder, an fsspec URL (``http://``, ``s3://``, ...), or an fsspec mapper
+        (``fsspec.get_mapper(url, **options)``, what xarray and zarr users hold), whose
+        filesystem is used as is (the remote options below do not apply to it).
     storage_options
         Passed to fsspec for URLs (credentials, endpoint, ...).
     cache_dir, cache_bytes
@@ -161,6 +240,10 @@ def open_store(
     """
     if isinstance(path_or_url, Store):
         return path_or_url
+    if _is_mapper(path_or_url):  # an fsspec mapper (fsspec.get_mapper): its filesystem as is
+        mapper: Any = path_or_url
+        fs, root = mapper.fs, str(mapper.root).rstrip("/") or "/"
+        return _open_at(fs, root, fs.unstrip_protocol(root), arrays=arrays)
     url = os.fspath(path_or_url)
     if stage_to is not None:
         from .staging import stage
@@ -173,7 +256,16 @@ def open_store(
         cache_bytes=cache_bytes, retries=retries, timeout_s=timeout_s, backoff_s=backoff_s,
     )  # fmt: skip
     fs, root = _open_fs(url, remote)
-    root = root.rstrip("/") or "/"
+    return _open_at(fs, root.rstrip("/") or "/", url, arrays=arrays)
+
+
+def _is_mapper(obj: Any) -> bool:
+    from collections.abc import MutableMapping
+
+    return isinstance(obj, MutableMapping) and hasattr(obj, "fs") and hasattr(obj, "root")
+
+
+def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None) -> Store:
     text = _read_manifest(fs, root)
     if text is None:
         if _exists(fs, f"{root}{PARTIAL_SUFFIX}") or _exists(fs, f"{root}/_progress"):
@@ -188,7 +280,9 @@ def open_store(
         if not _exists(fs, root):
             raise StoreError(f"no store at {url}: the path does not exist")
         raise StoreError(f"{url} is not a shardload store: no {MANIFEST_NAME} and no Zarr metadata")
-    manifest = Manifest.from_json(text, where=f"{url}/{MANIFEST_NAME}")
+    manifest = Manifest.from_json(
+        text, where=f"{url}/{MANIFEST_NAME}", read=StoreFiles(fs, root, url=url)
+    )
     if not manifest.complete:
         raise IncompleteStoreError(f"{url} is not complete ({MANIFEST_NAME} says complete: false)")
     return Store(manifest, fs, root, url=url)
@@ -218,6 +312,22 @@ def _read_manifest(fs: Any, root: str) -> bytes | None:
         return read_bytes(fs, path, what="the manifest")
     except FileNotFoundError:
         return None
+
+
+class StoreFiles:
+    """Reads a store's small files (the manifest's feature files) through the store's own
+    filesystem -- local, or the remote one with its retries and cache. Picklable."""
+
+    def __init__(self, fs: Any, root: str, *, url: str) -> None:
+        self.fs, self.root, self.url = fs, root, url
+
+    def __call__(self, rel: str) -> bytes:
+        path = f"{self.root}/{rel}"
+        if is_local(self.fs):
+            return Path(path).read_bytes()
+        from .remote import read_bytes
+
+        return read_bytes(self.fs, path, what=f"{rel} of {self.url}")
 
 
 def _exists(fs: Any, path: str) -> bool:

@@ -278,7 +278,7 @@ class StreamingDataset(IterableDataset):
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
-        self.store = open_store(store, storage_options=storage_options)
+        self.store = open_store(store, storage_options=storage_options, arrays=arrays)
         self.selection, resolved = loader_selection(
             self.store, split=split, chunks=chunks, rows=rows, arrays=arrays,
             piece_rows=piece_rows,
@@ -641,7 +641,7 @@ class MapDataset(Dataset):
         cache_chunks: int = 8,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.store = open_store(store, storage_options=storage_options)
+        self.store = open_store(store, storage_options=storage_options, arrays=arrays)
         self.selection = select_rows(
             self.store, split=split, chunks=chunks, rows=rows, arrays=arrays
         )

@@ -113,4 +113,4 @@ def test_radiation_prepare_in_worker_processes_equals_threads(tmp_path, radiatio
     assert len(procs) == len(threads) == 1200 and procs.num_chunks == 8
     for name in threads.arrays:
         np.testing.assert_array_equal(procs.read(name), threads.read(name))
-    assert procs.manifest.stats["x"].mean == threads.manifest.stats["x"].mean
+    np.testing.assert_array_equal(procs.manifest.stats["x"].mean, threads.manifest.stats["x"].mean)

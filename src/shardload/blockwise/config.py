@@ -21,7 +21,7 @@ from ..config import ExecutionConfig, SourceConfig, _resolve, apply_overrides, p
 from ..errors import ConfigError
 from .plan import Boundary, normalize_boundary, normalize_depth
 
-SCHEDULERS = ("threads", "processes", "sync", "distributed", "jobqueue")
+SCHEDULERS = ("threads", "processes", "sync", "distributed", "jobqueue", "auto")
 ATTRIBUTE_KEYS = ("function", "depth", "boundary", "dtype", "kwargs")
 TOP_KEYS = (
     "source", "attributes", "chunks", "out", "execution", "memory_limit", "allow_nan",

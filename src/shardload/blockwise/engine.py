@@ -29,7 +29,7 @@ from ..commit import BlockCommit, partial_path, write_block_durably
 from ..errors import ConfigError, NaNError, ShardloadError
 from ..executor import default_workers, open_executor
 from ..formats.base import FormatOptions
-from ..manifest import MANIFEST_NAME, ArrayInfo, Manifest
+from ..manifest import ArrayInfo, Manifest
 from ..stats import Partial as StatPartial
 from ..stats import finalize, merge_all, partial
 from .config import ComputeConfig, import_function, load_compute_config
@@ -369,7 +369,7 @@ def compute(
             complete=True,
             shardload_version=__version__,
         )
-        commit.publish(MANIFEST_NAME, manifest.to_json().encode())
+        commit.publish(manifest.to_files())
     log.info(
         "computed %d attribute(s) into %s in %.1f s", len(specs), out, time.perf_counter() - t0
     )

@@ -9,13 +9,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..manifest import ArrayInfo, Manifest
-from ..views.base import ArraySpec
+
+if TYPE_CHECKING:  # the read side never imports views (they pull in xarray and dask)
+    from ..views.base import ArraySpec
 
 COMPRESSIONS = ("none", "zstd", "lz4")
 DEFAULT_COMPRESSION = "lz4"

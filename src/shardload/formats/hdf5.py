@@ -22,7 +22,21 @@ from ..manifest import Manifest
 from .base import FormatOptions, is_local
 
 FILE_NAME = "data.h5"
+#: Feature names live in datasets ``/_features/NAME`` (one UTF-8 string per feature): an HDF5
+#: attribute is limited to 64 KiB (object header), i.e. a few thousand names.
+FEATURES_GROUP = "_features"
 _LOCK = threading.Lock()
+
+
+def _write_features(f: Any, name: str, features: Sequence[str]) -> None:
+    import h5py
+
+    group = f.require_group(FEATURES_GROUP)
+    if name in group:
+        del group[name]
+    group.create_dataset(
+        name, data=np.array(features, dtype=object), dtype=h5py.string_dtype("utf-8")
+    )
 
 
 def _filter(options: FormatOptions) -> dict[str, Any]:
@@ -50,17 +64,25 @@ class Hdf5Format:
         import h5py
 
         rows = int(bounds[1] - bounds[0]) if len(bounds) > 1 else 1
+        path = Path(root) / FILE_NAME
         # "w": a fresh file each time; the commit protocol rebuilds it from staged blocks
-        with _LOCK, h5py.File(Path(root) / FILE_NAME, "w") as f:
+        with _LOCK, h5py.File(path, "w") as f:
             for name, spec in specs.items():
-                if name in f:
-                    del f[name]
-                ds = f.create_dataset(
-                    name, shape=tuple(spec.shape), dtype=np.dtype(spec.dtype),
-                    chunks=(max(1, rows), *spec.shape[1:]) if spec.shape[0] else None, **_filter(options),
-                )  # fmt: skip
-                if spec.features:
-                    ds.attrs["features"] = list(spec.features)
+                try:
+                    if name in f:
+                        del f[name]
+                    ds = f.create_dataset(
+                        name, shape=tuple(spec.shape), dtype=np.dtype(spec.dtype),
+                        chunks=(max(1, rows), *spec.shape[1:]) if spec.shape[0] else None, **_filter(options),
+                    )  # fmt: skip
+                    if spec.features:
+                        _write_features(f, name, spec.features)
+                        ds.attrs["features"] = f"/{FEATURES_GROUP}/{name}"
+                except (OSError, ValueError, TypeError, RuntimeError) as exc:
+                    raise StoreError(
+                        f"cannot create array {name!r} (shape {tuple(spec.shape)}, "
+                        f"dtype {np.dtype(spec.dtype)}) in {path}: {exc}"
+                    ) from exc
         return {name: f"{FILE_NAME}/{name}" for name in specs}
 
     def _file(self, root: Path) -> Any:

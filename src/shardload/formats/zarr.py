@@ -8,8 +8,11 @@ tasks never write the same file. Plain Zarr v2/v3 data (e.g. written by xarray) 
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,11 @@ import numpy as np
 from ..errors import ChunkReadError, StoreError
 from ..manifest import ArrayInfo, Manifest
 from .base import FormatOptions, RawChunk, is_local
+from .cf import CFDecoding, plan_cf_decoding
 from .zarr_chunks import ChunkLayout, load_chunk_layout, read_rows_into, write_chunk
 
 _LEVELS = {"zstd": 3, "lz4": 5}
+log = logging.getLogger(__name__)
 
 
 def compressors(options: FormatOptions) -> Any:
@@ -30,6 +35,19 @@ def compressors(options: FormatOptions) -> Any:
         return None
     level = options.level if options.level is not None else _LEVELS[options.compression]
     return BloscCodec(cname=BloscCname(options.compression), clevel=level, shuffle="shuffle")
+
+
+#: Above this many features the names stay out of the array's zarr.json (every reader parses
+#: it); they are in the store's feature file (``_features/NAME.npz``, see manifest.py).
+MAX_FEATURE_ATTRS = 4096
+
+
+def _feature_attrs(features: Any) -> dict[str, Any]:
+    if not features:
+        return {}
+    if len(features) > MAX_FEATURE_ATTRS:
+        return {"num_features": len(features)}
+    return {"features": list(features)}
 
 
 class ZarrFormat:
@@ -62,7 +80,7 @@ class ZarrFormat:
                 compressors=compressors(options),
                 fill_value=0,
                 overwrite=True,
-                attributes={"features": list(spec.features)} if spec.features else {},
+                attributes=_feature_attrs(spec.features),
                 # named dims let xarray open the store directly (xr.open_zarr)
                 dimension_names=("sample", *(f"{name}_dim{i}" for i in range(1, len(spec.shape)))),
             )
@@ -183,6 +201,12 @@ class ZarrReader:
         self._arrays: dict[str, Any] = {}
         self._layouts: dict[str, ChunkLayout | None] = {}
         self._lock = threading.Lock()
+        # CF mask and scale of plain (e.g. xarray-written) arrays: stored -> served values
+        self._cf = {
+            k: CFDecoding.from_dict(a.attrs["cf"])
+            for k, a in manifest.arrays.items()
+            if "cf" in a.attrs
+        }
 
     def layout(self, name: str) -> ChunkLayout | None:
         """The direct-read layout of array ``name``, or None (read through zarr-python)."""
@@ -193,8 +217,10 @@ class ZarrReader:
             cached = getattr(getattr(self.fs, "spec", None), "cache_dir", None) is not None
             if is_local(self.fs) or cached:
                 info = self.manifest.arrays[name]
+                cf = self._cf.get(name)
                 layout = load_chunk_layout(
-                    f"{self.root.rstrip('/')}/{info.path}", dtype=np.dtype(info.dtype),
+                    f"{self.root.rstrip('/')}/{info.path}",
+                    dtype=np.dtype(cf.stored if cf is not None else info.dtype),
                     shape=tuple(info.shape), chunk_bounds=self.manifest.chunk_bounds,
                     strict=self.manifest.provenance.get("source") != "plain zarr",
                     opener=None if is_local(self.fs) else (lambda p: self.fs.open(p, "rb")),
@@ -207,6 +233,8 @@ class ZarrReader:
         layout = self.layout(name)
         if layout is None or layout.blosc or layout.opener is not None or not layout.strict:
             return None
+        if name in self._cf:
+            return None
         return RawChunk(layout.chunk_path(i), 0, layout.row_bytes)
 
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
@@ -215,6 +243,8 @@ class ZarrReader:
         layout = self.layout(name)
         if layout is not None and out.flags.c_contiguous and out.dtype == layout.dtype:
             read_rows_into(layout, name, start, stop, out)
+            if name in self._cf:
+                self._cf[name].apply_into(out, out)
         else:
             out[...] = self.read(name, start, stop)
 
@@ -236,7 +266,7 @@ class ZarrReader:
 
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
         try:
-            return np.asarray(self.array(name)[start:stop])
+            raw = np.asarray(self.array(name)[start:stop])
         except StoreError:
             raise
         except Exception as exc:  # zarr raises many kinds for corrupt data
@@ -247,6 +277,8 @@ class ZarrReader:
                 f"array {name!r}, chunk(s) {first}..{last} of store {self.root} could not be read: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        cf = self._cf.get(name)
+        return raw if cf is None else cf.apply(raw)
 
     def close(self) -> None:
         self._arrays.clear()
@@ -255,7 +287,17 @@ class ZarrReader:
 
 
 def manifest_from_zarr(fs: Any, root: str, *, arrays: Sequence[str] | None = None) -> Manifest:
-    """Describe plain Zarr data chunked along axis 0 as a (complete, stat-less) manifest."""
+    """Describe plain Zarr data chunked along axis 0 as a (complete, stat-less) manifest.
+
+    With ``arrays``, exactly those (each decodable, chunked along axis 0 only, all alike: else
+    a :class:`StoreError` naming the array). Without, the sample-aligned arrays: those along
+    the sample dimension (the leading dimension of most data variables, by Zarr dimension
+    names; without names, the longest leading length shared by the most arrays) that share the
+    data variables' row chunking and that CF decoding can serve (:mod:`.cf`). Every other
+    array (coordinates of other dimensions, a ``time`` coordinate stored in one chunk, CF
+    times, ...) is left out with a logged note, and listed with the reason in the manifest's
+    ``provenance["skipped"]``: it never blocks reading the others.
+    """
     import zarr
 
     try:
@@ -269,55 +311,166 @@ def manifest_from_zarr(fs: Any, root: str, *, arrays: Sequence[str] | None = Non
             raise StoreError(
                 f"{root} is neither a shardload store nor a Zarr array/group: {exc}"
             ) from exc
+    if not members:
+        raise StoreError(f"Zarr store {root} has no arrays")
+    described = {k: _describe(k, m) for k, m in members.items()}
     if arrays is not None:
         missing = [a for a in arrays if a not in members]
         if missing:
             raise StoreError(
                 f"array(s) {missing} not in Zarr store {root}; it has {sorted(members)}"
             )
-        members = {a: members[a] for a in arrays}
+        picked, skipped = list(arrays), dict[str, str]()
+        for a in picked:
+            d = described[a]
+            if d.problem is not None:
+                raise d.problem
+            if not d.rows_only:
+                raise StoreError(
+                    f"array {a!r} in {root} is chunked {d.chunks} for shape {d.shape}: "
+                    "shardload reads stores chunked along axis 0 only (rechunk it with "
+                    "'shardload prepare')"
+                )
     else:
-        # the sample axis is the longest leading dim shared by the most arrays
-        lengths = [m.shape[0] for m in members.values() if m.ndim >= 1]
-        if not lengths:
-            raise StoreError(f"Zarr store {root} has no arrays")
-        length = max(set(lengths), key=lambda n: (lengths.count(n), n))
-        members = {k: m for k, m in members.items() if m.ndim >= 1 and m.shape[0] == length}
-    infos: dict[str, ArrayInfo] = {}
-    rows: set[int] = set()
-    lengths_seen: dict[str, int] = {}
-    for name, m in members.items():
-        chunks = tuple(m.chunks)
-        if tuple(chunks[1:]) != tuple(m.shape[1:]):
-            raise StoreError(
-                f"array {name!r} in {root} is chunked {chunks} for shape {m.shape}: shardload reads "
-                "stores chunked along axis 0 only (rechunk it with 'shardload prepare')"
-            )
-        rows.add(int(chunks[0]))
-        lengths_seen[name] = int(m.shape[0])
-        infos[name] = ArrayInfo(
-            name=name,
-            shape=tuple(int(s) for s in m.shape),
-            dtype=str(m.dtype),
-            chunk_rows=int(chunks[0]),
-            path=name,
-        )
-    if len(set(lengths_seen.values())) > 1:
-        raise StoreError(f"arrays of {root} have unequal lengths: {lengths_seen}")
-    if len(rows) > 1:
+        picked, skipped = _pick_sample_arrays(described)
+        if not picked:
+            reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
+            raise StoreError(f"Zarr store {root} has no array shardload can read ({reasons})")
+        if skipped:
+            # a data variable along the samples left out is a surprise; coordinates are not
+            data_vars = [k for k in skipped if described[k].data_var and described[k].aligned]
+            log.log(
+                logging.WARNING if data_vars else logging.INFO,
+                "%s: reading %s; left out %s",
+                root, picked, "; ".join(f"{k!r} ({v})" for k, v in skipped.items()),
+            )  # fmt: skip
+    lengths = {a: described[a].shape[0] for a in picked}
+    if len(set(lengths.values())) > 1:
+        raise StoreError(f"arrays of {root} have unequal lengths: {lengths}")
+    rows = {a: described[a].chunks[0] for a in picked}
+    if len(set(rows.values())) > 1:
         raise StoreError(
-            f"arrays of {root} have different row chunkings {sorted(rows)}; pass arrays=[...] to pick"
+            f"arrays of {root} have different row chunkings {rows}; pass arrays=[...] that are "
+            "chunked alike"
         )
-    length = next(iter(lengths_seen.values()))
-    chunk_rows = rows.pop()
+    infos: dict[str, ArrayInfo] = {}
+    for a in picked:
+        d = described[a]
+        attrs: dict[str, Any] = {}
+        if d.dims is not None:
+            attrs["dims"] = list(d.dims)
+        if d.decoding is not None:
+            attrs["cf"] = d.decoding.to_dict()
+        dtype = d.decoding.dtype if d.decoding is not None else d.dtype.str
+        infos[a] = ArrayInfo(
+            name=a, shape=d.shape, dtype=str(np.dtype(dtype)), chunk_rows=d.chunks[0], path=a,
+            attrs=attrs,
+        )  # fmt: skip
+    length = next(iter(lengths.values()))
     from ..plan.chunks import plan_chunk_bounds
 
-    bounds = plan_chunk_bounds(length, chunk_rows)
+    bounds = plan_chunk_bounds(length, next(iter(rows.values())))
+    provenance: dict[str, Any] = {"source": "plain zarr", "root": root}
+    if skipped:
+        provenance["skipped"] = skipped
     return Manifest(
         format="zarr", length=length, chunk_bounds=bounds, arrays=infos,
-        splits={"all": tuple(range(len(bounds) - 1))}, complete=True,
-        provenance={"source": "plain zarr", "root": root},
+        splits={"all": tuple(range(len(bounds) - 1))}, complete=True, provenance=provenance,
     )  # fmt: skip
+
+
+@dataclass
+class _Member:
+    """One array of a plain Zarr group, as the manifest sees it."""
+
+    name: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: np.dtype
+    dims: tuple[str, ...] | None  # Zarr v3 dimension names / v2 _ARRAY_DIMENSIONS
+    coordinates: tuple[str, ...]  # its CF "coordinates" attribute
+    decoding: CFDecoding | None = None
+    problem: StoreError | None = None  # why it cannot be served (CF decoding refused)
+    data_var: bool = True
+    aligned: bool = False  # along the sample dimension
+
+    @property
+    def rows_only(self) -> bool:
+        return len(self.shape) >= 1 and self.chunks[1:] == self.shape[1:]
+
+
+def _describe(name: str, m: Any) -> _Member:
+    meta = m.metadata
+    fmt = int(getattr(meta, "zarr_format", 3))
+    attrs = dict(m.attrs.asdict()) if hasattr(m.attrs, "asdict") else dict(m.attrs)
+    dims = getattr(meta, "dimension_names", None) if fmt == 3 else attrs.get("_ARRAY_DIMENSIONS")
+    dims = tuple(str(d) for d in dims) if dims is not None and None not in dims else None
+    coords = attrs.get("coordinates")
+    d = _Member(
+        name=name, shape=tuple(int(s) for s in m.shape), chunks=tuple(int(c) for c in m.chunks),
+        dtype=np.dtype(m.dtype), dims=dims,
+        coordinates=tuple(coords.split()) if isinstance(coords, str) else (),
+    )  # fmt: skip
+    if dims is not None:  # named dimensions: written by xarray or a CF-aware tool
+        try:
+            d.decoding = plan_cf_decoding(
+                name, dtype=d.dtype, attrs=attrs, fill_value=m.fill_value, zarr_format=fmt
+            )
+        except StoreError as exc:
+            d.problem = exc
+    elif d.dtype.kind not in "biufc":
+        d.problem = StoreError(f"array {name!r} has dtype {d.dtype}, not numbers")
+    return d
+
+
+def _pick_sample_arrays(described: Mapping[str, _Member]) -> tuple[list[str], dict[str, str]]:
+    """The sample-aligned arrays and, for every other array, why it was left out (pure)."""
+    dim_names = {n for d in described.values() for n in (d.dims or ())}
+    coord_names = {c for d in described.values() for c in d.coordinates}
+    for d in described.values():
+        d.data_var = d.name not in dim_names and d.name not in coord_names
+    ranked = [d for d in described.values() if d.shape]
+    skipped = {d.name: "a scalar" for d in described.values() if not d.shape}
+    if not ranked:
+        return [], skipped
+    data = [d for d in ranked if d.data_var] or ranked
+
+    def lead(d: _Member) -> tuple[str, Any]:  # the leading dimension: by name, else by length
+        return ("name", d.dims[0]) if d.dims is not None else ("length", d.shape[0])
+
+    counts = Counter(lead(d) for d in data)
+    length_of = {lead(d): d.shape[0] for d in ranked}
+    sample = max(counts, key=lambda k: (counts[k], length_of[k]))
+    length = length_of[sample]
+    where = f"dimension {sample[1]!r}" if sample[0] == "name" else f"length {length}"
+    aligned = []
+    for d in ranked:
+        d.aligned = lead(d) == sample or (d.dims is None and d.shape[0] == length)
+        if not d.aligned:
+            skipped[d.name] = f"not along the sample {where} (dims {d.dims or d.shape})"
+        elif d.problem is not None:
+            skipped[d.name] = str(d.problem)
+        elif not d.rows_only:
+            skipped[d.name] = (
+                f"chunked {d.chunks} for shape {d.shape}: shardload reads arrays chunked along "
+                "axis 0 only"
+            )
+        else:
+            aligned.append(d)
+    votes = Counter(d.chunks[0] for d in aligned if d.data_var) or Counter(
+        d.chunks[0] for d in aligned
+    )
+    if not votes:
+        return [], skipped
+    rows = max(votes, key=lambda r: (votes[r], r))
+    for d in aligned:
+        if d.chunks[0] != rows:
+            skipped[d.name] = (
+                f"chunked {d.chunks[0]} rows along the sample {where} where the other arrays "
+                f"use {rows} (open it alone: arrays=[{d.name!r}])"
+            )
+    picked = [d.name for d in aligned if d.chunks[0] == rows]
+    return picked, {k: skipped[k] for k in described if k in skipped}
 
 
 def _url(fs: Any, root: str) -> str:

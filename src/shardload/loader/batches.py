@@ -21,6 +21,7 @@ from ..plan.epoch import (
 )
 from ..plan.resume import EpochState, plan_from_state
 from ..store import Store, open_store
+from .checks import check_indices, checked_allocate
 from .reader import BufferPool, Group, read_groups
 from .recycle import Allocate, BatchRecycler
 from .scatter import batches_per_group, groups_in_flight, raw_rows, raw_sources, scatter_batches
@@ -124,7 +125,7 @@ def iter_batches(
     >>> for batch in iter_batches("store", batch_size=256, split="train", epoch=0):  # doctest: +SKIP
     ...     x, y, idx = batch["x"], batch["y"], batch["index"]
     """
-    st = open_store(store, storage_options=storage_options)
+    st = open_store(store, storage_options=storage_options, arrays=arrays)
     sel, _ = loader_selection(
         st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows
     )
@@ -299,6 +300,8 @@ def _batches(
         spans = plan.workers[rank][worker].spans
         longest = int((spans.hi - spans.lo).max()) if len(spans) else 1
         allocate = batch_recycler(store, names, plan, prefetch, chunk_rows=longest).allocate
+    else:  # the caller's arrays: checked before any read or gather writes into them
+        allocate = checked_allocate(allocate, batch_specs(store, names))
     raw = raw_sources(store, names)
     if raw is not None:  # raw local chunks: straight into the batches (loader/scatter.py)
         yield from scatter_batches(
@@ -329,6 +332,7 @@ def _batches(
             store, names, groups, prefetch=prefetch, threads=threads, buffers=buffers
         ):
             pos, n = 0, len(g.order)
+            check_indices(g.order, len(g.rows), f"worker {worker} of rank {rank}: a group's order")
             mine: list[Future[None]] = []  # gathers reading this group
             while pos < n and left > 0:
                 if out is None:

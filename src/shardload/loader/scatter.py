@@ -31,6 +31,7 @@ from ..formats.base import RawChunk, RawChunks
 from ..plan.epoch import EpochPlan, iter_worker_groups
 from ..plan.spans import Segment
 from ..store import Store
+from .checks import check_indices
 from .recycle import Allocate
 
 #: Linux's IOV_MAX: iovecs per ``preadv`` call.
@@ -117,7 +118,9 @@ def read_scatter(
     """
     rb = raw.row_bytes
     keep = positions >= 0
-    pos = np.where(keep, positions, 0)
+    # unwanted rows take the group's first batch as a stand-in (their pointer is the scratch
+    # row below): position 0 would index ``bases[-k0]``, out of range after an elastic resume
+    pos = np.where(keep, positions, k0 * batch_size)
     scratch = np.empty(max(rb, 1), np.uint8)
     ptrs = bases[pos // batch_size - k0] + (pos % batch_size).astype(np.uint64) * np.uint64(rb)
     ptrs = np.where(keep, ptrs, np.uint64(scratch.ctypes.data))
@@ -225,6 +228,7 @@ def scatter_batches(
         """Planner thread: allocate the group's batches, fill their index, submit its reads."""
         lens = np.array([len(s) for s in segments], dtype=np.int64)
         pos = np.full(int(lens.sum()), -1, np.int64)  # stream position of each group row
+        check_indices(order[:n], len(pos), f"worker {worker} of rank {rank}: a group's order")
         pos[order[:n]] = at + np.arange(n, dtype=np.int64)
         rows = np.concatenate([s.global_rows() for s in segments]) if segments else pos
         k0, k1 = at // b, -(-(at + n) // b)

@@ -68,7 +68,10 @@ def select_rows(
     names = tuple(arrays) if arrays is not None else tuple(m.arrays)
     missing = [a for a in names if a not in m.arrays]
     if missing:
-        raise StoreError(f"array(s) {missing} not in store {store.url}; it has {list(m.arrays)}")
+        raise StoreError(
+            f"array(s) {missing} not in store {store.url}; it has {list(m.arrays)}"
+            + store.left_out(missing)
+        )
     if not names:
         raise StoreError("arrays=[] selects nothing to read")
     validate_aligned([m.arrays[a] for a in names], m.length)

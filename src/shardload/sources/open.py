@@ -7,9 +7,13 @@ views index them. Several files combine along a dimension (``combine``/``concat_
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
-from collections.abc import Sequence
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import xarray as xr
@@ -77,6 +81,9 @@ def guess_engine(path: str) -> str | None:
             return "h5netcdf"
         if magic.startswith(b"CDF\x01") or magic.startswith(b"CDF\x02"):
             return "scipy"
+        if magic.startswith(b"GRIB"):  # GRIB editions 1 and 2, whatever the file is called
+            require("cfgrib", "grib")
+            return "cfgrib"
     return None
 
 
@@ -99,11 +106,21 @@ def open_kwargs(cfg: SourceConfig, engine: str | None) -> dict[str, Any]:
         kw["decode_times"] = cfg.decode_times
     if cfg.group is not None:
         kw["group"] = cfg.group
-    if engine == "cfgrib":
-        kw.setdefault("backend_kwargs", {"indexpath": ""})  # no index files beside the data
     if engine == "h5netcdf":
         kw.setdefault("phony_dims", "sort")  # HDF5 files without dimension scales
-    kw.update(cfg.open_kwargs)
+    kw.update({k: v for k, v in cfg.open_kwargs.items() if k != "backend_kwargs"})
+    backend = dict(cfg.open_kwargs.get("backend_kwargs") or {})
+    if engine == "cfgrib":
+        backend.setdefault("indexpath", "")  # no index files beside the data
+        if cfg.filter:
+            backend["filter_by_keys"] = {**backend.get("filter_by_keys", {}), **cfg.filter}
+    elif cfg.filter:
+        raise SourceError(
+            f"source.filter selects GRIB messages, but the source is opened with engine "
+            f"{engine!r}; remove it or set source.engine: cfgrib"
+        )
+    if backend:
+        kw["backend_kwargs"] = backend
     return kw
 
 
@@ -142,35 +159,183 @@ def open_source(cfg: SourceConfig, *, sample_chunks: dict[str, int] | None = Non
     kw = open_kwargs(cfg, engine)
     if sample_chunks and "chunks" not in cfg.open_kwargs:
         kw["chunks"] = dict(sample_chunks)
+    if cfg.combine == "nested" and len(paths) > 1 and not cfg.concat_dim:
+        raise SourceError("source.concat_dim is needed with combine: nested")
+    where = paths[0] if len(paths) == 1 else f"{len(paths)} files ({paths[0]} ...)"
+    skipped: dict[str, str] = {}
     try:
-        if len(paths) == 1:
+        if engine == "cfgrib":
+            _keep_grib(paths)
+            parts = [_open_grib(p, kw, skipped, cfg) for p in paths]
+            ds = parts[0] if len(parts) == 1 else _combine(parts, cfg)
+        elif len(paths) == 1:
             ds = xr.open_dataset(_open_one_target(paths[0], engine, cfg), **kw)
         else:
             targets = [_open_one_target(p, engine, cfg) for p in paths]
             mf: dict[str, Any] = {"combine": cfg.combine, "parallel": False}
             if cfg.concat_dim:
                 mf["concat_dim"] = cfg.concat_dim
-            elif cfg.combine == "nested":
-                raise SourceError("source.concat_dim is needed with combine: nested")
             ds = xr.open_mfdataset(targets, **mf, **kw)
     except SourceError:
         raise
     except FileNotFoundError as exc:
         raise SourceError(f"input file not found: {exc.filename or paths}") from exc
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        where = paths[0] if len(paths) == 1 else f"{len(paths)} files ({paths[0]} ...)"
-        raise SourceError(
-            f"cannot open {where} (engine={engine}): {type(exc).__name__}: {exc}"
-        ) from exc
+        raise SourceError(_open_error(exc, where, engine, cfg, paths)) from exc
+    if not ds.data_vars and not cfg.variables:
+        groups = list_groups(paths[0], engine)
+        if groups:
+            raise SourceError(
+                f"{where} has no variables{_in_group(cfg)}; its variables are in groups "
+                f"{groups}: set source.group (e.g. group: {groups[0]})"
+            )
     if cfg.variables:
         missing = [v for v in cfg.variables if v not in ds.variables]
         if missing:
+            hint = ""
+            if any(v in skipped for v in missing):
+                v = next(v for v in missing if v in skipped)
+                hint = f"; cfgrib skipped {v!r} ({skipped[v]}): select it with source.filter"
+            else:
+                groups = list_groups(paths[0], engine)
+                if groups:
+                    hint = f"; the file has groups {groups}: is source.group what is missing?"
             raise SourceError(
-                f"variable(s) {missing} not found in {paths[0]}; it has {sorted(map(str, ds.data_vars))}"
+                f"variable(s) {missing} not found in {paths[0]}{_in_group(cfg)}; it has "
+                f"{sorted(map(str, ds.data_vars))}{hint}"
             )
         ds = ds[list(cfg.variables)]
     log.info("opened %d file(s) lazily: %s", len(paths), dict(ds.sizes))
     return ds
+
+
+def _in_group(cfg: SourceConfig) -> str:
+    return f" (group {cfg.group!r})" if cfg.group else " (root group)"
+
+
+def _open_error(
+    exc: BaseException, where: str, engine: str | None, cfg: SourceConfig, paths: list[str]
+) -> str:
+    """An open failure in the user's terms: the config key that is missing, where we know."""
+    text = str(exc)
+    if "Could not find any dimension coordinates to use to order the" in text:
+        return (
+            f"cannot combine {where} by their coordinates: they have no dimension coordinate "
+            "that orders them; set source.combine: nested and source.concat_dim: DIM (the "
+            f"dimension to join them along, in the order of source.paths) ({text})"
+        )
+    filters = re.findall(r"filter_by_keys=(\{.*?\})", text)
+    if engine == "cfgrib" and filters:
+        return (
+            f"cannot open {where}: its GRIB messages do not fit one dataset; select some with "
+            f"source.filter, one of: {'; '.join(filters)} (cfgrib: {text.splitlines()[0]})"
+        )
+    msg = f"cannot open {where} (engine={engine}): {type(exc).__name__}: {exc}"
+    if cfg.group is not None:
+        groups = list_groups(paths[0], engine)
+        if groups:
+            msg += f"; the file's groups are {groups}"
+    return msg
+
+
+def list_groups(path: str, engine: str | None) -> list[str]:
+    """Groups (nested ones as ``a/b``) of a local HDF5 / netCDF-4 file or Zarr folder; [] for
+    other files or when they cannot be listed."""
+    if is_url(path):
+        return []
+    try:
+        if engine == "zarr" or _is_zarr_dir(path):
+            import zarr
+
+            root = zarr.open_group(path, mode="r")
+            return sorted(name for name, _ in root.groups())
+        with open(path, "rb") as f:
+            if not f.read(8).startswith(b"\x89HDF"):
+                return []
+        import h5py
+
+        found: list[str] = []
+        with h5py.File(path, "r") as h5:
+            h5.visit(lambda name: found.append(name) if isinstance(h5[name], h5py.Group) else None)
+        return sorted(found)[:50]
+    except Exception:  # a hint only: never hide the real error
+        return []
+
+
+# -- GRIB: each file opened (indexed) once per process -------------------------------------------
+_GRIB: dict[str, tuple[Any, dict[str, str]]] = {}
+_GRIB_LOCK = threading.Lock()
+
+
+def _keep_grib(paths: Sequence[str]) -> None:
+    """Forget the GRIB files of other sources (one source at a time: memory stays bounded)."""
+    keep = set(paths)
+    with _GRIB_LOCK:
+        for key in [k for k in _GRIB if json.loads(k)[0] not in keep]:
+            del _GRIB[key]
+
+
+def _open_grib(
+    path: str, kw: dict[str, Any], skipped: dict[str, str], cfg: SourceConfig
+) -> xr.Dataset:
+    """Open a GRIB file lazily, scanning it once per process: cfgrib reads every message to
+    build its index, and prepare opens the source more than once (the view, then the view
+    with chunks aligned to the store). cfgrib's tracebacks for variables it skips become one
+    warning per file, naming them and ``source.filter``."""
+    chunks = kw.get("chunks")
+    open_kw = {k: v for k, v in kw.items() if k != "chunks"}
+    target = _open_one_target(path, "cfgrib", cfg)
+    st = os.stat(path) if not is_url(path) else None
+    key = json.dumps(
+        [path, st and (st.st_size, st.st_mtime_ns), open_kw], sort_keys=True, default=str
+    )
+    with _GRIB_LOCK:
+        if key not in _GRIB:
+            with _capture_cfgrib_errors() as errors:
+                ds = xr.open_dataset(target, chunks=None, cache=False, **open_kw)
+            if errors:
+                names = ", ".join(f"{k!r}" for k in errors)
+                first, why = next(iter(errors.items()))
+                log.warning(
+                    "%s: cfgrib skipped GRIB variable(s) %s (%s); select them with source.filter "
+                    "(cfgrib's filter_by_keys, e.g. filter: {shortName: %s})",
+                    path, names, why, first,
+                )  # fmt: skip
+            _GRIB[key] = (ds, errors)
+        ds, errors = _GRIB[key]
+    skipped.update(errors)
+    return ds if chunks is None else ds.chunk(chunks)
+
+
+@contextmanager
+def _capture_cfgrib_errors() -> Iterator[dict[str, str]]:
+    """Collect cfgrib's "skipping variable" records (logged with a traceback each) by short
+    name, instead of letting them print."""
+    errors: dict[str, str] = {}
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            m = re.search(r"shortName='([^']+)'", msg)
+            why = str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else msg
+            errors[m.group(1) if m else msg] = why.splitlines()[0][:200]
+
+    logger = logging.getLogger("cfgrib")
+    handler = Collect(level=logging.WARNING)
+    old = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield errors
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = old
+
+
+def _combine(parts: list[xr.Dataset], cfg: SourceConfig) -> xr.Dataset:
+    if cfg.combine == "nested":
+        return xr.combine_nested(parts, concat_dim=cfg.concat_dim)
+    return xr.combine_by_coords(parts)  # type: ignore[return-value]
 
 
 def open_rows(cfg: SourceConfig, ds: xr.Dataset, sample_dims: Sequence[str]) -> Any:

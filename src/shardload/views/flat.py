@@ -27,12 +27,9 @@ def feature_names(da: xr.DataArray, sample_dims: Sequence[str]) -> tuple[str, ..
             labels.append([str(v) for v in np.asarray(da.coords[d].values)])
         else:
             labels.append([str(i) for i in range(da.sizes[d])])
-    grids = np.meshgrid(*[np.arange(len(lab)) for lab in labels], indexing="ij")
-    flat = [g.reshape(-1) for g in grids]
-    return tuple(
-        f"{name}[{','.join(labels[k][int(idx[k])] for k in range(len(labels)))}]"
-        for idx in zip(*flat, strict=True)
-    )
+    if len(labels) == 1:  # the common wide case: one string per feature, nothing else
+        return tuple([f"{name}[{lab}]" for lab in labels[0]])
+    return tuple([f"{name}[{','.join(idx)}]" for idx in itertools.product(*labels)])
 
 
 class FlatView:
@@ -68,7 +65,9 @@ class FlatView:
             self._vars[out] = das
             n_feat = [int(np.prod(d.shape[len(self.sample_dims) :], dtype=np.int64)) for d in das]
             dt = np.dtype(dtype) if dtype else np.result_type(*[d.dtype for d in das])
-            feats = sum((feature_names(d, self.sample_dims) for d in das), ())
+            feats = tuple(
+                itertools.chain.from_iterable(feature_names(d, self.sample_dims) for d in das)
+            )
             specs[out] = ArraySpec(
                 out, (0, int(sum(n_feat))), dt, feats, {"variables": list(names)}
             )

@@ -1,0 +1,164 @@
+"""Per-feature names and statistics live in binary feature files beside a small manifest
+(issue 13, item 8): wide stores open fast; old stores (everything inline) still open."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+from fsspec.implementations.local import LocalFileSystem
+
+import shardload
+from shardload.errors import StoreError
+from shardload.manifest import MANIFEST_NAME, ArrayInfo, FeatureStats, Manifest
+from shardload.serve import serving
+from shardload.store import StoreFiles
+
+
+def _wide_store(tmp_path: Path, *, n: int, k: int, fmt: str = "npy") -> tuple[object, np.ndarray]:
+    wide = np.random.default_rng(0).standard_normal((n, k)).astype("f4")
+    xr.Dataset({"w": (("sample", "f"), wide), "t": ("sample", np.arange(n, dtype="f8"))}).to_netcdf(
+        tmp_path / "wide.nc"
+    )
+    store = shardload.prepare({
+        "source": str(tmp_path / "wide.nc"), "sample_dims": ["sample"], "format": fmt,
+        "arrays": {"x": ["w"], "y": ["t"]}, "chunk_rows": 2, "out": str(tmp_path / "s"),
+        "splits": {"train": 1.0},
+    })  # fmt: skip
+    return store, wide
+
+
+def test_open_store_of_a_million_features_reads_a_small_manifest_only(tmp_path):
+    """The files prepare writes (``Manifest.to_files``) for 1 M features of an npy store."""
+    n, k = 3, 1_000_000
+    rng = np.random.default_rng(1)
+    mean = rng.standard_normal(k)
+    names = tuple(f"f{i}" for i in range(k))
+    m = Manifest(
+        format="npy", length=n, chunk_bounds=(0, n), complete=True,
+        arrays={"x": ArrayInfo("x", (n, k), "float32", n, "x", features=names)},
+        stats={"x": FeatureStats(n, mean, mean + 1, mean - 2, mean + 2, np.zeros(k, "i8"))},
+    )  # fmt: skip
+    root = tmp_path / "s"
+    for rel, data in m.to_files().items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    assert (root / MANIFEST_NAME).stat().st_size < 4096
+    t0 = time.perf_counter()
+    store = shardload.open_store(root)
+    open_s = time.perf_counter() - t0
+    assert open_s < 0.5, open_s  # measured ~1 ms: no feature data is read
+    assert len(store.manifest.arrays["x"].features) == k
+    assert store.manifest.stats["x"] == m.stats["x"]
+    assert store.manifest.arrays["x"].features == names
+
+
+@pytest.mark.slow
+def test_a_million_features_open_fast_with_a_small_manifest(tmp_path):
+    n, k = 4, 1_000_000
+    _, wide = _wide_store(tmp_path, n=n, k=k)
+    manifest_bytes = (tmp_path / "s" / MANIFEST_NAME).stat().st_size
+    assert manifest_bytes < 32 * 1024, manifest_bytes  # names and stats are not in it
+    t0 = time.perf_counter()
+    store = shardload.open_store(tmp_path / "s")
+    open_s = time.perf_counter() - t0
+    assert len(store.manifest.arrays["x"].features) == k  # the count is in the manifest
+    t1 = time.perf_counter()
+    st = store.manifest.stats["x"]
+    names = store.manifest.arrays["x"].features
+    first = names[0]
+    stats_s = time.perf_counter() - t1
+    print(f"\n{k:,} features: manifest {manifest_bytes:,} B, open_store {open_s * 1e3:.1f} ms, "
+          f"first stats + names access {stats_s * 1e3:.0f} ms")  # fmt: skip
+    assert open_s < 1.0  # generous for a loaded CI machine: no feature data is read
+    assert first == "w[0]" and names[-1] == f"w[{k - 1}]"
+    np.testing.assert_allclose(st.mean, wide.astype("f8").mean(0), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(st.max, wide.max(0))
+    assert st.count == n and not st.nan_count.any() and st.mean.dtype == np.float64
+    np.testing.assert_array_equal(store.read("x", 1, 3), wide[1:3])
+
+
+def test_feature_files_are_read_on_first_access_only(tmp_path):
+    _wide_store(tmp_path, n=6, k=10)
+    reads: list[str] = []
+    text = (tmp_path / "s" / MANIFEST_NAME).read_bytes()
+
+    def read(rel: str) -> bytes:
+        reads.append(rel)
+        return (tmp_path / "s" / rel).read_bytes()
+
+    m = Manifest.from_json(text, read=read)
+    assert reads == [] and sorted(m.stats) == ["x", "y"] and len(m.arrays["x"].features) == 10
+    assert reads == []
+    m.stats["x"]
+    assert reads == ["_features/x.npz"]
+    assert m.arrays["x"].features[:2] == ("w[0]", "w[1]") and m.stats["x"].count == 6
+    assert reads == ["_features/x.npz"]  # one read per array, names and stats together
+    m = Manifest.from_json(text, read=StoreFiles(LocalFileSystem(), str(tmp_path / "s"), url="s"))
+    m.stats["x"]
+    again = pickle.loads(pickle.dumps(m))  # a DataLoader worker reads only what it uses
+    assert again.stats["y"] == m.stats["y"] and again.arrays == m.arrays
+    with pytest.raises(StoreError, match="open_store"):
+        Manifest.from_json(text)
+
+
+def test_old_store_with_inline_names_and_stats_still_opens(tmp_path):
+    store, wide = _wide_store(tmp_path, n=6, k=10)
+    m = store.manifest
+    old = json.loads(m.to_json())  # the version-1 layout: everything inline
+    old["version"] = 1
+    (tmp_path / "s" / MANIFEST_NAME).write_text(json.dumps(old))
+    for p in (tmp_path / "s" / "_features").iterdir():
+        p.unlink()
+    again = shardload.open_store(tmp_path / "s")
+    assert again.manifest.version == 1
+    assert again.manifest.arrays["x"].features == m.arrays["x"].features
+    assert again.manifest.stats["x"] == m.stats["x"] and again.manifest.stats["y"] == m.stats["y"]
+    np.testing.assert_array_equal(again.read("x"), wide)
+
+
+def test_missing_or_corrupt_feature_file_is_a_clear_error(tmp_path):
+    _wide_store(tmp_path, n=6, k=10)
+    (tmp_path / "s" / "_features" / "x.npz").write_bytes(b"garbage")
+    (tmp_path / "s" / "_features" / "y.npz").unlink()
+    store = shardload.open_store(tmp_path / "s")
+    with pytest.raises(StoreError, match=r"_features/x\.npz is corrupt"):
+        store.manifest.stats["x"]
+    with pytest.raises(StoreError, match=r"_features/y\.npz of array 'y' is missing"):
+        store.manifest.stats["y"]
+
+
+def test_newer_manifest_version_is_refused(tmp_path):
+    _wide_store(tmp_path, n=6, k=10)
+    path = tmp_path / "s" / MANIFEST_NAME
+    d = json.loads(path.read_text())
+    d["version"] = 99
+    path.write_text(json.dumps(d))
+    with pytest.raises(StoreError, match=r"version 99.*upgrade shardload"):
+        shardload.open_store(tmp_path / "s")
+
+
+def test_feature_files_come_through_the_url_and_its_cache(tmp_path):
+    store, wide = _wide_store(tmp_path, n=6, k=10, fmt="zarr")
+    cache = tmp_path / "cache"
+    with serving(tmp_path) as url:
+        remote = shardload.open_store(url + "s", cache_dir=cache)
+        assert remote.manifest.stats["x"] == store.manifest.stats["x"]
+        assert remote.manifest.arrays["x"].features == store.manifest.arrays["x"].features
+        np.testing.assert_array_equal(remote.read("x"), wide)
+    cached = [p.stat().st_size for p in cache.rglob("*") if p.is_file()]
+    size = (tmp_path / "s" / "_features" / "x.npz").stat().st_size
+    assert size in cached  # fetched through the store's remote filesystem (and its cache)
+
+
+def test_zarr_array_metadata_stays_small_for_wide_arrays(tmp_path):
+    store, wide = _wide_store(tmp_path, n=4, k=5000, fmt="zarr")
+    meta = json.loads((tmp_path / "s" / "x" / "zarr.json").read_text())
+    assert meta["attributes"] == {"num_features": 5000}  # names: in _features/x.npz
+    assert len(store.manifest.arrays["x"].features) == 5000
+    np.testing.assert_array_equal(shardload.open_store(tmp_path / "s").read("x"), wide)
