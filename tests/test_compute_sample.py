@@ -61,3 +61,34 @@ def test_cli_sample_seismic_then_compute(tmp_path: Path) -> None:
     assert m.length == 8 and m.chunk_bounds == (0, 4, 8)
     env = shardload.open_store(str(tmp_path / "attrs")).read("env", 0, 8)
     assert (env >= 0).all() and env.shape == (8, 5, 40)
+
+
+@pytest.mark.filterwarnings("ignore:Object at:UserWarning")  # zarr: the manifest files
+def test_prepare_takes_the_attributes_store_as_source(tmp_path: Path) -> None:
+    cube = write_seismic_sample(tmp_path / "cube.zarr", (8, 3, 20), chunk_inlines=4)
+    shardload.compute(
+        {
+            "source": {"paths": [str(cube)], "variable": "amp"},
+            "attributes": {
+                "env": "shardload.attributes:envelope",
+                "rms": {"function": "shardload.attributes:rms_amplitude", "window": 3,
+                        "depth": {2: 1}},  # fmt: skip
+            },
+            "out": str(tmp_path / "attrs"),
+            "execution": {"scheduler": "sync"},
+        }
+    )
+    attrs = shardload.open_store(str(tmp_path / "attrs"))
+    st = shardload.prepare(
+        {
+            "source": {"paths": [str(tmp_path / "attrs")], "open_kwargs": {"consolidated": False}},
+            "sample_dims": ["sample"],
+            "arrays": {"x": ["env", "rms"]},
+            "out": str(tmp_path / "prepared"),
+            "splits": None,
+            "execution": {"scheduler": "sync"},
+        }
+    )
+    x = st.read("x", 0, 8)
+    assert x.shape == (8, 2 * 3 * 20)
+    np.testing.assert_array_equal(x[:, : 3 * 20], attrs.read("env", 0, 8).reshape(8, -1))
