@@ -71,8 +71,11 @@ def test_prepare_takes_the_attributes_store_as_source(tmp_path: Path) -> None:
             "source": {"paths": [str(cube)], "variable": "amp"},
             "attributes": {
                 "env": "shardload.attributes:envelope",
-                "rms": {"function": "shardload.attributes:rms_amplitude", "window": 3,
-                        "depth": {2: 1}},  # fmt: skip
+                "rms": {
+                    "function": "shardload.attributes:rms_amplitude",
+                    "window": 3,
+                    "depth": {2: 1},
+                },
             },
             "out": str(tmp_path / "attrs"),
             "execution": {"scheduler": "sync"},
