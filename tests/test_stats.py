@@ -50,3 +50,47 @@ def test_infinities_take_the_general_path():
         and s.nan_count.tolist() == [0, 0]
     )
     assert np.isinf(s.mean[1]) or np.isnan(s.mean[1])
+
+
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf])
+def test_float32_blocks_larger_than_one_cache_slab(monkeypatch, bad):
+    """The float32 path reduces a few rows at a time: many slabs give numpy's figures, and a
+    NaN or infinity in any slab falls back to the general path."""
+    import shardload.stats as stats
+
+    monkeypatch.setattr(stats, "_CACHE_BYTES", 64)  # 4 rows of 4 features per slab
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=(1003, 4)) * 100 + 7).astype("float32")
+    if bad is not None:
+        x[777, 2] = bad
+    p = partial(x)
+    x64 = x.astype("float64")
+    with np.errstate(all="ignore"):
+        if bad is np.nan:
+            assert p.nan_count.tolist() == [0, 0, 1, 0]
+            np.testing.assert_allclose(p.mean, np.nanmean(x64, axis=0), rtol=1e-12)
+        else:
+            np.testing.assert_allclose(p.mean, x64.mean(axis=0), rtol=1e-12)
+            np.testing.assert_array_equal(p.min, x64.min(axis=0))
+            np.testing.assert_array_equal(p.max, x64.max(axis=0))
+        if bad is None:
+            m2 = ((x64 - x64.mean(axis=0)) ** 2).sum(axis=0)
+            np.testing.assert_allclose(p.m2, m2, rtol=1e-7)  # float32 squares, as before
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int64", "float64", "bool"])
+def test_other_dtypes_give_numpys_figures(monkeypatch, dtype):
+    import shardload.stats as stats
+
+    monkeypatch.setattr(stats, "_CACHE_BYTES", 64)
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 255, size=(501, 3)).astype(dtype)
+    if dtype == "int64":
+        x = x * 10**12 - 7
+    p = partial(x)
+    x64 = x.astype("float64")
+    np.testing.assert_allclose(p.mean, x64.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(p.m2, ((x64 - x64.mean(axis=0)) ** 2).sum(axis=0), rtol=1e-9)
+    np.testing.assert_array_equal(p.min, x64.min(axis=0))
+    np.testing.assert_array_equal(p.max, x64.max(axis=0))
+    assert p.nan_count.tolist() == [0, 0, 0] and p.count.tolist() == [501] * 3

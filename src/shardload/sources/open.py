@@ -341,11 +341,27 @@ def _combine(parts: list[xr.Dataset], cfg: SourceConfig) -> xr.Dataset:
 def open_rows(cfg: SourceConfig, ds: xr.Dataset, sample_dims: Sequence[str]) -> Any:
     """A :class:`~shardload.views.rows.RowReader` that reads ``ds``'s rows without dask, or
     None where there is none (then views read through dask). Today: local radiation files with
-    the column as the sample axis."""
-    if cfg.kind != "radiation" or tuple(sample_dims or ("column",)) != ("column",):
+    the column as the sample axis, and plain variables of one local netCDF-4/HDF5 file."""
+    if cfg.kind != "radiation":
+        return _plain_rows(cfg, ds, sample_dims)
+    if tuple(sample_dims or ("column",)) != ("column",):
         return None
     from .radiation_rows import radiation_rows
 
     so = dict(cfg.storage_options)
     outputs = expand_paths(cfg.outputs, so) if cfg.outputs else None
     return radiation_rows(expand_paths(cfg.paths, so), outputs, ds)
+
+
+def _plain_rows(cfg: SourceConfig, ds: xr.Dataset, sample_dims: Sequence[str]) -> Any:
+    """:class:`~shardload.sources.h5_rows.H5Rows` for one local netCDF-4/HDF5 file opened
+    with neutral options (None otherwise)."""
+    from .h5_rows import h5_rows, open_kwargs_are_neutral
+
+    paths = expand_paths(cfg.paths, dict(cfg.storage_options))
+    if len(paths) != 1 or is_url(paths[0]) or not open_kwargs_are_neutral(cfg.open_kwargs):
+        return None
+    if (cfg.engine or guess_engine(paths[0])) != "h5netcdf" or not sample_dims:
+        return None
+    phony = str(cfg.open_kwargs.get("phony_dims", "sort"))
+    return h5_rows(paths[0], ds, sample_dims, group=cfg.group, phony_dims=phony)

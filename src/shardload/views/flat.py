@@ -29,7 +29,12 @@ def feature_names(da: xr.DataArray, sample_dims: Sequence[str]) -> tuple[str, ..
             labels.append([str(i) for i in range(da.sizes[d])])
     if len(labels) == 1:  # the common wide case: one string per feature, nothing else
         return tuple([f"{name}[{lab}]" for lab in labels[0]])
-    return tuple([f"{name}[{','.join(idx)}]" for idx in itertools.product(*labels)])
+    # C order over the other dims, built prefix by prefix: one f-string per feature, not a
+    # join per feature (9.3 M names of a 2-D grid)
+    heads = labels[0]
+    for lab in labels[1:-1]:
+        heads = [f"{h},{x}" for h in heads for x in lab]
+    return tuple([f"{name}[{h},{x}]" for h in heads for x in labels[-1]])
 
 
 class FlatView:

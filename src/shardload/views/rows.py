@@ -48,14 +48,23 @@ def read_vars(
     *,
     out: Sequence[np.ndarray | None] | None = None,
 ) -> list[np.ndarray]:
-    """:func:`read_many`, through ``rows`` when it serves every variable of ``das``; then
-    ``out`` (destinations per variable, or None) may be filled in place and returned."""
+    """:func:`read_many`: variables that ``rows`` serves through it (their ``out``
+    destinations, per variable or None, may be filled in place and returned), the others
+    through the lazy dataset."""
     names = [str(d.name) for d in das]
-    if rows is not None and all(n in rows.names for n in names):
-        given = zip(names, out or [None] * len(names), strict=True)
-        got = rows.read_rows(names, start, stop, out={n: o for n, o in given if o is not None})
-        return [got[n] for n in names]
-    return read_many(das, sample_dims, start, stop)
+    served = [rows is not None and n in rows.names for n in names]
+    res: list[np.ndarray | None] = [None] * len(das)
+    if rows is not None and any(served):
+        dests = out or [None] * len(names)
+        mine = [n for n, s in zip(names, served, strict=True) if s]
+        given = {n: o for n, o, s in zip(names, dests, served, strict=True) if s and o is not None}
+        got = rows.read_rows(mine, start, stop, out=given)
+        res = [got[n] if s else None for n, s in zip(names, served, strict=True)]
+    lazy = [d for d, s in zip(das, served, strict=True) if not s]
+    if lazy:
+        it = iter(read_many(lazy, sample_dims, start, stop))
+        res = [next(it) if r is None else r for r in res]
+    return [r for r in res if r is not None]
 
 
 def sample_length(da: xr.DataArray, sample_dims: Sequence[str]) -> int:
