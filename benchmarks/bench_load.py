@@ -9,9 +9,13 @@ and 2 DataLoader workers, each in a fresh subprocess (``--run-case``) so that pe
 case. Page caches are warmed (every data file read once) before the limits and before each case.
 Slow loaders are timed on the first ``--max-seconds`` of the epoch and their rate extrapolated.
 
-Reports per case: samples/s, MB/s, ratio to its limit, peak RSS (process + workers), mean
-distinct chunks per batch (shuffle quality), whether the epoch was complete; prints a markdown
-table and the issue's goal checks, writes JSON (``--out``) and a bar chart (PNG next to it).
+Reports per case: samples/s, MB/s, ratio to its limit, peak RSS (process + workers), the
+shuffle quality (``shardload.plan.quality``: chunks per batch against a uniform shuffle's,
+VIF_pos, VIF_ar, recurrence of batch-mates in the next epoch, pair excess; docs/loading.md),
+whether the epoch was complete; the same figures for a uniform permutation and a tf.data-style
+shuffle buffer holding the rows shardload's default holds. Prints a markdown table and the
+issue's goal checks, writes JSON (``--out``), a bar chart (PNG next to it) and a plot of batch
+composition (``*-composition.png``).
 
 Usage::
 
@@ -40,12 +44,14 @@ import loadbench_data as data  # noqa: E402
 from loadbench_cases import LOADERS, OWN_COPY, case_store, parse_case, run_case  # noqa: E402
 
 DEFAULT_CASES = (
-    "shardload-iter:none:w0", "shardload-dl:none:w0", "shardload-dl:none:w2",
-    "shardload-sdl:none:w2",
+    "shardload-iter:none:w0", "shardload-iter-legacy:none:w0", "shardload-iter-uniform:none:w0",
+    "shardload-dl:none:w0", "shardload-dl:none:w2",
+    "shardload-sdl:none:w2", "shardload-sdl-legacy:none:w2", "shardload-sdl-uniform:none:w2",
+    "shardload-sdl-r4:none:w2", "shardload-sdl-r16:none:w2",
     "naive-zarr:none:w0", "naive-zarr:none:w2", "naive-h5py:none:w0", "naive-h5py:none:w2",
     "naive-npy:none:w0", "naive-npy:none:w2", "xbatcher:none:w0", "xbatcher:none:w2",
     "zarr-torch-dataset:none:w0", "zarr-torch-dataset:none:w2", "torch-handoff:none:w2",
-    "shardload-iter:zstd:w0", "shardload-dl:zstd:w2", "naive-zarr:zstd:w2", "xbatcher:zstd:w2",
+    "shardload-iter:zstd:w0", "shardload-iter-pool8:zstd:w0", "shardload-dl:zstd:w2", "naive-zarr:zstd:w2", "xbatcher:zstd:w2",
     "zarr-torch-dataset:zstd:w0", "zarr-torch-dataset:zstd:w2",
 )  # fmt: skip
 QUICK = {"rows": 8192, "features": 64, "chunk_rows": 512, "max_seconds": 5.0, "repeats": 1}
@@ -171,6 +177,8 @@ def table(recs: list[dict[str, Any]]) -> str:
         if "error" in r:
             rows.append(f"| {r['case']} | error: {r['error'][:120]} ||||||||")
             continue
+        if r.get("reference"):
+            continue
         timed = f"{r['samples']:,} ({r['seconds']:.1f} s)"
         if r["truncated"]:
             timed += f", {100 * r['epoch_fraction']:.1f}% of the epoch, extrapolated"
@@ -181,6 +189,58 @@ def table(recs: list[dict[str, Any]]) -> str:
             f"{_fmt(r['first_batch_s'])} | {timed} |"
         )
     return "\n".join(rows)
+
+
+def quality_table(recs: list[dict[str, Any]]) -> str:
+    """The five shuffle-quality figures per case (1.0 = a uniform shuffle's)."""
+    head = ("| case | chunks/batch (÷ uniform) | VIF_pos | VIF_ar | recurrence | pair excess | "
+            "samples/s | peak RSS MiB (PSS) |")  # fmt: skip
+    rows = [head, "|" + "---|" * 8]
+    for r in recs:
+        if "error" in r or "vif_pos" not in r:
+            continue
+        speed = f"{r['samples_per_s']:,.0f}" if "samples_per_s" in r else "n/a"
+        mem = (f"{r['peak_rss_MiB']:,.0f} ({r['peak_pss_MiB']:,.0f})"
+               if "peak_rss_MiB" in r else "n/a")  # fmt: skip
+        rows.append(
+            f"| {r['case']} | {r['chunks_per_batch']:.1f} ({r['chunks_per_batch_ratio']:.2f}) | "
+            f"{r['vif_pos']:.2f} | {r['vif_ar']:.2f} | {_fmt(r.get('recurrence'))} | "
+            f"{r['pair_excess']:.2f} | {speed} | {mem} |"
+        )
+    return "\n".join(rows)
+
+
+def reference_records(work: Path, *, batch_size: int, seed: int) -> list[dict[str, Any]]:
+    """Quality of a uniform permutation and of a tf.data-style shuffle buffer holding the rows
+    a default shardload reader holds (its shuffle groups in flight), on the store's chunking."""
+    import numpy as np
+
+    import shardload
+    from shardload.loader.batches import DEFAULT_PREFETCH, resolve_shuffle
+    from shardload.loader.scatter import groups_in_flight
+    from shardload.loader.select import select_rows
+    from shardload.plan.quality import quality, shuffle_buffer_batches, uniform_batches
+
+    store = shardload.open_store(work / "zarr-none")
+    bounds = np.asarray(store.manifest.chunk_bounds)
+    n, sizes = int(bounds[-1]), np.diff(bounds)
+    chunk_of = np.repeat(np.arange(len(sizes)), sizes)
+    piece, group = resolve_shuffle(store, select_rows(store), None, None)
+    resident = piece * group * groups_in_flight(prefetch=DEFAULT_PREFETCH, shuffle_chunks=group)
+    uni = [uniform_batches(np.arange(n), batch_size, seed=seed + e) for e in (0, 1)]
+    buf = [shuffle_buffer_batches(sizes, batch_size, buffer_rows=resident, seed=seed + e)
+           for e in (0, 1)]  # fmt: skip
+    out = []
+    for name, epochs, what in (
+        ("uniform permutation", uni, "reference: a uniform permutation of all rows"),
+        (f"tf.data buffer {resident:,} rows", buf,
+         f"reference: shuffled chunk order, rows through a {resident}-row shuffle buffer "
+         "(the rows shardload's default reader holds)"),
+    ):  # fmt: skip
+        q = quality(epochs, chunk_of)
+        out.append({"case": name, "loader": "reference", "reference": True, "what": what,
+                    "sample_batches": [b.tolist() for b in epochs[0][:48]], **q})  # fmt: skip
+    return out
 
 
 def goal_lines(by: dict[str, dict[str, Any]]) -> list[str]:
@@ -209,6 +269,25 @@ def goal_lines(by: dict[str, dict[str, Any]]) -> list[str]:
                    f"ratio {_fmt(rss)}]")  # fmt: skip
     out.append(f"zstd shardload / read+decode limit = "
                f"{_fmt(get('shardload-iter:zstd:w0', 'ratio_to_limit'))} (goal ≥ 0.8)")  # fmt: skip
+    for case in ("shardload-iter:none:w0", "shardload-sdl:none:w2", "shardload-sdl-r4:none:w2",
+                 "shardload-sdl-r16:none:w2", "shardload-iter-uniform:none:w0",
+                 "shardload-iter:zstd:w0", "shardload-iter-pool8:zstd:w0"):  # fmt: skip
+        if case in by and "vif_pos" in by[case]:
+            r = by[case]
+            out.append(
+                f"quality {case}: chunks/batch ÷ uniform {_fmt(r['chunks_per_batch_ratio'])} "
+                f"(goal ≥ 0.9), VIF_pos {_fmt(r['vif_pos'])} (≤ 1.5), VIF_ar {_fmt(r['vif_ar'])} "
+                f"(≤ 2), recurrence {_fmt(r.get('recurrence'))} (≤ 1.5)"
+            )  # fmt: skip
+    for new, old in (("shardload-iter:none:w0", "shardload-iter-legacy:none:w0"),
+                     ("shardload-sdl:none:w2", "shardload-sdl-legacy:none:w2")):  # fmt: skip
+        speed = ratio(get(new, "samples_per_s"), get(old, "samples_per_s"))
+        pss = ratio(get(new, "peak_pss_MiB"), get(old, "peak_pss_MiB"))
+        rss = ratio(get(new, "peak_rss_MiB"), get(old, "peak_rss_MiB"))
+        out.append(f"new default vs the earlier one: speed {_fmt(speed)}× (goal ≥ 0.9) at memory "
+                   f"PSS {_fmt(pss)}× / RSS {_fmt(rss)}× (goal ≤ 1) [{new} vs {old}]")  # fmt: skip
+    out.append(f"uniform in-process / read limit = "
+               f"{_fmt(get('shardload-iter-uniform:none:w0', 'ratio_to_limit'))} (goal ≥ 0.3)")  # fmt: skip
     hand = get("torch-handoff:none:w2", "samples_per_s")
     if hand:
         dl = get("shardload-dl:none:w2", "samples_per_s")
@@ -242,6 +321,37 @@ def plot(recs: list[dict[str, Any]], path: Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_composition(recs: list[dict[str, Any]], path: Path, *, length: int) -> None:
+    """Batch composition: the storage position (row / N) of every row of the first batches,
+    per loader, beside a uniform permutation's (a uniform shuffle fills each column evenly)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in recs if "error" not in r and r.get("sample_batches")]
+    ok.sort(key=lambda r: not r.get("reference"))
+    cols = 4
+    rows = -(-len(ok) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, r in zip(axes.flat, ok, strict=False):
+        for k, b in enumerate(r["sample_batches"][:32]):
+            ax.plot([k] * len(b), [i / length for i in b], ",", color="k", alpha=0.5)
+        vif = r.get("vif_pos")
+        ax.set_title(f"{r['case']}\nVIF_pos {vif:.2f}" if vif is not None else r["case"],
+                     fontsize="small")  # fmt: skip
+        ax.set_xlabel("batch")
+    for ax in axes.flat[len(ok) :]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("row / N (storage order)")
+    fig.suptitle("batch composition: where the rows of the first 32 batches lie in storage")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
@@ -314,7 +424,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         log(f"  {c}: {rec['samples_per_s']:,.0f} samples/s, {rec['MBps']:,.0f} MB/s, ratio "
             f"{_fmt(rec['ratio_to_limit'], '.3f')}, peak RSS {rec['peak_rss_MiB']:,.0f} MiB, "
-            f"{rec['chunks_per_batch']:.1f} chunks/batch, complete: {rec['complete_epoch']}"
+            f"{rec['chunks_per_batch']:.1f} chunks/batch, VIF_pos {_fmt(rec.get('vif_pos'))}, "
+            f"complete: {rec['complete_epoch']}"
             + (f" [runs: {rec['runs_samples_per_s']}]" if "runs_samples_per_s" in rec else "")
             + (f" [prefix {100 * rec['epoch_fraction']:.1f}% of the epoch, extrapolated]"
                if rec["truncated"] else ""))  # fmt: skip
@@ -330,6 +441,12 @@ def main(argv: list[str] | None = None) -> None:
     if any(r.get("truncated") for r in recs):
         log(f"rates of cases marked 'extrapolated' come from the first {args.max_seconds:g} s of "
             "the epoch (samples timed / seconds), not from a whole epoch")  # fmt: skip
+    if "zarr-none" in info:
+        refs = reference_records(args.workdir, batch_size=args.batch_size, seed=args.seed)
+        recs.extend(refs)
+    log("shuffle quality (1.0 = a uniform shuffle's; recurrence n/a where no complete second "
+        "epoch was read):")  # fmt: skip
+    log(quality_table(recs))
     log("")
     by = {r["case"]: r for r in recs}
     goals = goal_lines(by)
@@ -348,8 +465,11 @@ def main(argv: list[str] | None = None) -> None:
     log(f"wrote {out}")
     if not args.no_plot:
         png = out.with_suffix(".png")
-        plot(recs, png)
+        plot([r for r in recs if not r.get("reference")], png)
         log(f"wrote {png}")
+        comp = out.with_name(out.stem + "-composition.png")
+        plot_composition(recs, comp, length=args.rows)
+        log(f"wrote {comp}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,13 @@ LOADERS = {
     "shardload-iter": "shardload.iter_batches, in-process (no torch)",
     "shardload-dl": "shardload.torch.StreamingDataset + DataLoader(batch_size=None)",
     "shardload-sdl": "shardload.torch.StreamingDataLoader",
+    "shardload-iter-legacy": "iter_batches(shuffle_chunks=4): the default before small pieces",
+    "shardload-sdl-legacy": "StreamingDataLoader, StreamingDataset(shuffle_chunks=4): the default before small pieces",
+    "shardload-iter-uniform": "iter_batches(shuffle='uniform'): a uniform permutation of rows",
+    "shardload-sdl-uniform": "StreamingDataLoader, StreamingDataset(shuffle='uniform')",
+    "shardload-iter-pool8": "iter_batches(shuffle_chunks=8): a group of 8 whole (decoded) chunks",
+    "shardload-sdl-r4": "StreamingDataLoader, 4 ranks read one after the other (quality over all ranks)",
+    "shardload-sdl-r16": "StreamingDataLoader, 16 ranks read one after the other (quality over all ranks)",
     "naive-zarr": "map Dataset, zarr x[i] per sample + DataLoader(shuffle=True)",
     "naive-h5py": "map Dataset, h5py x[i] per sample + DataLoader(shuffle=True)",
     "naive-npy": "map Dataset, mmap'd npy chunks x[i] per sample + DataLoader(shuffle=True)",
@@ -161,19 +168,43 @@ def _dl_kwargs(workers: int) -> dict[str, Any]:
     return {"num_workers": workers, "prefetch_factor": 2} if workers else {"num_workers": 0}
 
 
-def build_shardload(store: Path, loader: str, workers: int, batch_size: int, seed: int):
-    if loader == "shardload-iter":
+#: shardload loader name suffix -> options (the same run measures the defaults against them)
+PRESETS: dict[str, dict[str, Any]] = {
+    "legacy": {"shuffle_chunks": 4},
+    "uniform": {"shuffle": "uniform"},
+    "pool8": {"shuffle_chunks": 8},
+}
+
+
+def build_shardload(store: Path, loader: str, workers: int, batch_size: int, seed: int,
+                    epoch: int = 0):  # fmt: skip
+    base, _, preset = loader.partition("-")[2].partition("-")
+    opts: dict[str, Any] = {"shuffle": True, **PRESETS.get(preset, {})}
+    if base == "iter":
         import shardload
 
-        batches = shardload.iter_batches(store, batch_size=batch_size, shuffle=True, seed=seed)
+        batches = shardload.iter_batches(
+            store, batch_size=batch_size, seed=seed, epoch=epoch, **opts
+        )
         note = "numpy batches in the main process"
         return batches, lambda b: b["index"], note
     from torch.utils.data import DataLoader
 
     from shardload.torch import StreamingDataLoader, StreamingDataset
 
-    ds = StreamingDataset(store, batch_size=batch_size, shuffle=True, seed=seed)
-    cls = StreamingDataLoader if loader == "shardload-sdl" else DataLoader
+    if preset.startswith("r"):  # every rank of a world, one after the other
+
+        def ranks(world: int = int(preset[1:])):
+            for r in range(world):
+                ds = StreamingDataset(store, batch_size=batch_size, seed=seed, rank=r,
+                                      world_size=world, **opts)  # fmt: skip
+                ds.set_epoch(epoch)
+                yield from StreamingDataLoader(ds, batch_size=None, **_dl_kwargs(workers))
+
+        return ranks(), lambda b: b["index"].numpy(), "ranks read one after the other"
+    ds = StreamingDataset(store, batch_size=batch_size, seed=seed, **opts)
+    ds.set_epoch(epoch)
+    cls = StreamingDataLoader if base == "sdl" else DataLoader
     dl = cls(ds, batch_size=None, **_dl_kwargs(workers))
     return dl, lambda b: b["index"].numpy(), ""
 
@@ -371,7 +402,43 @@ def run_case(
     }  # fmt: skip
     rec.update(shuffle_stats(idxs, length=length, chunk_rows=chunk_rows, batch_size=batch_size,
                              truncated=truncated))  # fmt: skip
+    # the next epoch (untimed), for the recurrence of batch-mates: the same DataLoader
+    # iterated again (its sampler draws a new order), or shardload's epoch 1
+    nxt: list[np.ndarray] = []
+    if not truncated:
+        if loader.startswith("shardload"):
+            again, index_of, _ = build_shardload(store, loader, workers, batch_size, seed, epoch=1)
+        else:
+            again = batches
+        t1 = time.perf_counter()
+        for b in again:
+            nxt.append(np.asarray(index_of(b), dtype=np.int64).copy())
+            if max_seconds and time.perf_counter() - t1 > 2 * max_seconds:
+                nxt = []
+                break
+    rec.update(quality_stats(idxs, nxt, length=length, chunk_rows=chunk_rows,
+                             truncated=truncated))  # fmt: skip
+    rec["sample_batches"] = [i.tolist() for i in idxs[:48]]
     return rec
+
+
+#: VIFs of a time-limited prefix with fewer batches than this are not reported (NaN).
+MIN_VIF_BATCHES = 32
+
+
+def quality_stats(epoch0: list[np.ndarray], epoch1: list[np.ndarray], *, length: int,
+                  chunk_rows: int, truncated: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The five shuffle-quality figures (``shardload.plan.quality``) of a loader's batches;
+    recurrence needs a complete second epoch (else NaN)."""
+    from shardload.plan.quality import quality
+
+    if not epoch0:
+        return {}
+    chunk_of = np.arange(length) // chunk_rows
+    q = quality([epoch0, epoch1] if epoch1 else [epoch0], chunk_of)
+    if truncated and len(epoch0) < MIN_VIF_BATCHES:  # a handful of batch means says little
+        q["vif_pos"] = q["vif_ar"] = float("nan")
+    return {k: v for k, v in q.items() if k != "chunks_per_batch"}
 
 
 def shuffle_stats(idxs: list[np.ndarray], *, length: int, chunk_rows: int, batch_size: int,

@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from loadbench_cases import parse_case, shuffle_stats  # noqa: E402
+from loadbench_cases import parse_case, quality_stats, shuffle_stats  # noqa: E402
 
 
 def test_shuffle_stats_counts_distinct_chunks_and_checks_the_epoch() -> None:
@@ -43,8 +43,22 @@ def test_shuffle_stats_counts_distinct_chunks_and_checks_the_epoch() -> None:
     assert s["complete_epoch"].startswith("n/a")
 
 
+def test_quality_stats_of_a_sequential_and_a_uniform_epoch() -> None:
+    n, chunk, batch = 4096, 256, 64
+    seq = [np.arange(k, k + batch) for k in range(0, n, batch)]
+    q = quality_stats(seq, seq, length=n, chunk_rows=chunk)
+    assert q["chunks_per_batch_ratio"] < 0.1 and q["vif_pos"] > batch / 2
+    assert q["recurrence"] > 10
+    perm = np.random.default_rng(0).permutation(n)
+    uni = [perm[k : k + batch] for k in range(0, n, batch)]
+    q = quality_stats(uni, [], length=n, chunk_rows=chunk)
+    assert q["chunks_per_batch_ratio"] > 0.95 and q["vif_pos"] < 1.6
+    assert np.isnan(q["recurrence"])  # no second epoch
+
+
 def test_case_names_are_checked() -> None:
     assert parse_case("shardload-dl:zstd:w2") == ("shardload-dl", "zstd", 2)
+    assert parse_case("shardload-sdl-r4:none:w2") == ("shardload-sdl-r4", "none", 2)
     for bad in ("shardload-dl:lz4:w2", "nope:none:w0", "shardload-dl:none:2"):
         with pytest.raises(ValueError, match="bad case name"):
             parse_case(bad)
@@ -56,7 +70,8 @@ def test_smoke_run_writes_complete_epochs(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("psutil")
     out = tmp_path / "r.json"
-    cases = "shardload-iter:none:w0,shardload-dl:none:w2,naive-npy:none:w0,shardload-iter:zstd:w0"
+    cases = ("shardload-iter:none:w0,shardload-dl:none:w2,naive-npy:none:w0,shardload-iter:zstd:w0,"
+             "shardload-iter-legacy:none:w0,shardload-iter-uniform:none:w0")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_load.py"), "--rows", "2048",
            "--features", "16", "--chunk-rows", "256", "--max-seconds", "60", "--cases", cases,
@@ -65,11 +80,17 @@ def test_smoke_run_writes_complete_epochs(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
     assert {"read_Bps", "memcpy_Bps", "zstd_Bps"} <= set(res["limits"])
-    recs = {r["case"]: r for r in res["cases"]}
+    recs = {r["case"]: r for r in res["cases"] if not r.get("reference")}
     assert set(recs) == set(cases.split(","))
     for name, r in recs.items():
         assert "error" not in r, (name, r.get("error"))
         assert r["samples"] == 2048 and r["complete_epoch"] is True, name
         assert r["ratio_to_limit"] > 0 and r["peak_rss_MiB"] > 0, name
     assert recs["naive-npy:none:w0"]["chunks_per_batch"] > 4  # uniform sampling over 8 chunks
+    for name in ("shardload-iter:none:w0", "shardload-iter-uniform:none:w0"):
+        assert recs[name]["chunks_per_batch_ratio"] > 0.9 and recs[name]["recurrence"] < 1.5
+    assert recs["shardload-iter-legacy:none:w0"]["vif_pos"] > 3
+    refs = [r for r in res["cases"] if r.get("reference")]
+    assert len(refs) == 2 and all("vif_ar" in r for r in refs)
+    assert "shuffle quality" in p.stdout
     assert "in-process shardload / read limit" in p.stdout

@@ -402,3 +402,68 @@ def test_shuffle_order_spreads_the_pieces_of_each_chunk():
         [s.chunk for s in segs] for w in range(2) for segs, _ in iter_worker_groups(plan, 0, w)
     ]
     assert np.mean([len(set(g)) for g in groups]) > 3.95
+
+
+# -- the small-piece and uniform shuffles --------------------------------------------------------
+
+
+@st.composite
+def new_shuffle_configs(draw):
+    """Chunks cut into small pieces (the loader's default on raw local chunks) or
+    ``shuffle="uniform"`` (one-row segments), with big groups of pieces."""
+    cfg = draw(configs())
+    length, chunk_rows, keep, seed = cfg["split"]
+    cfg["split"] = (min(length, 1500), chunk_rows, keep, seed)
+    cfg["shuffle"] = draw(st.sampled_from([True, "uniform"]))
+    cfg["shuffle_chunks"] = draw(st.integers(1, 64))
+    cfg["piece_rows"] = draw(st.integers(1, 8))
+    return cfg
+
+
+def make_pieces(cfg: dict):
+    from shardload.loader.select import Selection, split_pieces
+
+    cfg = dict(cfg)
+    piece_rows = cfg.pop("piece_rows")
+    sizes, ids, starts, rows, opts = make(cfg)
+    cut = split_pieces(Selection(("x",), sizes, ids, starts), piece_rows)
+    return cut.sizes, cut.ids, cut.starts, rows, opts
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(new_shuffle_configs(), st.data())
+def test_small_pieces_and_uniform_keep_every_guarantee(cfg, data):
+    """Exact coverage, equal batches per rank, same-shape and elastic resume (and the saved
+    state rebuilding it) hold for small pieces and for the uniform shuffle too."""
+    sizes, ids, starts, rows, opts = make_pieces(cfg)
+    plan = check_epoch(sizes, ids, starts, rows, opts)
+    if plan is None:
+        return
+    k = data.draw(st.integers(0, plan.batches_per_rank))
+    world, workers = data.draw(st.integers(1, 16)), data.draw(st.integers(0, 8))
+    new = check_resume(plan, k, world, workers)
+    rebuilt = plan_from_state(
+        plan_state(plan, k), sizes, chunk_ids=ids, chunk_starts=starts, world_size=world,
+        num_workers=workers,
+        **{o: v for o, v in opts.items() if o not in ("world_size", "num_workers", "epoch")},
+    )  # fmt: skip
+    for a, b in zip(rank_batches(new), rank_batches(rebuilt), strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_uniform_shuffle_is_a_uniform_permutation_of_rows():
+    """``shuffle="uniform"``: every row once, a new order every epoch, and each row lands at
+    every position about equally often (the per-position chunk counts of a uniform draw)."""
+    sizes = [50] * 8 + [17]
+    n = sum(sizes)
+    firsts = []
+    for e in range(300):
+        plan = plan_epoch(sizes, batch_size=16, shuffle="uniform", epoch=e, shuffle_chunks=40)
+        rows = worker_rows(plan, 0, 0)
+        assert sorted(rows.tolist()) == list(range(n))
+        firsts.append(rows[0])
+    counts = np.bincount(np.array(firsts) // 50, minlength=9)
+    expected = np.array(sizes) / n * 300
+    assert np.all(np.abs(counts - expected) < 5 * np.sqrt(expected) + 1)
+    with pytest.raises(PlanError, match="uniform"):
+        plan_epoch(sizes, batch_size=4, shuffle="random")

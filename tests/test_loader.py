@@ -8,6 +8,7 @@ import pytest
 import shardload
 from _stores import check_values, make_store, split_rows
 from shardload.errors import ChunkReadError, PlanError, StateError, StoreError
+from shardload.loader.batches import loader_selection, plan_for
 from shardload.loader.select import select_rows
 from shardload.plan.resume import EpochState
 
@@ -124,26 +125,43 @@ def test_one_read_per_array_per_segment(npy, monkeypatch):
         NpyReader, "read_into", lambda self, *a: (calls.append(a[:3]), real(self, *a))[1]
     )
     collect(npy, batch_size=8, split="train")
-    sel = select_rows(npy, split="train")
-    assert len(calls) == 2 * len(sel.sizes)  # two arrays, one read each per chunk
-    assert all(b - a > 1 for _, a, b in calls)
+    sel, _, _ = loader_selection(npy, split="train")
+    assert len(calls) == 2 * len(sel.sizes)  # two arrays, one read each per piece
+    pieces = sorted(zip(sel.starts.tolist(), (sel.starts + sel.sizes).tolist(), strict=True))
+    assert sorted((int(a), int(b)) for n, a, b in calls if n == "x") == pieces
 
 
-def test_scatter_reads_one_task_per_array_per_segment(npy, monkeypatch):
-    """Raw local chunks are read straight into the batches: one preadv task per array per
-    chunk segment, and no group buffer read (``read_into``) at all."""
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_scatter_reads_coalesce_runs_of_each_chunk(npy, monkeypatch, shuffle):
+    """Raw local chunks are read straight into the batches, with no group buffer read
+    (``read_into``) at all: at most one read task per array per reader thread per group, every
+    chunk file opened once per task, and one ``preadv`` per run of consecutive file rows (so
+    a group in storage order reads each chunk with one call, whatever its pieces)."""
     from shardload.formats.npy import NpyReader
     from shardload.loader import scatter
+    from shardload.plan.epoch import iter_worker_spans
 
-    calls = []
-    real = scatter.read_scatter
-    monkeypatch.setattr(scatter, "read_scatter", lambda *a: (calls.append(a[1:3]), real(*a))[1])
+    tasks, preadvs = [], []
+    real, real_preadv = scatter.read_runs, scatter._preadv()
+    monkeypatch.setattr(scatter, "read_runs", lambda *a: (tasks.append(a[1]), real(*a))[1])
+    monkeypatch.setattr(
+        scatter, "_preadv", lambda: lambda *a: (preadvs.append(a[2]), real_preadv(*a))[1]
+    )
     monkeypatch.setattr(NpyReader, "read_into", None)
-    got = collect(npy, batch_size=8, split="train")
+    got = collect(npy, batch_size=8, split="train", shuffle=shuffle, threads=2)
     monkeypatch.undo()
-    sel = select_rows(npy, split="train")
-    assert len(calls) == 2 * len(sel.sizes)
-    assert sorted(c for a, c in calls if a == "x") == sorted(sel.ids.tolist())
+    sel, _, k = loader_selection(npy, split="train")
+    plan = plan_for(
+        npy, sel, batch_size=8, world_size=1, num_workers=1, shuffle=shuffle, seed=0, epoch=0,
+        mode="drop", drop_last=False, shuffle_chunks=k,
+    )  # fmt: skip
+    groups = list(iter_worker_spans(plan, 0, 0))
+    assert len(tasks) <= 2 * 2 * len(groups)
+    if not shuffle:  # storage order: one preadv per chunk of a group
+        assert len(preadvs) == 2 * sum(len(np.unique(s.chunk)) for s, _ in groups)
+    assert sorted(np.concatenate([b["index"] for b in got]).tolist()) == sorted(
+        sel.global_rows().tolist()
+    )
     for b in got:
         check_values(npy, b)
 
@@ -224,10 +242,11 @@ def test_resume_state_gives_the_rest(npy):
     state = EpochState(0, 3, 2, 1, "", ()).to_dict()
     from shardload.plan.epoch import plan_fingerprint
 
-    sel = select_rows(npy, split="train")
+    sel, _, k = loader_selection(npy, split="train")
     state["fingerprint"] = plan_fingerprint(
-        sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=8, seed=4
-    )
+        sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=8, seed=4,
+        shuffle_chunks=k,
+    )  # fmt: skip
     rest = collect(npy, batch_size=8, split="train", world_size=2, rank=1, seed=4, state=state)
     assert [b["index"].tolist() for b in rest] == [b["index"].tolist() for b in full[3:]]
     with pytest.raises(StateError):
@@ -316,11 +335,11 @@ def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes,
     from shardload.plan.epoch import iter_worker_batches
 
     store = stores[fmt]
-    sel = select_rows(store, split="train")
+    sel, _, k = loader_selection(store, split="train")  # the defaults
     kw = dict(batch_size=6, split="train", seed=4, epoch=2, num_workers=2, worker=1)
     plan = plan_for(
         store, sel, batch_size=6, world_size=1, num_workers=2, shuffle=True, seed=4, epoch=2,
-        mode="drop", drop_last=False, shuffle_chunks=4,
+        mode="drop", drop_last=False, shuffle_chunks=k,
     )  # fmt: skip
     want = [b.tolist() for b in iter_worker_batches(plan, 0, 1)]
     slots: list[dict] = []
@@ -405,7 +424,7 @@ def test_pieces_scatter_and_gather_agree_and_resume(stores, monkeypatch):
     from shardload.plan.epoch import plan_fingerprint
 
     store = stores["zarr-none"]
-    sel, _ = batches_mod.loader_selection(store, split="train", piece_rows=4)
+    sel, _, _ = batches_mod.loader_selection(store, split="train", piece_rows=4)
     state = EpochState(0, 3, 1, 1, "", ()).to_dict()
     state["fingerprint"] = plan_fingerprint(
         sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=5, seed=2
@@ -435,11 +454,115 @@ def test_auto_pieces_only_for_raw_local_chunks(stores, fmt, monkeypatch):
     monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # a row: x 16 B, y 8 B, index 8 B
     store = stores[fmt]
     whole = select_rows(store, split="train")
-    sel, _ = batches_mod.loader_selection(store, split="train")
+    sel, _, _ = batches_mod.loader_selection(store, split="train", shuffle_chunks=4)
     if fmt in ("npy-none", "zarr-none"):
         assert sel.sizes.max() <= 3 and len(sel.sizes) > len(whole.sizes)
     else:
         np.testing.assert_array_equal(sel.sizes, whole.sizes)
+    got = collect(store, batch_size=4, split="train", seed=3, shuffle_chunks=4)
+    idx = np.concatenate([b["index"] for b in got])
+    np.testing.assert_array_equal(np.sort(idx), split_rows(store, "train"))
+
+
+@pytest.mark.parametrize("fmt", ["npy-none", "zarr-none"])
+def test_uniform_shuffle_reads_rows_where_they_lie(stores, fmt):
+    """``shuffle="uniform"`` yields the plan's uniform permutation with the right values, on
+    every rank and worker; resumed (also on another world shape) it yields exactly the rest."""
+    from shardload.plan.epoch import iter_rank_batches
+    from shardload.plan.resume import plan_state
+
+    store = stores[fmt]
+    kw = dict(batch_size=5, split="train", seed=3, shuffle="uniform", epoch=1)
+    sel, _, k = loader_selection(store, split="train", shuffle="uniform")
+    plan = plan_for(
+        store, sel, batch_size=5, world_size=2, num_workers=2, shuffle="uniform", seed=3,
+        epoch=1, mode="drop", drop_last=False, shuffle_chunks=k,
+    )  # fmt: skip
+    for r in range(2):
+        got = [
+            collect(store, **kw, rank=r, world_size=2, worker=w, num_workers=2) for w in range(2)
+        ]
+        rank = [b for pair in zip(*got, strict=False) for b in pair]
+        want = list(iter_rank_batches(plan, r))
+        assert [b["index"].tolist() for b in rank] == [b.tolist() for b in want]
+        for b in rank:
+            check_values(store, b)
+    state = {**plan_state(plan, 3).to_dict(), "dataset": None}
+    del state["dataset"]
+    rest = [collect(store, **kw, rank=0, world_size=1, worker=w, num_workers=3, state=state)
+            for w in range(3)]  # fmt: skip
+    seen = {i for r in range(2) for b in list(iter_rank_batches(plan, r))[:3] for i in b.tolist()}
+    left = {i for r in range(2) for b in list(iter_rank_batches(plan, r))[3:] for i in b.tolist()}
+    got = [i for g in rest for b in g for i in b["index"].tolist()]
+    assert len(got) == len(set(got)) and set(got) <= left and not set(got) & seen
+    for g in rest:
+        for b in g:
+            check_values(store, b)
+
+
+def test_uniform_shuffle_needs_raw_local_chunks(stores):
+    with pytest.raises(PlanError, match="uniform"):
+        collect(stores["zarr-zstd"], batch_size=4, shuffle="uniform")
+
+
+def test_loader_doctests():
+    import doctest
+
+    from shardload.loader import batches, scatter, select
+
+    for mod in (scatter, select, batches):
+        assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS).failed == 0, mod.__name__
+
+
+@pytest.mark.parametrize("fmt", ["zarr-none", "zarr-zstd"])
+def test_default_shuffle_is_small_pieces_on_raw_local_chunks(stores, fmt, monkeypatch):
+    """The default cuts a group of the earlier default's rows (4 pieces of at most
+    DEFAULT_PIECE_BYTES) into DEFAULT_GROUP_PIECES small pieces on raw local chunks; whole
+    chunks, 4 per group, elsewhere; and the batches still cover the split exactly."""
+    from shardload.loader import batches as batches_mod
+
+    monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # 3-row pieces (32 B a row)
+    monkeypatch.setattr(batches_mod, "DEFAULT_GROUP_PIECES", 6)  # 12 rows -> 6 pieces of 2
+    store = stores[fmt]
+    whole = select_rows(store, split="train")
+    sel, piece, k = batches_mod.loader_selection(store, split="train")
+    if fmt in ("npy-none", "zarr-none"):
+        assert (piece, k) == (2, 6) and sel.sizes.max() == 2
+    else:
+        assert (piece, k) == (0, 4)
+        np.testing.assert_array_equal(sel.sizes, whole.sizes)
     got = collect(store, batch_size=4, split="train", seed=3)
     idx = np.concatenate([b["index"] for b in got])
     np.testing.assert_array_equal(np.sort(idx), split_rows(store, "train"))
+    for b in got:
+        check_values(store, b)
+
+
+@pytest.mark.parametrize("fmt", ["npy-none", "zarr-none"])
+@pytest.mark.parametrize("opts", [{}, {"shuffle_chunks": 4}], ids=["default", "legacy"])
+def test_elastic_resume_through_the_scatter_reader(stores, fmt, opts):
+    """A state of 2 ranks x 2 workers resumed on 1 rank with 0 or 3 workers reads exactly
+    the unseen rows with the right values (explicit-row segments through scatter reads)."""
+    from shardload.plan.epoch import iter_rank_batches
+    from shardload.plan.resume import plan_state
+
+    store = stores[fmt]
+    sel, _, k = loader_selection(store, split="train", **opts)
+    plan = plan_for(
+        store, sel, batch_size=4, world_size=2, num_workers=2, shuffle=True, seed=1, epoch=0,
+        mode="drop", drop_last=False, shuffle_chunks=k,
+    )  # fmt: skip
+    for consumed in (1, plan.batches_per_rank - 1):
+        state = plan_state(plan, consumed).to_dict()
+        ranks = [list(iter_rank_batches(plan, r)) for r in range(2)]
+        left = {i for batches in ranks for b in batches[consumed:] for i in b.tolist()}
+        for workers in (0, 3):
+            got = []
+            for w in range(max(1, workers)):
+                for b in shardload.iter_batches(
+                    store, batch_size=4, split="train", seed=1, state=state, worker=w,
+                    num_workers=workers, **opts,
+                ):  # fmt: skip
+                    check_values(store, b)
+                    got += b["index"].tolist()
+            assert len(got) == len(set(got)) and set(got) == left

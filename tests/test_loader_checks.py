@@ -98,8 +98,16 @@ def test_a_group_index_out_of_range_raises(npy, path, monkeypatch, bad):
             order[len(order) // 2] = -1 if bad == -1 else sum(len(s) for s in segments)
             yield segments, order
 
+    real_spans = scatter_mod.iter_worker_spans
+
+    def broken_spans(*args) -> Iterator:  # the scatter path plans from spans
+        for spans, order in real_spans(*args):
+            order = order.copy()
+            order[len(order) // 2] = -1 if bad == -1 else int(spans.cum[-1])
+            yield spans, order
+
     monkeypatch.setattr(batches_mod, "iter_worker_groups", broken)
-    monkeypatch.setattr(scatter_mod, "iter_worker_groups", broken)
+    monkeypatch.setattr(scatter_mod, "iter_worker_spans", broken_spans)
     with pytest.raises(PlanError, match="group's order"):
         for _ in shardload.iter_batches(npy, batch_size=8):
             pass

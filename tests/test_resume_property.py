@@ -104,7 +104,7 @@ resume_cases = given(
     first=shapes,
     resumes=legs,
     batch_size=st.integers(2, 8),
-    shuffle_chunks=st.integers(1, 4),
+    shuffle_chunks=st.sampled_from([None, 1, 2, 3, 4]),  # None: the default (small pieces)
     piece_rows=st.sampled_from([None, 0, 2, 5]),
     seed=st.integers(0, 3),
     shuffle=st.booleans(),
@@ -136,7 +136,10 @@ def check_resume(
     ``resumes`` in turn (chained states), the last to the end; check rows and values."""
     store, full = stores[store_name]
     mode, drop_last = mode_last
-    sel, _ = loader_selection(store, split="train", piece_rows=piece_rows)
+    sel, _, group = loader_selection(
+        store, split="train", piece_rows=piece_rows, shuffle_chunks=shuffle_chunks,
+        shuffle=shuffle,
+    )  # fmt: skip
     raw = raw_sources(store, sel.arrays) is not None
     assert raw == (store_name in ("npy", "zarr-none"))  # where scatter reads exist; else gather
     kw = dict(
@@ -154,7 +157,7 @@ def check_resume(
         for (world, workers), frac in zip(world_shapes, fractions, strict=True):
             plan = plan_for(
                 store, sel, world_size=world, num_workers=workers, state=state,
-                shuffle_chunks=shuffle_chunks, **opts,
+                shuffle_chunks=group, **opts,
             )  # fmt: skip
             take = None if frac is None else int(frac * plan.batches_per_rank)
             dropped, padded = dropped + plan.num_dropped, padded + plan.num_padded
@@ -196,10 +199,11 @@ def test_resume_after_49_batches_on_2x2(big_raw, new):
     bounds`` in the scatter reader (an unwanted row of a resumed group indexed ``bases[-k0]``)."""
     store = big_raw
     assert raw_sources(store, store.arrays) is not None  # the scatter path
-    kw = dict(batch_size=8, split="train", seed=3, epoch=0)
+    # shuffle_chunks=4: the default when the crash was reported (8 MiB pieces, 4 per group)
+    kw = dict(batch_size=8, split="train", seed=3, epoch=0, shuffle_chunks=4)
     opts = dict(batch_size=8, seed=3, epoch=0, shuffle=True, mode="drop", drop_last=False,
                 shuffle_chunks=4)  # fmt: skip
-    sel, _ = loader_selection(store, split="train")
+    sel, _, _ = loader_selection(store, split="train", shuffle_chunks=4)
     plan = plan_for(store, sel, world_size=2, num_workers=2, **opts)
     seen = []
     for r in range(2):

@@ -54,7 +54,7 @@ from .loader.recycle import plan_batch_layout
 from .loader.ring import RINGS, BatchRing, plan_ring_slots
 from .loader.scatter import batches_per_group, groups_in_flight
 from .loader.select import select_rows, store_fingerprint
-from .plan.epoch import DEFAULT_SHUFFLE_CHUNKS, PlanOptions, plan_fingerprint
+from .plan.epoch import PlanOptions, plan_fingerprint
 from .plan.resume import EpochState
 from .store import Store, open_store
 
@@ -260,7 +260,7 @@ class StreamingDataset(IterableDataset):
         *,
         batch_size: int,
         split: str | None = None,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         seed: int = 0,
         mode: str = "drop",
         rank: int | None = None,
@@ -269,7 +269,7 @@ class StreamingDataset(IterableDataset):
         chunks: Sequence[int] | None = None,
         rows: tuple[int, int] | None = None,
         drop_last: bool = False,
-        shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
+        shuffle_chunks: int | None = None,
         piece_rows: int | None = None,
         prefetch: int = DEFAULT_PREFETCH,
         threads: int | None = None,
@@ -279,9 +279,9 @@ class StreamingDataset(IterableDataset):
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
         self.store = open_store(store, storage_options=storage_options, arrays=arrays)
-        self.selection, resolved = loader_selection(
+        self.selection, resolved, shuffle_chunks = loader_selection(
             self.store, split=split, chunks=chunks, rows=rows, arrays=arrays,
-            piece_rows=piece_rows,
+            piece_rows=piece_rows, shuffle_chunks=shuffle_chunks, shuffle=shuffle,
         )  # fmt: skip
         self.options: PlanOptions = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
@@ -335,6 +335,8 @@ class StreamingDataset(IterableDataset):
         (a StreamingDataLoader's default bundles and ``prefetch_factor=2`` included)."""
         sizes = self.selection.sizes
         chunk_rows = int(sizes.max()) if len(sizes) else 1
+        if self.options["shuffle"] == "uniform":  # groups of one-row segments
+            chunk_rows = 1
         return plan_ring_slots(
             group_batches=batches_per_group(
                 chunk_rows=chunk_rows, shuffle_chunks=shuffle_chunks, batch_size=batch_size

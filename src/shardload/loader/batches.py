@@ -16,6 +16,7 @@ from ..plan.epoch import (
     DEFAULT_SHUFFLE_CHUNKS,
     EpochPlan,
     PlanOptions,
+    group_batches,
     iter_worker_groups,
     plan_epoch,
 )
@@ -35,6 +36,12 @@ INLINE_GATHER_BYTES = 256 * 1024
 #: ``piece_rows=None`` on raw local chunks: cut chunks into pieces of at most this many bytes
 #: (all selected arrays and the index), the loader's unit of shuffling and of memory.
 DEFAULT_PIECE_BYTES = 8 << 20
+#: ``piece_rows=None, shuffle_chunks=None`` on raw local chunks (the default): a shuffle group
+#: holds as many rows as ``DEFAULT_SHUFFLE_CHUNKS`` pieces of ``DEFAULT_PIECE_BYTES`` (the
+#: memory of the earlier default), cut into this many small pieces drawn from all chunks, so a
+#: batch mixes rows of as many chunks as a uniform shuffle's (see docs/loading.md, "Shuffle
+#: quality"). Scatter reads make a small piece cheap: one ``preadv`` of a few rows.
+DEFAULT_GROUP_PIECES = 512
 
 
 def iter_batches(
@@ -45,7 +52,7 @@ def iter_batches(
     world_size: int = 1,
     worker: int = 0,
     num_workers: int = 1,
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     seed: int = 0,
     epoch: int = 0,
     mode: str = "drop",
@@ -54,7 +61,7 @@ def iter_batches(
     rows: tuple[int, int] | None = None,
     arrays: Sequence[str] | None = None,
     drop_last: bool = False,
-    shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
+    shuffle_chunks: int | None = None,
     piece_rows: int | None = None,
     prefetch: int = DEFAULT_PREFETCH,
     threads: int | None = None,
@@ -80,6 +87,10 @@ def iter_batches(
         Who is reading. ``num_workers=0`` means the same as 1 (reading in the main process).
     shuffle, seed, epoch, mode
         Chunk order and shuffle groups are seeded by ``(seed, epoch)``; see ``plan_epoch``.
+        ``shuffle="uniform"`` (raw rows in local files only: uncompressed Zarr, npy): an
+        exact uniform permutation of all rows every epoch, each row read where it lies
+        (a batch's rows sorted by file offset, runs coalesced into one ``preadv`` each); no
+        buffer of the store, so it works for stores larger than RAM.
     split, chunks, rows, arrays
         What to read: a split, or explicit chunk ids, and/or a global ``(start, stop)`` row
         range; which arrays (default all).
@@ -87,11 +98,15 @@ def iter_batches(
         Pieces whose rows are permuted together (the shuffle buffer, in pieces).
     piece_rows
         The shuffle unit: chunks longer than this are cut into equal pieces of at most
-        ``piece_rows`` rows, which the plan shuffles, spreads over ranks and workers, and groups
-        as it would chunks. ``None`` (default): pieces of at most ``DEFAULT_PIECE_BYTES``
-        (8 MiB) when every array is raw rows in local files (uncompressed Zarr, npy stacks;
-        reading part of a chunk costs no more per row there), whole chunks otherwise (a piece
-        of a compressed chunk would decode the whole chunk); ``0``: whole chunks.
+        ``piece_rows`` rows, which the plan shuffles (in rounds of one piece per chunk),
+        spreads over ranks and workers, and groups as it would chunks. Defaults
+        (:func:`resolve_shuffle`): on raw rows in local files (uncompressed Zarr, npy stacks),
+        groups of as many rows as 4 pieces of at most 8 MiB, cut into
+        ``DEFAULT_GROUP_PIECES`` (512) small pieces, so a group holds pieces of every chunk
+        and a batch mixes as many chunks as a uniform shuffle; with only ``shuffle_chunks``
+        given, pieces of at most 8 MiB (``shuffle_chunks=4``: the earlier default, 4 chunks
+        per batch). Other stores: whole chunks, 4 per group (a piece of a compressed chunk
+        would decode the whole chunk). ``0``: whole chunks.
     prefetch, threads
         Pieces read ahead in background threads (``threads``, default ``min(4, prefetch,
         CPUs)``).
@@ -126,9 +141,10 @@ def iter_batches(
     ...     x, y, idx = batch["x"], batch["y"], batch["index"]
     """
     st = open_store(store, storage_options=storage_options, arrays=arrays)
-    sel, _ = loader_selection(
-        st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows
-    )
+    sel, _, shuffle_chunks = loader_selection(
+        st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows,
+        shuffle_chunks=shuffle_chunks, shuffle=shuffle,
+    )  # fmt: skip
     plan = plan_for(
         st, sel, batch_size=batch_size, world_size=world_size, num_workers=num_workers,
         shuffle=shuffle, seed=seed, epoch=epoch, mode=mode, drop_last=drop_last,
@@ -157,27 +173,65 @@ def loader_selection(
     rows: tuple[int, int] | None = None,
     arrays: Sequence[str] | None = None,
     piece_rows: int | None = None,
-) -> tuple[Selection, int]:
-    """The selection a loader plans over: :func:`select_rows` cut into pieces, and the rows per
-    piece it was cut with (:func:`resolve_piece_rows`; pass that on, e.g. to workers, so
-    nothing decides it twice)."""
+    shuffle_chunks: int | None = None,
+    shuffle: bool | str = True,
+) -> tuple[Selection, int, int]:
+    """The selection a loader plans over: :func:`select_rows` cut into pieces, the rows per
+    piece it was cut with and the pieces per shuffle group (:func:`resolve_shuffle`; pass both
+    on, e.g. to workers, so nothing decides them twice)."""
     sel = select_rows(store, split=split, chunks=chunks, rows=rows, arrays=arrays)
-    resolved = resolve_piece_rows(store, sel, piece_rows)
-    return split_pieces(sel, resolved), resolved
+    piece, group = resolve_shuffle(store, sel, piece_rows, shuffle_chunks, shuffle)
+    return split_pieces(sel, piece), piece, group
 
 
-def resolve_piece_rows(store: Store, sel: Selection, piece_rows: int | None) -> int:
-    """``piece_rows`` checked, or for None: pieces of at most ``DEFAULT_PIECE_BYTES`` on raw
-    local chunks and 0 (whole chunks) on every other store. Depends on the store only, never
-    on the platform, so every rank plans the same pieces."""
+def resolve_shuffle(
+    store: Store,
+    sel: Selection,
+    piece_rows: int | None,
+    shuffle_chunks: int | None,
+    shuffle: bool | str = True,
+) -> tuple[int, int]:
+    """``(piece_rows, shuffle_chunks)`` checked, with the defaults filled in. Depends on the
+    store only, never on the platform, so every rank plans the same pieces.
+
+    - Raw rows in local files (uncompressed Zarr, npy), both None (the default): a group holds
+      the rows of ``DEFAULT_SHUFFLE_CHUNKS`` pieces of at most ``DEFAULT_PIECE_BYTES`` (the
+      earlier default's memory), as ``DEFAULT_GROUP_PIECES`` small pieces.
+    - Only ``shuffle_chunks`` given: pieces of at most ``DEFAULT_PIECE_BYTES`` (raw local
+      chunks) or whole chunks, as before small pieces were the default
+      (``shuffle_chunks=4`` is that earlier default).
+    - Any other store: whole chunks, ``DEFAULT_SHUFFLE_CHUNKS`` per group (a piece of a
+      compressed chunk would decode the whole chunk).
+    - ``shuffle="uniform"`` (raw local chunks only): whole chunks (the planner cuts rows
+      itself) and groups of as many rows as the default.
+    """
+    raw = raw_rows(store, sel.arrays)
+    if shuffle_chunks is not None:
+        shuffle_chunks = _check_int1("shuffle_chunks", shuffle_chunks)
     if piece_rows is not None:
-        return _check_nonneg("piece_rows", piece_rows)
-    if not raw_rows(store, sel.arrays):
-        return 0
+        piece_rows = _check_nonneg("piece_rows", piece_rows)
     infos = store.manifest.arrays
     row_bytes = sum(infos[a].row_bytes for a in sel.arrays) + 8
     chunk_rows = int(np.diff(np.asarray(store.manifest.chunk_bounds)).max())
-    return plan_piece_rows(chunk_rows, row_bytes, DEFAULT_PIECE_BYTES)
+    big_piece = plan_piece_rows(chunk_rows, row_bytes, DEFAULT_PIECE_BYTES)
+    group_rows = DEFAULT_SHUFFLE_CHUNKS * big_piece  # the earlier default's resident rows
+    if shuffle == "uniform":
+        if not raw:
+            raise PlanError(
+                f"shuffle='uniform' reads rows where they lie and needs raw rows in local files "
+                f"(uncompressed Zarr or npy on a local disk); {store.url} arrays "
+                f"{list(sel.arrays)} are not (use shuffle=True)"
+            )
+        return 0, shuffle_chunks or group_rows
+    if piece_rows is None:
+        if not raw:
+            piece_rows = 0
+        elif shuffle_chunks is not None:
+            piece_rows = big_piece
+        else:
+            piece_rows = max(1, group_rows // DEFAULT_GROUP_PIECES)
+            shuffle_chunks = max(1, group_rows // piece_rows)
+    return piece_rows, shuffle_chunks or DEFAULT_SHUFFLE_CHUNKS
 
 
 def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
@@ -211,6 +265,12 @@ def _cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def _check_int1(name: str, value: int) -> int:
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise PlanError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
 def _check_nonneg(name: str, value: int) -> int:
     if isinstance(value, bool) or int(value) != value or value < 0:
         raise PlanError(f"{name} must be an integer >= 0, got {value!r}")
@@ -219,7 +279,7 @@ def _check_nonneg(name: str, value: int) -> int:
 
 def plan_for(
     store: Store, sel: Selection, *, batch_size: int, world_size: int, num_workers: int,
-    shuffle: bool, seed: int, epoch: int, mode: str, drop_last: bool, shuffle_chunks: int,
+    shuffle: bool | str, seed: int, epoch: int, mode: str, drop_last: bool, shuffle_chunks: int,
     state: EpochState | Mapping[str, Any] | None = None,
 ) -> EpochPlan:  # fmt: skip
     """The epoch plan of a selection, fresh or resumed from ``state``."""
@@ -310,7 +370,7 @@ def _batches(
         )  # fmt: skip
         return
     b = plan.batch_size
-    left = plan.workers[rank][worker].num_rows
+    total = plan.workers[rank][worker].num_rows
     row_bytes = sum(s.row_bytes for s in specs.values()) + 8
     buffers = BufferPool(keep=1)
     gathers = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-take")
@@ -323,36 +383,33 @@ def _batches(
             f.result()
         return batch
 
-    out: dict[str, np.ndarray] | None = None
-    futs: list[Future[None]] = []
-    size = filled = 0
+    pending: dict[int, tuple[list[Future[None]], dict[str, np.ndarray], int]] = {}
+    at = 0  # stream position of the current group's first row
     groups = iter_worker_groups(plan, rank, worker)
     try:
         for g in read_groups(
             store, names, groups, prefetch=prefetch, threads=threads, buffers=buffers
         ):
-            pos, n = 0, len(g.order)
+            n = min(len(g.order), total - at)
             check_indices(g.order, len(g.rows), f"worker {worker} of rank {rank}: a group's order")
             mine: list[Future[None]] = []  # gathers reading this group
-            while pos < n and left > 0:
-                if out is None:
-                    size, filled = min(b, left), 0
-                    out = allocate(size) or new_batch(specs, size)
-                    futs = []
-                take = min(size - filled, n - pos)
+            for k, dst, src, take in group_batches(at, n, b).tolist():
+                if k not in pending:
+                    size = min(b, total - k * b)
+                    pending[k] = ([], allocate(size) or new_batch(specs, size), size)
+                futs, out, size = pending[k]
+                sel = g.order[src : src + take]
                 if take * row_bytes < INLINE_GATHER_BYTES:  # a thread hop costs more than this
-                    _gather(g, g.order[pos : pos + take], filled, names, out)
+                    _gather(g, sel, dst, names, out)
                 else:
-                    f = gathers.submit(_gather, g, g.order[pos : pos + take], filled, names, out)
+                    f = gathers.submit(_gather, g, sel, dst, names, out)
                     futs.append(f)
                     mine.append(f)
-                pos, filled = pos + take, filled + take
-                if filled == size:
-                    left -= size
-                    inflight.append((futs, out))
-                    out = None
+                if dst + take == size:
+                    inflight.append(pending.pop(k)[:2])
                     while len(inflight) > ahead:
                         yield finish()
+            at += n
             for f in mine:
                 f.result()
             g.release(buffers)
@@ -360,5 +417,5 @@ def _batches(
             yield finish()
     finally:
         gathers.shutdown(wait=True, cancel_futures=True)
-    if out is not None:  # cannot happen for a consistent plan; never yield a half-filled batch
+    if pending:  # cannot happen for a consistent plan; never yield a half-filled batch
         raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")

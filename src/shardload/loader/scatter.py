@@ -3,10 +3,15 @@
 For uncompressed local chunk files (:class:`~shardload.formats.base.RawChunk`: shardload's
 Zarr arrays without compression, npy stacks), a shuffle needs no gather. Each row of a group
 has a known place in the worker's stream of batches (its position in the group's ``order``),
-so the batches of a group are allocated first and one ``preadv`` per 1,024 rows copies the
-file's rows into their places: one copy from the page cache, where reading into a group buffer
-and gathering out of it costs two, and no group buffer at all. The iovecs are built with numpy;
-``preadv`` runs through ctypes, which releases the GIL, in the reader threads.
+so the batches of a group are allocated first and the file's rows are copied into their
+places: one copy from the page cache, where reading into a group buffer and gathering out of
+it costs two, and no group buffer at all.
+
+A group is planned with numpy as a whole (it may hold thousands of small pieces, or single
+rows with ``shuffle="uniform"``): its rows sorted by (chunk, file row), cut into runs of
+consecutive file rows, one ``preadv`` per run (at most 1,024 iovecs a call), destinations
+that follow each other merged into one iovec. ``preadv`` runs through ctypes, which releases
+the GIL, in the reader threads; each chunk file is opened once per reader task.
 
 Memory: the batches of the group being yielded and of the groups read ahead (``prefetch``, in
 chunks, rounded up to whole groups), which is what the batches would cost anyway.
@@ -28,8 +33,8 @@ import numpy as np
 
 from ..errors import ChunkReadError, PlanError
 from ..formats.base import RawChunk, RawChunks
-from ..plan.epoch import EpochPlan, iter_worker_groups
-from ..plan.spans import Segment
+from ..plan.epoch import EpochPlan, group_batches, iter_worker_spans
+from ..plan.spans import Spans, spans_chunks, spans_rows
 from ..store import Store
 from .checks import check_indices
 from .recycle import Allocate
@@ -37,24 +42,30 @@ from .recycle import Allocate
 #: Linux's IOV_MAX: iovecs per ``preadv`` call.
 IOV_MAX = 1024
 
-_PREADV: Any = None
+_PREADV: dict[bool, Any] = {}
 
 
-def _preadv() -> Any:
-    """libc's ``preadv`` through ctypes (releases the GIL), or None where there is none."""
-    global _PREADV
-    if _PREADV is None:
-        fn: Any = False
+def _preadv(errno: bool = False) -> Any:
+    """libc's ``preadv`` through ctypes (releases the GIL), or None where there is none.
+
+    The fast one keeps no ``errno``: ctypes' ``use_errno`` more than doubles the cost of a
+    call (about 3 against 1.2 us here), and a small piece is one call. A failed call is
+    repeated through the ``errno=True`` one to name the error.
+    """
+    if errno not in _PREADV:
+        fn: Any = None
         if sys.platform.startswith("linux"):
             try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-                fn = libc.preadv
-                fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
-                fn.restype = ctypes.c_ssize_t
+                lib = ctypes.util.find_library("c") or "libc.so.6"
+                proto = ctypes.CFUNCTYPE(
+                    ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                    ctypes.c_int64, use_errno=errno,
+                )  # fmt: skip
+                fn = proto(("preadv", ctypes.CDLL(lib, use_errno=errno)))
             except (OSError, AttributeError):
-                fn = False
-        _PREADV = fn
-    return _PREADV or None
+                fn = None
+        _PREADV[errno] = fn
+    return _PREADV[errno]
 
 
 def raw_rows(store: Store, names: Sequence[str]) -> bool:
@@ -86,90 +97,139 @@ def raw_sources(store: Store, names: Sequence[str]) -> Callable[[str, int], RawC
     return raw
 
 
-def plan_iovecs(ptrs: np.ndarray, keep: np.ndarray, row_bytes: int) -> np.ndarray:
-    """``(k, 2)`` uint64 iovecs (base, length) for consecutive file rows landing at ``ptrs``;
-    runs of rows whose destinations follow each other become one iovec (pure).
+def plan_group_reads(
+    chunks: np.ndarray, file_rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sort a group's wanted rows by (chunk, file row) and cut them into *runs* of consecutive
+    file rows of one chunk, each read by one ``preadv`` (pure).
 
-    Rows with ``keep`` false are not wanted: their ``ptrs`` point at a scratch row and never
-    merge.
+    Returns ``(order, run_starts, run_chunk)``: ``order`` sorts the rows; run ``r`` is the
+    sorted rows ``run_starts[r]:run_starts[r + 1]`` (``run_starts`` ends with the row count).
 
-    >>> plan_iovecs(np.array([100, 110, 200, 5]), np.array([True, True, True, False]), 10).tolist()
-    [[100, 20], [200, 10], [5, 10]]
+    >>> o, s, c = plan_group_reads(np.array([1, 0, 1, 0, 1]), np.array([5, 9, 4, 8, 7]))
+    >>> o.tolist(), s.tolist(), c.tolist()
+    ([3, 1, 2, 0, 4], [0, 2, 4, 5], [0, 1, 1])
+    """
+    order = np.lexsort((file_rows, chunks))
+    c, r = chunks[order], file_rows[order]
+    brk = np.ones(len(order), bool)
+    brk[1:] = (c[1:] != c[:-1]) | (r[1:] != r[:-1] + 1)
+    starts = np.flatnonzero(brk)
+    return order, np.append(starts, len(order)), c[starts]
+
+
+def plan_iovecs(
+    ptrs: np.ndarray, breaks: np.ndarray, row_bytes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(k, 2)`` uint64 iovecs (base, length) for consecutive file rows landing at ``ptrs``,
+    runs of rows whose destinations follow each other merged, never across a ``breaks`` row
+    (a new run starts there; ``breaks`` ends with the row count); and the first iovec of each
+    run, with the iovec count at the end (pure).
+
+    >>> iov, first = plan_iovecs(np.array([100, 110, 200, 210]), np.array([0, 3, 4]), 10)
+    >>> iov.tolist(), first.tolist()
+    ([[100, 20], [200, 10], [210, 10]], [0, 2, 3])
     """
     n = len(ptrs)
     if n == 0:
-        return np.zeros((0, 2), np.uint64)
-    cont = (ptrs[1:] == ptrs[:-1] + row_bytes) & keep[1:] & keep[:-1]
-    starts = np.flatnonzero(np.concatenate(([True], ~cont)))
+        return np.zeros((0, 2), np.uint64), np.zeros(1, np.int64)
+    new = np.ones(n, bool)
+    new[1:] = ptrs[1:] != ptrs[:-1] + np.uint64(row_bytes)
+    new[breaks[breaks < n]] = True
+    starts = np.flatnonzero(new)
     iov = np.empty((len(starts), 2), np.uint64)
     iov[:, 0] = ptrs[starts]
-    iov[:, 1] = np.diff(np.append(starts, n)) * row_bytes
-    return iov
+    iov[:, 1] = np.diff(np.append(starts, n)).astype(np.uint64) * np.uint64(row_bytes)
+    return iov, np.searchsorted(starts, breaks)
 
 
-def read_scatter(
-    raw: RawChunk, name: str, chunk: int, first: int, positions: np.ndarray, bases: np.ndarray,
-    k0: int, batch_size: int,
+def read_runs(
+    raw: Callable[[int], RawChunk], name: str, runs: range, run_chunk: np.ndarray,
+    run_row: np.ndarray, run_iov: np.ndarray, iov: np.ndarray, chunk_end: dict[int, int],
 ) -> None:  # fmt: skip
-    """File rows ``first, first + 1, ...`` of one chunk into stream ``positions`` (-1: unwanted).
+    """Reader thread: ``preadv`` runs ``runs`` of one array (run ``r``: file rows from
+    ``run_row[r]`` of chunk ``run_chunk[r]`` into iovecs ``run_iov[r]:run_iov[r + 1]``).
 
-    Stream position ``p`` is row ``p % batch_size`` of batch ``p // batch_size``, whose array
-    starts at address ``bases[p // batch_size - k0]``.
+    Each chunk file is opened once and checked with ``fstat`` against ``chunk_end`` (the file
+    rows the group needs from it) before any read. The arguments of every call are computed
+    with numpy first: the loop around ``preadv`` is the per-piece cost of small pieces.
     """
-    rb = raw.row_bytes
-    keep = positions >= 0
-    # unwanted rows take the group's first batch as a stand-in (their pointer is the scratch
-    # row below): position 0 would index ``bases[-k0]``, out of range after an elastic resume
-    pos = np.where(keep, positions, k0 * batch_size)
-    scratch = np.empty(max(rb, 1), np.uint8)
-    ptrs = bases[pos // batch_size - k0] + (pos % batch_size).astype(np.uint64) * np.uint64(rb)
-    ptrs = np.where(keep, ptrs, np.uint64(scratch.ctypes.data))
-    iov = plan_iovecs(ptrs, keep, rb)
     preadv = _preadv()
-    start = raw.offset + first * rb
-    want_end = start + len(positions) * rb
+    p0, p1 = runs.start, runs.stop
+    chunks = run_chunk[p0:p1]
+    uniq = np.unique(chunks)
+    opened: dict[int, tuple[int, RawChunk]] = {}
     try:
-        fd = os.open(raw.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        for c in uniq.tolist():
+            opened[c] = _open_checked(raw(c), name, c, chunk_end[c])
+        rcs = [opened[c][1] for c in uniq.tolist()]
+        at = np.searchsorted(uniq, chunks)
+        fds = np.array([opened[c][0] for c in uniq.tolist()], np.int64)[at]
+        start = np.array([rc.offset for rc in rcs], np.int64)[at]
+        row_bytes = np.array([rc.row_bytes for rc in rcs], np.int64)[at]
+        offs = start + run_row[p0:p1] * row_bytes
+        first, count = run_iov[p0:p1], np.diff(run_iov[p0 : p1 + 1])
+        nbytes = np.concatenate(([0], np.cumsum(iov[:, 1].astype(np.int64))))
+        wants = nbytes[first + count] - nbytes[first]
+        ptrs = iov.ctypes.data + 16 * first
+        calls = zip(
+            fds.tolist(), ptrs.tolist(), count.tolist(), offs.tolist(), wants.tolist(),
+            strict=True,
+        )  # fmt: skip
+        for r, (fd, ptr, m, off, want) in enumerate(calls):
+            if m <= IOV_MAX:
+                got = preadv(fd, ptr, m, off)
+                if got != want:
+                    call = (fd, ptr, m, off)
+                    _read_failed(rcs[at[r]].path, name, int(chunks[r]), got, want, call)
+                continue
+            a, b = int(first[r]), int(first[r]) + m  # more iovecs than one call takes
+            while a < b:
+                k = min(b - a, IOV_MAX)
+                want = int(nbytes[a + k] - nbytes[a])
+                call = (fd, iov.ctypes.data + 16 * a, k, off)
+                got = preadv(*call)
+                if got != want:
+                    _read_failed(rcs[at[r]].path, name, int(chunks[r]), got, want, call)
+                off, a = off + want, a + k
+    finally:
+        for fd, _ in opened.values():
+            os.close(fd)
+
+
+def _read_failed(
+    path: str, name: str, chunk: int, got: int, want: int, call: tuple[int, int, int, int]
+) -> None:
+    fd, ptr, count, off = call
+    if got < 0:  # again, to read errno (the fast call keeps none)
+        again = _preadv(errno=True)(fd, ptr, count, off)
+        err = ctypes.get_errno() if again < 0 else 0
+        why = os.strerror(err) if err else f"a read failed, then returned {again}"
+    else:
+        why = f"expected {want} bytes at offset {off}, got {got}"
+    raise ChunkReadError(
+        f"chunk {chunk} of array {name!r} could not be read or is truncated: {path} ({why})"
+    )
+
+
+def _open_checked(rc: RawChunk, name: str, chunk: int, rows: int) -> tuple[int, RawChunk]:
+    try:
+        fd = os.open(rc.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as exc:
-        raise ChunkReadError(f"chunk {chunk} of array {name!r} is missing: {raw.path}") from exc
+        raise ChunkReadError(f"chunk {chunk} of array {name!r} is missing: {rc.path}") from exc
     except OSError as exc:
         raise ChunkReadError(
-            f"chunk {chunk} of array {name!r} could not be read: {raw.path}: {exc}"
+            f"chunk {chunk} of array {name!r} could not be read: {rc.path}: {exc}"
         ) from exc
-    try:
-        size = os.fstat(fd).st_size
-        if size < want_end:
-            raise ChunkReadError(
-                f"chunk {chunk} of array {name!r} is truncated or corrupt: {raw.path} has "
-                f"{size} bytes, rows up to {first + len(positions)} need {want_end}"
-            )
-        off = start
-        for i in range(0, len(iov), IOV_MAX):
-            part = iov[i : i + IOV_MAX]
-            want = int(part[:, 1].sum())
-            got = preadv(fd, part.ctypes.data, len(part), off)
-            if got < 0:
-                err = ctypes.get_errno()
-                raise ChunkReadError(
-                    f"chunk {chunk} of array {name!r} could not be read: {raw.path}: "
-                    f"{os.strerror(err)}"
-                )
-            if got != want:
-                raise ChunkReadError(
-                    f"chunk {chunk} of array {name!r} is truncated or corrupt: {raw.path} "
-                    f"(expected {want} bytes at offset {off}, got {got})"
-                )
-            off += want
-    finally:
+    want_end = rc.offset + rows * rc.row_bytes
+    size = os.fstat(fd).st_size
+    if size < want_end:
         os.close(fd)
-        del scratch  # alive until the kernel wrote the unwanted rows into it
-
-
-def _segment_rows(seg: Segment) -> tuple[int, int, np.ndarray | None]:
-    """(first file row, file rows, explicit offsets relative to the first or None)."""
-    if seg.rows is None:
-        return seg.start, seg.stop - seg.start, None
-    return seg.start, seg.stop - seg.start, seg.rows - seg.start
+        raise ChunkReadError(
+            f"chunk {chunk} of array {name!r} is truncated or corrupt: {rc.path} has "
+            f"{size} bytes, rows up to {rows} need {want_end}"
+        )
+    return fd, rc
 
 
 def groups_in_flight(*, prefetch: int, shuffle_chunks: int) -> int:
@@ -210,11 +270,13 @@ def scatter_batches(
     ahead = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks)
     batches: dict[int, dict[str, np.ndarray]] = {}  # written by the planner, popped here
     inflight: deque[tuple[int, int, Future[list[Future[None]]]]] = deque()
-    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-read")
+    readers = max(1, threads)
+    pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="shardload-read")
     planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardload-plan")
-    groups = iter_worker_groups(plan, rank, worker)
+    groups = iter_worker_spans(plan, rank, worker)
     bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
     at = 0  # stream position of the next group's first row (main thread only)
+    raws: dict[str, dict[int, RawChunk]] = {a: {} for a in names}  # planner thread only
 
     def batch(k: int) -> dict[str, np.ndarray]:  # planner thread only
         if k not in batches:
@@ -222,41 +284,67 @@ def scatter_batches(
             batches[k] = (allocate(size) if allocate else None) or new_batch(size)
         return batches[k]
 
-    def plan_group(
-        segments: tuple[Segment, ...], order: np.ndarray, at: int, n: int
-    ) -> list[Future[None]]:
-        """Planner thread: allocate the group's batches, fill their index, submit its reads."""
-        lens = np.array([len(s) for s in segments], dtype=np.int64)
-        pos = np.full(int(lens.sum()), -1, np.int64)  # stream position of each group row
-        check_indices(order[:n], len(pos), f"worker {worker} of rank {rank}: a group's order")
-        pos[order[:n]] = at + np.arange(n, dtype=np.int64)
-        rows = np.concatenate([s.global_rows() for s in segments]) if segments else pos
-        k0, k1 = at // b, -(-(at + n) // b)
-        outs = [batch(k) for k in range(k0, k1)]
-        stream_rows = rows[order[:n]]
-        for k, out in zip(range(k0, k1), outs, strict=True):
-            lo, hi = max(at, k * b), min(at + n, (k + 1) * b)
-            out[index_key][lo - k * b : hi - k * b] = stream_rows[lo - at : hi - at]
-        bases = {a: np.array([o[a].ctypes.data for o in outs], np.uint64) for a in names}
+    def raw_of(a: str) -> Callable[[int], RawChunk]:
+        cache = raws[a]
+
+        def get(chunk: int) -> RawChunk:
+            rc = cache.get(chunk)
+            if rc is None:
+                rc = cache[chunk] = raw(a, chunk)
+            return rc
+
+        return get
+
+    def plan_group(spans: Spans, order: np.ndarray, at: int, n: int) -> list[Future[None]]:
+        """Planner thread: allocate the group's batches, fill their index, submit its reads
+        (all of it vectorised over the group's rows: a group may hold thousands of pieces)."""
+        if n <= 0:
+            return []
+        want = order[:n]
+        where = f"worker {worker} of rank {rank}: a group's order"
+        check_indices(want, int(spans.cum[-1]) if len(spans) else 0, where)
+        rows = spans_rows(spans)[want]  # global rows, in stream order
+        chunks = spans_chunks(spans)[want]
+        cut = group_batches(at, n, b)
+        k0 = int(cut[0, 0])
+        outs = [batch(int(k)) for k in cut[:, 0]]
+        for (_, dst, src, cnt), out in zip(cut.tolist(), outs, strict=True):
+            out[index_key][dst : dst + cnt] = rows[src : src + cnt]
+        srt, run_starts, run_chunk = plan_group_reads(chunks, rows - bounds[chunks])
+        pos = (at + srt).astype(np.uint64)  # stream position of each sorted row
+        file_rows = (rows - bounds[chunks])[srt]
+        run_row = file_rows[run_starts[:-1]]
+        ends = np.flatnonzero(np.append(run_chunk[1:] != run_chunk[:-1], True))
+        chunk_end = dict(
+            zip(
+                run_chunk[ends].tolist(),
+                (file_rows[run_starts[ends + 1] - 1] + 1).tolist(),
+                strict=True,
+            )
+        )
+        k_of = (pos // np.uint64(b)).astype(np.int64) - k0
+        in_b = pos % np.uint64(b)
         futs: list[Future[None]] = []
-        cat = 0
-        for seg, m in zip(segments, lens.tolist(), strict=True):
-            mine = pos[cat : cat + m]
-            cat += m
-            if not (mine >= 0).any():
-                continue
-            first, span, rel = _segment_rows(seg)
-            # a segment's offsets count from its piece's first row (a row range cuts chunks)
-            first += seg.chunk_start - int(bounds[seg.chunk])
-            if rel is not None:  # explicit rows: the bounding span, unwanted rows to scratch
-                full = np.full(span, -1, np.int64)
-                full[rel] = mine
-                mine = full
-            for a in names:
-                futs.append(pool.submit(
-                    read_scatter, raw(a, seg.chunk), a, seg.chunk, first, mine, bases[a], k0, b
-                ))  # fmt: skip
+        nruns = len(run_chunk)
+        parts = np.linspace(0, nruns, readers + 1).astype(np.int64)
+        for a in names:
+            bases = np.array([o[a].ctypes.data for o in outs], np.uint64)
+            rb = raws_row_bytes[a]
+            ptrs = bases[k_of] + in_b * np.uint64(rb)
+            iov, run_iov = plan_iovecs(ptrs, run_starts, rb)
+            for p0, p1 in zip(parts[:-1].tolist(), parts[1:].tolist(), strict=True):
+                if p1 > p0:
+                    futs.append(pool.submit(
+                        read_runs, raw_of(a), a, range(p0, p1), run_chunk, run_row, run_iov,
+                        iov, chunk_end,
+                    ))  # fmt: skip
         return futs
+
+    raws_row_bytes = {
+        a: int(np.prod(store.manifest.arrays[a].row_shape, dtype=np.int64))
+        * np.dtype(store.manifest.arrays[a].dtype).itemsize
+        for a in names
+    }
 
     try:
         exhausted = False

@@ -7,7 +7,10 @@ array of row offsets inside it), so a plan for 10**9 rows costs what its chunk l
 1. **Sequence.** The chunks in a permutation seeded by ``(seed, epoch)`` when ``shuffle``, in
    the given order otherwise. Where a chunk is cut into pieces (several entries with its id),
    the permutation comes in rounds of one piece per chunk (:func:`shuffle_order`), so a
-   chunk's pieces spread over the epoch and a shuffle group seldom holds two of them.
+   chunk's pieces spread over the epoch and a shuffle group seldom holds two of them; with
+   small pieces a group holds pieces of every chunk, on every rank.
+   ``shuffle="uniform"``: every row is its own one-row segment, in a uniform permutation of all
+   rows seeded by ``(seed, epoch)`` (for readers that read rows where they lie).
 2. **Ranks.** ``N`` rows, ``world_size`` ranks. Mode ``drop`` removes the last ``N mod world``
    rows of the sequence; mode ``pad`` appends (cyclically) its first ``(world - N mod world) mod
    world`` rows. The sequence is then cut into ``world_size`` contiguous parts of ``n_r`` rows,
@@ -52,15 +55,18 @@ __all__ = [
     "PlanOptions",
     "Segment",
     "WorkerPlan",
+    "group_batches",
     "iter_rank_batches",
     "iter_worker_batches",
     "iter_worker_groups",
+    "iter_worker_spans",
     "plan_epoch",
     "plan_fingerprint",
     "worker_rows",
 ]
 
 MODES = ("drop", "pad")
+SHUFFLES = (False, True, "uniform")
 
 #: Chunks whose rows one worker permutes together. Memory per worker is about this many chunks
 #: (plus prefetch); 4 mixes enough chunks per batch to break the within-chunk correlation of
@@ -76,7 +82,7 @@ class PlanOptions(TypedDict):
     seed: int
     mode: str
     drop_last: bool
-    shuffle: bool
+    shuffle: bool | str
     shuffle_chunks: int
 
 
@@ -119,7 +125,7 @@ class EpochPlan:
     seed: int
     mode: str
     drop_last: bool
-    shuffle: bool
+    shuffle: bool | str
     shuffle_chunks: int
     workers: tuple[tuple[WorkerPlan, ...], ...]
     num_rows: int
@@ -183,7 +189,7 @@ def plan_fingerprint(
     seed: int = 0,
     mode: str = "drop",
     drop_last: bool = False,
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
 ) -> str:
     """A short hash of the chunks and of the options a resume must keep (not the world shape).
@@ -197,7 +203,9 @@ def plan_fingerprint(
         h.update(arr.astype("<i8").tobytes())
         h.update(b"|")
     h.update(
-        repr((batch_size, seed, mode, bool(drop_last), bool(shuffle), shuffle_chunks)).encode()
+        repr(
+            (batch_size, seed, mode, bool(drop_last), _check_shuffle(shuffle), shuffle_chunks)
+        ).encode()
     )
     return h.hexdigest()
 
@@ -212,7 +220,7 @@ def plan_epoch(
     batch_size: int,
     seed: int = 0,
     epoch: int = 0,
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     mode: str = "drop",
     drop_last: bool = False,
     shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
@@ -231,7 +239,8 @@ def plan_epoch(
     batch_size, drop_last
         Rows per batch; with ``drop_last`` each rank's partial batch is dropped.
     seed, epoch, shuffle
-        Chunk order and shuffle groups are seeded by these.
+        Chunk order and shuffle groups are seeded by these. ``shuffle="uniform"``: a uniform
+        permutation of all rows, as one-row segments.
     mode
         ``"drop"`` the ``N mod world_size`` last rows or ``"pad"`` with repeats of the first.
     shuffle_chunks
@@ -251,16 +260,20 @@ def plan_epoch(
     """
     sizes, ids, starts = _chunk_table(chunk_sizes, chunk_ids, chunk_starts)
     opts = _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chunks)
-    order = np.arange(len(sizes))
-    if shuffle:
-        order = shuffle_order(ids, np.random.default_rng((seed, epoch, 0)))
-    seq = Spans(
-        ids[order],
-        starts[order],
-        np.zeros(len(sizes), np.int64),
-        sizes[order],
-        np.full(len(sizes), -1, np.int64),
-    )
+    shuffle = _check_shuffle(shuffle)
+    if shuffle == "uniform":
+        seq = _uniform_sequence(sizes, ids, starts, np.random.default_rng((seed, epoch, 0)))
+    else:
+        order = np.arange(len(sizes))
+        if shuffle:
+            order = shuffle_order(ids, np.random.default_rng((seed, epoch, 0)))
+        seq = Spans(
+            ids[order],
+            starts[order],
+            np.zeros(len(sizes), np.int64),
+            sizes[order],
+            np.full(len(sizes), -1, np.int64),
+        )
     fp = plan_fingerprint(
         sizes,
         chunk_ids=ids,
@@ -276,11 +289,31 @@ def plan_epoch(
         seq,
         **opts,
         drop_last=bool(drop_last),
-        shuffle=bool(shuffle),
+        shuffle=shuffle,
         fingerprint=fp,
         history=(),
         allow_empty=False,
     )
+
+
+def _check_shuffle(shuffle: bool | str) -> bool | str:
+    if isinstance(shuffle, str):
+        if shuffle != "uniform":
+            raise PlanError(f"shuffle must be True, False or 'uniform', got {shuffle!r}")
+        return shuffle
+    return bool(shuffle)
+
+
+def _uniform_sequence(
+    sizes: np.ndarray, ids: np.ndarray, starts: np.ndarray, rng: np.random.Generator
+) -> Spans:
+    """Every row as a one-row segment, in a uniform random order (16 bytes x 5 per row)."""
+    n = int(sizes.sum())
+    perm = rng.permutation(n)
+    cum = np.concatenate(([0], np.cumsum(sizes)))
+    entry = np.searchsorted(cum, perm, "right") - 1
+    off = perm - cum[entry]
+    return Spans(ids[entry], starts[entry], off, off + 1, np.full(n, -1, np.int64))
 
 
 def _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chunks) -> dict:
@@ -307,7 +340,7 @@ def _plan_sequence(
     epoch: int,
     mode: str,
     drop_last: bool,
-    shuffle: bool,
+    shuffle: bool | str,
     shuffle_chunks: int,
     fingerprint: str,
     history: tuple[tuple[int, int, int], ...],
@@ -403,14 +436,14 @@ def _group_bounds(spans: Spans, k: int) -> np.ndarray:
     return np.append(bounds, spans.cum[-1]) if len(spans) % k else bounds
 
 
-def _group_order(wp: WorkerPlan, g: int, n: int, shuffle: bool) -> np.ndarray:
+def _group_order(wp: WorkerPlan, g: int, n: int, shuffle: bool | str) -> np.ndarray:
     if not shuffle:
         return np.arange(n, dtype=np.int64)
     return np.random.default_rng((*wp.seed_key, g)).permutation(n)
 
 
 def _iter_groups(
-    wp: WorkerPlan, k: int, shuffle: bool
+    wp: WorkerPlan, k: int, shuffle: bool | str
 ) -> Iterator[tuple[int, Spans, np.ndarray, int]]:
     """Per group from the one holding row ``skip_rows``: (index, spans, order, rows skipped)."""
     bounds = _group_bounds(wp.spans, k)
@@ -419,6 +452,16 @@ def _iter_groups(
         spans = wp.spans.seg(g * k, (g + 1) * k)
         n = int(bounds[g + 1] - bounds[g])
         yield g, spans, _group_order(wp, g, n, shuffle), max(0, wp.skip_rows - int(bounds[g]))
+
+
+def iter_worker_spans(
+    plan: EpochPlan, rank: int, worker: int
+) -> Iterator[tuple[Spans, np.ndarray]]:
+    """The shuffle groups of one worker as ``(spans, order)`` (the vectorised form of
+    :func:`iter_worker_groups`, for readers that plan a group's reads with numpy)."""
+    wp = plan.workers[rank][worker]
+    for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle):
+        yield spans, order[skip:]
 
 
 def iter_worker_groups(
@@ -434,9 +477,27 @@ def iter_worker_groups(
     >>> [(len(s), o.tolist()) for s, o in iter_worker_groups(plan, 0, 0)]
     [(2, [0, 1, 2, 3]), (1, [0, 1])]
     """
-    wp = plan.workers[rank][worker]
-    for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle):
-        yield tuple(spans.segment(i) for i in range(len(spans))), order[skip:]
+    for spans, order in iter_worker_spans(plan, rank, worker):
+        yield tuple(spans.segment(i) for i in range(len(spans))), order
+
+
+def group_batches(at: int, n: int, batch_size: int) -> np.ndarray:
+    """Where ``n`` rows of a worker's stream, from stream position ``at``, go: one row
+    ``(batch k, first row in batch k, first of the n rows, count)`` per batch they touch
+    (pure). Stream position ``p`` is row ``p % batch_size`` of batch ``p // batch_size``.
+
+    The one group-to-batch rule: the planner (:func:`iter_worker_batches`), the gather reader
+    and the scatter reader all cut a group's rows into batches with it.
+
+    >>> group_batches(250, 300, 256).tolist()
+    [[0, 250, 0, 6], [1, 0, 6, 256], [2, 0, 262, 38]]
+    """
+    b = int(batch_size)
+    if n <= 0:
+        return np.zeros((0, 4), np.int64)
+    ks = np.arange(at // b, -(-(at + n) // b), dtype=np.int64)
+    lo, hi = np.maximum(at, ks * b), np.minimum(at + n, (ks + 1) * b)
+    return np.stack([ks, lo - ks * b, lo - at, hi - lo], axis=1)
 
 
 def worker_rows(plan: EpochPlan, rank: int, worker: int) -> np.ndarray:
@@ -446,11 +507,7 @@ def worker_rows(plan: EpochPlan, rank: int, worker: int) -> np.ndarray:
     >>> worker_rows(plan, 1, 0).tolist(), plan.num_dropped
     ([2, 3], 1)
     """
-    wp = plan.workers[rank][worker]
-    parts = [
-        spans_rows(spans)[order[skip:]]
-        for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle)
-    ]
+    parts = [spans_rows(spans)[order] for spans, order in iter_worker_spans(plan, rank, worker)]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
@@ -461,19 +518,18 @@ def iter_worker_batches(plan: EpochPlan, rank: int, worker: int) -> Iterator[np.
     >>> [b.tolist() for b in iter_worker_batches(plan, 0, 0)]
     [[0, 1], [2, 3], [4]]
     """
-    b, pending, have = plan.batch_size, [], 0
-    wp = plan.workers[rank][worker]
-    for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle):
-        rows = spans_rows(spans)[order[skip:]]
-        while len(rows):
-            take = min(b - have, len(rows))
-            pending.append(rows[:take])
-            rows, have = rows[take:], have + take
-            if have == b:
-                yield np.concatenate(pending)
-                pending, have = [], 0
-    if have:
-        yield np.concatenate(pending)
+    b, total, at = plan.batch_size, plan.workers[rank][worker].num_rows, 0
+    pending: dict[int, np.ndarray] = {}
+    for spans, order in iter_worker_spans(plan, rank, worker):
+        rows = spans_rows(spans)[order]
+        for k, dst, src, cnt in group_batches(at, len(rows), b).tolist():
+            out = pending.setdefault(k, np.empty(min(b, total - k * b), np.int64))
+            out[dst : dst + cnt] = rows[src : src + cnt]
+            if dst + cnt == len(out):
+                yield pending.pop(k)
+        at += len(rows)
+    if pending:  # cannot happen for a consistent plan
+        raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")
 
 
 def iter_rank_batches(plan: EpochPlan, rank: int) -> Iterator[np.ndarray]:

@@ -241,7 +241,7 @@ def plan_from_state(
     seed: int = 0,
     mode: str = "drop",
     drop_last: bool = False,
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
     world_size: int,
     num_workers: int,

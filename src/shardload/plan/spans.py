@@ -119,7 +119,26 @@ def concat_spans(parts: Sequence[Spans], explicit: tuple[np.ndarray, ...]) -> Sp
 
 
 def spans_rows(spans: Spans) -> np.ndarray:
-    """The global rows of all segments, in sequence order (one shuffle group's worth)."""
+    """The global rows of all segments, in sequence order (one shuffle group's worth).
+
+    Vectorised over segments (a group may hold thousands of small pieces); only explicit
+    segments (left by a resume) are filled one by one.
+
+    >>> s = Spans(*(np.array(v) for v in ([0, 1], [0, 10], [2, 1], [4, 3], [-1, 0])), (np.array([5, 7, 8]),))
+    >>> spans_rows(s).tolist()
+    [2, 3, 17, 18]
+    """
     if len(spans) == 0:
         return np.zeros(0, np.int64)
-    return np.concatenate([spans.base[i] + spans.offsets(i) for i in range(len(spans))])
+    lens = spans.hi - spans.lo
+    cum = spans.cum
+    seg = np.repeat(np.arange(len(spans)), lens)
+    rows = np.arange(int(cum[-1]), dtype=np.int64) - cum[seg] + (spans.base + spans.lo)[seg]
+    for i in np.flatnonzero(spans.ex >= 0).tolist():
+        rows[cum[i] : cum[i + 1]] = spans.base[i] + spans.offsets(i)
+    return rows
+
+
+def spans_chunks(spans: Spans) -> np.ndarray:
+    """The chunk id of every row of ``spans``, in sequence order."""
+    return np.repeat(spans.chunk, spans.hi - spans.lo)

@@ -1,0 +1,6 @@
+"""Worked training examples on shardload stores: models (MLP, GNN, LSTM), normalisation from
+the manifest's statistics, radiation metrics and the ``shardload train`` command.
+
+Everything here imports torch (the torch layer); Lightning and PyTorch Geometric are imported
+only by the modules that need them.
+"""

@@ -1,0 +1,229 @@
+"""The LightningModule of the examples: one regression task per model kind, with the
+radiation heating-rate metric and a per-epoch ``metrics.csv``.
+
+Heating rates (K/day) come from the predicted and the true fluxes (de-normalised) and the
+pressure on half levels, through :func:`shardload.sources.radiation_rows.heating_rate_np` (the
+function that computes the stored ``hr_sw`` / ``hr_lw``); the metric is their RMSE over every
+level of every validation column, per band, summed over ranks before the square root.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ShardloadError
+from .graph import GraphBatcher
+from .models import GNN, MLP, LSTMRegressor
+from .transforms import Normalize
+
+KINDS = ("mlp", "gnn", "lstm")
+BANDS = ("sw", "lw")
+COLUMNS = ("epoch", "train_loss", "val_loss", "hr_rmse_sw", "hr_rmse_lw", "samples_per_s",
+           "train_seconds")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HeatingRateColumns:
+    """Where the fluxes and the half-level pressure sit in a batch (pure data).
+
+    ``flux[band] = (dn, up)``: index arrays into the target's last axis (flat: one column per
+    half level; graph: one feature index each, per node). ``pressure``: indices into the
+    input's last axis.
+    """
+
+    flux: dict[str, tuple[np.ndarray, np.ndarray]]
+    pressure: np.ndarray
+
+
+def plan_heating_rate_columns(kind: str, manifest: Any) -> HeatingRateColumns | None:
+    """The radiation columns the heating-rate metric needs, or None if the store lacks them."""
+    xf = list(manifest.arrays["x"].features or ())
+    yf = list(manifest.arrays["y"].features or ()) if "y" in manifest.arrays else []
+    try:
+        if kind == "mlp":
+            levels = sum(1 for f in yf if f.startswith("flux_dn_sw["))
+            if levels < 2:
+                return None
+            flux = {
+                b: tuple(
+                    np.array([yf.index(f"flux_{d}_{b}[{k}]") for k in range(levels)])
+                    for d in ("dn", "up")
+                )
+                for b in BANDS
+            }
+            pressure = np.array([xf.index(f"hl_inputs[{k},pressure_hl]") for k in range(levels)])
+        elif kind == "gnn":
+            flux = {b: (np.array([yf.index(f"flux_dn_{b}")]), np.array([yf.index(f"flux_up_{b}")]))
+                    for b in BANDS}  # fmt: skip
+            pressure = np.array([xf.index("pressure_hl")])
+        else:
+            return None
+    except ValueError:
+        return None
+    return HeatingRateColumns(flux=flux, pressure=pressure)  # type: ignore[arg-type]
+
+
+class ExampleTask(pl.LightningModule):
+    """Regression of ``y`` from a store's inputs with MSE on normalised targets.
+
+    Parameters
+    ----------
+    kind
+        ``"mlp"`` (``x`` (B, F) -> ``y`` (B, T)), ``"gnn"`` (a graph store: ``x``, ``edge_attr``,
+        ``y`` on nodes) or ``"lstm"`` (``x`` (B, lookback, F) -> ``y``).
+    manifest
+        The store's manifest (shapes, features, statistics, static graph).
+    normalize
+        The :class:`~shardload.train.transforms.Normalize` the loaders apply (None: raw values);
+        used here to put predictions back in physical units for the heating rates.
+    out_dir
+        Where rank 0 writes ``metrics.csv`` (a row per epoch); None: nowhere.
+    """
+
+    def __init__(
+        self, kind: str, manifest: Any, *, normalize: Normalize | None = None,
+        out_dir: str | Path | None = None, lr: float = 1e-3, hidden: int | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        if kind not in KINDS:
+            raise ShardloadError(f"model {kind!r} unknown; use one of {KINDS}")
+        arrays = manifest.arrays
+        need = ("x", "edge_attr", "y") if kind == "gnn" else ("x", "y")
+        missing = [a for a in need if a not in arrays]
+        if missing:
+            what = {"mlp": "a flat store (x, y)", "gnn": "a graph store (x, edge_attr, y)",
+                    "lstm": "a window store with targets (x, y)"}[kind]  # fmt: skip
+            raise ShardloadError(
+                f"model {kind} needs {what}; the store lacks {missing} (it has {sorted(arrays)})"
+            )
+        self.kind, self.lr, self.normalize = kind, lr, normalize
+        xs, ys = arrays["x"].shape, arrays["y"].shape
+        self.model: nn.Module
+        if kind == "mlp":
+            self.model = MLP(int(np.prod(xs[1:])), int(np.prod(ys[1:])), hidden=hidden or 256)
+        elif kind == "lstm":
+            if len(xs) != 3:
+                raise ShardloadError(
+                    f"model lstm needs x of shape (samples, lookback, features); the store's x "
+                    f"is {tuple(xs)}"
+                )
+            self.model = LSTMRegressor(xs[2], int(np.prod(ys[1:])), hidden=hidden or 64)
+        else:
+            self.model = GNN(xs[2], arrays["edge_attr"].shape[2], ys[2], hidden=hidden or 64)
+            self.graphs = GraphBatcher(manifest.static)
+        self.hr = plan_heating_rate_columns(kind, manifest)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.rows: list[dict[str, float]] = []
+        self._reset_epoch()
+
+    # -- steps -------------------------------------------------------------------------------------
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.kind == "gnn":
+            graph = self.graphs(batch["x"], batch["edge_attr"], directed_edge_attr=False)
+            return self.model(graph).reshape(batch["y"].shape)
+        return self.model(batch["x"]).reshape(batch["y"].shape)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = nn.functional.mse_loss(self(batch), batch["y"])
+        n = len(batch["index"])
+        self._sums[0] += float(loss.detach()) * n
+        self._sums[1] += n
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        pred = self(batch)
+        n = len(batch["index"])
+        self._sums[2] += float(nn.functional.mse_loss(pred, batch["y"])) * n
+        self._sums[3] += n
+        if self.hr is not None:
+            self._heating_rate_errors(batch, pred)
+
+    def _physical(self, name: str, t: torch.Tensor) -> np.ndarray:
+        t = t.detach().float()
+        if self.normalize is not None and name in self.normalize.params:
+            t = self.normalize.inverse(name, t)
+        return t.cpu().numpy()
+
+    def _heating_rate_errors(self, batch: dict[str, torch.Tensor], pred: torch.Tensor) -> None:
+        from ..sources.radiation_rows import heating_rate_np
+
+        assert self.hr is not None
+        x, y, p = (self._physical(n, t) for n, t in
+                   (("x", batch["x"]), ("y", batch["y"]), ("y", pred)))  # fmt: skip
+        pressure = x[..., self.hr.pressure]
+        if self.kind == "gnn":  # (B, nodes, 1): one feature per node
+            pressure = pressure[..., 0]
+        for i, band in enumerate(BANDS):
+            dn, up = self.hr.flux[band]
+
+            def pick(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+                return a[..., idx][..., 0] if self.kind == "gnn" else a[..., idx]
+
+            hr_true = heating_rate_np(pick(y, dn), pick(y, up), pressure)
+            hr_pred = heating_rate_np(pick(p, dn), pick(p, up), pressure)
+            err = (hr_pred.astype(np.float64) - hr_true) ** 2
+            ok = np.isfinite(err)
+            self._hr[i, 0] += float(err[ok].sum())
+            self._hr[i, 1] += int(ok.sum())
+
+    # -- epoch bookkeeping ------------------------------------------------------------------------
+    def _reset_epoch(self) -> None:
+        self._sums = np.zeros(4)  # train loss*rows, train rows, val loss*rows, val rows
+        self._hr = np.zeros((2, 2))  # per band: squared error sum, count
+        self._t0 = time.perf_counter()
+        self._train_s: float | None = None
+
+    def on_train_epoch_start(self) -> None:
+        self._reset_epoch()
+
+    def on_validation_epoch_start(self) -> None:
+        if self.trainer.training and self._train_s is None:
+            self._train_s = time.perf_counter() - self._t0
+
+    def _reduce(self, values: np.ndarray) -> np.ndarray:
+        t = torch.as_tensor(values, dtype=torch.float64, device=self.device)
+        return self.trainer.strategy.reduce(t, reduce_op="sum").cpu().numpy()  # type: ignore[no-any-return]
+
+    def on_train_epoch_end(self) -> None:
+        train_s = self._train_s if self._train_s is not None else time.perf_counter() - self._t0
+        sums, hr = self._reduce(self._sums), self._reduce(self._hr)
+        seconds = (
+            float(self._reduce(np.array([train_s]))[0]) / self.trainer.world_size
+        )  # mean over ranks
+        row = {
+            "epoch": self.current_epoch,
+            "train_loss": sums[0] / sums[1] if sums[1] else float("nan"),
+            "val_loss": sums[2] / sums[3] if sums[3] else float("nan"),
+            "hr_rmse_sw": float(np.sqrt(hr[0, 0] / hr[0, 1])) if hr[0, 1] else float("nan"),
+            "hr_rmse_lw": float(np.sqrt(hr[1, 0] / hr[1, 1])) if hr[1, 1] else float("nan"),
+            "samples_per_s": sums[1] / seconds if seconds > 0 else float("nan"),
+            "train_seconds": seconds,
+        }
+        self.rows.append(row)
+        # the same on every rank (reduced above); sync_dist keeps Lightning's DDP check quiet
+        self.log_dict({k: float(v) for k, v in row.items() if k != "epoch"}, sync_dist=True)
+        if self.out_dir is not None and self.trainer.is_global_zero:
+            write_metrics(self.out_dir / "metrics.csv", self.rows)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (int(v) if k == "epoch" else f"{float(v):.6g}") for k, v in row.items()})
+    tmp.replace(path)
