@@ -387,3 +387,17 @@ def test_pad_window_slice_copies_equal_a_gather() -> None:
         for k, m in enumerate(maps):
             ref[(slice(None),) * k + (m == -1,)] = 2.5
         np.testing.assert_array_equal(got, ref)
+
+
+def test_memory_bound_logged_before_the_run(
+    tmp_path: Path, cube: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    src = write_source(tmp_path / "cube.zarr", cube, (5, 11, 9))
+    cfg = _cfg(tmp_path, src, depth=1)
+    cfg["execution"] = {"scheduler": "threads", "num_workers": 3}
+    with caplog.at_level(logging.INFO, logger="shardload.blockwise.engine"):
+        shardload.compute(cfg)
+    line = next(r.getMessage() for r in caplog.records if "memory bound" in r.getMessage())
+    assert "(3 concurrent task(s) + 1)" in line and "MiB" in line
