@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -50,3 +52,27 @@ def test_splits_bad_fractions():
         plan_splits(10, {"train": 0.9, "val": 0.5})
     with pytest.raises(ConfigError):
         plan_splits(10, {"train": -1})
+
+
+@pytest.mark.parametrize("length", [1, 7, 50, 333])
+@pytest.mark.parametrize("group_rows", [1, 3])
+@pytest.mark.parametrize("gap", [0, 2])
+def test_row_splits_are_ordered_disjoint_and_follow_fractions(length, group_rows, gap):
+    from shardload.errors import ConfigError
+    from shardload.plan.chunks import plan_row_splits
+
+    fr = {"train": 0.7, "val": 0.2, "test": 0.1}
+    try:
+        s = plan_row_splits(length, fr, group_rows=group_rows, gap_groups=gap)
+    except ConfigError as exc:
+        assert "would be empty" in str(exc)
+        assert length // group_rows - 2 * gap < 3  # only when there is truly too little
+        return
+    ranges = list(s.values())
+    for (a0, b0), (a1, b1) in itertools.pairwise(ranges):
+        assert a0 < b0 <= a1 < b1 and a1 - b0 == gap * group_rows  # ordered, gap exactly
+    for a, b in ranges:
+        assert a % group_rows == 0 and b % group_rows == 0 and b <= length
+    usable = length // group_rows - 2 * gap
+    for n, (a, b) in s.items():
+        assert abs((b - a) / group_rows - fr[n] * usable) < 1 + 1e-9 or b - a == group_rows

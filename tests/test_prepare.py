@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,10 @@ import shardload
 from conftest import make_dataset
 from shardload.errors import (
     ConfigError,
+    DiskFullError,
     IncompleteStoreError,
     NaNError,
     SourceError,
-    StoreError,
     StoreExistsError,
     ViewError,
 )
@@ -117,6 +118,7 @@ def test_stacked_sample_dims_and_window_and_function(tmp_path):
             view=view,
             arrays={"x": ["t", "z"]},
             chunk_rows=5,
+            splits={"train": 1.0},  # 3 windows: too few for leak-free time splits
         )
     )
     S, nw = 12, (9 - 3 - 1) // 2 + 1
@@ -292,8 +294,15 @@ def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monke
     c = cfg(
         small_nc, tmp_path / "s", format="npy", compression="none", execution={"scheduler": "sync"}
     )
-    with pytest.raises(StoreError, match=r"chunk 4 \(rows 28:35\) of array 'x'.*disk is full"):
+    out = tmp_path / "s"
+    with pytest.raises(DiskFullError) as info:
         shardload.prepare(c)
+    msg = str(info.value)
+    # names the output, the failed chunk, the bytes still needed, how to resume
+    assert f"the disk holding {out} is full" in msg
+    assert "chunk 4 (rows 28:35) of array 'x'" in msg
+    needed = int(re.search(r"about ([\d,]+) more bytes", msg).group(1).replace(",", ""))
+    assert "re-run the same command to resume" in msg
     assert not (tmp_path / "s").exists() and (tmp_path / "s.partial").exists()
     with pytest.raises(IncompleteStoreError, match="interrupted"):
         shardload.open_store(tmp_path / "s")
@@ -304,10 +313,14 @@ def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monke
         "write_block",
         lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1],
     )
-    done = len(list((tmp_path / "s.partial" / "_progress").glob("block-*.npz")))
-    assert 4 <= done < 8  # blocks 0-3 were written before the failure
+    recorded = {int(p.stem[6:]) for p in (tmp_path / "s.partial" / "_progress").glob("block-*")}
+    done = len(recorded)
+    assert 4 <= done < 8 and 4 not in recorded  # blocks 0-3 were written before the failure
     s = shardload.prepare(c)  # resumes: only the missing blocks are written
     assert calls["n"] == 2 * (8 - done)  # arrays x and y of each missing block
+    row_bytes = sum(a.row_bytes for a in s.manifest.arrays.values())
+    rows_left = sum(min(7 * i + 7, 50) - 7 * i for i in range(8) if i not in recorded)
+    assert needed == rows_left * row_bytes  # the rows of the blocks not recorded (28:50 or less)
     np.testing.assert_array_equal(s.read("x"), expected_flat(xr.open_dataset(small_nc))["x"])
     np.testing.assert_allclose(
         s.manifest.stats["x"].mean,
@@ -343,3 +356,144 @@ def test_zarr_store_opens_in_xarray(tmp_path, small_nc):
     ds = xr.open_zarr(tmp_path / "s", consolidated=False)
     assert ds["x"].dims == ("sample", "x_dim1") and ds.sizes["sample"] == len(store)
     np.testing.assert_array_equal(ds["x"].values, store.read("x"))
+
+
+def test_splits_are_not_part_of_the_write_fingerprint(tmp_path, small_nc, monkeypatch):
+    """Changing split fractions or seed resumes an interrupted run instead of rewriting it."""
+    import errno
+
+    from shardload.formats import npy
+
+    real = npy.NpyFormat.write_block
+    calls = {"n": 0}
+
+    def failing_at_4(self, root, name, chunk_index, start, data, *, bounds):
+        if chunk_index == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, root, name, chunk_index, start, data, bounds=bounds)
+
+    def counting(self, *a, **k):
+        calls["n"] += 1
+        return real(self, *a, **k)
+
+    c = cfg(small_nc, tmp_path / "s", format="npy", compression="none",
+            execution={"scheduler": "sync"}, splits={"train": 0.5, "val": 0.5})  # fmt: skip
+    monkeypatch.setattr(npy.NpyFormat, "write_block", failing_at_4)
+    with pytest.raises(DiskFullError):
+        shardload.prepare(c)
+    monkeypatch.setattr(npy.NpyFormat, "write_block", counting)
+    done = len(list((tmp_path / "s.partial" / "_progress").glob("block-*.npz")))
+    assert 4 <= done < 8
+    s = shardload.prepare({**c, "splits": {"train": 0.75, "test": 0.25}, "split_seed": 3})
+    assert calls["n"] == 2 * (8 - done)  # x and y of the missing blocks only: the rest kept
+    assert sorted(s.manifest.splits) == ["test", "train"]
+    assert len(s.manifest.splits["train"]) == 6 and len(s.manifest.splits["test"]) == 2
+    np.testing.assert_array_equal(s.read("x"), expected_flat(xr.open_dataset(small_nc))["x"])
+
+
+def test_too_few_chunks_split_by_rows(tmp_path, small_nc, caplog):
+    """2 chunks cannot give train/val/test a whole chunk each: contiguous row ranges instead,
+    said in the log, and the loader serves exactly those rows."""
+    from shardload.loader.select import select_rows
+
+    with caplog.at_level("WARNING", logger="shardload.pipeline"):
+        s = shardload.prepare(cfg(small_nc, tmp_path / "s", chunk_rows=25))
+    assert "contiguous row ranges" in caplog.text
+    m = s.manifest
+    assert m.split_rows == {"train": (0, 40), "val": (40, 45), "test": (45, 50)}
+    assert m.splits == {"train": (0, 1), "val": (1,), "test": (1,)}
+    want = expected_flat(xr.open_dataset(small_nc))["x"]
+    seen = []
+    for name, (a, b) in m.split_rows.items():
+        rows = select_rows(s, split=name).global_rows()
+        np.testing.assert_array_equal(rows, np.arange(a, b))
+        assert m.split_num_rows(name) == b - a
+        seen.extend(rows.tolist())
+    assert sorted(seen) == list(range(50))  # a partition: no row in two splits
+    batch = next(iter(shardload.iter_batches(s, batch_size=5, split="val", shuffle=False)))
+    np.testing.assert_array_equal(batch["x"], want[40:45])
+    reopened = shardload.open_store(tmp_path / "s")  # survives the JSON round trip
+    assert reopened.manifest.split_rows == m.split_rows
+
+
+def test_window_splits_are_time_ranges_that_never_share_a_time_step(tmp_path):
+    from shardload.loader.select import select_rows
+
+    T, lookback, stride, horizon = 40, 4, 2, 1
+    rng = np.random.default_rng(2)
+    ds = xr.Dataset({"t": (("time", "lat"), rng.normal(size=(T, 3)).astype("f4"))})
+    ds.to_netcdf(tmp_path / "w.nc")
+    view = {"name": "window", "time_dim": "time", "lookback": lookback, "stride": stride,
+            "horizon": horizon, "targets": {"y": ["t"]}}  # fmt: skip
+    s = shardload.prepare(
+        cfg(tmp_path / "w.nc", tmp_path / "s", sample_dims=["lat"], view=view,
+            arrays={"x": ["t"]}, chunk_rows=4, split_seed=5)
+    )  # fmt: skip
+    S = 3
+    times = {}
+    for name in ("train", "val", "test"):
+        rows = select_rows(s, split=name).global_rows()
+        assert len(rows) and len(rows) % S == 0  # whole windows (all space points together)
+        w = np.unique(rows // S)
+        times[name] = {t for k in w for t in range(k * stride, k * stride + lookback + horizon)}
+    assert max(times["train"]) < min(times["val"]) and max(times["val"]) < min(times["test"])
+    assert not (times["train"] & times["val"]) and not (times["val"] & times["test"])
+    # the gap is the smallest that works: one window less and they would share a step
+    (_, a_end), (b_start, _) = s.manifest.split_rows["train"], s.manifest.split_rows["val"]
+    assert (b_start // S - (a_end // S - 1)) * stride == -(-(lookback + horizon) // stride) * stride
+
+
+def test_window_store_too_small_for_time_splits_fails_before_writing(tmp_path):
+    ds = xr.Dataset({"t": (("time", "lat"), np.zeros((5, 2), "f4"))})  # 4 windows
+    ds.to_netcdf(tmp_path / "w.nc")
+    view = {"name": "window", "time_dim": "time", "lookback": 2}
+    with pytest.raises(ConfigError, match=r"splits: \[.*'test'\] would be empty.*gap"):
+        shardload.prepare(cfg(tmp_path / "w.nc", tmp_path / "s", sample_dims=["lat"],
+                              view=view, arrays={"x": ["t"]}))  # fmt: skip
+    assert not (tmp_path / "s.partial").exists() and not (tmp_path / "s").exists()
+
+
+def test_disk_full_during_the_hdf5_merge_then_resume(tmp_path, small_nc, monkeypatch):
+    """ENOSPC while data.h5 is built from the staged blocks: a clear error, the blocks stay
+    recorded, and the re-run rebuilds data.h5 from scratch without re-reading the source."""
+    import errno
+
+    from shardload.formats import hdf5
+
+    real = hdf5.Hdf5Format.write_block
+    seen = {"n": 0}
+
+    def full_at_third(self, *a, **k):
+        seen["n"] += 1
+        if seen["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a, **k)
+
+    c = cfg(small_nc, tmp_path / "s", format="hdf5", compression="none")
+    monkeypatch.setattr(hdf5.Hdf5Format, "write_block", full_at_third)
+    with pytest.raises(DiskFullError, match=rf"disk holding {tmp_path / 's'} is full"):
+        shardload.prepare(c)
+    progress = tmp_path / "s.partial" / "_progress"
+    assert len(list(progress.glob("block-*.npz"))) == 8  # every block recorded and staged
+    assert len(list((tmp_path / "s.partial" / "_staged").glob("*.npy"))) == 16
+    monkeypatch.setattr(hdf5.Hdf5Format, "write_block", real)
+    from shardload import pipeline
+
+    monkeypatch.setattr(pipeline, "run_block", lambda *a: pytest.fail("a block was rewritten"))
+    s = shardload.prepare(c)
+    want = expected_flat(xr.open_dataset(small_nc))
+    for name in ("x", "y"):
+        np.testing.assert_array_equal(s.read(name), want[name])
+
+
+def test_check_plan_shows_the_splits_prepare_will_write(tmp_path, small_nc):
+    from shardload.cli_prepare import check_plan
+    from shardload.config import load_config
+
+    p = check_plan(load_config(cfg(small_nc, tmp_path / "s", chunk_rows=25)))
+    assert p["splits"] == {
+        "train": {"chunks": 2, "rows": 40},  # rows 0:40 touch chunks 0 and 1
+        "val": {"chunks": 1, "rows": 5},
+        "test": {"chunks": 1, "rows": 5},
+    }
+    assert not (tmp_path / "s.partial").exists()

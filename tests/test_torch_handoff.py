@@ -97,12 +97,17 @@ def test_break_mid_epoch_then_iterate_again(store):
         for i, _b in enumerate(loader):
             if i == 5:
                 break
+    ds.set_epoch(0)  # else each pass is the next epoch
     assert indices(loader) == full
     plain = DataLoader(ds, batch_size=None, num_workers=2)  # fresh workers, same ring
     for i, _b in enumerate(plain):
         if i == 3:
             break
+    ds.set_epoch(0)
     assert indices(plain) == full
+    # batches gathered ahead and dropped as the workers stop are freed, not taken for worker
+    # code that dropped them (no "new dict" warning)
+    assert ds._ring.orphaned == 0
 
 
 class _Doubler(IterableDataset):
@@ -126,6 +131,32 @@ def test_batches_changed_in_the_worker_arrive_changed(store):
         np.testing.assert_array_equal(b["extra"].numpy(), b["index"].numpy() + 1)
 
 
+class _NewDict(IterableDataset):
+    """Builds a new dict from each batch in the worker (the ring batch itself is dropped)."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __iter__(self):
+        for b in self.ds:
+            yield {**b, "extra": b["index"] + 1}
+
+
+def test_new_dicts_built_in_the_worker_leak_no_ring_slot(store):
+    """Three epochs of workers yielding {**b, ...}: every batch right, and after each epoch
+    every slot free again (they were all held before: the loader fell back to the slow path)."""
+    ds = StreamingDataset(store, batch_size=8, seed=1, ring_slots=8)
+    loader = DataLoader(_NewDict(ds), batch_size=None, num_workers=2, persistent_workers=True)
+    for _ in range(3):
+        for b in loader:
+            check_values(store, {k: v.numpy() for k, v in b.items() if k != "extra"})
+            np.testing.assert_array_equal(b["extra"].numpy(), b["index"].numpy() + 1)
+        del b
+        gc.collect()
+        assert not ds._ring._flags.any()
+    assert ds._ring.orphaned >= 3 * 8  # the cause, counted (each worker also warned once)
+
+
 def test_num_workers_0_uses_no_ring(store):
     ds = StreamingDataset(store, batch_size=8, seed=1)
     b = next(iter(DataLoader(ds, batch_size=None, num_workers=0)))
@@ -141,6 +172,7 @@ def test_ring_slots_and_fallback():
     assert ring.allocate(5) is None  # larger than a slot
     a["x"][:] = 7
     slot = ring.slot_of(a)
+    ring.sent(slot)
     out = ring.lease(slot, 4)  # the consumer's arrays, in place
     assert (out["x"] == 7).all() and out["x"].shape == (4, 3) and out["index"].shape == (4,)
     view = out["x"][1:]
@@ -152,20 +184,99 @@ def test_ring_slots_and_fallback():
     gc.collect()
     c = ring.allocate(4)  # the freed slot
     assert c is not None and ring.slot_of(c) == slot
+    ring.free(slot)
     ring.release_unsent()
-    assert ring.allocate(3) is not None
+    d = ring.allocate(3)
+    assert d is not None
+    ring.release_unsent()
+    assert ring.orphaned == 0
+
+
+def _sent(ring, part=(0, 1), rows=4):
+    """A worker's side: allocate a batch, hand it out; its slot."""
+    out = ring.allocate(rows, part=part)
+    if out is None:
+        return None
+    slot = ring.slot_of(out)
+    ring.sent(slot)
+    return slot
 
 
 def test_each_worker_claims_its_own_part_of_the_ring():
     """A worker claims slots of its own part of the ring first (it page-faults in only those),
     and borrows another part's free slots only when its own are all taken."""
     ring = BatchRing({"x": ((3,), np.dtype("f4")), "index": ((), np.dtype("i8"))}, 4, slots=6)
-    w1 = [ring.slot_of(ring.allocate(4, part=(1, 2))) for _ in range(3)]
+    w1 = [_sent(ring, (1, 2)) for _ in range(3)]
     assert w1 == [3, 4, 5]
-    w0 = [ring.slot_of(ring.allocate(4, part=(0, 2))) for _ in range(2)]
+    w0 = [_sent(ring, (0, 2)) for _ in range(2)]
     assert w0 == [0, 1]
-    assert ring.slot_of(ring.allocate(4, part=(1, 2))) == 2  # part 1 full: borrows part 0's
+    assert _sent(ring, (1, 2)) == 2  # part 1 full: borrows part 0's
     assert ring.allocate(4, part=(0, 2)) is None  # all taken
+
+
+def test_a_batch_dropped_unsent_frees_its_slot_and_warns(monkeypatch):
+    """Worker code that builds a new dict from a ring batch drops the batch itself unsent: its
+    slot is freed once every view of it is garbage (the copy made), with a warning naming why."""
+    import shardload.loader.ring as ring_mod
+
+    monkeypatch.setattr(ring_mod, "_WARNED", [False])
+    ring = BatchRing({"x": ((3,), np.dtype("f4")), "index": ((), np.dtype("i8"))}, 4, slots=2)
+    batch = ring.allocate(4)
+    slot = ring.slot_of(batch)
+    copy = {**batch, "extra": batch["index"] + 1}
+    del batch
+    assert ring._flags[slot] != 0  # the new dict's arrays still view the slot: held
+    with pytest.warns(RuntimeWarning, match=r"new dict.*\{\*\*batch"):
+        del copy
+        gc.collect()
+    assert ring._flags[slot] == 0 and ring.orphaned == 1
+
+
+def _mapping_rss(mm):
+    """Resident bytes of the mapping of ``mm`` in this process (/proc/self/smaps)."""
+    lo = np.frombuffer(mm, np.uint8).ctypes.data
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= lo < end
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("mapping not found")
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_REMOVE"), reason="no MADV_REMOVE")
+def test_idle_ring_pages_go_back_to_the_kernel():
+    """After a spike (the loop held 40 batches), slots left unused for two sweeps give their
+    pages back: resident memory follows the slots in use, not the high-water mark."""
+    ring = BatchRing({"x": ((16384,), np.dtype("f4"))}, 4, slots=40)  # 256 KiB slots
+    ring.sweep_every = 0  # sweep by hand
+
+    def cycle(n):
+        held = []
+        for _ in range(n):
+            slot = _sent(ring)
+            lease = ring.lease(slot, 4)
+            lease["x"][:] = 1  # the consumer touches its pages too
+            held.append(lease)
+        return held
+
+    spike = cycle(40)
+    high = _mapping_rss(ring._mm)
+    assert high >= 40 * ring.slot_bytes and ring.resident_slots == 40
+    del spike
+    gc.collect()
+    for _ in range(3):
+        steady = cycle(4)
+        ring.sweep()
+        del steady
+        gc.collect()
+    assert ring.resident_slots == 4
+    assert _mapping_rss(ring._mm) <= high - 30 * ring.slot_bytes
+    again = cycle(40)  # given-back slots work again (fresh pages)
+    assert all((b["x"] == 1).all() for b in again)
 
 
 def test_pieces_through_dataloader_workers(store):
@@ -240,12 +351,14 @@ def test_bundles_break_resume_and_free_every_ring_slot(store):
     loader = StreamingDataLoader(ds, num_workers=2, bundle=5, persistent_workers=True)
     full = _plain(store, 2, batch_size=4, seed=5)
     for _ in range(2):
+        ds.set_epoch(0)
         it = iter(loader)
         head = [next(it)["index"].tolist() for _ in range(7)]
         state = loader.state_dict()
         del it
         gc.collect()
     assert head == full[:7] and state["dataset"]["batches_consumed"] == 7
+    ds.set_epoch(0)
     assert indices(loader) == full
     gc.collect()
     assert not ds._ring._flags.any()  # every slot free: none leaked by a discarded bundle

@@ -4,6 +4,7 @@ Public API::
 
     shardload.prepare(config)            # raw files -> sharded store (see docs/config.md)
     shardload.prepare(config, dataset=ds)  # ... or a lazy xarray.Dataset you already hold
+    shardload.compute(config)            # attributes block by block (see docs/compute.md)
     shardload.open_store(path_or_url)    # a store handle: len(store), store.read(name, a, b)
     store.to_xarray()                    # the store as a lazy xarray.Dataset
     shardload.iter_batches(store, ...)   # numpy batches for any framework
@@ -16,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "iter_batches", "open_store", "prepare"]
+__all__ = ["__version__", "compute", "iter_batches", "open_store", "prepare"]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .blockwise import compute
     from .loader.batches import iter_batches
     from .pipeline import prepare
     from .store import open_store
@@ -35,6 +37,10 @@ def __getattr__(name: str) -> Any:
         from .pipeline import prepare
 
         return prepare
+    if name == "compute":
+        from .blockwise import compute
+
+        return compute
     if name == "iter_batches":
         from .loader.batches import iter_batches
 

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "shardload.cli_demo",
     "shardload.cli_move",
     "shardload.cli_verify",
+    "shardload.blockwise.cli",
     "shardload.train.cli_train",
 )
 

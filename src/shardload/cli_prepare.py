@@ -96,8 +96,8 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     from pathlib import Path
 
     from .errors import ShardloadError
-    from .pipeline import build
-    from .plan.chunks import plan_blocks, plan_chunk_bounds, plan_chunk_rows, plan_splits
+    from .pipeline import build, plan_splits_for
+    from .plan.chunks import plan_blocks, plan_chunk_bounds, plan_chunk_rows
 
     view = build(cfg)
     specs = dict(view.specs)
@@ -110,9 +110,7 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     )
     bounds = plan_chunk_bounds(length, chunk_rows)
     blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
-    splits = plan_splits(
-        len(bounds) - 1, cfg.splits, seed=cfg.split_seed, shuffle=cfg.split_shuffle
-    )
+    splits, split_rows = plan_splits_for(cfg, view, bounds)  # exactly as prepare plans them
     out = Path(cfg.out)
     partial = out.with_name(out.name + ".partial")
     return {
@@ -137,7 +135,12 @@ def check_plan(cfg: Any) -> dict[str, Any]:
         "compression_level": cfg.compression_level,
         "shard_chunks": cfg.shard_chunks,
         "splits": {
-            k: {"chunks": len(v), "rows": int(sum(bounds[i + 1] - bounds[i] for i in v))}
+            k: {
+                "chunks": len(v),
+                "rows": split_rows[k][1] - split_rows[k][0]
+                if k in split_rows
+                else int(sum(bounds[i + 1] - bounds[i] for i in v)),
+            }
             for k, v in splits.items()
         },
         "execution": cfg.execution.scheduler,
@@ -209,7 +212,7 @@ def summary(store: Any) -> dict[str, Any]:
         "splits": {
             k: {
                 "chunks": len(v),
-                "rows": int(sum(m.chunk_bounds[i + 1] - m.chunk_bounds[i] for i in v)),
+                "rows": m.split_num_rows(k),
             }
             for k, v in m.splits.items()
         },

@@ -27,6 +27,14 @@ class StoreExistsError(StoreError, FileExistsError):
     """The output exists and ``overwrite`` was not asked for."""
 
 
+class StoreLockedError(StoreError):
+    """Another run is writing the same output (the message names the holder)."""
+
+
+class DiskFullError(StoreError):
+    """The disk filled up while writing a store (the message names the output and the bytes)."""
+
+
 class IncompleteStoreError(StoreError):
     """The store was not finished (a prepare crashed or is still running)."""
 

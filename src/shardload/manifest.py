@@ -131,6 +131,9 @@ class Manifest:
     complete: bool = False
     version: int = MANIFEST_VERSION
     shardload_version: str = ""
+    #: Splits that are a row range ``(start, stop)`` rather than whole chunks (time-series
+    #: windows, or too few chunks); ``splits`` then lists the chunks the range touches.
+    split_rows: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     #: array name -> its feature file (relative to the store root), for stores read from disk
     feature_files: Mapping[str, str] = field(default_factory=dict, compare=False)
     #: The per-chunk checksum algorithm of the store's ``checksums.npz`` sidecar ("": none;
@@ -154,6 +157,15 @@ class Manifest:
                 f"split {split!r} does not exist in this store; it has {sorted(self.splits)}"
             )
         return self.splits[split]
+
+    def split_num_rows(self, split: str) -> int:
+        """Rows of a split (its row range, or the sum of its chunks)."""
+        if split in self.split_rows:
+            a, b = self.split_rows[split]
+            return b - a
+        return int(
+            sum(self.chunk_bounds[i + 1] - self.chunk_bounds[i] for i in self.split_chunks(split))
+        )
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -253,6 +265,7 @@ class Manifest:
                 complete=bool(d.get("complete", False)),
                 version=version,
                 shardload_version=str(d.get("shardload_version", "")),
+                split_rows={k: (int(v[0]), int(v[1])) for k, v in d.get("split_rows", {}).items()},
                 feature_files=files,
                 checksums=str(d.get("checksums", "")),
             )

@@ -4,17 +4,14 @@ source -> view -> plan -> format. See docs/design.md ("Writing a store").
 
 from __future__ import annotations
 
-import contextlib
-import errno
+import dataclasses
 import hashlib
-import io
 import json
 import logging
 import os
-import shutil
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,35 +21,53 @@ import numpy as np
 
 from . import __version__
 from .checksum import ALGORITHM, CHECKSUMS_NAME, encode_checksums
+from .commit import THROTTLE_ENV, BlockCommit, disk_full_error, is_disk_full, write_block_durably
+from .commit import fsync_tree as fsync_tree  # re-exported (benchmarks)
 from .config import PrepareConfig, load_config
-from .errors import ConfigError, NaNError, ShardloadError, StoreError, StoreExistsError
-from .executor import open_executor, resolve_scheduler
+from .errors import ConfigError, DiskFullError, NaNError, ShardloadError, StoreError
+from .executor import open_executor
 from .formats.base import FormatOptions, get_format
-from .manifest import MANIFEST_NAME, ArrayInfo, Manifest
-from .plan.chunks import plan_blocks, plan_chunk_bounds, plan_chunk_rows, plan_splits
+from .manifest import ArrayInfo, Manifest
+from .plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
 from .stats import Partial, finalize, merge_all, partial
-from .store import PARTIAL_SUFFIX, Store, open_store
+from .store import Store, open_store
 from .views.base import ArraySpec, View
 
 log = logging.getLogger(__name__)
 
-PROGRESS_DIR = "_progress"
-JOB_FILE = "job.json"
-#: Testing aid: seconds to sleep in every write task (simulates slow storage for crash tests).
-THROTTLE_ENV = "SHARDLOAD_THROTTLE_S"
+STAT_FIELDS = ("count", "mean", "m2", "min", "max", "nan_count")
 
 
 @dataclass(frozen=True)
 class PrepareJob:
-    """Everything a write task needs, and small enough to ship to any worker."""
+    """Everything a write task needs, and small enough to ship to any worker: its size does
+    not grow with the number of chunks (boundaries are computed, not listed)."""
 
     config: PrepareConfig
     partial_dir: str
-    bounds: tuple[int, ...]  # chunk boundaries
-    blocks: tuple[int, ...]  # write-block boundaries (chunks or shards)
+    length: int
+    chunk_rows: int
+    chunks_per_block: int  # write block = this many chunks (a Zarr shard; 1 otherwise)
     specs: Mapping[str, ArraySpec]
     fingerprint: str
     dataset: Any = None  # prepare(config, dataset=ds): the caller's lazy xarray.Dataset
+
+    @property
+    def bounds(self) -> RegularBounds:
+        return RegularBounds(self.length, self.chunk_rows)
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.length // (self.chunk_rows * self.chunks_per_block))
+
+    def block(self, i: int) -> tuple[int, int, int]:
+        """``(first chunk, first row, stop row)`` of write block ``i``, in O(1)
+        (:func:`~shardload.plan.chunks.block_span` on regular boundaries)."""
+        chunk = i * self.chunks_per_block
+        if not 0 <= i < self.num_blocks:
+            raise IndexError(f"write block {i} out of range ({self.num_blocks} blocks)")
+        rows = self.chunk_rows * self.chunks_per_block
+        return chunk, i * rows, min((i + 1) * rows, self.length)
 
 
 # -- per-process cache: a worker opens the source and builds the view once ----------------------
@@ -86,22 +101,22 @@ def build(cfg: PrepareConfig, chunk_rows: int | None = None, dataset: Any = None
 def _view(job: PrepareJob) -> View:
     if job.fingerprint not in _VIEWS:
         _VIEWS.clear()
-        _VIEWS[job.fingerprint] = build(
-            job.config, job.bounds[1] - job.bounds[0] if len(job.bounds) > 1 else None, job.dataset
-        )
+        _VIEWS[job.fingerprint] = build(job.config, job.chunk_rows, job.dataset)
     return _VIEWS[job.fingerprint]
 
 
-def run_block(job: PrepareJob, block: int, write: bool) -> dict[str, Any]:
-    """Read rows of one block from the source, compute stats, write it (or return the data)."""
-    a, b = job.blocks[block], job.blocks[block + 1]
-    chunk = job.bounds.index(a)
-    if os.environ.get(THROTTLE_ENV):
-        time.sleep(float(os.environ[THROTTLE_ENV]))
+def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
+    """Read the rows of one block from the source, compute their stats, write them durably.
+
+    Returns ``{"block": i, "record": fields}``: the named arrays of the block's progress record
+    (``NAME/count``, ``NAME/mean``, ...), written by the driver once this returns.
+    """
+    chunk, a, b = job.block(block)
+    throttle_s = float(os.environ.get(THROTTLE_ENV) or 0)
+    time.sleep(throttle_s / 2)
     data = _view(job).read(a, b)
     fmt = get_format(job.config.format)
-    stats: dict[str, Any] = {}
-    sums: dict[str, dict[int, int]] = {}  # checksums of the units written, per array
+    record: dict[str, np.ndarray] = {}
     for name, spec in job.specs.items():
         arr = data[name]
         want = (b - a, *spec.shape[1:])
@@ -110,36 +125,56 @@ def run_block(job: PrepareJob, block: int, write: bool) -> dict[str, Any]:
                 f"view returned shape {arr.shape} for array {name!r} rows {a}:{b}, expected {want}"
             )
         arr = np.ascontiguousarray(arr, dtype=spec.dtype)
-        data[name] = arr
         p = partial(arr)
         if job.config.nan == "fail" and p.nan_count.any():
             feat = int(np.argmax(p.nan_count > 0))
-            label = (
-                spec.features[feat]
-                if spec.features and feat < len(spec.features)
-                else f"feature {feat}"
-            )
+            names = _view(job).specs[name].features
+            label = names[feat] if names and feat < len(names) else f"feature {feat}"
             raise NaNError(
                 f"NaN values in array {name!r} ({label}) in chunk {chunk} (rows {a}:{b}): "
                 f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
             )
-        stats[name] = p
-        if write:
-            try:
-                sums[name] = fmt.write_block(
-                    Path(job.partial_dir), name, chunk, a, arr, bounds=job.bounds
-                )
-            except OSError as exc:
-                raise _write_error(exc, name, chunk, a, b, job.partial_dir) from exc
-    return {"block": block, "stats": stats, "data": None if write else data, "checksums": sums}
+        record.update({f"{name}/{k}": getattr(p, k) for k in STAT_FIELDS})
+        if len(record) > len(STAT_FIELDS):  # between two arrays' writes
+            time.sleep(throttle_s / 2)
+        try:
+            sums = write_block_durably(
+                fmt, job.partial_dir, block, name, chunk, a, arr, bounds=job.bounds
+            )
+        except OSError as exc:
+            where = f"chunk {chunk} (rows {a}:{b}) of array {name!r}"
+            if is_disk_full(exc):
+                raise DiskFullError(f"writing {where} to {job.partial_dir}: {exc}") from exc
+            raise StoreError(
+                f"writing {where} to {job.partial_dir} failed: {exc}. "
+                "The store stays incomplete; re-run to resume."
+            ) from exc
+        if sums is None:  # a staged block (HDF5): its checksums are over the rows themselves
+            sums = fmt.row_checksums(chunk, arr, bounds=job.bounds)  # type: ignore[attr-defined]
+        record[f"{CHECKSUM_KEY}{name}"] = np.array([list(sums), list(sums.values())], np.uint64)
+    return {"block": block, "record": record}
 
 
-def _write_error(exc: OSError, name: str, chunk: int, a: int, b: int, where: str) -> StoreError:
-    why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else str(exc)
-    return StoreError(
-        f"writing chunk {chunk} (rows {a}:{b}) of array {name!r} to {where} failed: {why}. "
-        "The store stays incomplete; free space and re-run to resume."
-    )
+#: Progress-record field of an array's checksums: ``[[unit, ...], [digest, ...]]``.
+CHECKSUM_KEY = "checksum:"
+
+
+def _merge_checksums(records: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, Any]:
+    """Every array's checksums by unit, from the blocks' records; {} when a record has none
+    (written by a version without checksums: the store then has none)."""
+    units: dict[str, dict[int, int]] = {n: {} for n in names}
+    for r in records:
+        for n in names:
+            if f"{CHECKSUM_KEY}{n}" not in r:
+                return {}
+            k, v = r[f"{CHECKSUM_KEY}{n}"]
+            units[n].update(zip(k.tolist(), v.tolist(), strict=True))
+    out = {}
+    for n, d in units.items():
+        if sorted(d) != list(range(len(d))):
+            raise StoreError(f"checksums of array {n!r} do not cover its chunks: {sorted(d)[:10]}")
+        out[n] = np.array([d[k] for k in range(len(d))], dtype=np.uint64)
+    return out
 
 
 # -- driver -------------------------------------------------------------------------------------
@@ -156,18 +191,15 @@ def prepare(
     ``source`` (which the config then leaves out); its dask chunks are read as they are.
 
     Returns the opened, complete store. Raises :class:`StoreExistsError` when ``out`` exists and
-    ``overwrite`` is false. An interrupted run leaves ``OUT.partial``; running again with the same
-    config (and the same dataset, by dask's token) resumes it.
+    ``overwrite`` is false, :class:`StoreLockedError` when another run is writing ``out``,
+    :class:`DiskFullError` when the disk fills up. An interrupted run leaves ``OUT.partial``;
+    running again with the same config (and the same dataset, by dask's token) resumes it
+    (splits may differ: they are not written into the arrays).
     """
     if dataset is not None:
         config = _with_dataset_source(config, dataset)
     cfg = config if isinstance(config, PrepareConfig) else load_config(config, overrides)
     out = Path(cfg.out)
-    partial_dir = out.with_name(out.name + PARTIAL_SUFFIX)
-    if out.exists() and not cfg.overwrite:
-        raise StoreExistsError(
-            f"output {out} exists; pass --overwrite (overwrite: true) to replace it"
-        )
     t0 = time.perf_counter()
     view = build(cfg, dataset=dataset)
     specs = dict(view.specs)
@@ -178,10 +210,25 @@ def prepare(
     chunk_rows = cfg.chunk_rows or plan_chunk_rows(
         row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
     )
-    bounds = plan_chunk_bounds(length, chunk_rows)
-    blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
+    bounds = RegularBounds(length, chunk_rows)
+    splits, split_rows = plan_splits_for(cfg, view, bounds)  # before any file is written
     fingerprint = _fingerprint(cfg, specs, bounds, dataset)
-    job = PrepareJob(cfg, str(partial_dir), bounds, blocks, specs, fingerprint, dataset)
+    fmt = get_format(cfg.format)
+    options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
+    commit = BlockCommit(
+        out,
+        fingerprint=fingerprint,
+        num_blocks=-(-bounds.num_chunks // (cfg.shard_chunks or 1)),
+        overwrite=cfg.overwrite,
+        describe={"config": cfg.to_dict()},
+    )
+    # feature names stay out of the task (millions of names for wide arrays, shipped per task);
+    # a worker reads them from its own view when an error needs one
+    slim = {n: dataclasses.replace(s, features=None) for n, s in specs.items()}
+    job = PrepareJob(
+        cfg, str(commit.root), length, chunk_rows, cfg.shard_chunks or 1, slim, fingerprint,
+        dataset,
+    )  # fmt: skip
     _VIEWS.clear()
     if (
         dataset is None
@@ -193,81 +240,80 @@ def prepare(
         _VIEWS[fingerprint] = build(cfg, chunk_rows)
     else:
         _VIEWS[fingerprint] = view
-    fmt = get_format(cfg.format)
-    options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
-    num_blocks = len(blocks) - 1
+    num_blocks = job.num_blocks
     log.info(
         "preparing %s: %d samples, %d array(s), %d chunk(s) of %d rows (%.1f MiB/chunk), format=%s compression=%s",
-        out, length, len(specs), len(bounds) - 1, chunk_rows, chunk_rows * row_bytes / 2**20, cfg.format, cfg.compression,
+        out, length, len(specs), bounds.num_chunks, chunk_rows, chunk_rows * row_bytes / 2**20, cfg.format, cfg.compression,
     )  # fmt: skip
 
-    done = _start_or_resume(partial_dir, job, fmt, options)
-    progress_dir = partial_dir / PROGRESS_DIR
-    todo = [i for i in range(num_blocks) if i not in done]
-    if done:
-        log.info(
-            "resuming %s: %d of %d block(s) already written", partial_dir, len(done), num_blocks
-        )
-    scheduler = resolve_scheduler(cfg.execution)
-    write_in_task = fmt.parallel_write or scheduler in ("threads", "sync")
-    _run(job, todo, num_blocks, len(done), write_in_task, progress_dir, progress)
-    fmt.finish(partial_dir)
+    def create(root: Path) -> None:
+        fmt.create(root, specs, bounds, options)
 
-    partials = _load_partials(progress_dir, num_blocks, list(specs))
-    sums = _load_checksums(progress_dir, num_blocks, list(specs))
-    stats = {}
-    for name in specs:
-        merged = merge_all(partials[name])
-        assert merged is not None
-        stats[name] = finalize(merged)
-        nans = int(sum(stats[name].nan_count))
-        if nans and cfg.nan == "warn":
-            log.warning(
-                "array %r has %d NaN value(s) (counts per feature in the manifest stats)",
-                name,
-                nans,
+    def needed_bytes(done: frozenset[int]) -> int:
+        """Uncompressed bytes of the blocks not recorded (staging formats: plus the final file)."""
+        left = sum(b - a for i in range(num_blocks) if i not in done for _, a, b in [job.block(i)])
+        return (left + (0 if fmt.parallel_write else length)) * row_bytes
+
+    with commit:
+        try:
+            done = commit.start(create)
+            if done:
+                log.info(
+                    "resuming %s: %d of %d block(s) already written",
+                    commit.root, len(done), num_blocks,
+                )  # fmt: skip
+            _run(job, commit, commit.todo(), len(done), progress)
+            records = [commit.read_record(i) for i in range(num_blocks)]
+            staged = ((i, *job.block(i)[:2]) for i in range(num_blocks))
+            commit.finish_format(fmt, create, staged, list(specs), bounds=bounds)
+            stats = _merge_stats(records, specs, cfg.nan == "warn")
+            sums = _merge_checksums(records, list(specs))
+            manifest = Manifest(
+                format=cfg.format,
+                length=length,
+                chunk_bounds=tuple(bounds),
+                arrays={
+                    n: ArrayInfo(
+                        n,
+                        tuple(s.shape),
+                        np.dtype(s.dtype).name,
+                        chunk_rows,
+                        path=n if cfg.format != "hdf5" else f"data.h5/{n}",
+                        features=s.features,
+                        attrs=dict(s.attrs),
+                    )
+                    for n, s in specs.items()
+                },
+                splits=splits,
+                split_rows=split_rows,
+                stats=stats,
+                static=dict(view.static),
+                options={
+                    **options.to_dict(),
+                    "view": cfg.view,
+                    "sample_dims": list(cfg.sample_dims),
+                    "blocks": [job.block(i)[1] for i in range(num_blocks)] + [length],
+                },
+                provenance=_provenance(cfg, dataset),
+                complete=True,
+                shardload_version=__version__,
+                checksums=ALGORITHM if sums else "",
             )
-    manifest = Manifest(
-        format=cfg.format,
-        length=length,
-        chunk_bounds=bounds,
-        arrays={
-            n: ArrayInfo(
-                n,
-                tuple(s.shape),
-                np.dtype(s.dtype).name,
-                chunk_rows,
-                path=n if cfg.format != "hdf5" else f"data.h5/{n}",
-                features=s.features,
-                attrs=dict(s.attrs),
-            )
-            for n, s in specs.items()
-        },
-        splits=plan_splits(
-            len(bounds) - 1, cfg.splits, seed=cfg.split_seed, shuffle=cfg.split_shuffle
-        ),
-        stats=stats,
-        static=dict(view.static),
-        options={
-            **options.to_dict(),
-            "view": cfg.view,
-            "sample_dims": list(cfg.sample_dims),
-            "blocks": list(blocks),
-        },
-        provenance=_provenance(cfg, dataset),
-        complete=True,
-        shardload_version=__version__,
-        checksums=ALGORITHM if sums else "",
-    )
-    if sums:
-        _write_atomic(partial_dir / CHECKSUMS_NAME, encode_checksums(sums))
-    fsync_tree(partial_dir)  # every array file on disk before the manifest says complete
-    for rel, data in manifest.to_files().items():  # feature files first, the manifest last
-        (partial_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(partial_dir / rel, data)
-        _fsync_dir((partial_dir / rel).parent)
-    shutil.rmtree(progress_dir, ignore_errors=True)
-    _publish(partial_dir, out)
+            files = manifest.to_files()
+            if sums:  # before the manifest, which publish writes last
+                files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
+            commit.publish(files)  # feature files first, the manifest last
+        except DiskFullError as exc:
+            raise disk_full_error(out, needed_bytes(commit.recorded()), str(exc)) from exc
+        except ShardloadError:
+            raise
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(out, needed_bytes(commit.recorded()), str(exc)) from exc
+            raise StoreError(
+                f"writing {out} failed: {exc}; the store stays incomplete in {commit.root}, "
+                "re-run to resume"
+            ) from exc
     dt = time.perf_counter() - t0
     total = length * row_bytes
     log.info(
@@ -283,18 +329,16 @@ def prepare(
 
 def _run(
     job: PrepareJob,
+    commit: BlockCommit,
     todo: list[int],
-    total: int,
     initial: int,
-    write_in_task: bool,
-    progress_dir: Path,
     progress: bool | None,
 ) -> None:
+    """Run the write tasks of ``todo`` in a bounded window; record each block as it finishes."""
     from tqdm.auto import tqdm
 
-    fmt = get_format(job.config.format)
     bar = tqdm(
-        total=total,
+        total=job.num_blocks,
         initial=initial,
         unit="chunk",
         desc="prepare",
@@ -310,28 +354,13 @@ def _run(
                     i = next(it, None)
                     if i is None:
                         break
-                    pending.add(ex.submit(run_block, job, i, write_in_task))
+                    pending.add(ex.submit(run_block, job, i))
                 if not pending:
                     break
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     res = fut.result()
-                    i = res["block"]
-                    if res["data"] is not None:
-                        a = job.blocks[i]
-                        chunk = job.bounds.index(a)
-                        for name, arr in res["data"].items():
-                            try:
-                                res["checksums"][name] = fmt.write_block(
-                                    Path(job.partial_dir), name, chunk, a, arr, bounds=job.bounds
-                                )
-                            except OSError as exc:
-                                raise _write_error(
-                                    exc, name, chunk, a, a + len(arr), job.partial_dir
-                                ) from exc
-                    _write_partials(
-                        progress_dir / f"block-{i:06d}.npz", res["stats"], res["checksums"]
-                    )
+                    commit.record(res["block"], res["record"])
                     bar.update(1)
         except BaseException:
             for f in pending:
@@ -341,130 +370,49 @@ def _run(
             bar.close()
 
 
-def _start_or_resume(
-    partial_dir: Path, job: PrepareJob, fmt: Any, options: FormatOptions
-) -> set[int]:
-    progress_dir = partial_dir / PROGRESS_DIR
-    job_file = progress_dir / JOB_FILE
-    if partial_dir.exists():
-        if (partial_dir / MANIFEST_NAME).exists() and not progress_dir.exists():
-            return set(range(len(job.blocks) - 1))  # finished but not yet renamed
+def plan_splits_for(
+    cfg: PrepareConfig, view: View, bounds: Sequence[int]
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, int]]]:
+    """Splits are labels over the written rows, planned from the config at each publish (not
+    part of the write fingerprint). Window views get contiguous time ranges with a gap so that
+    no two splits share a time step: window ``w`` spans times ``[w*stride, w*stride +
+    lookback + horizon)``, so consecutive splits keep ``ceil((lookback + horizon) / stride) - 1``
+    windows apart."""
+    group_rows, gap = None, 0
+    if cfg.view == "window":
+        span = int(view.lookback) + int(view.horizon)  # type: ignore[attr-defined]
+        stride = int(view.stride)  # type: ignore[attr-defined]
+        group_rows, gap = int(view.S), -(-span // stride) - 1  # type: ignore[attr-defined]
+    chunks, rows, why = plan_store_splits(
+        bounds, cfg.splits, seed=cfg.split_seed, shuffle=cfg.split_shuffle,
+        group_rows=group_rows, gap_groups=gap,
+    )  # fmt: skip
+    if why:
+        ranges = ", ".join(f"{k} rows {a}:{b}" for k, (a, b) in rows.items())
+        (log.info if cfg.view == "window" else log.warning)("splits: %s (%s)", why, ranges)
+    return chunks, rows
+
+
+def _merge_stats(
+    records: list[dict[str, np.ndarray]], specs: Mapping[str, ArraySpec], warn_nan: bool
+) -> dict[str, Any]:
+    stats = {}
+    for name in specs:
         try:
-            old = json.loads(job_file.read_text())["fingerprint"]
-        except (OSError, ValueError, KeyError):
-            old = None
-        if old == job.fingerprint:
-            return {int(p.stem.split("-")[1]) for p in progress_dir.glob("block-*.npz")}
-        log.warning("%s is from another config or source; restarting it", partial_dir)
-        shutil.rmtree(partial_dir)
-    try:
-        progress_dir.mkdir(parents=True)
-        fmt.create(partial_dir, job.specs, job.bounds, options)
-    except OSError as exc:
-        raise StoreError(f"cannot create {partial_dir}: {exc}") from exc
-    _write_atomic(
-        job_file,
-        json.dumps({"fingerprint": job.fingerprint, "config": job.config.to_dict()}).encode(),
-    )
-    return set()
-
-
-def _write_partials(
-    path: Path, stats: Mapping[str, Partial], sums: Mapping[str, Mapping[int, int]]
-) -> None:
-    """A block's progress record: its statistics partials (binary: a few KB per array) and
-    the checksums of the units it wrote (``checksum:NAME``: rows of unit, digest)."""
-    buf = io.BytesIO()
-    fields = ("count", "mean", "m2", "min", "max", "nan_count")
-    arrays = {f"{n}/{k}": getattr(p, k) for n, p in stats.items() for k in fields}
-    for n, d in sums.items():
-        arrays[f"{CHECKSUM_KEY}{n}"] = np.array([list(d), list(d.values())], dtype=np.uint64)
-    np.savez(buf, **arrays)
-    _write_atomic(path, buf.getvalue())
-
-
-CHECKSUM_KEY = "checksum:"
-
-
-def _load_checksums(progress_dir: Path, num_blocks: int, names: list[str]) -> dict[str, Any]:
-    """Every array's checksums by unit, from the blocks' records; {} when a record has none
-    (written by a version without checksums: the store then has none)."""
-    units: dict[str, dict[int, int]] = {n: {} for n in names}
-    for i in range(num_blocks):
-        with np.load(progress_dir / f"block-{i:06d}.npz") as z:
-            for n in names:
-                if f"{CHECKSUM_KEY}{n}" not in z:
-                    return {}
-                k, v = z[f"{CHECKSUM_KEY}{n}"]
-                units[n].update(zip(k.tolist(), v.tolist(), strict=True))
-    out = {}
-    for n, d in units.items():
-        if sorted(d) != list(range(len(d))):
-            raise StoreError(f"checksums of array {n!r} do not cover its chunks: {sorted(d)[:10]}")
-        out[n] = np.array([d[k] for k in range(len(d))], dtype=np.uint64)
-    return out
-
-
-def _load_partials(
-    progress_dir: Path, num_blocks: int, names: list[str]
-) -> dict[str, list[Partial]]:
-    out: dict[str, list[Partial]] = {n: [] for n in names}
-    for i in range(num_blocks):
-        path = progress_dir / f"block-{i:06d}.npz"
-        try:
-            with np.load(path) as z:
-                for n in names:
-                    out[n].append(
-                        Partial.from_dict(
-                            {k.split("/", 1)[1]: z[k] for k in z if k.startswith(n + "/")}
-                        )
-                    )
-        except (OSError, ValueError, KeyError) as exc:
-            raise StoreError(f"block {i} has no valid progress record ({path}): {exc}") from exc
-    return out
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _publish(partial_dir: Path, out: Path) -> None:
-    """Rename the finished folder into place; an old store (overwrite) is moved aside first."""
-    old = None
-    if out.exists():
-        old = out.with_name(f"{out.name}.old-{os.getpid()}-{int(time.time())}")
-        os.replace(out, old)
-    os.replace(partial_dir, out)
-    _fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def fsync_tree(root: Path) -> None:
-    """fsync every file and folder under ``root`` (files written durably already cost little)."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            _fsync(Path(folder) / name)
-        _fsync_dir(Path(folder))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """fsync a folder where the filesystem allows it (some refuse: ignored)."""
-    with contextlib.suppress(OSError):
-        _fsync(path)
+            parts = [Partial.from_dict({k: r[f"{name}/{k}"] for k in STAT_FIELDS}) for r in records]
+        except KeyError as exc:
+            raise StoreError(f"a progress record lacks the statistics of array {name!r}") from exc
+        merged = merge_all(parts)
+        assert merged is not None
+        stats[name] = finalize(merged)
+        nans = int(sum(stats[name].nan_count))
+        if nans and warn_nan:
+            log.warning(
+                "array %r has %d NaN value(s) (counts per feature in the manifest stats)",
+                name,
+                nans,
+            )
+    return stats
 
 
 #: the source of a config prepared with ``prepare(config, dataset=ds)``
@@ -490,13 +438,15 @@ def _with_dataset_source(config: Any, dataset: Any) -> Any:
 def _fingerprint(
     cfg: PrepareConfig,
     specs: Mapping[str, ArraySpec],
-    bounds: tuple[int, ...],
+    bounds: RegularBounds,
     dataset: Any = None,
 ) -> str:
+    """What the written arrays depend on: config (less what only runs or labels them: execution,
+    overwrite, splits), source files (size, mtime), array specs, chunking."""
     from .sources.open import expand_paths, is_url
 
     d = cfg.to_dict()
-    for k in ("execution", "overwrite", "base_dir"):
+    for k in ("execution", "overwrite", "base_dir", "splits", "split_seed", "split_shuffle"):
         d.pop(k, None)
     files: list[list[Any]] = []
     if dataset is not None:
@@ -516,7 +466,7 @@ def _fingerprint(
                 files.append([p])
     d["_files"] = files
     d["_specs"] = {k: [list(s.shape), np.dtype(s.dtype).name] for k, s in specs.items()}
-    d["_bounds"] = [len(bounds), bounds[1] if len(bounds) > 1 else 0]
+    d["_bounds"] = [bounds.length, bounds.chunk_rows]
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 

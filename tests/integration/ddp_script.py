@@ -1,18 +1,47 @@
 """Run under torchrun: each rank streams a split and writes the indices of its batches.
 
 usage: ddp_script.py STORE OUT_DIR MODE [--stop-after K] [--resume STATE_JSON]
+       ddp_script.py STORE OUT_DIR MODE --contexts
+
+``--contexts``: the dataset is built before ``init_process_group``; plain DataLoaders with 2
+workers started by forkserver (before the process group exists: torchrun's RANK/WORLD_SIZE),
+then by fork (two passes) and spawn (after it); each pass's rows and ``len(ds)``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 from pathlib import Path
 
 import torch.distributed as dist
+from torch.utils.data import DataLoader
 
 from shardload.torch import StreamingDataLoader, StreamingDataset
+
+
+def contexts(args: argparse.Namespace) -> None:
+    # the forkserver imports these once; its workers fork from it (else each imports torch)
+    multiprocessing.set_forkserver_preload(["torch", "shardload.torch"])
+    ds = StreamingDataset(args.store, batch_size=16, split="train", mode=args.mode, seed=7)
+    runs = []
+
+    def run(name: str, context: str) -> None:
+        loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+        batches = [b["index"].tolist() for b in loader]
+        runs.append({"name": name, "len": len(ds), "batches": batches})
+
+    run("forkserver-env", "forkserver")
+    dist.init_process_group("gloo")
+    run("fork", "fork")
+    run("fork-again", "fork")
+    run("spawn", "spawn")
+    rank = dist.get_rank()
+    Path(args.out, f"rank{rank}.json").write_text(json.dumps({"runs": runs}))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def main() -> None:
@@ -22,7 +51,10 @@ def main() -> None:
     p.add_argument("mode")
     p.add_argument("--stop-after", type=int, default=None)
     p.add_argument("--resume", default=None)
+    p.add_argument("--contexts", action="store_true")
     args = p.parse_args()
+    if args.contexts:
+        return contexts(args)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     ds = StreamingDataset(args.store, batch_size=16, split="train", mode=args.mode, seed=7)

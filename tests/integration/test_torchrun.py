@@ -52,6 +52,34 @@ def test_ddp_epoch_covers_the_split(store, tmp_path, mode):
     assert set(seen) <= set(rows.tolist())
 
 
+@pytest.mark.slow  # spawn / forkserver workers import torch: ~30 s of CPU
+def test_ddp_workers_of_every_start_method_split_by_rank(store, tmp_path):
+    """A dataset built before init_process_group, plain DataLoaders whose workers are started
+    by forkserver (rank from torchrun's environment), fork and spawn: each rank reads its own
+    half, the ranks' rows are disjoint and cover the split, len(ds) is what each rank yields,
+    and each pass is the next epoch (a new order)."""
+    ranks = torchrun(store, tmp_path / "ctx", "drop", "--contexts")
+    rows = split_rows(store, "train")
+    n = len(rows)
+    names = [run["name"] for run in ranks[0]["runs"]]
+    assert names == ["forkserver-env", "fork", "fork-again", "spawn"]
+    orders, wrong = [], []
+    for i, name in enumerate(names):
+        runs = [r["runs"][i] for r in ranks]
+        per_rank = [[row for b in run["batches"] for row in b] for run in runs]
+        seen = per_rank[0] + per_rank[1]
+        checks = {
+            "len(ds) == batches yielded": all(len(r["batches"]) == r["len"] > 0 for r in runs),
+            "ranks disjoint": not set(per_rank[0]) & set(per_rank[1]),
+            "every row once": len(seen) == len(set(seen)) == n - n % 2,  # drop: 1 row left
+            "rows of the split": set(seen) <= set(rows.tolist()),
+        }
+        wrong += [f"{name}: {check}" for check, ok in checks.items() if not ok]
+        orders.append(per_rank[0])
+    assert not wrong, wrong
+    assert len({tuple(o) for o in orders}) == len(orders)  # every pass a new epoch
+
+
 def test_ddp_stop_and_resume(store, tmp_path):
     full = torchrun(store, tmp_path / "full", "drop")
     k = 5

@@ -76,8 +76,9 @@ class RawChunks(Protocol):
 
 class Format(Protocol):
     name: str
-    #: True when tasks in other processes may write blocks concurrently (zarr, npy); False when
-    #: the driver must write (one HDF5 file).
+    #: True when tasks in any process may write blocks concurrently, each durable on its own
+    #: (zarr, npy); False: tasks stage blocks and the driver builds the file at the end (one
+    #: HDF5 file; see shardload.commit).
     parallel_write: bool
 
     def create(

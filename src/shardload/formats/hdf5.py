@@ -1,7 +1,9 @@
 """One HDF5 file, ``data.h5``, one dataset per array, chunked ``(chunk_rows, *row_shape)``.
 
-HDF5 allows one writer per file: threads write through a lock, and tasks in other processes
-send their block to the driver, which writes it (``parallel_write = False``). zstd / lz4 use
+HDF5 allows one writer per file and cannot make one block durable on its own (a kill mid-write
+loses or corrupts what the library held): ``parallel_write = False`` makes the commit protocol
+stage each block in its own fsynced file and have the driver build ``data.h5`` from all of them,
+from a new file, before publishing (``shardload.commit``). zstd / lz4 use
 hdf5plugin's Blosc2 filter (readable by any HDF5 with the plugin).
 
 Checksums: HDF5 places chunks inside ``data.h5`` itself (its B-tree, its filters), so the unit
@@ -69,7 +71,8 @@ class Hdf5Format:
 
         rows = int(bounds[1] - bounds[0]) if len(bounds) > 1 else 1
         path = Path(root) / FILE_NAME
-        with _LOCK, h5py.File(path, "a") as f:
+        # "w": a fresh file each time; the commit protocol rebuilds it from staged blocks
+        with _LOCK, h5py.File(path, "w") as f:
             for name, spec in specs.items():
                 try:
                     if name in f:
@@ -108,6 +111,13 @@ class Hdf5Format:
     ) -> dict[int, int]:
         with _LOCK:
             self._file(root)[name][start : start + len(data)] = data
+        return self.row_checksums(chunk_index, data, bounds=bounds)
+
+    def row_checksums(
+        self, chunk_index: int, data: np.ndarray, *, bounds: Sequence[int]
+    ) -> dict[int, int]:
+        """The checksums of the chunks of rows ``data`` (whole chunks from ``chunk_index``):
+        over their C-ordered bytes, as a reader decodes them (pure)."""
         rows = np.ascontiguousarray(data)
         sums, i, a = {}, chunk_index, 0
         while a < len(rows):

@@ -117,7 +117,9 @@ class ZarrFormat:
     ) -> dict[int, int]:
         layout = self._layout(root, name, bounds)
         if layout is None:  # sharded or other codecs: zarr-python writes it
-            self._array(root, name)[start : start + len(data)] = data
+            arr = self._array(root, name)
+            arr[start : start + len(data)] = data
+            _fsync_blocks(Path(root) / name, arr, start, start + len(data))
             # checksum units are the files written (shards): hashed from the page cache
             objects = load_stored_objects(str(Path(root) / name))
             if objects is None:
@@ -156,6 +158,25 @@ class ZarrFormat:
         self, fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
     ) -> ZarrReader:
         return ZarrReader(fs, root, manifest, verify=verify)
+
+
+def _fsync_blocks(array_dir: Path, arr: Any, start: int, stop: int) -> None:
+    """fsync the chunk / shard files of rows ``[start, stop)`` written by zarr-python, so a
+    block is durable before its progress record (zarr-python does not fsync)."""
+    import os
+
+    outer = int(arr.metadata.chunk_grid.chunk_shape[0])  # the shard (or chunk) rows
+    zeros = (0,) * (arr.ndim - 1)
+    for k in range(start // outer, -(-stop // outer)):
+        path = array_dir / arr.metadata.encode_chunk_key((k, *zeros))
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # an all-fill-value chunk zarr did not write
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def open_group_readonly(fs: Any, root: str) -> Any:

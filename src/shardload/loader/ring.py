@@ -16,6 +16,17 @@ memory instead (the stock path for that batch), so a consumer that keeps many ba
 blocks a worker and breaking out of a loop never deadlocks one. Slots held by workers that
 died are reclaimed (never slots the consumer holds). Torch-free: :mod:`shardload.torch` wraps
 the arrays.
+
+A slot a worker claimed is freed when the batch is handed out (:meth:`BatchRing.sent`) or
+dropped (:meth:`BatchRing.free`); one whose arrays all became garbage without either (worker code
+that yielded a *new* dict built from the batch, which the stock hand-off then copied) is freed by
+a finalizer, which also warns once per process: the batch took the slow path.
+
+Memory: a slot's pages cost memory from the first batch gathered into it. The main process
+sweeps the ring every ``sweep_every`` frees and gives the pages of slots left unused for two
+sweeps back to the kernel (``madvise(MADV_REMOVE)``: a shared mapping's pages are only freed
+that way), so resident memory follows the slots in use recently (the steady set of the workers'
+batches in flight plus what the training loop holds), not the ring's high-water mark.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import multiprocessing
 import os
 import secrets
 import sys
+import warnings
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -43,7 +55,14 @@ _PAGE = mmap.PAGESIZE
 #: madvise(MADV_POPULATE_WRITE) (Linux 5.14+): map a slot's pages in one call.
 _MADV_POPULATE_WRITE = 23 if sys.platform.startswith("linux") else 0
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+#: madvise(MADV_REMOVE): free a shared mapping's pages (MADV_DONTNEED only unmaps them).
+_MADV_REMOVE = getattr(mmap, "MADV_REMOVE", 0)
+#: Sweeps a slot stays unused before its pages go back to the kernel.
+IDLE_SWEEPS = 2
+#: Header words before the per-slot arrays: the count of orphaned slots.
+_HEAD = 1
 
+_WARNED = [False]  # the orphaned-slot warning, once per process
 #: Rings of this process by token (the main process looks a slot's ring up when a batch arrives).
 RINGS: weakref.WeakValueDictionary[str, BatchRing] = weakref.WeakValueDictionary()
 
@@ -63,8 +82,12 @@ def plan_ring_slots(
     return max(DEFAULT_SLOTS, min(want, MAX_RING_BYTES // max(1, slot_bytes)))
 
 
-def _free_flag(flags: np.ndarray, slot: int) -> None:
-    flags[slot] = 0
+ORPHAN_WARNING = (
+    "a DataLoader worker dropped a shardload batch without sending it: code in the worker built "
+    "a new dict from it (e.g. {{**batch, 'extra': ...}} or dict(batch)), so it went through "
+    "torch's stock hand-off (a copy) and its ring slot {slot} was freed late. Change the batch in "
+    "place instead (batch['extra'] = ...) to keep the zero-copy hand-off. (Warned once per worker.)"
+)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -90,16 +113,28 @@ class BatchRing:
         self.batch_rows, self.slots = int(batch_rows), int(slots)
         self.offsets, nbytes = plan_batch_layout(self.specs, self.batch_rows)
         self.slot_bytes = _round_up(nbytes, _PAGE)
-        self.header_bytes = _round_up(self.slots * 8, _PAGE)
+        # header: orphan count, then per slot: state, claimed-since-sweep, resident, generation
+        self.header_bytes = _round_up((_HEAD + 4 * self.slots) * 8, _PAGE)
         size = self.header_bytes + self.slots * self.slot_bytes
         self._mm = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | _MAP_NORESERVE)
-        self._flags = np.frombuffer(self._mm, np.int64, count=self.slots)
+        head = np.frombuffer(self._mm, np.int64, count=_HEAD + 4 * self.slots)
+        self._head = head[:_HEAD]
+        n = self.slots
+        self._flags, self._touched, self._resident, self._gen = (
+            head[_HEAD + i * n : _HEAD + (i + 1) * n] for i in range(4)
+        )
         self._lock = multiprocessing.get_context("fork").Lock()
         self.owner = os.getpid()
         self.token = secrets.token_hex(8)
         self._claimed: dict[int, int] = {}  # id(batch index array) -> slot, in a worker
-        self._mapped: set[int] = set()  # slots this process has written to
+        self._live: dict[int, list[bool]] = {}  # slot -> its claim's "done" cell, in a worker
+        self._mapped: dict[int, int] = {}  # slot -> generation this process populated
         self._mark: tuple[int, int] | None = None  # (pid, slot mark) of this process
+        #: main process: frees between sweeps (0: never give pages back)
+        self.sweep_every = max(32, self.slots // 2) if _MADV_REMOVE else 0
+        self._frees = 0
+        self._sweeping = False
+        self._idle = np.zeros(n, dtype=np.int64)  # main process: sweeps each slot went unused
         RINGS[self.token] = self
 
     @property
@@ -134,6 +169,7 @@ class BatchRing:
                 if slot is None:
                     return None
             self._flags[slot] = pid
+            self._touched[slot] = 1
         return slot
 
     def _first_free(self, lo: int) -> int | None:
@@ -164,8 +200,10 @@ class BatchRing:
         slot = self.claim(part)
         if slot is None:
             return None
-        if slot not in self._mapped:  # map the whole slot in one call, not page by page
-            self._mapped.add(slot)
+        gen = int(self._gen[slot])
+        if self._mapped.get(slot) != gen:  # map the whole slot in one call, not page by page
+            self._mapped[slot] = gen
+            self._resident[slot] = 1
             # kernels before 5.14 refuse it (OSError): page faults then do the same
             with contextlib.suppress(OSError, ValueError):
                 if _MADV_POPULATE_WRITE:
@@ -173,13 +211,59 @@ class BatchRing:
                         _MADV_POPULATE_WRITE, self.header_bytes + slot * self.slot_bytes,
                         self.slot_bytes,
                     )  # fmt: skip
-        out = self.views(slot, rows)
+        raw = self._slot(slot)
+        cell = [False, False]  # this claim's: (sent or freed, handed out by slot_of)
+        self._live[slot] = cell
+        weakref.finalize(raw, self._orphaned, slot, cell)
+        out = batch_views(raw, self.specs, self.offsets, rows)
         self._claimed[id(out[next(iter(out))])] = slot
         return out
 
+    def _orphaned(self, slot: int, cell: list[bool]) -> None:
+        """Every array of a claimed batch is garbage, yet it was neither sent nor freed.
+
+        Not handed out yet (a batch gathered ahead, dropped as the reader closes): just free
+        it. Handed out, then dropped unsent: worker code made a new dict of it; warn.
+        """
+        if cell[0]:
+            return
+        cell[0] = True
+        if self._live.get(slot) is cell:
+            del self._live[slot]
+        self._flags[slot] = 0
+        if not cell[1]:
+            self._claimed = {k: v for k, v in self._claimed.items() if v != slot}
+            return
+        self._head[0] += 1
+        if not _WARNED[0]:
+            _WARNED[0] = True
+            try:
+                warnings.warn(ORPHAN_WARNING.format(slot=slot), RuntimeWarning, stacklevel=1)
+            except Warning as exc:  # an "error" filter: a finalizer cannot raise, so print it
+                print(f"shardload: {exc}", file=sys.stderr)
+
+    def sent(self, slot: int) -> None:
+        """The batch in ``slot`` was handed to the consumer (which frees the slot)."""
+        cell = self._live.pop(slot, None)
+        if cell is not None:
+            cell[0] = True
+
+    @property
+    def orphaned(self) -> int:
+        """Slots freed because a worker dropped their batch unsent (all processes)."""
+        return int(self._head[0])
+
+    @property
+    def resident_slots(self) -> int:
+        """Slots whose pages hold memory now (written to since last given back)."""
+        return int(self._resident.sum())
+
     def slot_of(self, batch: Mapping[str, np.ndarray]) -> int | None:
-        """The slot a batch from :meth:`allocate` lives in (forgets it), or None."""
-        return self._claimed.pop(id(batch[next(iter(self.specs))]), None)
+        """The slot a batch from :meth:`allocate` lives in (forgets it: handed out), or None."""
+        slot = self._claimed.pop(id(batch[next(iter(self.specs))]), None)
+        if slot is not None:
+            self._live[slot][1] = True
+        return slot
 
     def release_unsent(self) -> None:
         """Free the slots this worker claimed but never handed out (a closed iterator)."""
@@ -187,9 +271,58 @@ class BatchRing:
             self.free(slot)
         self._claimed.clear()
 
-    # -- main side -----------------------------------------------------------------------------
     def free(self, slot: int) -> None:
+        """Free a slot whose batch will not be sent (or was sent as a copy)."""
+        cell = self._live.pop(slot, None)
+        if cell is not None:
+            cell[0] = True
         self._flags[slot] = 0
+
+    # -- main side -----------------------------------------------------------------------------
+    def _consumed(self, slot: int) -> None:
+        """The consumer's arrays of ``slot`` are all garbage: free it; sweep now and then."""
+        self._flags[slot] = 0
+        if self.sweep_every:
+            self._frees += 1
+            # not from inside a sweep (a garbage collection there can free leased batches)
+            if self._frees >= self.sweep_every and not self._sweeping:
+                self._frees = 0
+                self.sweep()
+
+    def sweep(self) -> int:
+        """Give back the pages of slots unused for ``IDLE_SWEEPS`` sweeps; how many slots.
+
+        Under the lock, so no worker claims a slot while its pages go (a worker repopulates a
+        given-back slot on its next claim: the slot's generation changed).
+        """
+        self._sweeping = True
+        try:
+            return self._sweep_locked()
+        finally:
+            self._sweeping = False
+
+    def _sweep_locked(self) -> int:
+        released = 0
+        with self._lock:
+            used = (self._touched != 0) | (self._flags != 0)
+            self._touched[:] = 0
+            self._idle[used] = 0
+            self._idle[~used] += 1
+            idle = np.flatnonzero(
+                (self._idle >= IDLE_SWEEPS) & (self._resident != 0) & (self._flags == 0)
+            )
+            for slot in idle.tolist():
+                try:
+                    self._mm.madvise(
+                        _MADV_REMOVE, self.header_bytes + slot * self.slot_bytes, self.slot_bytes
+                    )
+                except (OSError, ValueError):  # not supported here: keep the pages
+                    self.sweep_every = 0
+                    break
+                self._resident[slot] = 0
+                self._gen[slot] += 1
+                released += 1
+        return released
 
     def lease(self, slot: int, rows: int) -> dict[str, np.ndarray]:
         """The consumer's arrays of a slot's batch, in place (no copy).
@@ -199,7 +332,7 @@ class BatchRing:
         """
         self._flags[slot] = -1  # the consumer's now: never reclaimed as a dead worker's
         raw = self._slot(slot)
-        weakref.finalize(raw, _free_flag, self._flags, slot)
+        weakref.finalize(raw, self._consumed, slot)
         return batch_views(raw, self.specs, self.offsets, rows)
 
     def __getstate__(self) -> dict[str, Any]:

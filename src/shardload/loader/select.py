@@ -97,6 +97,10 @@ def select_rows(
         if not 0 <= a <= b <= m.length:
             raise PlanError(f"rows=({a}, {b}) is not a range within 0..{m.length}")
         starts, stops = np.maximum(starts, a), np.minimum(stops, b)
+    if split is not None and split in m.split_rows:  # a row-range split cuts its end chunks
+        a, b = m.split_rows[split]
+        starts, stops = np.maximum(starts, a), np.minimum(stops, b)
+    if rows is not None or (split is not None and split in m.split_rows):
         keep = stops > starts
         ids, starts, stops = ids[keep], starts[keep], stops[keep]
     if len(ids) == 0:

@@ -77,6 +77,7 @@ def register(subparsers) -> None:
         help="columns generated and written at a time (memory; does not change the data)",
     )
     rad.set_defaults(func=run_radiation)
+    add_seismic_parser(kinds)
 
 
 def run_radiation(args: argparse.Namespace) -> int:
@@ -92,4 +93,34 @@ def run_radiation(args: argparse.Namespace) -> int:
     )
     size_mb = sum(f.stat().st_size for f in files) / 1e6
     log.info("wrote %d files (%.1f MB) to %s", len(files), size_mb, args.out)
+    return 0
+
+
+def add_seismic_parser(kinds) -> None:
+    """``shardload sample seismic --out cube.zarr --shape I J K``."""
+    p = kinds.add_parser(
+        "seismic",
+        help="a synthetic seismic cube (Zarr): layers, faults, Ricker wavelet, noise",
+        description="Write a float32 cube (inline, crossline, time), variable 'amp', streamed "
+        "to Zarr block by block (memory: one block of inlines), for 'shardload compute'.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output Zarr folder")
+    p.add_argument("--shape", required=True, type=int, nargs=3, metavar=("I", "J", "K"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--faults", type=int, default=3)
+    p.add_argument("--noise", type=float, default=0.05, help="noise standard deviation")
+    p.add_argument("--chunk-inlines", type=int, default=64, help="inlines per Zarr chunk")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=run_seismic)
+
+
+def run_seismic(args: argparse.Namespace) -> int:
+    from .seismic import write_seismic_sample
+
+    out = write_seismic_sample(
+        args.out, args.shape, seed=args.seed, faults=args.faults, noise=args.noise,
+        chunk_inlines=args.chunk_inlines, overwrite=args.overwrite,
+    )  # fmt: skip
+    print(f"wrote {out} (variable 'amp', shape {tuple(args.shape)}, float32)")
     return 0

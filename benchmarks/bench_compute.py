@@ -1,0 +1,160 @@
+"""Block-wise compute vs dask's ``map_overlap(...).to_zarr``: peak RSS and time, same run.
+
+Writes a float32 cube (``--gib``, default 1 GiB: (n, 512, 512), Zarr v3, chunks (64, 512, 512)
+unless ``--chunks``), then computes one attribute, a box mean over ``2 depth + 1`` samples on
+every axis (``scipy.ndimage.uniform_filter``) with ``depth`` on every axis (default 8),
+boundary ``reflect``, with 2 threads:
+
+- ``shardload``: ``shardload.compute`` into a store (Zarr, zstd);
+- ``dask``: ``da.map_overlap(func, da.from_zarr(src), depth, boundary, trim=True).to_zarr``
+  (zstd via the same Blosc codec), dask's threaded scheduler with the same number of workers.
+
+Each runs in a fresh subprocess; its peak RSS is ``ru_maxrss`` (whole process, imports
+included); the results are checked equal. Prints a markdown table.
+
+Usage::
+
+    python benchmarks/bench_compute.py                 # 1 GiB, depth 8, 2 threads
+    python benchmarks/bench_compute.py --gib 0.25 --depth 4 --workers 2
+    python benchmarks/bench_compute.py --gib 0.0625 --chunks 32 32 32 --map-blocks  # small blocks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def smooth(x: np.ndarray, *, size: int = 17) -> np.ndarray:
+    """Box mean over ``size`` samples on every axis (needs a halo of ``size // 2``)."""
+    from scipy import ndimage
+
+    return ndimage.uniform_filter(x, size=size, mode="reflect")  # type: ignore[no-any-return]
+
+
+def make_cube(path: Path, shape: tuple[int, ...], chunks: tuple[int, ...]) -> None:
+    import zarr
+
+    g = zarr.open_group(store=str(path), mode="w", zarr_format=3)
+    arr = g.create_array("amp", shape=shape, chunks=chunks, dtype="float32", compressors=None)
+    rng = np.random.default_rng(0)
+    for a in range(0, shape[0], chunks[0]):
+        b = min(a + chunks[0], shape[0])
+        arr[a:b] = rng.standard_normal((b - a, *shape[1:]), dtype=np.float32)
+
+
+def run_case(case: str, src: Path, out: Path, depth: int, workers: int) -> dict[str, float]:
+    sys.path.insert(0, str(HERE))
+    size = 2 * depth + 1
+    t0 = time.perf_counter()
+    if case == "shardload":
+        import shardload
+
+        shardload.compute(
+            {
+                "source": {"paths": [str(src)], "variable": "amp"},
+                "attributes": {
+                    "smooth": {
+                        "function": "bench_compute:smooth",
+                        "depth": depth,
+                        "boundary": "reflect",
+                        "size": size,
+                    }
+                },
+                "out": str(out),
+                "execution": {"scheduler": "threads", "num_workers": workers},
+            },
+            progress=False,
+        )
+    else:
+        import dask
+        import dask.array as da
+        import zarr
+        from zarr.codecs import BloscCodec
+
+        x = da.from_zarr(str(src), component="amp")
+        if case == "dask-map-blocks":  # the same function without halo: dask's baseline peak
+            y = x.map_blocks(smooth, dtype=x.dtype, size=size)
+        else:
+            y = da.map_overlap(smooth, x, depth=depth, boundary="reflect", trim=True,
+                               dtype=x.dtype, size=size)  # fmt: skip
+        g = zarr.open_group(store=str(out), mode="w", zarr_format=3)
+        arr = g.create_array("smooth", shape=y.shape, chunks=x.chunksize, dtype=y.dtype,
+                             compressors=BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"))  # fmt: skip
+        with dask.config.set(scheduler="threads", num_workers=workers):
+            da.to_zarr(y, arr)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"seconds": seconds, "peak_rss_bytes": peak}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gib", type=float, default=1.0)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--chunks", type=int, nargs=3, default=None)
+    p.add_argument("--dir", default=None)
+    p.add_argument(
+        "--map-blocks", action="store_true",
+        help="also run dask's map_blocks (no halo) for its baseline peak",
+    )  # fmt: skip
+    p.add_argument("--run-case", nargs=3, metavar=("CASE", "SRC", "OUT"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.run_case:
+        case, src, out = args.run_case
+        print(json.dumps(run_case(case, Path(src), Path(out), args.depth, args.workers)))
+        return
+    n = max(1, round(args.gib * 2**30 / (512 * 512 * 4)))
+    shape = (n, 512, 512)
+    chunks = tuple(args.chunks) if args.chunks else (64, 512, 512)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        src = Path(tmp) / "cube.zarr"
+        t0 = time.perf_counter()
+        make_cube(src, shape, chunks)
+        print(f"cube {shape} float32 ({np.prod(shape) * 4 / 2**30:.2f} GiB), chunks {chunks}, "
+              f"written in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+        results = {}
+        cases = ("dask", "shardload") + (("dask-map-blocks",) if args.map_blocks else ())
+        for case in cases:
+            out = Path(tmp) / f"{case}.zarr"
+            cmd = [sys.executable, __file__, "--depth", str(args.depth), "--workers",
+                   str(args.workers), "--run-case", case, str(src), str(out)]  # fmt: skip
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if res.returncode:
+                sys.exit(f"{case} failed:\n{res.stderr[-3000:]}")
+            results[case] = json.loads(res.stdout.strip().splitlines()[-1])
+        import zarr
+
+        a = zarr.open_group(str(Path(tmp) / "dask.zarr"), mode="r")["smooth"]
+        b = zarr.open_group(str(Path(tmp) / "shardload.zarr"), mode="r")["smooth"]
+        same = all(
+            np.array_equal(a[i : i + chunks[0]], b[i : i + chunks[0]])
+            for i in range(0, shape[0], chunks[0])
+        )
+    d, s = results["dask"], results["shardload"]
+    print(
+        f"\ndepth {args.depth}, boundary reflect, {args.workers} threads; results equal: {same}\n"
+    )
+    print("| engine | time (s) | peak RSS (MiB) |\n|---|---|---|")
+    rows = [("dask map_overlap(...).to_zarr", d), ("shardload.compute", s)]
+    if "dask-map-blocks" in results:
+        rows.append(("dask map_blocks(...).to_zarr (no halo)", results["dask-map-blocks"]))
+    for name, r in rows:
+        print(f"| {name} | {r['seconds']:.1f} | {r['peak_rss_bytes'] / 2**20:.0f} |")
+    print(f"\nshardload / dask: time {s['seconds'] / d['seconds']:.2f}x, "
+          f"peak RSS {s['peak_rss_bytes'] / d['peak_rss_bytes']:.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

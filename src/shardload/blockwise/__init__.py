@@ -1,0 +1,12 @@
+"""Block-wise attribute computation (the package is not named ``compute``: that name is the function ``shardload.compute``) in bounded memory (``shardload compute``; docs/compute.md).
+
+``plan`` is pure arithmetic (windows, halos, padding, memory bound); ``source`` reads windows;
+``engine`` runs the tasks through the commit protocol; ``cli`` registers the command.
+"""
+
+from __future__ import annotations
+
+from .config import AttributeConfig, ComputeConfig, load_compute_config
+from .engine import compute
+
+__all__ = ["AttributeConfig", "ComputeConfig", "compute", "load_compute_config"]

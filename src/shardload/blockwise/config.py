@@ -1,0 +1,220 @@
+"""The compute config: which source, which attributes (function, depth, boundary), which blocks.
+
+See docs/compute.md. Parsed into frozen dataclasses; every error names the key at fault.
+Functions are imported here, before any file is read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ..config import ExecutionConfig, SourceConfig, _resolve, apply_overrides, parse_size
+from ..errors import ConfigError
+from .plan import Boundary, normalize_boundary, normalize_depth
+
+SCHEDULERS = ("threads", "processes", "sync", "distributed", "jobqueue", "auto")
+ATTRIBUTE_KEYS = ("function", "depth", "boundary", "dtype", "kwargs")
+TOP_KEYS = (
+    "source", "attributes", "chunks", "out", "execution", "memory_limit", "allow_nan",
+    "overwrite", "compression",
+)  # fmt: skip
+SOURCE_KEYS = (
+    "paths", "variable", "engine", "combine", "concat_dim", "decode_times", "group",
+    "open_kwargs", "storage_options",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AttributeConfig:
+    """One attribute: ``function(window, **kwargs)`` on each block with its halo."""
+
+    name: str
+    function: str  # "module:name"
+    depth: Mapping[int, int] | int | None = None
+    boundary: Boundary | Mapping[int, Boundary] | None = None
+    dtype: str | None = None  # declared output dtype (default: the source's)
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def resolved(self, ndim: int) -> tuple[tuple[int, ...], tuple[Boundary, ...]]:
+        where = f"attributes.{self.name}"
+        return (
+            normalize_depth(self.depth, ndim, f"{where}.depth"),
+            normalize_boundary(self.boundary, ndim, f"{where}.boundary"),
+        )
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    source: SourceConfig
+    variable: str
+    attributes: Mapping[str, AttributeConfig]
+    out: str
+    chunks: Mapping[int, int] | None = None  # None: the source's own chunks
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    memory_limit: int | None = None
+    allow_nan: bool = False
+    overwrite: bool = False
+    compression: str = "zstd"
+
+
+def import_function(spec: str, where: str) -> Callable[..., Any]:
+    """``"package.module:name"`` -> the callable, or a ConfigError naming ``where``."""
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ConfigError(f"{where}: {spec!r}; give 'package.module:function'")
+    mod_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ConfigError(f"{where}: cannot import module {mod_name!r} ({exc})") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{where}: module {mod_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"{where}: {spec!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def check_kwargs(func: Callable[..., Any], kwargs: Mapping[str, Any], where: str) -> None:
+    """The function accepts the window and these keyword options (typos fail here)."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return
+    try:
+        sig.bind(np.empty(0), **kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"{where}: the function does not accept options {sorted(kwargs)}: {exc}"
+        ) from None
+
+
+def _attribute(name: str, raw: Any) -> AttributeConfig:
+    where = f"attributes.{name}"
+    if isinstance(raw, str):
+        raw = {"function": raw}
+    if not isinstance(raw, Mapping) or "function" not in raw:
+        raise ConfigError(f"{where}: give a mapping with at least 'function: module:name'")
+    kwargs = dict(raw.get("kwargs") or {})
+    # any other key is an option of the function (e.g. ``axis: -1``), checked against it
+    kwargs.update({k: v for k, v in raw.items() if k not in ATTRIBUTE_KEYS})
+    dtype = raw.get("dtype")
+    if dtype is not None:
+        try:
+            dtype = np.dtype(dtype).name
+        except TypeError as exc:
+            raise ConfigError(f"{where}.dtype: {dtype!r} is not a dtype") from exc
+    attr = AttributeConfig(
+        name=str(name),
+        function=raw["function"],
+        depth=raw.get("depth"),
+        boundary=raw.get("boundary"),
+        dtype=dtype,
+        kwargs=kwargs,
+    )
+    func = import_function(attr.function, f"{where}.function")
+    check_kwargs(func, kwargs, where)
+    return attr
+
+
+def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        raise ConfigError(f"compute config: unknown key(s) {unknown}; known: {list(TOP_KEYS)}")
+    src = raw.get("source")
+    if not isinstance(src, Mapping) or "paths" not in src or "variable" not in src:
+        raise ConfigError("source: give {paths: [...], variable: NAME}")
+    bad = sorted(set(src) - set(SOURCE_KEYS))
+    if bad:
+        raise ConfigError(f"source: unknown key(s) {bad}; known: {list(SOURCE_KEYS)}")
+    paths = src["paths"]
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    variable = str(src["variable"])
+    source = SourceConfig(
+        paths=tuple(_resolve(str(p), base) for p in paths),
+        engine=src.get("engine"),
+        combine=src.get("combine", "by_coords"),
+        concat_dim=src.get("concat_dim"),
+        decode_times=src.get("decode_times"),
+        group=src.get("group"),
+        variables=(variable,),
+        open_kwargs=dict(src.get("open_kwargs") or {}),
+        storage_options=dict(src.get("storage_options") or {}),
+    )
+    attrs_raw = raw.get("attributes")
+    if not isinstance(attrs_raw, Mapping) or not attrs_raw:
+        raise ConfigError("attributes: give at least one {name: {function: module:name, ...}}")
+    attributes = {str(k): _attribute(str(k), v) for k, v in attrs_raw.items()}
+    chunks = raw.get("chunks", "source")
+    if chunks in (None, "source"):
+        chunks = None
+    elif not isinstance(chunks, Mapping):
+        raise ConfigError(f"chunks: {chunks!r}; give 'source' or {{axis: size, ...}} (-1: whole)")
+    if "out" not in raw:
+        raise ConfigError("out: the output store path is required")
+    ex = dict(raw.get("execution") or {})
+    bad = sorted(set(ex) - {"scheduler", "num_workers", "threads_per_worker", "address", "cluster"})
+    if bad:
+        raise ConfigError(f"execution: unknown key(s) {bad}")
+    scheduler = ex.get("scheduler", "threads")
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"execution.scheduler: {scheduler!r}; choose one of {list(SCHEDULERS)}")
+    nw = ex.get("num_workers")
+    if nw is not None and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 1):
+        raise ConfigError(f"execution.num_workers: {nw!r}; give a positive integer")
+    execution = ExecutionConfig(
+        scheduler=scheduler,
+        num_workers=nw,
+        threads_per_worker=int(ex.get("threads_per_worker", 1)),
+        address=ex.get("address"),
+        cluster=dict(ex.get("cluster") or {}),
+    )
+    limit = raw.get("memory_limit")
+    compression = str(raw.get("compression", "zstd"))
+    if compression not in ("zstd", "lz4", "none"):
+        raise ConfigError(f"compression: {compression!r}; choose zstd, lz4 or none")
+    return ComputeConfig(
+        source=source,
+        variable=variable,
+        attributes=attributes,
+        out=_resolve(str(raw["out"]), base),
+        chunks={int(k): v for k, v in chunks.items()} if chunks is not None else None,
+        execution=execution,
+        memory_limit=parse_size(limit, "memory_limit") if limit is not None else None,
+        allow_nan=bool(raw.get("allow_nan", False)),
+        overwrite=bool(raw.get("overwrite", False)),
+        compression=compression,
+    )
+
+
+def load_compute_config(
+    source: str | os.PathLike[str] | Mapping[str, Any] | ComputeConfig,
+    overrides: Sequence[str] = (),
+) -> ComputeConfig:
+    """A YAML file, a dict or a ComputeConfig -> a validated ComputeConfig."""
+    if isinstance(source, ComputeConfig):
+        return source
+    if isinstance(source, Mapping):
+        raw, base = dict(source), Path(os.getcwd())
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{path}: the config must be a mapping of keys")
+        base = path.resolve().parent
+    return parse_compute_config(apply_overrides(dict(raw), overrides), base)

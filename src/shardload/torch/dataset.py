@@ -1,0 +1,467 @@
+"""The IterableDataset of a store: :class:`StreamingDataset` (batches for one rank)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypedDict, cast
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..errors import StateError
+from ..loader.batches import (
+    DEFAULT_PREFETCH,
+    INDEX_KEY,
+    batch_specs,
+    iter_batches,
+    loader_selection,
+    plan_for,
+)
+from ..loader.recycle import plan_batch_layout
+from ..loader.ring import BatchRing, plan_ring_slots
+from ..loader.scatter import batches_per_group, groups_in_flight
+from ..loader.select import store_fingerprint
+from ..plan.epoch import PlanOptions, plan_fingerprint
+from ..plan.resume import EpochState
+from ..store import Store, open_store
+from .state import (
+    Channel,
+    check_state,
+    dist_rank_world,
+    env_rank_world,
+    main_rank_world,
+    pass_epoch,
+    rank_state,
+    worker_state,
+)
+from .transport import _bundles, _RingBatch, _to_torch, plan_bundle
+
+__all__ = ["StreamingDataset"]
+
+#: What ``state_dict()`` in the main process says when workers iterated uncounted.
+UNCOUNTED_STATE = (
+    "this StreamingDataset was iterated by DataLoader workers, whose batches the main process "
+    "cannot count (each worker has its own copy of the dataset, and the DataLoader holds "
+    "prefetched batches): its state_dict() here would not say where your loop stands. Iterate "
+    "it with shardload.torch.StreamingDataLoader(ds, num_workers=...) and save "
+    "loader.state_dict(), or with torchdata's StatefulDataLoader and its state_dict()"
+)
+
+
+class _SelectOptions(TypedDict):
+    """What a :class:`StreamingDataset` reads, as keyword arguments of ``iter_batches``."""
+
+    split: str | None
+    chunks: Sequence[int] | None
+    rows: tuple[int, int] | None
+    arrays: Sequence[str]
+    piece_rows: int
+
+
+class _ReadOptions(TypedDict):
+    """How a :class:`StreamingDataset` reads, as keyword arguments of ``iter_batches``."""
+
+    prefetch: int
+    threads: int | None
+
+
+class StreamingDataset(IterableDataset):
+    """Batches of a store for one rank, split over the DataLoader's workers.
+
+    Use with ``DataLoader(ds, batch_size=None, num_workers=W)`` (or :class:`StreamingDataLoader`
+    for mid-epoch resume and bundles). Each new pass over it (``iter()``) is the next epoch,
+    unless ``set_epoch`` or ``load_state_dict`` was called since: ``set_epoch(e)`` makes the next
+    pass epoch ``e``. Each item is a dict of tensors, one per array, and ``"index"`` (int64
+    global rows). Every rank yields the same number of batches (``mode`` ``"drop"``/``"pad"``).
+    Memory per worker is about ``shuffle_chunks + prefetch`` pieces (chunks, or pieces of
+    ``piece_rows`` rows: see :func:`shardload.iter_batches`).
+
+    Parameters
+    ----------
+    store
+        A path, URL or :class:`~shardload.store.Store` (only the manifest is read here; workers
+        open the arrays after fork).
+    batch_size, split, shuffle, seed, mode
+        As in :func:`shardload.iter_batches`; so are the other keyword options.
+    rank, world_size
+        This process's rank and world. Default: ``torch.distributed``'s when initialised, else
+        torchrun's ``RANK`` / ``WORLD_SIZE`` environment, else one process (0, 1); resolved in
+        the main process when iteration starts and carried to the DataLoader's workers, whatever
+        their start method (fork, spawn, forkserver).
+    ring_slots
+        Batch slots of the shared-memory ring forked DataLoader workers hand batches over in
+        (virtual memory; only slots in use at once hold memory, about ``threads + 1 +
+        prefetch_factor`` batches per worker plus the batches the training loop holds; scatter
+        reads of raw local chunks fill a whole shuffle group's batches at once). The main
+        process gets tensors over the slot itself (no copy); a slot is reused once those
+        tensors are garbage. Default: enough for up to ``min(16, CPUs)`` workers; 0: the stock
+        DataLoader hand-off.
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store,
+        *,
+        batch_size: int,
+        split: str | None = None,
+        shuffle: bool | str = True,
+        seed: int = 0,
+        mode: str = "drop",
+        rank: int | None = None,
+        world_size: int | None = None,
+        arrays: Sequence[str] | None = None,
+        chunks: Sequence[int] | None = None,
+        rows: tuple[int, int] | None = None,
+        drop_last: bool = False,
+        shuffle_chunks: int | None = None,
+        piece_rows: int | None = None,
+        prefetch: int = DEFAULT_PREFETCH,
+        threads: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        ring_slots: int | None = None,
+    ) -> None:
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass both rank= and world_size=, or neither")
+        self.store = open_store(store, storage_options=storage_options, arrays=arrays)
+        self.selection, resolved, shuffle_chunks = loader_selection(
+            self.store, split=split, chunks=chunks, rows=rows, arrays=arrays,
+            piece_rows=piece_rows, shuffle_chunks=shuffle_chunks, shuffle=shuffle,
+        )  # fmt: skip
+        self.options: PlanOptions = dict(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
+            shuffle_chunks=shuffle_chunks,
+        )  # fmt: skip
+        self.read_options: _ReadOptions = dict(prefetch=prefetch, threads=threads)
+        self.split = split
+        self._select: _SelectOptions = dict(
+            split=split, chunks=chunks, rows=rows, arrays=self.selection.arrays,
+            piece_rows=resolved,  # workers take the pieces as resolved here
+        )  # fmt: skip
+        self.fingerprint = store_fingerprint(self.store, self.selection)
+        sel = self.selection
+        self.plan_fingerprint = plan_fingerprint(
+            sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **self.options
+        )
+        self._explicit = (
+            None if rank is None or world_size is None else (int(rank), int(world_size))
+        )
+        self.epoch = 0
+        self.num_workers = 0  # of the loader iterating it (set by StreamingDataLoader)
+        self._pending: dict[str, Any] | None = None  # a loaded state, not started yet
+        self._leg: dict[str, Any] | None = None  # the state the current iteration resumed
+        self._consumed = 0  # batches yielded to the training loop in the current iteration
+        self._counted_by_loader = False
+        self._bundle = 0  # batches per worker item (StreamingDataLoader sets it); 0: one, plain
+        self._channel = Channel()  # epoch, pending state and passes, shared with workers
+        self._home = os.getpid()  # the process this object was built or unpickled in
+        self._carried: tuple[int, int] | None = None  # rank/world the main process resolved
+        self._worker_iters = 0  # iter() calls on this copy in a DataLoader worker
+        self._main_pass: int | None = None  # the pass this (main) process last began
+        self._worker_resume: dict[str, Any] | None = None  # a worker's own state (torchdata)
+        self._worker_pos: dict[str, Any] | None = None  # where this worker stands
+        self._ring: BatchRing | None = None
+        specs = batch_specs(self.store, sel.arrays)
+        batch_bytes = plan_batch_layout(specs, max(1, batch_size))[1]
+        #: batches per worker item a StreamingDataLoader uses unless told (``plan_bundle``)
+        self.default_bundle = plan_bundle(batch_bytes)
+        if ring_slots != 0 and hasattr(os, "fork"):
+            slots = ring_slots or self._ring_slots(
+                batch_bytes, batch_size, shuffle_chunks, prefetch
+            )
+            try:
+                self._ring = BatchRing(specs, batch_size, slots=slots)
+            except OSError:  # no address space for it (strict overcommit): the stock hand-off
+                self._ring = None
+        # Fail early on impossible shapes (e.g. a batch bigger than a rank's share).
+        self._plan(*self.rank_world(), 0, None)
+
+    def _ring_slots(
+        self, batch_bytes: int, batch_size: int, shuffle_chunks: int, prefetch: int
+    ) -> int:
+        """Enough ring slots for the batches in flight of up to ``min(16, CPUs)`` workers
+        (a StreamingDataLoader's default bundles and ``prefetch_factor=2`` included)."""
+        sizes = self.selection.sizes
+        chunk_rows = int(sizes.max()) if len(sizes) else 1
+        if self.options["shuffle"] == "uniform":  # groups of one-row segments
+            chunk_rows = 1
+        return plan_ring_slots(
+            group_batches=batches_per_group(
+                chunk_rows=chunk_rows, shuffle_chunks=shuffle_chunks, batch_size=batch_size
+            ),
+            groups_in_flight=groups_in_flight(prefetch=prefetch, shuffle_chunks=shuffle_chunks),
+            workers=min(16, max(2, os.cpu_count() or 1)),
+            slot_bytes=batch_bytes,
+            # bundles: the one being filled, prefetch_factor (2) queued, one being reordered
+            extra=8 + 4 * self.default_bundle,
+        )
+
+    # -- where this process stands -------------------------------------------------------------
+    def rank_world(self) -> tuple[int, int]:
+        """This process's rank and world (in a DataLoader worker: its main process's)."""
+        if get_worker_info() is not None:
+            return self._worker_rank_world()
+        return main_rank_world(self._explicit)
+
+    def _worker_rank_world(self) -> tuple[int, int]:
+        if self._explicit is not None:
+            return self._explicit
+        if self._carried is not None:  # resolved by the main process when it started us
+            return self._carried
+        if os.getpid() != self._home:  # forked: this process's memory is the main process's
+            return main_rank_world(None)
+        found = dist_rank_world() or env_rank_world()
+        if found is None:
+            raise StateError(
+                "this DataLoader worker cannot know its rank: its StreamingDataset was not "
+                "pickled by the main process (which resolves rank and world) and there is no "
+                "torch.distributed process group nor RANK/WORLD_SIZE here. Pass rank= and "
+                "world_size= to StreamingDataset"
+            )
+        return found
+
+    def _plan(self, rank: int, world: int, num_workers: int, state: Any) -> Any:
+        return plan_for(
+            self.store, self.selection, world_size=world, num_workers=num_workers,
+            epoch=self.epoch, state=state, **self.options,
+        )  # fmt: skip
+
+    def _publish(self, epoch: int, state: dict[str, Any] | None) -> None:
+        """Main process: the next pass is epoch ``epoch`` (resumed from ``state``)."""
+        self.epoch = int(epoch)
+        self._main_pass = None
+        self._channel.publish({"epoch": self.epoch, "state": state})
+
+    def _begin(self, num_workers: int) -> None:
+        """Main process, before a pass it counts: its epoch and resume leg.
+
+        A pass of this process that yielded no batch though it had some (an iterator made and
+        dropped before its first batch, as torchdata does on loading a finished state) did not
+        start: it is run again rather than counted as an epoch.
+        """
+        ch = self._channel
+        if (
+            self._main_pass is not None and self._main_pass == ch.current_pass()
+            and self._consumed == 0 and self._has_batches(num_workers)
+        ):  # fmt: skip
+            pass_no, shift = self._main_pass, ch.shift
+        else:
+            pass_no, shift = ch.start_pass(None, counted=True)
+        self._main_pass = pass_no
+        self.epoch, self._leg = pass_epoch(ch.read(), pass_no, shift)
+        self._pending = None
+        self._consumed = 0
+        self.num_workers = num_workers
+
+    def _has_batches(self, num_workers: int) -> bool:
+        if self._leg is None:
+            return True
+        return bool(self._plan(*self.rank_world(), num_workers, self._leg).batches_per_rank)
+
+    def _worker_pass(self, info: Any, resumed_epoch: int | None) -> tuple[int, Any]:
+        """A DataLoader worker, at ``iter()``: the epoch and resume leg of its pass.
+
+        Workers of one pass share a seed (``info.seed - info.id``; torch draws a new one for
+        each new set of workers) and a count of ``iter()`` calls (persistent workers), so the
+        first of them to arrive starts the pass and the others join it.
+        """
+        self._worker_iters += 1
+        counted = self._counted_by_loader
+        ident = 0 if counted else hash((info.seed - info.id, self._worker_iters)) & (2**62 - 1) | 1
+        pass_no, shift = self._channel.start_pass(ident, counted=counted)
+        spec = self._channel.read()
+        if resumed_epoch is not None:
+            shift = resumed_epoch - pass_epoch(spec, pass_no, 0)[0]
+            self._channel.set_shift(shift)
+        return pass_epoch(spec, pass_no, shift)
+
+    # -- iteration ------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        # Not a generator: the iteration's plan and position are set when the DataLoader (or
+        # torchdata, right before it asks for the worker's state) calls iter(), not at the
+        # first batch.
+        info = get_worker_info()
+        skip = 0
+        if info is None:
+            if not self._counted_by_loader:
+                self._begin(0)
+            rank, world = main_rank_world(self._explicit)
+            worker, workers = 0, 0
+            epoch, state = self.epoch, self._leg
+        else:
+            rank, world = self._worker_rank_world()
+            worker, workers = info.id, info.num_workers
+            resume, self._worker_resume = self._worker_resume, None
+            epoch, state = self._worker_pass(info, None if resume is None else resume["epoch"])
+            if resume is not None:  # torchdata restored this worker
+                epoch, state, skip = resume["epoch"], resume["leg"], resume["worker_batches"]
+            self.epoch = epoch
+        ring = self._ring if info is not None and self._ring is not None else None
+        ring = ring if ring is not None and ring.usable else None
+        batches = iter_batches(
+            self.store, rank=rank, world_size=world, worker=worker, num_workers=workers,
+            epoch=epoch, state=state, skip_batches=skip,
+            allocate=(
+                functools.partial(ring.allocate, part=(worker, workers)) if ring is not None
+                else None
+            ),
+            **self._select, **self.options, **self.read_options,
+        )  # fmt: skip
+        pos = {"epoch": epoch, "leg": state, "worker": worker, "num_workers": workers,
+               "rank_world": [rank, world], "worker_batches": skip}  # fmt: skip
+        self._worker_pos = pos
+        out = self._yield(batches, ring, pos, count=info is None and not self._counted_by_loader)
+        if info is not None and self._bundle > 0:
+            return cast(Iterator[dict[str, torch.Tensor]], _bundles(out, worker, self._bundle))
+        return out
+
+    def _yield(
+        self, batches: Iterator[dict[str, np.ndarray]], ring: BatchRing | None,
+        pos: dict[str, Any], *, count: bool,
+    ) -> Iterator[dict[str, torch.Tensor]]:  # fmt: skip
+        try:
+            for batch in batches:
+                if count:
+                    self._consumed += 1
+                pos["worker_batches"] += 1
+                slot = ring.slot_of(batch) if ring is not None else None
+                if slot is None:
+                    yield _to_torch(batch)
+                else:
+                    yield _RingBatch(_to_torch(batch), ring, slot, len(batch[INDEX_KEY]))  # type: ignore[arg-type]
+        finally:
+            batches.close()  # type: ignore[attr-defined]  # waits for gathers writing into slots
+            if ring is not None:
+                ring.release_unsent()
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current pass (if one started), else the coming one."""
+        rank, world = self.rank_world()
+        if self._pending is not None:
+            state = self._pending
+        elif self._channel.current_pass() <= 1:
+            state = self._channel.read()["state"]
+        else:
+            state = None
+        return self._plan(rank, world, self.num_workers, state).batches_per_rank
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (forgets any pending resume)."""
+        self._pending = self._leg = self._worker_resume = self._worker_pos = None
+        self._consumed = 0
+        self._publish(epoch, None)
+
+    # -- resume ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank stands: epoch, batches consumed, plan shape and fingerprints.
+
+        In a DataLoader worker (torchdata's ``StatefulDataLoader`` asks there), where this
+        worker stands: its epoch, the resume state its iteration started from, and the batches
+        it has yielded.
+
+        Raises
+        ------
+        StateError
+            In the main process, after DataLoader workers iterated the dataset with nobody
+            counting the batches they handed over (a plain ``DataLoader(num_workers>0)``): use
+            :class:`StreamingDataLoader` or torchdata's ``StatefulDataLoader`` and save *their*
+            state.
+        """
+        if get_worker_info() is not None:
+            return self._worker_state()
+        if self._pending is not None:
+            return dict(self._pending)
+        if self._channel.uncounted:
+            raise StateError(UNCOUNTED_STATE)
+        _, world = self.rank_world()
+        readers, k = max(1, self.num_workers), self._consumed
+        history: tuple[tuple[int, int, int], ...] = ()
+        if self._leg is not None:
+            leg = EpochState.from_dict(self._leg)
+            if leg.world_size == world and max(1, leg.num_workers) == readers:
+                history, k = leg.history, leg.batches_consumed + k
+            else:
+                history = (*leg.history, (leg.world_size, leg.num_workers, leg.batches_consumed))
+        state = EpochState(self.epoch, k, world, self.num_workers, self.plan_fingerprint, history)
+        return rank_state(self, state)
+
+    def _worker_state(self) -> dict[str, Any]:
+        info = get_worker_info()
+        pos = self._worker_resume or self._worker_pos
+        if pos is None and info is not None:  # not started: the coming pass, from its start
+            pass_no, shift = self._channel.next_pass()
+            epoch, leg = pass_epoch(self._channel.read(), pass_no, shift)
+            pos = {"epoch": epoch, "leg": leg, "worker": info.id,
+                   "num_workers": info.num_workers, "rank_world": list(self._worker_rank_world()),
+                   "worker_batches": 0}  # fmt: skip
+        assert pos is not None  # only called in a worker
+        return worker_state(self, pos)
+
+    def _load_worker_state(self, state: dict[str, Any]) -> None:
+        info = get_worker_info()
+        if info is None:
+            raise StateError(
+                "this is a DataLoader worker's state (from torchdata's StatefulDataLoader); load "
+                "it through StatefulDataLoader.load_state_dict, not into the dataset directly"
+            )
+        if (state["worker"], state["num_workers"]) != (info.id, info.num_workers):
+            raise StateError(
+                f"the state is worker {state['worker']} of {state['num_workers']}; this is worker "
+                f"{info.id} of {info.num_workers}"
+            )
+        rank_world = list(self._worker_rank_world())
+        if list(state["rank_world"]) != rank_world:
+            raise StateError(
+                f"the state was saved by rank/world {state['rank_world']}; this is {rank_world} "
+                "(StatefulDataLoader resumes on the same world shape only)"
+            )
+        self._worker_resume = {
+            k: state[k]
+            for k in ("epoch", "leg", "worker", "num_workers", "rank_world", "worker_batches")
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state`` on the next pass (any world shape: elastic re-plan); the pass
+        after it is the next epoch.
+
+        A worker's state (``StatefulDataLoader``) resumes that worker, same world shape only.
+        A state with no batch left in its epoch changes nothing (as torchdata's
+        ``StatefulDataLoader`` does, the next iteration is the epoch set by ``set_epoch``);
+        :class:`StreamingDataLoader` instead resumes it as an empty rest of that epoch.
+
+        Raises
+        ------
+        StateError
+            A state of another dataset, selection, seed or option set.
+        """
+        self._load_state(state, keep_finished=False)
+
+    def _load_state(self, state: Mapping[str, Any], *, keep_finished: bool) -> None:
+        state = dict(state)
+        if check_state(self, state) == "worker":
+            return self._load_worker_state(state)
+        es = EpochState.from_dict(state)
+        if not keep_finished:
+            rank, _ = self.rank_world()
+            left = self._plan(min(rank, es.world_size - 1), es.world_size, es.num_workers, state)
+            if left.batches_per_rank == 0:
+                return
+        self._pending, self._leg, self._consumed = state, None, 0
+        self._publish(int(state["epoch"]), state)
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()  # the Store pickles without open handles
+        d["_ring"] = None  # shared by fork only: spawned workers use the stock hand-off
+        # Pickled as the DataLoader starts spawn / forkserver workers: the main process's rank
+        # and world go with it (a worker's own copy carries what it knows).
+        if get_worker_info() is None:
+            d["_carried"] = main_rank_world(self._explicit)
+        else:
+            d["_carried"] = self._carried
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._home = os.getpid()

@@ -1,0 +1,90 @@
+"""Map-style access to a store: :class:`MapDataset` (random access by row, for any sampler)."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..loader.batches import INDEX_KEY
+from ..loader.select import select_rows
+from ..store import Store, open_store
+
+__all__ = ["MapDataset"]
+
+
+class MapDataset(Dataset):
+    """Random access by position in a selection: ``ds[i]`` is a dict of tensors for one row,
+    plus ``"index"`` (its global row).
+
+    Local npy stores memory-map their chunk files; other formats keep the last
+    ``cache_chunks`` decoded chunks per array (an LRU), so nearby accesses decode once.
+    Works with any sampler, e.g. ``DistributedSampler``.
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store,
+        *,
+        split: str | None = None,
+        arrays: Sequence[str] | None = None,
+        chunks: Sequence[int] | None = None,
+        rows: tuple[int, int] | None = None,
+        cache_chunks: int = 8,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.store = open_store(store, storage_options=storage_options, arrays=arrays)
+        self.selection = select_rows(
+            self.store, split=split, chunks=chunks, rows=rows, arrays=arrays
+        )
+        self.cache_chunks = max(1, int(cache_chunks))
+        self._cum = np.concatenate(([0], np.cumsum(self.selection.sizes)))
+        self._bounds = np.asarray(self.store.manifest.chunk_bounds, dtype=np.int64)
+        self._cache: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._mmap = self.store.manifest.format == "npy" and self.store.is_local
+
+    def __len__(self) -> int:
+        return int(self._cum[-1])
+
+    def global_row(self, i: int) -> int:
+        n = len(self)
+        i = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} out of range for a MapDataset of {n} rows")
+        p = int(np.searchsorted(self._cum, i, "right")) - 1
+        return int(self.selection.starts[p] + (i - self._cum[p]))
+
+    def _chunk(self, name: str, c: int) -> np.ndarray:
+        key = (name, c)
+        arr = self._cache.get(key)
+        if arr is None:
+            if self._mmap:
+                arr = self.store.reader.mmap_chunk(name, c)  # type: ignore[attr-defined]
+            else:
+                arr = self.store.read_chunk(name, c)
+            self._cache[key] = arr
+            while len(self._cache) > self.cache_chunks * len(self.selection.arrays):
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return arr
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = self.global_row(i)
+        c = int(np.searchsorted(self._bounds, g, "right")) - 1
+        out = {
+            a: torch.from_numpy(np.array(self._chunk(a, c)[g - self._bounds[c]]))
+            for a in self.selection.arrays
+        }
+        out[INDEX_KEY] = torch.tensor(g, dtype=torch.int64)
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_cache"] = OrderedDict()  # memory maps and decoded chunks stay in their process
+        return d

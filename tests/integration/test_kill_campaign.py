@@ -1,0 +1,68 @@
+"""Kill campaign: prepare killed (SIGKILL / SIGTERM) at many moments, for every format and
+scheduler, then resumed: the store published at the end equals a clean run value for value.
+
+The campaign is slow-marked (12 combinations x 10 kill points); the smoke test (HDF5, the
+format whose blocks used to be lost, 2 kill points) runs by default.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from killing import campaign
+
+from conftest import make_dataset
+
+pytestmark = pytest.mark.integration
+
+FORMATS = {
+    "npy": {"format": "npy", "compression": "none"},
+    "zarr": {"format": "zarr", "compression": "lz4"},
+    "zarr-sharded": {"format": "zarr", "compression": "zstd", "shard_chunks": 2},
+    "hdf5": {"format": "hdf5", "compression": "lz4"},
+}
+SCHEDULERS = {
+    "threads": {"scheduler": "threads", "num_workers": 2},
+    "processes": {"scheduler": "processes", "num_workers": 2},
+    "distributed": {"scheduler": "distributed", "num_workers": 1, "threads_per_worker": 2},
+}
+#: 10 kill points: right after creation, after a few more records (SIGKILL and SIGTERM), at a
+#: time after launch (anywhere: start-up, writing), and once every block is recorded (merge,
+#: manifest, publish).
+KILL_POINTS: list[tuple[str, object]] = [
+    ("KILL", "job"), ("KILL", 1), ("TERM", 2), ("KILL", 1), ("KILL", 3),
+    ("TERM", 1), ("KILL", 2), ("KILL", 1.5), ("KILL", 2), ("KILL", "all"),
+]  # fmt: skip
+
+
+def config(tmp_path: Path, fmt: str, execution: dict, n: int = 300) -> dict:
+    src = tmp_path / "src.nc"
+    if not src.exists():
+        make_dataset(n, seed=11).to_netcdf(src)
+    return {
+        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
+        "arrays": {"x": ["a", "b", "c"], "y": ["b"]}, "chunk_rows": 10,
+        "out": f"store-{fmt}", "execution": execution, **FORMATS[fmt],
+    }  # fmt: skip
+
+
+def test_kill_smoke_hdf5_resumes_to_the_clean_store(tmp_path):
+    conf = config(tmp_path, "hdf5", SCHEDULERS["threads"], n=140)
+    log = campaign(tmp_path, conf, [("KILL", 4), ("TERM", 3)], throttle_s=0.05)
+    assert all("finished" not in line for line in log), log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", list(SCHEDULERS))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_kill_campaign(tmp_path, fmt, scheduler):
+    if scheduler == "distributed":
+        pytest.importorskip("distributed")
+    conf = config(tmp_path, fmt, SCHEDULERS[scheduler])
+    log = campaign(tmp_path, conf, KILL_POINTS, throttle_s=0.04)
+    assert sum("finished" not in line for line in log) >= 9, log
