@@ -63,6 +63,6 @@ def test_kill_smoke_hdf5_resumes_to_the_clean_store(tmp_path):
 def test_kill_campaign(tmp_path, fmt, scheduler):
     if scheduler == "distributed":
         pytest.importorskip("distributed")
-    conf = config(tmp_path, fmt, SCHEDULERS[scheduler])
+    conf = config(tmp_path, fmt, SCHEDULERS[scheduler], n=600)  # blocks enough for every point
     log = campaign(tmp_path, conf, KILL_POINTS, throttle_s=0.04)
     assert sum("finished" not in line for line in log) >= 9, log
