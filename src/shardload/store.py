@@ -281,9 +281,7 @@ def _is_mapper(obj: Any) -> bool:
     return isinstance(obj, MutableMapping) and hasattr(obj, "fs") and hasattr(obj, "root")
 
 
-def _open_at(
-    fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, verify: str
-) -> Store:
+def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, verify: str) -> Store:
     text = _read_manifest(fs, root)
     if text is None:
         if _exists(fs, f"{root}{PARTIAL_SUFFIX}") or _exists(fs, f"{root}/_progress"):
