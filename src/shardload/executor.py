@@ -136,3 +136,37 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
             cluster.close()
     else:  # validated in config, kept for direct callers
         raise ConfigError(f"execution.scheduler: unknown {scheduler!r}")
+
+
+def run_windowed(
+    ex: Executor,
+    task: Callable[[Any, int], Any],
+    job: Any,
+    todo: Iterator[int] | list[int],
+    *,
+    window: int,
+    on_result: Callable[[Any], None],
+) -> None:
+    """Submit ``task(job, i)`` for each ``i`` of ``todo`` with at most ``window`` in flight, and
+    hand each result to ``on_result`` in the calling thread as it finishes (memory stays bounded
+    by the window). On any error, tasks not yet started are cancelled and the error is raised."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    pending: set[Future[Any]] = set()
+    it = iter(todo)
+    try:
+        while True:
+            while len(pending) < window:
+                i = next(it, None)
+                if i is None:
+                    break
+                pending.add(ex.submit(task, job, i))
+            if not pending:
+                break
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                on_result(fut.result())
+    except BaseException:
+        for f in pending:
+            f.cancel()
+        raise

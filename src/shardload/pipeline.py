@@ -12,7 +12,6 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from .commit import THROTTLE_ENV, BlockCommit, disk_full_error, is_disk_full, wr
 from .commit import fsync_tree as fsync_tree  # re-exported (benchmarks)
 from .config import PrepareConfig, load_config
 from .errors import ConfigError, DiskFullError, NaNError, ShardloadError, StoreError
-from .executor import open_executor
+from .executor import open_executor, run_windowed
 from .formats.base import FormatOptions, get_format
 from .manifest import ArrayInfo, Manifest
 from .plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
@@ -345,27 +344,13 @@ def _run(
         disable=(not progress) if progress is not None else None,
     )
     with open_executor(job.config.execution) as (ex, parallelism):
-        window = max(2, 2 * parallelism)
-        pending: set[Future[Any]] = set()
-        it = iter(todo)
+
+        def record(res: dict[str, Any]) -> None:
+            commit.record(res["block"], res["record"])
+            bar.update(1)
+
         try:
-            while True:
-                while len(pending) < window:
-                    i = next(it, None)
-                    if i is None:
-                        break
-                    pending.add(ex.submit(run_block, job, i))
-                if not pending:
-                    break
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    res = fut.result()
-                    commit.record(res["block"], res["record"])
-                    bar.update(1)
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
+            run_windowed(ex, run_block, job, todo, window=max(2, 2 * parallelism), on_result=record)
         finally:
             bar.close()
 

@@ -16,7 +16,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 from .. import __version__
 from ..commit import BlockCommit, partial_path, write_block_durably
 from ..errors import ConfigError, NaNError, ShardloadError
-from ..executor import default_workers, open_executor
+from ..executor import default_workers, open_executor, run_windowed
 from ..formats.base import FormatOptions
 from ..manifest import ArrayInfo, Manifest
 from ..stats import Partial as StatPartial
@@ -433,26 +432,13 @@ def _run(
         disable=(not progress) if progress is not None else None,
     )  # fmt: skip
     with open_executor(job.config.execution) as (ex, parallelism):
-        pending: set[Future[Any]] = set()
-        it = iter(todo)
+
+        def record(res: dict[str, Any]) -> None:
+            commit.record(res["block"], res["record"])
+            bar.update(1)
+
         try:
-            while True:
-                while len(pending) < parallelism:
-                    i = next(it, None)
-                    if i is None:
-                        break
-                    pending.add(ex.submit(run_slab, job, i))
-                if not pending:
-                    break
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    res = fut.result()
-                    commit.record(res["block"], res["record"])
-                    bar.update(1)
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
+            run_windowed(ex, run_slab, job, todo, window=parallelism, on_result=record)
         finally:
             bar.close()
 
