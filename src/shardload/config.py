@@ -143,6 +143,19 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     return out
 
 
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds; a ConfigError naming the file otherwise."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path}: the config must be a mapping of keys, got {type(raw).__name__}")
+    return dict(raw)
+
+
 def load_config(
     source: str | os.PathLike[str] | Mapping[str, Any],
     overrides: Sequence[str] = (),
@@ -156,16 +169,7 @@ def load_config(
         where = "config"
     else:
         path = Path(source)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-        if not isinstance(raw, Mapping):
-            raise ConfigError(
-                f"{path}: the config must be a mapping of keys, got {type(raw).__name__}"
-            )
+        raw = read_yaml_mapping(path)
         base = Path(base_dir) if base_dir else path.resolve().parent
         where = str(path)
     raw = apply_overrides(dict(raw), overrides)

@@ -15,9 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from ..config import ExecutionConfig, SourceConfig, _resolve, apply_overrides, parse_size
+from ..config import (
+    ExecutionConfig,
+    SourceConfig,
+    _resolve,
+    apply_overrides,
+    parse_size,
+    read_yaml_mapping,
+)
 from ..errors import ConfigError
 from .plan import Boundary, normalize_boundary, normalize_depth
 
@@ -208,13 +214,6 @@ def load_compute_config(
         raw, base = dict(source), Path(os.getcwd())
     else:
         path = Path(source)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{path}: the config must be a mapping of keys")
+        raw = read_yaml_mapping(path)
         base = path.resolve().parent
     return parse_compute_config(apply_overrides(dict(raw), overrides), base)
