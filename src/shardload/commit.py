@@ -43,7 +43,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -136,12 +136,16 @@ def _read_holder(fd: int) -> str:
 
 
 # -- durable files ------------------------------------------------------------------------------
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file, fsync it, rename it over ``path``."""
+def write_atomic(path: Path, data: bytes | Callable[[BinaryIO], object]) -> None:
+    """Write ``data`` (bytes, or a function writing into the open file) to a temporary file,
+    fsync it, rename it over ``path``."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -220,18 +224,11 @@ def write_block_durably(
     """
     if fmt.parallel_write:
         return fmt.write_block(Path(root), name, chunk, start, data, bounds=bounds)  # type: ignore[no-any-return]
-    path = staged_path(Path(root), block, name)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            np.lib.format.write_array(f, np.ascontiguousarray(data), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    array = np.ascontiguousarray(data)
+    write_atomic(
+        staged_path(Path(root), block, name),
+        lambda f: np.lib.format.write_array(f, array, allow_pickle=False),
+    )
     return None
 
 
