@@ -95,19 +95,11 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     """
     from pathlib import Path
 
-    from .errors import ShardloadError
-    from .pipeline import build, plan_splits_for
-    from .plan.chunks import plan_blocks, plan_chunk_bounds, plan_chunk_rows
+    from .pipeline import build, plan_rows, plan_splits_for
+    from .plan.chunks import plan_blocks, plan_chunk_bounds
 
     view = build(cfg)
-    specs = dict(view.specs)
-    length = int(view.length)
-    if length == 0:
-        raise ShardloadError("the view has no samples (length 0): check sample_dims and the source")
-    row_bytes = sum(s.row_bytes for s in specs.values())
-    chunk_rows = cfg.chunk_rows or plan_chunk_rows(
-        row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
-    )
+    specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
     bounds = plan_chunk_bounds(length, chunk_rows)
     blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
     splits, split_rows = plan_splits_for(cfg, view, bounds)  # exactly as prepare plans them

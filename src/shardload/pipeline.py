@@ -201,14 +201,7 @@ def prepare(
     out = Path(cfg.out)
     t0 = time.perf_counter()
     view = build(cfg, dataset=dataset)
-    specs = dict(view.specs)
-    length = view.length
-    if length == 0:
-        raise ShardloadError("the view has no samples (length 0): check sample_dims and the source")
-    row_bytes = sum(s.row_bytes for s in specs.values())
-    chunk_rows = cfg.chunk_rows or plan_chunk_rows(
-        row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
-    )
+    specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
     bounds = RegularBounds(length, chunk_rows)
     splits, split_rows = plan_splits_for(cfg, view, bounds)  # before any file is written
     fingerprint = _fingerprint(cfg, specs, bounds, dataset)
@@ -353,6 +346,20 @@ def _run(
             run_windowed(ex, run_block, job, todo, window=max(2, 2 * parallelism), on_result=record)
         finally:
             bar.close()
+
+
+def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int, int, int]:
+    """``(specs, length, row_bytes, chunk_rows)`` of the store ``cfg`` writes from ``view``
+    (pure; shared by prepare and ``prepare --check``)."""
+    specs = dict(view.specs)
+    length = int(view.length)
+    if length == 0:
+        raise ShardloadError("the view has no samples (length 0): check sample_dims and the source")
+    row_bytes = sum(s.row_bytes for s in specs.values())
+    chunk_rows = cfg.chunk_rows or plan_chunk_rows(
+        row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
+    )
+    return specs, length, row_bytes, chunk_rows
 
 
 def plan_splits_for(
