@@ -42,6 +42,14 @@ class IncompleteStoreError(StoreError):
 class ChunkReadError(StoreError):
     """One chunk of one array could not be read or decoded (missing or corrupt)."""
 
+    @classmethod
+    def from_os_error(cls, exc: OSError, what: str, name: str, path: object) -> ChunkReadError:
+        """The error for ``exc`` raised opening or reading ``what`` (e.g. ``"chunk 3"``) of
+        array ``name`` from ``path``: missing, or could not be read."""
+        if isinstance(exc, FileNotFoundError):
+            return cls(f"{what} of array {name!r} is missing: {path}")
+        return cls(f"{what} of array {name!r} could not be read: {path}: {exc}")
+
 
 class NaNError(ShardloadError, ValueError):
     """NaN values were found and the ``nan`` option is ``fail``."""

@@ -110,12 +110,8 @@ class NpyReader:
                 from ..remote import read_bytes
 
                 got = digest(read_bytes(self.fs, path, what=f"chunk {i} of array {name!r}"))
-        except FileNotFoundError as exc:
-            raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
         except OSError as exc:
-            raise ChunkReadError(
-                f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
-            ) from exc
+            raise ChunkReadError.from_os_error(exc, f"chunk {i}", name, path) from exc
         self.verifier.check(name, i, got, path=path, what=f"chunk {i}")
 
     def path(self, name: str, i: int) -> str:

@@ -170,10 +170,8 @@ def verify_file(
         return
     try:
         got = file_digest(path, opener=opener)
-    except FileNotFoundError as exc:
-        raise ChunkReadError(f"{what} of array {name!r} is missing: {path}") from exc
     except OSError as exc:
-        raise ChunkReadError(f"{what} of array {name!r} could not be read: {path}: {exc}") from exc
+        raise ChunkReadError.from_os_error(exc, what, name, path) from exc
     verifier.check(name, unit, got, path=path, what=what)
 
 

@@ -215,12 +215,8 @@ def _read_failed(
 def _open_checked(rc: RawChunk, name: str, chunk: int, rows: int) -> tuple[int, RawChunk]:
     try:
         fd = os.open(rc.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError as exc:
-        raise ChunkReadError(f"chunk {chunk} of array {name!r} is missing: {rc.path}") from exc
     except OSError as exc:
-        raise ChunkReadError(
-            f"chunk {chunk} of array {name!r} could not be read: {rc.path}: {exc}"
-        ) from exc
+        raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", name, rc.path) from exc
     want_end = rc.offset + rows * rc.row_bytes
     size = os.fstat(fd).st_size
     if size < want_end:
