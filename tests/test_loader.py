@@ -566,3 +566,31 @@ def test_elastic_resume_through_the_scatter_reader(stores, fmt, opts):
                     check_values(store, b)
                     got += b["index"].tolist()
             assert len(got) == len(set(got)) and set(got) == left
+
+
+def test_store_fingerprint_sees_every_feature_statistic() -> None:
+    """numpy prints long arrays abbreviated: the fingerprint must hash every value, so a
+    resume state saved for other statistics (other data, same layout) is refused."""
+    from types import SimpleNamespace
+
+    from shardload.loader.select import store_fingerprint
+    from shardload.manifest import FeatureStats
+
+    def fingerprint(mean: np.ndarray) -> str:
+        n = len(mean)
+        stats = FeatureStats(
+            count=10, mean=mean, std=np.ones(n), min=np.zeros(n), max=np.ones(n),
+            nan_count=np.zeros(n, "i8"),
+        )  # fmt: skip
+        manifest = SimpleNamespace(
+            length=10, chunk_bounds=[0, 10],
+            arrays={"x": SimpleNamespace(shape=(10, n), dtype="float32")}, stats={"x": stats},
+        )  # fmt: skip
+        sel = SimpleNamespace(arrays=("x",), sizes=[10], ids=[0], starts=[0])
+        return store_fingerprint(SimpleNamespace(manifest=manifest), sel)
+
+    base = np.zeros(3000)
+    other = base.copy()
+    other[1500] = 1.0  # hidden in the "..." of numpy's summary
+    assert fingerprint(base) == fingerprint(base.copy())
+    assert fingerprint(base) != fingerprint(other)

@@ -159,9 +159,12 @@ def store_fingerprint(store: Store, selection: Selection) -> str:
         "length": m.length,
         "bounds": list(m.chunk_bounds),
         "arrays": {a: [list(m.arrays[a].shape), m.arrays[a].dtype] for a in selection.arrays},
-        "stats": {a: [s.mean, s.std] for a, s in m.stats.items() if a in selection.arrays},
     }
     h = hashlib.blake2b(json.dumps(desc, sort_keys=True, default=str).encode(), digest_size=8)
+    for a in sorted(set(m.stats) & set(selection.arrays)):  # every value, not numpy's summary
+        h.update(a.encode())
+        for values in (m.stats[a].mean, m.stats[a].std):
+            h.update(np.ascontiguousarray(values, "<f8").tobytes())
     for arr in (selection.sizes, selection.ids, selection.starts):
         h.update(np.asarray(arr, "<i8").tobytes())
     return h.hexdigest()
