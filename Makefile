@@ -6,7 +6,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 EXTRAS := torch,remote,serve,distributed,hpc,grib,hdf5,bench,dev
 
-.PHONY: venv demo test test-fast lint typecheck bench clean
+.PHONY: venv sysdeps demo test test-fast lint typecheck bench clean
+
+# Debian tools some tests use for real (SLURM + munge for the job-queue tests, squashfs-tools +
+# squashfuse for `shardload pack`). Installed when running as root with apt-get; otherwise those
+# tests skip and say why.
+SYSPKGS := slurm-wlm munge squashfs-tools squashfuse fuse3
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,7 +24,17 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/shardload demo
 
-test: $(STAMP)
+sysdeps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  missing=""; for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing system packages:$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "WARNING: could not install$$missing; the tests that need them will skip"; \
+	  fi; \
+	else echo "not root or no apt-get: tests needing $(SYSPKGS) will skip"; fi
+
+test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
