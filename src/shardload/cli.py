@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "shardload.cli_verify",
     "shardload.blockwise.cli",
     "shardload.train.cli_train",
+    "shardload.bench.cli",
 )
 
 log = logging.getLogger("shardload")
