@@ -133,10 +133,12 @@ def test_staging_format_blocks_are_files_until_the_merge(tmp_path):
     ids=["npy", "zarr", "zarr-sharded", "hdf5"],
 )
 def test_every_block_is_fsynced_before_its_record(tmp_path, small_nc, monkeypatch, fmt):
-    """When a block's progress record is written, every data file written so far has been
-    fsynced (sync scheduler: nothing else is writing meanwhile)."""
+    """When a block's progress record is written, every data file its task wrote has been
+    fsynced (sync scheduler: one task at a time; their fsyncs are deferred to the recorder
+    thread, and tasks go on meanwhile)."""
     import shardload
     from shardload import commit as commit_mod
+    from shardload import pipeline
 
     synced: set[tuple[int, int]] = set()  # inodes (a file may be renamed after its fsync)
     real_fsync, real_record = os.fsync, commit_mod.BlockCommit.record
@@ -147,19 +149,31 @@ def test_every_block_is_fsynced_before_its_record(tmp_path, small_nc, monkeypatc
         return real_fsync(fd)
 
     checked = []
+    written: dict[int, set[tuple[int, int]]] = {}  # block: the data files its task wrote
+    real_run = pipeline.run_block
 
-    def record(self, block, fields):
-        data = {
+    def data_files(root):
+        return {
             (p.stat().st_dev, p.stat().st_ino)
-            for p in self.root.rglob("*")
+            for p in root.rglob("*")
             if p.is_file() and "_progress" not in p.parts
             and p.name not in ("zarr.json", "data.h5") and not p.name.startswith(".")
         }  # fmt: skip
+
+    def run_block(job, block):
+        before = data_files(Path(job.partial_dir))
+        res = real_run(job, block)
+        written[block] = data_files(Path(job.partial_dir)) - before
+        return res
+
+    def record(self, block, fields):
+        data = written[block]
         assert data and data <= synced, f"block {block}: {len(data - synced)} file(s) not fsynced"
         checked.append(block)
         return real_record(self, block, fields)
 
     monkeypatch.setattr(os, "fsync", spy)
+    monkeypatch.setattr(pipeline, "run_block", run_block)
     monkeypatch.setattr(commit_mod.BlockCommit, "record", record)
     shardload.prepare({
         "source": {"paths": [str(small_nc)]}, "sample_dims": ["sample"], "view": "flat",

@@ -38,15 +38,18 @@ import io
 import json
 import logging
 import os
+import queue
 import shutil
 import socket
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from .durable import file_written, fsync_path
 from .errors import DiskFullError, StoreError, StoreExistsError, StoreLockedError
 from .store import PARTIAL_SUFFIX
 
@@ -136,10 +139,14 @@ def _read_holder(fd: int) -> str:
 
 
 # -- durable files ------------------------------------------------------------------------------
-def write_atomic(path: Path, data: bytes | Callable[[BinaryIO], object]) -> None:
+def write_atomic(
+    path: Path, data: bytes | Callable[[BinaryIO], object], *, deferrable: bool = False
+) -> None:
     """Write ``data`` (bytes, or a function writing into the open file) to a temporary file,
-    fsync it, rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fsync it, rename it over ``path``. ``deferrable``: the fsync goes through
+    :func:`~shardload.durable.file_written` (inside a deferring collection, the caller fsyncs
+    ``path`` later, before recording it)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with open(tmp, "wb") as f:
             if callable(data):
@@ -147,7 +154,10 @@ def write_atomic(path: Path, data: bytes | Callable[[BinaryIO], object]) -> None
             else:
                 f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if deferrable:
+                file_written(f.fileno(), path)
+            else:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -155,11 +165,14 @@ def write_atomic(path: Path, data: bytes | Callable[[BinaryIO], object]) -> None
         raise
 
 
-def fsync_tree(root: Path) -> None:
-    """fsync every file and folder under ``root`` (files written durably already cost little)."""
+def fsync_tree(root: Path, *, skip: Container[str] = ()) -> None:
+    """fsync every file and folder under ``root``, but the files in ``skip`` (paths as
+    ``str(root / ...)``: files already fsynced)."""
     for folder, _, files in os.walk(root):
         for name in files:
-            _fsync(Path(folder) / name)
+            path = os.path.join(folder, name)
+            if path not in skip:
+                _fsync(Path(path))
         fsync_dir(Path(folder))
 
 
@@ -228,6 +241,7 @@ def write_block_durably(
     write_atomic(
         staged_path(Path(root), block, name),
         lambda f: np.lib.format.write_array(f, array, allow_pickle=False),
+        deferrable=True,
     )
     return None
 
@@ -258,6 +272,8 @@ class BlockCommit:
         self.describe = dict(describe or {})
         self.progress = self.root / PROGRESS_DIR
         self.done: frozenset[int] = frozenset()
+        #: files known to be fsynced (by their task or a DurableRecorder): publish skips them
+        self.synced: set[str] = set()
         self._lock = OutputLock(self.out)
 
     def __enter__(self) -> BlockCommit:
@@ -337,6 +353,25 @@ class BlockCommit:
         np.savez(buf, **arrays)
         write_atomic(self.record_path(block), buf.getvalue())
 
+    def write_state(self, name: str, fields: Mapping[str, np.ndarray]) -> None:
+        """Save the writer's own state (named arrays, e.g. statistics merged so far) as
+        ``_progress/NAME.npz``, atomically; it lives and dies with the progress records."""
+        buf = io.BytesIO()
+        arrays: dict[str, Any] = {k: np.asarray(v) for k, v in fields.items()}
+        np.savez(buf, **arrays)
+        write_atomic(self.progress / f"{name}.npz", buf.getvalue())
+
+    def read_state(self, name: str) -> dict[str, np.ndarray] | None:
+        """What :meth:`write_state` saved under ``name``; None when there is none (or it cannot
+        be read: it is written atomically, so only a foreign file can be unreadable)."""
+        try:
+            with np.load(self.progress / f"{name}.npz") as z:
+                return {k: z[k] for k in z.files}
+        except (OSError, ValueError, KeyError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log.warning("ignoring the unreadable %s state in %s: %s", name, self.progress, exc)
+            return None
+
     def read_record(self, block: int) -> dict[str, np.ndarray]:
         path = self.record_path(block)
         try:
@@ -374,7 +409,7 @@ class BlockCommit:
                     fmt.write_block(self.root, name, chunk, start, data, bounds=bounds)
         finally:
             fmt.finish(self.root)
-        fsync_tree(self.root)
+        fsync_tree(self.root, skip=self.synced)
         write_atomic(marker, b"{}")
         shutil.rmtree(self.root / STAGED_DIR, ignore_errors=True)
 
@@ -387,7 +422,9 @@ class BlockCommit:
         records are removed after the rename (a crash between leaves a harmless ``_progress``).
         """
         shutil.rmtree(self.root / STAGED_DIR, ignore_errors=True)
-        fsync_tree(self.root)  # every array file on disk before the manifest says complete
+        # every array file on disk before the manifest says complete (files fsynced before
+        # their block's record are not synced again)
+        fsync_tree(self.root, skip=self.synced)
         for rel, data in files.items():
             path = self.root / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -407,3 +444,76 @@ class BlockCommit:
         shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+class DurableRecorder:
+    """Records finished blocks from one background thread, each once the files its task wrote
+    are fsynced: for tasks that deferred their fsyncs (:func:`~shardload.durable.collect_written`
+    with ``defer=True``), so a block is still durable before its record.
+
+    :meth:`put` hands over a finished task: its files are fsynced in order of arrival, then
+    ``on_durable(item)`` runs in the recorder's thread (it writes the block's record). At most
+    ``maxsize`` tasks wait; :meth:`put` blocks beyond that (the writers then wait for the disk).
+    An error in the thread is raised by the next :meth:`put` or by :meth:`close`; what was queued
+    after it is never recorded. Leaving the ``with`` block on an error (a task failed) still
+    records the finished tasks queued (a resumed run need not redo them); on an interrupt
+    (``KeyboardInterrupt``, ``SystemExit``) the queue is dropped.
+    """
+
+    def __init__(
+        self, commit: BlockCommit, on_durable: Callable[[Any], None], *, maxsize: int = 8
+    ) -> None:
+        self.commit = commit
+        self.on_durable = on_durable
+        self._queue: queue.Queue[tuple[Sequence[str], Any] | None] = queue.Queue(maxsize)
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="shardload-fsync", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            got = self._queue.get()
+            if got is None:
+                return
+            if self._error is not None or self._stop:
+                continue  # drain: nothing after an error is recorded
+            paths, item = got
+            try:
+                for path in dict.fromkeys(paths):
+                    fsync_path(path)
+                self.commit.synced.update(paths)
+                self.on_durable(item)
+            except BaseException as exc:  # re-raised in the driver
+                self._error = exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def put(self, paths: Sequence[str], item: Any) -> None:
+        self._raise()
+        self._queue.put((list(paths), item))
+
+    def close(self) -> None:
+        """Wait until every task handed over is recorded; raise the thread's error, if any."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+
+    def __enter__(self) -> DurableRecorder:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        if isinstance(exc_type, type) and issubclass(exc_type, Exception):
+            try:
+                self.close()
+            except Exception as late:  # the task's error is the one to report
+                log.warning("recording the blocks finished before the error failed: %s", late)
+            return
+        self._stop = True
+        self._queue.put(None)
+        self._thread.join()

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..checksum import DEFAULT_VERIFY, Verifier, digest, file_digest
+from ..durable import file_written
 from ..errors import ChunkReadError, ConfigError
 from ..manifest import Manifest
 from .base import FormatOptions, RawChunk, is_local, readinto_full
@@ -63,7 +64,7 @@ class NpyFormat:
             with open(path, "w+b") as f:
                 np.lib.format.write_array(f, part, allow_pickle=False)
                 f.flush()
-                os.fsync(f.fileno())  # durable before the block's progress record says done
+                file_written(f.fileno(), path)  # durable before the block's record says done
                 f.seek(0)
                 header = f.read(_file_size(f) - part.nbytes)
             sums[i] = digest(header, part)  # the whole file's bytes, without reading them back

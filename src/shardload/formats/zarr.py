@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..checksum import DEFAULT_VERIFY, Verifier, file_digest
+from ..durable import file_written
 from ..errors import ChunkReadError, StoreError
 from ..manifest import ArrayInfo, Manifest
 from .base import FormatOptions, RawChunk, is_local
@@ -174,7 +175,7 @@ def _fsync_blocks(array_dir: Path, arr: Any, start: int, stop: int) -> None:
         except FileNotFoundError:  # an all-fill-value chunk zarr did not write
             continue
         try:
-            os.fsync(fd)
+            file_written(fd, path)
         finally:
             os.close(fd)
 

@@ -29,6 +29,7 @@ import numpy as np
 from numcodecs import Blosc, blosc
 
 from ..checksum import Verifier, digest, file_digest
+from ..durable import file_written
 from ..errors import ChunkReadError
 from .base import readinto_full
 
@@ -257,7 +258,7 @@ def write_chunk(layout: ChunkLayout, i: int, rows: np.ndarray) -> int:
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())  # durable before the block's progress record says it is done
+        file_written(f.fileno(), path)  # durable before the block's progress record says done
     return digest(data)  # the file's bytes: the chunk's checksum
 
 
