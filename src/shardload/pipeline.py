@@ -385,7 +385,7 @@ def _run(
     if restat:
         log.info("statistics of %d recorded block(s) are read again from the source", len(restat))
     stats_bytes = sum(_num_features(s) * 8 * len(STAT_FIELDS) for s in job.specs.values())
-    every = max(16 * stats_bytes, 256 << 20)
+    every = max(STATS_SAVE_FACTOR * stats_bytes, STATS_SAVE_BYTES)
     since = [0, merge.next]  # bytes recorded since the last save, prefix saved
     bar = tqdm(
         total=job.num_blocks,
@@ -429,6 +429,10 @@ def _run(
 
 #: ``_progress/stats.npz``: the statistics merged over the first ``blocks`` blocks
 STATS_STATE = "stats"
+#: the statistics are saved at most once per this many bytes of blocks recorded, and per
+#: this many times their own size
+STATS_SAVE_BYTES = 256 << 20
+STATS_SAVE_FACTOR = 16
 
 
 def _num_features(spec: ArraySpec) -> int:

@@ -123,9 +123,7 @@ def partial(block: np.ndarray) -> Partial:
             def const(x: Any) -> np.ndarray:
                 return np.broadcast_to(x, (nf,))
 
-            return Partial(
-                const(np.int64(1)), row, const(0.0), row, row, const(np.int64(0))
-            )
+            return Partial(const(np.int64(1)), row, const(0.0), row, row, const(np.int64(0)))
     if n and (v.dtype == np.float32 or v.dtype.kind in "biu"):
         fast = _partial_slabs(v)
         if fast is not None:

@@ -1,0 +1,142 @@
+"""What a prepare run records as it goes (issue 13, items 9 and 10): progress records without
+per-feature statistics, statistics that resume bit for bit, fsyncs deferred to the recorder."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import shardload
+from shardload import commit as commit_mod
+from shardload import pipeline
+from shardload.config import load_config
+from shardload.errors import StoreError
+from shardload.formats import npy
+
+
+def conf(src: Path, out: Path, **kw) -> dict:
+    return {
+        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
+        "arrays": {"x": ["a", "b", "c"], "y": ["b"]}, "chunk_rows": 7, "out": str(out),
+        "format": "npy", "compression": "none", **kw,
+    }  # fmt: skip
+
+
+def test_progress_records_carry_no_per_feature_statistics(tmp_path, monkeypatch):
+    """A wide array (one row per block): a record used to hold 6 float64 values per feature
+    (48x the block's uint8 data); now it holds the checksums only."""
+    nf = 20_000
+    rng = np.random.default_rng(0)
+    v = rng.integers(0, 255, (6, nf), dtype=np.uint8)
+    xr.Dataset({"v": (("sample", "f"), v)}).to_netcdf(tmp_path / "w.nc")
+    sizes = []
+    real = commit_mod.BlockCommit.record
+
+    def record(self, block, fields):
+        real(self, block, fields)
+        sizes.append(self.record_path(block).stat().st_size)
+
+    monkeypatch.setattr(commit_mod.BlockCommit, "record", record)
+    s = shardload.prepare({
+        "source": {"paths": [str(tmp_path / "w.nc")]}, "sample_dims": ["sample"], "view": "flat",
+        "arrays": {"x": ["v"]}, "chunk_rows": 1, "out": str(tmp_path / "s"), "splits": {},
+    })  # fmt: skip
+    assert len(sizes) == 6 and max(sizes) < nf  # less than one byte per feature
+    x = v.astype(np.float64)
+    st = s.manifest.stats["x"]
+    np.testing.assert_allclose(st.mean, x.mean(0), rtol=1e-15)
+    np.testing.assert_allclose(st.std, x.std(0), atol=1e-12)
+    np.testing.assert_array_equal(st.min, x.min(0))
+    np.testing.assert_array_equal(st.max, x.max(0))
+
+
+def _fail_at(monkeypatch, chunk: int) -> None:
+    real = npy.NpyFormat.write_block
+
+    def flaky(self, root, name, chunk_index, start, data, *, bounds):
+        if chunk_index == chunk:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(self, root, name, chunk_index, start, data, bounds=bounds)
+
+    monkeypatch.setattr(npy.NpyFormat, "write_block", flaky)
+
+
+@pytest.mark.parametrize("saved", [True, False], ids=["saved-prefix", "nothing-saved"])
+def test_resumed_statistics_equal_a_clean_run_bit_for_bit(tmp_path, monkeypatch, saved):
+    """Interrupted after some blocks, then resumed: the statistics come from a saved prefix
+    (or none) plus the recorded blocks read again from the source, merged in block order."""
+    from conftest import make_dataset
+
+    src = tmp_path / "src.nc"
+    make_dataset(300, seed=3).to_netcdf(src)
+    ref = shardload.prepare(conf(src, tmp_path / "ref"))
+    if saved:  # save after every block
+        monkeypatch.setattr(pipeline, "STATS_SAVE_BYTES", 0)
+        monkeypatch.setattr(pipeline, "STATS_SAVE_FACTOR", 0)
+    c = conf(src, tmp_path / "s", execution={"scheduler": "threads", "num_workers": 2})
+    _fail_at(monkeypatch, 30)
+    with pytest.raises(StoreError, match="chunk 30"):
+        shardload.prepare(c)
+    monkeypatch.undo()
+    progress = tmp_path / "s.partial" / "_progress"
+    recorded = {int(p.stem[6:]) for p in progress.glob("block-*.npz")}
+    assert len(recorded) >= 28 and 30 not in recorded
+    assert (progress / "stats.npz").exists() == saved
+    prefix = int(np.load(progress / "stats.npz")["blocks"]) if saved else 0
+    assert saved <= (prefix >= 28)
+    again = []
+    real_stats = pipeline.block_stats
+    monkeypatch.setattr(pipeline, "block_stats", lambda j, b: again.append(b) or real_stats(j, b))
+    s = shardload.prepare(c)
+    assert sorted(again) == sorted(b for b in recorded if b >= prefix)
+    for name in ("x", "y"):
+        np.testing.assert_array_equal(s.read(name), ref.read(name))
+        a, b = s.manifest.stats[name], ref.manifest.stats[name]
+        for f in ("mean", "std", "min", "max", "nan_count"):
+            assert np.array_equal(getattr(a, f), getattr(b, f)), (name, f)
+
+
+def test_write_tasks_leave_their_fsyncs_to_the_recorder(tmp_path, small_nc, monkeypatch):
+    """Threads: data files are fsynced by the recorder thread (before each block's record,
+    tests/test_commit.py checks that), not by the write tasks, which go on meanwhile."""
+    by_thread: dict[str, int] = {}
+    real = os.fsync
+
+    def spy(fd):
+        name = threading.current_thread().name
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".npy"):
+            by_thread[name.split("_")[0]] = by_thread.get(name.split("_")[0], 0) + 1
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    shardload.prepare(conf(small_nc, tmp_path / "s", execution={"scheduler": "threads"}))
+    assert by_thread == {"shardload-fsync": 16}, by_thread  # 8 blocks x 2 arrays
+
+
+def test_workers_elsewhere_fsync_their_own_files(tmp_path, small_nc):
+    c = lambda ex: load_config(conf(small_nc, tmp_path / "s", execution=ex))  # noqa: E731
+    assert pipeline.workers_share_disk_cache(c({"scheduler": "threads"}))
+    assert pipeline.workers_share_disk_cache(c({"scheduler": "processes"}))
+    assert not pipeline.workers_share_disk_cache(
+        c({"scheduler": "distributed", "address": "tcp://127.0.0.1:1"})
+    )
+
+
+def test_recorder_raises_a_failed_fsync_and_records_nothing_after_it(tmp_path):
+    done = []
+    c = commit_mod.BlockCommit(tmp_path / "o", fingerprint="f", num_blocks=3)
+    ok = tmp_path / "ok.bin"
+    ok.write_bytes(b"x")
+    rec = commit_mod.DurableRecorder(c, done.append)
+    rec.put([str(ok)], 0)
+    rec.put([str(tmp_path / "missing.bin")], 1)
+    rec.put([str(ok)], 2)
+    with pytest.raises(FileNotFoundError, match=r"missing\.bin"):
+        rec.close()
+    assert done == [0] and str(ok) in c.synced
