@@ -108,14 +108,14 @@ def test_an_active_distributed_client_runs_the_tasks(tmp_path):
                 store = shardload.prepare(
                     {**cfg, **extra, "out": str(tmp_path / f"s{i}")}, dataset=ds
                 )
-            blocks = [t for t in ts.data if str(t["key"]).startswith("run_block")]
+            blocks = [t for t in ts.data if str(t["key"]).startswith("run_task")]
             assert len(blocks) == store.num_chunks == 5  # every write task ran on the client
             assert client.status == "running"  # not closed: it is the user's
         with distributed.get_task_stream(client) as ts:  # threads asked for: none reach it
             shardload.prepare(
                 {**cfg, "execution": "threads", "out": str(tmp_path / "t")}, dataset=ds
             )
-        assert not [t for t in ts.data if str(t["key"]).startswith("run_block")]
+        assert not [t for t in ts.data if str(t["key"]).startswith("run_task")]
         np.testing.assert_array_equal(
             shardload.open_store(tmp_path / "s0").read("x"),
             shardload.open_store(tmp_path / "t").read("x"),

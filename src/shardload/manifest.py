@@ -320,12 +320,15 @@ def encode_features(array: str, names: Sequence[str] | None, stats: FeatureStats
         for f in STATS_FIELDS:
             d[f] = np.asarray(getattr(stats, f))
     if names is not None:
-        names = list(names)
-        joined = "\0".join(names)
-        if joined.count("\0") != max(len(names) - 1, 0):
+        if hasattr(names, "utf8_joined"):  # lazy names of a wide grid (views/names.py)
+            raw = np.frombuffer(names.utf8_joined(), dtype=np.uint8)
+        else:
+            names = list(names)
+            raw = np.frombuffer("\0".join(names).encode("utf-8"), dtype=np.uint8)
+        if np.count_nonzero(raw == 0) != max(len(names) - 1, 0):
             raise StoreError(f"a feature name of array {array!r} contains a NUL character")
         d["num_names"] = np.array(len(names), dtype=np.int64)
-        d["names"] = np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
+        d["names"] = raw
     buf = io.BytesIO()
     np.savez(buf, **d)  # type: ignore[arg-type]
     return buf.getvalue()

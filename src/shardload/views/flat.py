@@ -12,11 +12,18 @@ import xarray as xr
 
 from ..errors import ViewError
 from .base import ArraySpec, check_lengths, check_numeric
+from .names import ChainedNames, GridNames
 from .rows import RowReader, read_vars, sample_length, sample_major
 
 
 def feature_names(da: xr.DataArray, sample_dims: Sequence[str]) -> tuple[str, ...]:
     """Names of the flattened features of one variable: ``var`` or ``var[label,...]``."""
+    return tuple(feature_name_seq(da, sample_dims))
+
+
+def feature_name_seq(da: xr.DataArray, sample_dims: Sequence[str]) -> Sequence[str]:
+    """:func:`feature_names` as a sequence; for two or more feature dims, a lazy
+    :class:`~shardload.views.names.GridNames` (millions of names are never built as strings)."""
     name = str(da.name)
     rest = [d for d in da.dims if d not in sample_dims]
     if not rest:
@@ -29,12 +36,7 @@ def feature_names(da: xr.DataArray, sample_dims: Sequence[str]) -> tuple[str, ..
             labels.append([str(i) for i in range(da.sizes[d])])
     if len(labels) == 1:  # the common wide case: one string per feature, nothing else
         return tuple([f"{name}[{lab}]" for lab in labels[0]])
-    # C order over the other dims, built prefix by prefix: one f-string per feature, not a
-    # join per feature (9.3 M names of a 2-D grid)
-    heads = labels[0]
-    for lab in labels[1:-1]:
-        heads = [f"{h},{x}" for h in heads for x in lab]
-    return tuple([f"{name}[{h},{x}]" for h in heads for x in labels[-1]])
+    return GridNames(name, labels)
 
 
 class FlatView:
@@ -70,9 +72,13 @@ class FlatView:
             self._vars[out] = das
             n_feat = [int(np.prod(d.shape[len(self.sample_dims) :], dtype=np.int64)) for d in das]
             dt = np.dtype(dtype) if dtype else np.result_type(*[d.dtype for d in das])
-            feats = tuple(
-                itertools.chain.from_iterable(feature_names(d, self.sample_dims) for d in das)
-            )
+            parts = [feature_name_seq(d, self.sample_dims) for d in das]
+            feats: Sequence[str] = (
+                parts[0] if len(parts) == 1
+                else tuple(itertools.chain.from_iterable(parts))
+                if all(isinstance(p, tuple) for p in parts)
+                else ChainedNames(parts)
+            )  # fmt: skip
             specs[out] = ArraySpec(
                 out, (0, int(sum(n_feat))), dt, feats, {"variables": list(names)}
             )
