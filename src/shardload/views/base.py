@@ -8,7 +8,7 @@ rechunk graph: each write task reads exactly its rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,7 +25,7 @@ class ArraySpec:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
-    features: tuple[str, ...] | None = None
+    features: Sequence[str] | None = None  # a lazy sequence for wide grids (views/names.py)
     attrs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
