@@ -528,7 +528,7 @@ def _final_stats(
     stats = {}
     for name in specs:
         stats[name] = finalize(merge.merged[name])
-        nans = int(sum(stats[name].nan_count))
+        nans = int(np.sum(stats[name].nan_count))
         if nans and warn_nan:
             log.warning(
                 "array %r has %d NaN value(s) (counts per feature in the manifest stats)",

@@ -115,11 +115,12 @@ def partial(block: np.ndarray) -> Partial:
     # float64 blocks: measured no faster than the general path. Integers and booleans have no
     # NaN: the general path's float64 copy of the block and its reductions over a short row
     # axis cost seconds per block of a wide grid (9.3 M uint8 features, one row per block)
-    if n == 1 and v.dtype.kind in "biuf":  # one wide row (a grid per sample): itself, exactly
-        row = v[0].astype(np.float64)
+    if n == 1 and v.dtype.kind in "iuf":  # one wide row (a grid per sample): itself, exactly
+        row = v[0]
         if v.dtype.kind != "f" or np.isfinite(row).all():
-            # read-only views for the constant fields and one array for mean, min and max:
-            # fresh 74 MB arrays per field cost more than the rest of a 9.3 M-feature block
+            # read-only views: the row itself (in its own dtype; merge and finalize compute in
+            # float64) for mean, min and max, broadcast constants for the rest: fresh 74 MB
+            # arrays per field cost more than the rest of a 9.3 M-feature block
             def const(x: Any) -> np.ndarray:
                 return np.broadcast_to(x, (nf,))
 
@@ -159,12 +160,13 @@ def merge(a: Partial, b: Partial) -> Partial:
     """Combine two partials (Chan et al. 1979)."""
     n = a.count + b.count
     with np.errstate(invalid="ignore", divide="ignore"):
-        delta = b.mean - a.mean
+        delta = np.subtract(b.mean, a.mean, dtype=np.float64)  # means may be a row's dtype
         frac = np.where(n > 0, b.count / np.maximum(n, 1), 0.0)
         mean = a.mean + delta * frac
         m2 = a.m2 + b.m2 + delta**2 * a.count * frac
+    f8 = lambda x: np.asarray(x, np.float64)  # noqa: E731
     return Partial(
-        n, mean, m2, np.fmin(a.min, b.min), np.fmax(a.max, b.max), a.nan_count + b.nan_count
+        n, mean, m2, np.fmin(f8(a.min), b.min), np.fmax(f8(a.max), b.max), a.nan_count + b.nan_count
     )
 
 
@@ -260,7 +262,7 @@ def finalize(p: Partial) -> FeatureStats:
         count=int(p.count.max()) if p.count.size else 0,
         mean=mean,
         std=np.sqrt(np.maximum(var, 0)),
-        min=p.min,
-        max=p.max,
-        nan_count=p.nan_count,
+        min=np.asarray(p.min, np.float64),
+        max=np.asarray(p.max, np.float64),
+        nan_count=np.asarray(p.nan_count, np.int64),
     )
