@@ -251,3 +251,27 @@ def test_cli_pack(store, tools, tmp_path):
     assert "packed" in res.stdout and squashfs.is_image(tmp_path / "c.sqfs")
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert res.returncode == 2 and "c.sqfs exists" in res.stderr and "--overwrite" in res.stderr
+
+
+def test_a_killed_squashfuse_leaves_no_mount(image):
+    root = squashfs.mount(image)
+    state = json.loads(Path(f"{root}.json").read_text())
+    os.kill(state["squashfuse"], signal.SIGKILL)  # fusermount3 (auto_unmount) unmounts
+    wait_unmounted(root)
+    assert squashfs.mount(image) == root and mounts_at(root) == 1  # mounted again
+    squashfs.unmount(image)
+    wait_unmounted(root)
+
+
+def test_a_store_handed_to_another_process_refuses_a_changed_image(store, tools, tmp_path):
+    import pickle
+
+    img = squashfs.pack(store.url, tmp_path / "h.sqfs")
+    st = shardload.open_store(img)
+    blob = pickle.dumps(st)
+    assert pickle.loads(blob).root == st.root  # unpickling takes a use of the same mount
+    os.utime(img, ns=(1, 1))  # the image changed (as if repacked)
+    with pytest.raises(StoreError, match=r"h\.sqfs changed or vanished since it was opened"):
+        pickle.loads(blob)
+    squashfs.unmount(img)
+    wait_unmounted(st.root)
