@@ -275,3 +275,31 @@ def test_a_store_handed_to_another_process_refuses_a_changed_image(store, tools,
         pickle.loads(blob)
     squashfs.unmount(img)
     wait_unmounted(st.root)
+
+
+HOLDER = """
+import pickle, sys
+sys.path.insert(0, {src!r})
+st = pickle.loads(bytes.fromhex(sys.stdin.readline()))
+print("ok", flush=True)
+sys.stdin.readline()
+print(st.read("x", 0, 5).sum(), flush=True)
+"""
+
+
+def test_a_pickled_store_keeps_the_mount_in_the_process_that_unpickles_it(store, image):
+    import pickle
+
+    st = shardload.open_store(image)
+    root = st.root
+    child = subprocess.Popen([sys.executable, "-c", HOLDER.format(src=SRC)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child.stdin.write(pickle.dumps(st).hex() + "\n")  # type: ignore[union-attr]
+    child.stdin.flush()  # type: ignore[union-attr]
+    assert child.stdout.readline().strip() == "ok"  # type: ignore[union-attr]
+    squashfs.unmount(image)  # this process lets go; the child still reads through the mount
+    time.sleep(0.5)
+    assert mounts_at(root) == 1
+    out, _ = child.communicate("\n", timeout=30)
+    assert float(out) == pytest.approx(float(store.read("x", 0, 5).sum()))
+    wait_unmounted(root)
