@@ -303,3 +303,17 @@ def test_a_pickled_store_keeps_the_mount_in_the_process_that_unpickles_it(store,
     out, _ = child.communicate("\n", timeout=30)
     assert float(out) == pytest.approx(float(store.read("x", 0, 5).sum()))
     wait_unmounted(root)
+
+
+def test_processes_opening_at_once_make_one_mount(store, image):
+    code = USER.format(src=SRC, image=str(image))
+    procs = [subprocess.Popen([sys.executable, "-c", code, "exit"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]  # fmt: skip
+    roots = {p.stdout.readline().strip() for p in procs}  # type: ignore[union-attr]
+    assert len(roots) == 1 and "" not in roots
+    (root,) = roots
+    assert mounts_at(root) == 1
+    for p in procs:
+        p.communicate("\n", timeout=30)
+        assert p.returncode == 0
+    wait_unmounted(root)
