@@ -43,6 +43,9 @@ def register(sub: Any) -> None:
     p.add_argument("--check", action="store_true",
                    help="validate the config and print the plan (length, arrays, chunks, bytes, "
                    "splits) without writing anything; the source is opened lazily")  # fmt: skip
+    p.add_argument("--dry-run-jobs", action="store_true",
+                   help="scheduler jobqueue: print the batch job script dask-jobqueue would "
+                   "submit (and how many jobs, workers, threads); submits and writes nothing")  # fmt: skip
     p.set_defaults(func=cmd_prepare)
 
     c = sub.add_parser("config-schema", help="print the JSON schema of prepare configs (for editors)",
@@ -66,6 +69,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         overrides.append(f"execution.scheduler={args.scheduler}")
     if args.workers:
         overrides.append(f"execution.num_workers={args.workers}")
+    if args.dry_run_jobs:
+        from .config import load_config
+        from .jobqueue import dry_run_text
+
+        sys.stdout.write(dry_run_text(load_config(args.config, overrides).execution))
+        return 0
     if args.check:
         from .config import load_config
 

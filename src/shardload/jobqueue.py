@@ -110,6 +110,28 @@ def job_script(cluster: Mapping[str, Any]) -> str:
     return str(job.job_script())
 
 
+def dry_run_text(execution: Any) -> str:
+    """What ``--dry-run-jobs`` prints for an :class:`~shardload.config.ExecutionConfig`: the
+    jobs, workers and threads a run would ask for, then the job script."""
+    if execution.scheduler != "jobqueue":
+        raise ConfigError(
+            f"--dry-run-jobs: execution.scheduler is {execution.scheduler!r}; it shows the batch "
+            "job script of scheduler: jobqueue (set execution.cluster too)"
+        )
+    kind = split_options(execution.cluster)[0]
+    cluster_cls, job_cls = _classes(kind)
+    script = job_script(execution.cluster)
+    jobs, processes, threads = job_shape(execution.cluster)
+    return (
+        f"# dask-jobqueue {cluster_cls.__name__}: {jobs} job(s) x {processes} worker "
+        f"process(es) x {threads} thread(s) = {jobs * processes * threads} tasks in flight\n"
+        f"# each job is submitted with `{job_cls.submit_command} SCRIPT` and cancelled with "
+        f"`{job_cls.cancel_command} JOBID`; workers must arrive within "
+        f"execution.timeout_s = {execution.timeout_s:g} s\n"
+        f"# nothing was submitted or written\n{script.rstrip()}\n"
+    )
+
+
 def job_shape(cluster: Mapping[str, Any]) -> tuple[int, int, int]:
     """``(jobs, worker processes per job, threads per worker process)`` of ``cluster``."""
     kind, jobs, opts = split_options(cluster)
@@ -198,6 +220,7 @@ def job_states(kind: str, job_ids: list[str], *, timeout_s: float = 15) -> dict[
 
 
 def _describe_jobs(job_ids: list[str], states: dict[str, str] | None) -> str:
+    job_ids = sorted(set(job_ids), key=lambda j: (len(j), j))  # numeric order for numeric ids
     if not job_ids:
         return "no job submitted yet"
     if states is None:
