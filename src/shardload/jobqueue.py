@@ -462,7 +462,7 @@ class JobqueueRun:
             except Exception:  # the client is closing
                 return
             now = time.monotonic()
-            if n < self.expected_workers and now - last_rescale > 10:
+            if n < self.expected_workers and now - last_rescale > 5:
                 last_rescale = now
                 with contextlib.suppress(Exception):
                     self.cluster.scale(jobs=self.jobs)

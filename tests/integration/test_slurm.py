@@ -125,6 +125,74 @@ def test_compute_on_slurm_equals_threads(tmp_path, slurm):
     assert_no_jobs(slurm)
 
 
+def test_parallelism_is_the_clusters_worker_threads(tmp_path, slurm):
+    """1 job of 2 cores as 2 worker processes: 2 tasks in flight, one per worker thread."""
+    from shardload.config import ExecutionConfig
+    from shardload.executor import open_executor
+
+    ex_cfg = ExecutionConfig(
+        scheduler="jobqueue", timeout_s=60,
+        cluster=cluster_options(tmp_path, jobs=1, cores=2, processes=2),
+    )  # fmt: skip
+    with open_executor(ex_cfg) as (ex, parallelism):
+        info = ex.inner._client.scheduler_info(n_workers=-1)["workers"]  # type: ignore[attr-defined]
+        assert parallelism == 2 == sum(w["nthreads"] for w in info.values())
+        assert len(info) == 2
+        assert ex.submit(sum, [1, 2]).result(timeout=60) == 3
+        assert len(slurm.jobs()) == 1
+    assert_no_jobs(slurm)
+
+
+@pytest.mark.slow
+def test_a_killed_job_is_replaced_and_its_blocks_rerun(tmp_path, slurm):
+    """scancel one of the two jobs while blocks are in flight: its tasks run elsewhere, a new
+    job replaces it, the store equals a threads run, and no job is left."""
+    import dask
+
+    zarr = pytest.importorskip("zarr")
+    data = np.arange(12 * 3 * 2, dtype="f4").reshape(12, 3, 2)
+    g = zarr.open_group(store=str(tmp_path / "cube.zarr"), mode="w", zarr_format=3)
+    g.create_array("amp", shape=data.shape, chunks=(1, 3, 2), dtype=data.dtype)[...] = data
+
+    def config(out: str, execution: Any) -> dict[str, Any]:
+        return {
+            "source": {"paths": [str(tmp_path / "cube.zarr")], "variable": "amp"},
+            "attributes": {"d": {"function": "integration.slow_funcs:slow_double",
+                                 "kwargs": {"seconds": 1.0}}},
+            "chunks": {0: 1}, "out": str(tmp_path / out), "execution": execution,
+        }  # fmt: skip
+
+    import threading
+
+    seen: set[str] = set()
+    killed: list[str] = []
+
+    def kill_one_when_running() -> None:
+        progress = tmp_path / "jq.partial" / "_progress"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            running = [j.split()[0] for j in slurm.jobs() if j.endswith("RUNNING")]
+            seen.update(running)
+            if len(running) == 2 and progress.is_dir() and any(progress.glob("block-*")):
+                slurm.run("scancel", running[0])
+                killed.append(running[0])
+            time.sleep(0.3)
+        while time.monotonic() < deadline and (tmp_path / "jq.partial").exists():
+            seen.update(j.split()[0] for j in slurm.jobs())
+            time.sleep(0.3)
+
+    killer = threading.Thread(target=kill_one_when_running, daemon=True)
+    killer.start()
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1s"}):
+        shardload.compute(config("jq", jobqueue(tmp_path)), progress=False)
+    killer.join(timeout=30)
+    assert killed, "the test never saw both jobs running"
+    np.testing.assert_array_equal(shardload.open_store(tmp_path / "jq").read("d"), data * 2)
+    assert len(seen) >= 3, f"no replacement job was submitted (jobs seen: {sorted(seen)})"
+    assert_no_jobs(slurm)
+
+
+@pytest.mark.slow
 def test_task_error_cancels_the_jobs(tmp_path, slurm):
     """An error inside a task (NaN with nan: fail) reaches the caller; the jobs are cancelled."""
     src = tmp_path / "small.nc"
@@ -163,8 +231,11 @@ FAILURES = {
     "bad_partition": (_bad_partition, r"sbatch.*invalid partition"),
     "munge_down": (_munge_down, r"sbatch.*(Munge|munge|authentication)"),
     "controller_down": (_controller_down, r"sbatch.*Unable to contact slurm controller"),
-    "worker_cannot_start": (_worker_cannot_start, r"(?s)ended before its worker.*nonexistent/python"),
-    "node_down": (_node_down, r"(?s)no worker arrived within execution.timeout_s = 15 s.*jobs 1, 2"),
+    "worker_cannot_start": (
+        _worker_cannot_start,
+        r"(?s)ended before its worker.*nonexistent/python",
+    ),
+    "node_down": (_node_down, r"(?s)no worker arrived within execution.timeout_s = 8 s.*jobs 1, 2"),
 }
 
 
@@ -172,7 +243,9 @@ FAILURES = {
 def test_failure_is_a_clear_error_and_leaves_no_job(tmp_path, slurm, case, capsys):
     breaks, message = FAILURES[case]
     extra = breaks(slurm)
-    cfg = prepare_config(tmp_path, "jq", jobqueue(tmp_path, timeout_s=15, **extra))
+    cfg = prepare_config(
+        tmp_path, "jq", jobqueue(tmp_path, timeout_s=8 if case == "node_down" else 15, **extra)
+    )
     t0 = time.perf_counter()
     with pytest.raises(ClusterError, match=message) as err:
         shardload.prepare(cfg, progress=False)
