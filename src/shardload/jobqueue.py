@@ -235,6 +235,20 @@ def _describe_jobs(job_ids: list[str], states: dict[str, str] | None) -> str:
 
 
 # -- the run -------------------------------------------------------------------------------------
+class _QuietSubmissionErrors(logging.Filter):
+    """Drops the traceback tornado logs for a failed submission (dask-jobqueue raises it in a
+    callback nobody awaits): the run reports the same error once, as a ClusterError."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, RuntimeError) and "Command exited with non-zero" in str(exc))
+
+
+#: distributed's INFO chatter (scheduler start, client connections, worker retirement) drowns
+#: the progress line; kept at WARNING during a run unless shardload logs at DEBUG (-vv)
+_CHATTY = ("distributed.scheduler", "distributed.core", "distributed.http.proxy")
+
+
 class _FailingExecutor(Executor):
     """The client's executor, with futures a watchdog can fail (so the driver never waits on a
     task no worker will ever run)."""
@@ -307,12 +321,20 @@ class JobqueueRun:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self.timings: dict[str, float] = {}
+        self._filter = _QuietSubmissionErrors()
+        self._levels: dict[str, int] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         distributed = require("distributed", "hpc")
         cluster_cls, job_cls = _classes(self.kind)
         t0 = time.perf_counter()
+        logging.getLogger("tornado.application").addFilter(self._filter)
+        if not logging.getLogger("shardload").isEnabledFor(logging.DEBUG):
+            for name in _CHATTY:
+                lg = logging.getLogger(name)
+                self._levels[name] = lg.level
+                lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
         recording = _recording_job_class(job_cls, self.errors, self.job_ids)
         try:
             self.cluster = cluster_cls(job_cls=recording, **self.opts)
@@ -502,6 +524,9 @@ class JobqueueRun:
             with contextlib.suppress(Exception):
                 self.cluster.close(timeout=30)
         self.cancel_jobs()
+        logging.getLogger("tornado.application").removeFilter(self._filter)
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
 
     def cancel_jobs(self) -> None:
         ids = sorted(set(self.job_ids))
