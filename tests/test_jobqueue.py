@@ -140,7 +140,8 @@ def test_importing_dask_jobqueue_keeps_ctrl_c_an_interrupt():
     """dask_jobqueue's runner module sets a SIGINT handler that calls sys.exit() (status 0)."""
     code = (
         "import signal\n"
-        "from shardload.jobqueue import _classes, signals_unwind\n"
+        "from shardload.jobqueue.jobs import _classes\n"
+        "from shardload.jobqueue import signals_unwind\n"
         "before = signal.getsignal(signal.SIGINT)\n"
         "_classes('slurm')\n"
         "assert signal.getsignal(signal.SIGINT) is before, signal.getsignal(signal.SIGINT)\n"
