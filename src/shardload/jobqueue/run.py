@@ -185,7 +185,10 @@ class JobqueueRun:
             n, _ = self.workers_up()
             if n >= self.expected_workers:
                 self.timings["workers_up_s"] = time.perf_counter() - t0
-                self.report(f"jobqueue: {n}/{self.expected_workers} workers up")
+                self.report(
+                    f"jobqueue: {n}/{self.expected_workers} workers up after "
+                    f"{self.timings['workers_up_s']:.1f} s ({self.parallelism} worker threads)"
+                )
                 return
             states = job_states(self.kind, list(self.job_ids))
             if n == 0 and self._all_ended(states):
