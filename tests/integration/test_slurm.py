@@ -86,7 +86,10 @@ def assert_no_jobs(slurm: SlurmCluster) -> None:
     assert slurm.jobs() == []
 
 
-def test_prepare_on_slurm_equals_threads(tmp_path, slurm, capsys):
+def test_prepare_on_slurm_equals_threads(tmp_path, slurm, capsys, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="shardload.jobqueue")
     t0 = time.perf_counter()
     jq = shardload.prepare(prepare_config(tmp_path, "jq", jobqueue(tmp_path)), progress=False)
     t_jq = time.perf_counter() - t0
@@ -100,9 +103,11 @@ def test_prepare_on_slurm_equals_threads(tmp_path, slurm, capsys):
         tmp_path / "th" / "checksums.npz"
     ).read_bytes()
     assert_no_jobs(slurm)
+    up = [r.getMessage() for r in caplog.records if "workers up after" in r.getMessage()]
+    assert up, caplog.text
     with capsys.disabled():
-        print(f"\n[slurm] cluster up {slurm.timings['cluster_up_s']:.1f} s; prepare on SLURM "
-              f"{t_jq:.1f} s, threads {t_th:.1f} s")  # fmt: skip
+        print(f"\n[slurm] cluster up {slurm.timings['cluster_up_s']:.1f} s; {up[0]}; prepare on "
+              f"SLURM {t_jq:.1f} s, threads {t_th:.1f} s")  # fmt: skip
 
 
 def test_compute_on_slurm_equals_threads(tmp_path, slurm):
