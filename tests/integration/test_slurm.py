@@ -280,9 +280,9 @@ def _run_cli(tmp_path: Path, execution: Any) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_while_waiting_cancels_the_jobs(tmp_path, slurm, sig, code):
-    """SIGTERM / Ctrl-C while the jobs wait in the queue: the command exits, no job is left."""
+def test_sigterm_while_waiting_cancels_the_jobs(tmp_path, slurm):
+    """SIGTERM (e.g. the driver's own job killed) while the jobs wait in the queue: the command
+    exits with 143 and no job is left."""
     # jobs that cannot start for an hour: the run is waiting for workers
     proc = _run_cli(tmp_path, jobqueue(tmp_path, timeout_s=120,
                                        job_extra_directives=["--begin=now+3600"]))  # fmt: skip
@@ -292,10 +292,47 @@ def test_signal_while_waiting_cancels_the_jobs(tmp_path, slurm, sig, code):
             assert proc.poll() is None, proc.communicate()[0]
             assert time.monotonic() < deadline, "the jobs never reached the queue"
             time.sleep(0.3)
-        proc.send_signal(sig)
+        proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == code, out
+    assert proc.returncode == 143, out
     assert_no_jobs(slurm)
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_blocks_run_cancels_the_jobs(tmp_path, slurm):
+    """Ctrl-C (SIGINT) while blocks run on the workers: exit 130 (not the 0 of dask_jobqueue's
+    own SIGINT handler), no job left, the finished blocks kept for a resume."""
+    zarr = pytest.importorskip("zarr")
+    data = np.arange(12 * 3 * 2, dtype="f4").reshape(12, 3, 2)
+    g = zarr.open_group(store=str(tmp_path / "cube.zarr"), mode="w", zarr_format=3)
+    g.create_array("amp", shape=data.shape, chunks=(1, 3, 2), dtype=data.dtype)[...] = data
+    path = tmp_path / "attrs.yaml"
+    path.write_text(yaml.safe_dump({
+        "source": {"paths": [str(tmp_path / "cube.zarr")], "variable": "amp"},
+        "attributes": {"d": {"function": "integration.slow_funcs:slow_double",
+                             "kwargs": {"seconds": 2.0}}},
+        "chunks": {0: 1}, "out": str(tmp_path / "jq"), "execution": jobqueue(tmp_path),
+    }))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardload", "compute", str(path), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    progress = tmp_path / "jq.partial" / "_progress"
+    try:
+        deadline = time.monotonic() + 120
+        while not (progress.is_dir() and any(progress.glob("block-*"))):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "no block finished"
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    assert_no_jobs(slurm)
+    assert not (tmp_path / "jq").exists() and any(progress.glob("block-*"))
