@@ -214,3 +214,35 @@ def test_timeout_names_the_jobs_and_cancels_them(tmp_path, monkeypatch, caplog):
 
 def test_execution_config_default_timeout():
     assert ExecutionConfig().timeout_s == 300
+
+
+@pytest.mark.parametrize(
+    ("kind", "command", "output", "expected"),
+    [
+        ("slurm", "squeue", "12 PENDING Priority\n13 RUNNING None\n",
+         {"12": "pending (Priority)", "13": "running"}),
+        ("pbs", "qstat", "Job id            Name             User    Time Use S Queue\n"
+         "----------------  ---------------- ------  -------- - -----\n"
+         "12.pbs01          dask-worker      ana     0        Q workq\n"
+         "99.pbs01          other            bob     0        R workq\n",
+         {"12": "q"}),
+        ("lsf", "bjobs", "12 PEND\n13 RUN\n", {"12": "pend", "13": "run"}),
+        ("sge", "qstat", "job-ID prior   name       user  state submit/start at     queue\n"
+         "-----------------------------------------------------------------\n"
+         "     12 0.55500 dask-worke ana   qw    11/23/2026 06:00:00\n",
+         {"12": "qw"}),
+    ],
+)  # fmt: skip
+def test_job_states_from_the_batch_systems_listing(tmp_path, monkeypatch, kind, command, output,
+                                                   expected):  # fmt: skip
+    """A job missing from the listing has ended (13 for PBS/SGE); other users' jobs are ignored."""
+    from shardload.jobqueue import job_states
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    p = bin_dir / command
+    p.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}EOF\n")
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    assert job_states(kind, ["12", "13"]) == expected
+    assert job_states("htcondor", ["12"]) is None  # not asked: the line says "submitted"
