@@ -68,3 +68,28 @@ def test_tasks_in_flight_are_worker_threads_and_jobs_are_cancelled(tmp_path, mon
         time.sleep(0.2)
     else:
         pytest.fail(f"the job's process {job_ids[0]} still runs after the executor closed")
+
+
+@pytest.mark.slow
+def test_a_lost_job_of_two_worker_processes_is_replaced(tmp_path, monkeypatch):
+    """The job (2 worker processes) dies: a replacement job is submitted (the run re-scales the
+    cluster while workers are missing) and work goes on on its workers."""
+    import signal
+
+    jobs = local_batch_system(tmp_path, monkeypatch)
+    cfg = ExecutionConfig(
+        scheduler="jobqueue", timeout_s=120,
+        cluster={"kind": "slurm", "jobs": 1, "cores": 2, "processes": 2, "memory": "1GB",
+                 "interface": "lo", "scheduler_options": {"dashboard_address": "127.0.0.1:0"}},
+    )  # fmt: skip
+    with open_executor(cfg) as (ex, parallelism):
+        assert parallelism == 2
+        assert ex.submit(sum, [1, 1]).result(timeout=60) == 2
+        (first,) = [p.name for p in jobs.iterdir() if p.name.isdigit()]
+        os.killpg(int(first), signal.SIGKILL)  # the node died
+        (jobs / first).unlink()
+        assert ex.submit(sum, [2, 3]).result(timeout=120) == 5  # on the replacement's workers
+        now = [p.name for p in jobs.iterdir() if p.name.isdigit()]
+        assert now and first not in now
+    cancelled = (tmp_path / "cancelled.txt").read_text().split()
+    assert set(now) <= set(cancelled)
