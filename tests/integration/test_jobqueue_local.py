@@ -72,8 +72,9 @@ def test_tasks_in_flight_are_worker_threads_and_jobs_are_cancelled(tmp_path, mon
 
 @pytest.mark.slow
 def test_a_lost_job_of_two_worker_processes_is_replaced(tmp_path, monkeypatch):
-    """The job (2 worker processes) dies: a replacement job is submitted (the run re-scales the
-    cluster while workers are missing) and work goes on on its workers."""
+    """The job (2 worker processes) dies: dask's SpecCluster does not forget a lost job whose
+    processes are named JOB-0, JOB-1 (so re-scaling alone submitted nothing and the task
+    timed out); shardload drops the ended job, a replacement is submitted, work goes on."""
     import signal
 
     jobs = local_batch_system(tmp_path, monkeypatch)

@@ -283,6 +283,7 @@ class JobqueueRun:
             if n < self.expected_workers and now - last_rescale > 5:
                 last_rescale = now
                 with contextlib.suppress(Exception):
+                    self._forget_ended_multiprocess_jobs()
                     self.cluster.scale(jobs=self.jobs)
             if len(self.errors) > seen_errors and n == 0:
                 try:
@@ -306,6 +307,31 @@ class JobqueueRun:
                     )
                 )
                 return
+
+    def _forget_ended_multiprocess_jobs(self) -> None:
+        """A job of several worker processes whose processes all left and that the batch system
+        no longer lists is dropped from the cluster, so that ``scale`` submits a replacement.
+        (dask's SpecCluster does this itself only for jobs of one process: it matches a lost
+        worker's name with the job's, and the processes of a job are named ``JOB-0``, ``JOB-1``.)
+        """
+        if self.processes < 2:
+            return
+        jobs = {
+            name: str(getattr(job, "job_id", "") or "")
+            for name, job in self.cluster.workers.items()
+        }
+        states = job_states(self.kind, [j for j in jobs.values() if j])
+        if states is None:
+            return
+        info = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        names = {str(w.get("name", "")) for w in info.values()}
+        for name, jid in jobs.items():
+            if not jid or jid in states or any(n.startswith(f"{name}-") for n in names):
+                continue
+            log.warning(
+                "jobqueue: job %s ended and its workers left; submitting a replacement", jid
+            )
+            self.cluster.loop.add_callback(self.cluster.workers.pop, name, None)
 
     def close(self) -> None:
         """Stop watching, close the client and the cluster (which cancels its jobs), then
