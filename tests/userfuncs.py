@@ -14,3 +14,19 @@ def mean_over_lev(ds: xr.Dataset) -> dict:
 
 def unequal(ds: xr.Dataset) -> dict:
     return {"a": ds.a, "b": ds.b}
+
+
+def ragged_tokens(ds: xr.Dataset, max_len: int = 13) -> dict:
+    """A variable-length array: sample i holds the first (i * 7) % max_len values of row i
+    of ``x`` (some empty), beside a fixed-shape array ``y``."""
+    x = ds.x.values
+    return {
+        "tok": [x[i, : (i * 7) % max_len] for i in range(len(x))],
+        "y": ds.y,
+    }
+
+
+def ragged_2d(ds: xr.Dataset) -> dict:
+    """Not 1-D per sample: refused."""
+    x = ds.x.values
+    return {"tok": [x[i, :4].reshape(2, 2) for i in range(len(x))]}
