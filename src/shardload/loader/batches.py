@@ -21,8 +21,10 @@ from ..plan.epoch import (
     plan_epoch,
 )
 from ..plan.resume import EpochState, plan_from_state
+from ..ragged import LENGTH_SUFFIX
 from ..store import Store, open_store
 from .checks import check_indices, checked_allocate
+from .ragged import PaddingStats, ragged_names, ragged_batches
 from .reader import BufferPool, Group, read_groups
 from .recycle import Allocate, BatchRecycler
 from .scatter import batches_per_group, groups_in_flight, raw_rows, raw_sources, scatter_batches
@@ -69,6 +71,7 @@ def iter_batches(
     storage_options: Mapping[str, Any] | None = None,
     skip_batches: int = 0,
     allocate: Allocate | None = None,
+    padding_stats: PaddingStats | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
 
@@ -123,6 +126,14 @@ def iter_batches(
         ``allocate(n)`` returns the arrays (one per array name and ``"index"``) a batch of ``n``
         rows is gathered into, or None for fresh ones (``shardload.torch`` passes its
         shared-memory ring). The caller must not reuse them before the batch is consumed.
+        Not used for stores with variable-length arrays (their batch width varies).
+    padding_stats
+        A :class:`~shardload.loader.ragged.PaddingStats` that counts the values and padded
+        cells of the batches of variable-length arrays (the padding waste).
+
+    Variable-length arrays (one 1-D array per sample, ``store.ragged``) come as ``NAME``, a
+    ``(rows, longest row of the batch)`` array zero-padded after each row's values, and
+    ``NAME_length`` (int64): see docs/loading.md ("Variable-length arrays").
 
     Raises
     ------
@@ -160,6 +171,11 @@ def iter_batches(
     skip = _check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
+    if ragged_names(st, sel.arrays):
+        return ragged_batches(
+            st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads,
+            index_key=INDEX_KEY, padding_stats=padding_stats,
+        )  # fmt: skip
     return _batches(
         st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads, allocate=allocate
     )
@@ -180,6 +196,12 @@ def loader_selection(
     piece it was cut with and the pieces per shuffle group (:func:`resolve_shuffle`; pass both
     on, e.g. to workers, so nothing decides them twice)."""
     sel = select_rows(store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+    for name in ragged_names(store, sel.arrays):
+        if name + LENGTH_SUFFIX in store.manifest.arrays:
+            raise PlanError(
+                f"variable-length array {name!r} of {store.url}: its batches carry its lengths "
+                f"as {name + LENGTH_SUFFIX!r}, which is also an array of the store; rename one"
+            )
     piece, group = resolve_shuffle(store, sel, piece_rows, shuffle_chunks, shuffle)
     return split_pieces(sel, piece), piece, group
 
@@ -205,7 +227,8 @@ def resolve_shuffle(
     - ``shuffle="uniform"`` (raw local chunks only): whole chunks (the planner cuts rows
       itself) and groups of as many rows as the default.
     """
-    raw = raw_rows(store, sel.arrays)
+    # variable-length arrays are read by whole chunks (loader/ragged.py), never as raw rows
+    raw = not ragged_names(store, sel.arrays) and raw_rows(store, sel.arrays)
     if shuffle_chunks is not None:
         shuffle_chunks = _check_int1("shuffle_chunks", shuffle_chunks)
     if piece_rows is not None:
@@ -216,6 +239,12 @@ def resolve_shuffle(
     big_piece = plan_piece_rows(chunk_rows, row_bytes, DEFAULT_PIECE_BYTES)
     group_rows = DEFAULT_SHUFFLE_CHUNKS * big_piece  # the earlier default's resident rows
     if shuffle == "uniform":
+        if ragged_names(store, sel.arrays):
+            raise PlanError(
+                f"shuffle='uniform' is not available for variable-length arrays "
+                f"{ragged_names(store, sel.arrays)} of {store.url}: they are read by whole "
+                "chunks (use shuffle=True)"
+            )
         if not raw:
             raise PlanError(
                 f"shuffle='uniform' reads rows where they lie and needs raw rows in local files "

@@ -21,6 +21,7 @@ from ..loader.batches import (
     plan_for,
 )
 from ..loader.recycle import plan_batch_layout
+from ..loader.ragged import ragged_names
 from ..loader.ring import BatchRing, plan_ring_slots
 from ..loader.scatter import batches_per_group, groups_in_flight
 from ..loader.select import store_fingerprint
@@ -167,7 +168,9 @@ class StreamingDataset(IterableDataset):
         batch_bytes = plan_batch_layout(specs, max(1, batch_size))[1]
         #: batches per worker item a StreamingDataLoader uses unless told (``plan_bundle``)
         self.default_bundle = plan_bundle(batch_bytes)
-        if ring_slots != 0 and hasattr(os, "fork"):
+        # variable-length arrays: a batch's width is known once it is gathered, so no fixed
+        # ring slot fits it; their batches take the stock hand-off (loader/ragged.py)
+        if ring_slots != 0 and hasattr(os, "fork") and not ragged_names(self.store, sel.arrays):
             slots = ring_slots or self._ring_slots(
                 batch_bytes, batch_size, shuffle_chunks, prefetch
             )
