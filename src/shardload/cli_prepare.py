@@ -198,6 +198,7 @@ def summary(store: Any) -> dict[str, Any]:
                 "dtype": a.dtype,
                 "chunk_rows": a.chunk_rows,
                 "num_features": len(a.features) if a.features else None,
+                **({"ragged": dict(a.ragged)} if a.ragged is not None else {}),
             }
             for k, a in m.arrays.items()
         },
@@ -245,6 +246,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"size      {s['size_bytes'] / 2**20:.1f} MiB on disk")
     print("arrays")
     for k, a in s["arrays"].items():
+        rag = a.get("ragged")
+        if rag:  # variable-length: samples, and the row lengths
+            print(
+                f"  {k:12s} {'(' + str(a['shape'][0]) + ', *)':24s} {a['dtype']}  variable-length: "
+                f"rows of {rag['min_length']}-{rag['max_length']} values (mean "
+                f"{rag['mean_length']:.1f}), {rag['num_values']} values"
+            )
+            continue
         print(f"  {k:12s} {tuple(a['shape'])!s:24s} {a['dtype']}")
     print("splits")
     for k, v in s["splits"].items():

@@ -1,0 +1,310 @@
+"""Variable-length (ragged) arrays: prepare to every format, read back, padded batches with
+``NAME_length``, every row once per epoch over ranks, resume, shuffle, corruption, inspect."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import shardload
+from shardload.errors import ChunkReadError, PlanError, ViewError
+from shardload.loader.batches import iter_batches
+from shardload.loader.ragged import PaddingStats
+from shardload.plan.epoch import iter_rank_batches, plan_epoch  # noqa: F401
+from shardload.plan.resume import plan_state  # noqa: F401
+
+TESTS = Path(__file__).resolve().parent
+N, K, MAXLEN = 61, 13, 13
+FORMATS = [("npy", "none", None), ("zarr", "none", None), ("zarr", "zstd", 2), ("hdf5", "lz4", None)]
+
+
+def source() -> xr.Dataset:
+    rng = np.random.default_rng(0)
+    return xr.Dataset(
+        {
+            "x": (("s", "k"), rng.normal(size=(N, K)).astype("float32")),
+            "y": (("s",), np.arange(N, dtype="float64")),
+        }
+    )
+
+
+def expected(ds: xr.Dataset) -> list[np.ndarray]:
+    x = ds.x.values
+    return [x[i, : (i * 7) % MAXLEN] for i in range(N)]
+
+
+def make(tmp_path: Path, fmt: str, comp: str, shard: int | None, **kw) -> shardload.Store:
+    sys.path.insert(0, str(TESTS))
+    cfg = {
+        "view": "userfuncs:ragged_tokens", "sample_dims": ["s"], "format": fmt,
+        "compression": comp, "chunk_rows": 8, "out": str(tmp_path / f"{fmt}-{comp}-{shard}"),
+        "execution": {"scheduler": "threads", "num_workers": 2}, **kw,
+    }  # fmt: skip
+    if shard:
+        cfg["shard_chunks"] = shard
+    return shardload.prepare(cfg, dataset=source(), progress=False)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, shardload.Store]:
+    root = tmp_path_factory.mktemp("ragged")
+    return {f"{f}-{c}-{s}": make(root, f, c, s) for f, c, s in FORMATS}
+
+
+@pytest.fixture(scope="module")
+def npy(stores) -> shardload.Store:
+    return stores["npy-none-None"]
+
+
+@pytest.mark.parametrize("key", [f"{f}-{c}-{s}" for f, c, s in FORMATS])
+def test_prepare_every_format_reads_back_equal(stores, key):
+    st = stores[key]
+    ds, want = source(), expected(source())
+    info = st.manifest.arrays["tok"]
+    lengths = np.array([len(w) for w in want])
+    assert info.is_ragged and info.shape == (N,) and info.dtype == "float32"
+    assert info.ragged == {
+        "max_length": int(lengths.max()), "min_length": 0,
+        "mean_length": float(lengths.mean()), "num_values": int(lengths.sum()),
+    }  # fmt: skip
+    assert st.ragged == ("tok",)
+    rows = st.read("tok")
+    assert rows.lengths.dtype == np.int64 and rows.lengths.tolist() == lengths.tolist()
+    for got, w in zip(rows.to_list(), want, strict=True):
+        np.testing.assert_array_equal(got, w)  # value for value
+    part = st.read("tok", 5, 27)  # across chunk edges
+    for got, w in zip(part.to_list(), want[5:27], strict=True):
+        np.testing.assert_array_equal(got, w)
+    padded, lens = st.read_padded("tok", 3, 9)
+    assert padded.shape == (6, lengths[3:9].max())
+    for r in range(6):
+        np.testing.assert_array_equal(padded[r, : lens[r]], want[3 + r])
+        assert not padded[r, lens[r] :].any()
+    np.testing.assert_array_equal(st.read("y"), ds.y.values)
+    allv = np.concatenate(want).astype(np.float64)
+    s = st.manifest.stats["tok"]
+    assert s.count == len(allv)
+    np.testing.assert_allclose([s.mean[0], s.std[0], s.min[0], s.max[0]],
+                               [allv.mean(), allv.std(), allv.min(), allv.max()], rtol=1e-6)  # fmt: skip
+    with pytest.raises(shardload.errors.StoreError, match="variable-length"):
+        st.to_xarray(["tok"])
+    assert list(st.to_xarray().data_vars) == ["y"]
+
+
+def epoch_rows(st, *, world, workers, epoch=0, batch_size=5, **kw):
+    """All batches of all ranks: checks padding and values on the way."""
+    want = expected(source())
+    per_rank = []
+    for r in range(world):
+        its = [
+            iter_batches(st, batch_size=batch_size, rank=r, world_size=world, worker=w,
+                         num_workers=workers, epoch=epoch, **kw)
+            for w in range(max(1, workers))
+        ]  # fmt: skip
+        batches = []
+        for k in range(10**6):  # DataLoader round robin
+            b = next(its[k % len(its)], None)
+            if b is None:
+                break
+            assert b["tok"].shape == (len(b["index"]), b["tok_length"].max())
+            assert b["tok_length"].dtype == np.int64 and b["tok"].dtype == np.float32
+            for j, i in enumerate(b["index"]):
+                n = b["tok_length"][j]
+                np.testing.assert_array_equal(b["tok"][j, :n], want[i])
+                assert not b["tok"][j, n:].any()
+                assert b["y"][j] == i
+            batches.append(b["index"].tolist())
+        per_rank.append(batches)
+    return per_rank
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_every_row_once_equal_batches(npy, world):
+    ranks = epoch_rows(npy, world=world, workers=2, mode="pad")
+    assert len({len(b) for b in ranks}) == 1  # equal batch counts per rank
+    rows = [i for b in ranks for batch in b for i in batch]
+    pad = (-N) % world
+    assert sorted(set(rows)) == list(range(N)) and len(rows) == N + pad
+
+
+def test_shuffle_varies_by_epoch_same_seed_same_order(stores):
+    st = stores["zarr-zstd-2"]
+    e0, e1 = (epoch_rows(st, world=1, workers=0, epoch=e)[0] for e in (0, 1))
+    assert e0 != e1 and sorted(sum(e0, [])) == sorted(sum(e1, [])) == list(range(N))
+    assert epoch_rows(st, world=1, workers=0, epoch=1)[0] == e1
+
+
+@pytest.mark.parametrize(
+    ("world", "new_world", "workers", "new_workers"),
+    [pytest.param(1, 1, 2, 2, marks=pytest.mark.slow), (2, 2, 0, 0), (2, 1, 2, 0), (1, 4, 0, 2)],
+)
+def test_resume_mid_epoch_and_elastic(npy, world, new_world, workers, new_workers):
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    def loaders(w, rk, ws):
+        return StreamingDataLoader(
+            StreamingDataset(npy, batch_size=4, seed=5, rank=rk, world_size=ws, mode="pad"),
+            num_workers=w,
+        )
+
+    full = [[b["index"].tolist() for b in loaders(workers, r, world)] for r in range(world)]
+    heads, states = [], []
+    for r in range(world):
+        dl = loaders(workers, r, world)
+        it = iter(dl)
+        heads.append([next(it)["index"].tolist() for _ in range(3)])
+        states.append(dl.state_dict())
+        del it
+    for r in range(world):
+        assert heads[r] == full[r][:3]
+    rest = []
+    for r in range(new_world):
+        dl = loaders(new_workers, r, new_world)
+        dl.load_state_dict(states[0])
+        rest.append([b["index"].tolist() for b in dl])
+        assert all(len(b) > 0 for b in rest[-1])
+    assert len({len(b) for b in rest}) == 1  # equal batches per rank after the resume
+    if (world, workers) == (new_world, new_workers):
+        assert [h + r for h, r in zip(heads, rest, strict=True)] == full  # exact continuation
+    seen = sorted(i for part in (heads, rest) for rk in part for b in rk for i in b)
+    assert set(seen) == set(range(N))
+    pad = len(seen) - N  # rows repeated are padding only (mode="pad"), never a lost row
+    assert 0 <= pad < new_world * 4 + world
+
+
+@pytest.mark.parametrize("ctx", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_dataloader_workers_fork_and_spawn(stores, ctx):
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    st = stores["hdf5-lz4-None"]
+    want = expected(source())
+    if True:
+        ds = StreamingDataset(st, batch_size=8, rank=0, world_size=1)
+        dl = StreamingDataLoader(ds, num_workers=2, multiprocessing_context=ctx)
+        seen = []
+        for b in dl:
+            for j, i in enumerate(b["index"].tolist()):
+                n = int(b["tok_length"][j])
+                np.testing.assert_array_equal(b["tok"][j, :n].numpy(), want[i])
+                assert not b["tok"][j, n:].any()
+            seen += b["index"].tolist()
+        assert sorted(seen) == list(range(N)), ctx
+
+
+@pytest.mark.parametrize("key", [f"{f}-{c}-{s}" for f, c, s in FORMATS])
+def test_missing_or_corrupt_chunk_is_an_error_naming_it(stores, key, tmp_path):
+    st0 = stores[key]
+    root = tmp_path / "copy"
+    shutil.copytree(st0.root, root)
+    fmt = st0.manifest.format
+    if fmt == "npy":
+        (root / "tok/values/000002.npy").unlink()
+        match = r"chunk 2 .*tok.*missing.*000002\.npy"
+    elif fmt == "zarr":
+        (root / "tok/values/c/0").unlink()  # small data: one Zarr chunk of values
+        match = r"tok.*missing a Zarr chunk.*values/c/0"
+    else:  # change one value inside the file: the checksum of its chunk catches it
+        import h5py
+
+        with h5py.File(root / "ragged.h5", "r+") as f:
+            f["tok/values"][20] += 1.0
+        match = r"chunk 0 of array 'tok' is corrupt: .*ragged\.h5/tok/values"
+    st = shardload.open_store(root, verify="first-epoch")
+    with pytest.raises(ChunkReadError, match=match):
+        st.read("tok")
+    with pytest.raises(ChunkReadError, match=match):
+        for _ in iter_batches(st, batch_size=4, shuffle=False):
+            pass
+
+
+def test_corrupt_npy_values_caught_by_checksum(npy, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(npy.root, root)
+    path = root / "tok/values/000003.npy"
+    arr = np.load(path)
+    arr[0] += 1
+    np.save(path, arr)
+    with pytest.raises(ChunkReadError, match=r"chunk 3 of array 'tok' is corrupt.*000003\.npy"):
+        shardload.open_store(root).read("tok")  # "auto": ragged values are always hashed
+    bad = root / "tok/offsets.npy"
+    off = np.load(bad)
+    off[5] += 1
+    np.save(bad, off)
+    with pytest.raises(ChunkReadError, match="offsets"):
+        shardload.open_store(root).read("tok", 0, 2)
+
+
+def test_view_refuses_not_1d_samples(tmp_path):
+    sys.path.insert(0, str(TESTS))
+    with pytest.raises(ViewError, match=r"'tok'.*sample 0 has shape \(2, 2\).*1-D"):
+        shardload.prepare(
+            {"view": "userfuncs:ragged_2d", "sample_dims": ["s"], "out": str(tmp_path / "o")},
+            dataset=source(), progress=False,
+        )  # fmt: skip
+
+
+def test_uniform_shuffle_refused(npy):
+    with pytest.raises(PlanError, match="variable-length"):
+        iter_batches(npy, batch_size=4, shuffle="uniform")
+
+
+def test_resume_of_an_interrupted_prepare(tmp_path, monkeypatch):
+    from shardload import pipeline
+
+    real = pipeline.run_block
+
+    def failing(job, block):
+        if block == 3:
+            raise RuntimeError("killed")
+        return real(job, block)
+
+    monkeypatch.setattr(pipeline, "run_block", failing)
+    with pytest.raises(RuntimeError, match="killed"):
+        make(tmp_path, "zarr", "zstd", None)
+    assert (tmp_path / "zarr-zstd-None.partial").exists()
+    monkeypatch.setattr(pipeline, "run_block", real)
+    st = make(tmp_path, "zarr", "zstd", None)
+    for got, w in zip(st.read("tok").to_list(), expected(source()), strict=True):
+        np.testing.assert_array_equal(got, w)
+
+
+def test_inspect_and_verify_show_ragged(npy, capsys):
+    from shardload.cli import main
+
+    assert main(["inspect", npy.root]) == 0
+    out = capsys.readouterr().out
+    assert "tok" in out and "variable-length" in out and f"({N}, *)" in out
+    assert main(["inspect", "--json", npy.root]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["arrays"]["tok"]["ragged"]["max_length"] == MAXLEN - 1
+    assert main(["verify", npy.root]) == 0
+    out = capsys.readouterr().out
+    # every sample chunk of both arrays, plus the offsets of the ragged one
+    assert "all good" in out and f"{2 * npy.num_chunks + 1} chunk" in out
+
+
+def test_verify_names_a_bad_ragged_chunk(npy, tmp_path, capsys):
+    from shardload.cli import main
+
+    root = tmp_path / "copy"
+    shutil.copytree(npy.root, root)
+    arr = np.load(root / "tok/values/000004.npy")
+    arr[-1] = 99
+    np.save(root / "tok/values/000004.npy", arr)
+    assert main(["verify", str(root)]) == 1
+    assert "chunk 4 of array 'tok' is corrupt" in capsys.readouterr().out
+
+
+def test_padding_stats(npy):
+    stats = PaddingStats()
+    for _ in iter_batches(npy, batch_size=8, padding_stats=stats):
+        pass
+    lengths = np.array([len(w) for w in expected(source())])
+    assert stats.values == lengths.sum() and stats.cells >= stats.values
+    assert 0 < stats.waste < 1
