@@ -308,3 +308,83 @@ def test_padding_stats(npy):
     lengths = np.array([len(w) for w in expected(source())])
     assert stats.values == lengths.sum() and stats.cells >= stats.values
     assert 0 < stats.waste < 1
+
+
+@pytest.fixture(scope="module")
+def tail_store(tmp_path_factory) -> shardload.Store:
+    return long_tailed(tmp_path_factory.mktemp("tail"))
+
+
+def long_tailed(tmp_path: Path) -> shardload.Store:
+    """A store of 400 rows with long-tailed lengths (geometric, mean 20): row ``i`` holds
+    ``i, i + 1, ...``."""
+    ds = xr.Dataset({"y": (("s",), np.arange(400.0))})
+    cfg = {"view": {"name": "function", "function": "userfuncs:geometric_rows"},
+           "sample_dims": ["s"], "format": "npy", "compression": "none", "chunk_rows": 25,
+           "out": str(tmp_path / "tail")}  # fmt: skip
+    sys.path.insert(0, str(TESTS))
+    return shardload.prepare(cfg, dataset=ds, progress=False)
+
+
+def test_bucketing_cuts_padding_keeps_plan(tail_store):
+    st = tail_store
+    waste = {}
+    for bucket in (False, True):
+        stats = PaddingStats()
+        rows = []
+        for r in range(2):
+            for w in range(2):
+                for b in iter_batches(st, batch_size=16, rank=r, world_size=2, worker=w,
+                                      num_workers=2, epoch=3, bucket=bucket, padding_stats=stats,
+                                      shuffle_chunks=8):  # fmt: skip
+                    for j, i in enumerate(b["index"]):
+                        n = b["tok_length"][j]
+                        np.testing.assert_array_equal(b["tok"][j, :n], np.arange(n) + i)
+                    rows += b["index"].tolist()
+        assert sorted(rows) == list(range(400))
+        waste[bucket] = stats.waste
+    assert waste[True] < 0.7 * waste[False], waste
+
+
+@pytest.mark.parametrize(("world", "new_world", "workers", "new_workers", "k"),
+                         [(2, 2, 2, 2, 3), (2, 1, 2, 0, 4), (1, 3, 0, 2, 5)])  # fmt: skip
+def test_bucketed_resume_exact(tail_store, world, new_world, workers, new_workers, k):
+    from shardload.plan.resume import EpochState
+
+    st = tail_store
+    kw = dict(batch_size=16, epoch=2, bucket=True, seed=4, shuffle_chunks=8, mode="pad")
+
+    def rank_batches(r, ws, nw, state=None):
+        its = [iter_batches(st, rank=r, world_size=ws, worker=w, num_workers=nw, state=state, **kw)
+               for w in range(max(1, nw))]  # fmt: skip
+        out = []
+        for j in range(10**6):
+            b = next(its[j % len(its)], None)
+            if b is None:
+                return out
+            out.append(b["index"].tolist())
+
+    full = [rank_batches(r, world, workers) for r in range(world)]
+    assert len({len(f) for f in full}) == 1
+    from shardload.loader.batches import loader_selection, plan_for
+
+    sel = loader_selection(st, shuffle_chunks=8)[0]
+    plan = plan_for(st, sel, world_size=world, num_workers=workers, shuffle=True, seed=4, epoch=2,
+                    mode="pad", drop_last=False, shuffle_chunks=8, batch_size=16, bucket=True)  # fmt: skip
+    state = EpochState(2, k, world, workers, plan.fingerprint).to_dict()
+    rest = [rank_batches(r, new_world, new_workers, state) for r in range(new_world)]
+    assert len({len(x) for x in rest}) == 1
+    if (world, workers) == (new_world, new_workers):
+        assert [f[k:] for f in full] == rest
+    seen = [i for f in full for b in f[:k] for i in b] + [i for x in rest for b in x for i in b]
+    assert set(seen) == set(range(400))
+    assert len(seen) - 400 < 16 * (world + new_world)  # only padding repeats
+    with pytest.raises(shardload.errors.StateError):  # a bucketed state never resumes unbucketed
+        next(iter_batches(st, state=state, **{**kw, "bucket": False}))
+
+
+def test_bucket_needs_ragged_and_shuffle(npy):
+    with pytest.raises(PlanError, match="shuffle=True"):
+        iter_batches(npy, batch_size=4, shuffle=False, bucket=True)
+    with pytest.raises(PlanError, match="fixed shapes"):
+        iter_batches(npy, batch_size=4, arrays=["y"], bucket=True)

@@ -30,3 +30,11 @@ def ragged_2d(ds: xr.Dataset) -> dict:
     """Not 1-D per sample: refused."""
     x = ds.x.values
     return {"tok": [x[i, :4].reshape(2, 2) for i in range(len(x))]}
+
+
+def geometric_rows(ds: xr.Dataset) -> dict:
+    """``tok``: row i is ``i, i + 1, ...`` of a geometric length (mean 20), beside ``y``."""
+    import numpy as np
+
+    lengths = np.random.default_rng(1).geometric(0.05, size=ds.sizes["s"])
+    return {"tok": [np.arange(n, dtype=np.int32) + i for i, n in enumerate(lengths)], "y": ds.y}

@@ -20,11 +20,12 @@ from ..plan.epoch import (
     iter_worker_groups,
     plan_epoch,
 )
+from ..plan.buckets import bucketed_fingerprint
 from ..plan.resume import EpochState, plan_from_state
 from ..ragged import LENGTH_SUFFIX
 from ..store import Store, open_store
 from .checks import check_indices, checked_allocate
-from .ragged import PaddingStats, ragged_names, ragged_batches
+from .ragged import PaddingStats, ragged_batches, ragged_names, resolve_buckets
 from .reader import BufferPool, Group, read_groups
 from .recycle import Allocate, BatchRecycler
 from .scatter import batches_per_group, groups_in_flight, raw_rows, raw_sources, scatter_batches
@@ -72,6 +73,7 @@ def iter_batches(
     skip_batches: int = 0,
     allocate: Allocate | None = None,
     padding_stats: PaddingStats | None = None,
+    bucket: bool | str = False,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
 
@@ -130,6 +132,13 @@ def iter_batches(
     padding_stats
         A :class:`~shardload.loader.ragged.PaddingStats` that counts the values and padded
         cells of the batches of variable-length arrays (the padding waste).
+    bucket
+        Length-bucketed batches (variable-length arrays, ``shuffle=True``): each shuffle
+        group's rows are sorted by length and dealt to its batches in a random batch order, so
+        a batch holds rows of similar length (less padding; batch counts, resume and the rows
+        of each group unchanged). ``True``: by the summed lengths of the selected
+        variable-length arrays; a name: by that array's lengths. Larger ``shuffle_chunks``
+        buckets over more rows.
 
     Variable-length arrays (one 1-D array per sample, ``store.ragged``) come as ``NAME``, a
     ``(rows, longest row of the batch)`` array zero-padded after each row's values, and
@@ -159,7 +168,7 @@ def iter_batches(
     plan = plan_for(
         st, sel, batch_size=batch_size, world_size=world_size, num_workers=num_workers,
         shuffle=shuffle, seed=seed, epoch=epoch, mode=mode, drop_last=drop_last,
-        shuffle_chunks=shuffle_chunks, state=state,
+        shuffle_chunks=shuffle_chunks, state=state, bucket=bucket,
     )  # fmt: skip
     readers = max(1, int(num_workers))
     if not 0 <= rank < world_size:
@@ -309,18 +318,22 @@ def _check_nonneg(name: str, value: int) -> int:
 def plan_for(
     store: Store, sel: Selection, *, batch_size: int, world_size: int, num_workers: int,
     shuffle: bool | str, seed: int, epoch: int, mode: str, drop_last: bool, shuffle_chunks: int,
-    state: EpochState | Mapping[str, Any] | None = None,
+    state: EpochState | Mapping[str, Any] | None = None, bucket: bool | str = False,
 ) -> EpochPlan:  # fmt: skip
     """The epoch plan of a selection, fresh or resumed from ``state``."""
     opts: PlanOptions = dict(
         batch_size=batch_size, seed=seed, mode=mode, drop_last=drop_last, shuffle=shuffle,
         shuffle_chunks=shuffle_chunks,
     )  # fmt: skip
+    buckets = resolve_buckets(store, sel.arrays, bucket, shuffle)
     if state is None:
-        return plan_epoch(
+        plan = plan_epoch(
             sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
             world_size=world_size, num_workers=num_workers, epoch=epoch,
         )  # fmt: skip
+        if buckets is None:
+            return plan
+        return replace(plan, buckets=buckets, fingerprint=bucketed_fingerprint(plan.fingerprint))
     if isinstance(state, Mapping):
         data = state.get("dataset")
         if data is not None and data != store_fingerprint(store, sel):
@@ -332,7 +345,7 @@ def plan_for(
         state = EpochState.from_dict(dict(state))
     return plan_from_state(
         state, sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
-        world_size=world_size, num_workers=num_workers,
+        world_size=world_size, num_workers=num_workers, buckets=buckets,
     )  # fmt: skip
 
 

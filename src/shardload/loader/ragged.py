@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PlanError
+from ..plan.buckets import Buckets
 from ..plan.epoch import EpochPlan, group_batches, iter_worker_groups
 from ..plan.spans import Segment
 from ..ragged import LENGTH_SUFFIX, RaggedRows, concat_rows, fill_padded, offsets_of, take_rows
@@ -29,6 +30,36 @@ from ..store import Store
 from .reader import read_segment
 
 log = logging.getLogger(__name__)
+
+
+def resolve_buckets(
+    store: Store, names: Sequence[str], bucket: bool | str, shuffle: bool | str
+) -> Buckets | None:
+    """The length buckets ``bucket`` asks for: True buckets by the summed lengths of the
+    selected variable-length arrays, a name by that array's lengths; False: None."""
+    if bucket is False or bucket is None:
+        return None
+    ragged = ragged_names(store, names)
+    if not ragged:
+        raise PlanError(
+            f"bucket={bucket!r}: length-bucketed batches need a variable-length array; "
+            f"{store.url} arrays {list(names)} have fixed shapes"
+        )
+    if isinstance(bucket, str):
+        if bucket not in ragged:
+            raise PlanError(
+                f"bucket={bucket!r} is not a selected variable-length array; choose one of {ragged}"
+            )
+        ragged = [bucket]
+    elif bucket is not True:
+        raise PlanError(f"bucket must be True, False or an array name, got {bucket!r}")
+    if shuffle is not True:
+        raise PlanError(
+            f"bucket={bucket!r} deals each shuffle group's rows by length and needs "
+            f"shuffle=True, got shuffle={shuffle!r}"
+        )
+    lengths = sum(np.diff(store.ragged_reader.offsets(n)) for n in ragged)
+    return Buckets(np.asarray(lengths, np.int64))
 
 
 def ragged_names(store: Store, names: Sequence[str]) -> list[str]:

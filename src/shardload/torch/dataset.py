@@ -21,7 +21,8 @@ from ..loader.batches import (
     plan_for,
 )
 from ..loader.recycle import plan_batch_layout
-from ..loader.ragged import ragged_names
+from ..loader.ragged import ragged_names, resolve_buckets
+from ..plan.buckets import bucketed_fingerprint
 from ..loader.ring import BatchRing, plan_ring_slots
 from ..loader.scatter import batches_per_group, groups_in_flight
 from ..loader.select import store_fingerprint
@@ -99,7 +100,12 @@ class StreamingDataset(IterableDataset):
         reads of raw local chunks fill a whole shuffle group's batches at once). The main
         process gets tensors over the slot itself (no copy); a slot is reused once those
         tensors are garbage. Default: enough for up to ``min(16, CPUs)`` workers; 0: the stock
-        DataLoader hand-off.
+        DataLoader hand-off. Stores with variable-length arrays use no ring.
+    bucket
+        Length-bucketed batches for variable-length arrays (see ``iter_batches``).
+
+    Variable-length arrays come as ``NAME`` (zero-padded to the batch's longest row) and
+    ``NAME_length`` (int64), see docs/loading.md ("Variable-length arrays").
     """
 
     def __init__(
@@ -123,6 +129,7 @@ class StreamingDataset(IterableDataset):
         threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         ring_slots: int | None = None,
+        bucket: bool | str = False,
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
@@ -146,6 +153,10 @@ class StreamingDataset(IterableDataset):
         self.plan_fingerprint = plan_fingerprint(
             sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **self.options
         )
+        #: length-bucketed batches of variable-length arrays (see iter_batches)
+        self.bucket = bucket
+        if resolve_buckets(self.store, sel.arrays, bucket, shuffle) is not None:
+            self.plan_fingerprint = bucketed_fingerprint(self.plan_fingerprint)
         self._explicit = (
             None if rank is None or world_size is None else (int(rank), int(world_size))
         )
@@ -228,7 +239,7 @@ class StreamingDataset(IterableDataset):
     def _plan(self, rank: int, world: int, num_workers: int, state: Any) -> Any:
         return plan_for(
             self.store, self.selection, world_size=world, num_workers=num_workers,
-            epoch=self.epoch, state=state, **self.options,
+            epoch=self.epoch, state=state, bucket=self.bucket, **self.options,
         )  # fmt: skip
 
     def _publish(self, epoch: int, state: dict[str, Any] | None) -> None:
@@ -310,7 +321,7 @@ class StreamingDataset(IterableDataset):
                 functools.partial(ring.allocate, part=(worker, workers)) if ring is not None
                 else None
             ),
-            **self._select, **self.options, **self.read_options,
+            bucket=self.bucket, **self._select, **self.options, **self.read_options,
         )  # fmt: skip
         pos = {"epoch": epoch, "leg": state, "worker": worker, "num_workers": workers,
                "rank_world": [rank, world], "worker_batches": skip}  # fmt: skip
