@@ -16,12 +16,15 @@ import shardload
 from shardload.errors import ChunkReadError, PlanError, ViewError
 from shardload.loader.batches import iter_batches
 from shardload.loader.ragged import PaddingStats
-from shardload.plan.epoch import iter_rank_batches, plan_epoch  # noqa: F401
-from shardload.plan.resume import plan_state  # noqa: F401
 
 TESTS = Path(__file__).resolve().parent
 N, K, MAXLEN = 61, 13, 13
-FORMATS = [("npy", "none", None), ("zarr", "none", None), ("zarr", "zstd", 2), ("hdf5", "lz4", None)]
+FORMATS = [
+    ("npy", "none", None),
+    ("zarr", "none", None),
+    ("zarr", "zstd", 2),
+    ("hdf5", "lz4", None),
+]
 
 
 def source() -> xr.Dataset:
@@ -136,7 +139,9 @@ def test_every_row_once_equal_batches(npy, world):
 def test_shuffle_varies_by_epoch_same_seed_same_order(stores):
     st = stores["zarr-zstd-2"]
     e0, e1 = (epoch_rows(st, world=1, workers=0, epoch=e)[0] for e in (0, 1))
-    assert e0 != e1 and sorted(sum(e0, [])) == sorted(sum(e1, [])) == list(range(N))
+    assert e0 != e1 and sorted(i for b in e0 for i in b) == sorted(
+        i for b in e1 for i in b
+    ) == list(range(N))
     assert epoch_rows(st, world=1, workers=0, epoch=1)[0] == e1
 
 

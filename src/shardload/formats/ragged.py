@@ -30,9 +30,9 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -78,14 +78,18 @@ def write_ragged_block(
     while r < len(data.lengths):
         rows = int(bounds[i + 1] - bounds[i])
         part = np.ascontiguousarray(data.values[off[r] : off[r + rows]])
-        write_atomic(
-            folder / CHUNK_NAME.format(i),
-            lambda f, part=part: np.lib.format.write_array(f, part, allow_pickle=False),
-        )
+        write_atomic(folder / CHUNK_NAME.format(i), _npy_writer(part))
         sums[i] = digest(part)
         r += rows
         i += 1
     return sums
+
+
+def _npy_writer(arr: np.ndarray) -> Callable[[BinaryIO], None]:
+    def write(f: BinaryIO) -> None:
+        np.lib.format.write_array(f, arr, allow_pickle=False)
+
+    return write
 
 
 def length_stats(lengths: np.ndarray) -> dict[str, Any]:
@@ -121,10 +125,7 @@ def finish_ragged(
     bounds = [int(b) for b in bounds]
     if fmt == "npy":
         for name, off in offsets.items():
-            write_atomic(
-                Path(root) / name / "offsets.npy",
-                lambda f, off=off: np.lib.format.write_array(f, off, allow_pickle=False),
-            )
+            write_atomic(Path(root) / name / "offsets.npy", _npy_writer(off))
     elif fmt == "zarr":
         _finish_zarr(root, infos, offsets, bounds, options)
     elif fmt == "hdf5":
@@ -225,7 +226,9 @@ def _finish_hdf5(
                 values[at : at + len(part)] = part
                 at += len(part)
             off = offsets[name]
-            g.create_dataset("offsets", data=off, chunks=(min(rows + 1, len(off)),), **_filter(options))
+            g.create_dataset(
+                "offsets", data=off, chunks=(min(rows + 1, len(off)),), **_filter(options)
+            )
         f.flush()
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
@@ -286,7 +289,9 @@ class RaggedReader:
                         ) from exc
             return self._handles[key]
 
-    def _read_npy(self, path: str, what: str, *, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def _read_npy(
+        self, path: str, what: str, *, shape: tuple[int, ...], dtype: np.dtype
+    ) -> np.ndarray:
         try:
             if self.local:
                 arr = np.load(path, allow_pickle=False)
@@ -325,12 +330,13 @@ class RaggedReader:
             or int(off[-1]) != num_values
         ):  # fmt: skip
             raise ChunkReadError(
-                f"{what} are corrupt: {path} (not {n + 1} ascending offsets from 0 to "
-                f"{num_values})"
+                f"{what} are corrupt: {path} (not {n + 1} ascending offsets from 0 to {num_values})"
             )
         unit = self.manifest.num_chunks
         if self.verifier.needed(name, unit):
-            self.verifier.check(name, unit, digest(np.ascontiguousarray(off)), path=path, what="offsets")
+            self.verifier.check(
+                name, unit, digest(np.ascontiguousarray(off)), path=path, what="offsets"
+            )
         self._offsets[name] = off
         return off
 
@@ -345,7 +351,9 @@ class RaggedReader:
         except ShardloadError:
             raise
         except Exception as exc:
-            raise ChunkReadError(f"{what} could not be read: {path}: {type(exc).__name__}: {exc}") from exc
+            raise ChunkReadError(
+                f"{what} could not be read: {path}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _check_zarr_chunks(
         self, arr: Any, name: str, part: str, a: int, b: int, *, what: str, path: str
@@ -376,7 +384,9 @@ class RaggedReader:
             if vals.dtype != dtype or vals.shape != (v1 - v0,):
                 raise ChunkReadError(f"{what} does not match the manifest: {path}")
         if self.verifier.needed(name, c):
-            self.verifier.check(name, c, digest(np.ascontiguousarray(vals)), path=path, what=f"chunk {c}")
+            self.verifier.check(
+                name, c, digest(np.ascontiguousarray(vals)), path=path, what=f"chunk {c}"
+            )
         return vals
 
     def read(self, name: str, start: int, stop: int) -> RaggedRows:

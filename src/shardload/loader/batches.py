@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PlanError, StateError
+from ..plan.buckets import bucketed_fingerprint
 from ..plan.epoch import (
     DEFAULT_SHUFFLE_CHUNKS,
     EpochPlan,
@@ -20,7 +21,6 @@ from ..plan.epoch import (
     iter_worker_groups,
     plan_epoch,
 )
-from ..plan.buckets import bucketed_fingerprint
 from ..plan.resume import EpochState, plan_from_state
 from ..ragged import LENGTH_SUFFIX
 from ..store import Store, open_store

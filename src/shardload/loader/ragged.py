@@ -122,9 +122,7 @@ def _read_group(
     cut = np.concatenate(([0], np.cumsum(lens)))
     n = int(cut[-1])
     infos = store.manifest.arrays
-    bufs = {
-        a: np.empty((n, *infos[a].row_shape), np.dtype(infos[a].dtype)) for a in fixed
-    }
+    bufs = {a: np.empty((n, *infos[a].row_shape), np.dtype(infos[a].dtype)) for a in fixed}
     for a in fixed:
         for i, seg in enumerate(segments):
             read_segment(store, a, seg, bufs[a][cut[i] : cut[i + 1]])

@@ -25,20 +25,20 @@ from typing import Any
 import numpy as np
 
 from ..errors import StateError
+from .buckets import bucketed_fingerprint
 from .epoch import (
     DEFAULT_SHUFFLE_CHUNKS,
     EpochPlan,
     WorkerPlan,
+    _bucketed,
     _check_int,
     _group_bounds,
-    _bucketed,
     _group_order,
     _plan_sequence,
     iter_rank_batches,  # noqa: F401 - used by the doctests
     plan_epoch,
     plan_fingerprint,
 )
-from .buckets import bucketed_fingerprint
 from .spans import Spans, concat_spans
 
 

@@ -20,12 +20,12 @@ from ..loader.batches import (
     loader_selection,
     plan_for,
 )
-from ..loader.recycle import plan_batch_layout
 from ..loader.ragged import ragged_names, resolve_buckets
-from ..plan.buckets import bucketed_fingerprint
+from ..loader.recycle import plan_batch_layout
 from ..loader.ring import BatchRing, plan_ring_slots
 from ..loader.scatter import batches_per_group, groups_in_flight
 from ..loader.select import store_fingerprint
+from ..plan.buckets import bucketed_fingerprint
 from ..plan.epoch import PlanOptions, plan_fingerprint
 from ..plan.resume import EpochState
 from ..store import Store, open_store
