@@ -10,8 +10,8 @@ planner (``plan/epoch.py`` ``_iter_groups``) and the resume (``plan/resume.py``
 >>> order = np.arange(8)
 >>> lengths = np.array([5, 1, 7, 2, 8, 1, 6, 2])
 >>> out = bucket_order(order, lengths, 0, 4, np.random.default_rng(0))
->>> sorted(out.tolist()) == list(range(8)), sorted(lengths[out[:4]].tolist())
-(True, [5, 6, 7, 8])
+>>> sorted(out.tolist()) == list(range(8)), [sorted(lengths[out[:4]].tolist()), sorted(lengths[out[4:]].tolist())]
+(True, [[1, 1, 2, 2], [5, 6, 7, 8]])
 """
 
 from __future__ import annotations
