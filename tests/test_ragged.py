@@ -393,3 +393,11 @@ def test_bucket_needs_ragged_and_shuffle(npy):
         iter_batches(npy, batch_size=4, shuffle=False, bucket=True)
     with pytest.raises(PlanError, match="fixed shapes"):
         iter_batches(npy, batch_size=4, arrays=["y"], bucket=True)
+
+
+def test_map_dataset_refuses_ragged(npy):
+    from shardload.torch import MapDataset
+
+    with pytest.raises(shardload.errors.StoreError, match=r"variable-length.*StreamingDataset"):
+        MapDataset(npy)
+    assert MapDataset(npy, arrays=["y"])[3]["y"].item() == 3.0
