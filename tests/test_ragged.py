@@ -401,3 +401,52 @@ def test_map_dataset_refuses_ragged(npy):
     with pytest.raises(shardload.errors.StoreError, match=r"variable-length.*StreamingDataset"):
         MapDataset(npy)
     assert MapDataset(npy, arrays=["y"])[3]["y"].item() == 3.0
+
+
+def test_manifest_version_and_roundtrip(npy, stores):
+    from shardload.manifest import Manifest
+
+    assert json.loads(Path(npy.root, "shardload.json").read_text())["version"] == 3
+    m = npy.manifest
+    again = Manifest.from_json(m.to_json())
+    assert again.arrays["tok"] == m.arrays["tok"] and again.arrays["tok"].is_ragged
+    assert not again.arrays["y"].is_ragged
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "hdf5", "npy"])
+def test_crash_while_finishing_ragged_redoes_it(tmp_path, monkeypatch, fmt):
+    """A run that dies after every block is recorded, inside the pass that writes the offsets
+    (and the Zarr / HDF5 values), leaves the staged chunks; the next run redoes the pass."""
+    from shardload import commit
+    from shardload.formats import ragged as fr
+
+    real_write = commit.write_atomic
+
+    def crash(*args, **kwargs):
+        raise OSError(5, "simulated crash")
+
+    def write_then_crash(path, data):
+        real_write(path, data)
+        if str(path).endswith("offsets.npy"):
+            crash()
+
+    comp = "none" if fmt == "npy" else "lz4"
+    if fmt == "npy":  # offsets written, marker not
+        monkeypatch.setattr(commit, "write_atomic", write_then_crash)
+    else:  # values and offsets written, marker not
+        real_finish = getattr(fr, f"_finish_{fmt}")
+
+        def finish_then_crash(*args, **kwargs):
+            real_finish(*args, **kwargs)
+            crash()
+
+        monkeypatch.setattr(fr, f"_finish_{fmt}", finish_then_crash)
+    with pytest.raises(shardload.errors.StoreError, match="simulated crash"):
+        make(tmp_path, fmt, comp, None)
+    partial = tmp_path / f"{fmt}-{comp}-None.partial"
+    assert partial.exists() and not (partial / "_progress" / fr.MARKER).exists()
+    monkeypatch.undo()
+    st = make(tmp_path, fmt, comp, None)
+    for got, w in zip(st.read("tok").to_list(), expected(source()), strict=True):
+        np.testing.assert_array_equal(got, w)
+    assert not (Path(st.root) / fr.STAGING_DIR).exists()

@@ -43,7 +43,8 @@ class RaggedRows(NamedTuple):
         off = self.offsets
         return [self.values[off[i] : off[i + 1]] for i in range(len(self.lengths))]
 
-    def __len__(self) -> int:  # type: ignore[override]
+    @property
+    def num_rows(self) -> int:
         return len(self.lengths)
 
 
