@@ -450,3 +450,18 @@ def test_crash_while_finishing_ragged_redoes_it(tmp_path, monkeypatch, fmt):
     for got, w in zip(st.read("tok").to_list(), expected(source()), strict=True):
         np.testing.assert_array_equal(got, w)
     assert not (Path(st.root) / fr.STAGING_DIR).exists()
+
+
+@pytest.mark.parametrize("key", ["npy-none-None", "zarr-zstd-2", "hdf5-lz4-None"])
+def test_read_by_url(stores, key):
+    from shardload.serve import serving
+
+    st = stores[key]
+    with serving(Path(st.root).parent) as url:
+        remote = shardload.open_store(url + key, retries=1, verify="always")
+        for got, w in zip(
+            remote.read("tok", 2, 30).to_list(), expected(source())[2:30], strict=True
+        ):
+            np.testing.assert_array_equal(got, w)
+        rows = [i for b in iter_batches(remote, batch_size=8, epoch=1) for i in b["index"].tolist()]
+        assert sorted(rows) == list(range(N))
