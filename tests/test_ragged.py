@@ -465,3 +465,14 @@ def test_read_by_url(stores, key):
             np.testing.assert_array_equal(got, w)
         rows = [i for b in iter_batches(remote, batch_size=8, epoch=1) for i in b["index"].tolist()]
         assert sorted(rows) == list(range(N))
+
+
+def test_lightning_datamodule_buckets_train_only(npy):
+    from shardload.lightning import ShardloadDataModule
+
+    dm = ShardloadDataModule(npy, batch_size=4, bucket=True)
+    assert dm._dataset("train", shuffle=True, mode="drop").bucket is True
+    val = dm._dataset("val", shuffle=False, mode="drop")
+    assert val.bucket is False
+    b = next(iter(val))
+    assert b["tok"].shape == (4, int(b["tok_length"].max()))
