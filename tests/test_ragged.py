@@ -467,6 +467,7 @@ def test_read_by_url(stores, key):
         assert sorted(rows) == list(range(N))
 
 
+@pytest.mark.slow  # importing Lightning costs most of it
 def test_lightning_datamodule_buckets_train_only(npy):
     from shardload.lightning import ShardloadDataModule
 

@@ -71,10 +71,24 @@ def fill_padded(out: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> Non
         return
     if int(lengths.max()) > out.shape[1]:
         raise ValueError(f"a row of {int(lengths.max())} values does not fit {out.shape[1]}")
-    starts = offsets_of(lengths)[:-1]
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    cols = np.arange(total) - np.repeat(starts, lengths)
-    out[rows, cols] = values[:total]
+    # a boolean mask of the cells that hold values: in C order they are the rows' values in
+    # order (one masked assignment; (rows, cols) fancy indexing took 4x as long)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = values[:total]
+
+
+def gather_padded(
+    values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, out: np.ndarray
+) -> np.ndarray:
+    """Rows ``rows`` (indices into ``offsets``) of a ragged buffer written left-aligned into
+    the zeroed ``out`` (``(len(rows), width)``), without an intermediate copy; their lengths."""
+    rows = np.asarray(rows, np.int64)
+    lo = offsets[rows]
+    lengths = offsets[rows + 1] - lo
+    if len(rows) and out.shape[1]:
+        cols = np.arange(out.shape[1])
+        mask = cols < lengths[:, None]
+        out[mask] = values[(lo[:, None] + cols)[mask]]
+    return lengths
 
 
 def take_rows(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> RaggedRows:

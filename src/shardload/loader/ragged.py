@@ -25,7 +25,14 @@ from ..errors import PlanError
 from ..plan.buckets import Buckets
 from ..plan.epoch import EpochPlan, group_batches, iter_worker_groups
 from ..plan.spans import Segment
-from ..ragged import LENGTH_SUFFIX, RaggedRows, concat_rows, fill_padded, offsets_of, take_rows
+from ..ragged import (
+    LENGTH_SUFFIX,
+    RaggedRows,
+    concat_rows,
+    gather_padded,
+    offsets_of,
+    take_rows,
+)
 from ..store import Store
 from .reader import read_segment
 
@@ -196,13 +203,17 @@ def _assemble(
     for a in fixed:
         out[a] = np.concatenate([np.take(g.fixed[a], sel, axis=0) for g, sel in pieces])
     for a in ragged:
-        rows = concat_rows([take_rows(*g.ragged[a], sel) for g, sel in pieces])
-        width = int(rows.lengths.max()) if len(rows.lengths) else 0
-        padded = np.zeros((len(rows.lengths), width), rows.values.dtype)
-        fill_padded(padded, rows.values, rows.lengths)
+        parts = [(g.ragged[a], sel) for g, sel in pieces]
+        lengths = np.concatenate([off[sel + 1] - off[sel] for (_, off), sel in parts])
+        width = int(lengths.max()) if len(lengths) else 0
+        padded = np.zeros((len(lengths), width), parts[0][0][0].dtype)
+        r = 0
+        for (vals, off), sel in parts:  # straight from the group buffers into the batch
+            gather_padded(vals, off, sel, padded[r : r + len(sel)])
+            r += len(sel)
         out[a] = padded
-        out[a + LENGTH_SUFFIX] = rows.lengths
+        out[a + LENGTH_SUFFIX] = lengths
         if stats is not None:
-            stats.add(rows.lengths)
+            stats.add(lengths)
     out[index_key] = np.concatenate([g.rows[sel] for g, sel in pieces])
     return out
