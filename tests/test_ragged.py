@@ -477,3 +477,23 @@ def test_lightning_datamodule_buckets_train_only(npy):
     assert val.bucket is False
     b = next(iter(val))
     assert b["tok"].shape == (4, int(b["tok_length"].max()))
+
+
+def test_normalize_keeps_padding_zero(npy):
+    import pickle
+
+    import torch
+
+    from shardload.train.transforms import Normalize
+
+    norm = pickle.loads(pickle.dumps(Normalize(npy.manifest, ["tok"])))
+    b = next(iter_batches(npy, batch_size=8, shuffle=False))
+    t = {k: torch.from_numpy(v) for k, v in b.items()}
+    norm(t)
+    st, want = npy.manifest.stats["tok"], expected(source())
+    for j, i in enumerate(b["index"]):
+        n = int(b["tok_length"][j])
+        np.testing.assert_allclose(
+            t["tok"][j, :n].numpy(), (want[i] - st.mean[0]) / st.std[0], rtol=1e-5
+        )
+        assert not t["tok"][j, n:].any()
