@@ -38,3 +38,13 @@ def geometric_rows(ds: xr.Dataset) -> dict:
 
     lengths = np.random.default_rng(1).geometric(0.05, size=ds.sizes["s"])
     return {"tok": [np.arange(n, dtype=np.int32) + i for i, n in enumerate(lengths)], "y": ds.y}
+
+
+def ragged_from_b(ds: xr.Dataset) -> dict:
+    """``tok``: row i holds ``(i * 5) % 11`` values drawn from ``c`` (the kill campaign's
+    source), beside ``y`` = ``b``."""
+    import numpy as np
+
+    c = ds.c.values.T.reshape(-1)
+    n = ds.sizes["sample"]
+    return {"tok": [np.roll(c, i)[: (i * 5) % 11] for i in range(n)], "y": ds.b}
