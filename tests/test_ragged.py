@@ -76,7 +76,7 @@ def test_prepare_every_format_reads_back_equal(stores, key):
         "max_length": int(lengths.max()), "min_length": 0,
         "mean_length": float(lengths.mean()), "num_values": int(lengths.sum()),
     }  # fmt: skip
-    assert st.ragged == ("tok",)
+    assert st.ragged == ("tok",) and f"tok[{N}, *]:float32" in repr(st)
     rows = st.read("tok")
     assert rows.lengths.dtype == np.int64 and rows.lengths.tolist() == lengths.tolist()
     for got, w in zip(rows.to_list(), want, strict=True):

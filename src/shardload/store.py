@@ -41,7 +41,10 @@ class Store:
         return self.manifest.length
 
     def __repr__(self) -> str:
-        arrays = ", ".join(f"{k}{list(a.shape)}:{a.dtype}" for k, a in self.manifest.arrays.items())
+        arrays = ", ".join(
+            f"{k}[{a.shape[0]}, *]:{a.dtype}" if a.is_ragged else f"{k}{list(a.shape)}:{a.dtype}"
+            for k, a in self.manifest.arrays.items()
+        )
         return f"<shardload.Store {self.url} format={self.manifest.format} length={len(self)} arrays=({arrays})>"
 
     @property
