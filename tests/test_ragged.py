@@ -497,3 +497,16 @@ def test_normalize_keeps_padding_zero(npy):
             t["tok"][j, :n].numpy(), (want[i] - st.mean[0]) / st.std[0], rtol=1e-5
         )
         assert not t["tok"][j, n:].any()
+
+
+def test_prepare_check_shows_ragged(tmp_path, capsys):
+    from shardload.cli import main
+
+    sys.path.insert(0, str(TESTS))
+    source().to_netcdf(tmp_path / "src.nc")
+    (tmp_path / "c.yaml").write_text(
+        "source: src.nc\nview: userfuncs:ragged_tokens\nsample_dims: [s]\nout: st\n"
+    )
+    assert main(["prepare", "--check", str(tmp_path / "c.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert f"tok          ({N}, *)" in out and "variable-length, mean" in out

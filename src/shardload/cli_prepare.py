@@ -114,7 +114,12 @@ def check_plan(cfg: Any) -> dict[str, Any]:
         "view": cfg.view,
         "sample_dims": list(cfg.sample_dims),
         "arrays": {
-            k: {"shape": list(s.shape), "dtype": str(s.dtype), "row_bytes": s.row_bytes}
+            k: {
+                "shape": list(s.shape),
+                "dtype": str(s.dtype),
+                "row_bytes": s.row_bytes,
+                **({"mean_length": s.mean_length} if s.ragged else {}),
+            }
             for k, s in specs.items()
         },
         "chunk_rows": chunk_rows,
@@ -139,6 +144,10 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     }
 
 
+def _shape_text(a: dict[str, Any]) -> str:
+    return f"({a['shape'][0]}, *)" if "mean_length" in a else str(tuple(a["shape"]))
+
+
 def format_plan(p: dict[str, Any]) -> str:
     """The plan of :func:`check_plan` as text."""
     lines = ["config is valid; nothing was written", f"out       {p['out']}"]
@@ -158,7 +167,12 @@ def format_plan(p: dict[str, Any]) -> str:
         f"length    {p['length']} samples",
         "arrays",
         *(
-            f"  {k:12s} {tuple(a['shape'])!s:24s} {a['dtype']:8s} {a['row_bytes']} bytes/sample"
+            f"  {k:12s} {_shape_text(a):24s} {a['dtype']:8s} {a['row_bytes']} bytes/sample"
+            + (
+                f" (variable-length, mean {a['mean_length']:.1f} values)"
+                if "mean_length" in a
+                else ""
+            )
             for k, a in p["arrays"].items()
         ),
         f"chunks    {p['num_chunks']} chunks of {p['chunk_rows']} rows "
