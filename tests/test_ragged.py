@@ -510,3 +510,31 @@ def test_prepare_check_shows_ragged(tmp_path, capsys):
     assert main(["prepare", "--check", str(tmp_path / "c.yaml")]) == 0
     out = capsys.readouterr().out
     assert f"tok          ({N}, *)" in out and "variable-length, mean" in out
+
+
+def test_streaming_dataset_bucketed_resume(tail_store):
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    def loader(rank, world):
+        ds = StreamingDataset(
+            tail_store, batch_size=16, rank=rank, world_size=world, bucket=True, shuffle_chunks=8
+        )
+        return StreamingDataLoader(ds, num_workers=0)
+
+    full = [b["index"].tolist() for b in loader(0, 1)]
+    first = loader(0, 1)
+    it = iter(first)
+    head = [next(it)["index"].tolist() for _ in range(4)]
+    state = first.state_dict()
+    del it
+    assert head == full[:4]
+    same = loader(0, 1)
+    same.load_state_dict(state)
+    assert head + [b["index"].tolist() for b in same] == full  # exact continuation
+    rest = []
+    for r in range(2):  # elastic: the rest over two ranks
+        dl = loader(r, 2)
+        dl.load_state_dict(state)
+        rest += [i for b in dl for i in b["index"].tolist()]
+    seen = [i for b in head for i in b] + rest
+    assert set(seen) == set(range(400)) and len(seen) == 400
