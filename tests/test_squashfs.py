@@ -65,7 +65,7 @@ def mounts_at(path: Path | str) -> int:
     return sum(1 for line in Path("/proc/mounts").read_text().splitlines() if line.split(" ")[1] == str(path))  # fmt: skip
 
 
-def wait_unmounted(path: Path | str, timeout_s: float = 10.0) -> None:
+def wait_unmounted(path: Path | str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while mounts_at(path) and time.monotonic() < deadline:
         time.sleep(0.05)
