@@ -75,6 +75,10 @@ class StagingError(ShardloadError):
     """A store cannot be staged (no space, incomplete copy, bad archive)."""
 
 
+class ImageError(StoreError):
+    """A SquashFS image cannot be packed or mounted (a tool or FUSE missing, a bad image)."""
+
+
 class MissingDependencyError(ShardloadError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

@@ -34,6 +34,7 @@ class Store:
         self.verify = check_verify(verify)
         self._reader: ArrayReader | None = None
         self._pid = os.getpid()
+        self.hold: Any = None  # keeps what the store is read through alive (a SquashFS mount)
 
     # -- description ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -216,7 +217,9 @@ def open_store(
     Parameters
     ----------
     path_or_url
-        A local folder, an fsspec URL (``http://``, ``s3://``, ...), or an fsspec mapper
+        A local folder, a SquashFS image made by ``shardload pack`` (mounted read-only with
+        squashfuse, once per node, unmounted when the last process using it ends; see
+        :mod:`shardload.squashfs`), an fsspec URL (``http://``, ``s3://``, ...), or an fsspec mapper
         (``fsspec.get_mapper(url, **options)``, what xarray and zarr users hold), whose
         filesystem is used as is (the remote options below do not apply to it).
     storage_options
@@ -261,6 +264,15 @@ def open_store(
         fs, root = mapper.fs, str(mapper.root).rstrip("/") or "/"
         return _open_at(fs, root, fs.unstrip_protocol(root), arrays=arrays, verify=verify)
     url = os.fspath(path_or_url)
+    if "://" not in url and os.path.isfile(url) and _is_image(url):  # from `shardload pack`
+        from .squashfs import open_image
+
+        mounted, hold = open_image(url)
+        if stage_to is None:
+            store = _open_at(*_open_fs(str(mounted), {}), url, arrays=arrays, verify=verify)
+            store.hold = hold
+            return store
+        url = str(mounted)  # stage the image's content (the mount stays while this process lives)
     if stage_to is not None:
         from .staging import stage
 
@@ -273,6 +285,12 @@ def open_store(
     )  # fmt: skip
     fs, root = _open_fs(url, remote)
     return _open_at(fs, root.rstrip("/") or "/", url, arrays=arrays, verify=verify)
+
+
+def _is_image(path: str) -> bool:
+    from .squashfs import is_image
+
+    return is_image(path)
 
 
 def _is_mapper(obj: Any) -> bool:
