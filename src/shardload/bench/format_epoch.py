@@ -91,7 +91,7 @@ class RssSampler:
         self._proc = psutil.Process()
         self._interval_s = interval_s
         self._stop = threading.Event()
-        self.peak = self.sample()
+        self.start = self.peak = self.sample()
         self._thread = threading.Thread(target=self._run, daemon=True, name="rss-sampler")
 
     def sample(self) -> int:
@@ -204,6 +204,7 @@ def time_epoch(
         "samples_per_s": samples / steady_s,
         "MB_per_s": nbytes / steady_s / 1e6,
         "peak_rss_MB": rss.peak / 1e6,
+        "rss_before_MB": rss.start / 1e6,
         "complete_epoch": not capped,
         "capped": capped,
     }

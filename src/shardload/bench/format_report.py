@@ -70,6 +70,24 @@ def storage_table(rows: list[Row]) -> list[str]:
     return lines
 
 
+def memory_table(rows: list[Row]) -> list[str]:
+    """Per format/mmap and worker count: the largest RSS growth during an epoch (MB)."""
+    workers = sorted({r["workers"] for r in rows})
+    growth: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        g = r["peak_rss_MB"] - r.get("rss_before_MB", r["peak_rss_MB"])
+        cell = growth[case_label(r)]
+        cell[r["workers"]] = max(cell.get(r["workers"], 0.0), g)
+    lines = [
+        "| format | " + " | ".join(f"{w} workers" for w in workers) + " |",
+        "|---|" + "---|" * len(workers),
+    ]
+    for label, by_w in growth.items():
+        cells = [f"{by_w[w]:,.0f} MB" if w in by_w else "-" for w in workers]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _ratio_of(rows: list[Row], key: str, a: Any, b: Any) -> dict[str, float]:
     """Per format: median over matching settings of rate(key=b) / rate(key=a)."""
     pairs: dict[tuple, dict[Any, float]] = defaultdict(dict)
@@ -269,7 +287,10 @@ def write_report(rows: list[Row], meta: dict[str, Any], out: Path) -> list[Path]
         "",
         f"Peak RSS of the process and its workers (summed; mmap'd pages count in each process "
         f"that touched them): {low:,.0f} to {peak:,.0f} MB over all epochs; per epoch in "
-        "results.json (`peak_rss_MB`).",
+        "results.json (`peak_rss_MB`, and `rss_before_MB` when the epoch began). Growth during "
+        "the epoch (peak - before), the largest over each format's settings:",
+        "",
+        *memory_table(rows),
         "",
     ]
     (out / "report.md").write_text("\n".join(lines))
