@@ -141,3 +141,20 @@ def test_squashfs_skips_with_a_reason_without_the_tools(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert "mksquashfs" in (formats.squashfs_unavailable() or "")
+
+
+def test_a_skipped_format_is_named_with_its_reason_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardload.bench import format_squashfs
+
+    monkeypatch.setattr(format_squashfs.shutil, "which", lambda name: None)
+    rows = run_formats(
+        tmp_path, num_samples=4, sample_bytes=64, workers=[0],
+        cases=select_cases(["npy-stack", "squashfs"]), progress=False,
+    )  # fmt: skip
+    assert {r["format"] for r in rows} == {"npy-stack"}
+    report = (tmp_path / "report.md").read_text()
+    assert "Skipped squashfs-npy-stack-zstd: mksquashfs, squashfuse, fusermount not found" in report
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert "mksquashfs" in meta["skipped"]["squashfs-npy-stack-zstd"]
