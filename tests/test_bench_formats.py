@@ -158,3 +158,22 @@ def test_a_skipped_format_is_named_with_its_reason_in_the_report(
     assert "Skipped squashfs-npy-stack-zstd: mksquashfs, squashfuse, fusermount not found" in report
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert "mksquashfs" in meta["skipped"]["squashfs-npy-stack-zstd"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--samples", "0"], "--samples must be >= 1"),
+        (["--sample-bytes", "2"], "--sample-bytes must be >= 4"),
+        (["--workers", "0,x"], "--workers: expected comma-separated integers"),
+        (["--formats", "npy,zarr"], "--formats: unknown ['npy']"),
+    ],
+)
+def test_bad_options_are_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    from shardload.cli import main
+
+    assert main(["bench", "formats", "--out", str(tmp_path), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()

@@ -370,6 +370,12 @@ def _versions() -> dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     workers = parse_workers(args.workers)
+    for option, value, low in (
+        ("--samples", args.samples, 1), ("--sample-bytes", args.sample_bytes, 4),
+        ("--batch-size", args.batch_size, 1), ("--max-epoch-seconds", args.max_epoch_seconds, 1e-9),
+    ):  # fmt: skip
+        if value < low:
+            raise ConfigError(f"{option} must be >= {low:g}, got {value}")
     cases = select_cases(args.formats.split(",") if args.formats else None)
     rows = run_formats(
         Path(args.out),
