@@ -25,6 +25,8 @@ from ..config import (
     read_yaml_mapping,
 )
 from ..errors import ConfigError
+from ..sources.segy import VARIABLE as SEGY_VARIABLE
+from ..sources.segy import is_segy
 from .plan import Boundary, normalize_boundary, normalize_depth
 
 SCHEDULERS = ("threads", "processes", "sync", "distributed", "jobqueue", "auto")
@@ -138,6 +140,10 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
     if unknown:
         raise ConfigError(f"compute config: unknown key(s) {unknown}; known: {list(TOP_KEYS)}")
     src = raw.get("source")
+    if isinstance(src, Mapping) and "paths" in src and "variable" not in src:
+        first = src["paths"] if isinstance(src["paths"], str) else next(iter(src["paths"]), "")
+        if is_segy(str(first)):
+            src = {**src, "variable": SEGY_VARIABLE}  # a SEG-Y file has one volume
     if not isinstance(src, Mapping) or "paths" not in src or "variable" not in src:
         raise ConfigError("source: give {paths: [...], variable: NAME}")
     bad = sorted(set(src) - set(SOURCE_KEYS))
