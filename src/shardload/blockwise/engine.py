@@ -24,11 +24,13 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..checksum import ALGORITHM, CHECKSUMS_NAME, encode_checksums
 from ..commit import BlockCommit, partial_path, write_block_durably
 from ..errors import ConfigError, NaNError, ShardloadError
 from ..executor import default_workers, open_executor, run_windowed
 from ..formats.base import FormatOptions
 from ..manifest import ArrayInfo, Manifest
+from ..pipeline import CHECKSUM_KEY, _merge_checksums
 from ..stats import Partial as StatPartial
 from ..stats import finalize, merge_all, partial
 from .config import ComputeConfig, import_function, load_compute_config
@@ -314,11 +316,15 @@ def run_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
         del buf
     record: dict[str, np.ndarray] = {}
     for att in job.attributes:
-        write_block_durably(
+        sums = write_block_durably(
             FORMAT, job.root, slab, att.name, slab, a0, outs[att.name], bounds=job.bounds
         )
         p = partial(outs[att.name].reshape(-1))
         record.update({f"{att.name}/{k}": getattr(p, k) for k in STAT_FIELDS})
+        if sums is not None:  # the chunk files' checksums, as prepare records them
+            record[f"{CHECKSUM_KEY}{att.name}"] = np.array(
+                [list(sums), list(sums.values())], np.uint64
+            )
     return {"block": slab, "record": record}
 
 
@@ -354,8 +360,15 @@ def compute(
         describe={"compute": True},
     )
     bounds = job.bounds
-    specs = {
-        a.name: ArrayInfo(a.name, info.shape, a.dtype, bounds[1] - bounds[0], path=a.name)
+    specs = {  # the source's dimension names become the arrays' (Zarr dimension_names)
+        a.name: ArrayInfo(
+            a.name,
+            info.shape,
+            a.dtype,
+            bounds[1] - bounds[0],
+            path=a.name,
+            attrs={"dims": list(info.dims)},
+        )
         for a in job.attributes
     }
     options = FormatOptions(cfg.compression)
@@ -383,6 +396,7 @@ def compute(
             merged = merge_all(parts)
             assert merged is not None
             stats[a.name] = finalize(merged)
+        sums = _merge_checksums(records, list(specs))
         manifest = Manifest(
             format="zarr",
             length=info.shape[0],
@@ -413,8 +427,12 @@ def compute(
             provenance={"source": list(cfg.source.paths), "variable": cfg.variable},
             complete=True,
             shardload_version=__version__,
+            checksums=ALGORITHM if sums else "",
         )
-        commit.publish(manifest.to_files())
+        files = manifest.to_files()
+        if sums:  # before the manifest, which publish writes last
+            files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
+        commit.publish(files)
     log.info(
         "computed %d attribute(s) into %s in %.1f s", len(specs), out, time.perf_counter() - t0
     )
