@@ -28,6 +28,7 @@ from ..errors import ConfigError
 from ..sources.segy import VARIABLE as SEGY_VARIABLE
 from ..sources.segy import is_segy
 from .plan import Boundary, normalize_boundary, normalize_depth
+from .steps import STEP_KINDS, StepConfig, check_steps, parse_step
 
 SCHEDULERS = ("threads", "processes", "sync", "distributed", "jobqueue", "auto")
 ATTRIBUTE_KEYS = ("function", "depth", "boundary", "dtype", "kwargs")
@@ -72,6 +73,8 @@ class ComputeConfig:
     allow_nan: bool = False
     overwrite: bool = False
     compression: str = "zstd"
+    #: standardisation / k-means steps on whole attributes, run after them (steps.py)
+    steps: Mapping[str, StepConfig] = field(default_factory=dict)
 
 
 def import_function(spec: str, where: str) -> Callable[..., Any]:
@@ -166,7 +169,17 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
     attrs_raw = raw.get("attributes")
     if not isinstance(attrs_raw, Mapping) or not attrs_raw:
         raise ConfigError("attributes: give at least one {name: {function: module:name, ...}}")
-    attributes = {str(k): _attribute(str(k), v) for k, v in attrs_raw.items()}
+    is_step = {
+        str(k): isinstance(v, Mapping) and "function" not in v and any(s in v for s in STEP_KINDS)
+        for k, v in attrs_raw.items()
+    }
+    attributes = {
+        str(k): _attribute(str(k), v) for k, v in attrs_raw.items() if not is_step[str(k)]
+    }
+    steps = {str(k): parse_step(str(k), v) for k, v in attrs_raw.items() if is_step[str(k)]}
+    if not attributes:
+        raise ConfigError("attributes: give at least one attribute computed by a function")
+    check_steps(steps, list(attributes))
     chunks = raw.get("chunks", "source")
     if chunks in (None, "source"):
         chunks = None
@@ -199,6 +212,7 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
         source=source,
         variable=variable,
         attributes=attributes,
+        steps=steps,
         out=_resolve(str(raw["out"]), base),
         chunks={int(k): v for k, v in chunks.items()} if chunks is not None else None,
         execution=execution,
