@@ -140,3 +140,22 @@ def test_step_refusals(tmp_path: Path, monkeypatch: Any) -> None:
     with pytest.raises(MissingDependencyError, match=r"shardload\[ml\]"):
         shardload.compute(_cfg(tmp_path, src, k={"kmeans": {"inputs": ["env"]}}))
     assert not (tmp_path / "attrs.partial").exists()
+
+
+def test_memory_bound_covers_the_steps(tmp_path: Path) -> None:
+    """Pass 2 holds a slab of each input and output plus one batch of vectors and distances."""
+    pytest.importorskip("dask_ml")
+    from shardload.blockwise.config import load_compute_config
+    from shardload.blockwise.engine import estimate_memory, plan_job
+    from shardload.blockwise.source import SourceInfo
+    from shardload.blockwise.steps import FIT_ROWS
+
+    info = SourceInfo((40, 30, 20), "float32", ((10,) * 4, (30,), (20,)), ("i", "j", "k"))
+    cfg = _cfg(tmp_path, tmp_path / "cube.zarr")
+    plain = estimate_memory(plan_job(load_compute_config(cfg), info, "x"), 2)
+    km = {"kmeans": {"inputs": ["env", "rms"], "n_clusters": 50}}
+    steps = estimate_memory(plan_job(load_compute_config({**cfg, "attributes": {
+        **cfg["attributes"], "k": km}}), info, "x"), 2)  # fmt: skip
+    want = 10 * 30 * 20 * (4 + 4 + 4) + FIT_ROWS * 8 * (2 * 2 + 50)
+    assert steps.per_task_bytes == want > plain.per_task_bytes
+    assert steps.total_bytes - plain.total_bytes == 3 * (want - plain.per_task_bytes)

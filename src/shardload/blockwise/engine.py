@@ -48,7 +48,7 @@ from .plan import (
     runs,
 )
 from .source import SourceArray, SourceInfo
-from .steps import StepConfig, StepModel, apply_step, fit_kmeans, save_centers
+from .steps import FIT_ROWS, StepConfig, StepModel, apply_step, fit_kmeans, save_centers
 
 log = logging.getLogger(__name__)
 STAT_FIELDS = ("count", "mean", "m2", "min", "max", "nan_count")
@@ -131,7 +131,7 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
     for a in job.attributes:
         func = import_function(a.function, f"attributes.{a.name}.function")
         works.append(float(getattr(func, "work_bytes_per_element", DEFAULT_WORK_BYTES)))
-    return plan_memory(
+    est = plan_memory(
         job.chunks,
         [a.depth for a in job.attributes],
         itemsize=np.dtype(job.info.dtype).itemsize,
@@ -139,6 +139,26 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
         work_bytes_per_element=works,
         tasks=tasks,
     )
+    if job.steps:  # pass 2: a slab of each input and output, one batch of vectors + distances
+        dtypes = {a.name: np.dtype(a.dtype).itemsize for a in job.attributes}
+        inputs = {i for s in job.steps for i in s.inputs}
+        slab = max(job.chunks[0]) * int(np.prod(job.info.shape[1:], dtype=np.int64))
+        batch = max(
+            FIT_ROWS * 8 * (2 * len(s.inputs) + (s.n_clusters if s.kind == "kmeans" else 0))
+            for s in job.steps
+        )
+        per_task = (
+            slab
+            * (sum(dtypes[i] for i in inputs) + sum(np.dtype(s.dtype).itemsize for s in job.steps))
+            + batch
+        )
+        if per_task > est.per_task_bytes:
+            est = dataclasses.replace(
+                est,
+                per_task_bytes=per_task,
+                total_bytes=est.total_bytes + (tasks + 1) * (per_task - est.per_task_bytes),
+            )
+    return est
 
 
 def _fingerprint(cfg: ComputeConfig, info: SourceInfo, chunks: Sequence[Sequence[int]]) -> str:
