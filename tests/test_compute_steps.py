@@ -159,3 +159,22 @@ def test_memory_bound_covers_the_steps(tmp_path: Path) -> None:
     want = 10 * 30 * 20 * (4 + 4 + 4) + FIT_ROWS * 8 * (2 * 2 + 50)
     assert steps.per_task_bytes == want > plain.per_task_bytes
     assert steps.total_bytes - plain.total_bytes == 3 * (want - plain.per_task_bytes)
+
+
+def test_kmeans_refuses_nan_inputs(tmp_path: Path) -> None:
+    pytest.importorskip("dask_ml")
+    from shardload.errors import NaNError
+
+    data = np.random.default_rng(0).standard_normal((6, 4, 5)).astype(np.float32)
+    data[2, 1, 3] = np.nan
+    g = zarr.open_group(store=str(tmp_path / "cube.zarr"), mode="w", zarr_format=3)
+    g.create_array("amp", shape=data.shape, chunks=(3, 4, 5), dtype=data.dtype)[...] = data
+    cfg = {
+        "source": {"paths": [str(tmp_path / "cube.zarr")], "variable": "amp"},
+        "attributes": {"b": "compute_funcs:box", "k": {"kmeans": {"inputs": ["b"]}}},
+        "allow_nan": True,
+        "out": str(tmp_path / "attrs"),
+        "execution": {"scheduler": "sync"},
+    }
+    with pytest.raises(NaNError, match=r"attributes\.k\.kmeans\.inputs: attribute 'b' has \d+ NaN"):
+        shardload.compute(cfg)

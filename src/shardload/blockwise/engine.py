@@ -557,6 +557,14 @@ def _fit_steps(
                     )
         model = StepModel(means, stds)
         if s.kind == "kmeans":
+            for i in s.inputs:
+                nans = int(np.sum(stats[i].nan_count))
+                if nans:
+                    raise NaNError(
+                        f"attributes.{s.name}.kmeans.inputs: attribute {i!r} has {nans} NaN "
+                        "value(s) (allow_nan: true let them through); k-means needs finite "
+                        "vectors: drop it from the inputs or fill the NaNs in the source"
+                    )
             saved = commit.progress / f"step-{s.name}.npy"
             if saved.exists():
                 centers = np.load(saved, allow_pickle=False)
