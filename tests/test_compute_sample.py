@@ -95,6 +95,19 @@ def test_prepare_takes_the_attributes_store_as_source(tmp_path: Path) -> None:
     x = st.read("x", 0, 8)
     assert x.shape == (8, 2 * 3 * 20)
     np.testing.assert_array_equal(x[:, : 3 * 20], attrs.read("env", 0, 8).reshape(8, -1))
+    # traces as samples: (inline, crossline) stacked into the sample axis
+    st = shardload.prepare(
+        {
+            "source": {"paths": [str(tmp_path / "attrs")], "open_kwargs": {"consolidated": False}},
+            "sample_dims": ["inline", "crossline"],
+            "arrays": {"trace": ["env"]},
+            "out": str(tmp_path / "traces"),
+            "splits": None,
+            "execution": {"scheduler": "sync"},
+        }
+    )
+    t = st.read("trace", 0, 8 * 3)
+    np.testing.assert_array_equal(t, attrs.read("env", 0, 8).reshape(8 * 3, 20))
 
 
 def _attrs_store(tmp_path: Path) -> Path:
