@@ -178,3 +178,33 @@ def test_kmeans_refuses_nan_inputs(tmp_path: Path) -> None:
     }
     with pytest.raises(NaNError, match=r"attributes\.k\.kmeans\.inputs: attribute 'b' has \d+ NaN"):
         shardload.compute(cfg)
+
+
+@pytest.mark.slow
+def test_segy_steps_with_processes_equal_sync(tmp_path: Path) -> None:
+    """SEG-Y source, attributes and both steps: the processes scheduler writes the same bytes."""
+    pytest.importorskip("dask_ml")
+    pytest.importorskip("segyio")
+    from shardload.samples.seismic import write_seismic_segy
+
+    src = write_seismic_segy(tmp_path / "c.sgy", (12, 6, 40), chunk_inlines=4)
+
+    def cfg(out: str, sched: str) -> dict[str, Any]:
+        return {
+            "source": {"paths": [str(src)]},
+            "attributes": {
+                "env": "shardload.attributes:envelope",
+                "b": {"function": "compute_funcs:box", "depth": 1},
+                "k": {"kmeans": {"inputs": ["env", "b"], "n_clusters": 3}},
+                "z": {"standardize": "b"},
+            },
+            "chunks": {0: 4},
+            "out": str(tmp_path / out),
+            "execution": {"scheduler": sched, "num_workers": 2},
+        }
+
+    shardload.compute(cfg("a", "processes"), progress=False)
+    shardload.compute(cfg("b", "sync"), progress=False)
+    a, b = shardload.open_store(str(tmp_path / "a")), shardload.open_store(str(tmp_path / "b"))
+    for n in ("env", "b", "k", "z"):
+        assert a.read(n, 0, 12).tobytes() == b.read(n, 0, 12).tobytes(), n
