@@ -33,6 +33,7 @@ class Store:
         self.url = url
         self.verify = check_verify(verify)
         self._reader: ArrayReader | None = None
+        self._ragged: Any = None
         self._pid = os.getpid()
 
     # -- description ---------------------------------------------------------------------------
@@ -40,7 +41,10 @@ class Store:
         return self.manifest.length
 
     def __repr__(self) -> str:
-        arrays = ", ".join(f"{k}{list(a.shape)}:{a.dtype}" for k, a in self.manifest.arrays.items())
+        arrays = ", ".join(
+            f"{k}[{a.shape[0]}, *]:{a.dtype}" if a.is_ragged else f"{k}{list(a.shape)}:{a.dtype}"
+            for k, a in self.manifest.arrays.items()
+        )
         return f"<shardload.Store {self.url} format={self.manifest.format} length={len(self)} arrays=({arrays})>"
 
     @property
@@ -76,8 +80,27 @@ class Store:
             self._pid = os.getpid()
         return self._reader
 
-    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows ``[start, stop)`` of array ``name`` as a numpy array."""
+    @property
+    def ragged(self) -> tuple[str, ...]:
+        """The variable-length arrays (one 1-D array per sample, any length)."""
+        return tuple(k for k, a in self.manifest.arrays.items() if a.is_ragged)
+
+    @property
+    def ragged_reader(self) -> Any:
+        """The reader of the variable-length arrays (:mod:`shardload.formats.ragged`)."""
+        if self._ragged is None or self._ragged._pid != os.getpid():
+            from .formats.ragged import RaggedReader
+
+            self._ragged = RaggedReader(self.fs, self.root, self.manifest, verify=self.verify)
+        return self._ragged
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> Any:
+        """Rows ``[start, stop)`` of array ``name`` as a numpy array.
+
+        For a variable-length array: a :class:`~shardload.ragged.RaggedRows` ``(values,
+        lengths)`` (values of the rows concatenated, int64 lengths); ``.padded()`` gives
+        ``(rows, longest)`` zero-padded, ``.to_list()`` one array per row (see also
+        :meth:`read_padded`)."""
         if name not in self.manifest.arrays:
             raise StoreError(
                 f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
@@ -88,7 +111,19 @@ class Store:
         start, stop = _clip(start, n), _clip(stop, n)
         if stop < start:
             stop = start
+        if self.manifest.arrays[name].is_ragged:
+            return self.ragged_reader.read(name, start, stop)
         return self.reader.read(name, start, stop)
+
+    def read_padded(
+        self, name: str, start: int = 0, stop: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of a variable-length array as ``(padded, lengths)``: ``(rows, longest)`` with
+        zeros after each row's values, and the int64 lengths (as the loader yields them)."""
+        if name in self.manifest.arrays and not self.manifest.arrays[name].is_ragged:
+            raise StoreError(f"array {name!r} of {self.url} is not a variable-length array")
+        rows = self.read(name, start, stop)
+        return rows.padded(), rows.lengths
 
     def read_chunk(self, name: str, i: int) -> np.ndarray:
         if not 0 <= i < self.num_chunks:
@@ -108,10 +143,14 @@ class Store:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        if self._ragged is not None:
+            self._ragged.close()
+            self._ragged = None
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["_reader"] = None
+        d["_ragged"] = None
         return d
 
     def _identity(self) -> str:
@@ -134,10 +173,15 @@ class Store:
 
         chunks = tuple(int(c) for c in np.diff(self.chunk_bounds))
         data_vars = {}
-        for name in names or self.arrays:
+        for name in names or [a for a in self.arrays if a not in self.ragged]:
             if name not in self.manifest.arrays:
                 raise StoreError(
                     f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
+                )
+            if self.manifest.arrays[name].is_ragged:
+                raise StoreError(
+                    f"array {name!r} of {self.url} is variable-length: xarray has no form for it "
+                    "(read it with Store.read, which returns (values, lengths))"
                 )
             info = self.manifest.arrays[name]
             named = info.attrs.get("dims")  # a compute store: the source's dims

@@ -21,6 +21,7 @@ from ..config import (
     SourceConfig,
     _resolve,
     apply_overrides,
+    execution_config,
     parse_size,
     read_yaml_mapping,
 )
@@ -187,22 +188,8 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
         raise ConfigError(f"chunks: {chunks!r}; give 'source' or {{axis: size, ...}} (-1: whole)")
     if "out" not in raw:
         raise ConfigError("out: the output store path is required")
-    ex = dict(raw.get("execution") or {})
-    bad = sorted(set(ex) - {"scheduler", "num_workers", "threads_per_worker", "address", "cluster"})
-    if bad:
-        raise ConfigError(f"execution: unknown key(s) {bad}")
-    scheduler = ex.get("scheduler", "threads")
-    if scheduler not in SCHEDULERS:
-        raise ConfigError(f"execution.scheduler: {scheduler!r}; choose one of {list(SCHEDULERS)}")
-    nw = ex.get("num_workers")
-    if nw is not None and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 1):
-        raise ConfigError(f"execution.num_workers: {nw!r}; give a positive integer")
-    execution = ExecutionConfig(
-        scheduler=scheduler,
-        num_workers=nw,
-        threads_per_worker=int(ex.get("threads_per_worker", 1)),
-        address=ex.get("address"),
-        cluster=dict(ex.get("cluster") or {}),
+    execution = execution_config(
+        raw.get("execution"), default_scheduler="threads", where="compute config"
     )
     limit = raw.get("memory_limit")
     compression = str(raw.get("compression", "zstd"))
