@@ -164,7 +164,8 @@ class Store:
         """The store as a lazy ``xarray.Dataset``: one dask chunk per store chunk, read with
         :meth:`read` on compute.
 
-        Dims are ``sample`` and ``NAME_dim1, ...`` (as in the Zarr format's dimension names);
+        Dims are ``sample`` and ``NAME_dim1, ...`` (as in the Zarr format's dimension names), or
+        in a store written by ``shardload compute`` the source's dims (``attrs["dims"]``);
         an array with feature names has them as the coordinate of its last dim, ``NAME_feature``.
         xarray and dask are imported here only: the read side stays free of them.
         """
@@ -184,7 +185,11 @@ class Store:
                     "(read it with Store.read, which returns (values, lengths))"
                 )
             info = self.manifest.arrays[name]
-            dims = ["sample", *(f"{name}_dim{i}" for i in range(1, len(info.shape)))]
+            named = info.attrs.get("dims")  # a compute store: the source's dims
+            if named is not None and len(named) == len(info.shape) and info.features is None:
+                dims = [str(d) for d in named]
+            else:
+                dims = ["sample", *(f"{name}_dim{i}" for i in range(1, len(info.shape)))]
             coords = {}
             if info.features is not None and len(info.shape) > 1:
                 if len(info.features) != info.shape[-1]:
