@@ -40,7 +40,8 @@ def verify_store(store: Any, *, threads: int = 4) -> Iterator[tuple[str, int, Pr
     """Check every checksum unit of every array of ``store`` (opened with ``verify="always"``);
     yields ``(array, unit, problem or None)`` in order."""
     reader = store.reader
-    jobs = [(a, k) for a in store.arrays for k in range(reader.checksum_units(a))]
+    names = getattr(reader, "stored_arrays", store.arrays)  # at_load windows: the series
+    jobs = [(a, k) for a in names for k in range(reader.checksum_units(a))]
 
     def check(job: tuple[str, int]) -> tuple[str, int, Problem | None]:
         a, k = job

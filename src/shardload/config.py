@@ -201,6 +201,8 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
     view_options = m.view.model_dump(exclude={"name"})
     if m.view.name == "window" and m.view.targets is None:
         view_options.pop("targets")
+    if m.view.name == "window" and not m.view.at_load:  # written windows: as before
+        view_options.pop("at_load")
     ex = m.execution
     execution = ExecutionConfig(
         scheduler=ex.scheduler,

@@ -31,6 +31,7 @@ from .plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
 from .stats import Partial, finalize, merge_all, partial
 from .store import Store, open_store
 from .views.base import ArraySpec, View
+from .views.window_series import WindowSeriesView, window_manifest
 
 log = logging.getLogger(__name__)
 
@@ -291,6 +292,10 @@ def prepare(
                 shardload_version=__version__,
                 checksums=ALGORITHM if sums else "",
             )
+            if isinstance(view, WindowSeriesView):  # the window arrays over the series
+                manifest = window_manifest(
+                    manifest, view, view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
+                )
             files = manifest.to_files()
             if sums:  # before the manifest, which publish writes last
                 files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
@@ -356,6 +361,8 @@ def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int
     if length == 0:
         raise ShardloadError("the view has no samples (length 0): check sample_dims and the source")
     row_bytes = sum(s.row_bytes for s in specs.values())
+    if isinstance(view, WindowSeriesView):  # series chunks of whole space points
+        return specs, length, row_bytes, view.plan_series_chunk_rows(cfg.target_chunk_bytes)
     chunk_rows = cfg.chunk_rows or plan_chunk_rows(
         row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
     )
@@ -371,6 +378,8 @@ def plan_splits_for(
     lookback + horizon)``, so consecutive splits keep ``ceil((lookback + horizon) / stride) - 1``
     windows apart."""
     group_rows, gap = None, 0
+    if isinstance(view, WindowSeriesView):  # windows at load time: split the samples
+        bounds = view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
     if cfg.view == "window":
         span = int(view.lookback) + int(view.horizon)  # type: ignore[attr-defined]
         stride = int(view.stride)  # type: ignore[attr-defined]
