@@ -197,3 +197,60 @@ def test_verify_cli_checks_the_series(tmp_path):
     data[-3] ^= 0x10
     victim.write_bytes(bytes(data))
     assert main(["verify", s.url]) == 1
+
+
+@pytest.mark.parametrize(
+    "context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)]  # spawn: ~45 s here
+)
+def test_streaming_dataloader_workers_and_mid_epoch_resume(stores, context):
+    """Through StreamingDataLoader with forked (shared-memory ring) and spawned workers: the
+    values of written windows, each train window once, and a mid-epoch state resumes with
+    exactly the unseen windows on another worker count."""
+    torch = pytest.importorskip("torch")
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    s, full = stores["npy"], stores["full"]
+
+    def loader(workers):
+        ds = StreamingDataset(s, batch_size=8, split="train", seed=4)
+        return StreamingDataLoader(
+            ds, num_workers=workers, multiprocessing_context=context if workers else None
+        )
+
+    first = loader(2)
+    got = []
+    for batch in first:
+        assert isinstance(batch["x"], torch.Tensor) and batch["x"].shape[1:] == (4, 3)
+        _check(batch, full)
+        got.extend(batch["index"].tolist())
+    a, b = s.manifest.split_rows["train"]
+    assert sorted(got) == list(range(a, b))
+    again = loader(2)
+    it = iter(again)
+    head = [next(it)["index"].tolist() for _ in range(5)]
+    state = again.state_dict()
+    del it
+    rest = loader(0)
+    rest.load_state_dict(state)
+    tail = [b["index"].tolist() for b in rest]
+    seen = [r for bt in head + tail for r in bt]
+    assert sorted(seen) == list(range(a, b)) and len(seen) == len(set(seen))
+
+
+def test_datamodule_serves_windows_cut_at_load_time(stores):
+    pytest.importorskip("lightning")
+    from types import SimpleNamespace
+
+    from shardload.lightning import ShardloadDataModule
+
+    s, full = stores["npy"], stores["full"]
+    dm = ShardloadDataModule(s, batch_size=8, seed=1, num_workers=1)
+    dm.trainer = SimpleNamespace(current_epoch=0, training=True)
+    rows = []
+    for batch in dm.train_dataloader():
+        _check(batch, full)
+        rows.extend(batch["index"].tolist())
+    a, b = s.manifest.split_rows["train"]
+    assert sorted(rows) == list(range(a, b))
+    for batch in dm.val_dataloader():
+        _check(batch, full)
