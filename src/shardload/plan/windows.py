@@ -99,9 +99,9 @@ def plan_window_runs(
     [[0, 1], [0, 2], [1, 0], 3]
     """
     first, per = geometry.rows_of(name, samples)
-    chunk, file_row = np.divmod(first, geometry.chunk_rows)
-    order = np.lexsort((file_row, chunk))
-    return chunk[order], file_row[order], order.astype(np.int64), per
+    order = np.argsort(first, kind="stable")  # series rows: (chunk, file row) order
+    chunk, file_row = np.divmod(first[order], geometry.chunk_rows)
+    return chunk, file_row, order.astype(np.int64), per
 
 
 def window_geometry(static: Mapping[str, Any]) -> WindowGeometry | None:
