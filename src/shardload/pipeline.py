@@ -155,6 +155,33 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
     return {"block": block, "record": record}
 
 
+#: The store's splits for readers without shardload (beside the arrays, written at publish).
+METADATA_NAME = "metadata.json"
+
+
+def split_metadata(manifest: Manifest, cfg: PrepareConfig) -> bytes:
+    """``metadata.json``: each split's rows, chunks and (for row-range splits) its row range,
+    with the fractions and seed that made them (the manifest holds the same; this file is
+    for readers without shardload)."""
+    splits = {
+        name: {
+            "rows": manifest.split_num_rows(name),
+            "chunks": list(chunks),
+            "row_range": list(manifest.split_rows[name]) if name in manifest.split_rows else None,
+        }
+        for name, chunks in manifest.splits.items()
+    }
+    doc = {
+        "samples": manifest.length,
+        "splits": splits,
+        "fractions": dict(cfg.splits or {}),
+        "split_seed": cfg.split_seed,
+        "split_shuffle": cfg.split_shuffle,
+        "shardload_version": __version__,
+    }
+    return json.dumps(doc, indent=1).encode()
+
+
 #: Progress-record field of an array's checksums: ``[[unit, ...], [digest, ...]]``.
 CHECKSUM_KEY = "checksum:"
 
@@ -296,7 +323,7 @@ def prepare(
                 manifest = window_manifest(
                     manifest, view, view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
                 )
-            files = manifest.to_files()
+            files = {METADATA_NAME: split_metadata(manifest, cfg), **manifest.to_files()}
             if sums:  # before the manifest, which publish writes last
                 files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
             commit.publish(files)  # feature files first, the manifest last
