@@ -108,7 +108,9 @@ def steps_to(curve: list, target: float) -> int | None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--columns", type=int, default=4096, help="columns per raw file")
     p.add_argument("--patches", type=int, default=4)
