@@ -66,6 +66,9 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
 
 #: ``SHARDLOAD_LOG=off`` (or 0/no/false): no per-command log file.
 LOG_ENV = "SHARDLOAD_LOG"
+run_log = logging.getLogger("shardload.command")
+run_log.propagate = False
+run_log.setLevel(logging.INFO)
 
 
 def open_command_log(command: str, verbose: int = 0) -> tuple[Path, logging.Handler] | None:
@@ -94,6 +97,7 @@ def open_command_log(command: str, verbose: int = 0) -> tuple[Path, logging.Hand
             h.setLevel(root.level)
     root.addHandler(handler)
     root.setLevel(min(root.level or logging.WARNING, handler.level))
+    run_log.addHandler(handler)  # the command line and exit status: the file only
     return path, handler
 
 
@@ -105,17 +109,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     rc = 1
     try:
         cmd = " ".join(sys.argv[1:] if argv is None else argv)
-        logging.getLogger("shardload").info("shardload %s", cmd)
+        run_log.info("shardload %s", cmd)
         rc = _run(args)
         return rc
     except Exception:
-        logging.getLogger("shardload").exception("shardload %s failed", args.command)
+        run_log.exception("shardload %s failed", args.command)
         raise
     finally:
         if opened is not None:
             path, handler = opened
-            logging.getLogger("shardload").info("exit status %d", rc)
+            run_log.info("exit status %d", rc)
             logging.getLogger().removeHandler(handler)
+            run_log.removeHandler(handler)
             handler.close()
             if rc != 0 or not args.quiet:
                 print(f"shardload {args.command}: log in {path}", file=sys.stderr)
@@ -125,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except ShardloadError as exc:
-        logging.getLogger("shardload").error("%s", exc)
+        run_log.error("%s", exc)
         print(f"shardload {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
