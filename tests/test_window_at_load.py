@@ -200,7 +200,8 @@ def test_verify_cli_checks_the_series(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)]  # spawn: ~45 s here
+    "context",
+    ["fork", pytest.param("spawn", marks=pytest.mark.slow)],  # spawn: ~45 s here
 )
 def test_streaming_dataloader_workers_and_mid_epoch_resume(stores, context):
     """Through StreamingDataLoader with forked (shared-memory ring) and spawned workers: the
