@@ -40,6 +40,7 @@ from .plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
 from .stats import OrderedMerge, Partial, finalize, partial
 from .store import Store, open_store
 from .views.base import ArraySpec, View
+from .views.window_series import WindowSeriesView, window_manifest
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +115,17 @@ def _view(job: PrepareJob) -> View:
     return _VIEWS[job.fingerprint]
 
 
-def _read_block(job: PrepareJob, block: int) -> tuple[dict[str, np.ndarray], dict[str, Partial]]:
-    """The rows of one block, as the store's arrays, and their statistics partials."""
+def _read_block(job: PrepareJob, block: int) -> tuple[dict[str, Any], dict[str, Partial]]:
+    """The rows of one block, as the store's arrays (:class:`~shardload.ragged.RaggedRows` for
+    variable-length ones), and their statistics partials."""
     chunk, a, b = job.block(block)
     data = _view(job).read(a, b)
-    arrays, stats = {}, {}
+    arrays: dict[str, Any] = {}
+    stats: dict[str, Partial] = {}
     for name, spec in job.specs.items():
+        if spec.ragged:
+            arrays[name], stats[name] = _ragged_rows(job, name, spec, data[name], chunk, a, b)
+            continue
         arr = data[name]
         want = (b - a, *spec.shape[1:])
         if arr.shape != want:
@@ -168,7 +174,10 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
         for k, (name, arr) in enumerate(arrays.items()):
             if k:  # between two arrays' writes
                 time.sleep(throttle_s / 2)
-            _write_array(job, fmt, block, name, arr, record)
+            if job.specs[name].ragged:
+                record.update(_write_ragged(job, block, name, arr))
+            else:
+                _write_array(job, fmt, block, name, arr, record)
     return {"block": block, "record": record, "stats": stats, "paths": paths}
 
 
@@ -193,8 +202,84 @@ def _write_array(
     record[f"{CHECKSUM_KEY}{name}"] = np.array([list(sums), list(sums.values())], np.uint64)
 
 
+#: The store's splits for readers without shardload (beside the arrays, written at publish).
+METADATA_NAME = "metadata.json"
+
+
+def split_metadata(manifest: Manifest, cfg: PrepareConfig) -> bytes:
+    """``metadata.json``: each split's rows, chunks and (for row-range splits) its row range,
+    with the fractions and seed that made them (the manifest holds the same; this file is
+    for readers without shardload)."""
+    splits = {
+        name: {
+            "rows": manifest.split_num_rows(name),
+            "chunks": list(chunks),
+            "row_range": list(manifest.split_rows[name]) if name in manifest.split_rows else None,
+        }
+        for name, chunks in manifest.splits.items()
+    }
+    doc = {
+        "samples": manifest.length,
+        "splits": splits,
+        "fractions": dict(cfg.splits or {}),
+        "split_seed": cfg.split_seed,
+        "split_shuffle": cfg.split_shuffle,
+        "shardload_version": __version__,
+    }
+    return json.dumps(doc, indent=1).encode()
+
+
 #: Progress-record field of an array's checksums: ``[[unit, ...], [digest, ...]]``.
 CHECKSUM_KEY = "checksum:"
+#: Progress-record field of a variable-length array's row lengths (int64, the block's rows).
+LENGTHS_KEY = "ragged:"
+
+
+def _ragged_rows(
+    job: PrepareJob, name: str, spec: ArraySpec, data: Any, chunk: int, a: int, b: int
+) -> tuple[Any, Partial]:
+    """A block of a variable-length array as the view returned it, checked: its rows (values
+    in the store's dtype) and the statistics partial of its values."""
+    from .ragged import RaggedRows
+
+    if not isinstance(data, RaggedRows) or len(data.lengths) != b - a:
+        got = len(data.lengths) if isinstance(data, RaggedRows) else type(data).__name__
+        raise StoreError(
+            f"view returned {got} rows for variable-length array {name!r} rows {a}:{b}, "
+            f"expected {b - a}"
+        )
+    values = np.ascontiguousarray(data.values, dtype=spec.dtype)
+    p = partial(values)
+    if job.config.nan == "fail" and p.nan_count.any():
+        raise NaNError(
+            f"NaN values in array {name!r} in chunk {chunk} (rows {a}:{b}): "
+            f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
+        )
+    return RaggedRows(values, np.asarray(data.lengths, np.int64)), p
+
+
+def _write_ragged(job: PrepareJob, block: int, name: str, rows: Any) -> dict[str, np.ndarray]:
+    """One block of a variable-length array: its values per sample chunk, durably
+    (:mod:`shardload.formats.ragged`); the record fields (checksums, row lengths)."""
+    from .formats.ragged import write_ragged_block
+
+    chunk, a, b = job.block(block)
+    try:
+        sums = write_ragged_block(
+            job.config.format, Path(job.partial_dir), name, chunk, rows, bounds=job.bounds
+        )
+    except OSError as exc:
+        where = f"chunk {chunk} (rows {a}:{b}) of array {name!r}"
+        if is_disk_full(exc):
+            raise DiskFullError(f"writing {where} to {job.partial_dir}: {exc}") from exc
+        raise StoreError(
+            f"writing {where} to {job.partial_dir} failed: {exc}. "
+            "The store stays incomplete; re-run to resume."
+        ) from exc
+    return {
+        f"{CHECKSUM_KEY}{name}": np.array([list(sums), list(sums.values())], np.uint64),
+        f"{LENGTHS_KEY}{name}": rows.lengths,
+    }
 
 
 def _merge_checksums(records: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, Any]:
@@ -277,8 +362,15 @@ def prepare(
         out, length, len(specs), bounds.num_chunks, chunk_rows, chunk_rows * row_bytes / 2**20, cfg.format, cfg.compression,
     )  # fmt: skip
 
+    fixed = {n: s for n, s in specs.items() if not s.ragged}
+    ragged = [n for n, s in specs.items() if s.ragged]
+
     def create(root: Path) -> None:
-        fmt.create(root, specs, bounds, options)
+        fmt.create(root, fixed, bounds, options)
+        if ragged:
+            from .formats.ragged import create_ragged
+
+            create_ragged(cfg.format, root, ragged)
 
     def needed_bytes(done: frozenset[int]) -> int:
         """Uncompressed bytes of the blocks not recorded (staging formats: plus the final file)."""
@@ -296,9 +388,10 @@ def prepare(
             merged = _run(job, commit, done, row_bytes, progress)
             records = [commit.read_record(i) for i in range(num_blocks)]
             staged = ((i, *job.block(i)[:2]) for i in range(num_blocks))
-            commit.finish_format(fmt, create, staged, list(specs), bounds=bounds)
+            commit.finish_format(fmt, create, staged, list(fixed), bounds=bounds)
             stats = _final_stats(merged, specs, cfg.nan == "warn", num_blocks)
             sums = _merge_checksums(records, list(specs))
+            lengths = _finish_ragged(cfg, commit, records, specs, ragged, bounds, options, sums)
             manifest = Manifest(
                 format=cfg.format,
                 length=length,
@@ -309,9 +402,10 @@ def prepare(
                         tuple(s.shape),
                         np.dtype(s.dtype).name,
                         chunk_rows,
-                        path=n if cfg.format != "hdf5" else f"data.h5/{n}",
+                        path=_array_path(cfg.format, n, s.ragged),
                         features=s.features,
                         attrs=dict(s.attrs),
+                        ragged=_length_stats(lengths[n]) if s.ragged else None,
                     )
                     for n, s in specs.items()
                 },
@@ -330,7 +424,11 @@ def prepare(
                 shardload_version=__version__,
                 checksums=ALGORITHM if sums else "",
             )
-            files = manifest.to_files()
+            if isinstance(view, WindowSeriesView):  # the window arrays over the series
+                manifest = window_manifest(
+                    manifest, view, view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
+                )
+            files = {METADATA_NAME: split_metadata(manifest, cfg), **manifest.to_files()}
             if sums:  # before the manifest, which publish writes last
                 files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
             commit.publish(files)  # feature files first, the manifest last
@@ -356,6 +454,53 @@ def prepare(
         total / 2**20 / max(dt, 1e-9),
     )
     return open_store(out)
+
+
+def _array_path(fmt: str, name: str, ragged: bool) -> str:
+    if ragged:
+        from .formats.ragged import array_path
+
+        return array_path(fmt, name)
+    return name if fmt != "hdf5" else f"data.h5/{name}"
+
+
+def _length_stats(lengths: np.ndarray) -> dict[str, Any]:
+    from .formats.ragged import length_stats
+
+    return length_stats(lengths)
+
+
+def _finish_ragged(
+    cfg: PrepareConfig,
+    commit: BlockCommit,
+    records: list[dict[str, np.ndarray]],
+    specs: Mapping[str, ArraySpec],
+    ragged: list[str],
+    bounds: RegularBounds,
+    options: FormatOptions,
+    sums: dict[str, Any],
+) -> dict[str, np.ndarray]:
+    """Offsets (and for zarr / hdf5 the values) of the variable-length arrays, from the
+    blocks' records; the offsets' checksum appended to each one's chunk checksums."""
+    if not ragged:
+        return {}
+    from .formats.ragged import finish_ragged
+
+    lengths = {}
+    for n in ragged:
+        try:
+            lengths[n] = np.concatenate([r[f"{LENGTHS_KEY}{n}"] for r in records])
+        except KeyError as exc:
+            raise StoreError(f"a progress record lacks the row lengths of array {n!r}") from exc
+    infos = {n: (np.dtype(specs[n].dtype), lengths[n]) for n in ragged}
+    off_sums = finish_ragged(
+        cfg.format, commit.root, infos, bounds=tuple(bounds), options=options,
+        progress=commit.progress,
+    )  # fmt: skip
+    for n in ragged:
+        if n in sums:
+            sums[n] = np.append(sums[n], np.uint64(off_sums[n]))
+    return lengths
 
 
 def _run(
@@ -489,6 +634,8 @@ def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int
     if length == 0:
         raise ShardloadError("the view has no samples (length 0): check sample_dims and the source")
     row_bytes = sum(s.row_bytes for s in specs.values())
+    if isinstance(view, WindowSeriesView):  # series chunks of whole space points
+        return specs, length, row_bytes, view.plan_series_chunk_rows(cfg.target_chunk_bytes)
     chunk_rows = cfg.chunk_rows or plan_chunk_rows(
         row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
     )
@@ -504,6 +651,8 @@ def plan_splits_for(
     lookback + horizon)``, so consecutive splits keep ``ceil((lookback + horizon) / stride) - 1``
     windows apart."""
     group_rows, gap = None, 0
+    if isinstance(view, WindowSeriesView):  # windows at load time: split the samples
+        bounds = view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
     if cfg.view == "window":
         span = int(view.lookback) + int(view.horizon)  # type: ignore[attr-defined]
         stride = int(view.stride)  # type: ignore[attr-defined]
@@ -588,7 +737,10 @@ def _fingerprint(
             else:
                 files.append([p])
     d["_files"] = files
-    d["_specs"] = {k: [list(s.shape), np.dtype(s.dtype).name] for k, s in specs.items()}
+    d["_specs"] = {
+        k: [list(s.shape), np.dtype(s.dtype).name, *(["ragged"] if s.ragged else [])]
+        for k, s in specs.items()
+    }
     d["_bounds"] = [bounds.length, bounds.chunk_rows]
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
