@@ -277,6 +277,11 @@ def test_resume_of_an_interrupted_prepare(tmp_path, monkeypatch):
     st = make(tmp_path, "zarr", "zstd", None)
     for got, w in zip(st.read("tok").to_list(), expected(source()), strict=True):
         np.testing.assert_array_equal(got, w)
+    clean = make(tmp_path / "clean", "zarr", "zstd", None)  # statistics: a clean run's, exactly
+    for name, want in clean.manifest.stats.items():
+        got = st.manifest.stats[name]
+        for f in ("mean", "std", "min", "max", "nan_count"):
+            assert np.array_equal(getattr(got, f), getattr(want, f)), (name, f)
 
 
 def test_inspect_and_verify_show_ragged(npy, capsys):
