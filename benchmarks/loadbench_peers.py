@@ -83,10 +83,25 @@ def _source(work: Path):
     return zarr.open_array(str(work / "zarr-none" / "x"), mode="r")
 
 
+def _import_streaming() -> None:
+    """``import streaming`` imports its vision datasets, hence torchvision; the torchvision
+    wheel on PyPI is linked against the CUDA torch build and cannot load beside the CPU one we
+    install (``libtorch_cuda.so`` not found). The loader does not use them: stand in an empty
+    ``streaming.vision`` so the rest imports."""
+    import sys
+    import types
+
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+
+
 def convert_mds(work: Path) -> Path:
     out = work / "peer-mds"
     if (out / "index.json").exists():
         return out
+    _import_streaming()
     from streaming import MDSWriter
 
     x = _source(work)
@@ -129,6 +144,7 @@ def build(work: Path, loader: str, workers: int, batch_size: int, seed: int):
     import torch  # noqa: F401
 
     if loader == "mosaic-streaming":
+        _import_streaming()
         from streaming import StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
         from torch.utils.data import DataLoader
