@@ -17,6 +17,9 @@ Usage::
     python benchmarks/bench_compute.py                 # 1 GiB, depth 8, 2 threads
     python benchmarks/bench_compute.py --gib 0.25 --depth 4 --workers 2
     python benchmarks/bench_compute.py --gib 0.0625 --chunks 32 32 32 --map-blocks  # small blocks
+    # the headline case (dask issue 3671): a stack of images, small blocks on every axis
+    python benchmarks/bench_compute.py --shape 100 100 60 60 --chunks 10 10 30 30 \
+        --depth 0 0 1 1 --map-blocks
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 
 
-def smooth(x: np.ndarray, *, size: int = 17) -> np.ndarray:
-    """Box mean over ``size`` samples on every axis (needs a halo of ``size // 2``)."""
+def smooth(x: np.ndarray, *, size: int | list[int] = 17) -> np.ndarray:
+    """Box mean over ``size`` samples on every axis, or ``size[k]`` on axis ``k`` (needs a halo
+    of ``size // 2``)."""
     from scipy import ndimage
 
     return ndimage.uniform_filter(x, size=size, mode="reflect")  # type: ignore[no-any-return]
@@ -53,9 +57,15 @@ def make_cube(path: Path, shape: tuple[int, ...], chunks: tuple[int, ...]) -> No
         arr[a:b] = rng.standard_normal((b - a, *shape[1:]), dtype=np.float32)
 
 
-def run_case(case: str, src: Path, out: Path, depth: int, workers: int) -> dict[str, float]:
+def run_case(case: str, src: Path, out: Path, depths: list[int], workers: int) -> dict[str, float]:
     sys.path.insert(0, str(HERE))
-    size = 2 * depth + 1
+    import zarr as _zarr
+
+    ndim = len(_zarr.open_group(str(src), mode="r")["amp"].shape)
+    if len(depths) == 1:
+        depths = depths * ndim
+    depth: dict[int, int] = dict(enumerate(depths))
+    size = [2 * d + 1 for d in depths]
     t0 = time.perf_counter()
     if case == "shardload":
         import shardload
@@ -101,9 +111,10 @@ def run_case(case: str, src: Path, out: Path, depth: int, workers: int) -> dict[
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gib", type=float, default=1.0)
-    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--depth", type=int, nargs="+", default=[8], help="one, or one per axis")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--chunks", type=int, nargs=3, default=None)
+    p.add_argument("--shape", type=int, nargs="+", default=None, help="instead of --gib")
+    p.add_argument("--chunks", type=int, nargs="+", default=None)
     p.add_argument("--dir", default=None)
     p.add_argument(
         "--map-blocks", action="store_true",
@@ -116,8 +127,11 @@ def main() -> None:
         print(json.dumps(run_case(case, Path(src), Path(out), args.depth, args.workers)))
         return
     n = max(1, round(args.gib * 2**30 / (512 * 512 * 4)))
-    shape = (n, 512, 512)
+    shape = tuple(args.shape) if args.shape else (n, 512, 512)
     chunks = tuple(args.chunks) if args.chunks else (64, 512, 512)
+    if len(chunks) != len(shape) or len(args.depth) not in (1, len(shape)):
+        sys.exit(f"--chunks {chunks} and --depth {args.depth} must match --shape {shape}")
+    depth_args = [str(d) for d in args.depth]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         src = Path(tmp) / "cube.zarr"
         t0 = time.perf_counter()
@@ -128,7 +142,7 @@ def main() -> None:
         cases = ("dask", "shardload") + (("dask-map-blocks",) if args.map_blocks else ())
         for case in cases:
             out = Path(tmp) / f"{case}.zarr"
-            cmd = [sys.executable, __file__, "--depth", str(args.depth), "--workers",
+            cmd = [sys.executable, __file__, "--depth", *depth_args, "--workers",
                    str(args.workers), "--run-case", case, str(src), str(out)]  # fmt: skip
             res = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if res.returncode:
@@ -154,6 +168,10 @@ def main() -> None:
         print(f"| {name} | {r['seconds']:.1f} | {r['peak_rss_bytes'] / 2**20:.0f} |")
     print(f"\nshardload / dask: time {s['seconds'] / d['seconds']:.2f}x, "
           f"peak RSS {s['peak_rss_bytes'] / d['peak_rss_bytes']:.2f}x")  # fmt: skip
+    if "dask-map-blocks" in results:
+        mb = results["dask-map-blocks"]["peak_rss_bytes"]
+        print(f"peak RSS / dask map_blocks peak: dask map_overlap {d['peak_rss_bytes'] / mb:.2f}x, "
+              f"shardload {s['peak_rss_bytes'] / mb:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -28,8 +28,17 @@ BOUNDARIES: dict[str, Any] = {
     "nearest": "nearest",
     "none": "none",
     "const": 0.5,
+    "mixed": {0: "periodic", 1: "nearest", 2: -1.5},  # one mode per axis
 }
-CHUNKINGS = [{0: 5, 1: 4, 2: -1}, {0: 7, 1: 8, 2: 5}]  # neither divides the shape
+#: blocks that do not divide the shape (13, 11, 9); blocks smaller than the depth along axes
+#: 1 and 2 (merged as dask merges them); the whole array as one block
+CHUNKINGS = [
+    {0: 5, 1: 4, 2: -1},
+    {0: 7, 1: 8, 2: 5},
+    {0: 5, 1: 3, 2: 2},
+    pytest.param({0: -1}, marks=pytest.mark.slow),
+]
+CHUNKING_IDS = ["c5x4", "c7x8x5", "c5x3x2", "whole"]
 DEPTHS = [{0: 2, 1: 1, 2: 3}, {0: 0, 1: 0, 2: 0}, {0: 3, 1: 3, 2: 0}]
 
 
@@ -57,12 +66,13 @@ def dask_reference(
     ).compute(scheduler="sync")
 
 
-@pytest.mark.parametrize("chunks", CHUNKINGS, ids=["c5x4", "c7x8x5"])
+@pytest.mark.parametrize("chunks", CHUNKINGS, ids=CHUNKING_IDS)
 @pytest.mark.parametrize("depth", DEPTHS, ids=["d213", "d0", "d330"])
 def test_bit_identical_to_dask(
     tmp_path: Path, cube: np.ndarray, chunks: dict[int, int], depth: dict[int, int]
 ) -> None:
-    """Every boundary mode (one attribute each) on chunkings that do not divide the shape."""
+    """Every boundary mode (one attribute each) on chunkings that do not divide the shape (the
+    correctness matrix of docs/compute.md)."""
     src = write_source(tmp_path / "cube.zarr", cube, (4, 4, 4))  # the source's own chunks differ
     attrs = {
         name: {"function": "compute_funcs:block_position", "depth": depth, "boundary": b}
@@ -77,7 +87,7 @@ def test_bit_identical_to_dask(
             "execution": {"scheduler": "sync"},
         }
     )
-    assert m.chunk_bounds[1] == chunks[0]
+    assert m.chunk_bounds[1] == (SHAPE[0] if chunks[0] == -1 else chunks[0])
     store = shardload.open_store(str(tmp_path / "attrs"))
     from compute_funcs import block_position
 

@@ -85,7 +85,7 @@ def test_prepare_takes_the_attributes_store_as_source(tmp_path: Path) -> None:
     st = shardload.prepare(
         {
             "source": {"paths": [str(tmp_path / "attrs")], "open_kwargs": {"consolidated": False}},
-            "sample_dims": ["sample"],
+            "sample_dims": ["inline"],  # the source's dims, kept by the compute store
             "arrays": {"x": ["env", "rms"]},
             "out": str(tmp_path / "prepared"),
             "splits": None,
@@ -95,3 +95,72 @@ def test_prepare_takes_the_attributes_store_as_source(tmp_path: Path) -> None:
     x = st.read("x", 0, 8)
     assert x.shape == (8, 2 * 3 * 20)
     np.testing.assert_array_equal(x[:, : 3 * 20], attrs.read("env", 0, 8).reshape(8, -1))
+    # traces as samples: (inline, crossline) stacked into the sample axis
+    st = shardload.prepare(
+        {
+            "source": {"paths": [str(tmp_path / "attrs")], "open_kwargs": {"consolidated": False}},
+            "sample_dims": ["inline", "crossline"],
+            "arrays": {"trace": ["env"]},
+            "out": str(tmp_path / "traces"),
+            "splits": None,
+            "execution": {"scheduler": "sync"},
+        }
+    )
+    t = st.read("trace", 0, 8 * 3)
+    np.testing.assert_array_equal(t, attrs.read("env", 0, 8).reshape(8 * 3, 20))
+
+
+def _attrs_store(tmp_path: Path) -> Path:
+    cube = write_seismic_sample(tmp_path / "cube.zarr", (8, 3, 20), chunk_inlines=3)
+    shardload.compute(
+        {
+            "source": {"paths": [str(cube)], "variable": "amp"},
+            "attributes": {
+                "env": "shardload.attributes:envelope",
+                "grad": {"function": "shardload.attributes:gradient_magnitude", "depth": 1},
+            },
+            "out": str(tmp_path / "attrs"),
+            "execution": {"scheduler": "threads", "num_workers": 2},
+        }
+    )
+    return tmp_path / "attrs"
+
+
+def test_compute_store_carries_checksums_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checksums per chunk, as prepared stores: `shardload verify` and verify='always' catch a
+    flipped bit in a chunk file."""
+    from shardload.cli import main
+    from shardload.errors import ShardloadError
+
+    root = _attrs_store(tmp_path)
+    store = shardload.open_store(str(root))
+    assert store.manifest.checksums == "xxh3_64" and (root / "checksums.npz").exists()
+    assert main(["verify", str(root)]) == 0
+    assert "all good" in capsys.readouterr().out
+    chunk = sorted(p for p in (root / "grad").rglob("*") if p.is_file() and "zarr" not in p.name)[1]
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    chunk.write_bytes(bytes(raw))
+    assert main(["verify", str(root)]) == 1
+    out = capsys.readouterr().out
+    bad = [ln for ln in out.splitlines() if ln.startswith("BAD")]
+    assert len(bad) == 1 and str(chunk) in bad[0], out
+    with pytest.raises(ShardloadError, match=r"corrupt|checksum"):
+        shardload.open_store(str(root), verify="always").read("grad", 0, 8)
+
+
+@pytest.mark.filterwarnings("ignore:Object at:UserWarning")  # zarr: the manifest files
+def test_compute_store_keeps_the_source_dims(tmp_path: Path) -> None:
+    root = _attrs_store(tmp_path)
+    store = shardload.open_store(str(root))
+    ds = store.to_xarray()
+    assert ds["env"].dims == ("inline", "crossline", "time")
+    assert ds["grad"].dims == ("inline", "crossline", "time")
+    np.testing.assert_array_equal(ds["env"].values, store.read("env", 0, 8))
+    xr = pytest.importorskip("xarray")
+    with xr.open_zarr(str(root), consolidated=False) as z:  # the Zarr dimension_names too
+        assert z["grad"].dims == ("inline", "crossline", "time")
+    st = store.manifest.stats["env"]
+    assert st.count == 8 * 3 * 20 and np.min(st.min) >= 0 and np.isfinite(st.std).all()

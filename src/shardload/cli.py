@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "shardload.cli_prepare",
     "shardload.cli_demo",
     "shardload.cli_move",
+    "shardload.cli_pack",
     "shardload.cli_verify",
     "shardload.blockwise.cli",
     "shardload.train.cli_train",

@@ -43,6 +43,9 @@ def register(sub: Any) -> None:
     p.add_argument("--check", action="store_true",
                    help="validate the config and print the plan (length, arrays, chunks, bytes, "
                    "splits) without writing anything; the source is opened lazily")  # fmt: skip
+    p.add_argument("--dry-run-jobs", action="store_true",
+                   help="scheduler jobqueue: print the batch job script dask-jobqueue would "
+                   "submit (and how many jobs, workers, threads); submits and writes nothing")  # fmt: skip
     p.set_defaults(func=cmd_prepare)
 
     c = sub.add_parser("config-schema", help="print the JSON schema of prepare configs (for editors)",
@@ -66,6 +69,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         overrides.append(f"execution.scheduler={args.scheduler}")
     if args.workers:
         overrides.append(f"execution.num_workers={args.workers}")
+    if args.dry_run_jobs:
+        from .config import load_config
+        from .jobqueue import dry_run_text
+
+        sys.stdout.write(dry_run_text(load_config(args.config, overrides).execution))
+        return 0
     if args.check:
         from .config import load_config
 
@@ -114,7 +123,12 @@ def check_plan(cfg: Any) -> dict[str, Any]:
         "view": cfg.view,
         "sample_dims": list(cfg.sample_dims),
         "arrays": {
-            k: {"shape": list(s.shape), "dtype": str(s.dtype), "row_bytes": s.row_bytes}
+            k: {
+                "shape": list(s.shape),
+                "dtype": str(s.dtype),
+                "row_bytes": s.row_bytes,
+                **({"mean_length": s.mean_length} if s.ragged else {}),
+            }
             for k, s in specs.items()
         },
         "chunk_rows": chunk_rows,
@@ -139,6 +153,10 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     }
 
 
+def _shape_text(a: dict[str, Any]) -> str:
+    return f"({a['shape'][0]}, *)" if "mean_length" in a else str(tuple(a["shape"]))
+
+
 def format_plan(p: dict[str, Any]) -> str:
     """The plan of :func:`check_plan` as text."""
     lines = ["config is valid; nothing was written", f"out       {p['out']}"]
@@ -158,7 +176,12 @@ def format_plan(p: dict[str, Any]) -> str:
         f"length    {p['length']} samples",
         "arrays",
         *(
-            f"  {k:12s} {tuple(a['shape'])!s:24s} {a['dtype']:8s} {a['row_bytes']} bytes/sample"
+            f"  {k:12s} {_shape_text(a):24s} {a['dtype']:8s} {a['row_bytes']} bytes/sample"
+            + (
+                f" (variable-length, mean {a['mean_length']:.1f} values)"
+                if "mean_length" in a
+                else ""
+            )
             for k, a in p["arrays"].items()
         ),
         f"chunks    {p['num_chunks']} chunks of {p['chunk_rows']} rows "
@@ -198,6 +221,7 @@ def summary(store: Any) -> dict[str, Any]:
                 "dtype": a.dtype,
                 "chunk_rows": a.chunk_rows,
                 "num_features": len(a.features) if a.features else None,
+                **({"ragged": dict(a.ragged)} if a.ragged is not None else {}),
             }
             for k, a in m.arrays.items()
         },
@@ -245,6 +269,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"size      {s['size_bytes'] / 2**20:.1f} MiB on disk")
     print("arrays")
     for k, a in s["arrays"].items():
+        rag = a.get("ragged")
+        if rag:  # variable-length: samples, and the row lengths
+            print(
+                f"  {k:12s} {'(' + str(a['shape'][0]) + ', *)':24s} {a['dtype']}  variable-length: "
+                f"rows of {rag['min_length']}-{rag['max_length']} values (mean "
+                f"{rag['mean_length']:.1f}), {rag['num_values']} values"
+            )
+            continue
         print(f"  {k:12s} {tuple(a['shape'])!s:24s} {a['dtype']}")
     print("splits")
     for k, v in s["splits"].items():

@@ -39,13 +39,17 @@ class Problem:
 def verify_store(store: Any, *, threads: int = 4) -> Iterator[tuple[str, int, Problem | None]]:
     """Check every checksum unit of every array of ``store`` (opened with ``verify="always"``);
     yields ``(array, unit, problem or None)`` in order."""
-    reader = store.reader
-    jobs = [(a, k) for a in store.arrays for k in range(reader.checksum_units(a))]
+    ragged = set(store.ragged)  # variable-length arrays: their own reader (formats/ragged.py)
+
+    def reader(a: str) -> Any:
+        return store.ragged_reader if a in ragged else store.reader
+
+    jobs = [(a, k) for a in store.arrays for k in range(reader(a).checksum_units(a))]
 
     def check(job: tuple[str, int]) -> tuple[str, int, Problem | None]:
         a, k = job
         try:
-            reader.check_unit(a, k)
+            reader(a).check_unit(a, k)
         except ShardloadError as exc:
             return a, k, Problem(a, k, str(exc))
         return a, k, None

@@ -7,7 +7,7 @@ Keys (see docs/config.md for the full reference with examples)::
     sample_dims, view, arrays, dtype,
     chunk_rows | target_chunk_bytes, format, compression, compression_level, shard_chunks,
     splits, split_seed, split_shuffle, nan, out, overwrite,
-    execution: {scheduler, num_workers, threads_per_worker, address, cluster}
+    execution: {scheduler, num_workers, threads_per_worker, address, cluster, timeout_s}
 
 Relative paths (source paths, out) resolve against the config file's folder.
 """
@@ -54,6 +54,8 @@ class ExecutionConfig:
     cluster: Mapping[str, Any] = field(
         default_factory=dict
     )  # jobqueue: {kind: slurm, jobs: 4, ...}
+    #: jobqueue: seconds to wait for the batch jobs' workers (then an error, never a hang)
+    timeout_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,34 @@ def load_config(
     return validate(raw, base, where=where)
 
 
+def _execution_config(ex: Any) -> ExecutionConfig:
+    return ExecutionConfig(
+        scheduler=ex.scheduler,
+        num_workers=ex.num_workers,
+        threads_per_worker=ex.threads_per_worker,
+        address=ex.address,
+        cluster=ex.cluster.model_dump(exclude_none=True) if ex.cluster is not None else {},
+        timeout_s=ex.timeout_s,
+    )
+
+
+def execution_config(
+    raw: Any, *, default_scheduler: str = "auto", where: str = "config"
+) -> ExecutionConfig:
+    """An ``execution:`` mapping (or scheduler name) alone -> :class:`ExecutionConfig`, with the
+    same keys, strict types, "did you mean" hints and cross-key rules as in a prepare config
+    (``shardload compute`` uses it)."""
+    from .config_models import validate_execution
+
+    if raw is None:
+        raw = {}
+    if isinstance(raw, str):
+        raw = {"scheduler": raw}
+    if isinstance(raw, Mapping) and "scheduler" not in raw:
+        raw = {**raw, "scheduler": default_scheduler}
+    return _execution_config(validate_execution(raw, where=where))
+
+
 def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> PrepareConfig:
     """Check a raw config completely (every problem at once, see :mod:`.config_models`) and
     resolve it into a :class:`PrepareConfig`. Pure: opens no file. (pydantic is imported here,
@@ -201,14 +231,7 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
     view_options = m.view.model_dump(exclude={"name"})
     if m.view.name == "window" and m.view.targets is None:
         view_options.pop("targets")
-    ex = m.execution
-    execution = ExecutionConfig(
-        scheduler=ex.scheduler,
-        num_workers=ex.num_workers,
-        threads_per_worker=ex.threads_per_worker,
-        address=ex.address,
-        cluster=ex.cluster.model_dump(exclude_none=True) if ex.cluster is not None else {},
-    )
+    execution = _execution_config(m.execution)
     compression = m.compression or ("none" if m.format == "npy" else DEFAULT_COMPRESSION)
     return PrepareConfig(
         source=source,

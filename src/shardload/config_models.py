@@ -360,6 +360,9 @@ class ExecutionModel(_Model):
     threads_per_worker: PositiveInt = 1
     address: str | None = None
     cluster: ClusterModel | None = None
+    #: jobqueue: seconds to wait for the batch jobs' workers, then an error saying what the
+    #: batch system reports (never a hang)
+    timeout_s: Annotated[float, Field(gt=0)] = 300.0
 
 
 def _execution(v: Any) -> Any:
@@ -484,6 +487,24 @@ def validate_input(raw: Any, *, where: str = "config") -> PrepareModel:
     if problems:
         raise ConfigValidationError(where, problems)
     return model
+
+
+def validate_execution(raw: Any, *, where: str = "config") -> ExecutionModel:
+    """Validate an ``execution:`` value on its own (for configs other than prepare's, e.g.
+    ``shardload compute``): the same models, hints and cross-key rules, key paths under
+    ``execution.``."""
+    placeholder = {"source": {"paths": ["-"]}, "out": "-", "execution": raw}
+    try:
+        model = PrepareModel.model_validate(placeholder)
+    except ValidationError as exc:
+        raise ConfigValidationError(
+            where, [_describe(e, placeholder) for e in exc.errors()]
+        ) from None
+    others = frozenset(PrepareModel.model_fields) - {"execution"}
+    problems = cross_checks(model, others)
+    if problems:
+        raise ConfigValidationError(where, problems)
+    return model.execution
 
 
 def config_schema() -> dict[str, Any]:

@@ -75,6 +75,15 @@ class StagingError(ShardloadError):
     """A store cannot be staged (no space, incomplete copy, bad archive)."""
 
 
+class ImageError(StoreError):
+    """A SquashFS image cannot be packed or mounted (a tool or FUSE missing, a bad image)."""
+
+
+class ClusterError(ShardloadError):
+    """Batch-system workers could not be had: a submission failed (the message quotes the batch
+    system), no worker arrived within ``execution.timeout_s``, or every worker was lost."""
+
+
 class MissingDependencyError(ShardloadError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

@@ -8,7 +8,9 @@
   active client, else a new ``LocalCluster`` of ``num_workers`` processes -- through
   ``Client.get_executor()``. A client shardload did not create is left open.
 - ``jobqueue``: an HPC cluster from dask-jobqueue (``cluster: {kind: slurm|pbs|lsf|sge|htcondor,
-  jobs: N, ...}``; the other keys go to the cluster class, e.g. cores, memory, queue, walltime).
+  jobs: N, ...}``; the other keys go to the cluster class, e.g. cores, memory, queue, walltime):
+  see :mod:`shardload.jobqueue` (bounded wait for workers, submission errors quoted, every job
+  cancelled on the way out). Parallelism is the cluster's worker threads.
 - ``sync``: run in the calling thread (debugging).
 """
 
@@ -27,16 +29,6 @@ from .config import ExecutionConfig
 from .errors import ConfigError, require
 
 log = logging.getLogger(__name__)
-
-JOBQUEUE_CLASSES = {
-    "slurm": "SLURMCluster",
-    "pbs": "PBSCluster",
-    "lsf": "LSFCluster",
-    "sge": "SGECluster",
-    "htcondor": "HTCondorCluster",
-    "oar": "OARCluster",
-    "moab": "MoabCluster",
-}
 
 
 class SyncExecutor(Executor):
@@ -116,24 +108,10 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
             if cluster is not None:
                 cluster.close()
     elif scheduler == "jobqueue":
-        jq = require("dask_jobqueue", "hpc")
-        distributed = require("distributed", "hpc")
-        opts = dict(cfg.cluster)
-        kind = str(opts.pop("kind", "")).lower()
-        if kind not in JOBQUEUE_CLASSES:
-            raise ConfigError(
-                f"execution.cluster.kind: {kind!r}; choose one of {sorted(JOBQUEUE_CLASSES)}"
-            )
-        jobs = int(opts.pop("jobs", 1))
-        cluster = getattr(jq, JOBQUEUE_CLASSES[kind])(**opts)
-        cluster.scale(jobs=jobs)
-        client = distributed.Client(cluster)
-        try:
-            log.info("dask-jobqueue %s: %d job(s) requested\n%s", kind, jobs, cluster.job_script())
-            yield client.get_executor(), max(1, jobs * int(opts.get("processes", 1) or 1))
-        finally:
-            client.close()
-            cluster.close()
+        from .jobqueue import open_jobqueue
+
+        with open_jobqueue(cfg.cluster, timeout_s=cfg.timeout_s) as (ex, threads):
+            yield ex, threads
     else:  # validated in config, kept for direct callers
         raise ConfigError(f"execution.scheduler: unknown {scheduler!r}")
 

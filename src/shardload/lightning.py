@@ -119,7 +119,7 @@ class ShardloadDataModule(pl.LightningDataModule):
         Keep workers between epochs (default: when ``num_workers > 0``).
     dataset_options
         More keyword options of :class:`~shardload.torch.StreamingDataset` (``arrays``,
-        ``shuffle_chunks``, ``prefetch``, ...).
+        ``shuffle_chunks``, ``prefetch``, ``bucket`` (train loader only), ...).
     """
 
     def __init__(
@@ -161,9 +161,12 @@ class ShardloadDataModule(pl.LightningDataModule):
 
     # -- loaders ---------------------------------------------------------------------------------
     def _dataset(self, split: str, *, shuffle: bool, mode: str) -> StreamingDataset:
+        opts = dict(self.dataset_options)
+        if not shuffle:  # length buckets re-deal shuffled groups: the train loader's only
+            opts.pop("bucket", None)
         return StreamingDataset(
             self.store, batch_size=self.batch_size, split=split, shuffle=shuffle,
-            seed=self.seed, mode=mode, **self.dataset_options,
+            seed=self.seed, mode=mode, **opts,
         )  # fmt: skip
 
     def _loader_options(self) -> dict[str, Any]:

@@ -25,8 +25,11 @@ import numpy as np
 from .errors import StoreError
 
 MANIFEST_NAME = "shardload.json"
-#: 2: per-feature names and statistics in ``_features/NAME.npz`` (1: inline in the JSON).
-MANIFEST_VERSION = 2
+#: 2: per-feature names and statistics in ``_features/NAME.npz`` (1: inline in the JSON);
+#: 3: a store with variable-length arrays (``ArrayInfo.ragged``), which older readers refuse.
+MANIFEST_VERSION = 3
+#: the version a store without variable-length arrays is written with
+PLAIN_VERSION = 2
 FEATURES_DIR = "_features"
 STATS_FIELDS = ("mean", "std", "min", "max", "nan_count")
 FORMATS = ("zarr", "npy", "hdf5")
@@ -44,6 +47,14 @@ class ArrayInfo:
     #: per-feature names (a lazy sequence when they live in a feature file)
     features: Sequence[str] | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    #: a variable-length array (one 1-D array per sample, stored as values + offsets): its
+    #: length statistics (``max_length``, ``min_length``, ``mean_length``, ``num_values``);
+    #: None for fixed-shape arrays. ``shape`` is then ``(samples,)``, ``dtype`` the values'.
+    ragged: Mapping[str, Any] | None = None
+
+    @property
+    def is_ragged(self) -> bool:
+        return self.ragged is not None
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -64,6 +75,7 @@ class ArrayInfo:
             path=str(d["path"]),
             features=tuple(feats) if feats is not None else None,
             attrs=dict(d.get("attrs", {})),
+            ragged=dict(d["ragged"]) if d.get("ragged") is not None else None,
         )
 
 
@@ -129,7 +141,7 @@ class Manifest:
     options: Mapping[str, Any] = field(default_factory=dict)
     provenance: Mapping[str, Any] = field(default_factory=dict)
     complete: bool = False
-    version: int = MANIFEST_VERSION
+    version: int = PLAIN_VERSION
     shardload_version: str = ""
     #: Splits that are a row range ``(start, stop)`` rather than whole chunks (time-series
     #: windows, or too few chunks); ``splits`` then lists the chunks the range touches.
@@ -177,6 +189,8 @@ class Manifest:
         }
         d["stats"] = {k: _clean(asdict(v)) for k, v in self.stats.items()}
         d["splits"] = {k: list(v) for k, v in self.splits.items()}
+        if any(a.is_ragged for a in self.arrays.values()):
+            d["version"] = max(self.version, MANIFEST_VERSION)
         return _clean(d)
 
     def to_json(self) -> str:
@@ -199,7 +213,8 @@ class Manifest:
             files[rel] = encode_features(name, feats, stats)
             arrays[name] = rel
         d = self._plain_fields()
-        d["version"] = MANIFEST_VERSION
+        ragged = any(a.is_ragged for a in self.arrays.values())
+        d["version"] = MANIFEST_VERSION if ragged else PLAIN_VERSION
         d["arrays"] = {
             k: {
                 **_fields(a),

@@ -117,6 +117,9 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
     fmt = get_format(job.config.format)
     record: dict[str, np.ndarray] = {}
     for name, spec in job.specs.items():
+        if spec.ragged:
+            record.update(_write_ragged(job, block, name, spec, data[name], chunk, a, b))
+            continue
         arr = data[name]
         want = (b - a, *spec.shape[1:])
         if arr.shape != want:
@@ -156,6 +159,49 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
 
 #: Progress-record field of an array's checksums: ``[[unit, ...], [digest, ...]]``.
 CHECKSUM_KEY = "checksum:"
+#: Progress-record field of a variable-length array's row lengths (int64, the block's rows).
+LENGTHS_KEY = "ragged:"
+
+
+def _write_ragged(
+    job: PrepareJob, block: int, name: str, spec: ArraySpec, data: Any, chunk: int, a: int, b: int
+) -> dict[str, np.ndarray]:
+    """One block of a variable-length array: its values per sample chunk, durably
+    (:mod:`shardload.formats.ragged`); the record fields (stats over the values, checksums,
+    row lengths)."""
+    from .formats.ragged import write_ragged_block
+    from .ragged import RaggedRows
+
+    if not isinstance(data, RaggedRows) or len(data.lengths) != b - a:
+        got = len(data.lengths) if isinstance(data, RaggedRows) else type(data).__name__
+        raise StoreError(
+            f"view returned {got} rows for variable-length array {name!r} rows {a}:{b}, "
+            f"expected {b - a}"
+        )
+    values = np.ascontiguousarray(data.values, dtype=spec.dtype)
+    p = partial(values)
+    if job.config.nan == "fail" and p.nan_count.any():
+        raise NaNError(
+            f"NaN values in array {name!r} in chunk {chunk} (rows {a}:{b}): "
+            f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
+        )
+    try:
+        sums = write_ragged_block(
+            job.config.format, Path(job.partial_dir), name, chunk,
+            RaggedRows(values, np.asarray(data.lengths, np.int64)), bounds=job.bounds,
+        )  # fmt: skip
+    except OSError as exc:
+        where = f"chunk {chunk} (rows {a}:{b}) of array {name!r}"
+        if is_disk_full(exc):
+            raise DiskFullError(f"writing {where} to {job.partial_dir}: {exc}") from exc
+        raise StoreError(
+            f"writing {where} to {job.partial_dir} failed: {exc}. "
+            "The store stays incomplete; re-run to resume."
+        ) from exc
+    record = {f"{name}/{k}": getattr(p, k) for k in STAT_FIELDS}
+    record[f"{CHECKSUM_KEY}{name}"] = np.array([list(sums), list(sums.values())], np.uint64)
+    record[f"{LENGTHS_KEY}{name}"] = np.asarray(data.lengths, np.int64)
+    return record
 
 
 def _merge_checksums(records: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, Any]:
@@ -238,8 +284,15 @@ def prepare(
         out, length, len(specs), bounds.num_chunks, chunk_rows, chunk_rows * row_bytes / 2**20, cfg.format, cfg.compression,
     )  # fmt: skip
 
+    fixed = {n: s for n, s in specs.items() if not s.ragged}
+    ragged = [n for n, s in specs.items() if s.ragged]
+
     def create(root: Path) -> None:
-        fmt.create(root, specs, bounds, options)
+        fmt.create(root, fixed, bounds, options)
+        if ragged:
+            from .formats.ragged import create_ragged
+
+            create_ragged(cfg.format, root, ragged)
 
     def needed_bytes(done: frozenset[int]) -> int:
         """Uncompressed bytes of the blocks not recorded (staging formats: plus the final file)."""
@@ -257,9 +310,10 @@ def prepare(
             _run(job, commit, commit.todo(), len(done), progress)
             records = [commit.read_record(i) for i in range(num_blocks)]
             staged = ((i, *job.block(i)[:2]) for i in range(num_blocks))
-            commit.finish_format(fmt, create, staged, list(specs), bounds=bounds)
+            commit.finish_format(fmt, create, staged, list(fixed), bounds=bounds)
             stats = _merge_stats(records, specs, cfg.nan == "warn")
             sums = _merge_checksums(records, list(specs))
+            lengths = _finish_ragged(cfg, commit, records, specs, ragged, bounds, options, sums)
             manifest = Manifest(
                 format=cfg.format,
                 length=length,
@@ -270,9 +324,10 @@ def prepare(
                         tuple(s.shape),
                         np.dtype(s.dtype).name,
                         chunk_rows,
-                        path=n if cfg.format != "hdf5" else f"data.h5/{n}",
+                        path=_array_path(cfg.format, n, s.ragged),
                         features=s.features,
                         attrs=dict(s.attrs),
+                        ragged=_length_stats(lengths[n]) if s.ragged else None,
                     )
                     for n, s in specs.items()
                 },
@@ -317,6 +372,53 @@ def prepare(
         total / 2**20 / max(dt, 1e-9),
     )
     return open_store(out)
+
+
+def _array_path(fmt: str, name: str, ragged: bool) -> str:
+    if ragged:
+        from .formats.ragged import array_path
+
+        return array_path(fmt, name)
+    return name if fmt != "hdf5" else f"data.h5/{name}"
+
+
+def _length_stats(lengths: np.ndarray) -> dict[str, Any]:
+    from .formats.ragged import length_stats
+
+    return length_stats(lengths)
+
+
+def _finish_ragged(
+    cfg: PrepareConfig,
+    commit: BlockCommit,
+    records: list[dict[str, np.ndarray]],
+    specs: Mapping[str, ArraySpec],
+    ragged: list[str],
+    bounds: RegularBounds,
+    options: FormatOptions,
+    sums: dict[str, Any],
+) -> dict[str, np.ndarray]:
+    """Offsets (and for zarr / hdf5 the values) of the variable-length arrays, from the
+    blocks' records; the offsets' checksum appended to each one's chunk checksums."""
+    if not ragged:
+        return {}
+    from .formats.ragged import finish_ragged
+
+    lengths = {}
+    for n in ragged:
+        try:
+            lengths[n] = np.concatenate([r[f"{LENGTHS_KEY}{n}"] for r in records])
+        except KeyError as exc:
+            raise StoreError(f"a progress record lacks the row lengths of array {n!r}") from exc
+    infos = {n: (np.dtype(specs[n].dtype), lengths[n]) for n in ragged}
+    off_sums = finish_ragged(
+        cfg.format, commit.root, infos, bounds=tuple(bounds), options=options,
+        progress=commit.progress,
+    )  # fmt: skip
+    for n in ragged:
+        if n in sums:
+            sums[n] = np.append(sums[n], np.uint64(off_sums[n]))
+    return lengths
 
 
 def _run(
@@ -457,7 +559,10 @@ def _fingerprint(
             else:
                 files.append([p])
     d["_files"] = files
-    d["_specs"] = {k: [list(s.shape), np.dtype(s.dtype).name] for k, s in specs.items()}
+    d["_specs"] = {
+        k: [list(s.shape), np.dtype(s.dtype).name, *(["ragged"] if s.ragged else [])]
+        for k, s in specs.items()
+    }
     d["_bounds"] = [bounds.length, bounds.chunk_rows]
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:24]
 

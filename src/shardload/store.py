@@ -33,14 +33,19 @@ class Store:
         self.url = url
         self.verify = check_verify(verify)
         self._reader: ArrayReader | None = None
+        self._ragged: Any = None
         self._pid = os.getpid()
+        self.hold: Any = None  # keeps what the store is read through alive (a SquashFS mount)
 
     # -- description ---------------------------------------------------------------------------
     def __len__(self) -> int:
         return self.manifest.length
 
     def __repr__(self) -> str:
-        arrays = ", ".join(f"{k}{list(a.shape)}:{a.dtype}" for k, a in self.manifest.arrays.items())
+        arrays = ", ".join(
+            f"{k}[{a.shape[0]}, *]:{a.dtype}" if a.is_ragged else f"{k}{list(a.shape)}:{a.dtype}"
+            for k, a in self.manifest.arrays.items()
+        )
         return f"<shardload.Store {self.url} format={self.manifest.format} length={len(self)} arrays=({arrays})>"
 
     @property
@@ -76,8 +81,27 @@ class Store:
             self._pid = os.getpid()
         return self._reader
 
-    def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows ``[start, stop)`` of array ``name`` as a numpy array."""
+    @property
+    def ragged(self) -> tuple[str, ...]:
+        """The variable-length arrays (one 1-D array per sample, any length)."""
+        return tuple(k for k, a in self.manifest.arrays.items() if a.is_ragged)
+
+    @property
+    def ragged_reader(self) -> Any:
+        """The reader of the variable-length arrays (:mod:`shardload.formats.ragged`)."""
+        if self._ragged is None or self._ragged._pid != os.getpid():
+            from .formats.ragged import RaggedReader
+
+            self._ragged = RaggedReader(self.fs, self.root, self.manifest, verify=self.verify)
+        return self._ragged
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> Any:
+        """Rows ``[start, stop)`` of array ``name`` as a numpy array.
+
+        For a variable-length array: a :class:`~shardload.ragged.RaggedRows` ``(values,
+        lengths)`` (values of the rows concatenated, int64 lengths); ``.padded()`` gives
+        ``(rows, longest)`` zero-padded, ``.to_list()`` one array per row (see also
+        :meth:`read_padded`)."""
         if name not in self.manifest.arrays:
             raise StoreError(
                 f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
@@ -88,7 +112,19 @@ class Store:
         start, stop = _clip(start, n), _clip(stop, n)
         if stop < start:
             stop = start
+        if self.manifest.arrays[name].is_ragged:
+            return self.ragged_reader.read(name, start, stop)
         return self.reader.read(name, start, stop)
+
+    def read_padded(
+        self, name: str, start: int = 0, stop: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of a variable-length array as ``(padded, lengths)``: ``(rows, longest)`` with
+        zeros after each row's values, and the int64 lengths (as the loader yields them)."""
+        if name in self.manifest.arrays and not self.manifest.arrays[name].is_ragged:
+            raise StoreError(f"array {name!r} of {self.url} is not a variable-length array")
+        rows = self.read(name, start, stop)
+        return rows.padded(), rows.lengths
 
     def read_chunk(self, name: str, i: int) -> np.ndarray:
         if not 0 <= i < self.num_chunks:
@@ -108,10 +144,14 @@ class Store:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        if self._ragged is not None:
+            self._ragged.close()
+            self._ragged = None
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["_reader"] = None
+        d["_ragged"] = None
         return d
 
     def _identity(self) -> str:
@@ -124,7 +164,8 @@ class Store:
         """The store as a lazy ``xarray.Dataset``: one dask chunk per store chunk, read with
         :meth:`read` on compute.
 
-        Dims are ``sample`` and ``NAME_dim1, ...`` (as in the Zarr format's dimension names);
+        Dims are ``sample`` and ``NAME_dim1, ...`` (as in the Zarr format's dimension names), or
+        in a store written by ``shardload compute`` the source's dims (``attrs["dims"]``);
         an array with feature names has them as the coordinate of its last dim, ``NAME_feature``.
         xarray and dask are imported here only: the read side stays free of them.
         """
@@ -133,13 +174,22 @@ class Store:
 
         chunks = tuple(int(c) for c in np.diff(self.chunk_bounds))
         data_vars = {}
-        for name in names or self.arrays:
+        for name in names or [a for a in self.arrays if a not in self.ragged]:
             if name not in self.manifest.arrays:
                 raise StoreError(
                     f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
                 )
+            if self.manifest.arrays[name].is_ragged:
+                raise StoreError(
+                    f"array {name!r} of {self.url} is variable-length: xarray has no form for it "
+                    "(read it with Store.read, which returns (values, lengths))"
+                )
             info = self.manifest.arrays[name]
-            dims = ["sample", *(f"{name}_dim{i}" for i in range(1, len(info.shape)))]
+            named = info.attrs.get("dims")  # a compute store: the source's dims
+            if named is not None and len(named) == len(info.shape) and info.features is None:
+                dims = [str(d) for d in named]
+            else:
+                dims = ["sample", *(f"{name}_dim{i}" for i in range(1, len(info.shape)))]
             coords = {}
             if info.features is not None and len(info.shape) > 1:
                 if len(info.features) != info.shape[-1]:
@@ -216,7 +266,9 @@ def open_store(
     Parameters
     ----------
     path_or_url
-        A local folder, an fsspec URL (``http://``, ``s3://``, ...), or an fsspec mapper
+        A local folder, a SquashFS image made by ``shardload pack`` (mounted read-only with
+        squashfuse, once per node, unmounted when the last process using it ends; see
+        :mod:`shardload.squashfs`), an fsspec URL (``http://``, ``s3://``, ...), or an fsspec mapper
         (``fsspec.get_mapper(url, **options)``, what xarray and zarr users hold), whose
         filesystem is used as is (the remote options below do not apply to it).
     storage_options
@@ -261,6 +313,15 @@ def open_store(
         fs, root = mapper.fs, str(mapper.root).rstrip("/") or "/"
         return _open_at(fs, root, fs.unstrip_protocol(root), arrays=arrays, verify=verify)
     url = os.fspath(path_or_url)
+    if "://" not in url and os.path.isfile(url) and _is_image(url):  # from `shardload pack`
+        from .squashfs import open_image
+
+        mounted, hold = open_image(url)
+        if stage_to is None:
+            store = _open_at(*_open_fs(str(mounted), {}), url, arrays=arrays, verify=verify)
+            store.hold = hold
+            return store
+        url = str(mounted)  # stage the image's content (the mount stays while this process lives)
     if stage_to is not None:
         from .staging import stage
 
@@ -273,6 +334,12 @@ def open_store(
     )  # fmt: skip
     fs, root = _open_fs(url, remote)
     return _open_at(fs, root.rstrip("/") or "/", url, arrays=arrays, verify=verify)
+
+
+def _is_image(path: str) -> bool:
+    from .squashfs import is_image
+
+    return is_image(path)
 
 
 def _is_mapper(obj: Any) -> bool:

@@ -94,6 +94,10 @@ def assert_same_store(got: Path, want: Path) -> None:
     assert a.manifest.complete and a.manifest.chunk_bounds == b.manifest.chunk_bounds
     for name in b.manifest.arrays:
         x, y = a.read(name), b.read(name)
+        if b.manifest.arrays[name].is_ragged:  # (values, lengths)
+            assert a.manifest.arrays[name].ragged == b.manifest.arrays[name].ragged
+            np.testing.assert_array_equal(x.lengths, y.lengths)
+            x, y = x.values, y.values
         assert x.dtype == y.dtype and x.shape == y.shape
         bad = np.flatnonzero(~((x == y) | (np.isnan(x) & np.isnan(y))).reshape(len(x), -1).all(1))
         assert not len(bad), f"array {name!r}: rows {bad[:10].tolist()}... differ from a clean run"

@@ -7,6 +7,7 @@ format whose blocks used to be lost, 2 kill points) runs by default.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -66,3 +67,17 @@ def test_kill_campaign(tmp_path, fmt, scheduler):
     conf = config(tmp_path, fmt, SCHEDULERS[scheduler], n=600)  # blocks enough for every point
     log = campaign(tmp_path, conf, KILL_POINTS, throttle_s=0.04)
     assert sum("finished" not in line for line in log) >= 9, log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["npy", "zarr", "zarr-sharded", "hdf5"])
+def test_kill_campaign_ragged(tmp_path, fmt, monkeypatch):
+    """A variable-length array (user function view) beside a fixed one: killed at every
+    point, including while the offsets and values are written after the last record."""
+    tests = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    conf = config(tmp_path, fmt, SCHEDULERS["threads"], n=400)
+    conf.pop("arrays")
+    conf["view"] = "userfuncs:ragged_from_b"
+    log = campaign(tmp_path, conf, KILL_POINTS, throttle_s=0.04)
+    assert sum("finished" not in line for line in log) >= 8, log

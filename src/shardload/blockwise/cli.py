@@ -21,6 +21,11 @@ def register(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--dry-run-jobs", action="store_true",
+        help="scheduler jobqueue: print the batch job script dask-jobqueue would submit; "
+        "submits and writes nothing",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -28,6 +33,14 @@ def run(args: argparse.Namespace) -> int:
     from .engine import compute
 
     overrides = list(args.overrides) + (["overwrite=true"] if args.overwrite else [])
+    if args.dry_run_jobs:
+        import sys
+
+        from ..jobqueue import dry_run_text
+        from .config import load_compute_config
+
+        sys.stdout.write(dry_run_text(load_compute_config(args.config, overrides).execution))
+        return 0
     m = compute(args.config, overrides, progress=False if args.no_progress else None)
     print(f"computed {len(m.arrays)} attribute(s) {sorted(m.arrays)}: {m.length} rows, "
           f"{m.num_chunks} chunk(s)")  # fmt: skip

@@ -21,11 +21,15 @@ from ..config import (
     SourceConfig,
     _resolve,
     apply_overrides,
+    execution_config,
     parse_size,
     read_yaml_mapping,
 )
 from ..errors import ConfigError
+from ..sources.segy import VARIABLE as SEGY_VARIABLE
+from ..sources.segy import is_segy
 from .plan import Boundary, normalize_boundary, normalize_depth
+from .steps import STEP_KINDS, StepConfig, check_steps, parse_step
 
 SCHEDULERS = ("threads", "processes", "sync", "distributed", "jobqueue", "auto")
 ATTRIBUTE_KEYS = ("function", "depth", "boundary", "dtype", "kwargs")
@@ -70,6 +74,8 @@ class ComputeConfig:
     allow_nan: bool = False
     overwrite: bool = False
     compression: str = "zstd"
+    #: standardisation / k-means steps on whole attributes, run after them (steps.py)
+    steps: Mapping[str, StepConfig] = field(default_factory=dict)
 
 
 def import_function(spec: str, where: str) -> Callable[..., Any]:
@@ -138,6 +144,10 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
     if unknown:
         raise ConfigError(f"compute config: unknown key(s) {unknown}; known: {list(TOP_KEYS)}")
     src = raw.get("source")
+    if isinstance(src, Mapping) and "paths" in src and "variable" not in src:
+        first = src["paths"] if isinstance(src["paths"], str) else next(iter(src["paths"]), "")
+        if is_segy(str(first)):
+            src = {**src, "variable": SEGY_VARIABLE}  # a SEG-Y file has one volume
     if not isinstance(src, Mapping) or "paths" not in src or "variable" not in src:
         raise ConfigError("source: give {paths: [...], variable: NAME}")
     bad = sorted(set(src) - set(SOURCE_KEYS))
@@ -160,7 +170,17 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
     attrs_raw = raw.get("attributes")
     if not isinstance(attrs_raw, Mapping) or not attrs_raw:
         raise ConfigError("attributes: give at least one {name: {function: module:name, ...}}")
-    attributes = {str(k): _attribute(str(k), v) for k, v in attrs_raw.items()}
+    is_step = {
+        str(k): isinstance(v, Mapping) and "function" not in v and any(s in v for s in STEP_KINDS)
+        for k, v in attrs_raw.items()
+    }
+    attributes = {
+        str(k): _attribute(str(k), v) for k, v in attrs_raw.items() if not is_step[str(k)]
+    }
+    steps = {str(k): parse_step(str(k), v) for k, v in attrs_raw.items() if is_step[str(k)]}
+    if not attributes:
+        raise ConfigError("attributes: give at least one attribute computed by a function")
+    check_steps(steps, list(attributes))
     chunks = raw.get("chunks", "source")
     if chunks in (None, "source"):
         chunks = None
@@ -168,22 +188,8 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
         raise ConfigError(f"chunks: {chunks!r}; give 'source' or {{axis: size, ...}} (-1: whole)")
     if "out" not in raw:
         raise ConfigError("out: the output store path is required")
-    ex = dict(raw.get("execution") or {})
-    bad = sorted(set(ex) - {"scheduler", "num_workers", "threads_per_worker", "address", "cluster"})
-    if bad:
-        raise ConfigError(f"execution: unknown key(s) {bad}")
-    scheduler = ex.get("scheduler", "threads")
-    if scheduler not in SCHEDULERS:
-        raise ConfigError(f"execution.scheduler: {scheduler!r}; choose one of {list(SCHEDULERS)}")
-    nw = ex.get("num_workers")
-    if nw is not None and (isinstance(nw, bool) or not isinstance(nw, int) or nw < 1):
-        raise ConfigError(f"execution.num_workers: {nw!r}; give a positive integer")
-    execution = ExecutionConfig(
-        scheduler=scheduler,
-        num_workers=nw,
-        threads_per_worker=int(ex.get("threads_per_worker", 1)),
-        address=ex.get("address"),
-        cluster=dict(ex.get("cluster") or {}),
+    execution = execution_config(
+        raw.get("execution"), default_scheduler="threads", where="compute config"
     )
     limit = raw.get("memory_limit")
     compression = str(raw.get("compression", "zstd"))
@@ -193,6 +199,7 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
         source=source,
         variable=variable,
         attributes=attributes,
+        steps=steps,
         out=_resolve(str(raw["out"]), base),
         chunks={int(k): v for k, v in chunks.items()} if chunks is not None else None,
         execution=execution,

@@ -10,13 +10,14 @@ bounded by construction: nothing but the tasks in flight holds data (docs/comput
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,13 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..checksum import ALGORITHM, CHECKSUMS_NAME, encode_checksums
 from ..commit import BlockCommit, partial_path, write_block_durably
 from ..errors import ConfigError, NaNError, ShardloadError
 from ..executor import default_workers, open_executor, run_windowed
 from ..formats.base import FormatOptions
 from ..manifest import ArrayInfo, Manifest
+from ..pipeline import CHECKSUM_KEY, _merge_checksums
 from ..stats import Partial as StatPartial
 from ..stats import finalize, merge_all, partial
 from .config import ComputeConfig, import_function, load_compute_config
@@ -45,6 +48,7 @@ from .plan import (
     runs,
 )
 from .source import SourceArray, SourceInfo
+from .steps import FIT_ROWS, StepConfig, StepModel, apply_step, fit_kmeans, save_centers
 
 log = logging.getLogger(__name__)
 STAT_FIELDS = ("count", "mean", "m2", "min", "max", "nan_count")
@@ -73,6 +77,14 @@ class ComputeJob:
     chunks: tuple[tuple[int, ...], ...]
     attributes: tuple[AttributePlan, ...]
     fingerprint: str
+    #: standardisation / k-means steps (pass 2) and, once fitted, their models
+    steps: tuple[StepConfig, ...] = ()
+    models: Mapping[str, StepModel] = field(default_factory=dict)
+
+    @property
+    def num_blocks(self) -> int:
+        """Commit blocks: one per slab, twice with steps (pass 2: ``num_slabs + slab``)."""
+        return self.num_slabs * (2 if self.steps else 1)
 
     @property
     def bounds(self) -> tuple[int, ...]:
@@ -108,7 +120,10 @@ def plan_job(cfg: ComputeConfig, info: SourceInfo, root: str) -> ComputeJob:
             AttributePlan(name, a.function, dict(a.kwargs), depth, boundary, a.dtype or info.dtype)
         )
     chunks = plan_overlap_chunks(chunks, {a.name: a.depth for a in attrs})
-    return ComputeJob(cfg, root, info, chunks, tuple(attrs), _fingerprint(cfg, info, chunks))
+    return ComputeJob(
+        cfg, root, info, chunks, tuple(attrs), _fingerprint(cfg, info, chunks),
+        steps=tuple(cfg.steps.values()),
+    )  # fmt: skip
 
 
 def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
@@ -116,7 +131,7 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
     for a in job.attributes:
         func = import_function(a.function, f"attributes.{a.name}.function")
         works.append(float(getattr(func, "work_bytes_per_element", DEFAULT_WORK_BYTES)))
-    return plan_memory(
+    est = plan_memory(
         job.chunks,
         [a.depth for a in job.attributes],
         itemsize=np.dtype(job.info.dtype).itemsize,
@@ -124,6 +139,26 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
         work_bytes_per_element=works,
         tasks=tasks,
     )
+    if job.steps:  # pass 2: a slab of each input and output, one batch of vectors + distances
+        dtypes = {a.name: np.dtype(a.dtype).itemsize for a in job.attributes}
+        inputs = {i for s in job.steps for i in s.inputs}
+        slab = max(job.chunks[0]) * int(np.prod(job.info.shape[1:], dtype=np.int64))
+        batch = max(
+            FIT_ROWS * 8 * (2 * len(s.inputs) + (s.n_clusters if s.kind == "kmeans" else 0))
+            for s in job.steps
+        )
+        per_task = (
+            slab
+            * (sum(dtypes[i] for i in inputs) + sum(np.dtype(s.dtype).itemsize for s in job.steps))
+            + batch
+        )
+        if per_task > est.per_task_bytes:
+            est = dataclasses.replace(
+                est,
+                per_task_bytes=per_task,
+                total_bytes=est.total_bytes + (tasks + 1) * (per_task - est.per_task_bytes),
+            )
+    return est
 
 
 def _fingerprint(cfg: ComputeConfig, info: SourceInfo, chunks: Sequence[Sequence[int]]) -> str:
@@ -141,6 +176,7 @@ def _fingerprint(cfg: ComputeConfig, info: SourceInfo, chunks: Sequence[Sequence
             for k, a in cfg.attributes.items()
         },
         "variable": cfg.variable,
+        "steps": {k: dataclasses.asdict(v) for k, v in cfg.steps.items()},
         "chunks": chunks,
         "shape": info.shape,
         "dtype": info.dtype,
@@ -289,7 +325,6 @@ def apply_attribute(
 
 def run_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
     """Compute and durably write slab ``slab`` of every attribute; return its progress record."""
-    from ..formats.zarr import FORMAT
 
     src = _source(job)
     shape = job.info.shape
@@ -312,14 +347,48 @@ def run_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
             # one attribute's padded copy and output at a time (the memory bound)
             outs[att.name][where] = apply_attribute(att, pad_window(buf, coords, wins, att), wins)
         del buf
+    return {"block": slab, "record": _write_slab(job, slab, outs)}
+
+
+def _write_slab(job: ComputeJob, slab: int, outs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Write slab ``slab`` of each array durably; its progress record (statistics partials and
+    the chunk files' checksums, as prepare records them)."""
+    from ..formats.zarr import FORMAT
+
+    a0 = job.bounds[slab]
     record: dict[str, np.ndarray] = {}
-    for att in job.attributes:
-        write_block_durably(
-            FORMAT, job.root, slab, att.name, slab, a0, outs[att.name], bounds=job.bounds
-        )
-        p = partial(outs[att.name].reshape(-1))
-        record.update({f"{att.name}/{k}": getattr(p, k) for k in STAT_FIELDS})
-    return {"block": slab, "record": record}
+    for name, data in outs.items():
+        sums = write_block_durably(FORMAT, job.root, slab, name, slab, a0, data, bounds=job.bounds)
+        p = partial(data.reshape(-1))
+        record.update({f"{name}/{k}": getattr(p, k) for k in STAT_FIELDS})
+        if sums is not None:
+            record[f"{CHECKSUM_KEY}{name}"] = np.array([list(sums), list(sums.values())], np.uint64)
+    return record
+
+
+def run_step_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
+    """Pass 2: every step's output for slab ``slab``, from the attributes written in pass 1."""
+    import zarr
+
+    a0, b0 = job.bounds[slab], job.bounds[slab + 1]
+    cache: dict[str, np.ndarray] = {}
+
+    def column(name: str) -> np.ndarray:
+        if name not in cache:
+            cache[name] = np.asarray(zarr.open_array(store=job.root, path=name, mode="r")[a0:b0])
+        return cache[name]
+
+    outs = {
+        s.name: apply_step(s, job.models[s.name], [column(i) for i in s.inputs]) for s in job.steps
+    }
+    return {"block": job.num_slabs + slab, "record": _write_slab(job, slab, outs)}
+
+
+def run_block(job: ComputeJob, block: int) -> dict[str, Any]:
+    """One commit block: a slab of the attributes (pass 1) or of the steps (pass 2)."""
+    if block < job.num_slabs:
+        return run_slab(job, block)
+    return run_step_slab(job, block - job.num_slabs)
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -349,15 +418,27 @@ def compute(
     commit = BlockCommit(
         out,
         fingerprint=job.fingerprint,
-        num_blocks=job.num_slabs,
+        num_blocks=job.num_blocks,
         overwrite=cfg.overwrite,
         describe={"compute": True},
     )
     bounds = job.bounds
-    specs = {
-        a.name: ArrayInfo(a.name, info.shape, a.dtype, bounds[1] - bounds[0], path=a.name)
+    specs = {  # the source's dimension names become the arrays' (Zarr dimension_names)
+        a.name: ArrayInfo(
+            a.name,
+            info.shape,
+            a.dtype,
+            bounds[1] - bounds[0],
+            path=a.name,
+            attrs={"dims": list(info.dims)},
+        )
         for a in job.attributes
     }
+    for st in job.steps:
+        specs[st.name] = ArrayInfo(
+            st.name, info.shape, st.dtype, bounds[1] - bounds[0], path=st.name,
+            attrs={"dims": list(info.dims)},
+        )  # fmt: skip
     options = FormatOptions(cfg.compression)
 
     def create(root: Path) -> None:
@@ -372,17 +453,21 @@ def compute(
                 len(done),
                 job.num_slabs,
             )
-        _run(job, commit, commit.todo(), len(done), progress)
+        todo = commit.todo()
+        first = [i for i in todo if i < job.num_slabs]
+        _run(job, commit, first, job.num_slabs - len(first), progress)
         records = [commit.read_record(i) for i in range(job.num_slabs)]
+        stats = _merge_stats(records, [a.name for a in job.attributes])
+        sums = _merge_checksums(records, [a.name for a in job.attributes])
+        if job.steps:
+            job = dataclasses.replace(job, models=_fit_steps(job, commit, stats, tasks))
+            second = [i for i in todo if i >= job.num_slabs]
+            _run(job, commit, second, job.num_slabs - len(second), progress)
+            more = [commit.read_record(i) for i in range(job.num_slabs, job.num_blocks)]
+            stats.update(_merge_stats(more, [s.name for s in job.steps]))
+            step_sums = _merge_checksums(more, [s.name for s in job.steps])
+            sums = {**sums, **step_sums} if sums and step_sums else {}
         commit.finish_format(FORMAT, create, [], list(specs), bounds=bounds)
-        stats = {}
-        for a in job.attributes:
-            parts = [
-                StatPartial.from_dict({k: r[f"{a.name}/{k}"] for k in STAT_FIELDS}) for r in records
-            ]
-            merged = merge_all(parts)
-            assert merged is not None
-            stats[a.name] = finalize(merged)
         manifest = Manifest(
             format="zarr",
             length=info.shape[0],
@@ -403,6 +488,21 @@ def compute(
                     },
                 )
                 for a in job.attributes
+            }
+            | {
+                s.name: ArrayInfo(
+                    s.name,
+                    info.shape,
+                    s.dtype,
+                    bounds[1] - bounds[0],
+                    path=s.name,
+                    attrs={
+                        "step": s.kind,
+                        **_step_attrs(s, job.models[s.name]),
+                        "dims": list(info.dims),
+                    },
+                )
+                for s in job.steps
             },
             splits={"all": tuple(range(job.num_slabs))},
             stats=stats,
@@ -413,12 +513,80 @@ def compute(
             provenance={"source": list(cfg.source.paths), "variable": cfg.variable},
             complete=True,
             shardload_version=__version__,
+            checksums=ALGORITHM if sums else "",
         )
-        commit.publish(manifest.to_files())
+        files = manifest.to_files()
+        if sums:  # before the manifest, which publish writes last
+            files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
+        commit.publish(files)
     log.info(
         "computed %d attribute(s) into %s in %.1f s", len(specs), out, time.perf_counter() - t0
     )
     return manifest
+
+
+def _merge_stats(records: list[dict[str, np.ndarray]], names: Sequence[str]) -> dict[str, Any]:
+    stats = {}
+    for name in names:
+        parts = [StatPartial.from_dict({k: r[f"{name}/{k}"] for k in STAT_FIELDS}) for r in records]
+        merged = merge_all(parts)
+        assert merged is not None
+        stats[name] = finalize(merged)
+    return stats
+
+
+def _fit_steps(
+    job: ComputeJob, commit: BlockCommit, stats: Mapping[str, Any], tasks: int
+) -> dict[str, StepModel]:
+    """Each step's model: the inputs' mean and std (the first pass's statistics) and, for
+    k-means, the centres fitted by dask-ml on the written attributes; centres are kept in the
+    progress folder, so a resumed run labels with the same ones."""
+    from ..commit import write_atomic
+
+    models = {}
+    for s in job.steps:
+        means = tuple(float(np.asarray(stats[i].mean).reshape(-1)[0]) for i in s.inputs)
+        stds = tuple(float(np.asarray(stats[i].std).reshape(-1)[0]) for i in s.inputs)
+        if s.kind == "standardize" or s.standardize:
+            for i, sd in zip(s.inputs, stds, strict=True):
+                if not np.isfinite(sd) or sd == 0:
+                    raise ConfigError(
+                        f"attributes.{s.name}.{s.kind}: attribute {i!r} has standard deviation "
+                        f"{sd} (constant or all NaN): it cannot be standardised"
+                        + (" (set kmeans.standardize: false)" if s.kind == "kmeans" else "")
+                    )
+        model = StepModel(means, stds)
+        if s.kind == "kmeans":
+            for i in s.inputs:
+                nans = int(np.sum(stats[i].nan_count))
+                if nans:
+                    raise NaNError(
+                        f"attributes.{s.name}.kmeans.inputs: attribute {i!r} has {nans} NaN "
+                        "value(s) (allow_nan: true let them through); k-means needs finite "
+                        "vectors: drop it from the inputs or fill the NaNs in the source"
+                    )
+            saved = commit.progress / f"step-{s.name}.npy"
+            if saved.exists():
+                centers = np.load(saved, allow_pickle=False)
+            else:
+                log.info("fitting k-means %s on %s (dask-ml)", s.name, list(s.inputs))
+                centers = fit_kmeans(job.root, s, model, job.info.shape, tasks)
+                write_atomic(saved, save_centers(saved, centers))
+            model = dataclasses.replace(model, centers=centers)
+        models[s.name] = model
+    return models
+
+
+def _step_attrs(s: StepConfig, model: StepModel) -> dict[str, Any]:
+    out: dict[str, Any] = {"inputs": list(s.inputs), "means": list(model.means),
+                           "stds": list(model.stds)}  # fmt: skip
+    if s.kind == "kmeans":
+        assert model.centers is not None
+        out.update(
+            n_clusters=s.n_clusters, standardize=s.standardize, random_state=s.random_state,
+            max_iter=s.max_iter, tol=s.tol, centers=model.centers.tolist(),
+        )  # fmt: skip
+    return out
 
 
 def _run(
@@ -438,7 +606,7 @@ def _run(
             bar.update(1)
 
         try:
-            run_windowed(ex, run_slab, job, todo, window=parallelism, on_result=record)
+            run_windowed(ex, run_block, job, todo, window=parallelism, on_result=record)
         finally:
             bar.close()
 

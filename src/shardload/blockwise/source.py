@@ -1,6 +1,7 @@
 """Windowed reads of one source variable, without a dask graph.
 
-A local Zarr source is read by slicing the zarr array (one windowed read per block); any other
+A local Zarr source is read by slicing the zarr array (one windowed read per block); a SEG-Y
+file by ranges of traces (:class:`shardload.sources.segy.SegyVolume`, no dask); any other
 source (netCDF, HDF5, GRIB, several files) is opened lazily like ``prepare``'s source and the
 window of the variable is computed on its own (synchronously, inside the worker).
 """
@@ -32,14 +33,28 @@ class SourceArray:
         self.cfg, self.variable = cfg, variable
         self._zarr: Any = None
         self._dask: Any = None
+        self._segy: Any = None
         paths = list(cfg.paths)
         from ..sources.open import expand_paths, guess_engine, is_url
 
-        if (
-            len(paths) == 1
-            and not is_url(paths[0])
-            and (cfg.engine or guess_engine(paths[0])) == "zarr"
-        ):
+        engine = cfg.engine or (guess_engine(paths[0]) if paths else None)
+        if engine == "segy":
+            from ..sources.segy import DIMS, VARIABLE, open_segy_volume
+
+            if variable != VARIABLE:
+                raise SourceError(
+                    f"source.variable: {variable!r}; the volume of a SEG-Y source "
+                    f"({paths[0]}) is variable {VARIABLE!r}"
+                )
+            vol = self._segy = open_segy_volume(expand_paths(paths), dict(cfg.open_kwargs))
+            ci = vol.block_inlines()
+            n = vol.shape[0]
+            self.info = SourceInfo(
+                vol.shape, vol.dtype.name,
+                (tuple(min(ci, n - s) for s in range(0, n, ci)), (vol.shape[1],), (vol.shape[2],)),
+                DIMS,
+            )  # fmt: skip
+        elif len(paths) == 1 and not is_url(paths[0]) and engine == "zarr":
             import zarr
 
             try:
@@ -87,6 +102,8 @@ class SourceArray:
             )  # fmt: skip
 
     def read(self, box: Sequence[tuple[int, int]]) -> np.ndarray:
+        if self._segy is not None:
+            return self._segy.read(box)  # type: ignore[no-any-return]
         sl = tuple(slice(a, b) for a, b in box)
         if self._zarr is not None:
             return np.asarray(self._zarr[sl])

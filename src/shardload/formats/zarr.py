@@ -92,7 +92,7 @@ class ZarrFormat:
                 overwrite=True,
                 attributes=_feature_attrs(spec.features),
                 # named dims let xarray open the store directly (xr.open_zarr)
-                dimension_names=("sample", *(f"{name}_dim{i}" for i in range(1, len(spec.shape)))),
+                dimension_names=_dimension_names(name, spec),
             )
         return {name: name for name in specs}
 
@@ -587,3 +587,12 @@ def _so(fs: Any) -> dict[str, Any]:
 
 
 FORMAT = ZarrFormat()
+
+
+def _dimension_names(name: str, spec: Any) -> tuple[str, ...]:
+    """``sample, NAME_dim1, ...``, or the dims a spec carries (``attrs["dims"]``: the source's,
+    in a compute store) when there is one per axis."""
+    dims = (getattr(spec, "attrs", None) or {}).get("dims")
+    if dims is not None and len(dims) == len(spec.shape):
+        return tuple(str(d) for d in dims)
+    return ("sample", *(f"{name}_dim{i}" for i in range(1, len(spec.shape))))

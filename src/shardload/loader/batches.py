@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PlanError, StateError
+from ..plan.buckets import bucketed_fingerprint
 from ..plan.epoch import (
     DEFAULT_SHUFFLE_CHUNKS,
     EpochPlan,
@@ -21,8 +22,10 @@ from ..plan.epoch import (
     plan_epoch,
 )
 from ..plan.resume import EpochState, plan_from_state
+from ..ragged import LENGTH_SUFFIX
 from ..store import Store, open_store
 from .checks import check_indices, checked_allocate
+from .ragged import PaddingStats, ragged_batches, ragged_names, resolve_buckets
 from .reader import BufferPool, Group, read_groups
 from .recycle import Allocate, BatchRecycler
 from .scatter import batches_per_group, groups_in_flight, raw_rows, raw_sources, scatter_batches
@@ -69,6 +72,8 @@ def iter_batches(
     storage_options: Mapping[str, Any] | None = None,
     skip_batches: int = 0,
     allocate: Allocate | None = None,
+    padding_stats: PaddingStats | None = None,
+    bucket: bool | str = False,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
 
@@ -123,6 +128,21 @@ def iter_batches(
         ``allocate(n)`` returns the arrays (one per array name and ``"index"``) a batch of ``n``
         rows is gathered into, or None for fresh ones (``shardload.torch`` passes its
         shared-memory ring). The caller must not reuse them before the batch is consumed.
+        Not used for stores with variable-length arrays (their batch width varies).
+    padding_stats
+        A :class:`~shardload.loader.ragged.PaddingStats` that counts the values and padded
+        cells of the batches of variable-length arrays (the padding waste).
+    bucket
+        Length-bucketed batches (variable-length arrays, ``shuffle=True``): each shuffle
+        group's rows are sorted by length and dealt to its batches in a random batch order, so
+        a batch holds rows of similar length (less padding; batch counts, resume and the rows
+        of each group unchanged). ``True``: by the summed lengths of the selected
+        variable-length arrays; a name: by that array's lengths. Larger ``shuffle_chunks``
+        buckets over more rows.
+
+    Variable-length arrays (one 1-D array per sample, ``store.ragged``) come as ``NAME``, a
+    ``(rows, longest row of the batch)`` array zero-padded after each row's values, and
+    ``NAME_length`` (int64): see docs/loading.md ("Variable-length arrays").
 
     Raises
     ------
@@ -148,7 +168,7 @@ def iter_batches(
     plan = plan_for(
         st, sel, batch_size=batch_size, world_size=world_size, num_workers=num_workers,
         shuffle=shuffle, seed=seed, epoch=epoch, mode=mode, drop_last=drop_last,
-        shuffle_chunks=shuffle_chunks, state=state,
+        shuffle_chunks=shuffle_chunks, state=state, bucket=bucket,
     )  # fmt: skip
     readers = max(1, int(num_workers))
     if not 0 <= rank < world_size:
@@ -160,6 +180,11 @@ def iter_batches(
     skip = _check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
+    if ragged_names(st, sel.arrays):
+        return ragged_batches(
+            st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads,
+            index_key=INDEX_KEY, padding_stats=padding_stats,
+        )  # fmt: skip
     return _batches(
         st, sel.arrays, plan, rank, worker, prefetch=prefetch, threads=threads, allocate=allocate
     )
@@ -180,6 +205,12 @@ def loader_selection(
     piece it was cut with and the pieces per shuffle group (:func:`resolve_shuffle`; pass both
     on, e.g. to workers, so nothing decides them twice)."""
     sel = select_rows(store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+    for name in ragged_names(store, sel.arrays):
+        if name + LENGTH_SUFFIX in store.manifest.arrays:
+            raise PlanError(
+                f"variable-length array {name!r} of {store.url}: its batches carry its lengths "
+                f"as {name + LENGTH_SUFFIX!r}, which is also an array of the store; rename one"
+            )
     piece, group = resolve_shuffle(store, sel, piece_rows, shuffle_chunks, shuffle)
     return split_pieces(sel, piece), piece, group
 
@@ -205,7 +236,8 @@ def resolve_shuffle(
     - ``shuffle="uniform"`` (raw local chunks only): whole chunks (the planner cuts rows
       itself) and groups of as many rows as the default.
     """
-    raw = raw_rows(store, sel.arrays)
+    # variable-length arrays are read by whole chunks (loader/ragged.py), never as raw rows
+    raw = not ragged_names(store, sel.arrays) and raw_rows(store, sel.arrays)
     if shuffle_chunks is not None:
         shuffle_chunks = _check_int1("shuffle_chunks", shuffle_chunks)
     if piece_rows is not None:
@@ -216,6 +248,12 @@ def resolve_shuffle(
     big_piece = plan_piece_rows(chunk_rows, row_bytes, DEFAULT_PIECE_BYTES)
     group_rows = DEFAULT_SHUFFLE_CHUNKS * big_piece  # the earlier default's resident rows
     if shuffle == "uniform":
+        if ragged_names(store, sel.arrays):
+            raise PlanError(
+                f"shuffle='uniform' is not available for variable-length arrays "
+                f"{ragged_names(store, sel.arrays)} of {store.url}: they are read by whole "
+                "chunks (use shuffle=True)"
+            )
         if not raw:
             raise PlanError(
                 f"shuffle='uniform' reads rows where they lie and needs raw rows in local files "
@@ -280,18 +318,22 @@ def _check_nonneg(name: str, value: int) -> int:
 def plan_for(
     store: Store, sel: Selection, *, batch_size: int, world_size: int, num_workers: int,
     shuffle: bool | str, seed: int, epoch: int, mode: str, drop_last: bool, shuffle_chunks: int,
-    state: EpochState | Mapping[str, Any] | None = None,
+    state: EpochState | Mapping[str, Any] | None = None, bucket: bool | str = False,
 ) -> EpochPlan:  # fmt: skip
     """The epoch plan of a selection, fresh or resumed from ``state``."""
     opts: PlanOptions = dict(
         batch_size=batch_size, seed=seed, mode=mode, drop_last=drop_last, shuffle=shuffle,
         shuffle_chunks=shuffle_chunks,
     )  # fmt: skip
+    buckets = resolve_buckets(store, sel.arrays, bucket, shuffle)
     if state is None:
-        return plan_epoch(
+        plan = plan_epoch(
             sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
             world_size=world_size, num_workers=num_workers, epoch=epoch,
         )  # fmt: skip
+        if buckets is None:
+            return plan
+        return replace(plan, buckets=buckets, fingerprint=bucketed_fingerprint(plan.fingerprint))
     if isinstance(state, Mapping):
         data = state.get("dataset")
         if data is not None and data != store_fingerprint(store, sel):
@@ -303,7 +345,7 @@ def plan_for(
         state = EpochState.from_dict(dict(state))
     return plan_from_state(
         state, sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
-        world_size=world_size, num_workers=num_workers,
+        world_size=world_size, num_workers=num_workers, buckets=buckets,
     )  # fmt: skip
 
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -134,6 +134,8 @@ class EpochPlan:
     batches_per_rank: int
     fingerprint: str
     history: tuple[tuple[int, int, int], ...] = ()
+    #: length-bucketed batches (:class:`~shardload.plan.buckets.Buckets`), or None
+    buckets: Any = None
 
 
 def _check_int(name: str, value: int, lo: int) -> int:
@@ -443,7 +445,7 @@ def _group_order(wp: WorkerPlan, g: int, n: int, shuffle: bool | str) -> np.ndar
 
 
 def _iter_groups(
-    wp: WorkerPlan, k: int, shuffle: bool | str
+    wp: WorkerPlan, k: int, shuffle: bool | str, plan: EpochPlan | None = None
 ) -> Iterator[tuple[int, Spans, np.ndarray, int]]:
     """Per group from the one holding row ``skip_rows``: (index, spans, order, rows skipped)."""
     bounds = _group_bounds(wp.spans, k)
@@ -451,7 +453,18 @@ def _iter_groups(
     for g in range(first, len(bounds) - 1):
         spans = wp.spans.seg(g * k, (g + 1) * k)
         n = int(bounds[g + 1] - bounds[g])
-        yield g, spans, _group_order(wp, g, n, shuffle), max(0, wp.skip_rows - int(bounds[g]))
+        order = _group_order(wp, g, n, shuffle)
+        if plan is not None and plan.buckets is not None:
+            order = _bucketed(plan, wp, g, spans, order, int(bounds[g]))
+        yield g, spans, order, max(0, wp.skip_rows - int(bounds[g]))
+
+
+def _bucketed(
+    plan: EpochPlan, wp: WorkerPlan, g: int, spans: Spans, order: np.ndarray, at: int
+) -> np.ndarray:
+    """Group ``g``'s order with length-bucketed batches (``plan/buckets.py``)."""
+    key = (*wp.seed_key, g)
+    return plan.buckets.reorder(order, spans_rows(spans), at, plan.batch_size, key)  # type: ignore[no-any-return]
 
 
 def iter_worker_spans(
@@ -460,7 +473,7 @@ def iter_worker_spans(
     """The shuffle groups of one worker as ``(spans, order)`` (the vectorised form of
     :func:`iter_worker_groups`, for readers that plan a group's reads with numpy)."""
     wp = plan.workers[rank][worker]
-    for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle):
+    for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle, plan):
         yield spans, order[skip:]
 
 

@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import StateError
+from .buckets import bucketed_fingerprint
 from .epoch import (
     DEFAULT_SHUFFLE_CHUNKS,
     EpochPlan,
     WorkerPlan,
+    _bucketed,
     _check_int,
     _group_bounds,
     _group_order,
@@ -100,7 +102,7 @@ def plan_resume(
         for piece in _unconsumed(wp, _consumed(w, k, readers) * old.batch_size, old, explicit)
     ]
     seq = _prune(concat_spans(pieces, tuple(explicit)))
-    return _plan_sequence(
+    new = _plan_sequence(
         seq,
         world_size=world,
         num_workers=workers,
@@ -115,6 +117,7 @@ def plan_resume(
         history=history,
         allow_empty=True,
     )
+    return replace(new, buckets=old.buckets) if old.buckets is not None else new
 
 
 def _consumed(w: int, k: int, readers: int) -> int:
@@ -151,7 +154,10 @@ def _unconsumed(
     if not old.shuffle:
         return [group.take(local, n), rest]
     # The rest of a shuffled group is a set of rows of its segments: keep it per segment.
-    keep = np.sort(_group_order(wp, g, n, True)[local:])
+    order = _group_order(wp, g, n, True)
+    if old.buckets is not None:
+        order = _bucketed(old, wp, g, group, order, int(bounds[g]))
+    keep = np.sort(order[local:])
     seg_of = np.searchsorted(group.cum, keep, "right") - 1
     cols: list[list[int]] = [[], [], [], [], []]
     for j in np.unique(seg_of):
@@ -245,8 +251,10 @@ def plan_from_state(
     shuffle_chunks: int = DEFAULT_SHUFFLE_CHUNKS,
     world_size: int,
     num_workers: int,
+    buckets: Any = None,
 ) -> EpochPlan:
     """Rebuild the rest of the epoch a state was saved in, for a (possibly new) world shape.
+    ``buckets``: the epoch's length-bucketed batches (``plan/buckets.py``), if any.
 
     Raises
     ------
@@ -264,6 +272,8 @@ def plan_from_state(
         shuffle_chunks=shuffle_chunks,
     )
     fp = plan_fingerprint(chunk_sizes, **opts)
+    if buckets is not None:
+        fp = bucketed_fingerprint(fp)
     if fp != state.fingerprint:
         raise StateError(
             f"the state (fingerprint {state.fingerprint}) was saved for other chunks or options "
@@ -275,6 +285,8 @@ def plan_from_state(
     plan = plan_epoch(
         chunk_sizes, world_size=legs[0][0], num_workers=legs[0][1], epoch=state.epoch, **opts
     )
+    if buckets is not None:
+        plan = replace(plan, buckets=buckets, fingerprint=fp)
     shapes = [leg[:2] for leg in legs[1:]] + [(world_size, num_workers)]
     for (_, _, k), (world, workers) in zip(legs, shapes, strict=True):
         plan = plan_resume(plan, k, world_size=world, num_workers=workers)

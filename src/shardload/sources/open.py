@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 GRIB_SUFFIXES = (".grib", ".grb", ".grib1", ".grib2", ".grb2")
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+SEGY_SUFFIXES = (".sgy", ".segy")  # as shardload.sources.segy (not imported: needs no segyio)
 
 
 def is_url(p: str) -> bool:
@@ -67,6 +68,8 @@ def guess_engine(path: str) -> str | None:
     crash (seen with hdf5plugin's filters registered).
     """
     low = path.lower().rstrip("/")
+    if low.endswith(SEGY_SUFFIXES):
+        return "segy"  # read by sources/segy.py (segyio), not by xarray
     if low.endswith(GRIB_SUFFIXES):
         require("cfgrib", "grib")
         return "cfgrib"
@@ -156,6 +159,21 @@ def open_source(cfg: SourceConfig, *, sample_chunks: dict[str, int] | None = Non
     if engine == "h5netcdf" or (engine is None and any(is_url(p) for p in paths)):
         require("h5netcdf", "remote")
         engine = engine or "h5netcdf"
+    if engine == "segy":
+        from .segy import open_segy_dataset
+
+        ds = open_segy_dataset(
+            paths, dict(cfg.open_kwargs), inline_chunks=(sample_chunks or {}).get("inline")
+        )
+        if cfg.variables:
+            missing = [v for v in cfg.variables if v not in ds.variables]
+            if missing:
+                raise SourceError(
+                    f"variable(s) {missing} not found in SEG-Y file {paths[0]}; its volume is "
+                    f"{sorted(map(str, ds.data_vars))}"
+                )
+            ds = ds[list(cfg.variables)]
+        return ds
     kw = open_kwargs(cfg, engine)
     if sample_chunks and "chunks" not in cfg.open_kwargs:
         kw["chunks"] = dict(sample_chunks)

@@ -20,10 +20,12 @@ from ..loader.batches import (
     loader_selection,
     plan_for,
 )
+from ..loader.ragged import ragged_names, resolve_buckets
 from ..loader.recycle import plan_batch_layout
 from ..loader.ring import BatchRing, plan_ring_slots
 from ..loader.scatter import batches_per_group, groups_in_flight
 from ..loader.select import store_fingerprint
+from ..plan.buckets import bucketed_fingerprint
 from ..plan.epoch import PlanOptions, plan_fingerprint
 from ..plan.resume import EpochState
 from ..store import Store, open_store
@@ -98,7 +100,12 @@ class StreamingDataset(IterableDataset):
         reads of raw local chunks fill a whole shuffle group's batches at once). The main
         process gets tensors over the slot itself (no copy); a slot is reused once those
         tensors are garbage. Default: enough for up to ``min(16, CPUs)`` workers; 0: the stock
-        DataLoader hand-off.
+        DataLoader hand-off. Stores with variable-length arrays use no ring.
+    bucket
+        Length-bucketed batches for variable-length arrays (see ``iter_batches``).
+
+    Variable-length arrays come as ``NAME`` (zero-padded to the batch's longest row) and
+    ``NAME_length`` (int64), see docs/loading.md ("Variable-length arrays").
     """
 
     def __init__(
@@ -122,6 +129,7 @@ class StreamingDataset(IterableDataset):
         threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         ring_slots: int | None = None,
+        bucket: bool | str = False,
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
@@ -145,6 +153,10 @@ class StreamingDataset(IterableDataset):
         self.plan_fingerprint = plan_fingerprint(
             sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **self.options
         )
+        #: length-bucketed batches of variable-length arrays (see iter_batches)
+        self.bucket = bucket
+        if resolve_buckets(self.store, sel.arrays, bucket, shuffle) is not None:
+            self.plan_fingerprint = bucketed_fingerprint(self.plan_fingerprint)
         self._explicit = (
             None if rank is None or world_size is None else (int(rank), int(world_size))
         )
@@ -167,7 +179,9 @@ class StreamingDataset(IterableDataset):
         batch_bytes = plan_batch_layout(specs, max(1, batch_size))[1]
         #: batches per worker item a StreamingDataLoader uses unless told (``plan_bundle``)
         self.default_bundle = plan_bundle(batch_bytes)
-        if ring_slots != 0 and hasattr(os, "fork"):
+        # variable-length arrays: a batch's width is known once it is gathered, so no fixed
+        # ring slot fits it; their batches take the stock hand-off (loader/ragged.py)
+        if ring_slots != 0 and hasattr(os, "fork") and not ragged_names(self.store, sel.arrays):
             slots = ring_slots or self._ring_slots(
                 batch_bytes, batch_size, shuffle_chunks, prefetch
             )
@@ -225,7 +239,7 @@ class StreamingDataset(IterableDataset):
     def _plan(self, rank: int, world: int, num_workers: int, state: Any) -> Any:
         return plan_for(
             self.store, self.selection, world_size=world, num_workers=num_workers,
-            epoch=self.epoch, state=state, **self.options,
+            epoch=self.epoch, state=state, bucket=self.bucket, **self.options,
         )  # fmt: skip
 
     def _publish(self, epoch: int, state: dict[str, Any] | None) -> None:
@@ -307,7 +321,7 @@ class StreamingDataset(IterableDataset):
                 functools.partial(ring.allocate, part=(worker, workers)) if ring is not None
                 else None
             ),
-            **self._select, **self.options, **self.read_options,
+            bucket=self.bucket, **self._select, **self.options, **self.read_options,
         )  # fmt: skip
         pos = {"epoch": epoch, "leg": state, "worker": worker, "num_workers": workers,
                "rank_world": [rank, world], "worker_batches": skip}  # fmt: skip

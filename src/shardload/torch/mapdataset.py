@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..errors import StoreError
 from ..loader.batches import INDEX_KEY
 from ..loader.select import select_rows
 from ..store import Store, open_store
@@ -42,6 +43,13 @@ class MapDataset(Dataset):
         self.selection = select_rows(
             self.store, split=split, chunks=chunks, rows=rows, arrays=arrays
         )
+        ragged = [a for a in self.selection.arrays if self.store.manifest.arrays[a].is_ragged]
+        if ragged:  # a row of one has no fixed shape: default collation cannot stack it
+            raise StoreError(
+                f"MapDataset serves fixed-shape arrays; {ragged} of {self.store.url} are "
+                "variable-length: use StreamingDataset (padded batches with NAME_length), or "
+                "pass arrays= without them"
+            )
         self.cache_chunks = max(1, int(cache_chunks))
         self._cum = np.concatenate(([0], np.cumsum(self.selection.sizes)))
         self._bounds = np.asarray(self.store.manifest.chunk_bounds, dtype=np.int64)

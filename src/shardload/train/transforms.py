@@ -75,6 +75,8 @@ class Normalize:
                 )
             self.params[name] = plan_scale(st, method)
         self._tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        #: variable-length arrays: their padding (after NAME_length values) stays zero
+        self.ragged = tuple(n for n in arrays if manifest.arrays[n].is_ragged)
 
     def inverse(self, name: str, values: torch.Tensor) -> torch.Tensor:
         """Back to physical units (a new tensor)."""
@@ -94,7 +96,12 @@ class Normalize:
             t = batch[name]
             shift, scale = self._params(name, t)
             t.sub_(shift).div_(scale)
+        for name in getattr(self, "ragged", ()):
+            t, n = batch[name], batch[name + "_length"]
+            cols = torch.arange(t.shape[-1], device=t.device)
+            t.masked_fill_(cols >= n.to(t.device)[:, None], 0)
         return batch
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"method": self.method, "params": self.params, "_tensors": {}}
+        return {"method": self.method, "params": self.params, "_tensors": {},
+                "ragged": getattr(self, "ragged", ())}  # fmt: skip

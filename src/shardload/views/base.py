@@ -27,9 +27,15 @@ class ArraySpec:
     dtype: np.dtype
     features: tuple[str, ...] | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    #: variable-length: one 1-D array per sample (``shape`` is ``(length,)``; ``read`` returns
+    #: a :class:`shardload.ragged.RaggedRows`); ``mean_length`` sizes chunks
+    ragged: bool = False
+    mean_length: float = 0.0
 
     @property
     def row_bytes(self) -> int:
+        if self.ragged:  # the values of a mean row, plus its offset
+            return int(np.ceil(self.mean_length * np.dtype(self.dtype).itemsize)) + 8
         return int(np.prod(self.shape[1:], dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 

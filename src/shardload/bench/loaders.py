@@ -1,0 +1,376 @@
+"""``shardload bench loaders STORE``: how many emulated accelerators can a loader keep busy?
+
+MLPerf Storage's method, on one machine: an *accelerator* is a consumer process with its own
+loader over its own rank's disjoint shard of the store (rank ``r`` of ``N``), which "computes"
+each batch by sleeping ``--emulate-compute`` seconds. Its utilisation (AU) is compute time
+over wall time, measured from its first batch to the end (start-up reported apart). For each
+loader and worker count the benchmark runs 1, 2, 4, ... accelerators at once and reports the
+largest number that all stay at least 90% busy. Peers are compared where they are installed
+(import probe); the others are named as missing, never estimated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+THRESHOLD = 0.9
+#: peers: name -> (module to probe, pip package, supported here)
+PEERS: dict[str, tuple[str, str, bool]] = {
+    "zarr-torch-dataset": ("zarrdataset", "zarr-torch-dataset", True),
+    "mosaicml-streaming": ("streaming", "mosaicml-streaming", False),
+    "litdata": ("litdata", "litdata", False),
+}
+_CONSUMER = "shardload.bench.loaders_consumer"
+
+HELP = """\
+Emulate training on N accelerators the MLPerf-Storage way: N consumer processes,
+each with its own loader over a disjoint rank shard of STORE, each sleeping
+--emulate-compute seconds per batch. Reports accelerator utilisation (AU = compute
+time / wall time, after start-up) and the largest N kept at least 90% busy (every
+accelerator), for shardload (StreamingDataset + StreamingDataLoader) and for the
+installed peers (zarr-torch-dataset on Zarr stores; MosaicML streaming and litdata
+are probed and reported as not covered). Writes DIR/results.json, DIR/report.md
+and DIR/au.png.
+
+Sleep costs no CPU, so on a machine with few cores the limit is the loaders' own
+CPU and I/O: the answer is "how many accelerators of this speed can this node
+feed". Set --emulate-compute to your model's step time per batch.
+
+example:
+  shardload bench loaders ~/.shardload/data/processed/era5 --emulate-compute 0.05 \\
+      --batch-size 256 --workers 0,2 --accelerators 1,2,4,8 --out bench-loaders
+"""
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    """Add ``shardload bench loaders``."""
+    p = kinds.add_parser(
+        "loaders", help="accelerators kept busy by each loader (MLPerf-Storage style)",
+        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    p.add_argument("store", metavar="STORE", help="a store (folder, URL or .sqfs image)")
+    p.add_argument("--emulate-compute", type=float, default=0.02, metavar="SECONDS",
+                   help="compute time per batch of one accelerator (default 0.02)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=256, help="rows per batch (default 256)")
+    p.add_argument("--workers", type=_ints, default=(0, 2), metavar="LIST",
+                   help="DataLoader workers per accelerator, e.g. 0,2 (default 0,2)")  # fmt: skip
+    p.add_argument("--accelerators", type=_ints, default=(1, 2, 4, 8), metavar="LIST",
+                   help="accelerator counts to try, ascending; stops after the first that "
+                   "fails the 90%% goal (default 1,2,4,8)")  # fmt: skip
+    p.add_argument("--loaders", default="all", metavar="LIST",
+                   help=f"comma list of shardload,{','.join(PEERS)} or 'all' (default: "
+                   "shardload and every installed peer that can read STORE)")  # fmt: skip
+    p.add_argument("--split", default=None, help="read only this split (default: all rows)")
+    p.add_argument("--max-batches", type=int, default=None, metavar="N",
+                   help="stop each accelerator after N batches (default: one epoch of its shard)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="output folder (default bench-results/loaders-TIMESTAMP)")  # fmt: skip
+    p.set_defaults(func=run_cli)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma list of integers: {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"need non-negative integers: {text!r}")
+    return values
+
+
+# -- pure helpers ---------------------------------------------------------------------------------
+def summarize(rows: Sequence[dict[str, Any]], threshold: float = THRESHOLD) -> list[dict[str, Any]]:
+    """Per (loader, workers): the largest accelerator count whose every accelerator reached
+    ``threshold`` AU, counting up from the smallest tried (0 if even the smallest failed).
+
+    >>> rows = [dict(loader="a", workers=0, accelerators=n, au_min=au)
+    ...         for n, au in ((1, .99), (2, .95), (4, .7))]
+    >>> summarize(rows)[0]["max_accelerators"]
+    2
+    """
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: (r["loader"], r["workers"], r["accelerators"])):
+        key = (r["loader"], r["workers"])
+        s = out.setdefault(key, {"loader": key[0], "workers": key[1], "max_accelerators": 0,
+                                 "tried": [], "failed": False})  # fmt: skip
+        s["tried"].append(r["accelerators"])
+        ok = r.get("error") is None and r["au_min"] >= threshold
+        if ok and not s["failed"]:
+            s["max_accelerators"] = r["accelerators"]
+        elif not ok:
+            s["failed"] = True
+    for s in out.values():
+        s["bound"] = "" if s["failed"] else f"(all tried passed: >= {s['max_accelerators']})"
+    return list(out.values())
+
+
+def probe_peers(store_format: str) -> dict[str, str]:
+    """Each peer's status: ``"ok"`` or why it is not measured."""
+    status = {}
+    for name, (module, package, supported) in PEERS.items():
+        if importlib.util.find_spec(module) is None:
+            status[name] = f"not installed (pip install {package})"
+        elif not supported:
+            status[name] = "installed; this benchmark has no adapter for it yet"
+        elif name == "zarr-torch-dataset" and store_format != "zarr":
+            status[name] = f"reads Zarr arrays only; this store is {store_format}"
+        else:
+            status[name] = "ok"
+    return status
+
+
+# -- running ---------------------------------------------------------------------------------------
+def run_point(
+    spec: dict[str, Any], accelerators: int, *, timeout_s: float = 3600
+) -> dict[str, Any]:
+    """Run ``accelerators`` consumers at once; their timings merged into one result row."""
+    procs = []
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    for rank in range(accelerators):
+        one = json.dumps({**spec, "rank": rank, "world": accelerators})
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", _CONSUMER, one], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        ))  # fmt: skip
+    row: dict[str, Any] = {k: spec[k] for k in ("loader", "workers", "batch_size", "compute_s")}
+    row["accelerators"] = accelerators
+    try:
+        for p in procs:  # every loader built before any starts
+            line = p.stdout.readline() if p.stdout else ""
+            if line.strip() != "ready":
+                return {**row, "error": _failure(p, line)}
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = []
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            lines = [ln for ln in out.splitlines() if ln.startswith("result ")]
+            if p.returncode != 0 or not lines:
+                return {**row, "error": f"exit {p.returncode}: {err.strip()[-800:]}"}
+            results.append(json.loads(lines[-1][len("result ") :]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    aus = [r["au"] for r in results]
+    wall = max(r["wall_s"] for r in results)
+    total_rows = sum(r["rows"] for r in results)
+    return {
+        **row, "error": None, "au_mean": sum(aus) / len(aus), "au_min": min(aus),
+        "batches_per_accelerator": min(r["batches"] for r in results),
+        "samples_per_s": total_rows / wall if wall > 0 else 0.0,
+        "first_batch_s_max": max(r["first_batch_s"] for r in results),
+        "wait_s_max": max(r["wait_s"] for r in results), "wall_s": wall,
+        "per_accelerator": results,
+    }  # fmt: skip
+
+
+def _failure(p: subprocess.Popen, line: str) -> str:
+    p.kill()
+    _, err = p.communicate()
+    return f"the consumer did not start: {(line + err).strip()[-800:]}"
+
+
+def sweep(
+    store: str,
+    *,
+    loaders: Sequence[str],
+    workers: Sequence[int],
+    accelerators: Sequence[int],
+    compute_s: float,
+    batch_size: int,
+    split: str | None,
+    seed: int,
+    max_batches: int | None,
+    array: str,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Every loader x workers, accelerator counts ascending until the first failing one."""
+    from tqdm import tqdm
+
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(total=len(loaders) * len(workers) * len(accelerators), disable=not progress,
+               desc="bench loaders", unit="run")  # fmt: skip
+    for loader in loaders:
+        for w in workers:
+            spec = dict(loader=loader, workers=w, store=store, batch_size=batch_size,
+                        compute_s=compute_s, split=split, seed=seed, max_batches=max_batches,
+                        array=array)  # fmt: skip
+            for i, n in enumerate(sorted(accelerators)):
+                bar.set_postfix_str(f"{loader} w{w} x{n}")
+                row = run_point(spec, n)
+                rows.append(row)
+                bar.update(1)
+                if row["error"] is not None or row["au_min"] < THRESHOLD:
+                    bar.update(len(accelerators) - i - 1)
+                    break
+    bar.close()
+    return rows
+
+
+# -- reporting --------------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on, and how busy the machine was."""
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(),
+                            "python": platform.python_version()}  # fmt: skip
+    try:
+        model = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")]  # fmt: skip
+        info["cpu"] = model[0].split(":", 1)[1].strip() if model else ""
+        mem = Path("/proc/meminfo").read_text().split()
+        info["memory_gib"] = round(int(mem[mem.index("MemTotal:") + 1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    if hasattr(os, "getloadavg"):
+        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return info
+
+
+def write_report(out: Path, doc: dict[str, Any]) -> None:
+    """``results.json``, ``report.md`` and ``au.png`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    m = doc["machine"]
+    lines = [
+        "# shardload bench loaders", "",
+        f"Command: `{doc['command']}`", "",
+        f"Store: {doc['store']} ({doc['store_format']}, {doc['store_rows']:,} rows, "
+        f"{doc['row_bytes']:,} bytes per row); batch {doc['batch_size']}, emulated compute "
+        f"{doc['compute_s'] * 1e3:g} ms per batch, goal: every accelerator >= {THRESHOLD:.0%} busy.",
+        "",
+        f"Machine: {m.get('cpus')} CPUs ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB, "
+        f"{m.get('platform')}; load average {m.get('load_average')} before, "
+        f"{doc['load_after']} after (other jobs share the machine when it is not 0).",
+        "", "## Largest number of accelerators kept busy", "",
+        "| loader | workers per accelerator | accelerators >= 90% busy | tried |", "|---|---|---|---|",
+    ]  # fmt: skip
+    for s in doc["summary"]:
+        lines.append(f"| {s['loader']} | {s['workers']} | **{s['max_accelerators']}** {s['bound']} | "
+                     f"{', '.join(map(str, s['tried']))} |")  # fmt: skip
+    lines += ["", "## Every run", "",
+              "| loader | workers | accelerators | AU min | AU mean | samples/s (all) | "
+              "batches each | start-up (max) | waited (max) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in doc["rows"]:
+        if r["error"]:
+            lines.append(f"| {r['loader']} | {r['workers']} | {r['accelerators']} | error: {r['error'][:200]} ||||||")  # fmt: skip
+            continue
+        lines.append(
+            f"| {r['loader']} | {r['workers']} | {r['accelerators']} | {r['au_min']:.1%} | "
+            f"{r['au_mean']:.1%} | {r['samples_per_s']:,.0f} | {r['batches_per_accelerator']} | "
+            f"{r['first_batch_s_max']:.2f} s | {r['wait_s_max']:.2f} s |"
+        )
+    lines += ["", "## Peers", ""]
+    lines += [f"- {name}: {why}" for name, why in doc["peers"].items()]
+    lines += ["", "AU = time in the emulated compute (measured) / wall time from the accelerator's "
+              "first batch to its end; start-up (worker launch, first batch) is the column apart; "
+              "'waited' is the accelerator's time waiting for its next batch.", ""]  # fmt: skip
+    (out / "report.md").write_text("\n".join(lines))
+    _plot(out / "au.png", doc)
+
+
+def _plot(path: Path, doc: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    series: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for r in doc["rows"]:
+        if r["error"] is None:
+            series.setdefault((r["loader"], r["workers"]), []).append((r["accelerators"], r["au_min"]))  # fmt: skip
+    for (loader, w), pts in sorted(series.items()):
+        xs, ys = zip(*sorted(pts), strict=True)
+        ax.plot(xs, [100 * y for y in ys], marker="o", label=f"{loader}, {w} workers")
+    ax.axhline(100 * THRESHOLD, color="grey", ls="--", lw=1, label="90% goal")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("emulated accelerators (consumer processes)")
+    ax.set_ylabel("least busy accelerator's AU (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"compute {doc['compute_s'] * 1e3:g} ms/batch, batch {doc['batch_size']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from ..store import open_store
+
+    if args.emulate_compute < 0 or args.batch_size < 1:
+        raise ConfigError("--emulate-compute must be >= 0 and --batch-size >= 1")
+    if not args.accelerators or min(args.accelerators) < 1:
+        raise ConfigError("--accelerators: counts must be >= 1")
+    store = open_store(args.store)
+    fmt = store.manifest.format
+    peers = probe_peers(fmt)
+    wanted = ["shardload", *PEERS] if args.loaders == "all" else [s.strip() for s in args.loaders.split(",")]  # fmt: skip
+    unknown = [w for w in wanted if w != "shardload" and w not in PEERS]
+    if unknown:
+        raise ConfigError(f"--loaders: unknown {unknown}; choose from shardload, {', '.join(PEERS)}")  # fmt: skip
+    loaders = [w for w in wanted if w == "shardload" or peers[w] == "ok"]
+    for w in wanted:
+        if w != "shardload" and peers[w] != "ok":
+            print(f"not measured: {w}: {peers[w]}", file=sys.stderr)
+    first = next(iter(store.manifest.arrays.values()))
+    array = f"{store.root}/{first.path}" if store.is_local else ""
+    if "zarr-torch-dataset" in loaders and not array:
+        loaders.remove("zarr-torch-dataset")
+        peers["zarr-torch-dataset"] = "reads local Zarr arrays only; this store is remote"
+    out = args.out or Path("bench-results") / time.strftime("loaders-%Y%m%d-%H%M%S")
+    doc: dict[str, Any] = {
+        "command": _command(args),
+        "store": str(args.store), "store_format": fmt, "store_rows": len(store),
+        "row_bytes": sum(_row_bytes(a) for a in store.manifest.arrays.values()),
+        "batch_size": args.batch_size, "compute_s": args.emulate_compute, "machine": machine(),
+        "peers": peers,
+    }  # fmt: skip
+    rows = sweep(
+        str(args.store), loaders=loaders, workers=args.workers, accelerators=args.accelerators,
+        compute_s=args.emulate_compute, batch_size=args.batch_size, split=args.split,
+        seed=args.seed, max_batches=args.max_batches, array=array,
+    )  # fmt: skip
+    doc["load_after"] = (
+        [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    )
+    doc["rows"] = rows
+    doc["summary"] = summarize(rows)
+    write_report(out, doc)
+    for s in doc["summary"]:
+        print(f"{s['loader']:>20} workers={s['workers']}: {s['max_accelerators']} accelerators "
+              f">= 90% busy {s['bound']}")  # fmt: skip
+    print(f"wrote {out}/results.json, report.md, au.png")
+    return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    words = ["shardload bench loaders", str(args.store), "--emulate-compute", f"{args.emulate_compute:g}",
+             "--batch-size", str(args.batch_size), "--workers", ",".join(map(str, args.workers)),
+             "--accelerators", ",".join(map(str, args.accelerators)), "--loaders", args.loaders]  # fmt: skip
+    if args.split:
+        words += ["--split", args.split]
+    if args.max_batches:
+        words += ["--max-batches", str(args.max_batches)]
+    return " ".join(words)
+
+
+def _row_bytes(info: Any) -> int:
+    import numpy as np
+
+    return int(np.dtype(info.dtype).itemsize * int(np.prod(info.shape[1:], dtype=np.int64)))
