@@ -160,3 +160,12 @@ from hypothesis import settings  # noqa: E402
 
 settings.register_profile("shardload", deadline=None, max_examples=60)
 settings.load_profile("shardload")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _workspace_of_the_tests(tmp_path_factory):
+    """Commands run in-process by the tests log into a workspace of their own, not the user's
+    ``~/.shardload`` (subprocess tests set ``SHARDLOAD_HOME`` themselves)."""
+    if "SHARDLOAD_HOME" not in os.environ:
+        os.environ["SHARDLOAD_HOME"] = str(tmp_path_factory.mktemp("shardload-home"))
+    yield

@@ -350,6 +350,7 @@ def test_zarr_chunks_written_directly_read_back_by_plain_zarr(tmp_path, small_nc
 @pytest.mark.filterwarnings("ignore:Object at shardload.json is not recognized:UserWarning")
 @pytest.mark.filterwarnings("ignore:Object at _features is not recognized:UserWarning")
 @pytest.mark.filterwarnings("ignore:Object at checksums.npz is not recognized:UserWarning")
+@pytest.mark.filterwarnings("ignore:Object at metadata.json is not recognized:UserWarning")
 def test_zarr_store_opens_in_xarray(tmp_path, small_nc):
     """Named dims: xarray users open a shardload Zarr store as a dataset, rows on 'sample'."""
     store = shardload.prepare(cfg(small_nc, tmp_path / "s", format="zarr", compression="zstd"))

@@ -8,7 +8,9 @@ import importlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__
 from .errors import ShardloadError
@@ -63,13 +65,73 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+#: ``SHARDLOAD_LOG=off`` (or 0/no/false): no per-command log file.
+LOG_ENV = "SHARDLOAD_LOG"
+run_log = logging.getLogger("shardload.command")
+run_log.propagate = False
+run_log.setLevel(logging.INFO)
+
+
+def open_command_log(command: str, verbose: int = 0) -> tuple[Path, logging.Handler] | None:
+    """A log file for this command run, ``$SHARDLOAD_HOME/logs/COMMAND-YYYYmmdd-HHMMSS-PID.log``,
+    attached to the root logger (INFO, DEBUG with ``-vv``, whatever the console shows); None
+    when ``SHARDLOAD_LOG`` is off or the folder cannot be written (a warning says so)."""
+    from .home import home_dir
+
+    if os.environ.get(LOG_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    folder = home_dir() / "logs"
+    path = folder / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as exc:
+        log.warning("no log file for this run: %s", exc)
+        return None
+    handler.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+    )
+    root = logging.getLogger()
+    for h in root.handlers:  # the console keeps its level when the root's is lowered
+        if h.level == logging.NOTSET:
+            h.setLevel(root.level)
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.WARNING, handler.level))
+    run_log.addHandler(handler)  # the command line and exit status: the file only
+    return path, handler
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.verbose, args.quiet)
+    opened = open_command_log(args.command, args.verbose)
+    rc = 1
+    try:
+        cmd = " ".join(sys.argv[1:] if argv is None else argv)
+        run_log.info("shardload %s", cmd)
+        rc = _run(args)
+        return rc
+    except Exception:
+        run_log.exception("shardload %s failed", args.command)
+        raise
+    finally:
+        if opened is not None:
+            path, handler = opened
+            run_log.info("exit status %d", rc)
+            logging.getLogger().removeHandler(handler)
+            run_log.removeHandler(handler)
+            handler.close()
+            if rc != 0 or not args.quiet:
+                print(f"shardload {args.command}: log in {path}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except ShardloadError as exc:
+        run_log.error("%s", exc)
         print(f"shardload {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -231,6 +231,8 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
     view_options = m.view.model_dump(exclude={"name"})
     if m.view.name == "window" and m.view.targets is None:
         view_options.pop("targets")
+    if m.view.name == "window" and not m.view.at_load:  # written windows: as before
+        view_options.pop("at_load")
     execution = _execution_config(m.execution)
     compression = m.compression or ("none" if m.format == "npy" else DEFAULT_COMPRESSION)
     return PrepareConfig(

@@ -186,6 +186,8 @@ class WindowViewModel(_Model):
     stride: PositiveInt = 1
     horizon: NonNegativeInt = 0
     targets: dict[str, StrList] | None = None
+    #: store the series once and cut the windows at load time (docs/design.md)
+    at_load: bool = False
 
 
 def _function(v: Any) -> Any:

@@ -117,6 +117,11 @@ class ShardloadDataModule(pl.LightningDataModule):
         :class:`shardload.train.transforms.Normalize`; it should work in place.
     persistent_workers
         Keep workers between epochs (default: when ``num_workers > 0``).
+    pin_memory
+        Page-locked batches (the DataLoader's pin thread), so that Lightning's copies to the
+        GPU (``non_blocking=True``) run asynchronously. Default: when CUDA is available. For
+        a loop of your own, :class:`shardload.torch.DevicePrefetcher` also copies ahead on a
+        side stream.
     dataset_options
         More keyword options of :class:`~shardload.torch.StreamingDataset` (``arrays``,
         ``shuffle_chunks``, ``prefetch``, ``bucket`` (train loader only), ...).
@@ -136,6 +141,7 @@ class ShardloadDataModule(pl.LightningDataModule):
         eval_mode: str = "drop",
         transform: Callable[[Any], Any] | None = None,
         persistent_workers: bool | None = None,
+        pin_memory: bool | None = None,
         storage_options: Mapping[str, Any] | None = None,
         **dataset_options: Any,
     ) -> None:
@@ -155,6 +161,7 @@ class ShardloadDataModule(pl.LightningDataModule):
         self.persistent_workers = (
             self.num_workers > 0 if persistent_workers is None else bool(persistent_workers)
         )
+        self.pin_memory = _cuda_available() if pin_memory is None else bool(pin_memory)
         self.dataset_options = dataset_options
         self._train: _EpochLoader | None = None
         self._train_state: Mapping[str, Any] | None = None
@@ -175,6 +182,8 @@ class ShardloadDataModule(pl.LightningDataModule):
             opts["persistent_workers"] = self.persistent_workers
         if self.transform is not None:
             opts["collate_fn"] = self.transform
+        if self.pin_memory:
+            opts["pin_memory"] = True
         return opts
 
     def _current_epoch(self) -> int:
@@ -233,3 +242,9 @@ class ShardloadDataModule(pl.LightningDataModule):
             self._train.load_state_dict(train)
         else:  # Lightning restores the DataModule before it asks for loaders
             self._train_state = train
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())

@@ -31,6 +31,7 @@ from .plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
 from .stats import Partial, finalize, merge_all, partial
 from .store import Store, open_store
 from .views.base import ArraySpec, View
+from .views.window_series import WindowSeriesView, window_manifest
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,33 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
             sums = fmt.row_checksums(chunk, arr, bounds=job.bounds)  # type: ignore[attr-defined]
         record[f"{CHECKSUM_KEY}{name}"] = np.array([list(sums), list(sums.values())], np.uint64)
     return {"block": block, "record": record}
+
+
+#: The store's splits for readers without shardload (beside the arrays, written at publish).
+METADATA_NAME = "metadata.json"
+
+
+def split_metadata(manifest: Manifest, cfg: PrepareConfig) -> bytes:
+    """``metadata.json``: each split's rows, chunks and (for row-range splits) its row range,
+    with the fractions and seed that made them (the manifest holds the same; this file is
+    for readers without shardload)."""
+    splits = {
+        name: {
+            "rows": manifest.split_num_rows(name),
+            "chunks": list(chunks),
+            "row_range": list(manifest.split_rows[name]) if name in manifest.split_rows else None,
+        }
+        for name, chunks in manifest.splits.items()
+    }
+    doc = {
+        "samples": manifest.length,
+        "splits": splits,
+        "fractions": dict(cfg.splits or {}),
+        "split_seed": cfg.split_seed,
+        "split_shuffle": cfg.split_shuffle,
+        "shardload_version": __version__,
+    }
+    return json.dumps(doc, indent=1).encode()
 
 
 #: Progress-record field of an array's checksums: ``[[unit, ...], [digest, ...]]``.
@@ -346,7 +374,11 @@ def prepare(
                 shardload_version=__version__,
                 checksums=ALGORITHM if sums else "",
             )
-            files = manifest.to_files()
+            if isinstance(view, WindowSeriesView):  # the window arrays over the series
+                manifest = window_manifest(
+                    manifest, view, view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
+                )
+            files = {METADATA_NAME: split_metadata(manifest, cfg), **manifest.to_files()}
             if sums:  # before the manifest, which publish writes last
                 files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
             commit.publish(files)  # feature files first, the manifest last
@@ -458,6 +490,8 @@ def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int
     if length == 0:
         raise ShardloadError("the view has no samples (length 0): check sample_dims and the source")
     row_bytes = sum(s.row_bytes for s in specs.values())
+    if isinstance(view, WindowSeriesView):  # series chunks of whole space points
+        return specs, length, row_bytes, view.plan_series_chunk_rows(cfg.target_chunk_bytes)
     chunk_rows = cfg.chunk_rows or plan_chunk_rows(
         row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
     )
@@ -473,6 +507,8 @@ def plan_splits_for(
     lookback + horizon)``, so consecutive splits keep ``ceil((lookback + horizon) / stride) - 1``
     windows apart."""
     group_rows, gap = None, 0
+    if isinstance(view, WindowSeriesView):  # windows at load time: split the samples
+        bounds = view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
     if cfg.view == "window":
         span = int(view.lookback) + int(view.horizon)  # type: ignore[attr-defined]
         stride = int(view.stride)  # type: ignore[attr-defined]

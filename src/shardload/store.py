@@ -75,9 +75,17 @@ class Store:
     @property
     def reader(self) -> ArrayReader:
         if self._reader is None or self._pid != os.getpid():
-            self._reader = get_format(self.manifest.format).open_reader(
-                self.fs, self.root, self.manifest, verify=self.verify
-            )
+            fmt = get_format(self.manifest.format)
+
+            def open_reader(manifest: Manifest) -> ArrayReader:
+                return fmt.open_reader(self.fs, self.root, manifest, verify=self.verify)
+
+            reader = None
+            if "window" in self.manifest.static:  # windows cut at load time (at_load: true)
+                from .loader.windows import open_window_reader
+
+                reader = open_window_reader(self.manifest, open_reader)
+            self._reader = reader or open_reader(self.manifest)
             self._pid = os.getpid()
         return self._reader
 

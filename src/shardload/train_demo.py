@@ -62,8 +62,32 @@ def train_mlp(store: Any, *, steps: int = 300, batch_size: int = 256, num_worker
                 break
         epoch += 1
     dt = time.perf_counter() - t0
+    val_loss, val_rows = _validate(store, model, (mx_t, sx_t, my_t, sy_t), x, y, batch_size)
     return {
+        "val_loss": val_loss, "val_rows": val_rows,
         "steps": step, "epochs": epoch, "params": sum(p.numel() for p in model.parameters()),
         "first_loss": float(np.mean(losses[:10])), "last_loss": float(np.mean(losses[-10:])),
         "samples_per_s": seen / dt, "mb_per_s": seen * row_bytes / dt / 1e6, "seconds": dt, "model": model,
     }  # fmt: skip
+
+
+def _validate(
+    store: Any, model: Any, norm: tuple[Any, ...], x: str, y: str, batch_size: int
+) -> tuple[float, int]:
+    """Mean MSE (normalised) over the store's ``val`` split, every row once, and its rows."""
+    import torch
+
+    from .torch import StreamingDataset
+
+    mx, sx, my, sy = norm
+    ds = StreamingDataset(store, batch_size=batch_size, split="val", shuffle=False)
+    total, rows = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None):
+            pred = model((batch[x] - mx) / sx)
+            err = torch.nn.functional.mse_loss(pred, (batch[y] - my) / sy, reduction="sum")
+            total += float(err) / pred.shape[-1]
+            rows += len(batch["index"])
+    model.train()
+    return total / max(1, rows), rows

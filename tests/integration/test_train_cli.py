@@ -50,8 +50,9 @@ def _radiation_store(raw: Path, out: Path, view: str) -> str:
     return _prepare(cfg)
 
 
-def _window_store(tmp: Path) -> str:
-    """A synthetic netCDF time series (time, lat, lon) cut into look-back windows."""
+def _window_store(tmp: Path, *, at_load: bool = False) -> str:
+    """A synthetic netCDF time series (time, lat, lon) cut into look-back windows (written, or
+    cut at load time from the series)."""
     rng = np.random.default_rng(0)
     t = np.arange(30)
     ds = xr.Dataset(
@@ -66,9 +67,9 @@ def _window_store(tmp: Path) -> str:
     return _prepare({
         "source": {"paths": [str(tmp / "series.nc")]}, "sample_dims": ["lat", "lon"],
         "view": {"name": "window", "time_dim": "time", "lookback": 3, "horizon": 1,
-                 "targets": {"y": ["t"]}},
+                 "targets": {"y": ["t"]}, "at_load": at_load},
         "arrays": {"x": ["t", "z"]}, "format": "npy", "compression": "none", "chunk_rows": 24,
-        "splits": {"train": 0.75, "val": 0.25}, "out": str(tmp / "window"),
+        "splits": {"train": 0.75, "val": 0.25}, "out": str(tmp / f"window-{at_load}"),
     })  # fmt: skip
 
 
@@ -131,3 +132,10 @@ def test_train_lstm_default_out_and_wrong_store(tmp_path):
     _check_outputs(outs[0], epochs=1, radiation=False)
     bad = _train("gnn", store, tmp_path / "x")
     assert bad.returncode == 2 and "graph store" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_train_lstm_on_windows_cut_at_load_time(tmp_path):
+    store = _window_store(tmp_path, at_load=True)
+    res = _train("lstm", store, tmp_path / "out", "--out", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    _check_outputs(tmp_path / "out", epochs=1, radiation=False)

@@ -149,9 +149,14 @@ def run_point(
     row["accelerators"] = accelerators
     try:
         for p in procs:  # every loader built before any starts
-            line = p.stdout.readline() if p.stdout else ""
-            if line.strip() != "ready":
-                return {**row, "error": _failure(p, line)}
+            seen = ""
+            while p.stdout is not None:
+                line = p.stdout.readline()
+                if not line or line.strip() == "ready":
+                    break
+                seen += line  # something the loader's libraries printed
+            if not line:
+                return {**row, "error": _failure(p, seen)}
         for p in procs:
             assert p.stdin is not None
             p.stdin.write("go\n")

@@ -30,6 +30,7 @@ from .reader import BufferPool, Group, read_groups
 from .recycle import Allocate, BatchRecycler
 from .scatter import batches_per_group, groups_in_flight, raw_rows, raw_sources, scatter_batches
 from .select import Selection, plan_piece_rows, select_rows, split_pieces, store_fingerprint
+from .windows import WindowReader, window_batches
 
 #: Segments (at most a chunk each) read ahead of the group being yielded.
 DEFAULT_PREFETCH = DEFAULT_SHUFFLE_CHUNKS
@@ -236,8 +237,11 @@ def resolve_shuffle(
     - ``shuffle="uniform"`` (raw local chunks only): whole chunks (the planner cuts rows
       itself) and groups of as many rows as the default.
     """
-    # variable-length arrays are read by whole chunks (loader/ragged.py), never as raw rows
-    raw = not ragged_names(store, sel.arrays) and raw_rows(store, sel.arrays)
+    # variable-length arrays are read by whole chunks (loader/ragged.py), never as raw rows;
+    # windows cut at load time are read each where it lies, as raw rows are
+    raw = (not ragged_names(store, sel.arrays) and raw_rows(store, sel.arrays)) or isinstance(
+        store.reader, WindowReader
+    )
     if shuffle_chunks is not None:
         shuffle_chunks = _check_int1("shuffle_chunks", shuffle_chunks)
     if piece_rows is not None:
@@ -404,6 +408,12 @@ def _batches(
         allocate = batch_recycler(store, names, plan, prefetch, chunk_rows=longest).allocate
     else:  # the caller's arrays: checked before any read or gather writes into them
         allocate = checked_allocate(allocate, batch_specs(store, names))
+    if isinstance(store.reader, WindowReader):  # windows cut at load time (loader/windows.py)
+        yield from window_batches(
+            store, names, plan, rank, worker, prefetch=prefetch, threads=threads,
+            new_batch=lambda n: new_batch(specs, n), index_key=INDEX_KEY, allocate=allocate,
+        )  # fmt: skip
+        return
     raw = raw_sources(store, names)
     if raw is not None:  # raw local chunks: straight into the batches (loader/scatter.py)
         yield from scatter_batches(

@@ -9,6 +9,8 @@
   mid-epoch with workers, and moves batches from workers in bundles.
 - :class:`MapDataset` (:mod:`.mapdataset`): random access by row, for samplers such as
   ``DistributedSampler``.
+- :class:`DevicePrefetcher` (:mod:`.device`): batches to a GPU through reused pinned buffers
+  and non-blocking copies on a side stream, a few batches ahead (a plain ``.to`` elsewhere).
 - :mod:`.transport`: the shared-memory ring hand-off and bundles; :mod:`.state`: rank/world,
   epochs and the one resume-state shape, shared with workers whatever their start method.
 
@@ -19,6 +21,7 @@ already yielded, without reading it); in the main process it is the rank's posit
 
 from .dataloader import StreamingDataLoader
 from .dataset import StreamingDataset
+from .device import DevicePrefetcher
 from .mapdataset import MapDataset
 from .state import STATE_VERSION
 from .transport import BUNDLE_BYTES, MAX_BUNDLE, plan_bundle, plan_rounds
@@ -27,6 +30,7 @@ __all__ = [
     "BUNDLE_BYTES",
     "MAX_BUNDLE",
     "STATE_VERSION",
+    "DevicePrefetcher",
     "MapDataset",
     "StreamingDataLoader",
     "StreamingDataset",

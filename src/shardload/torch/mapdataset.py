@@ -54,7 +54,10 @@ class MapDataset(Dataset):
         self._cum = np.concatenate(([0], np.cumsum(self.selection.sizes)))
         self._bounds = np.asarray(self.store.manifest.chunk_bounds, dtype=np.int64)
         self._cache: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
-        self._mmap = self.store.manifest.format == "npy" and self.store.is_local
+        self._mmap = (
+            self.store.manifest.format == "npy" and self.store.is_local
+            and hasattr(self.store.reader, "mmap_chunk")  # not windows cut at load time
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return int(self._cum[-1])

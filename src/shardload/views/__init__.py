@@ -40,6 +40,12 @@ def build_view(ds: xr.Dataset, cfg: PrepareConfig, *, rows: RowReader | None = N
     if cfg.view == "window":
         from .window import WindowView
 
+        if opts.pop("at_load", False):  # the series once; the loader cuts the windows
+            from .window_series import WindowSeriesView
+
+            return WindowSeriesView(
+                ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype, **opts
+            )
         return WindowView(ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype, **opts)
     if cfg.view == "function":
         from .user import FunctionView
