@@ -41,7 +41,16 @@ if str(HERE) not in sys.path:  # the helper modules and the prepare view functio
     sys.path.insert(0, str(HERE))
 
 import loadbench_data as data  # noqa: E402
-from loadbench_cases import LOADERS, OWN_COPY, case_store, parse_case, run_case  # noqa: E402
+from loadbench_cases import (  # noqa: E402
+    LOADERS,
+    OWN_COPY,
+    PEER,
+    case_store,
+    parse_case,
+    quality_stats,
+    run_case,
+    shuffle_stats,
+)
 
 DEFAULT_CASES = (
     "shardload-iter:none:w0", "shardload-iter-legacy:none:w0", "shardload-iter-uniform:none:w0",
@@ -89,6 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="cases that finish their epoch within --max-seconds run this many times "
                          "(fresh processes); the fastest is reported, with every run's rate in "
                          "the JSON, and peak memory is the largest of the runs (default 3; --quick: 1)")  # fmt: skip
+    ap.add_argument("--peer-python", default=None,
+                    help="interpreter with mosaicml-streaming and litdata installed (a venv of "
+                         "its own: they pin other numpy/torch versions); runs the peer cases "
+                         f"{sorted(PEER)} (docs/benchmarks.md)")  # fmt: skip
     ap.add_argument("--run-case", default=None, help=argparse.SUPPRESS)  # internal: one subprocess
     args = ap.parse_args(argv)
     defaults = QUICK if args.quick else {"rows": 262144, "features": 1550, "chunk_rows": 4096,
@@ -103,6 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_subprocess_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    loader = parse_case(name)[0]
+    if loader in PEER:
+        return run_peer_case(name, args)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--run-case", name,
            "--workdir", str(args.workdir), "--batch-size", str(args.batch_size),
            "--max-seconds", str(args.max_seconds), "--seed", str(args.seed)]  # fmt: skip
@@ -125,6 +141,44 @@ def run_subprocess_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 "stderr_tail": p.stderr[-3000:], "wall_s": wall}  # fmt: skip
     rec = json.loads(lines[-1])
     rec["wall_s"] = wall
+    return rec
+
+
+def run_peer_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One peer case in ``--peer-python`` (``loadbench_peers.py``); the quality figures are
+    computed here from the sample indices it wrote, as for our own loaders."""
+    import numpy as np
+
+    if not args.peer_python:
+        return {"case": name, "error": "needs --peer-python (a venv with the peer installed)"}
+    ind = Path(tempfile.mkdtemp(prefix="peer-")) / "indices.npz"
+    cmd = [args.peer_python, str(HERE / "loadbench_peers.py"), "--case", name,
+           "--workdir", str(args.workdir), "--batch-size", str(args.batch_size),
+           "--max-seconds", str(args.max_seconds), "--seed", str(args.seed),
+           "--indices", str(ind)]  # fmt: skip
+    t = time.perf_counter()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
+                           timeout=30 * args.max_seconds + 1800)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"case": name, "error": "peer case timed out", "wall_s": time.perf_counter() - t}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        err = (p.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+        return {"case": name, "error": f"exit {p.returncode}: {err}",
+                "stderr_tail": p.stderr[-3000:], "wall_s": time.perf_counter() - t}  # fmt: skip
+    rec = json.loads(lines[-1])
+    rec["wall_s"] = time.perf_counter() - t
+    with np.load(ind) as z:
+        keys = sorted(z.files, key=lambda k: (k[:2], int(k.split("_")[1])))
+        e0 = [z[k] for k in keys if k.startswith("e0_")]
+        e1 = [z[k] for k in keys if k.startswith("e1_")]
+    rec.update(shuffle_stats(e0, length=args.rows, chunk_rows=args.chunk_rows,
+                             batch_size=args.batch_size, truncated=rec["truncated"]))  # fmt: skip
+    rec.update(quality_stats(e0, e1, length=args.rows, chunk_rows=args.chunk_rows,
+                             truncated=rec["truncated"]))  # fmt: skip
+    rec["sample_batches"] = [i.tolist() for i in e0[:48]]
     return rec
 
 

@@ -36,7 +36,11 @@ LOADERS = {
     "xbatcher": "xbatcher BatchGenerator + xbatcher.loaders.torch.MapDataset, DataLoader(shuffle=True)",
     "zarr-torch-dataset": "zarrdataset.ZarrIterableDataset (chunk + buffer shuffle) + ZarrDataLoader",
     "torch-handoff": "DataLoader hand-off only: workers yield fresh tensors, no I/O",
+    "mosaic-streaming": "MosaicML streaming.StreamingDataset (MDS) + DataLoader, in --peer-python",
+    "litdata": "litdata.StreamingDataset(shuffle=True) + StreamingDataLoader, in --peer-python",
 }
+#: Loaders run by benchmarks/loadbench_peers.py in another interpreter (``--peer-python``).
+PEER = {"mosaic-streaming", "litdata"}
 #: Loaders that read the uncompressed data from their own copy (not from a Zarr store).
 OWN_COPY = {"naive-h5py": "hdf5", "naive-npy": "npy"}
 NO_IO = {"torch-handoff"}
@@ -52,6 +56,8 @@ def parse_case(name: str) -> tuple[str, str, int]:
 
 
 def case_store(work: Path, loader: str, codec: str) -> Path:
+    if loader in PEER:  # converted from zarr-none by loadbench_peers.py on first use
+        return work / ("peer-mds" if loader == "mosaic-streaming" else "peer-litdata")
     return work / OWN_COPY.get(loader, f"zarr-{codec}")
 
 

@@ -94,3 +94,36 @@ def test_smoke_run_writes_complete_epochs(tmp_path: Path) -> None:
     assert len(refs) == 2 and all("vif_ar" in r for r in refs)
     assert "shuffle quality" in p.stdout
     assert "in-process shardload / read limit" in p.stdout
+
+
+def test_peer_cases_get_the_quality_figures_from_the_indices_they_write(tmp_path: Path) -> None:
+    """A peer runs in another interpreter (``--peer-python``) and writes the sample indices of
+    its batches; bench_load computes the five figures from them as for its own loaders. Here
+    the "peer" is a stand-in script that yields a uniform permutation, two epochs."""
+    import bench_load
+
+    n, chunk, batch = 4096, 256, 64
+    fake = tmp_path / "fake_peer.py"
+    fake.write_text(
+        "import json, sys, numpy as np\n"
+        "a = sys.argv[sys.argv.index('--indices') + 1]\n"
+        f"r = [np.random.default_rng(e).permutation({n}) for e in (0, 1)]\n"
+        f"np.savez(a, **{{f'e{{e}}_{{k}}': r[e][k * {batch}:(k + 1) * {batch}] "
+        f"for e in (0, 1) for k in range({n // batch})}})\n"
+        "print(json.dumps({'case': 'litdata:none:w2', 'samples': "
+        f"{n}, 'seconds': 1.0, 'truncated': False}}))\n"
+    )
+    wrapper = tmp_path / "peer-python"
+    wrapper.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{fake}" "$@"\n')
+    wrapper.chmod(0o755)
+    args = bench_load.parse_args(
+        ["--rows", str(n), "--chunk-rows", str(chunk), "--batch-size", str(batch),
+         "--workdir", str(tmp_path), "--peer-python", str(wrapper)]
+    )  # fmt: skip
+    rec = bench_load.run_peer_case("litdata:none:w2", args)
+    assert "error" not in rec, rec
+    assert rec["complete_epoch"] is True
+    assert rec["chunks_per_batch_ratio"] > 0.95 and rec["vif_pos"] < 1.6
+    assert 0.5 < rec["recurrence"] < 1.5
+    args.peer_python = None
+    assert "needs --peer-python" in bench_load.run_peer_case("litdata:none:w2", args)["error"]

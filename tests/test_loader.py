@@ -131,21 +131,39 @@ def test_one_read_per_array_per_segment(npy, monkeypatch):
     assert sorted((int(a), int(b)) for n, a, b in calls if n == "x") == pieces
 
 
+@pytest.fixture
+def io_path(request):
+    """Scatter reads through io_uring (skipped where this kernel refuses it) or one ``preadv``
+    per run (as where io_uring is missing)."""
+    from shardload.loader import uring
+
+    uring.reset_for_tests(None if request.param == "io_uring" else False)
+    if request.param == "io_uring" and uring.thread_ring() is None:
+        pytest.skip("io_uring is not usable here (kernel, seccomp or SHARDLOAD_IO_URING=0)")
+    yield request.param
+    uring.reset_for_tests(None)
+
+
+@pytest.mark.parametrize("io_path", ["preadv", "io_uring"], indirect=True)
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_scatter_reads_coalesce_runs_of_each_chunk(npy, monkeypatch, shuffle):
+def test_scatter_reads_coalesce_runs_of_each_chunk(npy, monkeypatch, shuffle, io_path):
     """Raw local chunks are read straight into the batches, with no group buffer read
     (``read_into``) at all: at most one read task per array per reader thread per group, every
-    chunk file opened once per task, and one ``preadv`` per run of consecutive file rows (so
-    a group in storage order reads each chunk with one call, whatever its pieces)."""
+    chunk file opened once per task, and one read call per run of consecutive file rows (so
+    a group in storage order reads each chunk with one call, whatever its pieces): a
+    ``preadv``, or an io_uring entry (the calls of a task go to the kernel in one batch)."""
     from shardload.formats.npy import NpyReader
-    from shardload.loader import scatter
+    from shardload.loader import scatter, uring
     from shardload.plan.epoch import iter_worker_spans
 
-    tasks, preadvs = [], []
-    real, real_preadv = scatter.read_runs, scatter._preadv()
+    tasks, preadvs, batches = [], [], []
+    real, real_preadv, real_readv = scatter.read_runs, scatter._preadv(), uring.Ring.readv
     monkeypatch.setattr(scatter, "read_runs", lambda *a: (tasks.append(a[1]), real(*a))[1])
     monkeypatch.setattr(
         scatter, "_preadv", lambda: lambda *a: (preadvs.append(a[2]), real_preadv(*a))[1]
+    )
+    monkeypatch.setattr(
+        uring.Ring, "readv", lambda self, *a: (batches.append(len(a[0])), real_readv(self, *a))[1]
     )
     monkeypatch.setattr(NpyReader, "read_into", None)
     got = collect(npy, batch_size=8, split="train", shuffle=shuffle, threads=2)
@@ -157,8 +175,11 @@ def test_scatter_reads_coalesce_runs_of_each_chunk(npy, monkeypatch, shuffle):
     )  # fmt: skip
     groups = list(iter_worker_spans(plan, 0, 0))
     assert len(tasks) <= 2 * 2 * len(groups)
-    if not shuffle:  # storage order: one preadv per chunk of a group
-        assert len(preadvs) == 2 * sum(len(np.unique(s.chunk)) for s, _ in groups)
+    calls = preadvs if io_path == "preadv" else [1] * sum(batches)
+    assert (len(preadvs) == 0) == (io_path == "io_uring")  # no preadv when io_uring reads
+    assert len(batches) == (len(tasks) if io_path == "io_uring" else 0)  # one batch per task
+    if not shuffle:  # storage order: one read call per chunk of a group
+        assert len(calls) == 2 * sum(len(np.unique(s.chunk)) for s, _ in groups)
     assert sorted(np.concatenate([b["index"] for b in got]).tolist()) == sorted(
         sel.global_rows().tolist()
     )
