@@ -181,6 +181,20 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
     return {"block": block, "record": record, "stats": stats, "paths": paths}
 
 
+def _write_error(
+    job: PrepareJob, name: str, chunk: int, a: int, b: int, exc: OSError
+) -> ShardloadError:
+    """The error for a failed write of one chunk of array ``name``: disk full (resume after
+    freeing space) or another OS error; either way the store stays incomplete."""
+    where = f"chunk {chunk} (rows {a}:{b}) of array {name!r}"
+    if is_disk_full(exc):
+        return DiskFullError(f"writing {where} to {job.partial_dir}: {exc}")
+    return StoreError(
+        f"writing {where} to {job.partial_dir} failed: {exc}. "
+        "The store stays incomplete; re-run to resume."
+    )
+
+
 def _write_array(
     job: PrepareJob, fmt: Any, block: int, name: str, arr: np.ndarray, record: dict[str, Any]
 ) -> None:
@@ -190,13 +204,7 @@ def _write_array(
             fmt, job.partial_dir, block, name, chunk, a, arr, bounds=job.bounds
         )
     except OSError as exc:
-        where = f"chunk {chunk} (rows {a}:{b}) of array {name!r}"
-        if is_disk_full(exc):
-            raise DiskFullError(f"writing {where} to {job.partial_dir}: {exc}") from exc
-        raise StoreError(
-            f"writing {where} to {job.partial_dir} failed: {exc}. "
-            "The store stays incomplete; re-run to resume."
-        ) from exc
+        raise _write_error(job, name, chunk, a, b, exc) from exc
     if sums is None:  # a staged block (HDF5): its checksums are over the rows themselves
         sums = fmt.row_checksums(chunk, arr, bounds=job.bounds)
     record[f"{CHECKSUM_KEY}{name}"] = np.array([list(sums), list(sums.values())], np.uint64)
@@ -269,13 +277,7 @@ def _write_ragged(job: PrepareJob, block: int, name: str, rows: Any) -> dict[str
             job.config.format, Path(job.partial_dir), name, chunk, rows, bounds=job.bounds
         )
     except OSError as exc:
-        where = f"chunk {chunk} (rows {a}:{b}) of array {name!r}"
-        if is_disk_full(exc):
-            raise DiskFullError(f"writing {where} to {job.partial_dir}: {exc}") from exc
-        raise StoreError(
-            f"writing {where} to {job.partial_dir} failed: {exc}. "
-            "The store stays incomplete; re-run to resume."
-        ) from exc
+        raise _write_error(job, name, chunk, a, b, exc) from exc
     return {
         f"{CHECKSUM_KEY}{name}": np.array([list(sums), list(sums.values())], np.uint64),
         f"{LENGTHS_KEY}{name}": rows.lengths,

@@ -468,39 +468,32 @@ def compute(
             step_sums = _merge_checksums(more, [s.name for s in job.steps])
             sums = {**sums, **step_sums} if sums and step_sums else {}
         commit.finish_format(FORMAT, create, [], list(specs), bounds=bounds)
+
+        def array_info(name: str, dtype: Any, **attrs: Any) -> ArrayInfo:
+            """One output array on the source's grid and dims, with what made it."""
+            return ArrayInfo(
+                name, info.shape, dtype, bounds[1] - bounds[0], path=name,
+                attrs={**attrs, "dims": list(info.dims)},
+            )  # fmt: skip
+
         manifest = Manifest(
             format="zarr",
             length=info.shape[0],
             chunk_bounds=bounds,
             arrays={
-                a.name: ArrayInfo(
+                a.name: array_info(
                     a.name,
-                    info.shape,
                     a.dtype,
-                    bounds[1] - bounds[0],
-                    path=a.name,
-                    attrs={
-                        "function": a.function,
-                        "kwargs": dict(a.kwargs),
-                        "depth": list(a.depth),
-                        "boundary": list(a.boundary),
-                        "dims": list(info.dims),
-                    },
+                    function=a.function,
+                    kwargs=dict(a.kwargs),
+                    depth=list(a.depth),
+                    boundary=list(a.boundary),
                 )
                 for a in job.attributes
             }
             | {
-                s.name: ArrayInfo(
-                    s.name,
-                    info.shape,
-                    s.dtype,
-                    bounds[1] - bounds[0],
-                    path=s.name,
-                    attrs={
-                        "step": s.kind,
-                        **_step_attrs(s, job.models[s.name]),
-                        "dims": list(info.dims),
-                    },
+                s.name: array_info(
+                    s.name, s.dtype, step=s.kind, **_step_attrs(s, job.models[s.name])
                 )
                 for s in job.steps
             },
