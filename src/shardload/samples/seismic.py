@@ -90,6 +90,20 @@ def seismic_inlines(
     return out.astype(np.float32)
 
 
+def _checked_output(
+    out: str | os.PathLike[str], shape: Sequence[int], chunk_inlines: int, overwrite: bool
+) -> Path:
+    """The output path of a sample cube, after checking the options (before any I/O)."""
+    if len(shape) != 3 or any(int(s) < 1 for s in shape):
+        raise ConfigError(f"--shape: {tuple(shape)}; give three positive sizes I J K")
+    if chunk_inlines < 1:
+        raise ConfigError(f"--chunk-inlines: {chunk_inlines}; give a positive number")
+    path = Path(out)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{path} exists; pass --overwrite to replace it")
+    return path
+
+
 def write_seismic_sample(
     out: str | os.PathLike[str], shape: Sequence[int], *, seed: int = 0, faults: int = 3,
     noise: float = 0.05, chunk_inlines: int = 64, overwrite: bool = False,
@@ -98,13 +112,7 @@ def write_seismic_sample(
     inlines), block by block (memory: one block), renamed into place when complete."""
     import zarr
 
-    if len(shape) != 3 or any(int(s) < 1 for s in shape):
-        raise ConfigError(f"--shape: {tuple(shape)}; give three positive sizes I J K")
-    if chunk_inlines < 1:
-        raise ConfigError(f"--chunk-inlines: {chunk_inlines}; give a positive number")
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} exists; pass --overwrite to replace it")
+    out = _checked_output(out, shape, chunk_inlines, overwrite)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model = draw_model(shape, seed=seed, faults=faults)
@@ -135,13 +143,7 @@ def write_seismic_segy(
     from ..errors import require
 
     segyio = require("segyio", "segy")
-    if len(shape) != 3 or any(int(s) < 1 for s in shape):
-        raise ConfigError(f"--shape: {tuple(shape)}; give three positive sizes I J K")
-    if chunk_inlines < 1:
-        raise ConfigError(f"--chunk-inlines: {chunk_inlines}; give a positive number")
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} exists; pass --overwrite to replace it")
+    out = _checked_output(out, shape, chunk_inlines, overwrite)
     tmp = out.with_name(out.name + ".partial")
     model = draw_model(shape, seed=seed, faults=faults)
     ni, nj, nk = model.shape
