@@ -304,6 +304,21 @@ def test_verify_never_still_refuses_structural_damage(pristine, tmp_path):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("fmt", ["zarr-zstd", "hdf5"])
+def test_checksum_file_gone_after_open_names_the_chunk_being_read(pristine, tmp_path, fmt):
+    """The digests load on the first check (in a DataLoader worker, after the store was
+    opened): when that load fails, the error still says which chunk was being read."""
+    from shardload.checksum import CHECKSUMS_NAME
+
+    root = tmp_path / "store"
+    shutil.copytree(pristine[fmt], root)
+    s = shardload.open_store(root, verify="always")
+    (root / CHECKSUMS_NAME).unlink()
+    with pytest.raises(ShardloadError, match=r"cannot verify chunk \d+.*of array 'x'") as err:
+        s.read("x")
+    assert CHECKSUMS_NAME in str(err.value) and "missing" in str(err.value)
+
+
 @pytest.mark.parametrize("mode", ["always", "first-epoch"])
 def test_verify_modes_catch_a_flipped_bit(pristine, tmp_path, mode):
     root = tmp_path / "store"

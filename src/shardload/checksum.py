@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .errors import ChunkReadError, ConfigError, StoreError
+from .errors import ChunkReadError, ConfigError, ShardloadError, StoreError
 
 ALGORITHM = "xxh3_64"
 CHECKSUMS_NAME = "checksums.npz"
@@ -151,7 +151,12 @@ class Verifier:
 
     def check(self, name: str, unit: int, got: int, *, path: str, what: str) -> None:
         """Compare a computed digest with the recorded one; raise naming the file if they differ."""
-        sums = self.sums()
+        try:
+            sums = self.sums()
+        except ShardloadError as exc:
+            # the digests load lazily, on the first check: say which chunk was being read
+            # (same error class, so callers that catch e.g. RemoteError still do)
+            raise type(exc)(f"cannot verify {what} of array {name!r} ({path}): {exc}") from exc
         if name not in sums or not 0 <= unit < len(sums[name]):
             raise StoreError(
                 f"checksum file {self.root}/{CHECKSUMS_NAME} has no entry for {what} of array "
