@@ -3,6 +3,8 @@ and the same feature file."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -36,11 +38,53 @@ def test_grid_names_are_the_strings(labels):
         g[len(g)]
 
 
-def test_feature_file_of_lazy_names_equals_the_strings():
-    g = GridNames("lc", [[str(i) for i in range(30)], [str(i) for i in range(70)]])
-    assert encode_features("x", g, None) == encode_features("x", list(g), None)
-    names, _ = decode_features(encode_features("x", g, None), where="x")
-    assert list(names) == list(g)
+def test_feature_file_keeps_a_grid_as_its_rule():
+    """A grid's names are stored as its name and labels (kilobytes for millions of names) and
+    read back as the same lazy grid; the same names as strings still round-trip as strings."""
+    g = GridNames("lc", [[str(i) for i in range(100)], [str(i) for i in range(300)], ["a", "ü"]])
+    as_rule = encode_features("x", g, None)
+    as_strings = encode_features("x", list(g), None)
+    assert len(as_rule) < 4_000 and len(as_strings) > 100 * len(as_rule)
+    names, _ = decode_features(as_rule, where="x")
+    assert isinstance(names, GridNames) and names == g and len(names) == len(g)
+    assert names[12345] == g[12345] and names[-1] == "lc[99,299,ü]"
+    again, _ = decode_features(as_strings, where="x")
+    assert isinstance(again, tuple) and again == tuple(g)
+    c = ChainedNames([("p",), g])  # other sequences: names joined by NUL, as before
+    names, _ = decode_features(encode_features("x", c, None), where="x")
+    assert names == tuple(c)
+
+
+@pytest.mark.parametrize(
+    "rule", [b"[1]", b'{"name": "v", "labels": [[1]]}', b"{", b'{"name": "v", "labels": []}']
+)
+def test_a_bad_grid_rule_is_a_corrupt_feature_file(rule):
+    import io
+
+    from shardload.errors import StoreError
+
+    buf = io.BytesIO()
+    np.savez(
+        buf, format=np.array(2), num_names=np.array(1), names_grid=np.frombuffer(rule, np.uint8)
+    )
+    with pytest.raises(StoreError, match=r"feature file _features/x\.npz is corrupt"):
+        decode_features(buf.getvalue(), where="_features/x.npz")
+
+
+def test_feature_files_of_the_first_format_still_decode():
+    """Files written by the first format (names joined by NUL, float64 / int64 statistics;
+    tests/data/features, written by shardload before the grid rule and compact statistics)."""
+    from shardload.manifest import FeatureStats
+
+    data = Path(__file__).parent / "data" / "features"
+    names, st = decode_features((data / "features-format1-grid.npz").read_bytes(), where="g")
+    assert names == tuple(f"lc[{i},{j}]" for i in range(3) for j in (10, 20, 30, 40))
+    want = FeatureStats(5, np.linspace(0, 1, 12), np.linspace(1, 2, 12), np.arange(12) - 3.5,
+                        np.arange(12) + 0.25, [0] * 11 + [2])  # fmt: skip
+    assert st == want and st.nan_count.dtype == np.int64 and st.min.dtype == np.float64
+    names, st = decode_features((data / "features-format1-plain.npz").read_bytes(), where="p")
+    assert names == ("a", "bü")
+    assert st == FeatureStats(3, [1.5, np.nan], [0.5, np.nan], [1.0, np.nan], [2.0, np.nan], [0, 3])
 
 
 def test_flat_view_of_a_grid_keeps_names_lazy(tmp_path):
@@ -57,3 +101,9 @@ def test_flat_view_of_a_grid_keeps_names_lazy(tmp_path):
         f"g[{y},{x}]" for y in range(3) for x in (10, 20, 30, 40)
     ]
     np.testing.assert_array_equal(s.read("x"), v.reshape(12, 2).T)
+    with np.load(tmp_path / "s" / "_features" / "x.npz") as z:  # the rule, not 12 strings
+        assert "names_grid" in z and "names" not in z
+    assert (
+        shardload.open_store(tmp_path / "s").manifest.arrays["x"].features
+        == s.manifest.arrays["x"].features
+    )

@@ -162,3 +162,101 @@ def test_zarr_array_metadata_stays_small_for_wide_arrays(tmp_path):
     assert meta["attributes"] == {"num_features": 5000}  # names: in _features/x.npz
     assert len(store.manifest.arrays["x"].features) == 5000
     np.testing.assert_array_equal(shardload.open_store(tmp_path / "s").read("x"), wide)
+
+
+def _data(dtype: str) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    if dtype in ("uint8", "bool"):
+        return rng.integers(0, 255, (9, 40)).astype(dtype)
+    if dtype == "int64":
+        return rng.integers(-(2**40), 2**40, (9, 40))
+    x = (rng.standard_normal((9, 40)) * 100).astype(dtype)
+    x[rng.integers(0, 9, 12), rng.integers(0, 40, 12)] = np.nan
+    x[:, 3] = np.nan  # a feature with no value: NaN statistics
+    x[0, 5] = -0.0
+    return x
+
+
+@pytest.mark.parametrize(
+    ("dtype", "stored"),
+    [("uint8", "uint8"), ("bool", "uint8"), ("int64", "float64"), ("float32", "float32"),
+     ("float64", "float64")],
+)  # fmt: skip
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_compact_feature_statistics_decode_to_numpys_figures(dtype, stored):
+    """Format 2: min / max in the data's type where exact, no all-zero NaN counts, one count;
+    decoded, the same float64 / int64 statistics as computed, equal to numpy's."""
+    import io
+
+    from shardload.manifest import decode_features, encode_features
+    from shardload.stats import finalize, partial
+
+    x = _data(dtype)
+    st = finalize(partial(x))
+    data = encode_features("x", None, st, dtype=dtype)
+    _, back = decode_features(data, where="x")
+    assert back == st and back.count == st.count
+    assert [getattr(back, f).dtype for f in ("mean", "std", "min", "max", "nan_count")] == [
+        np.float64, np.float64, np.float64, np.float64, np.int64,
+    ]  # fmt: skip
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(back.mean, np.nanmean(x64, 0), rtol=1e-12)
+        np.testing.assert_allclose(back.std, np.nanstd(x64, 0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_array_equal(back.min, np.nanmin(x64, 0))
+        np.testing.assert_array_equal(back.max, np.nanmax(x64, 0))
+    np.testing.assert_array_equal(back.nan_count, np.isnan(x64).sum(0))
+    if dtype.startswith("float"):
+        assert np.signbit(back.min[5]) == np.signbit(st.min[5])
+    with np.load(io.BytesIO(data)) as z:
+        assert z["min"].dtype == z["max"].dtype == np.dtype(stored)
+        assert z["mean"].dtype == np.float64 and z["count"].shape == ()
+        assert ("nan_count" in z) == bool(np.isnan(x64).any())
+    # without the array's dtype (or where it is not exact): float64, as before
+    with np.load(io.BytesIO(encode_features("x", None, st))) as z:
+        assert z["min"].dtype == np.float64
+
+
+@pytest.mark.parametrize("value", [0.5, -0.0, 300.0, np.nan])
+def test_min_max_not_exact_in_the_dtype_stay_float64(value):
+    import io
+
+    from shardload.manifest import decode_features, encode_features
+
+    st = FeatureStats(2, [1.0, 2.0], [0.0, 0.0], [value, 1.0], [value, 2.0], [0, 0])
+    data = encode_features("x", None, st, dtype="uint8")
+    with np.load(io.BytesIO(data)) as z:
+        assert z["min"].dtype == np.float64
+    _, back = decode_features(data, where="x")
+    assert back == st and np.signbit(back.min[0]) == np.signbit(value)
+
+
+def test_a_grid_store_has_a_small_feature_file_of_manifest_version_4(tmp_path):
+    """A uint8 grid (samples last): the names are a rule, min / max uint8, no NaN counts."""
+    v = np.random.default_rng(2).integers(0, 9, (30, 50, 4), dtype=np.uint8)
+    xr.Dataset({"g": (("y", "x", "t"), v)}).to_netcdf(tmp_path / "g.nc")
+    shardload.prepare({
+        "source": str(tmp_path / "g.nc"), "sample_dims": ["t"], "arrays": {"x": ["g"]},
+        "out": str(tmp_path / "s"), "splits": {},
+    })  # fmt: skip
+    nf = 30 * 50
+    size = (tmp_path / "s" / "_features" / "x.npz").stat().st_size
+    assert size < nf * (8 + 8 + 1 + 1) + 4096  # was nf * 40 + the names
+    assert json.loads((tmp_path / "s" / MANIFEST_NAME).read_text())["version"] == 4
+    st = shardload.open_store(tmp_path / "s").manifest.stats["x"]
+    x = v.reshape(nf, 4).T.astype(np.float64)
+    np.testing.assert_allclose(st.mean, x.mean(0), rtol=1e-15)
+    np.testing.assert_allclose(st.std, x.std(0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(st.min, x.min(0))
+    assert st.count == 4 and not st.nan_count.any() and st.nan_count.shape == (nf,)
+
+
+def test_a_newer_feature_file_format_is_refused():
+    import io
+
+    from shardload.manifest import decode_features
+
+    buf = io.BytesIO()
+    np.savez(buf, format=np.array(3), count=np.array(1))
+    with pytest.raises(StoreError, match=r"format 3, newer.*upgrade shardload"):
+        decode_features(buf.getvalue(), where="_features/x.npz")

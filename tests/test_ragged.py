@@ -411,7 +411,8 @@ def test_map_dataset_refuses_ragged(npy):
 def test_manifest_version_and_roundtrip(npy, stores):
     from shardload.manifest import Manifest
 
-    assert json.loads(Path(npy.root, "shardload.json").read_text())["version"] == 3
+    # 3 marks variable-length arrays for older readers; 4 (compact feature files) implies it
+    assert json.loads(Path(npy.root, "shardload.json").read_text())["version"] >= 3
     m = npy.manifest
     again = Manifest.from_json(m.to_json())
     assert again.arrays["tok"] == m.arrays["tok"] and again.arrays["tok"].is_ragged

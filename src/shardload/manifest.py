@@ -23,13 +23,18 @@ from typing import Any, overload
 import numpy as np
 
 from .errors import StoreError
+from .names import GridNames
 
 MANIFEST_NAME = "shardload.json"
 #: 2: per-feature names and statistics in ``_features/NAME.npz`` (1: inline in the JSON);
-#: 3: a store with variable-length arrays (``ArrayInfo.ragged``), which older readers refuse.
-MANIFEST_VERSION = 3
-#: the version a store without variable-length arrays is written with
+#: 3: a store with variable-length arrays (``ArrayInfo.ragged``), which older readers refuse;
+#: 4: feature files in format 2 (:data:`FEATURES_FORMAT`: grid names as a rule, compact
+#: statistics), which older readers would take for corrupt: every store with feature files.
+MANIFEST_VERSION = 4
+#: the version a store without variable-length arrays is written with (inline, ``to_dict``)
 PLAIN_VERSION = 2
+#: the version of a store with variable-length arrays (inline)
+RAGGED_VERSION = 3
 FEATURES_DIR = "_features"
 STATS_FIELDS = ("mean", "std", "min", "max", "nan_count")
 FORMATS = ("zarr", "npy", "hdf5")
@@ -190,7 +195,7 @@ class Manifest:
         d["stats"] = {k: _clean(asdict(v)) for k, v in self.stats.items()}
         d["splits"] = {k: list(v) for k, v in self.splits.items()}
         if any(a.is_ragged for a in self.arrays.values()):
-            d["version"] = max(self.version, MANIFEST_VERSION)
+            d["version"] = max(self.version, RAGGED_VERSION)
         return _clean(d)
 
     def to_json(self) -> str:
@@ -210,11 +215,13 @@ class Manifest:
             if feats is None and stats is None:
                 continue
             rel = feature_file_name(name, i)
-            files[rel] = encode_features(name, feats, stats)
+            files[rel] = encode_features(
+                name, feats, stats, dtype=None if info is None else info.dtype
+            )
             arrays[name] = rel
         d = self._plain_fields()
         ragged = any(a.is_ragged for a in self.arrays.values())
-        d["version"] = MANIFEST_VERSION if ragged else PLAIN_VERSION
+        d["version"] = MANIFEST_VERSION if files else (RAGGED_VERSION if ragged else PLAIN_VERSION)
         d["arrays"] = {
             k: {
                 **_fields(a),
@@ -325,44 +332,104 @@ def feature_file_name(array: str, index: int) -> str:
     return f"{FEATURES_DIR}/{array if safe else f'array-{index:04d}'}.npz"
 
 
-def encode_features(array: str, names: Sequence[str] | None, stats: FeatureStats | None) -> bytes:
-    """One array's feature file: ``.npz`` of the statistics (float64 / int64 per feature) and
-    the names as UTF-8 joined by NUL (one buffer: 4.5 M names load in a fraction of a second;
-    a numpy unicode array would take 4 bytes per character of the longest name)."""
-    d: dict[str, np.ndarray] = {}
+#: the encoding of the feature files this version writes: 2 keeps a grid's names as its rule
+#: and statistics compactly (see :func:`encode_features`); 1 (no ``format`` key) is read too
+FEATURES_FORMAT = 2
+
+
+def encode_features(
+    array: str,
+    names: Sequence[str] | None,
+    stats: FeatureStats | None,
+    *,
+    dtype: str | np.dtype[Any] | None = None,
+) -> bytes:
+    """One array's feature file, an ``.npz`` (format :data:`FEATURES_FORMAT`).
+
+    Names: a :class:`~shardload.names.GridNames` as its rule (name and per-dim labels,
+    ``names_grid``: kilobytes for 9.3 M names); any other sequence as UTF-8 joined by NUL (one
+    buffer: 4.5 M names load in a fraction of a second; a numpy unicode array would take 4
+    bytes per character of the longest name).
+
+    Statistics, lossless: ``count`` (one value), ``mean`` and ``std`` float64; ``min`` and
+    ``max`` in the array's ``dtype`` where every value converts back exactly (integer data,
+    float32 data; else float64); ``nan_count`` only where a feature has a NaN, in the smallest
+    unsigned type that holds it. :func:`decode_features` gives back the same
+    :class:`FeatureStats` (float64 / int64 arrays).
+    """
+    d: dict[str, np.ndarray] = {"format": np.array(FEATURES_FORMAT, dtype=np.int64)}
     if stats is not None:
         d["count"] = np.array(stats.count, dtype=np.int64)
-        for f in STATS_FIELDS:
-            d[f] = np.asarray(getattr(stats, f))
+        d["mean"], d["std"] = stats.mean, stats.std
+        d["min"], d["max"] = _exact_as(stats.min, dtype), _exact_as(stats.max, dtype)
+        nc = stats.nan_count
+        if nc.any():
+            d["nan_count"] = nc.astype(np.min_scalar_type(int(nc.max()))) if nc.min() >= 0 else nc
     if names is not None:
-        if hasattr(names, "utf8_joined"):  # lazy names of a wide grid (views/names.py)
-            raw = np.frombuffer(names.utf8_joined(), dtype=np.uint8)
-        else:
-            names = list(names)
-            raw = np.frombuffer("\0".join(names).encode("utf-8"), dtype=np.uint8)
-        if np.count_nonzero(raw == 0) != max(len(names) - 1, 0):
-            raise StoreError(f"a feature name of array {array!r} contains a NUL character")
         d["num_names"] = np.array(len(names), dtype=np.int64)
-        d["names"] = raw
+        if isinstance(names, GridNames):
+            d["names_grid"] = np.frombuffer(names.to_rule(), dtype=np.uint8)
+        else:
+            if hasattr(names, "utf8_joined"):  # lazy names (names.py: grids among others)
+                raw = np.frombuffer(names.utf8_joined(), dtype=np.uint8)
+            else:
+                names = list(names)
+                raw = np.frombuffer("\0".join(names).encode("utf-8"), dtype=np.uint8)
+            if np.count_nonzero(raw == 0) != max(len(names) - 1, 0):
+                raise StoreError(f"a feature name of array {array!r} contains a NUL character")
+            d["names"] = raw
     buf = io.BytesIO()
     np.savez(buf, **d)  # type: ignore[arg-type]
     return buf.getvalue()
 
 
-def decode_features(
-    data: bytes, *, where: str
-) -> tuple[tuple[str, ...] | None, FeatureStats | None]:
+def _exact_as(x: np.ndarray, dtype: str | np.dtype[Any] | None) -> np.ndarray:
+    """``x`` (float64) in ``dtype`` where every value converts back to the same float64
+    (sign of zero included), else ``x`` itself."""
+    if dtype is None:
+        return x
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        dt = np.dtype(np.uint8)
+    if dt.kind not in "iuf" or dt.itemsize >= 8 or not x.size:
+        return x
+    if dt.kind in "iu" and not (np.isfinite(x).all() and not np.signbit(x[x == 0]).any()):
+        return x  # NaN, infinity or -0.0: not an integer
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = x.astype(dt)
+    return y if np.array_equal(y.astype(np.float64), x, equal_nan=True) else x
+
+
+def decode_features(data: bytes, *, where: str) -> tuple[Sequence[str] | None, FeatureStats | None]:
+    """What :func:`encode_features` wrote (either format): names (a
+    :class:`~shardload.names.GridNames` for a grid's rule, else a tuple) and statistics."""
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            names: tuple[str, ...] | None = None
+            fmt = int(z["format"]) if "format" in z else 1
+            if fmt > FEATURES_FORMAT:
+                raise StoreError(
+                    f"feature file {where} has format {fmt}, newer than this shardload reads "
+                    f"({FEATURES_FORMAT}): upgrade shardload"
+                )
+            names: Sequence[str] | None = None
             if "num_names" in z:
                 n = int(z["num_names"])
-                names = tuple(z["names"].tobytes().decode("utf-8").split("\0")) if n else ()
+                if "names_grid" in z:
+                    names = GridNames.from_rule(z["names_grid"].tobytes())
+                else:
+                    names = tuple(z["names"].tobytes().decode("utf-8").split("\0")) if n else ()
                 if len(names) != n:
                     raise ValueError(f"{len(names)} names, expected {n}")
             stats = None
             if "count" in z:
-                stats = FeatureStats(int(z["count"]), *(z[f] for f in STATS_FIELDS))
+                mean = z["mean"]
+                if "nan_count" in z or fmt == 1:
+                    nan_count = z["nan_count"]
+                else:  # format 2 leaves out all-zero counts
+                    nan_count = np.zeros(mean.shape, np.int64)
+                stats = FeatureStats(int(z["count"]), mean, z["std"], z["min"], z["max"], nan_count)
+                if not all(len(getattr(stats, f)) == len(stats.mean) for f in STATS_FIELDS):
+                    raise ValueError("statistics of different lengths")
     except (OSError, ValueError, KeyError, UnicodeDecodeError, EOFError) as exc:
         raise StoreError(f"feature file {where} is corrupt: {exc}") from exc
     return names, stats
@@ -374,10 +441,10 @@ class _FeatureFiles:
 
     def __init__(self, read: Callable[[str], bytes], files: Mapping[str, str]) -> None:
         self.read, self.files = read, dict(files)
-        self._cache: dict[str, tuple[tuple[str, ...] | None, FeatureStats | None]] = {}
+        self._cache: dict[str, tuple[Sequence[str] | None, FeatureStats | None]] = {}
         self._lock = threading.Lock()
 
-    def get(self, array: str) -> tuple[tuple[str, ...] | None, FeatureStats | None]:
+    def get(self, array: str) -> tuple[Sequence[str] | None, FeatureStats | None]:
         with self._lock:
             if array not in self._cache:
                 rel = self.files[array]
@@ -428,7 +495,7 @@ class LazyFeatures(Sequence[str]):
     def __init__(self, files: _FeatureFiles, array: str, count: int) -> None:
         self._files, self._array, self._count = files, array, count
 
-    def _names(self) -> tuple[str, ...]:
+    def _names(self) -> Sequence[str]:
         names = self._files.get(self._array)[0]
         if names is None or len(names) != self._count:
             raise StoreError(
@@ -446,14 +513,22 @@ class LazyFeatures(Sequence[str]):
     @overload
     def __getitem__(self, i: slice) -> tuple[str, ...]: ...
     def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
-        return self._names()[i]
+        names = self._names()
+        return tuple(names[i]) if isinstance(i, slice) else names[i]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names())
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, (LazyFeatures, tuple, list)):
-            return len(self) == len(other) and self._names() == tuple(other)
+        if isinstance(other, LazyFeatures):
+            other = other._names()
+        if isinstance(other, (tuple, list, GridNames)):
+            if len(self) != len(other):
+                return False
+            names = self._names()
+            if isinstance(names, GridNames) or isinstance(other, GridNames):
+                return bool(names == other)  # a grid against a grid compares the rules
+            return names == tuple(other)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]

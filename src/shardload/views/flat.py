@@ -11,8 +11,8 @@ import numpy as np
 import xarray as xr
 
 from ..errors import ViewError
+from ..names import ChainedNames, GridNames
 from .base import ArraySpec, check_lengths, check_numeric
-from .names import ChainedNames, GridNames
 from .rows import RowReader, read_vars, sample_length, sample_major
 
 
@@ -23,7 +23,7 @@ def feature_names(da: xr.DataArray, sample_dims: Sequence[str]) -> tuple[str, ..
 
 def feature_name_seq(da: xr.DataArray, sample_dims: Sequence[str]) -> Sequence[str]:
     """:func:`feature_names` as a sequence; for two or more feature dims, a lazy
-    :class:`~shardload.views.names.GridNames` (millions of names are never built as strings)."""
+    :class:`~shardload.names.GridNames` (millions of names are never built as strings)."""
     name = str(da.name)
     rest = [d for d in da.dims if d not in sample_dims]
     if not rest:

@@ -1,0 +1,157 @@
+"""Feature names of wide variables, computed on demand.
+
+A flattened 2-D grid of 2160 x 4320 points has 9.3 M features named ``var[i,j]``: building
+them as Python strings took seconds, more than reading the grid (issue 13, item 9). A
+:class:`GridNames` is the sequence of those names without holding them: ``len`` and indexing
+are O(1). The manifest's feature file stores a grid's rule (its name and per-dim labels,
+:meth:`GridNames.to_rule` / :meth:`GridNames.from_rule`), not the names; other sequences of
+names are stored as UTF-8 joined by NUL (:meth:`GridNames.utf8_joined` builds those bytes row by
+row from byte templates with numpy, for grids inside a :class:`ChainedNames`).
+
+This module is part of the read side: numpy only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator, Sequence
+from typing import overload
+
+import numpy as np
+
+
+class GridNames(Sequence[str]):
+    """``f"{name}[{l0},{l1},...]"`` for every label combination, C order (the last dim fastest)."""
+
+    def __init__(self, name: str, labels: Sequence[Sequence[str]]) -> None:
+        self.name = name
+        self.labels = [list(map(str, lab)) for lab in labels]
+        self.shape = tuple(len(lab) for lab in self.labels)
+        self._len = int(np.prod(self.shape, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _one(self, i: int) -> str:
+        idx = np.unravel_index(i, self.shape)
+        return f"{self.name}[{','.join(lab[k] for lab, k in zip(self.labels, idx, strict=True))}]"
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
+        if isinstance(i, slice):
+            return tuple(self._one(k) for k in range(*i.indices(self._len)))
+        k = i + self._len if i < 0 else i
+        if not 0 <= k < self._len:
+            raise IndexError(f"feature {i} out of range ({self._len} features)")
+        return self._one(int(k))
+
+    def __iter__(self) -> Iterator[str]:
+        heads = self.labels[0]
+        for lab in self.labels[1:-1]:
+            heads = [f"{h},{x}" for h in heads for x in lab]
+        if len(self.labels) == 1:
+            return iter([f"{self.name}[{x}]" for x in heads])
+        last = self.labels[-1]
+        return (f"{self.name}[{h},{x}]" for h in heads for x in last)
+
+    def utf8_joined(self) -> bytes:
+        """Every name, UTF-8, joined by NUL: ``"\\0".join(self).encode()``, without the strings.
+
+        The names of one value of the leading labels share their tail (``,l1,...]``): one
+        byte template per head length, the head written into it at the known offsets.
+        """
+        if len(self.labels) == 1 or not self._len:
+            return "\0".join(self).encode("utf-8")
+        tails = [",".join(t) for t in itertools.product(*self.labels[1:])]
+        tail_bytes = [f",{t}]\0".encode() for t in tails]
+        heads = [f"{self.name}[{h}".encode() for h in self.labels[0]]
+        tail_len = np.array([len(t) for t in tail_bytes], np.int64)
+        rows: list[bytes] = []
+        templates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for head in heads:
+            k = len(head)
+            if k not in templates:
+                starts = np.concatenate([[0], np.cumsum(k + tail_len)[:-1]])
+                buf = np.frombuffer(b"".join(b"\0" * k + t for t in tail_bytes), np.uint8).copy()
+                templates[k] = (buf, (starts[:, None] + np.arange(k)).ravel())
+            buf, where = templates[k]
+            buf[where] = np.tile(np.frombuffer(head, np.uint8), len(tail_bytes))
+            rows.append(buf.tobytes())
+        return b"".join(rows)[:-1]  # no NUL after the last name
+
+    def to_rule(self) -> bytes:
+        """The grid as a rule: UTF-8 JSON ``{"name": ..., "labels": [[...], ...]}`` (kilobytes
+        where the names would take ~100 MB); :meth:`from_rule` gives back an equal grid."""
+        return json.dumps({"name": self.name, "labels": self.labels}, ensure_ascii=False).encode()
+
+    @classmethod
+    def from_rule(cls, rule: bytes) -> GridNames:
+        """The grid :meth:`to_rule` wrote; ``ValueError`` for anything else."""
+        d = json.loads(rule.decode("utf-8"))
+        if not (
+            isinstance(d, dict)
+            and isinstance(d.get("name"), str)
+            and isinstance(d.get("labels"), list)
+            and d["labels"]
+            and all(isinstance(lab, list) for lab in d["labels"])
+            and all(isinstance(x, str) for lab in d["labels"] for x in lab)
+        ):
+            raise ValueError("not a grid of feature names (name and lists of labels)")
+        return cls(d["name"], d["labels"])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GridNames):
+            return self.name == other.name and self.labels == other.labels
+        if isinstance(other, Sequence):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"GridNames({self.name!r}, shape={self.shape})"
+
+
+class ChainedNames(Sequence[str]):
+    """Several variables' names one after the other (lazy where the parts are)."""
+
+    def __init__(self, parts: Sequence[Sequence[str]]) -> None:
+        self.parts = list(parts)
+        self._starts = np.cumsum([0, *(len(p) for p in self.parts)])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
+        if isinstance(i, slice):
+            return tuple(self[k] for k in range(*i.indices(len(self))))
+        k = i + len(self) if i < 0 else i
+        if not 0 <= k < len(self):
+            raise IndexError(f"feature {i} out of range ({len(self)} features)")
+        p = int(np.searchsorted(self._starts, k, side="right")) - 1
+        return self.parts[p][int(k - self._starts[p])]
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain.from_iterable(self.parts)
+
+    def utf8_joined(self) -> bytes:
+        return b"\0".join(
+            p.utf8_joined() if hasattr(p, "utf8_joined") else "\0".join(p).encode("utf-8")
+            for p in self.parts
+            if len(p)
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
