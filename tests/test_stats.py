@@ -94,3 +94,70 @@ def test_other_dtypes_give_numpys_figures(monkeypatch, dtype):
     np.testing.assert_array_equal(p.min, x64.min(axis=0))
     np.testing.assert_array_equal(p.max, x64.max(axis=0))
     assert p.nan_count.tolist() == [0, 0, 0] and p.count.tolist() == [501] * 3
+
+
+def _blocks(dtype: str, nf: int, sizes: list[int], seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in sizes:
+        if dtype == "uint8":
+            b = rng.integers(0, 255, (n, nf), dtype=np.uint8)
+        else:
+            b = (rng.normal(size=(n, nf)) * 50 + 7).astype(dtype)
+            if n and seed % 2:  # NaNs in some blocks (and in a one-row block)
+                b[rng.integers(0, n, 3), rng.integers(0, nf, 3)] = np.nan
+        out.append(b)
+    return out
+
+
+def _bits(p):
+    return [np.asarray(np.broadcast_to(getattr(p, f), p.mean.shape), np.float64).tobytes()
+            for f in ("count", "mean", "m2", "min", "max", "nan_count")]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "float64"])
+@pytest.mark.parametrize(
+    "sizes", [[1] * 12, [3, 1, 1, 5, 1, 2], [1, 7, 1, 1]], ids=["one-row", "mixed", "few"]
+)
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_ordered_merge_in_place_equals_merge_bit_for_bit(dtype, sizes, seed):
+    """The in-place merge of wide arrays (slabs of features, one count for all features, min
+    and max in the data's type) gives :func:`merge`'s results bit for bit, whatever the arrival
+    order, resumed from a saved prefix too; finalized, numpy's figures."""
+    from shardload.stats import OrderedMerge, Partial
+
+    nf = 40_000  # more than one slab of the in-place update
+    blocks = _blocks(dtype, nf, sizes, seed)
+    parts = [partial(b) for b in blocks]
+    want = merge_all(parts)
+    order = np.random.default_rng(seed).permutation(len(parts))
+    m = OrderedMerge()
+    for i in order:
+        m.add(int(i), {"x": parts[i]})
+    assert m.next == len(parts) and _bits(m.merged["x"]) == _bits(want)
+    for k in (1, len(parts) // 2):  # a resumed run: the saved prefix, as the pipeline saves it
+        pre = OrderedMerge()
+        for i in range(k):
+            pre.add(i, {"x": parts[i]})
+        saved = {
+            f: np.array(getattr(pre.merged["x"], f))
+            for f in ("count", "mean", "m2", "min", "max", "nan_count")
+        }
+        again = OrderedMerge(start=k, merged={"x": Partial.from_dict(saved)})
+        for i in range(k, len(parts)):
+            again.add(i, {"x": parts[i]})
+        assert _bits(again.merged["x"]) == _bits(want)
+    st = finalize(m.merged["x"])
+    assert st == finalize(want)
+    x = np.concatenate(blocks).astype(np.float64)
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(st.mean, np.nanmean(x, axis=0), rtol=1e-10)
+        # float32 data: float32 squares
+        np.testing.assert_allclose(st.std, np.nanstd(x, axis=0), rtol=1e-7, atol=1e-9)
+        np.testing.assert_array_equal(st.min, np.nanmin(x, axis=0))
+        np.testing.assert_array_equal(st.max, np.nanmax(x, axis=0))
+    np.testing.assert_array_equal(st.nan_count, np.isnan(x).sum(axis=0))
+    assert st.count == int((~np.isnan(x)).sum(axis=0).max())
+    assert all(getattr(st, f).dtype == np.float64 for f in ("mean", "std", "min", "max"))
+    assert finalize(m.merged["x"], consume=True) == st  # the running arrays taken over

@@ -678,7 +678,7 @@ def _final_stats(
         )
     stats = {}
     for name in specs:
-        stats[name] = finalize(merge.merged[name])
+        stats[name] = finalize(merge.merged[name], consume=True)
         nans = int(np.sum(stats[name].nan_count))
         if nans and warn_nan:
             log.warning(
