@@ -121,13 +121,15 @@ def _bits(p):
 )
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_ordered_merge_in_place_equals_merge_bit_for_bit(dtype, sizes, seed):
+def test_ordered_merge_in_place_equals_merge_bit_for_bit(monkeypatch, dtype, sizes, seed):
     """The in-place merge of wide arrays (slabs of features, one count for all features, min
     and max in the data's type) gives :func:`merge`'s results bit for bit, whatever the arrival
     order, resumed from a saved prefix too; finalized, numpy's figures."""
+    import shardload.stats as stats
     from shardload.stats import OrderedMerge, Partial
 
-    nf = 40_000  # more than one slab of the in-place update
+    monkeypatch.setattr(stats, "_SLAB", 1000)
+    nf = 2_500  # slabs of the in-place update: two whole, one partial
     blocks = _blocks(dtype, nf, sizes, seed)
     parts = [partial(b) for b in blocks]
     want = merge_all(parts)

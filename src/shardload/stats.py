@@ -231,7 +231,7 @@ def _const(x: np.ndarray) -> Any:
 
 #: features updated at a time by :meth:`_Running.add`: its float64 temporaries and the slices
 #: of the running arrays stay in cache across the update's dozen operations
-_SLAB = 16384
+_SLAB = 65536
 
 
 class _Running:
