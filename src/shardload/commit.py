@@ -413,8 +413,9 @@ class BlockCommit:
         write_atomic(marker, b"{}")
         shutil.rmtree(self.root / STAGED_DIR, ignore_errors=True)
 
-    def publish(self, files: Mapping[str, bytes]) -> None:
-        """fsync the tree, write ``files`` (path relative to the store root: bytes) in order,
+    def publish(self, files: Mapping[str, bytes | Callable[[BinaryIO], object]]) -> None:
+        """fsync the tree, write ``files`` (path relative to the store root: bytes, or a function
+        writing into the open file, as :func:`write_atomic` takes) in order,
         each durably, then rename ``OUT.partial`` to ``OUT``. The last file is the one that makes
         the store complete (the manifest).
 

@@ -430,7 +430,7 @@ def prepare(
                 manifest = window_manifest(
                     manifest, view, view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
                 )
-            files = {METADATA_NAME: split_metadata(manifest, cfg), **manifest.to_files()}
+            files = {METADATA_NAME: split_metadata(manifest, cfg), **manifest.file_writers()}
             if sums:  # before the manifest, which publish writes last
                 files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
             commit.publish(files)  # feature files first, the manifest last
