@@ -240,15 +240,22 @@ def test_a_grid_store_has_a_small_feature_file_of_manifest_version_4(tmp_path):
         "out": str(tmp_path / "s"), "splits": {},
     })  # fmt: skip
     nf = 30 * 50
-    size = (tmp_path / "s" / "_features" / "x.npz").stat().st_size
-    assert size < nf * (8 + 8 + 1 + 1) + 4096  # was nf * 40 + the names
+    path = tmp_path / "s" / "_features" / "x.npz"
+    assert path.stat().st_size < nf * 4 + 4096  # was nf * 40 + the names
+    with np.load(path) as z:  # one-row uint8 blocks: exact sums, stored as integers
+        assert z["mean_sum"].dtype == np.uint8 and z["var_sum"].dtype.kind == "u"
+        assert z["min"].dtype == np.uint8 and "mean" not in z and "nan_count" not in z
     assert json.loads((tmp_path / "s" / MANIFEST_NAME).read_text())["version"] == 4
     st = shardload.open_store(tmp_path / "s").manifest.stats["x"]
     x = v.reshape(nf, 4).T.astype(np.float64)
     np.testing.assert_allclose(st.mean, x.mean(0), rtol=1e-15)
     np.testing.assert_allclose(st.std, x.std(0), rtol=1e-12, atol=1e-12)
+    s1, s2 = x.sum(0), np.square(x).sum(0)  # exact here: the correctly rounded figures
+    assert st.mean.tobytes() == (s1 / 4).tobytes()
+    assert st.std.tobytes() == np.sqrt((4 * s2 - s1 * s1) / 16.0).tobytes()
     np.testing.assert_array_equal(st.min, x.min(0))
     assert st.count == 4 and not st.nan_count.any() and st.nan_count.shape == (nf,)
+    assert st.mean.dtype == st.std.dtype == np.float64
 
 
 def test_a_newer_feature_file_format_is_refused():

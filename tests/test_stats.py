@@ -115,6 +115,28 @@ def _bits(p):
             for f in ("count", "mean", "m2", "min", "max", "nan_count")]  # fmt: skip
 
 
+def _exact_figures(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std of integer rows from exact integer sums, correctly rounded division."""
+    n = len(x)
+    v = x.astype(np.int64)
+    s1, s2 = v.sum(axis=0), np.square(v).sum(axis=0)
+    return s1 / np.float64(n), np.sqrt((n * s2 - s1 * s1) / np.float64(n * n))
+
+
+def _resumed(parts, k, fields=("count", "mean", "m2", "min", "max", "nan_count", "s1", "s2")):
+    """A run resumed after ``k`` blocks: the saved prefix (as the pipeline saves it) + the rest."""
+    from shardload.stats import OrderedMerge, Partial
+
+    pre = OrderedMerge()
+    for i in range(k):
+        pre.add(i, {"x": parts[i]})
+    saved = {f: np.array(v) for f, v in pre.merged["x"].fields().items() if f in fields}
+    again = OrderedMerge(start=k, merged={"x": Partial.from_dict(saved)})
+    for i in range(k, len(parts)):
+        again.add(i, {"x": parts[i]})
+    return again.merged["x"]
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "float32", "float64"])
 @pytest.mark.parametrize(
     "sizes", [[1] * 12, [3, 1, 1, 5, 1, 2], [1, 7, 1, 1]], ids=["one-row", "mixed", "few"]
@@ -124,34 +146,30 @@ def _bits(p):
 def test_ordered_merge_in_place_equals_merge_bit_for_bit(monkeypatch, dtype, sizes, seed):
     """The in-place merge of wide arrays (slabs of features, one count for all features, min
     and max in the data's type) gives :func:`merge`'s results bit for bit, whatever the arrival
-    order, resumed from a saved prefix too; finalized, numpy's figures."""
+    order, resumed from a saved prefix too; finalized, numpy's figures. One-row blocks of
+    uint8 only: exact sums, the exactly rounded mean and std."""
     import shardload.stats as stats
-    from shardload.stats import OrderedMerge, Partial
+    from shardload.stats import OrderedMerge
 
     monkeypatch.setattr(stats, "_SLAB", 1000)
     nf = 2_500  # slabs of the in-place update: two whole, one partial
     blocks = _blocks(dtype, nf, sizes, seed)
     parts = [partial(b) for b in blocks]
-    want = merge_all(parts)
+    exact = dtype == "uint8" and set(sizes) == {1}
     order = np.random.default_rng(seed).permutation(len(parts))
     m = OrderedMerge()
     for i in order:
         m.add(int(i), {"x": parts[i]})
-    assert m.next == len(parts) and _bits(m.merged["x"]) == _bits(want)
-    for k in (1, len(parts) // 2):  # a resumed run: the saved prefix, as the pipeline saves it
-        pre = OrderedMerge()
-        for i in range(k):
-            pre.add(i, {"x": parts[i]})
-        saved = {
-            f: np.array(getattr(pre.merged["x"], f))
-            for f in ("count", "mean", "m2", "min", "max", "nan_count")
-        }
-        again = OrderedMerge(start=k, merged={"x": Partial.from_dict(saved)})
-        for i in range(k, len(parts)):
-            again.add(i, {"x": parts[i]})
-        assert _bits(again.merged["x"]) == _bits(want)
+    assert m.next == len(parts)
+    want = m.merged["x"] if exact else merge_all(parts)
+    assert _bits(m.merged["x"]) == _bits(want)
+    assert (m.merged["x"].s1 is not None) == exact
+    for k in (1, len(parts) // 2):  # a resumed run
+        assert _bits(_resumed(parts, k)) == _bits(want)
+        assert finalize(_resumed(parts, k)) == finalize(m.merged["x"])
     st = finalize(m.merged["x"])
-    assert st == finalize(want)
+    if not exact:
+        assert st == finalize(want)
     x = np.concatenate(blocks).astype(np.float64)
     with np.errstate(all="ignore"):
         np.testing.assert_allclose(st.mean, np.nanmean(x, axis=0), rtol=1e-10)
@@ -159,7 +177,39 @@ def test_ordered_merge_in_place_equals_merge_bit_for_bit(monkeypatch, dtype, siz
         np.testing.assert_allclose(st.std, np.nanstd(x, axis=0), rtol=1e-7, atol=1e-9)
         np.testing.assert_array_equal(st.min, np.nanmin(x, axis=0))
         np.testing.assert_array_equal(st.max, np.nanmax(x, axis=0))
+    if exact:
+        mean, std = _exact_figures(np.concatenate(blocks))
+        assert st.mean.tobytes() == mean.tobytes() and st.std.tobytes() == std.tobytes()
     np.testing.assert_array_equal(st.nan_count, np.isnan(x).sum(axis=0))
     assert st.count == int((~np.isnan(x)).sum(axis=0).max())
     assert all(getattr(st, f).dtype == np.float64 for f in ("mean", "std", "min", "max"))
     assert finalize(m.merged["x"], consume=True) == st  # the running arrays taken over
+    driver = OrderedMerge()
+    for i in range(len(parts)):
+        driver.add(i, {"x": parts[i]})
+    assert driver.finalize()["x"] == st  # what the pipeline calls
+
+
+@pytest.mark.parametrize("limit_rows", [3, 1000])
+def test_exact_sums_of_integer_rows_until_they_could_overflow(monkeypatch, limit_rows):
+    """One-row integer blocks: exact sums while ``(n * bound)**2`` stays below the limit, then
+    mean and M2 (Chan) from there on; a resumed run gives the same figures bit for bit."""
+    import shardload.stats as stats
+
+    monkeypatch.setattr(stats, "_EXACT_LIMIT", (limit_rows * 32768) ** 2)
+    rng = np.random.default_rng(4)
+    x = rng.integers(-32768, 32767, (9, 300), dtype=np.int16)
+    x[:, 0] = [32767] * 9  # one constant feature: std exactly 0
+    parts = [partial(x[i : i + 1]) for i in range(len(x))]
+    clean = _resumed(parts, len(parts))
+    assert (clean.s1 is not None) == (limit_rows > len(x))
+    for k in (1, 2, 4, 8):
+        assert _bits(_resumed(parts, k)) == _bits(clean)
+    st = finalize(clean)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(st.mean, x64.mean(0), rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(st.std, x64.std(0), rtol=1e-10)
+    assert st.std[0] == 0.0 and st.mean[0] == 32767.0
+    if clean.s1 is not None:
+        mean, std = _exact_figures(x)
+        assert st.mean.tobytes() == mean.tobytes() and st.std.tobytes() == std.tobytes()

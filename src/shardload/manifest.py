@@ -405,7 +405,11 @@ def write_features(
     d: dict[str, np.ndarray] = {"format": np.array(FEATURES_FORMAT, dtype=np.int64)}
     if stats is not None:
         d["count"] = np.array(stats.count, dtype=np.int64)
-        d["mean"], d["std"] = stats.mean, stats.std
+        sums = _integer_moments(stats, dtype)
+        if sums is None:
+            d["mean"], d["std"] = stats.mean, stats.std
+        else:
+            d["mean_sum"], d["var_sum"] = sums
         d["min"], d["max"] = _exact_as(stats.min, dtype), _exact_as(stats.max, dtype)
         nc = stats.nan_count
         if nc.any():
@@ -424,6 +428,41 @@ def write_features(
                 raise StoreError(f"a feature name of array {array!r} contains a NUL character")
             d["names"] = raw
     np.savez(file, **d)  # type: ignore[arg-type]
+
+
+def _integer_moments(
+    stats: FeatureStats, dtype: str | np.dtype[Any] | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Integer data's mean and std as the integers they come from, where they do exactly:
+    ``s1`` with ``mean == s1 / n`` and ``q`` with ``std == sqrt(q / n**2)`` (``n`` the count,
+    float64 arithmetic as :func:`decode_features` does it), each in the smallest integer type
+    that holds it; None where a value does not (then float64 is stored). Statistics of
+    one-row integer blocks are computed so (``stats._Running``: exact sums)."""
+    if dtype is None or np.dtype(dtype).kind not in "biu" or stats.count <= 0:
+        return None
+    n = stats.count
+    sums = getattr(stats, "_exact_sums", None)  # set by stats._Running.finalize
+    if sums is not None and sums[0] == n:
+        from .stats import exact_q
+
+        return _as_smallest_int(sums[1]), _as_smallest_int(exact_q(sums[1], sums[2], n))
+    with np.errstate(invalid="ignore", over="ignore"):
+        s1 = np.rint(stats.mean * n)
+        if not (np.abs(s1) < 2**53).all() or (s1 / np.float64(n) != stats.mean).any():
+            return None
+        q = np.rint(np.square(stats.std) * np.float64(n * n))
+        if not (q < 2**53).all() or (np.sqrt(q / np.float64(n * n)) != stats.std).any():
+            return None
+    return _as_smallest_int(s1), _as_smallest_int(q)
+
+
+def _as_smallest_int(x: np.ndarray) -> np.ndarray:
+    lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32):
+        info = np.iinfo(t)
+        if info.min <= lo and hi <= info.max:
+            return x.astype(t)
+    return x.astype(np.int64)
 
 
 def _exact_as(x: np.ndarray, dtype: str | np.dtype[Any] | None) -> np.ndarray:
@@ -471,13 +510,18 @@ def decode_features(data: bytes, *, where: str) -> tuple[Sequence[str] | None, F
                     raise ValueError(f"{len(names)} names, expected {n}")
             stats = None
             if "count" in z:
-                mean = z["mean"]
+                if "mean_sum" in z:  # integer sums (format 2, integer data)
+                    n = int(z["count"])
+                    mean = z["mean_sum"].astype(np.float64) / np.float64(n)
+                    std = np.sqrt(z["var_sum"].astype(np.float64) / np.float64(n * n))
+                else:
+                    mean, std = z["mean"], z["std"]
                 if "nan_count" in z or fmt == 1:
                     nan_count = z["nan_count"]
                 else:  # format 2 leaves out all-zero counts
                     nan_count = np.zeros(mean.shape, np.int64)
                 stats = FeatureStats.of_arrays(
-                    int(z["count"]), mean=mean, std=z["std"], min=z["min"], max=z["max"],
+                    int(z["count"]), mean=mean, std=std, min=z["min"], max=z["max"],
                     nan_count=nan_count,
                 )  # fmt: skip
                 if not all(len(getattr(stats, f)) == len(stats.mean) for f in STATS_FIELDS):

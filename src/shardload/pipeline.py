@@ -37,7 +37,7 @@ from .executor import open_executor, run_windowed
 from .formats.base import FormatOptions, get_format
 from .manifest import ArrayInfo, Manifest
 from .plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
-from .stats import OrderedMerge, Partial, finalize, partial
+from .stats import OrderedMerge, Partial, partial
 from .store import Store, open_store
 from .views.base import ArraySpec, View
 from .views.window_series import WindowSeriesView, window_manifest
@@ -589,7 +589,7 @@ def _num_features(spec: ArraySpec) -> int:
 def _stats_fields(merge: OrderedMerge) -> dict[str, np.ndarray]:
     fields = {"blocks": np.array(merge.next)}
     for name, p in (merge.merged or {}).items():
-        fields.update({f"{name}/{k}": getattr(p, k) for k in STAT_FIELDS})
+        fields.update({f"{name}/{k}": v for k, v in p.fields().items()})  # + exact sums
     return fields
 
 
@@ -601,7 +601,10 @@ def _load_stats(commit: BlockCommit, job: PrepareJob) -> OrderedMerge:
     try:
         prefix = int(saved["blocks"])
         merged = {
-            n: Partial.from_dict({k: saved[f"{n}/{k}"] for k in STAT_FIELDS}) for n in job.specs
+            n: Partial.from_dict(
+                {k: saved[f"{n}/{k}"] for k in (*STAT_FIELDS, "s1", "s2") if f"{n}/{k}" in saved}
+            )
+            for n in job.specs
         }
     except (KeyError, ValueError, TypeError):
         log.warning("ignoring the saved statistics in %s: not of this store", commit.progress)
@@ -672,13 +675,14 @@ def plan_splits_for(
 def _final_stats(
     merge: OrderedMerge, specs: Mapping[str, ArraySpec], warn_nan: bool, num_blocks: int
 ) -> dict[str, Any]:
-    if merge.merged is None or merge.next != num_blocks:
+    if not merge.started or merge.next != num_blocks:
         raise StoreError(
             f"the statistics cover blocks 0:{merge.next} of {num_blocks} (a block was not merged)"
         )
     stats = {}
+    final = merge.finalize()
     for name in specs:
-        stats[name] = finalize(merge.merged[name], consume=True)
+        stats[name] = final[name]
         nans = int(np.sum(stats[name].nan_count))
         if nans and warn_nan:
             log.warning(

@@ -28,18 +28,26 @@ class Partial:
     min: np.ndarray  # float64 or the block's type (exact)
     max: np.ndarray
     nan_count: np.ndarray  # int64; may be a broadcast constant
+    #: exact integer sums of the values and of their squares (int64), or None: see
+    #: :class:`_Running` (mean and M2 are then ``s1 / n`` and ``(n * s2 - s1**2) / n / n``)
+    s1: np.ndarray | None = None
+    s2: np.ndarray | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k).tolist() for k in ("count", "mean", "m2", "min", "max", "nan_count")
-        }
+        return {k: v.tolist() for k, v in self.fields().items()}
+
+    def fields(self) -> dict[str, np.ndarray]:
+        """The arrays (the sums only where there are)."""
+        keys = ("count", "mean", "m2", "min", "max", "nan_count", "s1", "s2")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Partial:
         f = lambda k, t: np.asarray(d[k], dtype=t)  # noqa: E731
+        sums = (f("s1", np.int64), f("s2", np.int64)) if "s1" in d and "s2" in d else (None, None)
         return cls(
             f("count", np.int64), f("mean", np.float64), f("m2", np.float64),
-            f("min", np.float64), f("max", np.float64), f("nan_count", np.int64),
+            f("min", np.float64), f("max", np.float64), f("nan_count", np.int64), *sums,
         )  # fmt: skip
 
 
@@ -202,8 +210,24 @@ class OrderedMerge:
     def __init__(self, *, start: int = 0, merged: dict[str, Partial] | None = None) -> None:
         self.next = start
         self._acc = {k: _Running(p) for k, p in (merged or {}).items()}
-        self.merged = {k: r.partial for k, r in self._acc.items()} if merged else None
+        self._any = bool(merged)
         self.pending: dict[int, Mapping[str, Partial]] = {}
+
+    @property
+    def started(self) -> bool:
+        """Whether a block was merged (or a saved prefix given)."""
+        return self._any
+
+    @property
+    def merged(self) -> dict[str, Partial] | None:
+        """The merge so far, one :class:`Partial` per array (None before the first block):
+        built on access (exact sums become mean and M2 then)."""
+        return {k: r.partial for k, r in self._acc.items()} if self._any else None
+
+    def finalize(self) -> dict[str, FeatureStats]:
+        """The statistics of what was merged, one per array (:func:`finalize`, taking over the
+        running arrays: add nothing after this)."""
+        return {k: r.finalize() for k, r in self._acc.items()}
 
     def add(self, block: int, parts: Mapping[str, Partial]) -> None:
         if block < self.next or block in self.pending:
@@ -211,12 +235,12 @@ class OrderedMerge:
         self.pending[block] = parts
         while self.next in self.pending:
             got = self.pending.pop(self.next)
-            if self.merged is None:
+            if not self._any:
                 self._acc = {k: _Running(p) for k, p in got.items()}
+                self._any = True
             else:
                 for k, p in got.items():
                     self._acc[k].add(p)
-            self.merged = {k: r.partial for k, r in self._acc.items()}
             self.next += 1
 
 
@@ -234,32 +258,88 @@ def _const(x: np.ndarray) -> Any:
 _SLAB = 65536
 
 
+def _exact_row(p: Partial) -> bool:
+    """A one-row block of integers of at most 16 bits (its partial is the row itself)."""
+    return (
+        p.s1 is None
+        and p.mean.dtype.kind in "iu"
+        and p.mean.dtype.itemsize <= 2
+        and _const(p.count) == 1
+        and _const(p.m2) == 0
+        and _const(p.nan_count) == 0
+    )
+
+
+def _dtype_bound(dtype: np.dtype[Any]) -> int:
+    info = np.iinfo(dtype)
+    return max(-int(info.min), int(info.max))
+
+
+#: exact sums while ``(n * bound) ** 2`` stays below this: ``s1 ** 2``, ``n * s2`` and their
+#: difference are then exact in int64
+_EXACT_LIMIT = 1 << 62
+
+
 class _Running:
-    """A :class:`Partial` updated in place: :func:`merge`'s arithmetic, operation for operation
-    (the same results, bit for bit), into arrays allocated once. Wide arrays (millions of
+    """A :class:`Partial` updated in place, into arrays allocated once. Wide arrays (millions of
     features, a block per sample) spent more on allocating each merge's arrays than on
     computing them, and then on streaming a dozen 9.3 M-value arrays through memory per merge.
 
-    So: the update runs a cache-sized slab of features at a time; a count that is the same for
-    every feature is one number (its arithmetic is the array's, value for value); NaN counts
-    stay absent while all zero, an all-zero M2 is not added; min and max stay in the blocks'
-    type while every block has the same (uint8 data: 1 byte per feature; min and max commute
-    with the exact widening to float64)."""
+    One-row blocks of integers of at most 16 bits (a wide grid, one sample per block) are
+    summed exactly: ``s1`` and ``s2``, the sums of the values and of their squares, in int64,
+    while ``(n * max |value|) ** 2 < 2**62`` (uint8: 8.4 M rows). Mean and M2 come from them
+    (:attr:`partial`, :func:`finalize`): the mean is ``s1 / n`` correctly rounded, M2 from the
+    exact ``n * s2 - s1 ** 2``. Any other block (or more rows) turns the sums into mean and M2
+    once, then goes on as below; the order of blocks decides which, so a resumed run (its
+    saved prefix carries the sums) gives a clean run's figures bit for bit.
+
+    Otherwise :func:`merge`'s arithmetic, operation for operation (the same results, bit for
+    bit), a cache-sized slab of features at a time; a count that is the same for every
+    feature is one number (its arithmetic is the array's, value for value); NaN counts stay
+    absent while all zero, an all-zero M2 is not added; min and max stay in the blocks' type
+    while every block has the same (uint8 data: 1 byte per feature; min and max commute with
+    the exact widening to float64)."""
 
     def __init__(self, first: Partial) -> None:
         self._nf = nf = first.count.shape[0]
+        self._s1: np.ndarray | None = None
+        self._s2: np.ndarray | None = None
+        self._bound = 0
         c = _const(first.count)
+        if first.s1 is not None and first.s2 is not None and c is None and first.count.size:
+            c = int(first.count[0]) if (first.count == first.count[0]).all() else None
         self._count = 0 if c is None else int(c)  # the count of every feature, or _counts
         self._counts = None if c is not None else np.array(first.count, dtype=np.int64)
-        self._mean = np.array(first.mean, dtype=np.float64)
-        self._m2 = np.array(np.broadcast_to(first.m2, (nf,)), dtype=np.float64)
         self._min, self._max = np.array(first.min), np.array(first.max)
         if self._min.dtype != self._max.dtype or self._min.dtype.kind not in "biuf":
             self._min, self._max = self._min.astype(np.float64), self._max.astype(np.float64)
         zero = _const(first.nan_count)
+        if zero is None and first.s1 is not None and not first.nan_count.any():
+            zero = 0
         self._nan = None if zero == 0 else np.array(first.nan_count, dtype=np.int64)
         self._delta = np.empty(min(nf, _SLAB))
         self._term = np.empty(min(nf, _SLAB))
+        self._square = np.empty(min(nf, _SLAB), np.int64)
+        if _exact_row(first):
+            self._bound = _dtype_bound(first.mean.dtype)
+            self._s1 = np.array(first.mean, dtype=np.int64)
+            self._s2 = np.square(self._s1)
+        elif first.s1 is not None and first.s2 is not None and c is not None and zero == 0:
+            # a saved prefix: its sums, and a bound from its min and max
+            self._bound = int(max(np.abs(self._min).max(), np.abs(self._max).max(), 0))
+            self._s1 = np.array(first.s1, dtype=np.int64)
+            self._s2 = np.array(first.s2, dtype=np.int64)
+        if self._s1 is None:
+            self._mean = np.array(first.mean, dtype=np.float64)
+            self._m2 = np.array(np.broadcast_to(first.m2, (nf,)), dtype=np.float64)
+
+    def _moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and M2 from the exact sums."""
+        assert self._s1 is not None and self._s2 is not None
+        n = self._count
+        q = np.multiply(self._s2, n)
+        q -= np.square(self._s1)  # exact: below 2**62
+        return np.true_divide(self._s1, n), np.true_divide(q, n, out=q.astype(np.float64))
 
     @property
     def partial(self) -> Partial:
@@ -270,14 +350,54 @@ class _Running:
         else:
             count = self._counts
         nan = np.broadcast_to(np.int64(0), nf) if self._nan is None else self._nan
+        if self._s1 is not None:
+            mean, m2 = self._moments()
+            return Partial(count, mean, m2, self._min, self._max, nan, self._s1, self._s2)
         return Partial(count, self._mean, self._m2, self._min, self._max, nan)
 
+    def finalize(self) -> FeatureStats:
+        """:func:`finalize` of :attr:`partial` (exact sums: without mean and M2 first)."""
+        if self._s1 is not None and self._s2 is not None and self._count > 0:
+            mean, var = _exact_moments(self._s1, self._s2, self._count)
+            nan = np.broadcast_to(np.int64(0), (self._nf,))
+            st = _feature_stats(self._count, mean, var, self._min, self._max, nan)
+            # the sums these figures are exactly computed from: the feature file stores them
+            # without checking every figure again (manifest._integer_moments)
+            object.__setattr__(st, "_exact_sums", (self._count, self._s1, self._s2))
+            return st
+        return finalize(self.partial, consume=True)
+
     def add(self, b: Partial) -> None:
+        if b.min.dtype != self._min.dtype or b.max.dtype != self._max.dtype:
+            self._min, self._max = self._min.astype(np.float64), self._max.astype(np.float64)
+        if self._s1 is not None:
+            if _exact_row(b):
+                bound = max(self._bound, _dtype_bound(b.mean.dtype))
+                if ((self._count + 1) * bound) ** 2 < _EXACT_LIMIT:
+                    self._bound = bound
+                    self._add_exact(b)
+                    return
+            self._mean, self._m2 = self._moments()  # from now on, mean and M2
+            self._s1 = self._s2 = None
+        self._add_moments(b)
+
+    def _add_exact(self, b: Partial) -> None:
+        assert self._s1 is not None and self._s2 is not None
+        for a in range(0, self._nf, _SLAB):
+            z = slice(a, a + _SLAB)
+            row, s1, s2 = b.mean[z], self._s1[z], self._s2[z]
+            sq = self._square[: len(row)]
+            np.add(s1, row, out=s1)
+            np.multiply(row, row, out=sq, dtype=np.int64)
+            np.add(s2, sq, out=s2)
+            np.fmin(self._min[z], b.min[z], out=self._min[z])
+            np.fmax(self._max[z], b.max[z], out=self._max[z])
+        self._count += 1
+
+    def _add_moments(self, b: Partial) -> None:
         bc = _const(b.count)
         if bc is None and self._counts is None:  # counts differ by feature from now on
             self._counts = np.full(self._nf, self._count, np.int64)
-        if b.min.dtype != self._min.dtype or b.max.dtype != self._max.dtype:
-            self._min, self._max = self._min.astype(np.float64), self._max.astype(np.float64)
         bnan = _const(b.nan_count)
         if bnan != 0 and self._nan is None:
             self._nan = np.zeros(self._nf, np.int64)
@@ -324,7 +444,11 @@ def finalize(p: Partial, *, consume: bool = False) -> FeatureStats:
     the std), which must then be used no more: for millions of features, fresh arrays (page
     faults, copies) cost more than the arithmetic."""
     c = _const(p.count)
-    if c is not None and c > 0:  # one count for every feature: the same values, fewer passes
+    if p.s1 is not None and p.s2 is not None and c is None and p.count.size:
+        c = p.count[0] if (p.count == p.count[0]).all() else None
+    if p.s1 is not None and p.s2 is not None and c is not None and c > 0:
+        mean, var = _exact_moments(p.s1, p.s2, int(c))
+    elif c is not None and c > 0:  # one count for every feature: the same values, fewer passes
         own = consume and p.m2.dtype == np.float64 and p.m2.flags.writeable
         var = np.true_divide(p.m2, np.int64(c), out=p.m2 if own else None)
         mean = p.mean if consume else np.array(p.mean, dtype=np.float64)
@@ -332,15 +456,60 @@ def finalize(p: Partial, *, consume: bool = False) -> FeatureStats:
         with np.errstate(invalid="ignore", divide="ignore"):
             var = np.where(p.count > 0, p.m2 / np.maximum(p.count, 1), np.nan)
             mean = np.where(p.count > 0, p.mean, np.nan)
+    count = int(p.count.max()) if c is None and p.count.size else int(c or 0)
+    return _feature_stats(count, mean, var, p.min, p.max, p.nan_count)
+
+
+def _feature_stats(
+    count: int,
+    mean: np.ndarray,
+    var: np.ndarray,
+    mn: np.ndarray,
+    mx: np.ndarray,
+    nan_count: np.ndarray,
+) -> FeatureStats:
+    """The statistics, taking over ``mean`` and ``var`` (which becomes the std)."""
     np.maximum(var, 0, out=var)
-    nan = _const(p.nan_count)
+    nan = _const(nan_count)
     return FeatureStats.of_arrays(
-        count=int(p.count.max()) if c is None and p.count.size else int(c or 0),
+        count=count,
         mean=mean,
         std=np.sqrt(var, out=var),
-        min=np.array(p.min, dtype=np.float64),
-        max=np.array(p.max, dtype=np.float64),
-        nan_count=np.zeros(p.nan_count.shape, np.int64)
+        min=np.array(mn, dtype=np.float64),
+        max=np.array(mx, dtype=np.float64),
+        nan_count=np.zeros(nan_count.shape, np.int64)
         if nan == 0
-        else np.array(p.nan_count, dtype=np.int64),
+        else np.array(nan_count, dtype=np.int64),
     )
+
+
+def exact_q(s1: np.ndarray, s2: np.ndarray, n: int) -> np.ndarray:
+    """``n * s2 - s1**2`` (int64, exact below 2**62), a slab at a time."""
+    q = np.empty(len(s1), np.int64)
+    sq = np.empty(min(len(s1), _SLAB), np.int64)
+    for a in range(0, len(s1), _SLAB):
+        z = slice(a, a + _SLAB)
+        k = len(s1[z])
+        np.multiply(s2[z], n, out=q[z])
+        np.multiply(s1[z], s1[z], out=sq[:k])
+        np.subtract(q[z], sq[:k], out=q[z])
+    return q
+
+
+def _exact_moments(s1: np.ndarray, s2: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance (float64) from exact integer sums: ``s1 / n`` and ``(n * s2 - s1**2)
+    / n**2``, each one float64 division of exact values (``manifest.decode_features``
+    computes the same from the stored integers). A slab at a time: no full-size temporaries."""
+    nf = len(s1)
+    mean, var = np.empty(nf), np.empty(nf)
+    q, sq = np.empty(min(nf, _SLAB), np.int64), np.empty(min(nf, _SLAB), np.int64)
+    nd, nn = np.float64(n), np.float64(n * n)
+    for a in range(0, nf, _SLAB):
+        z = slice(a, a + _SLAB)
+        k = len(s1[z])
+        np.multiply(s2[z], n, out=q[:k])
+        np.multiply(s1[z], s1[z], out=sq[:k])
+        np.subtract(q[:k], sq[:k], out=q[:k])  # exact: below 2**62
+        np.true_divide(q[:k], nn, out=var[z])
+        np.true_divide(s1[z], nd, out=mean[z])
+    return mean, var
