@@ -190,26 +190,31 @@ def test_ordered_merge_in_place_equals_merge_bit_for_bit(monkeypatch, dtype, siz
     assert driver.finalize()["x"] == st  # what the pipeline calls
 
 
-@pytest.mark.parametrize("limit_rows", [3, 1000])
-def test_exact_sums_of_integer_rows_until_they_could_overflow(monkeypatch, limit_rows):
-    """One-row integer blocks: exact sums while ``(n * bound)**2`` stays below the limit, then
-    mean and M2 (Chan) from there on; a resumed run gives the same figures bit for bit."""
+@pytest.mark.parametrize(
+    ("dtype", "top", "limit"),
+    [("int16", 32767, 3 * 32767), ("int16", 32767, 1000 * 32767), ("uint8", 9, 4 * 255)],
+)
+def test_exact_sums_of_integer_rows_until_they_could_overflow(monkeypatch, dtype, top, limit):
+    """One-row integer blocks: exact sums while ``(n * largest magnitude)**2`` stays below the
+    limit, then mean and M2 (Chan) from there on; a resumed run (whose saved prefix gives the
+    largest magnitude back through min and max) gives the same figures bit for bit."""
     import shardload.stats as stats
 
-    monkeypatch.setattr(stats, "_EXACT_LIMIT", (limit_rows * 32768) ** 2)
+    monkeypatch.setattr(stats, "_EXACT_LIMIT", limit**2)
     rng = np.random.default_rng(4)
-    x = rng.integers(-32768, 32767, (9, 300), dtype=np.int16)
-    x[:, 0] = [32767] * 9  # one constant feature: std exactly 0
+    x = rng.integers(-top if dtype == "int16" else 0, top, (9, 300)).astype(dtype)
+    x[:, 0] = top  # one constant feature: std exactly 0
     parts = [partial(x[i : i + 1]) for i in range(len(x))]
     clean = _resumed(parts, len(parts))
-    assert (clean.s1 is not None) == (limit_rows > len(x))
+    bound = int(np.abs(x.astype(np.int64)).max())
+    assert (clean.s1 is not None) == (len(x) * bound < limit)
     for k in (1, 2, 4, 8):
         assert _bits(_resumed(parts, k)) == _bits(clean)
     st = finalize(clean)
     x64 = x.astype(np.float64)
     np.testing.assert_allclose(st.mean, x64.mean(0), rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(st.std, x64.std(0), rtol=1e-10)
-    assert st.std[0] == 0.0 and st.mean[0] == 32767.0
+    assert st.std[0] == 0.0 and st.mean[0] == top
     if clean.s1 is not None:
         mean, std = _exact_figures(x)
         assert st.mean.tobytes() == mean.tobytes() and st.std.tobytes() == std.tobytes()

@@ -270,9 +270,9 @@ def _exact_row(p: Partial) -> bool:
     )
 
 
-def _dtype_bound(dtype: np.dtype[Any]) -> int:
-    info = np.iinfo(dtype)
-    return max(-int(info.min), int(info.max))
+def _row_bound(row: np.ndarray) -> int:
+    """The largest magnitude in an integer row (0 for none)."""
+    return max(abs(int(row.min())), abs(int(row.max()))) if row.size else 0
 
 
 #: exact sums while ``(n * bound) ** 2`` stays below this: ``s1 ** 2``, ``n * s2`` and their
@@ -287,7 +287,8 @@ class _Running:
 
     One-row blocks of integers of at most 16 bits (a wide grid, one sample per block) are
     summed exactly: ``s1`` and ``s2``, the sums of the values and of their squares, in int64,
-    while ``(n * max |value|) ** 2 < 2**62`` (uint8: 8.4 M rows). Mean and M2 come from them
+    while ``(n * max |value|) ** 2 < 2**62`` (uint8: 8.4 M rows at least; the largest magnitude
+    of the values seen, which a saved prefix's min and max give back). Mean and M2 come from them
     (:attr:`partial`, :func:`finalize`): the mean is ``s1 / n`` correctly rounded, M2 from the
     exact ``n * s2 - s1 ** 2``. Any other block (or more rows) turns the sums into mean and M2
     once, then goes on as below; the order of blocks decides which, so a resumed run (its
@@ -321,7 +322,7 @@ class _Running:
         self._term = np.empty(min(nf, _SLAB))
         self._square = np.empty(min(nf, _SLAB), np.int64)
         if _exact_row(first):
-            self._bound = _dtype_bound(first.mean.dtype)
+            self._bound = _row_bound(first.mean)
             self._s1 = np.array(first.mean, dtype=np.int64)
             self._s2 = np.square(self._s1)
         elif first.s1 is not None and first.s2 is not None and c is not None and zero == 0:
@@ -372,7 +373,7 @@ class _Running:
             self._min, self._max = self._min.astype(np.float64), self._max.astype(np.float64)
         if self._s1 is not None:
             if _exact_row(b):
-                bound = max(self._bound, _dtype_bound(b.mean.dtype))
+                bound = max(self._bound, _row_bound(b.mean))
                 if ((self._count + 1) * bound) ** 2 < _EXACT_LIMIT:
                     self._bound = bound
                     self._add_exact(b)
