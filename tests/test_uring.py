@@ -101,3 +101,39 @@ def test_io_uring_can_be_turned_off_by_environment(monkeypatch):
     finally:
         monkeypatch.delenv("SHARDLOAD_IO_URING")
         uring.reset_for_tests(None)
+
+
+def test_open_chunks_looks_up_many_chunks_at_once_and_checks_their_sizes(tmp_path):
+    """``OpenChunks.lookup``: every chunk's descriptor, data offset and row size per entry
+    (repeats allowed), opened once while under the limit and by the caller past it (those are
+    returned to be closed); a chunk too short for the rows wanted raises naming chunk and
+    file, closing what it opened."""
+    from shardload.formats.base import RawChunk
+
+    paths = []
+    for c in range(5):
+        p = tmp_path / f"c{c}"
+        p.write_bytes(bytes(16 + 10 * (c + 1)))  # header of 16 bytes, c + 1 rows of 10
+        paths.append(str(p))
+
+    def raw(c: int) -> RawChunk:
+        return RawChunk(paths[c], 16, 10)
+
+    files = scatter.OpenChunks(limit=2)
+    chunks = np.array([4, 0, 4, 3, 0])
+    fd, off, row, owned = files.lookup(raw, "x", chunks, chunks + 1)
+    assert off.tolist() == [16] * 5 and row.tolist() == [10] * 5
+    assert fd[0] == fd[2] and fd[1] == fd[4] and len(set(fd.tolist())) == 3
+    assert owned == [fd[0]]  # the limit: chunks 0 and 3 cached, 4 opened for this call
+    for c, d in zip(chunks.tolist(), fd.tolist(), strict=True):
+        assert os.path.samefile(os.readlink(f"/proc/self/fd/{d}"), paths[c])
+    for d in owned:
+        os.close(d)
+    again, _, _, owned2 = files.lookup(raw, "x", np.array([3, 0]), np.array([1, 1]))
+    assert again.tolist() == [fd[3], fd[1]] and owned2 == []  # the cached ones, not reopened
+    with pytest.raises(ChunkReadError, match=r"chunk 1 of array 'x' is truncated .*c1 has 36"):
+        files.lookup(raw, "x", np.array([0, 1]), np.array([1, 3]))
+    files.close()
+    for d in (fd[1], fd[3]):
+        with pytest.raises(OSError):
+            os.fstat(int(d))
