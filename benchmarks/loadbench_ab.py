@@ -24,6 +24,7 @@ import numpy as np
 VARIANTS: dict[str, dict[str, Any]] = {
     "legacy": {"shuffle_chunks": 4},  # the default before small pieces
     "default": {},
+    "p8": {"piece_rows": 8, "shuffle_chunks": 512},  # the default of session 7-9
     "p16": {"piece_rows": 16, "shuffle_chunks": 256},
     "p32": {"piece_rows": 32, "shuffle_chunks": 128},
     "uniform": {"shuffle": "uniform"},

@@ -467,3 +467,31 @@ def test_uniform_shuffle_is_a_uniform_permutation_of_rows():
     assert np.all(np.abs(counts - expected) < 5 * np.sqrt(expected) + 1)
     with pytest.raises(PlanError, match="uniform"):
         plan_epoch(sizes, batch_size=4, shuffle="random")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=60), st.integers(0, 10_000),
+    st.integers(1, 64), st.integers(0, 2**32 - 1), st.booleans(),
+)  # fmt: skip
+def test_deal_order_puts_a_segments_rows_in_different_batches(lengths, at, batch, seed, draw_whole):
+    """A shuffle group's order (``deal_order``) is a permutation of its rows, whatever the
+    group's place in the stream; where the group's batches are whole, the rows of a segment
+    are dealt round the batches (a batch gets at most ``ceil(rows / batches)`` of them: one,
+    for a piece no longer than the batch count); and it is seeded."""
+    from shardload.plan.epoch import deal_order
+
+    if sum(lengths) % batch and draw_whole:  # make the batches whole, for the check below
+        lengths = [*lengths, batch - sum(lengths) % batch]
+    lengths_a = np.array(lengths)
+    n = int(lengths_a.sum())
+    for start in (at, at - at % batch):
+        order = deal_order(lengths_a, start, n, batch, np.random.default_rng(seed))
+        assert sorted(order.tolist()) == list(range(n))
+    seg = np.repeat(np.arange(len(lengths)), lengths)[order]  # segment of each position
+    if n % batch == 0:  # whole batches (the last ``start`` is a batch boundary)
+        per_batch = np.zeros((len(lengths), n // batch), np.int64)
+        np.add.at(per_batch, (seg, np.arange(n) // batch), 1)
+        assert (per_batch.max(axis=1) <= -(-lengths_a // (n // batch))).all()
+    again = deal_order(lengths_a, start, n, batch, np.random.default_rng(seed))
+    assert np.array_equal(order, again)

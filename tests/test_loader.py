@@ -559,6 +559,25 @@ def test_default_shuffle_is_small_pieces_on_raw_local_chunks(stores, fmt, monkey
         check_values(store, b)
 
 
+def test_default_pieces_are_no_longer_than_the_groups_batch_count(tmp_path, monkeypatch):
+    """Dealt groups put one row of a piece in a batch only while the piece has no more rows
+    than the group has batches: the default pieces shrink with bigger batches (more pieces a
+    group, up to MAX_GROUP_PIECES), never grow past DEFAULT_GROUP_PIECES' size, and the group
+    keeps its rows."""
+    from shardload.loader import batches as batches_mod
+
+    monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 30 * 32)  # 30-row big pieces
+    monkeypatch.setattr(batches_mod, "DEFAULT_GROUP_PIECES", 10)  # 120 rows -> 12-row pieces
+    monkeypatch.setattr(batches_mod, "MAX_GROUP_PIECES", 40)  # ... at least 3-row pieces
+    store = make_store(tmp_path / "s", fmt="zarr", n=480, chunk_rows=120)  # 32 B a row
+    got = {
+        b: batches_mod.loader_selection(store, split="train", batch_size=b)[1:]
+        for b in (None, 4, 10, 20, 30, 1000)
+    }
+    assert got == {None: (12, 10), 4: (12, 10), 10: (12, 10), 20: (6, 20), 30: (4, 30),
+                   1000: (3, 40)}  # fmt: skip
+
+
 @pytest.mark.parametrize("fmt", ["npy-none", "zarr-none"])
 @pytest.mark.parametrize("opts", [{}, {"shuffle_chunks": 4}], ids=["default", "legacy"])
 def test_elastic_resume_through_the_scatter_reader(stores, fmt, opts):

@@ -97,10 +97,12 @@ def test_shuffle_buffer_mixes_with_its_size():
 
 @pytest.mark.parametrize("world", [1, 4, 16])
 def test_small_pieces_from_every_chunk_mix_like_uniform_at_any_world_size(world):
-    """The shuffle the loader's default plans on raw local chunks (pieces of 8 rows, groups of
-    512 pieces = 4,096 rows, 2 workers per rank) meets the quality goals on 1, 4 and 16 ranks;
-    whole chunks in groups of 4 (the earlier default) do not."""
-    n, chunk, p = 262_144, 4096, 8
+    """The shuffle the loader's default plans on raw local chunks (pieces of 16 rows, groups of
+    256 pieces = 4,096 rows dealt to their 16 batches, 2 workers per rank) meets the quality
+    goals on 1, 4 and 16 ranks, with margin (VIF_ar <= 1.5 where the goal is 2: 16-row pieces
+    permuted uniformly within the group scored 2.03-2.09); whole chunks in groups of 4 (the
+    earlier default) do not."""
+    n, chunk, p = 262_144, 4096, 16
     chunk_of = np.arange(n) // chunk
     starts = np.arange(0, n, p)
     ids = starts // chunk
@@ -127,5 +129,6 @@ def test_small_pieces_from_every_chunk_mix_like_uniform_at_any_world_size(world)
     q = quality(epochs(p, 4096 // p), chunk_of)
     assert q["chunks_per_batch_ratio"] >= 0.9
     assert q["vif_pos"] <= 1.5 and q["vif_ar"] <= 2.0 and q["recurrence"] <= 1.5, q
+    assert q["vif_ar"] <= 1.5 and q["recurrence"] <= 1.2, q  # the margin
     old = quality(epochs(1024, 4), chunk_of)
     assert old["vif_pos"] > 30 and old["chunks_per_batch"] == pytest.approx(4.0)

@@ -62,6 +62,43 @@ def test_ring_reads_what_preadv_reads_in_several_rounds(tmp_path, ring):
             os.close(f)
 
 
+@pytest.mark.parametrize("read_op", [True, False])
+def test_one_iovec_entries_go_as_plain_reads(tmp_path, ring, monkeypatch, read_op):
+    """``single`` given: entries of one iovec go as ``IORING_OP_READ`` into that buffer, the
+    others as ``READV``, with the same bytes and results as ``preadv``; with plain reads off
+    (a kernel without them, after one came back ``EINVAL``) every entry is a ``READV``."""
+    rng = np.random.default_rng(2)
+    data = rng.integers(0, 255, 1 << 16, dtype=np.uint8)
+    path = tmp_path / "f"
+    path.write_bytes(data.tobytes())
+    if not read_op:
+        monkeypatch.setitem(uring._STATE, "read_op", False)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n = 2 * ring.batch + 3
+        counts = rng.integers(1, 3, n).astype(np.uint32)  # 1 or 2 iovecs an entry
+        lens = rng.integers(1, 200, (n, 2))
+        offs = rng.integers(0, (1 << 16) - 400, n)
+        out = np.zeros(int(lens.sum()), np.uint8)
+        dst = np.concatenate(([0], np.cumsum(lens)[:-1])).reshape(n, 2)
+        iov = np.stack([out.ctypes.data + dst.ravel(), lens.ravel()], axis=1).astype(np.uint64)
+        ptrs = (iov.ctypes.data + 32 * np.arange(n)).astype(np.uint64)
+        res = ring.readv(np.full(n, fd), ptrs, counts, offs.astype(np.uint64),
+                         (iov[::2, 0], iov[::2, 1]))  # fmt: skip
+        want = np.where(counts == 1, lens[:, 0], lens.sum(axis=1))
+        assert (res == want).all()
+        for i in range(n):
+            got = np.concatenate(
+                [out[dst[i, j] : dst[i, j] + lens[i, j]] for j in range(counts[i])]
+            )
+            assert (got == data[offs[i] : offs[i] + want[i]]).all()
+        last = ring.sqes["opcode"][: n % ring.batch]  # the last round's entries
+        expect = np.where(counts[-len(last) :] == 1, 22, 1) if read_op else 1
+        assert (last == expect).all()
+    finally:
+        os.close(fd)
+
+
 def _epoch(store, **kw):
     return list(shardload.iter_batches(store, batch_size=8, split="train", threads=2, **kw))
 
@@ -101,3 +138,39 @@ def test_io_uring_can_be_turned_off_by_environment(monkeypatch):
     finally:
         monkeypatch.delenv("SHARDLOAD_IO_URING")
         uring.reset_for_tests(None)
+
+
+def test_open_chunks_looks_up_many_chunks_at_once_and_checks_their_sizes(tmp_path):
+    """``OpenChunks.lookup``: every chunk's descriptor, data offset and row size per entry
+    (repeats allowed), opened once while under the limit and by the caller past it (those are
+    returned to be closed); a chunk too short for the rows wanted raises naming chunk and
+    file, closing what it opened."""
+    from shardload.formats.base import RawChunk
+
+    paths = []
+    for c in range(5):
+        p = tmp_path / f"c{c}"
+        p.write_bytes(bytes(16 + 10 * (c + 1)))  # header of 16 bytes, c + 1 rows of 10
+        paths.append(str(p))
+
+    def raw(c: int) -> RawChunk:
+        return RawChunk(paths[c], 16, 10)
+
+    files = scatter.OpenChunks(limit=2)
+    chunks = np.array([4, 0, 4, 3, 0])
+    fd, off, row, owned = files.lookup(raw, "x", chunks, chunks + 1)
+    assert off.tolist() == [16] * 5 and row.tolist() == [10] * 5
+    assert fd[0] == fd[2] and fd[1] == fd[4] and len(set(fd.tolist())) == 3
+    assert owned == [fd[0]]  # the limit: chunks 0 and 3 cached, 4 opened for this call
+    for c, d in zip(chunks.tolist(), fd.tolist(), strict=True):
+        assert os.path.samefile(os.readlink(f"/proc/self/fd/{d}"), paths[c])
+    for d in owned:
+        os.close(d)
+    again, _, _, owned2 = files.lookup(raw, "x", np.array([3, 0]), np.array([1, 1]))
+    assert again.tolist() == [fd[3], fd[1]] and owned2 == []  # the cached ones, not reopened
+    with pytest.raises(ChunkReadError, match=r"chunk 1 of array 'x' is truncated .*c1 has 36"):
+        files.lookup(raw, "x", np.array([0, 1]), np.array([1, 3]))
+    files.close()
+    for d in (fd[1], fd[3]):
+        with pytest.raises(OSError):
+            os.fstat(int(d))

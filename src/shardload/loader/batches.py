@@ -44,8 +44,13 @@ DEFAULT_PIECE_BYTES = 8 << 20
 #: holds as many rows as ``DEFAULT_SHUFFLE_CHUNKS`` pieces of ``DEFAULT_PIECE_BYTES`` (the
 #: memory of the earlier default), cut into this many small pieces drawn from all chunks, so a
 #: batch mixes rows of as many chunks as a uniform shuffle's (see docs/loading.md, "Shuffle
-#: quality"). Scatter reads make a small piece cheap: one ``preadv`` of a few rows.
-DEFAULT_GROUP_PIECES = 512
+#: quality"). Scatter reads make a small piece cheap: one read of a few rows. The group deals
+#: a piece's rows to different batches (``plan.epoch.deal_order``), so a piece may hold as
+#: many rows as the group has batches; more pieces (up to ``MAX_GROUP_PIECES``) where batches
+#: are bigger (:func:`resolve_shuffle`).
+DEFAULT_GROUP_PIECES = 256
+#: The most pieces a default group is cut into (batches of more than group rows / 256).
+MAX_GROUP_PIECES = 512
 
 
 def iter_batches(
@@ -101,15 +106,17 @@ def iter_batches(
         What to read: a split, or explicit chunk ids, and/or a global ``(start, stop)`` row
         range; which arrays (default all).
     shuffle_chunks
-        Pieces whose rows are permuted together (the shuffle buffer, in pieces).
+        Pieces whose rows are shuffled together (the shuffle buffer, in pieces).
     piece_rows
         The shuffle unit: chunks longer than this are cut into equal pieces of at most
         ``piece_rows`` rows, which the plan shuffles (in rounds of one piece per chunk),
         spreads over ranks and workers, and groups as it would chunks. Defaults
         (:func:`resolve_shuffle`): on raw rows in local files (uncompressed Zarr, npy stacks),
         groups of as many rows as 4 pieces of at most 8 MiB, cut into
-        ``DEFAULT_GROUP_PIECES`` (512) small pieces, so a group holds pieces of every chunk
-        and a batch mixes as many chunks as a uniform shuffle; with only ``shuffle_chunks``
+        ``DEFAULT_GROUP_PIECES`` (256) small pieces (up to 512 when batches hold more than
+        a 256th of the group, so a piece has no more rows than the group has batches), so a
+        group holds pieces of every chunk; the group deals each piece's rows to different
+        batches, and a batch mixes as many chunks as a uniform shuffle; with only ``shuffle_chunks``
         given, pieces of at most 8 MiB (``shuffle_chunks=4``: the earlier default, 4 chunks
         per batch). Other stores: whole chunks, 4 per group (a piece of a compressed chunk
         would decode the whole chunk). ``0``: whole chunks.
@@ -164,7 +171,7 @@ def iter_batches(
     st = open_store(store, storage_options=storage_options, arrays=arrays)
     sel, _, shuffle_chunks = loader_selection(
         st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows,
-        shuffle_chunks=shuffle_chunks, shuffle=shuffle,
+        shuffle_chunks=shuffle_chunks, shuffle=shuffle, batch_size=batch_size,
     )  # fmt: skip
     plan = plan_for(
         st, sel, batch_size=batch_size, world_size=world_size, num_workers=num_workers,
@@ -201,6 +208,7 @@ def loader_selection(
     piece_rows: int | None = None,
     shuffle_chunks: int | None = None,
     shuffle: bool | str = True,
+    batch_size: int | None = None,
 ) -> tuple[Selection, int, int]:
     """The selection a loader plans over: :func:`select_rows` cut into pieces, the rows per
     piece it was cut with and the pieces per shuffle group (:func:`resolve_shuffle`; pass both
@@ -212,7 +220,9 @@ def loader_selection(
                 f"variable-length array {name!r} of {store.url}: its batches carry its lengths "
                 f"as {name + LENGTH_SUFFIX!r}, which is also an array of the store; rename one"
             )
-    piece, group = resolve_shuffle(store, sel, piece_rows, shuffle_chunks, shuffle)
+    piece, group = resolve_shuffle(
+        store, sel, piece_rows, shuffle_chunks, shuffle, batch_size=batch_size
+    )
     return split_pieces(sel, piece), piece, group
 
 
@@ -222,13 +232,17 @@ def resolve_shuffle(
     piece_rows: int | None,
     shuffle_chunks: int | None,
     shuffle: bool | str = True,
+    *,
+    batch_size: int | None = None,
 ) -> tuple[int, int]:
     """``(piece_rows, shuffle_chunks)`` checked, with the defaults filled in. Depends on the
-    store only, never on the platform, so every rank plans the same pieces.
+    store and the batch size only, never on the platform, so every rank plans the same pieces.
 
     - Raw rows in local files (uncompressed Zarr, npy), both None (the default): a group holds
       the rows of ``DEFAULT_SHUFFLE_CHUNKS`` pieces of at most ``DEFAULT_PIECE_BYTES`` (the
-      earlier default's memory), as ``DEFAULT_GROUP_PIECES`` small pieces.
+      earlier default's memory), as ``DEFAULT_GROUP_PIECES`` small pieces, or more (at most
+      ``MAX_GROUP_PIECES``) so that a piece has no more rows than the group has batches of
+      ``batch_size`` (its rows are dealt to different batches).
     - Only ``shuffle_chunks`` given: pieces of at most ``DEFAULT_PIECE_BYTES`` (raw local
       chunks) or whole chunks, as before small pieces were the default
       (``shuffle_chunks=4`` is that earlier default).
@@ -271,7 +285,11 @@ def resolve_shuffle(
         elif shuffle_chunks is not None:
             piece_rows = big_piece
         else:
-            piece_rows = max(1, group_rows // DEFAULT_GROUP_PIECES)
+            per_batch = group_rows // max(1, batch_size or 1)  # the group's batches
+            piece_rows = max(
+                group_rows // MAX_GROUP_PIECES, min(group_rows // DEFAULT_GROUP_PIECES, per_batch)
+            )
+            piece_rows = max(1, piece_rows)
             shuffle_chunks = max(1, group_rows // piece_rows)
     return piece_rows, shuffle_chunks or DEFAULT_SHUFFLE_CHUNKS
 

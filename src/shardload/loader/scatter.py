@@ -112,7 +112,10 @@ def plan_group_reads(
     >>> o.tolist(), s.tolist(), c.tolist()
     ([3, 1, 2, 0, 4], [0, 2, 4, 5], [0, 1, 1])
     """
-    order = np.lexsort((file_rows, chunks))
+    if len(file_rows) and int(file_rows.max()) < 1 << 32:  # one int64 key: 1/4 of lexsort
+        order = np.argsort((chunks.astype(np.int64) << 32) | file_rows.astype(np.int64))
+    else:
+        order = np.lexsort((file_rows, chunks))
     c, r = chunks[order], file_rows[order]
     brk = np.ones(len(order), bool)
     brk[1:] = (c[1:] != c[:-1]) | (r[1:] != r[:-1] + 1)
@@ -171,36 +174,25 @@ def plan_read_ops(
 
 def read_runs(
     raw: Callable[[int], RawChunk], name: str, runs: range, run_chunk: np.ndarray,
-    run_row: np.ndarray, run_iov: np.ndarray, iov: np.ndarray, chunk_end: dict[int, int],
+    run_row: np.ndarray, run_iov: np.ndarray, iov: np.ndarray, chunk_end: np.ndarray,
     files: OpenChunks | None = None,
 ) -> None:  # fmt: skip
     """Reader thread: read runs ``runs`` of one array (run ``r``: file rows from
     ``run_row[r]`` of chunk ``run_chunk[r]`` into iovecs ``run_iov[r]:run_iov[r + 1]``).
 
     Each chunk file is taken from ``files`` (opened and ``fstat``-ed once an epoch; default:
-    opened for this call) and its size checked against ``chunk_end`` (the file rows the group
-    needs from it) before any read. The arguments of every call are computed
-    with numpy first; then all calls go to the kernel in one io_uring batch (:mod:`.uring`),
-    or, where io_uring cannot be used, one ``preadv`` each (the loop around ``preadv`` is then
-    the per-piece cost of small pieces).
+    opened for this call) and its size checked against ``chunk_end[r]`` (the file rows the
+    group needs from run ``r``'s chunk) before any read. The arguments of every call are
+    computed with numpy first, the chunks' descriptors and places included (a group may hold
+    pieces of every chunk: no Python step per chunk); then all calls go to the kernel in one
+    io_uring batch (:mod:`.uring`), or, where io_uring cannot be used, one ``preadv`` each (the
+    loop around ``preadv`` is then the per-piece cost of small pieces).
     """
     p0, p1 = runs.start, runs.stop
     chunks = run_chunk[p0:p1]
-    uniq = np.unique(chunks)
     files = files if files is not None else OpenChunks(limit=0)
-    opened: dict[int, tuple[int, RawChunk]] = {}
-    owned: list[int] = []  # descriptors this call opened itself (the cache was full)
+    fds, start, row_bytes, owned = files.lookup(raw, name, chunks, chunk_end[p0:p1])
     try:
-        for c in uniq.tolist():
-            fd, rc, own = files.acquire(raw, name, c, chunk_end[c])
-            opened[c] = fd, rc
-            if own:
-                owned.append(fd)
-        rcs = [opened[c][1] for c in uniq.tolist()]
-        at = np.searchsorted(uniq, chunks)
-        fds = np.array([opened[c][0] for c in uniq.tolist()], np.int64)[at]
-        start = np.array([rc.offset for rc in rcs], np.int64)[at]
-        row_bytes = np.array([rc.row_bytes for rc in rcs], np.int64)[at]
         offs = start + run_row[p0:p1] * row_bytes
         first, count = run_iov[p0:p1], np.diff(run_iov[p0 : p1 + 1])
         nbytes = np.concatenate(([0], np.cumsum(iov[:, 1].astype(np.int64))))
@@ -208,7 +200,8 @@ def read_runs(
         ptrs = iov.ctypes.data + 16 * f
         ring = uring.thread_ring()
         if ring is not None:
-            got = ring.readv(fds[run], ptrs.astype(np.uint64), cnt, off)
+            single = (iov[f, 0], iov[f, 1])  # one-iovec calls go as plain reads
+            got = ring.readv(fds[run], ptrs.astype(np.uint64), cnt, off, single)
             bad = np.flatnonzero(got != want).tolist()
         else:
             bad = list(range(len(run)))  # every call through preadv, below
@@ -221,7 +214,8 @@ def read_runs(
             fd = int(fds[r])
             got1 = preadv(fd, ptr, m, o)
             if got1 != w:
-                _read_failed(rcs[at[r]].path, name, int(chunks[r]), got1, w, (fd, ptr, m, o))
+                c = int(chunks[r])
+                _read_failed(raw(c).path, name, c, got1, w, (fd, ptr, m, o))
     finally:
         for fd in owned:
             os.close(fd)
@@ -245,41 +239,75 @@ def _read_failed(
 class OpenChunks:
     """The chunk files one scatter reader keeps open for an epoch, shared by its reader
     threads: each opened and ``fstat``-ed once, where opening it for every group cost about 5%
-    of an epoch's CPU with 512 pieces a group. At most ``limit`` stay open (default: a quarter
-    of the soft ``RLIMIT_NOFILE``, at most 1,024); past that a reader opens and closes its own.
-    :meth:`close` once no reader uses them."""
+    of an epoch's CPU with 512 pieces a group. Per array, a table indexed by chunk id holds
+    each open chunk's descriptor, data offset, row size and file size, so a group's chunks
+    are looked up and checked with numpy (:meth:`lookup`). At most ``limit`` stay open
+    (default: a quarter of the soft ``RLIMIT_NOFILE``, at most 1,024); past that a reader
+    opens and closes its own. :meth:`close` once no reader uses them."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = _fd_budget() if limit is None else limit
-        self._open: dict[tuple[str, int], tuple[int, RawChunk, int]] = {}
+        self._tables: dict[str, np.ndarray] = {}  # name -> (4, chunks): fd, offset, row, size
+        self._count = 0
         self._lock = threading.Lock()
 
-    def acquire(
-        self, raw: Callable[[int], RawChunk], name: str, chunk: int, rows: int
-    ) -> tuple[int, RawChunk, bool]:
-        """``(fd, where, owned)`` for chunk ``chunk`` of ``name``, checked to hold ``rows``
-        rows; ``owned``: the caller closes ``fd`` (the cache was full)."""
-        key = (name, chunk)
+    def _table(self, name: str, chunks: int) -> np.ndarray:  # under the lock
+        t = self._tables.get(name)
+        if t is None or t.shape[1] < chunks:
+            new = np.full((4, max(chunks, 2 * (0 if t is None else t.shape[1]))), -1, np.int64)
+            if t is not None:
+                new[:, : t.shape[1]] = t
+            t = self._tables[name] = new
+        return t
+
+    def lookup(
+        self, raw: Callable[[int], RawChunk], name: str, chunks: np.ndarray, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """``(fd, offset, row_bytes, owned)`` for each of ``chunks`` (chunk ids of ``name``,
+        repeats allowed), each chunk checked to hold ``rows`` rows (per entry); ``owned``: the
+        descriptors the caller closes (the cache was full)."""
         with self._lock:
-            got = self._open.get(key)
-            if got is None and len(self._open) < self.limit:
-                got = self._open[key] = _open_sized(raw(chunk), name, chunk)
-        owned = got is None
-        fd, rc, size = got if got is not None else _open_sized(raw(chunk), name, chunk)
-        want_end = rc.offset + rows * rc.row_bytes
-        if size < want_end:
-            if owned:
-                os.close(fd)
-            raise ChunkReadError(
-                f"chunk {chunk} of array {name!r} is truncated or corrupt: {rc.path} has "
-                f"{size} bytes, rows up to {rows} need {want_end}"
-            )
-        return fd, rc, owned
+            t = self._tables.get(name)
+            if t is None or t.shape[1] <= int(chunks.max(initial=-1)):
+                t = self._table(name, int(chunks.max()) + 1)
+            got = t[:, chunks]
+            miss = got[0] < 0
+            if miss.any():  # first use of these chunks this epoch
+                for c in np.unique(chunks[miss]).tolist():
+                    if self._count >= self.limit:
+                        break
+                    fd, rc, size = _open_sized(raw(c), name, c)
+                    t[:, c] = fd, rc.offset, rc.row_bytes, size
+                    self._count += 1
+                got = t[:, chunks]
+                miss = got[0] < 0
+        owned: list[int] = []
+        try:
+            if miss.any():  # over the limit: opened here, closed by the caller
+                for c in np.unique(chunks[miss]).tolist():
+                    fd, rc, size = _open_sized(raw(c), name, c)
+                    owned.append(fd)
+                    got[:, chunks == c] = np.array([fd, rc.offset, rc.row_bytes, size])[:, None]
+            fd, offset, row_bytes, size = got
+            short = size < offset + rows * row_bytes
+            if short.any():
+                i = int(np.flatnonzero(short)[0])
+                c, want = int(chunks[i]), int(offset[i] + rows[i] * row_bytes[i])
+                raise ChunkReadError(
+                    f"chunk {c} of array {name!r} is truncated or corrupt: {raw(c).path} has "
+                    f"{int(size[i])} bytes, rows up to {int(rows[i])} need {want}"
+                )
+        except BaseException:
+            for d in owned:
+                os.close(d)
+            raise
+        return fd, offset, row_bytes, owned
 
     def close(self) -> None:
         with self._lock:
-            fds = [fd for fd, _, _ in self._open.values()]
-            self._open.clear()
+            fds = [int(fd) for t in self._tables.values() for fd in t[0] if fd >= 0]
+            self._tables.clear()
+            self._count = 0
         for fd in fds:
             os.close(fd)
 
@@ -392,14 +420,10 @@ def scatter_batches(
         pos = (at + srt).astype(np.uint64)  # stream position of each sorted row
         file_rows = (rows - bounds[chunks])[srt]
         run_row = file_rows[run_starts[:-1]]
-        ends = np.flatnonzero(np.append(run_chunk[1:] != run_chunk[:-1], True))
-        chunk_end = dict(
-            zip(
-                run_chunk[ends].tolist(),
-                (file_rows[run_starts[ends + 1] - 1] + 1).tolist(),
-                strict=True,
-            )
-        )
+        # the file rows each run's chunk must hold: runs are sorted by (chunk, row), so the
+        # end of a chunk's last run, spread over its runs
+        last = np.flatnonzero(np.append(run_chunk[1:] != run_chunk[:-1], True))
+        chunk_end = np.repeat(file_rows[run_starts[last + 1] - 1] + 1, np.diff(last, prepend=-1))
         k_of = (pos // np.uint64(b)).astype(np.int64) - k0
         in_b = pos % np.uint64(b)
         futs: list[Future[None]] = []

@@ -32,7 +32,8 @@ import numpy as np
 #: io_uring_setup / io_uring_enter: the same numbers on every Linux architecture we run on.
 _SYS_SETUP, _SYS_ENTER = 425, 426
 _ARCHES = {"x86_64", "amd64", "aarch64", "arm64"}
-_OP_READV = 1
+_OP_READV, _OP_READ = 1, 22  # IORING_OP_READ: Linux 5.6+
+_EINVAL = 22
 _ENTER_GETEVENTS = 1
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 #: Entries of a ring (its memory: about 64 B per entry for the submissions, 32 B for completions).
@@ -89,8 +90,7 @@ class Ring:
             self.cq_head, self.cq_tail = _u32(cq_map, int(cq[0])), _u32(cq_map, int(cq[1]))
             self.cq_mask = int(_u32(cq_map, int(cq[2]))[0])
             self.cqes = np.frombuffer(cq_map, CQE, cq_n, int(cq[5]))
-            self.sqes = np.frombuffer(sqe_map, SQE, sq_n)
-            self.sqes["opcode"] = _OP_READV  # every entry is a READV; the rest stays zero
+            self.sqes = np.frombuffer(sqe_map, SQE, sq_n)  # fields we do not set stay zero
         except BaseException:
             self.close()
             raise
@@ -118,20 +118,34 @@ class Ring:
             self.close()
 
     def readv(
-        self, fds: np.ndarray, iovs: np.ndarray, counts: np.ndarray, offsets: np.ndarray
-    ) -> np.ndarray:
+        self, fds: np.ndarray, iovs: np.ndarray, counts: np.ndarray, offsets: np.ndarray,
+        single: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> np.ndarray:  # fmt: skip
         """``preadv(fds[i], iovs[i], counts[i], offsets[i])`` for every ``i``, in rounds of
         up to ``batch`` entries (one ``io_uring_enter`` each, which submits and waits for the
-        whole round, the GIL released). Returns each read's result (bytes, or ``-errno``)."""
+        whole round, the GIL released). Returns each read's result (bytes, or ``-errno``).
+
+        ``single``: ``(base, length)`` of each entry's first iovec; an entry of one iovec then
+        goes as a plain ``IORING_OP_READ`` into it (no iovec array for the kernel to copy and
+        check: a few % of a one-row read), where the kernel has it (Linux 5.6+; an entry that
+        fails with ``EINVAL`` turns them off for the process, and the caller reads it again).
+        """
         n = len(fds)
         res = np.empty(n, np.int64)
         enter = _syscall()
         sqes, done = self.sqes, 0
+        ops, addrs, lens = np.full(n, _OP_READV, np.uint8), iovs, counts
+        one = None
+        if single is not None and _STATE.get("read_op", True):
+            one = counts == 1
+            ops[one] = _OP_READ
+            addrs = np.where(one, single[0].astype(np.uint64), iovs.astype(np.uint64))
+            lens = np.where(one, single[1].astype(np.uint32), counts.astype(np.uint32))
         while done < n:
             k = min(n - done, self.batch)
             sl = slice(done, done + k)
-            sqes["fd"][:k], sqes["off"][:k] = fds[sl], offsets[sl]
-            sqes["addr"][:k], sqes["len"][:k] = iovs[sl], counts[sl]
+            sqes["opcode"][:k], sqes["fd"][:k], sqes["off"][:k] = ops[sl], fds[sl], offsets[sl]
+            sqes["addr"][:k], sqes["len"][:k] = addrs[sl], lens[sl]
             sqes["user_data"][:k] = np.arange(done, done + k, dtype=np.uint64)
             tail = int(self.sq_tail[0])
             self.sq_array[(tail + np.arange(k)) & self.sq_mask] = np.arange(k, dtype=np.uint32)
@@ -153,6 +167,8 @@ class Ring:
                     self.cq_head[0] = ctail
                     got += m
             done += k
+        if one is not None and (res[one] == -_EINVAL).any():  # no IORING_OP_READ here
+            _STATE["read_op"] = False
         return res
 
 

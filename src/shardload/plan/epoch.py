@@ -22,8 +22,11 @@ array of row offsets inside it), so a plan for 10**9 rows costs what its chunk l
    partial batch, if any, is the rank's *last* batch in that order (worker ``(nb - 1) % W``).
    Every rank has the same number of batches.
 4. **Shuffle groups.** A worker takes its segments ``shuffle_chunks`` at a time; a group's rows
-   are permuted together (seeded by seed, epoch, rank, worker, group), so batches mix chunks
-   while a worker holds only about ``shuffle_chunks`` chunks in memory.
+   are shuffled together (seeded by seed, epoch, rank, worker, group), so batches mix chunks
+   while a worker holds only about ``shuffle_chunks`` chunks in memory. The shuffle *deals*
+   (:func:`deal_order`): each segment's rows go to different batches of the group, so a batch
+   holds at most one row of a piece that is no longer than the group's batch count.
+   ``shuffle="uniform"`` keeps the sequence's (already uniform) order.
 
 Resume and the saved state (:func:`plan_resume`, :class:`EpochState`) live in
 :mod:`shardload.plan.resume`.
@@ -66,6 +69,9 @@ __all__ = [
 ]
 
 MODES = ("drop", "pad")
+#: Hashed into the fingerprint of shuffled plans: a state saved by a planner that ordered
+#: shuffle groups otherwise (a plain permutation, before ``deal_order``) is refused.
+GROUP_ORDER_VERSION = b"|groups-dealt"
 SHUFFLES = (False, True, "uniform")
 
 #: Chunks whose rows one worker permutes together. Memory per worker is about this many chunks
@@ -204,11 +210,10 @@ def plan_fingerprint(
     for arr in (sizes, ids, starts):
         h.update(arr.astype("<i8").tobytes())
         h.update(b"|")
-    h.update(
-        repr(
-            (batch_size, seed, mode, bool(drop_last), _check_shuffle(shuffle), shuffle_chunks)
-        ).encode()
-    )
+    shuffle = _check_shuffle(shuffle)
+    h.update(repr((batch_size, seed, mode, bool(drop_last), shuffle, shuffle_chunks)).encode())
+    if shuffle:  # states saved before groups were dealt (``deal_order``) resume other rows
+        h.update(GROUP_ORDER_VERSION)
     return h.hexdigest()
 
 
@@ -272,9 +277,9 @@ def plan_epoch(
         seq = Spans(
             ids[order],
             starts[order],
-            np.zeros(len(sizes), np.int64),
+            _const(0, len(sizes)),
             sizes[order],
-            np.full(len(sizes), -1, np.int64),
+            _const(-1, len(sizes)),
         )
     fp = plan_fingerprint(
         sizes,
@@ -298,6 +303,12 @@ def plan_epoch(
     )
 
 
+def _const(value: int, n: int) -> np.ndarray:
+    """``n`` int64 copies of ``value`` in no memory (a read-only broadcast view: a plan of
+    10**5 pieces or 10**9 one-row segments holds one such column per sequence)."""
+    return np.broadcast_to(np.int64(value), (n,))
+
+
 def _check_shuffle(shuffle: bool | str) -> bool | str:
     if isinstance(shuffle, str):
         if shuffle != "uniform":
@@ -315,7 +326,7 @@ def _uniform_sequence(
     cum = np.concatenate(([0], np.cumsum(sizes)))
     entry = np.searchsorted(cum, perm, "right") - 1
     off = perm - cum[entry]
-    return Spans(ids[entry], starts[entry], off, off + 1, np.full(n, -1, np.int64))
+    return Spans(ids[entry], starts[entry], off, off + 1, _const(-1, n))
 
 
 def _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chunks) -> dict:
@@ -438,14 +449,62 @@ def _group_bounds(spans: Spans, k: int) -> np.ndarray:
     return np.append(bounds, spans.cum[-1]) if len(spans) % k else bounds
 
 
-def _group_order(wp: WorkerPlan, g: int, n: int, shuffle: bool | str) -> np.ndarray:
-    if not shuffle:
+def _group_order(
+    wp: WorkerPlan, g: int, spans: Spans, at: int, n: int, shuffle: bool | str, batch_size: int
+) -> np.ndarray:
+    """Group ``g``'s order: its rows dealt to its batches (:func:`deal_order`) when
+    ``shuffle=True``; as they come otherwise (``"uniform"``: the sequence is a uniform
+    permutation already). ``at``: the group's first stream position."""
+    if shuffle is not True:
         return np.arange(n, dtype=np.int64)
-    return np.random.default_rng((*wp.seed_key, g)).permutation(n)
+    rng = np.random.default_rng((*wp.seed_key, g))
+    return deal_order(spans.hi - spans.lo, at, n, batch_size, rng)
+
+
+def _small_int(n: int) -> type:
+    """The smallest unsigned type for values below ``n`` (numpy radix-sorts 8/16-bit keys)."""
+    return np.uint8 if n <= 1 << 8 else np.uint16 if n <= 1 << 16 else np.int64
+
+
+def deal_order(
+    lengths: np.ndarray, at: int, n: int, batch_size: int, rng: np.random.Generator
+) -> np.ndarray:
+    """A random order of a group's ``n`` rows (segments of ``lengths`` rows, concatenated)
+    that *deals* each segment's rows to different batches (pure).
+
+    The rows are listed segment by segment, segments in a random order and rows in a random
+    order within each; this list is then dealt like cards to the batches the group's stream
+    positions ``at .. at + n`` fall in: the first row to the first batch, the next to the
+    second, ... one row per batch per round (a batch with no place left is skipped). So the
+    rows of a segment of ``k`` rows land in ``k`` different batches when the group spans at
+    least ``k`` batches, where a uniform permutation puts two rows of a 16-row piece in one
+    batch of 16 with probability 1 - 16!/16**16 ~ 1. A batch's rows come in the random order
+    of their segments. With pieces of a storage-order feature (neighbouring rows correlated),
+    this is what keeps a batch as varied as a uniform shuffle's (docs/loading.md, "Shuffle
+    quality").
+
+    >>> order = deal_order(np.array([2, 2, 2, 2]), 0, 8, 4, np.random.default_rng(0))
+    >>> order.reshape(2, 4).tolist(), (order // 2).reshape(2, 4).tolist()  # rows, their segments
+    ([[4, 0, 2, 6], [5, 1, 3, 7]], [[2, 0, 1, 3], [2, 0, 1, 3]])
+    """
+    lengths = np.asarray(lengths, np.int64)
+    # rows in a random order, then (stable) by their segment's random rank: segment by segment
+    perm = rng.permutation(n)
+    rank: np.ndarray = rng.permutation(len(lengths)).astype(_small_int(len(lengths)))
+    seg_rank = rank[np.repeat(np.arange(len(lengths)), lengths)[perm]]
+    listed = perm[np.argsort(seg_rank, kind="stable")]
+    # each stream position's place in its batch; positions by (place, batch) take the list
+    b = int(batch_size)
+    first = min(n, b - at % b)
+    pos = np.arange(n, dtype=np.int64)
+    place: np.ndarray = np.where(pos < first, pos, (pos - first) % b).astype(_small_int(b))
+    order = np.empty(n, np.int64)
+    order[np.argsort(place, kind="stable")] = listed
+    return order
 
 
 def _iter_groups(
-    wp: WorkerPlan, k: int, shuffle: bool | str, plan: EpochPlan | None = None
+    wp: WorkerPlan, k: int, shuffle: bool | str, batch_size: int, plan: EpochPlan | None = None
 ) -> Iterator[tuple[int, Spans, np.ndarray, int]]:
     """Per group from the one holding row ``skip_rows``: (index, spans, order, rows skipped)."""
     bounds = _group_bounds(wp.spans, k)
@@ -453,7 +512,7 @@ def _iter_groups(
     for g in range(first, len(bounds) - 1):
         spans = wp.spans.seg(g * k, (g + 1) * k)
         n = int(bounds[g + 1] - bounds[g])
-        order = _group_order(wp, g, n, shuffle)
+        order = _group_order(wp, g, spans, int(bounds[g]), n, shuffle, batch_size)
         if plan is not None and plan.buckets is not None:
             order = _bucketed(plan, wp, g, spans, order, int(bounds[g]))
         yield g, spans, order, max(0, wp.skip_rows - int(bounds[g]))
@@ -473,7 +532,9 @@ def iter_worker_spans(
     """The shuffle groups of one worker as ``(spans, order)`` (the vectorised form of
     :func:`iter_worker_groups`, for readers that plan a group's reads with numpy)."""
     wp = plan.workers[rank][worker]
-    for _, spans, order, skip in _iter_groups(wp, plan.shuffle_chunks, plan.shuffle, plan):
+    for _, spans, order, skip in _iter_groups(
+        wp, plan.shuffle_chunks, plan.shuffle, plan.batch_size, plan
+    ):
         yield spans, order[skip:]
 
 

@@ -151,10 +151,10 @@ def _unconsumed(
     n, local = int(bounds[g + 1] - bounds[g]), skip - int(bounds[g])
     if local == 0:
         return [group, rest]
-    if not old.shuffle:
+    if old.shuffle is not True:  # rows in sequence order (buckets need shuffle=True)
         return [group.take(local, n), rest]
     # The rest of a shuffled group is a set of rows of its segments: keep it per segment.
-    order = _group_order(wp, g, n, True)
+    order = _group_order(wp, g, group, int(bounds[g]), n, old.shuffle, old.batch_size)
     if old.buckets is not None:
         order = _bucketed(old, wp, g, group, order, int(bounds[g]))
     keep = np.sort(order[local:])

@@ -89,9 +89,13 @@ class Spans:
         cum = self.cum
         i0 = int(np.searchsorted(cum, a, "right")) - 1
         i1 = int(np.searchsorted(cum, b, "left"))
-        lo, hi = self.lo[i0:i1].copy(), self.hi[i0:i1].copy()
-        lo[0] += a - cum[i0]
-        hi[-1] -= cum[i1] - b
+        lo, hi = self.lo[i0:i1], self.hi[i0:i1]
+        if a != cum[i0]:  # cut inside the first segment (else a view: no copy of the plan)
+            lo = lo.copy()
+            lo[0] += a - cum[i0]
+        if b != cum[i1]:
+            hi = hi.copy()
+            hi[-1] -= cum[i1] - b
         return Spans(self.chunk[i0:i1], self.base[i0:i1], lo, hi, self.ex[i0:i1], self.explicit)
 
     def offsets(self, i: int) -> np.ndarray:

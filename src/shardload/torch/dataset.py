@@ -137,6 +137,7 @@ class StreamingDataset(IterableDataset):
         self.selection, resolved, shuffle_chunks = loader_selection(
             self.store, split=split, chunks=chunks, rows=rows, arrays=arrays,
             piece_rows=piece_rows, shuffle_chunks=shuffle_chunks, shuffle=shuffle,
+            batch_size=batch_size,
         )  # fmt: skip
         self.options: PlanOptions = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
