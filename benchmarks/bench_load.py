@@ -63,6 +63,17 @@ DEFAULT_CASES = (
     "shardload-iter:zstd:w0", "shardload-iter-pool8:zstd:w0", "shardload-dl:zstd:w2", "naive-zarr:zstd:w2", "xbatcher:zstd:w2",
     "zarr-torch-dataset:zstd:w0", "zarr-torch-dataset:zstd:w2",
 )  # fmt: skip
+#: Compressed stores of smaller chunks (issue 14): zstd chunks of R rows (``zstd-cR``), or of R
+#: rows inside shards of the base chunk rows (``zstd-sR``), each read with the default settings
+#: and with a decoded pool of the zstd default's memory (``-mem``), in-process and through
+#: ``StreamingDataLoader`` with 2 workers. ``--cases compressed`` runs these and the baselines.
+SMALL_CHUNKS = ("c1024", "c512", "c256", "c64", "c32", "s256", "s32")
+COMPRESSED_CASES = (
+    "shardload-iter:zstd:w0", "shardload-iter-pool8:zstd:w0", "shardload-sdl:zstd:w2",
+    *(f"shardload-{how}:zstd-{k}:w{w}" for k in SMALL_CHUNKS
+      for how, w in (("iter", 0), ("iter-mem", 0), ("sdl", 2), ("sdl-mem", 2))),
+)  # fmt: skip
+DEFAULT_CASES += tuple(c for c in COMPRESSED_CASES if c not in DEFAULT_CASES)
 QUICK = {"rows": 8192, "features": 64, "chunk_rows": 512, "max_seconds": 5.0, "repeats": 1}
 
 
@@ -84,7 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="where the stores live (reused when the shape matches); default "
                          "$TMPDIR/shardload-bench-load")  # fmt: skip
     ap.add_argument("--cases", default=None,
-                    help="comma-separated subset, LOADER:none|zstd:wN (default: all; see --list)")  # fmt: skip
+                    help="comma-separated subset, LOADER:none|zstd|zstd-cR|zstd-sR:wN (default: "
+                         "all; see --list), or 'compressed' (the zstd stores of smaller chunks "
+                         "and their baselines)")  # fmt: skip
     ap.add_argument("--list", action="store_true", help="list the default cases and exit")
     ap.add_argument("--quick", action="store_true",
                     help=f"tiny smoke run: {QUICK} unless given explicitly")  # fmt: skip
@@ -113,6 +126,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.features = max(1, round(args.row_bytes / 4))
     args.workdir = Path(args.workdir or Path(tempfile.gettempdir()) / "shardload-bench-load")
     return args
+
+
+def _fits(codec: str, chunk_rows: int) -> bool:
+    small = data.small_chunk_kind(f"zarr-{codec}")
+    return small is None or (small[0] < chunk_rows and chunk_rows % small[0] == 0)
 
 
 def run_subprocess_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -203,14 +221,49 @@ def measure_limits(work: Path, info: dict[str, Any], *, chunk_bytes: int, log) -
         rates = "; ".join(f"{k}: {v / 1e9:.2f}" for k, v in lim["zstd_rates_Bps"].items())
         log(f"  zstd read + decode (decoded GB/s): {rates} -> limit {lim['zstd_Bps'] / 1e9:.2f} "
             f"GB/s; one thread {lim['zstd_one_thread_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+        lim["zstd_by_store"] = {"zarr-zstd": {k: v for k, v in lim.items() if k.startswith("zstd")}}
+    for kind in sorted(k for k in info if data.small_chunk_kind(k)):  # each store its own limit
+        lim.setdefault("zstd_by_store", {})[kind] = small = small_chunk_limit(work / kind)
+        rates = "; ".join(f"{k}: {v / 1e9:.2f}" for k, v in small["zstd_rates_Bps"].items())
+        log(f"  {kind} read + decode (decoded GB/s): {rates} -> limit "
+            f"{small['zstd_Bps'] / 1e9:.2f} GB/s; one thread "
+            f"{small['zstd_one_thread_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
     return lim
+
+
+def small_chunk_limit(store: Path) -> dict[str, Any]:
+    """The all-core read + decode limit of a ``zarr-zstd-cN`` / ``-sN`` store: its own chunk
+    files (a file per small chunk costs an open and a read each), or its shards read whole and
+    their inner chunks decoded."""
+    import numpy as np
+    from loadbench_limits import shard_read_decode_rate, zstd_read_decode_rate
+
+    m = json.loads((store / "shardload.json").read_text())
+    x = m["arrays"]["x"]
+    row_bytes = int(np.prod(x["shape"][1:])) * np.dtype(x["dtype"]).itemsize
+    sizes = np.diff(np.asarray(m["chunk_bounds"], dtype=np.int64))
+    files = data.zarr_chunk_files(store)
+    _, sharded = data.small_chunk_kind(store.name) or (0, False)
+    if not sharded:
+        return zstd_read_decode_rate(files, chunk_bytes=(sizes * row_bytes).tolist(),
+                                     zarr_array=str(store / "x"))  # fmt: skip
+    per_shard = len(sizes) // len(files)
+    return shard_read_decode_rate(files, chunks_per_shard=per_shard,
+                                  decoded_bytes=int(sizes.sum()) * row_bytes,
+                                  zarr_array=str(store / "x"))  # fmt: skip
 
 
 def add_ratios(rec: dict[str, Any], lim: dict[str, Any]) -> None:
     if "error" in rec:
         return
-    key = "zstd_Bps" if rec["codec"] == "zstd" else "read_Bps"
-    rec["limit"] = "zstd read+decode, all cores" if key == "zstd_Bps" else "page-cache read"
+    if rec["codec"].startswith("zstd"):  # each compressed store against its own limit
+        own = lim.get("zstd_by_store", {}).get(rec["store"], {})
+        rec["limit"] = f"zstd read+decode of {rec['store']}, all cores"
+        rec["limit_MBps"] = own["zstd_Bps"] / 1e6 if "zstd_Bps" in own else None
+        rec["ratio_to_limit"] = rec["MBps"] / rec["limit_MBps"] if rec["limit_MBps"] else None
+        return
+    key = "read_Bps"
+    rec["limit"] = "page-cache read"
     rec["limit_MBps"] = lim[key] / 1e6 if key in lim else None
     rec["ratio_to_limit"] = rec["MBps"] / rec["limit_MBps"] if rec["limit_MBps"] else None
 
@@ -340,6 +393,25 @@ def goal_lines(by: dict[str, dict[str, Any]]) -> list[str]:
         rss = ratio(get(new, "peak_rss_MiB"), get(old, "peak_rss_MiB"))
         out.append(f"new default vs the earlier one: speed {_fmt(speed)}× (goal ≥ 0.9) at memory "
                    f"PSS {_fmt(pss)}× / RSS {_fmt(rss)}× (goal ≤ 1) [{new} vs {old}]")  # fmt: skip
+    for case, r in by.items():  # compressed stores of small chunks, against the zstd default
+        if "error" in r or not r.get("codec", "").startswith("zstd-"):
+            continue
+        base = "shardload-iter:zstd:w0" if r["workers"] == 0 else "shardload-sdl:zstd:w2"
+        rss = ratio(r.get("peak_rss_MiB"), get(base, "peak_rss_MiB"))
+        pss = ratio(r.get("peak_pss_MiB"), get(base, "peak_pss_MiB"))
+        met = (
+            (r.get("ratio_to_limit") or 0) >= 0.8
+            and (rss or 9) <= 1.0
+            and r["vif_pos"] <= 1.5
+            and r["vif_ar"] <= 2
+            and (r.get("recurrence") or 9) <= 1.5
+        )
+        out.append(
+            f"compressed {case}: {_fmt(r.get('ratio_to_limit'))} of its read+decode limit (goal "
+            f"≥ 0.8), memory RSS {_fmt(rss)}× / PSS {_fmt(pss)}× {base} (goal ≤ 1), VIF_pos "
+            f"{_fmt(r['vif_pos'])} (≤ 1.5), VIF_ar {_fmt(r['vif_ar'])} (≤ 2), recurrence "
+            f"{_fmt(r.get('recurrence'))} (≤ 1.5): {'all goals met' if met else 'not all met'}"
+        )  # fmt: skip
     out.append(f"uniform in-process / read limit = "
                f"{_fmt(get('shardload-iter-uniform:none:w0', 'ratio_to_limit'))} (goal ≥ 0.3)")  # fmt: skip
     hand = get("torch-handoff:none:w2", "samples_per_s")
@@ -416,7 +488,11 @@ def main(argv: list[str] | None = None) -> None:
                        max_seconds=args.max_seconds, seed=args.seed)  # fmt: skip
         print(json.dumps(rec))
         return
+    if args.cases == "compressed":
+        args.cases = ",".join(COMPRESSED_CASES)
     cases = args.cases.split(",") if args.cases else list(DEFAULT_CASES)
+    if not args.cases:  # small-chunk stores whose chunks do not divide the base chunk: skipped
+        cases = [c for c in cases if _fits(parse_case(c)[1], args.chunk_rows)]
     if args.list:
         print("\n".join(f"{c:32s} {LOADERS[parse_case(c)[0]]}" for c in DEFAULT_CASES))
         return
@@ -427,8 +503,13 @@ def main(argv: list[str] | None = None) -> None:
         print(msg, flush=True)
 
     needed = {"zarr-none", "zarr-zstd"}
+    needed |= {
+        f"zarr-{parse_case(c)[1]}"
+        for c in cases
+        if data.small_chunk_kind(f"zarr-{parse_case(c)[1]}")
+    }
     needed |= {OWN_COPY[parse_case(c)[0]] for c in cases if parse_case(c)[0] in OWN_COPY}
-    kinds = [k for k in data.STORE_KINDS if k in needed]
+    kinds = [k for k in data.STORE_KINDS if k in needed] + sorted(needed - set(data.STORE_KINDS))
     row_bytes = args.features * 4
     log(f"data: {args.rows:,} samples x {args.features} float32 ({row_bytes:,} B), chunks of "
         f"{args.chunk_rows:,} rows, {args.rows * row_bytes / 1e9:.2f} GB per store; "
