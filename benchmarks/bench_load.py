@@ -200,8 +200,8 @@ def run_peer_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return rec
 
 
-def measure_limits(work: Path, info: dict[str, Any], *, chunk_bytes: int, log) -> dict[str, Any]:
-    from loadbench_limits import memcpy_rate, page_cache_read_rate, zstd_read_decode_rate
+def measure_limits(work: Path, info: dict[str, Any], *, log) -> dict[str, Any]:
+    from loadbench_limits import memcpy_rate, page_cache_read_rate
 
     lim: dict[str, Any] = {}
     lim.update(memcpy_rate())
@@ -214,27 +214,39 @@ def measure_limits(work: Path, info: dict[str, Any], *, chunk_bytes: int, log) -
         log(f"  page-cache read of zarr-none's {len(files)} chunk files, 1 thread: {rates} GB/s "
             f"-> limit {lim['read_Bps'] / 1e9:.2f} GB/s ({lim['read_call']}); "
             f"{lim['read_threads']} threads: {lim['read_all_cores_Bps'] / 1e9:.2f} GB/s (info)")  # fmt: skip
-    if "zarr-zstd" in info:
-        files = data.zarr_chunk_files(work / "zarr-zstd")
-        lim.update(zstd_read_decode_rate(files, chunk_bytes=[chunk_bytes] * len(files),
-                                         zarr_array=str(work / "zarr-zstd" / "x")))  # fmt: skip
-        rates = "; ".join(f"{k}: {v / 1e9:.2f}" for k, v in lim["zstd_rates_Bps"].items())
-        log(f"  zstd read + decode (decoded GB/s): {rates} -> limit {lim['zstd_Bps'] / 1e9:.2f} "
-            f"GB/s; one thread {lim['zstd_one_thread_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
-        lim["zstd_by_store"] = {"zarr-zstd": {k: v for k, v in lim.items() if k.startswith("zstd")}}
-    for kind in sorted(k for k in info if data.small_chunk_kind(k)):  # each store its own limit
-        lim.setdefault("zstd_by_store", {})[kind] = small = small_chunk_limit(work / kind)
-        rates = "; ".join(f"{k}: {v / 1e9:.2f}" for k, v in small["zstd_rates_Bps"].items())
-        log(f"  {kind} read + decode (decoded GB/s): {rates} -> limit "
-            f"{small['zstd_Bps'] / 1e9:.2f} GB/s; one thread "
-            f"{small['zstd_one_thread_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+    # every compressed store against its own limit, measured in interleaved rounds (best of
+    # each variant over the rounds) so that a busy spell of a shared machine hits them alike
+    kinds = [k for k in info if k == "zarr-zstd" or data.small_chunk_kind(k)]
+    by: dict[str, dict[str, Any]] = {}
+    for _ in range(LIMIT_ROUNDS):
+        for kind in kinds:
+            got = zstd_store_limit(work / kind, repeats=1)
+            old = by.setdefault(kind, got)
+            for k, v in got["zstd_rates_Bps"].items():
+                old["zstd_rates_Bps"][k] = max(v, old["zstd_rates_Bps"][k])
+            old["zstd_one_thread_Bps"] = max(old["zstd_one_thread_Bps"], got["zstd_one_thread_Bps"])
+    for kind, r in by.items():
+        r["zstd_variant"] = max(r["zstd_rates_Bps"], key=r["zstd_rates_Bps"].__getitem__)
+        r["zstd_Bps"] = r["zstd_rates_Bps"][r["zstd_variant"]]
+        rates = "; ".join(f"{k}: {v / 1e9:.2f}" for k, v in r["zstd_rates_Bps"].items())
+        log(f"  {kind} read + decode (decoded GB/s, best of {LIMIT_ROUNDS} interleaved rounds): "
+            f"{rates} -> limit {r['zstd_Bps'] / 1e9:.2f} GB/s; one thread "
+            f"{r['zstd_one_thread_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+    if by:
+        lim["zstd_by_store"] = by
+    if "zarr-zstd" in by:
+        lim.update(by["zarr-zstd"])
     return lim
 
 
-def small_chunk_limit(store: Path) -> dict[str, Any]:
-    """The all-core read + decode limit of a ``zarr-zstd-cN`` / ``-sN`` store: its own chunk
-    files (a file per small chunk costs an open and a read each), or its shards read whole and
-    their inner chunks decoded."""
+#: Rounds over all compressed stores when measuring their read + decode limits.
+LIMIT_ROUNDS = 3
+
+
+def zstd_store_limit(store: Path, repeats: int = 3) -> dict[str, Any]:
+    """The all-core read + decode limit of a zstd store (``zarr-zstd``, ``-cN``, ``-sN``): its
+    own chunk files (a file per small chunk costs an open and a read each), or its shards read
+    whole and their inner chunks decoded."""
     import numpy as np
     from loadbench_limits import shard_read_decode_rate, zstd_read_decode_rate
 
@@ -246,11 +258,11 @@ def small_chunk_limit(store: Path) -> dict[str, Any]:
     _, sharded = data.small_chunk_kind(store.name) or (0, False)
     if not sharded:
         return zstd_read_decode_rate(files, chunk_bytes=(sizes * row_bytes).tolist(),
-                                     zarr_array=str(store / "x"))  # fmt: skip
+                                     zarr_array=str(store / "x"), repeats=repeats)  # fmt: skip
     per_shard = len(sizes) // len(files)
     return shard_read_decode_rate(files, chunks_per_shard=per_shard,
                                   decoded_bytes=int(sizes.sum()) * row_bytes,
-                                  zarr_array=str(store / "x"))  # fmt: skip
+                                  zarr_array=str(store / "x"), repeats=repeats)  # fmt: skip
 
 
 def add_ratios(rec: dict[str, Any], lim: dict[str, Any]) -> None:
@@ -523,12 +535,11 @@ def main(argv: list[str] | None = None) -> None:
     t = time.perf_counter()
     os.sync()
     log(f"  os.sync() (write-back of the stores) took {time.perf_counter() - t:.1f} s")
-    chunk_bytes = args.chunk_rows * row_bytes
     all_files = list(data.iter_store_files(args.workdir, kinds))
     n = data.warm_page_cache(all_files)
     log(f"page cache warmed: read all {len(all_files)} data files once ({n / 1e9:.2f} GB)")
     log("limits:")
-    lim = measure_limits(args.workdir, info, chunk_bytes=chunk_bytes, log=log)
+    lim = measure_limits(args.workdir, info, log=log)
     if "zarr-zstd" in info and "zarr-none" in info:
         lim["zstd_ratio"] = info["zarr-none"]["disk_bytes"] / info["zarr-zstd"]["disk_bytes"]
         log(f"  zstd store: {lim['zstd_ratio']:.2f}x smaller than the uncompressed one")

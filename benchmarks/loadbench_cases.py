@@ -31,6 +31,8 @@ LOADERS = {
     "shardload-iter-mem": "iter_batches(shuffle_chunks=prefetch=K): whole chunks, K = the rows of the "
     "zstd default's group (4 chunks of the base chunk rows) / the store's chunk rows: equal memory",
     "shardload-sdl-mem": "StreamingDataLoader, StreamingDataset(shuffle_chunks=prefetch=K), K as -mem",
+    "shardload-iter-memgroup": "iter_batches(shuffle_chunks=K), K as -mem, default prefetch (4 chunks)",
+    "shardload-sdl-memgroup": "StreamingDataLoader, StreamingDataset(shuffle_chunks=K), K as -mem",
     "shardload-sdl-r4": "StreamingDataLoader, 4 ranks read one after the other (quality over all ranks)",
     "shardload-sdl-r16": "StreamingDataLoader, 16 ranks read one after the other (quality over all ranks)",
     "naive-zarr": "map Dataset, zarr x[i] per sample + DataLoader(shuffle=True)",
@@ -207,9 +209,11 @@ def build_shardload(store: Path, loader: str, workers: int, batch_size: int, see
                     epoch: int = 0):  # fmt: skip
     base, _, preset = loader.partition("-")[2].partition("-")
     opts: dict[str, Any] = {"shuffle": True, **PRESETS.get(preset, {})}
-    if preset == "mem":  # the decoded pool at the zstd default's memory, read a group ahead
+    if preset in ("mem", "memgroup"):  # the decoded pool at the zstd default's memory
         k = equal_memory_chunks(store)
-        opts.update(shuffle_chunks=k, prefetch=k)
+        opts["shuffle_chunks"] = k
+        if preset == "mem":  # and read a whole group ahead
+            opts["prefetch"] = k
     if base == "iter":
         import shardload
 
@@ -430,8 +434,9 @@ def run_case(
         "peak_pss_MiB": mem.peak_pss / 2**20,
         "peak_rss_self_MiB": _vm_hwm_bytes() / 2**20,
     }  # fmt: skip
-    if loader.endswith("-mem"):
-        rec["shuffle_chunks"] = rec["prefetch"] = equal_memory_chunks(store)
+    if loader.endswith(("-mem", "-memgroup")):
+        rec["shuffle_chunks"] = equal_memory_chunks(store)
+        rec["prefetch"] = rec["shuffle_chunks"] if loader.endswith("-mem") else "default"
     rec["chunk_rows"] = chunk_rows
     rec.update(shuffle_stats(idxs, length=length, chunk_rows=chunk_rows, batch_size=batch_size,
                              truncated=truncated))  # fmt: skip

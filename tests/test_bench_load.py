@@ -171,10 +171,10 @@ def test_small_chunk_stores_hold_the_same_values_and_have_their_own_limits(tmp_p
         st = shardload.open_store(tmp_path / kind)
         assert np.array_equal(st.reader.read("x", 0, 1024), base), kind
         assert list(st.manifest.chunk_bounds)[:3] == [0, 64, 128], kind
-        lim = bench_load.small_chunk_limit(tmp_path / kind)
+        lim = bench_load.zstd_store_limit(tmp_path / kind)
         assert lim["zstd_Bps"] > 0 and len(lim["zstd_rates_Bps"]) == 3, kind
         assert equal_memory_chunks(tmp_path / kind) == 16
-    assert "shard" in bench_load.small_chunk_limit(tmp_path / "zarr-zstd-s64")["zstd_variant"]
+    assert "shard" in bench_load.zstd_store_limit(tmp_path / "zarr-zstd-s64")["zstd_variant"]
     rec = run_case("shardload-iter-mem:zstd-s64:w0", tmp_path, batch_size=32, max_seconds=60)
     assert rec["complete_epoch"] is True and rec["shuffle_chunks"] == 16
     assert rec["chunk_rows"] == 64 and rec["store"] == "zarr-zstd-s64"
