@@ -28,6 +28,11 @@ LOADERS = {
     "shardload-iter-uniform": "iter_batches(shuffle='uniform'): a uniform permutation of rows",
     "shardload-sdl-uniform": "StreamingDataLoader, StreamingDataset(shuffle='uniform')",
     "shardload-iter-pool8": "iter_batches(shuffle_chunks=8): a group of 8 whole (decoded) chunks",
+    "shardload-iter-mem": "iter_batches(shuffle_chunks=prefetch=K): whole chunks, K = the rows of the "
+    "zstd default's group (4 chunks of the base chunk rows) / the store's chunk rows: equal memory",
+    "shardload-sdl-mem": "StreamingDataLoader, StreamingDataset(shuffle_chunks=prefetch=K), K as -mem",
+    "shardload-iter-memgroup": "iter_batches(shuffle_chunks=K), K as -mem, default prefetch (4 chunks)",
+    "shardload-sdl-memgroup": "StreamingDataLoader, StreamingDataset(shuffle_chunks=K), K as -mem",
     "shardload-sdl-r4": "StreamingDataLoader, 4 ranks read one after the other (quality over all ranks)",
     "shardload-sdl-r16": "StreamingDataLoader, 16 ranks read one after the other (quality over all ranks)",
     "naive-zarr": "map Dataset, zarr x[i] per sample + DataLoader(shuffle=True)",
@@ -47,10 +52,16 @@ NO_IO = {"torch-handoff"}
 
 
 def parse_case(name: str) -> tuple[str, str, int]:
+    """``LOADER:CODEC:wN``; CODEC ``none``, ``zstd``, or ``zstd-cR`` / ``zstd-sR`` (zstd
+    chunks of R rows, alone or inside shards of the base chunk rows: ``loadbench_data``)."""
+    from loadbench_data import small_chunk_kind
+
     loader, codec, w = name.split(":")
-    if loader not in LOADERS or codec not in ("none", "zstd") or not w.startswith("w"):
+    ok_codec = codec in ("none", "zstd") or small_chunk_kind(f"zarr-{codec}") is not None
+    if loader not in LOADERS or not ok_codec or not w.startswith("w"):
         raise ValueError(
-            f"bad case name {name!r}: expected LOADER:none|zstd:wN, LOADER in {list(LOADERS)}"
+            f"bad case name {name!r}: expected LOADER:none|zstd|zstd-cR|zstd-sR:wN, LOADER in "
+            f"{list(LOADERS)}"
         )
     return loader, codec, int(w[1:])
 
@@ -182,10 +193,27 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def equal_memory_chunks(store: Path) -> int:
+    """Chunks per group (and read ahead) holding as many decoded rows as the zstd default on the
+    base chunking (``DEFAULT_SHUFFLE_CHUNKS`` chunks of ``bench-spec.json``'s chunk rows)."""
+    import json
+
+    from shardload.plan.epoch import DEFAULT_SHUFFLE_CHUNKS
+
+    base = json.loads((store.parent / "bench-spec.json").read_text())["chunk_rows"]
+    bounds = json.loads((store / "shardload.json").read_text())["chunk_bounds"]
+    return max(1, DEFAULT_SHUFFLE_CHUNKS * int(base) // int(bounds[1] - bounds[0]))
+
+
 def build_shardload(store: Path, loader: str, workers: int, batch_size: int, seed: int,
                     epoch: int = 0):  # fmt: skip
     base, _, preset = loader.partition("-")[2].partition("-")
     opts: dict[str, Any] = {"shuffle": True, **PRESETS.get(preset, {})}
+    if preset in ("mem", "memgroup"):  # the decoded pool at the zstd default's memory
+        k = equal_memory_chunks(store)
+        opts["shuffle_chunks"] = k
+        if preset == "mem":  # and read a whole group ahead
+            opts["prefetch"] = k
     if base == "iter":
         import shardload
 
@@ -406,6 +434,10 @@ def run_case(
         "peak_pss_MiB": mem.peak_pss / 2**20,
         "peak_rss_self_MiB": _vm_hwm_bytes() / 2**20,
     }  # fmt: skip
+    if loader.endswith(("-mem", "-memgroup")):
+        rec["shuffle_chunks"] = equal_memory_chunks(store)
+        rec["prefetch"] = rec["shuffle_chunks"] if loader.endswith("-mem") else "default"
+    rec["chunk_rows"] = chunk_rows
     rec.update(shuffle_stats(idxs, length=length, chunk_rows=chunk_rows, batch_size=batch_size,
                              truncated=truncated))  # fmt: skip
     # the next epoch (untimed), for the recurrence of batch-mates: the same DataLoader

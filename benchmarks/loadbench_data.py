@@ -9,10 +9,15 @@ something to compress (random mantissas only would make zstd a pure copy).
 Stores (under the work folder): ``zarr-none``, ``zarr-zstd`` (Zarr v3, Blosc zstd level 3 with
 byte shuffle), ``npy`` (one .npy per chunk) and ``hdf5`` (``data.h5``, chunked by
 ``chunk_rows``, no filter). A ``bench-spec.json`` next to them lets a later run reuse them.
+Compressed stores of other chunkings, same values (issue 14: a compressed chunk is decoded
+whole, so smaller chunks are the lever for shuffle quality): ``zarr-zstd-cN`` (zstd chunks of
+``N`` rows) and ``zarr-zstd-sN`` (zstd chunks of ``N`` rows inside shards of ``chunk_rows``
+rows, Zarr's sharding codec).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -27,7 +32,13 @@ SPEC_FILE = "bench-spec.json"
 
 
 def _block(block_id: tuple[int, ...], *, chunk_rows: int, rows: int, features: int, seed: int):
-    i = block_id[0]
+    # a store of smaller chunks slices each block many times: generate it once (a copy each
+    # time, so no caller can change the cached values)
+    return _cached_block(block_id[0], chunk_rows, rows, features, seed).copy()
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_block(i: int, chunk_rows: int, rows: int, features: int, seed: int) -> np.ndarray:
     n = min(chunk_rows, rows - i * chunk_rows)
     rng = np.random.default_rng([seed, i])
     feat = np.random.default_rng([seed, 1 << 30])
@@ -66,6 +77,32 @@ def store_path(work: Path, kind: str) -> Path:
     return work / kind
 
 
+def small_chunk_kind(kind: str) -> tuple[int, bool] | None:
+    """``zarr-zstd-c256`` -> ``(256, False)``, ``zarr-zstd-s256`` -> ``(256, True)`` (sharded);
+    None for the base kinds."""
+    head, _, tail = kind.rpartition("-")
+    if head != "zarr-zstd" or tail[:1] not in ("c", "s") or not tail[1:].isdigit():
+        return None
+    return int(tail[1:]), tail[0] == "s"
+
+
+def store_kind_options(kind: str, chunk_rows: int) -> dict[str, Any]:
+    """prepare options of a store kind: format, compression, chunk_rows, shard_chunks."""
+    small = small_chunk_kind(kind)
+    if small is None:
+        fmt, _, codec = kind.partition("-")
+        if kind not in STORE_KINDS:
+            raise ValueError(f"unknown store kind {kind!r}")
+        return {"format": fmt, "compression": codec or "none", "chunk_rows": chunk_rows}
+    rows, sharded = small
+    if rows < 1 or chunk_rows % rows:
+        raise ValueError(f"{kind}: {rows} rows must divide the base chunk of {chunk_rows} rows")
+    opts: dict[str, Any] = {"format": "zarr", "compression": "zstd", "chunk_rows": rows}
+    if sharded:
+        opts["shard_chunks"] = chunk_rows // rows
+    return opts
+
+
 def build_stores(
     work: Path, *, rows: int, features: int, chunk_rows: int, kinds=STORE_KINDS, seed: int = 0,
     log=print,
@@ -80,14 +117,13 @@ def build_stores(
     spec_path = work / SPEC_FILE
     old = json.loads(spec_path.read_text()) if spec_path.exists() else None
     if old != spec:
-        for kind in STORE_KINDS:
+        for kind in (*STORE_KINDS, *(p.name for p in work.glob("zarr-zstd-*"))):
             shutil.rmtree(store_path(work, kind), ignore_errors=True)
         spec_path.unlink(missing_ok=True)
     src = _placeholder_source(work)
     info: dict[str, Any] = {}
     for kind in kinds:
         out = store_path(work, kind)
-        fmt, _, codec = kind.partition("-")
         if not (out / "shardload.json").exists():
             conf = {
                 "source": {"paths": [str(src)], "engine": "h5netcdf"},
@@ -96,7 +132,7 @@ def build_stores(
                     "kwargs": {"rows": rows, "features": features, "chunk_rows": chunk_rows,
                                "seed": seed},
                 },
-                "format": fmt, "compression": codec or "none", "chunk_rows": chunk_rows,
+                **store_kind_options(kind, chunk_rows),
                 "splits": {}, "nan": "ignore", "out": str(out), "overwrite": True,
             }  # fmt: skip
             t = time.perf_counter()

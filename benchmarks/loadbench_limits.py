@@ -1,4 +1,5 @@
-"""The machine's limits for ``bench_load.py``: memcpy, page-cache read, zstd read + decode.
+"""The machine's limits for ``bench_load.py``: memcpy, page-cache read, zstd read + decode
+(chunk files, or shard files of small chunks).
 
 Each function returns a dict of rates in bytes/s of *decoded* (array) data and the variant that
 won; the caller divides loader rates by the winner. Files must be in the page cache already.
@@ -114,6 +115,79 @@ def zstd_read_decode_rate(
         rates[f"zarr z[a:b], {threads} chunks per call"] = decoded / _best(via_zarr, repeats)
     with ThreadPoolExecutor(1) as pool:  # outside the main thread: one Blosc thread per call
         one_thread = decoded / _best(lambda: sum(pool.map(one, paths)), 1)
+    best = max(rates, key=rates.__getitem__)
+    return {
+        "zstd_Bps": rates[best], "zstd_variant": best, "zstd_rates_Bps": rates,
+        "zstd_one_thread_Bps": one_thread, "zstd_threads": threads,
+    }  # fmt: skip
+
+
+def _shard_chunks(blob: bytes, n: int) -> list[bytes]:
+    """The encoded inner chunks of a Zarr v3 shard: index at the end, ``n`` (offset, nbytes)
+    little-endian uint64 pairs followed by a crc32c (shardload's ``index_location="end"``)."""
+    index = np.frombuffer(blob, dtype="<u8", count=2 * n, offset=len(blob) - 16 * n - 4)
+    out = []
+    for off, size in index.reshape(n, 2).tolist():
+        if off == 2**64 - 1:
+            raise RuntimeError("a shard with an empty inner chunk: not written by shardload")
+        out.append(blob[off : off + size])
+    return out
+
+
+def shard_read_decode_rate(
+    paths: Sequence[Path], *, chunks_per_shard: int, decoded_bytes: int,
+    zarr_array: str | None = None, repeats: int = 3,
+) -> dict[str, Any]:  # fmt: skip
+    """Read + Blosc-zstd decode of sharded chunk files on all cores (decoded bytes/s), the
+    fastest of: a pool of ``os.cpu_count()`` threads each reading one shard whole and decoding
+    its inner chunks; one thread reading shards and the pool decoding inner chunks; zarr's own
+    pipeline reading ``os.cpu_count()`` shards per call. Same keys as
+    :func:`zstd_read_decode_rate`."""
+    import numcodecs.blosc as blosc
+
+    threads = os.cpu_count() or 1
+
+    def read(p: Path) -> bytes:
+        with open(p, "rb", buffering=0) as f:
+            return f.read()
+
+    def one_shard(p: Path) -> int:
+        return sum(len(blosc.decompress(c)) for c in _shard_chunks(read(p), chunks_per_shard))
+
+    got = sum(one_shard(p) for p in paths)
+    if got != decoded_bytes:
+        raise RuntimeError(
+            f"decoded {got} bytes from {len(paths)} shards, expected {decoded_bytes}"
+        )
+    rates: dict[str, float] = {}
+    with ThreadPoolExecutor(threads) as pool:
+        rates[f"read shard + decode its chunks, {threads} threads"] = decoded_bytes / _best(
+            lambda: sum(pool.map(one_shard, paths)), repeats
+        )
+
+        def split_decode() -> int:
+            total = 0
+            for p in paths:
+                total += sum(pool.map(lambda c: len(blosc.decompress(c)),
+                                      _shard_chunks(read(p), chunks_per_shard)))  # fmt: skip
+            return total
+
+        rates[f"read shards, decode chunks in {threads} threads"] = decoded_bytes / _best(
+            split_decode, repeats
+        )
+    if zarr_array is not None:
+        import zarr
+
+        z = zarr.open_array(zarr_array, mode="r")
+        step = z.shards[0] * threads
+
+        def via_zarr() -> None:
+            for a in range(0, z.shape[0], step):
+                z[a : a + step]
+
+        rates[f"zarr z[a:b], {threads} shards per call"] = decoded_bytes / _best(via_zarr, repeats)
+    with ThreadPoolExecutor(1) as pool:
+        one_thread = decoded_bytes / _best(lambda: sum(pool.map(one_shard, paths)), 1)
     best = max(rates, key=rates.__getitem__)
     return {
         "zstd_Bps": rates[best], "zstd_variant": best, "zstd_rates_Bps": rates,

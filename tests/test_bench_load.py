@@ -127,3 +127,101 @@ def test_peer_cases_get_the_quality_figures_from_the_indices_they_write(tmp_path
     assert 0.5 < rec["recurrence"] < 1.5
     args.peer_python = None
     assert "needs --peer-python" in bench_load.run_peer_case("litdata:none:w2", args)["error"]
+
+
+def test_small_chunk_store_kinds_and_case_names() -> None:
+    """``zstd-cR`` / ``zstd-sR`` name zstd stores of R-row chunks (alone, or in shards of the
+    base chunk rows); anything else is refused."""
+    from loadbench_data import small_chunk_kind, store_kind_options
+
+    assert parse_case("shardload-iter-mem:zstd-c256:w0") == ("shardload-iter-mem", "zstd-c256", 0)
+    assert parse_case("shardload-sdl:zstd-s32:w2") == ("shardload-sdl", "zstd-s32", 2)
+    for bad in (
+        "shardload-iter:zstd-x256:w0",
+        "shardload-iter:zstd-c:w0",
+        "shardload-iter:none-c256:w0",
+    ):
+        with pytest.raises(ValueError, match="bad case name"):
+            parse_case(bad)
+    assert small_chunk_kind("zarr-zstd") is None
+    assert store_kind_options("zarr-zstd-c256", 4096) == {
+        "format": "zarr", "compression": "zstd", "chunk_rows": 256}  # fmt: skip
+    assert store_kind_options("zarr-zstd-s256", 4096)["shard_chunks"] == 16
+    assert store_kind_options("zarr-none", 4096)["compression"] == "none"
+    with pytest.raises(ValueError, match="must divide"):
+        store_kind_options("zarr-zstd-c300", 4096)
+
+
+@pytest.mark.integration
+def test_small_chunk_stores_hold_the_same_values_and_have_their_own_limits(tmp_path: Path) -> None:
+    """The small-chunk stores hold the base store's values; each gets its own read + decode
+    limit (chunk files, or shards whose inner chunks are decoded); ``-mem`` reads them with the
+    decoded rows of the zstd default (4 base chunks) and covers the epoch exactly."""
+    import bench_load
+    import loadbench_data as data
+    from loadbench_cases import equal_memory_chunks, run_case
+
+    import shardload
+
+    kinds = ["zarr-zstd", "zarr-zstd-c64", "zarr-zstd-s64"]
+    data.build_stores(tmp_path, rows=1024, features=8, chunk_rows=256, kinds=kinds,
+                      log=lambda m: None)  # fmt: skip
+    base = shardload.open_store(tmp_path / "zarr-zstd").reader.read("x", 0, 1024)
+    for kind in kinds[1:]:
+        st = shardload.open_store(tmp_path / kind)
+        assert np.array_equal(st.reader.read("x", 0, 1024), base), kind
+        assert list(st.manifest.chunk_bounds)[:3] == [0, 64, 128], kind
+        lim = bench_load.zstd_store_limit(tmp_path / kind)
+        assert lim["zstd_Bps"] > 0 and len(lim["zstd_rates_Bps"]) == 3, kind
+        assert equal_memory_chunks(tmp_path / kind) == 16
+    assert "shard" in bench_load.zstd_store_limit(tmp_path / "zarr-zstd-s64")["zstd_variant"]
+    rec = run_case("shardload-iter-mem:zstd-s64:w0", tmp_path, batch_size=32, max_seconds=60)
+    assert rec["complete_epoch"] is True and rec["shuffle_chunks"] == 16
+    assert rec["chunk_rows"] == 64 and rec["store"] == "zarr-zstd-s64"
+
+
+@pytest.mark.integration
+def test_uniform_bigger_than_ram_measures_read_every_row(tmp_path: Path) -> None:
+    """The helpers of bench_uniform_bigger_than_ram.py: the random-row limits read every row
+    (threads, io_uring), the page cache of the store is dropped, a loader case checks coverage."""
+    import bench_uniform_bigger_than_ram as big
+    import loadbench_data as data
+
+    assert big.parse_size("512M") == 512 << 20 and big.parse_size("1GiB") == 1 << 30
+    data.build_stores(tmp_path, rows=1024, features=8, chunk_rows=256, kinds=["zarr-none"],
+                      log=lambda m: None)  # fmt: skip
+    store = tmp_path / "zarr-none"
+    files = data.zarr_chunk_files(store)
+    kw = {"chunk_rows": 256, "row_bytes": 32, "rows": 1024, "batch": 64, "seed": 0,
+          "max_seconds": 60.0}  # fmt: skip
+    assert big.random_rows(files, threads=4, **kw)[0] == 1024
+    assert big.random_rows_uring(files, threads=2, **kw)[0] == 1024
+    data.warm_page_cache(files)
+    big.drop_cache(files)
+    resident = big.resident_bytes(files)
+    assert resident is None or resident < sum(p.stat().st_size for p in files)
+    for name in ("uniform (io_uring)", "new default"):
+        rec = big.run_case(name, store, batch_size=64, seed=0, max_seconds=60)
+        assert rec["exact_coverage"] is True and rec["samples"] == 1024, name
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_uniform_bigger_than_ram_smoke_run(tmp_path: Path) -> None:
+    """The whole benchmark under a memory cgroup (root and cgroup v1 only)."""
+    if os.geteuid() != 0 or not Path("/sys/fs/cgroup/memory/cgroup.procs").exists():
+        pytest.skip("needs root and the cgroup v1 memory controller")
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_uniform_bigger_than_ram.py"),
+           "--workdir", str(tmp_path / "w"), "--rows", "4096", "--features", "64",
+           "--chunk-rows", "512", "--mem-limit", "400M", "--random-threads", "4",
+           "--uring-threads", "1", "--out", str(out)]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert {"sequential_1", "random_4", "random_uring_1"} <= set(res["limits"])
+    assert len(res["cases"]) == 4
+    for r in res["cases"]:
+        assert "error" not in r and r["exact_coverage"] is True, r
+    assert not list(Path("/sys/fs/cgroup/memory").glob("shardload-bench-*"))

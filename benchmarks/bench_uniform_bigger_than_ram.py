@@ -1,0 +1,453 @@
+"""``shuffle="uniform"`` on a store larger than memory (issue 14), emulated with a memory cgroup.
+
+Builds (or reuses) the uncompressed Zarr store of ``bench_load.py`` (default 262,144 rows x 6.2 KB,
+chunks of 4,096 rows, 1.6 GB), then runs everything below inside a cgroup v1 memory limit
+(default 512 MiB, about a third of the store): the page cache the run fills is charged to the
+cgroup, so the store cannot stay cached and every epoch reads from the disk. Before each
+measurement the store's pages are dropped from the page cache (``posix_fadvise(DONTNEED)`` per
+file: other sessions' caches stay) and the resident fraction is checked with ``fincore``.
+
+In one run, under the limit:
+
+- the read limits of that situation: a sequential read of every chunk file (1 thread, and
+  ``os.cpu_count()`` threads), and random single-row reads (``os.preadv`` of one row, in the
+  order of a uniform permutation with each batch's rows sorted by offset, as the loader reads
+  them) from ``--random-threads`` threads (many requests in flight: the disk's queue depth),
+  and the same rows through io_uring (a batch's 256 single-row reads per round, one ring per
+  thread, ``--uring-threads``);
+- in-process ``shardload.iter_batches`` epochs (each in a fresh subprocess, which inherits the
+  cgroup): the old default (``shuffle_chunks=4``), the new default, ``shuffle="uniform"``
+  (io_uring), and ``shuffle="uniform"`` with one ``preadv`` per run (``SHARDLOAD_IO_URING=0``).
+
+Reported per loader case: samples/s, the ratio to the sequential read limit (and to the random
+row limit), peak RSS of the process (``VmHWM``), the cgroup's peak (page cache included), bytes
+the process fetched from the storage layer (``/proc/self/io`` ``read_bytes``, readahead
+included) against the store's size, and whether every row came exactly once. The
+machine's load average is printed before and after.
+
+Needs root and the cgroup v1 memory controller (``/sys/fs/cgroup/memory``); the cgroup is removed
+at the end. Usage::
+
+    sudo python benchmarks/bench_uniform_bigger_than_ram.py --workdir /tmp/big --mem-limit 512M
+    python benchmarks/bench_uniform_bigger_than_ram.py --rows 16384 --features 256 --chunk-rows 1024 \\
+        --mem-limit 24M          # a small smoke run (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import loadbench_data as data  # noqa: E402
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+#: loader cases: name -> (iter_batches options, extra environment)
+CASES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "old default (shuffle_chunks=4)": ({"shuffle_chunks": 4}, {}),
+    "new default": ({}, {}),
+    "uniform (io_uring)": ({"shuffle": "uniform"}, {}),
+    "uniform (one preadv per run)": ({"shuffle": "uniform"}, {"SHARDLOAD_IO_URING": "0"}),
+}
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--workdir", default=None,
+                    help="where the store lives (reused when the shape matches); default "
+                         "$TMPDIR/shardload-bench-uniform-big")  # fmt: skip
+    ap.add_argument("--rows", type=int, default=262144)
+    ap.add_argument("--features", type=int, default=1550, help="float32 per row")
+    ap.add_argument("--chunk-rows", type=int, default=4096)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--mem-limit", default="512M", help="the cgroup's memory limit (page cache "
+                    "included), e.g. 512M; well under the store's size")  # fmt: skip
+    ap.add_argument(
+        "--random-threads",
+        default="1,16,64",
+        help="thread counts of the random single-row read limit",
+    )
+    ap.add_argument("--uring-threads", default="1,2",
+                    help="thread counts of the random single-row read limit through io_uring")  # fmt: skip
+    ap.add_argument("--max-seconds", type=float, default=300.0,
+                    help="time limit per measurement (a cut epoch is extrapolated and its "
+                         "coverage not checked)")  # fmt: skip
+    ap.add_argument("--cases", default=",".join(CASES), help=f"subset of {list(CASES)}")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench-results/bench_uniform_bigger_than_ram.json")
+    ap.add_argument("--run-case", default=None, help=argparse.SUPPRESS)  # internal: a subprocess
+    return ap.parse_args(argv)
+
+
+# -- page cache, cgroup, I/O counters ----------------------------------------------------------
+def drop_cache(files: list[Path]) -> None:
+    """Drop the files' clean pages from the page cache (this store's only)."""
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def resident_bytes(files: list[Path]) -> int | None:
+    """Bytes of the files in the page cache (util-linux ``fincore``), None without it."""
+    try:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
+                              *map(str, files)], capture_output=True, text=True, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sum(int(x) for x in out.stdout.split())
+
+
+class Cgroup:
+    """A cgroup v1 memory cgroup holding this process (and the children it starts)."""
+
+    def __init__(self, limit: int) -> None:
+        if not (CGROUP_ROOT / "cgroup.procs").exists():
+            raise SystemExit(f"no cgroup v1 memory controller at {CGROUP_ROOT}")
+        self.path = CGROUP_ROOT / f"shardload-bench-{os.getpid()}"
+        self.limit = limit
+
+    def __enter__(self) -> Cgroup:
+        try:
+            self.path.mkdir()
+            (self.path / "memory.limit_in_bytes").write_text(str(self.limit))
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        except PermissionError as exc:
+            raise SystemExit(
+                f"cannot create the memory cgroup {self.path} (run as root): {exc}"
+            ) from exc
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        (CGROUP_ROOT / "cgroup.procs").write_text(str(os.getpid()))
+        for _ in range(50):  # the cgroup empties once exited children are reaped
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+        print(f"warning: could not remove {self.path}", file=sys.stderr)
+
+    def get(self, name: str) -> int:
+        return int((self.path / f"memory.{name}").read_text())
+
+    def reset_peak(self) -> None:
+        (self.path / "memory.max_usage_in_bytes").write_text("0")
+        (self.path / "memory.failcnt").write_text("0")
+
+
+def io_read_bytes() -> int:
+    """Bytes this process (all its threads) caused to be fetched from the storage layer."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def device_sectors_read() -> int:
+    """Sectors read from all block devices (the machine's, other sessions included)."""
+    total = 0
+    for dev in Path("/sys/block").iterdir():
+        if dev.name.startswith(("loop", "ram")):
+            continue
+        with open(dev / "stat") as f:
+            total += int(f.read().split()[2])
+    return total
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+# -- limits -------------------------------------------------------------------------------------
+def sequential_read(files: list[Path], threads: int, buf_bytes: int) -> int:
+    """Read every file whole, in order, with ``readinto`` a reused buffer per thread."""
+    local = threading.local()
+
+    def one(p: Path) -> int:
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = bytearray(buf_bytes)
+        n = 0
+        with open(p, "rb", buffering=0) as f:
+            while k := f.readinto(buf):
+                n += k
+        return n
+
+    if threads == 1:
+        return sum(one(p) for p in files)
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(one, files))
+
+
+def random_rows(files: list[Path], *, chunk_rows: int, row_bytes: int, rows: int, batch: int,
+                threads: int, seed: int, max_seconds: float) -> tuple[int, float]:  # fmt: skip
+    """One ``os.preadv`` per row, rows in a uniform permutation cut into batches, each batch's
+    rows sorted by (file, offset), batches spread over ``threads`` threads; (rows read, s)."""
+    perm = np.random.default_rng(seed).permutation(rows)
+    batches = [np.sort(perm[a : a + batch]) for a in range(0, rows, batch)]
+    fds = [os.open(p, os.O_RDONLY) for p in files]
+    t0 = time.perf_counter()
+    stop = threading.Event()
+    local = threading.local()
+
+    def one(b: np.ndarray) -> int:
+        if stop.is_set():
+            return 0
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = bytearray(row_bytes)
+        for r in b.tolist():
+            c, i = divmod(r, chunk_rows)
+            os.preadv(fds[c], [buf], i * row_bytes)
+        if time.perf_counter() - t0 > max_seconds:
+            stop.set()
+        return len(b)
+
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            done = sum(pool.map(one, batches))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return done, time.perf_counter() - t0
+
+
+def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, rows: int,
+                      batch: int, threads: int, seed: int, max_seconds: float) -> tuple[int, float]:  # fmt: skip
+    """As :func:`random_rows`, but each batch's single-row reads go to the kernel as one
+    io_uring round (``shardload.loader.uring.Ring``: up to 256 reads in flight per thread, the
+    loader's own ring); ``threads`` threads, one ring each."""
+    from shardload.loader.uring import Ring
+
+    perm = np.random.default_rng(seed).permutation(rows)
+    batches = [np.sort(perm[a : a + batch]) for a in range(0, rows, batch)]
+    fds = np.array([os.open(p, os.O_RDONLY) for p in files], dtype=np.int32)
+    t0 = time.perf_counter()
+    stop = threading.Event()
+    local = threading.local()
+
+    def one(b: np.ndarray) -> int:
+        if stop.is_set():
+            return 0
+        st = getattr(local, "st", None)
+        if st is None:
+            buf = np.empty((batch, row_bytes), np.uint8)
+            iov = np.empty((batch, 2), np.uint64)  # struct iovec {base, len} per row slot
+            iov[:, 0] = buf.ctypes.data + row_bytes * np.arange(batch, dtype=np.uint64)
+            iov[:, 1] = row_bytes
+            st = local.st = (Ring(), buf, iov)
+        ring, _buf, iov = st
+        c, i = np.divmod(b, chunk_rows)
+        addrs = iov.ctypes.data + 16 * np.arange(len(b), dtype=np.uint64)
+        got = ring.readv(
+            fds[c], addrs, np.ones(len(b), np.uint32), (i * row_bytes).astype(np.uint64)
+        )
+        if (got != row_bytes).any():
+            raise OSError(f"short or failed row reads: {got[got != row_bytes][:4]}")
+        if time.perf_counter() - t0 > max_seconds:
+            stop.set()
+        return len(b)
+
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            done = sum(pool.map(one, batches))
+    finally:
+        for fd in fds.tolist():
+            os.close(fd)
+    return done, time.perf_counter() - t0
+
+
+# -- one loader case (a subprocess, in the cgroup) ------------------------------------------------
+def run_case(
+    name: str, store: Path, *, batch_size: int, seed: int, max_seconds: float
+) -> dict[str, Any]:
+    import shardload
+
+    opts, _ = CASES[name]
+    io0 = io_read_bytes()
+    t0 = time.perf_counter()
+    idx: list[np.ndarray] = []
+    first = None
+    truncated = False
+    for b in shardload.iter_batches(store, batch_size=batch_size, seed=seed, **opts):
+        idx.append(b["index"].copy())
+        if first is None:
+            first = time.perf_counter() - t0
+        if time.perf_counter() - t0 > max_seconds:
+            truncated = True
+            break
+    seconds = time.perf_counter() - t0
+    seen = np.concatenate(idx)
+    m = json.loads((store / "shardload.json").read_text())
+    n = int(m["chunk_bounds"][-1])
+    counts = np.bincount(seen, minlength=n)
+    with open("/proc/self/status") as f:
+        hwm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
+    return {
+        "case": name, "samples": int(seen.size), "seconds": seconds, "first_batch_s": first,
+        "samples_per_s": seen.size / seconds, "truncated": truncated,
+        "exact_coverage": None if truncated else bool((counts == 1).all()),
+        "duplicates": int((counts > 1).sum()), "missing": int((counts == 0).sum()) if not truncated else None,
+        "peak_rss_MiB": hwm / 2**20, "read_bytes": io_read_bytes() - io0,
+    }  # fmt: skip
+
+
+def run_subprocess_case(name: str, args: argparse.Namespace, store: Path) -> dict[str, Any]:
+    env = dict(os.environ, **CASES[name][1])
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--run-case", name, "--workdir",
+           str(args.workdir), "--batch-size", str(args.batch_size), "--seed", str(args.seed),
+           "--max-seconds", str(args.max_seconds)]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
+                       timeout=args.max_seconds * 3 + 300)  # fmt: skip
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode or not lines:
+        return {"case": name, "error": f"exit {p.returncode}: {p.stderr[-2000:]}"}
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    args.workdir = Path(args.workdir or Path(tempfile.gettempdir()) / "shardload-bench-uniform-big")
+    store = data.store_path(args.workdir, "zarr-none")
+    if args.run_case:
+        rec = run_case(args.run_case, store, batch_size=args.batch_size, seed=args.seed,
+                       max_seconds=args.max_seconds)  # fmt: skip
+        print(json.dumps(rec))
+        return
+    cases = [c for c in args.cases.split(",") if c]
+    for c in cases:
+        if c not in CASES:
+            raise SystemExit(f"unknown case {c!r}: expected one of {list(CASES)}")
+    limit = parse_size(args.mem_limit)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    log(f"load average before: {load()} ({os.cpu_count()} CPUs)")
+    data.build_stores(args.workdir, rows=args.rows, features=args.features,
+                      chunk_rows=args.chunk_rows, kinds=["zarr-none"], seed=args.seed, log=log)  # fmt: skip
+    os.sync()
+    files = data.zarr_chunk_files(store)
+    size = sum(p.stat().st_size for p in files)
+    row_bytes = args.features * 4
+    dev = Path("/sys/block/vda/queue")
+    ra = (dev / "read_ahead_kb").read_text().strip() if dev.exists() else "?"
+    log(f"store {store}: {len(files)} chunk files, {size / 1e9:.2f} GB; cgroup memory limit "
+        f"{limit / 2**20:.0f} MiB ({limit / size:.2f} of the store); readahead {ra} KiB")  # fmt: skip
+    res: dict[str, Any] = {"config": {**{k: str(v) for k, v in vars(args).items()},
+                                      "store_bytes": size, "limit_bytes": limit,
+                                      "read_ahead_kb": ra}, "limits": {}, "cases": []}  # fmt: skip
+
+    with Cgroup(limit) as cg:
+
+        def cold() -> dict[str, Any]:
+            drop_cache(files)
+            cg.reset_peak()
+            return {"resident_before_bytes": resident_bytes(files),
+                    "sectors0": device_sectors_read()}  # fmt: skip
+
+        def after(c: dict[str, Any]) -> dict[str, Any]:
+            sectors = device_sectors_read() - c.pop("sectors0")
+            return {**c, "cgroup_peak_MiB": cg.get("max_usage_in_bytes") / 2**20,
+                    "cgroup_failcnt": cg.get("failcnt"),
+                    "device_read_bytes": sectors * 512}  # fmt: skip
+
+        for threads in sorted({1, os.cpu_count() or 1}):
+            c = cold()
+            t = time.perf_counter()
+            n = sequential_read(files, threads, buf_bytes=1 << 20)
+            dt = time.perf_counter() - t
+            rec = {"what": f"sequential read, {threads} thread(s)", "bytes": n, "seconds": dt,
+                   "Bps": n / dt, "rows_per_s": n / dt / row_bytes, **after(c)}  # fmt: skip
+            res["limits"][f"sequential_{threads}"] = rec
+            log(f"  {rec['what']}: {rec['Bps'] / 1e9:.3f} GB/s = {rec['rows_per_s']:,.0f} rows/s "
+                f"(resident before: {rec['resident_before_bytes']}, cgroup peak "
+                f"{rec['cgroup_peak_MiB']:.0f} MiB)")  # fmt: skip
+        for threads in (int(t) for t in args.random_threads.split(",")):
+            c = cold()
+            done, dt = random_rows(files, chunk_rows=args.chunk_rows, row_bytes=row_bytes,
+                                   rows=args.rows, batch=args.batch_size, threads=threads,
+                                   seed=args.seed, max_seconds=min(60.0, args.max_seconds))  # fmt: skip
+            rec = {"what": f"random single-row preadv, {threads} threads", "rows": done,
+                   "seconds": dt, "rows_per_s": done / dt, "Bps": done * row_bytes / dt,
+                   "epoch_fraction": done / args.rows, **after(c)}  # fmt: skip
+            res["limits"][f"random_{threads}"] = rec
+            log(f"  {rec['what']}: {rec['rows_per_s']:,.0f} rows/s = {rec['Bps'] / 1e9:.3f} GB/s "
+                f"({100 * rec['epoch_fraction']:.0f}% of the rows, device read "
+                f"{rec['device_read_bytes'] / 1e9:.2f} GB)")  # fmt: skip
+        for threads in (int(t) for t in args.uring_threads.split(",") if t):
+            c = cold()
+            done, dt = random_rows_uring(files, chunk_rows=args.chunk_rows, row_bytes=row_bytes,
+                                         rows=args.rows, batch=args.batch_size, threads=threads,
+                                         seed=args.seed, max_seconds=min(60.0, args.max_seconds))  # fmt: skip
+            rec = {"what": f"random single-row reads, io_uring {args.batch_size} per round, "
+                           f"{threads} thread(s)", "rows": done,
+                   "seconds": dt, "rows_per_s": done / dt, "Bps": done * row_bytes / dt,
+                   "epoch_fraction": done / args.rows, **after(c)}  # fmt: skip
+            res["limits"][f"random_uring_{threads}"] = rec
+            log(f"  {rec['what']}: {rec['rows_per_s']:,.0f} rows/s = {rec['Bps'] / 1e9:.3f} GB/s "
+                f"({100 * rec['epoch_fraction']:.0f}% of the rows, device read "
+                f"{rec['device_read_bytes'] / 1e9:.2f} GB)")  # fmt: skip
+        seq = max(v["Bps"] for k, v in res["limits"].items() if k.startswith("sequential"))
+        rnd = max(v["rows_per_s"] for k, v in res["limits"].items() if k.startswith("random"))
+        for name in cases:
+            c = cold()
+            rec = run_subprocess_case(name, args, store)
+            rec.update(after(c))
+            res["cases"].append(rec)
+            if "error" in rec:
+                log(f"  {name}: ERROR {rec['error']}")
+                continue
+            rec["ratio_to_sequential"] = rec["samples_per_s"] * row_bytes / seq
+            rec["ratio_to_random_rows"] = rec["samples_per_s"] / rnd
+            log(f"  {name}: {rec['samples_per_s']:,.0f} samples/s, "
+                f"{rec['ratio_to_sequential']:.3f} of the sequential read limit, "
+                f"{rec['ratio_to_random_rows']:.2f} of the random-row limit; peak RSS "
+                f"{rec['peak_rss_MiB']:.0f} MiB, cgroup peak {rec['cgroup_peak_MiB']:.0f} MiB; "
+                f"fetched {rec['read_bytes'] / size:.2f}x the store; exact coverage: "
+                f"{rec['exact_coverage']}" + (" (time-limited)" if rec["truncated"] else ""))  # fmt: skip
+    log(f"load average after: {load()}")
+    log("")
+    log("| case | samples/s | ÷ sequential read limit | ÷ random-row limit | peak RSS MiB | "
+        "cgroup peak MiB | fetched ÷ store | exact coverage |")  # fmt: skip
+    log("|---|---|---|---|---|---|---|---|")
+    for r in res["cases"]:
+        if "error" in r:
+            continue
+        log(f"| {r['case']} | {r['samples_per_s']:,.0f} | {r['ratio_to_sequential']:.3f} | "
+            f"{r['ratio_to_random_rows']:.2f} | {r['peak_rss_MiB']:.0f} | "
+            f"{r['cgroup_peak_MiB']:.0f} | {r['read_bytes'] / size:.2f} | {r['exact_coverage']} |")  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=str))
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
