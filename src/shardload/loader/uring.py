@@ -1,7 +1,7 @@
 """Many ``preadv`` in one system call: Linux io_uring through ctypes, planned with numpy.
 
 The scatter reader (:mod:`.scatter`) reads a shuffle group as hundreds of small runs (one per
-piece of 8 rows with the default shuffle). One ``preadv`` per run costs a ctypes call, a GIL
+piece of 16 rows with the default shuffle). One ``preadv`` per run costs a ctypes call, a GIL
 hand-off and a system call each; here a whole group's runs go to the kernel as one batch of
 ``IORING_OP_READV`` entries, written into the submission ring by numpy field assignments, and
 one ``io_uring_enter`` submits them and waits for all. Reads served from the page cache are
