@@ -338,8 +338,7 @@ class _Running:
         """Mean and M2 from the exact sums."""
         assert self._s1 is not None and self._s2 is not None
         n = self._count
-        q = np.multiply(self._s2, n)
-        q -= np.square(self._s1)  # exact: below 2**62
+        q = exact_q(self._s1, self._s2, n)
         return np.true_divide(self._s1, n), np.true_divide(q, n, out=q.astype(np.float64))
 
     @property
@@ -503,14 +502,9 @@ def _exact_moments(s1: np.ndarray, s2: np.ndarray, n: int) -> tuple[np.ndarray, 
     computes the same from the stored integers). A slab at a time: no full-size temporaries."""
     nf = len(s1)
     mean, var = np.empty(nf), np.empty(nf)
-    q, sq = np.empty(min(nf, _SLAB), np.int64), np.empty(min(nf, _SLAB), np.int64)
     nd, nn = np.float64(n), np.float64(n * n)
     for a in range(0, nf, _SLAB):
         z = slice(a, a + _SLAB)
-        k = len(s1[z])
-        np.multiply(s2[z], n, out=q[:k])
-        np.multiply(s1[z], s1[z], out=sq[:k])
-        np.subtract(q[:k], sq[:k], out=q[:k])  # exact: below 2**62
-        np.true_divide(q[:k], nn, out=var[z])
+        np.true_divide(exact_q(s1[z], s2[z], n), nn, out=var[z])  # exact q: below 2**62
         np.true_divide(s1[z], nd, out=mean[z])
     return mean, var
