@@ -44,10 +44,7 @@ class GridNames(Sequence[str]):
     def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
         if isinstance(i, slice):
             return tuple(self._one(k) for k in range(*i.indices(self._len)))
-        k = i + self._len if i < 0 else i
-        if not 0 <= k < self._len:
-            raise IndexError(f"feature {i} out of range ({self._len} features)")
-        return self._one(int(k))
+        return self._one(_feature_index(i, self._len))
 
     def __iter__(self) -> Iterator[str]:
         heads = self.labels[0]
@@ -133,9 +130,7 @@ class ChainedNames(Sequence[str]):
     def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
         if isinstance(i, slice):
             return tuple(self[k] for k in range(*i.indices(len(self))))
-        k = i + len(self) if i < 0 else i
-        if not 0 <= k < len(self):
-            raise IndexError(f"feature {i} out of range ({len(self)} features)")
+        k = _feature_index(i, len(self))
         p = int(np.searchsorted(self._starts, k, side="right")) - 1
         return self.parts[p][int(k - self._starts[p])]
 
@@ -155,3 +150,11 @@ class ChainedNames(Sequence[str]):
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _feature_index(i: int, n: int) -> int:
+    """Index ``i`` (negative from the end) of a sequence of ``n`` feature names, checked."""
+    k = i + n if i < 0 else i
+    if not 0 <= k < n:
+        raise IndexError(f"feature {i} out of range ({n} features)")
+    return int(k)
