@@ -107,3 +107,33 @@ def test_layout_only_for_simple_metadata(change, simple):
         strict=True,
     )  # fmt: skip
     assert other_bounds is None
+
+
+def test_whole_file_reads_land_in_page_aligned_buffers(tmp_path):
+    """The kernel copies a file into a buffer 16 bytes into a page (where ``np.empty`` starts
+    a large array) at 3-4x the CPU of an aligned one: the compressed chunk's scratch and the
+    loader's group buffers are page-aligned."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardload.formats import zarr_chunks
+    from shardload.formats.base import READ_ALIGN, aligned_empty
+    from shardload.loader.reader import BufferPool
+
+    for n in (1, 4095, 3 << 20):
+        a = aligned_empty(n)
+        assert a.nbytes == n and a.ctypes.data % READ_ALIGN == 0 and a.flags.writeable
+    pool = BufferPool(keep=1)
+    first = pool.take("x", (1000, 3), np.dtype("f4"))
+    assert first.ctypes.data % READ_ALIGN == 0
+    pool.give("x", first)
+    again = pool.take("x", (900, 3), np.dtype("f4"))  # the same memory, reused
+    assert again.ctypes.data % READ_ALIGN == 0 and again.shape == (900, 3)
+    store = make_store(tmp_path, fmt="zarr", compression="zstd", n=64, chunk_rows=16)
+
+    def read() -> int:  # in a fresh thread: its own scratch
+        out = np.empty((16, *store.manifest.arrays["x"].row_shape), "f4")
+        store.reader.read_into("x", 0, 16, out)
+        return int(zarr_chunks._SCRATCH.buf.ctypes.data)
+
+    with ThreadPoolExecutor(1) as ex:
+        assert ex.submit(read).result() % READ_ALIGN == 0
