@@ -539,7 +539,7 @@ def test_loader_doctests():
 def test_default_shuffle_is_small_pieces_on_raw_local_chunks(stores, fmt, monkeypatch):
     """The default cuts a group of the earlier default's rows (4 pieces of at most
     DEFAULT_PIECE_BYTES) into DEFAULT_GROUP_PIECES small pieces on raw local chunks; whole
-    chunks, 4 per group, elsewhere; and the batches still cover the split exactly."""
+    chunks elsewhere; and the batches still cover the split exactly."""
     from shardload.loader import batches as batches_mod
 
     monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # 3-row pieces (32 B a row)
@@ -549,8 +549,8 @@ def test_default_shuffle_is_small_pieces_on_raw_local_chunks(stores, fmt, monkey
     sel, piece, k = batches_mod.loader_selection(store, split="train")
     if fmt in ("npy-none", "zarr-none"):
         assert (piece, k) == (2, 6) and sel.sizes.max() == 2
-    else:
-        assert (piece, k) == (0, 4)
+    else:  # whole chunks, groups by decoded bytes: these tiny chunks, the most chunks a group
+        assert (piece, k) == (0, batches_mod.MAX_GROUP_CHUNKS)
         np.testing.assert_array_equal(sel.sizes, whole.sizes)
     got = collect(store, batch_size=4, split="train", seed=3)
     idx = np.concatenate([b["index"] for b in got])

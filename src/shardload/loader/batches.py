@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import PlanError, StateError
 from ..plan.buckets import bucketed_fingerprint
+from ..plan.chunks import DEFAULT_TARGET_CHUNK_BYTES
 from ..plan.epoch import (
     DEFAULT_SHUFFLE_CHUNKS,
     EpochPlan,
@@ -20,6 +21,7 @@ from ..plan.epoch import (
     group_batches,
     iter_worker_groups,
     plan_epoch,
+    plan_fingerprint,
 )
 from ..plan.resume import EpochState, plan_from_state
 from ..ragged import LENGTH_SUFFIX
@@ -51,6 +53,14 @@ DEFAULT_PIECE_BYTES = 8 << 20
 DEFAULT_GROUP_PIECES = 256
 #: The most pieces a default group is cut into (batches of more than group rows / 256).
 MAX_GROUP_PIECES = 512
+#: ``shuffle_chunks=None, piece_rows=None`` on stores read by whole chunks (compressed Zarr,
+#: HDF5, remote stores): a group holds as many decoded bytes as ``DEFAULT_SHUFFLE_CHUNKS``
+#: chunks of prepare's default chunk size (``plan.chunks.DEFAULT_TARGET_CHUNK_BYTES``), and at
+#: least ``DEFAULT_SHUFFLE_CHUNKS`` chunks: stores of default chunks plan as before, and a store
+#: of small chunks mixes rows of many more chunks in the same memory (docs/loading.md).
+WHOLE_CHUNK_GROUP_BYTES = DEFAULT_SHUFFLE_CHUNKS * DEFAULT_TARGET_CHUNK_BYTES
+#: The most chunks a default whole-chunk group holds (each chunk read is a task of its own).
+MAX_GROUP_CHUNKS = 4096
 
 
 def iter_batches(
@@ -72,7 +82,7 @@ def iter_batches(
     drop_last: bool = False,
     shuffle_chunks: int | None = None,
     piece_rows: int | None = None,
-    prefetch: int = DEFAULT_PREFETCH,
+    prefetch: int | None = None,
     threads: int | None = None,
     state: EpochState | Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -118,11 +128,15 @@ def iter_batches(
         group holds pieces of every chunk; the group deals each piece's rows to different
         batches, and a batch mixes as many chunks as a uniform shuffle; with only ``shuffle_chunks``
         given, pieces of at most 8 MiB (``shuffle_chunks=4``: the earlier default, 4 chunks
-        per batch). Other stores: whole chunks, 4 per group (a piece of a compressed chunk
-        would decode the whole chunk). ``0``: whole chunks.
+        per batch). Other stores (compressed Zarr, HDF5, remote: a piece of a compressed
+        chunk would decode the whole chunk): whole chunks, groups of as many chunks as hold
+        64 MiB of the selected arrays decoded (4 chunks of prepare's default 16 MiB), at least
+        4, at most 4,096 (:func:`whole_chunk_group`; stores with variable-length arrays: 4),
+        so a store of small chunks mixes many chunks per batch. ``0``: whole chunks.
     prefetch, threads
         Pieces read ahead in background threads (``threads``, default ``min(4, prefetch,
-        CPUs)``).
+        CPUs)``). Default (:func:`resolve_prefetch`): 4; on stores read by whole chunks, a
+        group ahead, at most 64 MiB decoded (as 4 chunks of 16 MiB).
         Memory per reader is about ``(shuffle_chunks + prefetch)`` pieces of the selected
         arrays, plus the batches the caller holds.
     state
@@ -169,7 +183,7 @@ def iter_batches(
     ...     x, y, idx = batch["x"], batch["y"], batch["index"]
     """
     st = open_store(store, storage_options=storage_options, arrays=arrays)
-    sel, _, shuffle_chunks = loader_selection(
+    sel, piece, shuffle_chunks = loader_selection(
         st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows,
         shuffle_chunks=shuffle_chunks, shuffle=shuffle, batch_size=batch_size,
     )  # fmt: skip
@@ -183,7 +197,7 @@ def iter_batches(
         raise PlanError(f"rank={rank} is not within 0..{world_size - 1}")
     if not 0 <= worker < readers:
         raise PlanError(f"worker={worker} is not within 0..{readers - 1}")
-    prefetch = _check_nonneg("prefetch", prefetch)
+    prefetch = resolve_prefetch(st, sel, prefetch, shuffle_chunks=shuffle_chunks, piece_rows=piece)
     threads = min(4, max(1, prefetch), _cores()) if threads is None else max(1, int(threads))
     skip = _check_nonneg("skip_batches", skip_batches)
     if skip:
@@ -246,8 +260,10 @@ def resolve_shuffle(
     - Only ``shuffle_chunks`` given: pieces of at most ``DEFAULT_PIECE_BYTES`` (raw local
       chunks) or whole chunks, as before small pieces were the default
       (``shuffle_chunks=4`` is that earlier default).
-    - Any other store: whole chunks, ``DEFAULT_SHUFFLE_CHUNKS`` per group (a piece of a
-      compressed chunk would decode the whole chunk).
+    - Any other store (read by whole chunks: a piece of a compressed chunk would decode the
+      whole chunk), both None: groups of :func:`whole_chunk_group` chunks, as many as hold
+      ``WHOLE_CHUNK_GROUP_BYTES`` (64 MiB) decoded, at least ``DEFAULT_SHUFFLE_CHUNKS``; only
+      ``piece_rows`` given: ``DEFAULT_SHUFFLE_CHUNKS`` per group.
     - ``shuffle="uniform"`` (raw local chunks only): whole chunks (the planner cuts rows
       itself) and groups of as many rows as the default.
     """
@@ -282,6 +298,8 @@ def resolve_shuffle(
     if piece_rows is None:
         if not raw:
             piece_rows = 0
+            if shuffle_chunks is None:
+                shuffle_chunks = whole_chunk_group(store, sel)
         elif shuffle_chunks is not None:
             piece_rows = big_piece
         else:
@@ -292,6 +310,36 @@ def resolve_shuffle(
             piece_rows = max(1, piece_rows)
             shuffle_chunks = max(1, group_rows // piece_rows)
     return piece_rows, shuffle_chunks or DEFAULT_SHUFFLE_CHUNKS
+
+
+def whole_chunk_group(store: Store, sel: Selection) -> int:
+    """Chunks per default shuffle group of a store read by whole chunks: as many as hold
+    ``WHOLE_CHUNK_GROUP_BYTES`` decoded bytes of the selected arrays, at least
+    ``DEFAULT_SHUFFLE_CHUNKS``, at most ``MAX_GROUP_CHUNKS`` (pure: the manifest only). Stores
+    with variable-length arrays keep ``DEFAULT_SHUFFLE_CHUNKS`` (their decoded size varies)."""
+    if ragged_names(store, sel.arrays) or not len(store.manifest.chunk_bounds) > 1:
+        return DEFAULT_SHUFFLE_CHUNKS
+    infos = store.manifest.arrays
+    chunk_rows = int(np.diff(np.asarray(store.manifest.chunk_bounds)).max())
+    chunk_bytes = max(1, chunk_rows * sum(infos[a].row_bytes for a in sel.arrays))
+    return int(
+        min(MAX_GROUP_CHUNKS, max(DEFAULT_SHUFFLE_CHUNKS, WHOLE_CHUNK_GROUP_BYTES // chunk_bytes))
+    )
+
+
+def resolve_prefetch(
+    store: Store, sel: Selection, prefetch: int | None, *, shuffle_chunks: int, piece_rows: int
+) -> int:
+    """``prefetch`` checked, or its default: for stores read by whole chunks (``piece_rows``
+    0) a group's worth of chunks ahead when default groups are larger than
+    ``DEFAULT_SHUFFLE_CHUNKS`` (:func:`whole_chunk_group`: small chunks, so at most
+    ``WHOLE_CHUNK_GROUP_BYTES`` decoded ahead, as ``DEFAULT_PREFETCH`` chunks of the default
+    size), else ``DEFAULT_PREFETCH`` segments. Decides no row order (not in the plan)."""
+    if prefetch is not None:
+        return _check_nonneg("prefetch", prefetch)
+    if piece_rows or isinstance(store.reader, WindowReader) or raw_rows(store, sel.arrays):
+        return DEFAULT_PREFETCH
+    return max(DEFAULT_PREFETCH, min(shuffle_chunks, whole_chunk_group(store, sel)))
 
 
 def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
@@ -365,10 +413,33 @@ def plan_for(
                 f"(fingerprint {store_fingerprint(store, sel)})"
             )
         state = EpochState.from_dict(dict(state))
-    return plan_from_state(
-        state, sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
-        world_size=world_size, num_workers=num_workers, buckets=buckets,
-    )  # fmt: skip
+    try:
+        return plan_from_state(
+            state, sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
+            world_size=world_size, num_workers=num_workers, buckets=buckets,
+        )  # fmt: skip
+    except StateError as exc:
+        hint = earlier_default_hint(sel, opts, state.fingerprint)
+        if not hint:
+            raise
+        raise StateError(f"{exc}{hint}") from exc
+
+
+def earlier_default_hint(sel: Selection, opts: PlanOptions, fingerprint: str) -> str:
+    """For a refused resume state: a sentence saying it was planned with ``shuffle_chunks=4``
+    (``DEFAULT_SHUFFLE_CHUNKS``, the default of every store read by whole chunks before groups
+    were sized by decoded bytes, :func:`whole_chunk_group`) and how to resume it; else ''."""
+    if opts["shuffle_chunks"] == DEFAULT_SHUFFLE_CHUNKS:
+        return ""
+    old = {**opts, "shuffle_chunks": DEFAULT_SHUFFLE_CHUNKS}
+    fp = plan_fingerprint(sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **old)
+    if fingerprint not in (fp, bucketed_fingerprint(fp)):
+        return ""
+    return (
+        f"; it was saved with shuffle_chunks={DEFAULT_SHUFFLE_CHUNKS} (the default for stores "
+        f"read by whole chunks before default groups were sized by decoded bytes; this one's is "
+        f"now {opts['shuffle_chunks']}): pass shuffle_chunks={DEFAULT_SHUFFLE_CHUNKS} to resume it"
+    )
 
 
 def new_batch(specs: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:

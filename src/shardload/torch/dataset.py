@@ -13,12 +13,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import StateError
 from ..loader.batches import (
-    DEFAULT_PREFETCH,
     INDEX_KEY,
     batch_specs,
     iter_batches,
     loader_selection,
     plan_for,
+    resolve_prefetch,
 )
 from ..loader.ragged import ragged_names, resolve_buckets
 from ..loader.recycle import plan_batch_layout
@@ -125,7 +125,7 @@ class StreamingDataset(IterableDataset):
         drop_last: bool = False,
         shuffle_chunks: int | None = None,
         piece_rows: int | None = None,
-        prefetch: int = DEFAULT_PREFETCH,
+        prefetch: int | None = None,
         threads: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         ring_slots: int | None = None,
@@ -142,6 +142,10 @@ class StreamingDataset(IterableDataset):
         self.options: PlanOptions = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
             shuffle_chunks=shuffle_chunks,
+        )  # fmt: skip
+        prefetch = resolve_prefetch(  # here, so the ring is sized for it
+            self.store, self.selection, prefetch, shuffle_chunks=shuffle_chunks,
+            piece_rows=resolved,
         )  # fmt: skip
         self.read_options: _ReadOptions = dict(prefetch=prefetch, threads=threads)
         self.split = split

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from ..errors import StateError
+from ..loader.batches import earlier_default_hint
 from ..plan.resume import EpochState
 
 STATE_VERSION = 1
@@ -223,6 +224,7 @@ def check_state(ds: Any, state: Mapping[str, Any]) -> str:
             f"the state was saved with other loader options (seed={state.get('seed')}, "
             f"batch_size={state.get('batch_size')}); this dataset has seed={opts['seed']}, "
             f"batch_size={opts['batch_size']}, mode={opts['mode']!r}, shuffle={opts['shuffle']}"
+            + earlier_default_hint(ds.selection, opts, str(state.get("fingerprint")))
         )
     kind = state.get("kind", "rank")
     if kind == "worker":
