@@ -431,7 +431,7 @@ def earlier_default_hint(sel: Selection, opts: PlanOptions, fingerprint: str) ->
     were sized by decoded bytes, :func:`whole_chunk_group`) and how to resume it; else ''."""
     if opts["shuffle_chunks"] == DEFAULT_SHUFFLE_CHUNKS:
         return ""
-    old = {**opts, "shuffle_chunks": DEFAULT_SHUFFLE_CHUNKS}
+    old: PlanOptions = {**opts, "shuffle_chunks": DEFAULT_SHUFFLE_CHUNKS}
     fp = plan_fingerprint(sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **old)
     if fingerprint not in (fp, bucketed_fingerprint(fp)):
         return ""
