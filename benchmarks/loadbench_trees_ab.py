@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 _EPOCH = r"""
 import json, resource, sys, time
 sys.path.insert(0, {here!r})
-from loadbench_cases import PeakRSS
+from loadbench_cases import PeakRSS, _vm_hwm_bytes
 import shardload
 store, via, opts, epoch, batch = {store!r}, {via!r}, {opts!r}, {epoch!r}, {batch!r}
 def cpu():
@@ -57,7 +57,7 @@ with PeakRSS() as mem:
     for b in it:
         n += len(b["index"])
     dt, dc = time.perf_counter() - t, cpu() - c
-    mem.peak = max(mem.peak, mem.now())
+    mem.peak = max(mem.peak, mem.now(), _vm_hwm_bytes())  # as bench_load.py
 print(json.dumps({{"samples": n, "seconds": dt, "cpu_s": dc, "peak_rss_MiB": mem.peak / 2**20,
                   "file": shardload.__file__}}))
 """
