@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -121,7 +122,7 @@ def read_segment(store: Store, name: str, seg: Segment, out: np.ndarray) -> None
         reader = store.reader
         if seg.rows is None:
             if _reads_into(reader):
-                reader.read_into(name, a, b, out)
+                cast(ReadsInto, reader).read_into(name, a, b, out)
             else:
                 out[...] = reader.read(name, a, b)
         else:  # explicit rows (a resumed, partly read group): the bounding span, then a gather
