@@ -265,3 +265,17 @@ def test_dataloader_workers_read_shards(sharded, ctx):
         check_values(store, {k: np.asarray(v) for k, v in b.items()})
         seen += np.asarray(b["index"]).tolist()
     assert sorted(seen) == list(range(203))
+
+
+def test_shards_by_url_through_the_whole_file_cache(tmp_path):
+    """A URL with a whole-file cache reads shards natively through the filesystem's opener."""
+    pytest.importorskip("aiohttp")
+    from shardload.serve import serving
+
+    x = _zarr_store(tmp_path / "plain", n=101, compressed=True)
+    with serving(tmp_path) as url:
+        store = shardload.open_store(url + "plain", cache_dir=tmp_path / "cache")
+        layout = store.reader.layout("a")  # type: ignore[attr-defined]
+        assert layout is not None and layout.shard is not None and layout.opener is not None
+        np.testing.assert_array_equal(store.read("a", 5, 90), x[5:90])
+        np.testing.assert_array_equal(store.read("a"), x)
