@@ -28,7 +28,7 @@ def test_direct_reads_equal_zarr_python(tmp_path, compression):
         check_values(store, b)
 
 
-def test_sharded_store_goes_through_zarr_python(tmp_path):
+def test_sharded_store_is_read_natively(tmp_path):
     src = tmp_path / "s.nc"
     xr.Dataset({"a": ("sample", np.arange(60, dtype="f4"))}).to_netcdf(src)
     prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
@@ -37,7 +37,8 @@ def test_sharded_store_goes_through_zarr_python(tmp_path):
         "arrays": {"x": ["a"]}, "chunk_rows": 8, "format": "zarr", "compression": "zstd",
         "shard_chunks": 2, "out": str(tmp_path / "sharded"),
     })  # fmt: skip
-    assert store.reader.layout("x") is None
+    layout = store.reader.layout("x")
+    assert layout is not None and layout.shard is not None  # formats/zarr_shards.py
     idx = np.concatenate([b["index"] for b in shardload.iter_batches(store, batch_size=7)])
     assert sorted(idx.tolist()) == list(range(60))
     for b in shardload.iter_batches(store, batch_size=7):

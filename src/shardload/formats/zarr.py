@@ -34,6 +34,7 @@ from .zarr_chunks import (
     verify_file,
     write_chunk,
 )
+from .zarr_shards import ShardIndexCache
 
 _LEVELS = {"zstd": 3, "lz4": 5}
 log = logging.getLogger(__name__)
@@ -103,7 +104,11 @@ class ZarrFormat:
         key = (str(root), name)
         with self._lock:
             if key not in self._arrays:
-                self._arrays[key] = zarr.open_array(store=str(root), path=name, mode="r+")
+                arr = zarr.open_array(store=str(root), path=name, mode="r+")
+                # every chunk and shard written, zeros too: zarr leaves out those equal to the
+                # fill value, so a shard of zeros had no file (prepare failed hashing it) and
+                # an inner chunk of zeros no bytes (a reader could not tell it from a loss)
+                self._arrays[key] = arr.with_config({"write_empty_chunks": True})
             return self._arrays[key]
 
     def write_block(
@@ -212,9 +217,10 @@ def open_group_readonly(fs: Any, root: str) -> Any:
 
 
 class ZarrReader:
-    """Reads row ranges. Local arrays in the simple layout shardload writes (no sharding, no
-    codec but Blosc) are read chunk by chunk straight into the caller's buffer
-    (:mod:`.zarr_chunks`); everything else goes through zarr-python.
+    """Reads row ranges. Local arrays in the simple layouts shardload writes (chunk files, or
+    shards of inner chunks along rows; no codec but Blosc) are read chunk by chunk straight
+    into the caller's buffer (:mod:`.zarr_chunks`, :mod:`.zarr_shards`); everything else goes
+    through zarr-python.
 
     In a shardload store (a manifest, not plain Zarr) a missing chunk or shard is an error on
     every path, never zarr's fill value; stored files are checked against the store's
@@ -228,6 +234,7 @@ class ZarrReader:
         self._arrays: dict[str, Any] = {}
         self._layouts: dict[str, ChunkLayout | None] = {}
         self._objects: dict[str, StoredObjects | None] = {}
+        self._indexes = ShardIndexCache()  # parsed shard indexes (sharded arrays)
         self._lock = threading.Lock()
         # CF mask and scale of plain (e.g. xarray-written) arrays: stored -> served values
         self._cf = {
@@ -288,7 +295,7 @@ class ZarrReader:
                     f"{self.root.rstrip('/')}/{info.path}",
                     dtype=np.dtype(cf.stored if cf is not None else info.dtype),
                     shape=tuple(info.shape), chunk_bounds=self.manifest.chunk_bounds,
-                    strict=self.strict, opener=self._opener(),
+                    strict=self.strict, opener=self._opener(), shards=True,
                 )  # fmt: skip
             self._layouts[name] = layout
         return self._layouts[name]
@@ -297,6 +304,8 @@ class ZarrReader:
         """Chunk ``i`` of ``name`` as raw rows in a local file (uncompressed shardload arrays)."""
         layout = self.layout(name)
         if layout is None or layout.blosc or layout.opener is not None or not layout.strict:
+            return None
+        if layout.shard is not None:  # inner chunks lie anywhere in their shard
             return None
         if name in self._cf:
             return None
@@ -310,7 +319,7 @@ class ZarrReader:
         when the array's layout allows, else one zarr-python read and a copy."""
         layout = self.layout(name)
         if layout is not None and out.flags.c_contiguous and out.dtype == layout.dtype:
-            read_rows_into(layout, name, start, stop, out, self.verifier)
+            read_rows_into(layout, name, start, stop, out, self.verifier, self._indexes)
             if name in self._cf:
                 self._cf[name].apply_into(out, out)
         else:
@@ -337,7 +346,7 @@ class ZarrReader:
         if layout is not None and name not in self._cf:  # the same checked path as the loader's
             info = self.manifest.arrays[name]
             out = np.empty((max(0, stop - start), *info.row_shape), dtype=layout.dtype)
-            read_rows_into(layout, name, start, stop, out, self.verifier)
+            read_rows_into(layout, name, start, stop, out, self.verifier, self._indexes)
             return out
         return self._read_zarr(name, start, stop)
 
@@ -384,6 +393,7 @@ class ZarrReader:
         self._arrays.clear()
         self._layouts.clear()
         self._objects.clear()
+        self._indexes.clear()
         self._group = None
 
 

@@ -1,11 +1,13 @@
 """Direct chunk reads for simple local Zarr v3 arrays: the chunk file straight into the caller's
 buffer, bypassing zarr-python's async codec pipeline.
 
-Used only when an array's ``zarr.json`` says exactly what shardload writes without sharding: a
-regular chunk grid chunked along axis 0 only (matching the manifest's chunk bounds), the default
-chunk key encoding, a ``bytes`` codec (little endian, on a little-endian machine), then either
-nothing or one ``blosc`` codec, no storage transformers. Anything else (sharding, other codecs,
-Zarr v2, URLs) keeps going through zarr-python (:meth:`ZarrReader.read`).
+Used only when an array's ``zarr.json`` says exactly what shardload writes: a regular chunk grid
+chunked along axis 0 only (matching the manifest's chunk bounds), the default chunk key encoding,
+a ``bytes`` codec (little endian, on a little-endian machine), then either nothing or one
+``blosc`` codec, no storage transformers. With ``shards=True`` (the reader), the same inside
+Zarr's ``sharding_indexed`` codec: shards and inner chunks along axis 0 only, the index
+``bytes`` (+ ``crc32c``) at either end (read by :mod:`.zarr_shards`). Anything else (other
+codecs, nested shards, Zarr v2, URLs) keeps going through zarr-python (:meth:`ZarrReader.read`).
 
 Uncompressed chunks are read with ``readinto`` on a view of the destination rows (one copy, from
 the page cache); Blosc chunks are decoded by ``numcodecs`` straight into the destination, in C
@@ -37,6 +39,20 @@ _CODECS_OK = ({"bytes"}, {"bytes", "blosc"})
 
 
 @dataclass(frozen=True)
+class ShardSpec:
+    """The sharding codec's settings a native shard read needs (see :mod:`.zarr_shards`)."""
+
+    chunks: int  # inner chunks per shard (all along axis 0)
+    index_at_end: bool  # index_location "end" (zarr's default), else "start"
+    index_crc: bool  # index_codecs end with crc32c (zarr's default)
+
+    @property
+    def index_nbytes(self) -> int:
+        """Bytes of the stored index: (offset, nbytes) uint64 per inner chunk (+ its crc32c)."""
+        return 16 * self.chunks + (4 if self.index_crc else 0)
+
+
+@dataclass(frozen=True)
 class ChunkLayout:
     """How to find and decode one array's chunks (see :func:`plan_chunk_layout`)."""
 
@@ -52,6 +68,8 @@ class ChunkLayout:
     #: Opens a chunk file for binary reading (default: the local file, unbuffered); e.g. a
     #: remote filesystem's ``open`` when its whole-file cache makes every chunk a local file.
     opener: Any = None
+    #: Sharded: ``chunk_rows`` are the inner chunks' rows, ``chunk_path(k)`` is shard ``k``.
+    shard: ShardSpec | None = None
 
     def open(self, path: str) -> Any:
         return self.opener(path) if self.opener is not None else open(path, "rb", buffering=0)
@@ -67,9 +85,12 @@ class ChunkLayout:
 
 def plan_chunk_layout(
     meta: dict[str, Any], *, folder: str, dtype: np.dtype, shape: tuple[int, ...],
-    chunk_bounds: list[int] | tuple[int, ...], strict: bool,
+    chunk_bounds: list[int] | tuple[int, ...], strict: bool, shards: bool = False,
 ) -> ChunkLayout | None:  # fmt: skip
-    """The layout of an array from its ``zarr.json`` (pure), or None when it is not simple."""
+    """The layout of an array from its ``zarr.json`` (pure), or None when it is not simple.
+
+    ``shards``: also plan arrays stored with the sharding codec (for the reader; the writer
+    leaves those to zarr-python)."""
     if sys.byteorder != "little" or meta.get("zarr_format") != 3:
         return None
     if meta.get("storage_transformers") or meta.get("node_type") != "array":
@@ -84,11 +105,17 @@ def plan_chunk_layout(
         return None
     if not shape or chunk_shape[1:] != tuple(shape[1:]) or chunk_shape[0] <= 0:
         return None
+    codecs = meta.get("codecs") or []
+    shard = None
+    if shards and len(codecs) == 1 and (codecs[0] or {}).get("name") == "sharding_indexed":
+        planned = _plan_shard(codecs[0].get("configuration") or {}, chunk_shape)
+        if planned is None:
+            return None
+        shard, chunk_shape, codecs = planned
     rows = chunk_shape[0]
     bounds = [int(b) for b in chunk_bounds]
     if bounds != [min(i * rows, shape[0]) for i in range(len(bounds))] or bounds[-1] != shape[0]:
         return None
-    codecs = meta.get("codecs") or []
     names = [c.get("name") if isinstance(c, dict) else None for c in codecs]
     if set(names) not in _CODECS_OK or len(names) != len(set(names)) or names[0] != "bytes":
         return None
@@ -108,7 +135,38 @@ def plan_chunk_layout(
     blosc = dict(codecs[1].get("configuration") or {}) if "blosc" in names else None
     return ChunkLayout(
         folder.rstrip("/"), rows, len(shape), dtype, row_bytes, sep, blosc, strict, fill,
+        shard=shard,
     )  # fmt: skip
+
+
+def _plan_shard(
+    config: dict[str, Any], shard_shape: tuple[int, ...]
+) -> tuple[ShardSpec, tuple[int, ...], list[Any]] | None:
+    """The shard settings, inner chunk shape and inner codecs of a ``sharding_indexed``
+    configuration, or None unless shards and inner chunks split axis 0 only and the index is
+    the plain one (``bytes``, little endian, optionally ``crc32c``) at either end."""
+    try:
+        inner = tuple(int(c) for c in config.get("chunk_shape", ()))
+    except (TypeError, ValueError):
+        return None
+    if len(inner) != len(shard_shape) or inner[1:] != shard_shape[1:] or inner[0] <= 0:
+        return None
+    if shard_shape[0] % inner[0]:
+        return None
+    index = config.get("index_codecs") or []
+    names = [c.get("name") if isinstance(c, dict) else None for c in index]
+    if names not in (["bytes"], ["bytes", "crc32c"]):
+        return None
+    if (index[0].get("configuration") or {}).get("endian", "little") != "little":
+        return None
+    where = config.get("index_location", "end")
+    if where not in ("end", "start"):
+        return None
+    codecs = config.get("codecs") or []
+    if not isinstance(codecs, list):
+        return None
+    spec = ShardSpec(shard_shape[0] // inner[0], where == "end", names[-1] == "crc32c")
+    return spec, inner, codecs
 
 
 def load_chunk_layout(folder: str, *, opener: Any = None, **kw: Any) -> ChunkLayout | None:
@@ -127,11 +185,18 @@ def load_chunk_layout(folder: str, *, opener: Any = None, **kw: Any) -> ChunkLay
 
 def read_rows_into(
     layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray,
-    verifier: Verifier | None = None,
+    verifier: Verifier | None = None, indexes: Any = None,
 ) -> None:  # fmt: skip
     """Rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows), chunk by chunk;
-    each chunk checked against its checksum first when ``verifier`` asks for it."""
+    each chunk (or shard) checked against its checksum first when ``verifier`` asks for it.
+    ``indexes``: a :class:`.zarr_shards.ShardIndexCache` of a sharded layout's parsed indexes
+    (default: each shard's index read anew)."""
     if stop <= start:
+        return
+    if layout.shard is not None:
+        from .zarr_shards import read_shard_rows_into
+
+        read_shard_rows_into(layout, name, start, stop, out, verifier, indexes)
         return
     dst = out.reshape(-1).view(np.uint8).data
     rb, rows = layout.row_bytes, layout.chunk_rows
@@ -182,7 +247,7 @@ def _read_chunk_part(
     verifier: Verifier | None = None,
 ) -> None:  # fmt: skip
     path = layout.chunk_path(i)
-    rb, nrows = layout.row_bytes, layout.chunk_rows
+    rb = layout.row_bytes
     check = verifier is not None and verifier.needed(name, i)
     try:
         with layout.open(path) as f:
@@ -208,11 +273,28 @@ def _read_chunk_part(
         raise ChunkReadError(
             f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
         ) from exc
-    try:
-        # Blosc trusts its header: check it against the file before decoding into our buffer
-        if check:  # the compressed bytes are in memory already: hashing them costs little
-            assert verifier is not None
+    # Blosc trusts its header: check it against the file before decoding into our buffer
+    if check:  # the compressed bytes are in memory already: hashing them costs little
+        assert verifier is not None
+        try:
             verifier.check(name, i, digest(raw), path=path, what=f"chunk {i}")
+        except ChunkReadError:
+            raise
+        except Exception as exc:
+            raise ChunkReadError(
+                f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
+            ) from exc
+    decode_into(layout, raw, a, b, dst, name=name, what=f"chunk {i}", path=path)
+
+
+def decode_into(
+    layout: ChunkLayout, raw: memoryview, a: int, b: int, dst: memoryview, *, name: str,
+    what: str, path: str,
+) -> None:  # fmt: skip
+    """Blosc-decode one whole stored chunk ``raw`` and put its rows ``[a, b)`` into ``dst``,
+    after checking its header against ``raw`` and the chunk's size (errors name ``what``)."""
+    nrows, rb = layout.chunk_rows, layout.row_bytes
+    try:
         if len(raw) < 16:
             raise ValueError(f"{len(raw)} bytes, shorter than a Blosc header")
         nbytes, _, cbytes = np.frombuffer(raw, "<u4", count=3, offset=4).tolist()
@@ -233,11 +315,9 @@ def _read_chunk_part(
             full = np.empty(nrows * rb, np.uint8)
             blosc.decompress(raw, full)
             dst[:] = full[a * rb : b * rb].data
-    except ChunkReadError:
-        raise
     except Exception as exc:
         raise ChunkReadError(
-            f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
+            f"{what} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
         ) from exc
 
 
