@@ -242,15 +242,22 @@ def random_rows(files: list[Path], *, chunk_rows: int, row_bytes: int, rows: int
 
 
 def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, rows: int,
-                      batch: int, threads: int, seed: int, max_seconds: float) -> tuple[int, float]:  # fmt: skip
-    """As :func:`random_rows`, but each batch's single-row reads go to the kernel as one
-    io_uring round (``shardload.loader.uring.Ring``: up to 256 reads in flight per thread, the
-    loader's own ring); ``threads`` threads, one ring each."""
-    from shardload.loader.uring import Ring
+                      batch: int, threads: int, seed: int, max_seconds: float,
+                      depth: int | None = None, block: int | None = None,
+                      direct: bool = False) -> tuple[int, float]:  # fmt: skip
+    """As :func:`random_rows`, through io_uring (``shardload.loader.uring.Ring``, the loader's
+    own ring; one per thread): the permutation is cut into blocks of ``block`` rows (default
+    ``batch``), each block's rows sorted by offset and read by one ``Ring.readv`` with up to
+    ``depth`` reads in flight, submitted continuously (default: as many as the ring holds); or,
+    ``direct``, by ``Ring.read_direct`` from ``O_DIRECT`` descriptors (aligned spans into bounce
+    slots, the row copied out)."""
+    from shardload.loader.uring import thread_ring
 
+    block = block or batch
     perm = np.random.default_rng(seed).permutation(rows)
-    batches = [np.sort(perm[a : a + batch]) for a in range(0, rows, batch)]
-    fds = np.array([os.open(p, os.O_RDONLY) for p in files], dtype=np.int32)
+    blocks = [np.sort(perm[a : a + block]) for a in range(0, rows, block)]
+    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+    fds = np.array([os.open(p, flags) for p in files], dtype=np.int32)
     t0 = time.perf_counter()
     stop = threading.Event()
     local = threading.local()
@@ -260,17 +267,24 @@ def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, row
             return 0
         st = getattr(local, "st", None)
         if st is None:
-            buf = np.empty((batch, row_bytes), np.uint8)
-            iov = np.empty((batch, 2), np.uint64)  # struct iovec {base, len} per row slot
-            iov[:, 0] = buf.ctypes.data + row_bytes * np.arange(batch, dtype=np.uint64)
+            buf = np.empty((block, row_bytes), np.uint8)
+            iov = np.empty((block, 2), np.uint64)  # struct iovec {base, len} per row slot
+            iov[:, 0] = buf.ctypes.data + row_bytes * np.arange(block, dtype=np.uint64)
             iov[:, 1] = row_bytes
-            st = local.st = (Ring(), buf, iov)
+            ring = thread_ring()
+            if ring is None:
+                raise OSError("io_uring is not usable here")
+            st = local.st = (ring, buf, iov)
         ring, _buf, iov = st
         c, i = np.divmod(b, chunk_rows)
         addrs = iov.ctypes.data + 16 * np.arange(len(b), dtype=np.uint64)
-        got = ring.readv(
-            fds[c], addrs, np.ones(len(b), np.uint32), (i * row_bytes).astype(np.uint64)
-        )
+        ones = np.ones(len(b), np.uint32)
+        offs = (i * row_bytes).astype(np.uint64)
+        if direct:
+            got = ring.read_direct(fds[c], offs, np.full(len(b), row_bytes), addrs, ones,
+                                   depth=depth)  # fmt: skip
+        else:
+            got = ring.readv(fds[c], addrs, ones, offs, depth=depth)
         if (got != row_bytes).any():
             raise OSError(f"short or failed row reads: {got[got != row_bytes][:4]}")
         if time.perf_counter() - t0 > max_seconds:
@@ -279,7 +293,7 @@ def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, row
 
     try:
         with ThreadPoolExecutor(threads) as pool:
-            done = sum(pool.map(one, batches))
+            done = sum(pool.map(one, blocks))
     finally:
         for fd in fds.tolist():
             os.close(fd)
