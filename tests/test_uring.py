@@ -276,9 +276,10 @@ def test_direct_reads_deliver_what_preadv_reads(tmp_path, ring):
         dst = np.concatenate(([0], np.cumsum(lens)[:-1])).reshape(n, 2)
         iov = np.stack([out.ctypes.data + dst.ravel(), lens.ravel()], axis=1).astype(np.uint64)
         ptrs = (iov.ctypes.data + 32 * np.arange(n)).astype(np.uint64)
-        for depth in (1, 5, None):
+        for depth, first in ((1, None), (5, iov[::2, 0]), (None, None)):
             out[:] = 0
-            res = ring.read_direct(np.full(n, fd), offs, total, ptrs, counts, depth=depth)
+            res = ring.read_direct(np.full(n, fd), offs, total, ptrs, counts, depth=depth,
+                                   first=first)  # fmt: skip
             assert res[-1] == 10  # the 10 bytes there are
             assert (res[:-1] == total[:-1]).all()
             for i in range(n - 1):

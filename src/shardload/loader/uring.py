@@ -168,13 +168,14 @@ class Ring:
 
     def read_direct(
         self, fds: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray, iov_ptrs: np.ndarray,
-        counts: np.ndarray, *, depth: int | None = None,
+        counts: np.ndarray, *, depth: int | None = None, first: np.ndarray | None = None,
     ) -> np.ndarray:  # fmt: skip
         """Read ``nbytes[i]`` bytes at ``offsets[i]`` of ``fds[i]`` (opened with ``O_DIRECT``)
         into the ``counts[i]`` iovecs at ``iov_ptrs[i]``: the kernel reads the aligned span of
         ``DIRECT_ALIGN``-byte blocks holding them into a bounce slot, the wanted bytes are
         copied out as each read completes and the slot is reused. Slots: one per read in
         flight (``depth``, default and at most :attr:`depth`), each the largest span.
+        ``first``: the base of each read's first iovec (saves reading it back).
 
         Returns ``nbytes[i]`` for each read that delivered, else its result (``-errno``, or a
         short count): the caller reads those again through the page cache (a file system that
@@ -206,6 +207,7 @@ class Ring:
             iov_ptrs.tolist(),
             counts.tolist(),
         )
+        bases = first.tolist() if first is not None else None
         move = ctypes.memmove
 
         def fill(idx: np.ndarray, sqes: np.ndarray) -> None:
@@ -223,7 +225,8 @@ class Ring:
                     continue
                 src = base + slot * slot_bytes + skips[i]
                 if cnts[i] == 1:
-                    move(int(_IOV.from_address(ptrs[i]).base), src, sizes[i])
+                    dst = bases[i] if bases is not None else _IOV.from_address(ptrs[i]).base
+                    move(dst, src, sizes[i])
                 else:
                     iov = (_IOV * cnts[i]).from_address(ptrs[i])
                     for v in iov:
