@@ -370,3 +370,36 @@ def test_memory_bytes_is_at_most_what_is_available():
     with open("/proc/meminfo") as f:
         avail = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable"))
     assert 0 < got <= avail * 1.5  # MemAvailable moves between the two reads
+
+
+def _uniform_digest(store, direct: str, **kw):
+    """(index, x) of a uniform epoch, in a process of its own (fork or spawn)."""
+    os.environ["SHARDLOAD_O_DIRECT"] = direct
+    got = list(shardload.iter_batches(store, batch_size=8, split="train", shuffle="uniform", **kw))
+    return np.concatenate([b["index"] for b in got]), np.concatenate([b["x"] for b in got])
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_direct_reads_resume_and_run_in_worker_processes(npy, ring, monkeypatch, spy_direct,
+                                                         method):  # fmt: skip
+    """With ``O_DIRECT`` reads the batches do not depend on the thread count, a resumed epoch
+    (``skip_batches``) gives the rest of them, and a forked child (this process's rings set
+    up before the fork) or a spawned one reads the same: each process sets up its own rings
+    and opens its own descriptors."""
+    import multiprocessing
+
+    monkeypatch.setenv("SHARDLOAD_O_DIRECT", "1")
+    whole = _uniform_digest(npy, "1", threads=1)
+    if not spy_direct:
+        pytest.skip("this file system refuses O_DIRECT")
+    more = _uniform_digest(npy, "1", threads=3)
+    rest = _uniform_digest(npy, "1", threads=2, skip_batches=3)
+    for a, b in zip(whole, more, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(whole, rest, strict=True):
+        np.testing.assert_array_equal(a[3 * 8 :], b)
+    assert uring.thread_ring() is not None  # the parent holds a ring when it forks
+    with multiprocessing.get_context(method).Pool(1) as pool:
+        child = pool.apply(_uniform_digest, (npy, "1"))
+    for a, b in zip(whole, child, strict=True):
+        np.testing.assert_array_equal(a, b)
