@@ -10,27 +10,36 @@ file: other sessions' caches stay) and the resident fraction is checked with ``f
 In one run, under the limit:
 
 - the read limits of that situation: a sequential read of every chunk file (1 thread, and
-  ``os.cpu_count()`` threads), and random single-row reads (``os.preadv`` of one row, in the
-  order of a uniform permutation with each batch's rows sorted by offset, as the loader reads
-  them) from ``--random-threads`` threads (many requests in flight: the disk's queue depth),
-  and the same rows through io_uring (a batch's 256 single-row reads per round, one ring per
-  thread, ``--uring-threads``);
+  ``os.cpu_count()`` threads); random single-row reads in the order of a uniform permutation
+  (rows sorted by offset within each block, as the loader reads a group): one ``os.preadv``
+  per row from ``--random-threads`` threads, and through the loader's own io_uring ring
+  (``--ring-limits``): session 9's rounds of 256 that wait for their slowest read, continuous
+  submission at depth 1,024 (1 thread) and 512 (2 threads), through the page cache and with
+  ``O_DIRECT`` (aligned blocks into bounce slots, the row copied out); and, where ``fio`` is
+  installed (else skipped, with a note), fio's ``randread`` over the store's files
+  (``--fio``: io_uring and libaio, direct and buffered, 8 and 12 KiB blocks, queue depths 64
+  to 1,024). The best random single-row rate of our own readers is *the random-row limit*;
 - in-process ``shardload.iter_batches`` epochs (each in a fresh subprocess, which inherits the
   cgroup): the old default (``shuffle_chunks=4``), the new default, ``shuffle="uniform"``
-  (io_uring), and ``shuffle="uniform"`` with one ``preadv`` per run (``SHARDLOAD_IO_URING=0``).
+  (io_uring; ``O_DIRECT`` since the store is larger than the cgroup's memory), the same with
+  ``SHARDLOAD_O_DIRECT=0`` (through the page cache), and with one ``preadv`` per run
+  (``SHARDLOAD_IO_URING=0``).
 
-Reported per loader case: samples/s, the ratio to the sequential read limit (and to the random
-row limit), peak RSS of the process (``VmHWM``), the cgroup's peak (page cache included), bytes
+Reported per loader case: samples/s, the ratio to the sequential read limit and to the random-row
+limit, peak RSS of the process (``VmHWM``), the cgroup's peak (page cache included), bytes
 the process fetched from the storage layer (``/proc/self/io`` ``read_bytes``, readahead
-included) against the store's size, and whether every row came exactly once. The
-machine's load average is printed before and after.
+included) and the device's sectors read (all processes) against the store's size, and whether
+every row came exactly once. The machine's load average is printed before and after.
 
 Needs root and the cgroup v1 memory controller (``/sys/fs/cgroup/memory``); the cgroup is removed
 at the end. Usage::
 
     sudo python benchmarks/bench_uniform_bigger_than_ram.py --workdir /tmp/big --mem-limit 512M
-    python benchmarks/bench_uniform_bigger_than_ram.py --rows 16384 --features 256 --chunk-rows 1024 \\
-        --mem-limit 24M          # a small smoke run (seconds)
+    python benchmarks/bench_uniform_bigger_than_ram.py --workdir /tmp/small --rows 262144 \\
+        --features 256 --chunk-rows 8192 --mem-limit 192M --fio-seconds 1   # a smoke run (~1 min)
+
+(The whole run shares the cgroup: much under ~190 MiB, the parent and a loader subprocess do
+not fit beside each other and the kernel's OOM killer ends the run.)
 """
 
 from __future__ import annotations

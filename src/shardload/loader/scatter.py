@@ -13,8 +13,14 @@ consecutive file rows, one ``preadv`` per run (at most 1,024 iovecs a call), des
 that follow each other merged into one iovec. ``preadv`` runs through ctypes, which releases
 the GIL, in the reader threads; each chunk file is opened once per reader task.
 
+A store larger than the memory that could cache it (:func:`read_past_cache`) has its small
+reads (the single rows of ``shuffle="uniform"``) read with ``O_DIRECT`` through io_uring
+(:meth:`.uring.Ring.read_direct`): aligned blocks into bounce slots, the row copied out,
+past the page cache.
+
 Memory: the batches of the group being yielded and of the groups read ahead (``prefetch``, in
-chunks, rounded up to whole groups), which is what the batches would cost anyway.
+chunks, rounded up to whole groups), which is what the batches would cost anyway; with
+``O_DIRECT`` reads, at most ``DIRECT_BOUNCE_BYTES`` of bounce slots per reader thread.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ IOV_MAX = 1024
 DIRECT_MAX_SPAN = 64 << 10
 #: Bounce memory of one reader thread's ``O_DIRECT`` reads in flight (one slot per read).
 DIRECT_BOUNCE_BYTES = 16 << 20
+#: With direct reads, one reader task per group (not one per reader thread).
+DIRECT_ONE_TASK = True
 
 _PREADV: dict[bool, Any] = {}
 _O_CLOEXEC, _O_DIRECT = getattr(os, "O_CLOEXEC", 0), getattr(os, "O_DIRECT", 0)
@@ -230,7 +238,12 @@ def read_runs(
                 d = np.flatnonzero(direct)
                 depth = max(1, DIRECT_BOUNCE_BYTES // int(span[d].max()))
                 got[d] = ring.read_direct(
-                    dfds[d], off[d], want[d], ptrs[d].astype(np.uint64), cnt[d], depth=depth,
+                    dfds[d],
+                    off[d],
+                    want[d],
+                    ptrs[d].astype(np.uint64),
+                    cnt[d],
+                    depth=depth,
                     first=iov[f[d], 0],
                 )
             b = np.flatnonzero(~direct)
@@ -548,8 +561,10 @@ def scatter_batches(
         nruns = len(run_chunk)
         # direct reads wait on the device, not the CPU: one reader thread takes the whole
         # group, so its ring stays full for longer between the drains at a task's end (the
-        # next group goes to another reader meanwhile; 1.04-1.12x, docs/benchmarks.md)
-        parts = np.linspace(0, nruns, (1 if files.direct else readers) + 1).astype(np.int64)
+        # next group goes to another reader meanwhile): 1.12x the rows/s of one task per
+        # reader thread, peak RSS 177 against 145 MiB (docs/benchmarks.md, session 10)
+        one_task = files.direct and DIRECT_ONE_TASK
+        parts = np.linspace(0, nruns, (1 if one_task else readers) + 1).astype(np.int64)
         for a in names:
             bases = np.array([o[a].ctypes.data for o in outs], np.uint64)
             rb = raws_row_bytes[a]

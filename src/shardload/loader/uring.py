@@ -4,9 +4,10 @@ The scatter reader (:mod:`.scatter`) reads a shuffle group as hundreds of small 
 piece of 16 rows with the default shuffle). One ``preadv`` per run costs a ctypes call, a GIL
 hand-off and a system call each; here a whole group's runs go to the kernel as one batch of
 ``IORING_OP_READV`` entries, written into the submission ring by numpy field assignments, and
-one ``io_uring_enter`` submits them and waits for all. Reads served from the page cache are
-done inline in that call; others are handed to the kernel's own worker threads (so a store
-larger than RAM gets its reads in parallel too).
+``io_uring_enter`` calls keep up to a ring's depth (1,024) of them in flight, refilling as
+they complete. Reads served from the page cache are done inline in that call; others wait on
+the device in parallel (a store larger than RAM). :meth:`Ring.read_direct` reads byte ranges
+from ``O_DIRECT`` descriptors through aligned bounce slots (stores larger than memory).
 
 No Python binding of liburing is packaged for our targets, and the ring protocol we need is
 small (setup, three ``mmap``s, enter), so it is hand-rolled here (design.md says why). Where
