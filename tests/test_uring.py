@@ -350,7 +350,8 @@ def test_failed_direct_reads_are_read_again_and_named(npy, ring, monkeypatch):
 def test_direct_reads_are_chosen_for_stores_larger_than_memory(monkeypatch, ring):
     monkeypatch.delenv("SHARDLOAD_O_DIRECT", raising=False)
     monkeypatch.setattr(scatter, "memory_bytes", lambda: 1000)
-    assert scatter.read_past_cache(1001) and not scatter.read_past_cache(1000)
+    big = scatter.DIRECT_STORE_FACTOR * 1000
+    assert scatter.read_past_cache(big + 1) and not scatter.read_past_cache(big)
     monkeypatch.setattr(scatter, "memory_bytes", lambda: None)
     assert not scatter.read_past_cache(1 << 40)
     monkeypatch.setenv("SHARDLOAD_O_DIRECT", "1")

@@ -54,6 +54,10 @@ IOV_MAX = 1024
 #: aligned span it covers is at most this: single rows and short runs, the reads of
 #: ``shuffle="uniform"``; longer runs are sequential enough for the page cache's readahead.
 DIRECT_MAX_SPAN = 64 << 10
+#: Direct reads when the store is more than this many times the memory that could cache it.
+#: Measured (docs/benchmarks.md, session 10): at 3.2x (6.2 KB rows) direct reads ran 1.3-1.55x
+#: the page cache's rate; at 1.4x (1 KB rows, most reads hitting the cache) 0.68x.
+DIRECT_STORE_FACTOR = 2
 #: Bounce memory of one reader thread's ``O_DIRECT`` reads in flight (one slot per read).
 DIRECT_BOUNCE_BYTES = 16 << 20
 #: With direct reads, one reader task per group (not one per reader thread).
@@ -416,18 +420,20 @@ def _open_sized(rc: RawChunk, name: str, chunk: int) -> tuple[int, RawChunk, int
 
 def read_past_cache(store_bytes: int) -> bool:
     """Whether this process reads a store of ``store_bytes`` with ``O_DIRECT`` small reads: the
-    store is larger than the memory that could cache it (``memory_bytes``), so a small read
-    mostly misses the page cache anyway, and going past it reads aligned blocks once (a 6.2 KB
-    row spans 2-3 pages; through the page cache, evicted neighbours were fetched again) with
-    no reclaim, at the device's higher direct random-read rate (docs/benchmarks.md, session 10).
-    Needs io_uring (:mod:`.uring`). ``SHARDLOAD_O_DIRECT=0`` / ``1`` turns it off / on."""
+    store is more than ``DIRECT_STORE_FACTOR`` times the memory that could cache it
+    (:func:`memory_bytes`), so a small read mostly misses the page cache anyway, and going past
+    it reads aligned blocks once (a 6.2 KB row spans 2-3 pages; through the page cache, evicted
+    neighbours were fetched again) with no reclaim, at the device's higher direct random-read
+    rate (docs/benchmarks.md, session 10). Needs io_uring (:mod:`.uring`).
+    ``SHARDLOAD_O_DIRECT=0`` / ``1`` turns it off / on whatever the sizes."""
     env = os.environ.get("SHARDLOAD_O_DIRECT", "auto").strip().lower()
-    if not _O_DIRECT or env in ("0", "false", "no", "off") or uring.thread_ring() is None:
+    if not _O_DIRECT or env in ("0", "false", "no", "off"):
         return False
-    if env in ("1", "true", "yes", "on"):
-        return True
-    limit = memory_bytes()
-    return limit is not None and store_bytes > limit
+    if env not in ("1", "true", "yes", "on"):
+        limit = memory_bytes()
+        if limit is None or store_bytes <= DIRECT_STORE_FACTOR * limit:
+            return False
+    return uring.usable()
 
 
 def memory_bytes() -> int | None:

@@ -306,6 +306,11 @@ def _usable() -> bool:
     return bool(_STATE["usable"])
 
 
+def usable() -> bool:
+    """Whether this process reads through io_uring (else one ``preadv`` per run)."""
+    return _usable()
+
+
 def thread_ring() -> Ring | None:
     """This thread's ring (set up on first use; a forked child sets up its own), or None
     where io_uring cannot be used (the caller reads with one ``preadv`` per run)."""
