@@ -360,11 +360,9 @@ class _Running:
         if self._s1 is not None and self._s2 is not None and self._count > 0:
             mean, var = _exact_moments(self._s1, self._s2, self._count)
             nan = np.broadcast_to(np.int64(0), (self._nf,))
-            st = _feature_stats(self._count, mean, var, self._min, self._max, nan)
-            # the sums these figures are exactly computed from: the feature file stores them
-            # without checking every figure again (manifest._integer_moments)
-            object.__setattr__(st, "_exact_sums", (self._count, self._s1, self._s2))
-            return st
+            # with the sums these figures are exactly computed from (manifest._integer_moments)
+            sums = (self._count, self._s1, self._s2)
+            return _feature_stats(self._count, mean, var, self._min, self._max, nan, sums)
         return finalize(self.partial, consume=True)
 
     def add(self, b: Partial) -> None:
@@ -467,12 +465,14 @@ def _feature_stats(
     mn: np.ndarray,
     mx: np.ndarray,
     nan_count: np.ndarray,
+    exact_sums: tuple[int, np.ndarray, np.ndarray] | None = None,
 ) -> FeatureStats:
     """The statistics, taking over ``mean`` and ``var`` (which becomes the std)."""
     np.maximum(var, 0, out=var)
     nan = _const(nan_count)
     return FeatureStats.of_arrays(
         count=count,
+        exact_sums=exact_sums,
         mean=mean,
         std=np.sqrt(var, out=var),
         min=np.array(mn, dtype=np.float64),

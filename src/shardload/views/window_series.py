@@ -19,7 +19,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import ViewError
-from ..manifest import ArrayInfo, FeatureStats, Manifest
+from ..manifest import STATS_FIELDS, ArrayInfo, FeatureStats, Manifest
 from ..plan.chunks import RegularBounds, plan_chunk_rows
 from ..plan.windows import SeriesColumns, WindowGeometry, geometry_dict
 from .base import ArraySpec
@@ -170,11 +170,10 @@ def window_manifest(
         )  # fmt: skip
         parts = [series.stats[c.series] for c in cols if c.series in series.stats]
         if len(parts) == len(cols):
+            cat = {f: np.concatenate([getattr(p, f) for p in parts]) for f in STATS_FIELDS}
             stats[name] = FeatureStats(
-                parts[0].count,
-                *(np.concatenate([getattr(p, f) for p in parts]) for f in
-                  ("mean", "std", "min", "max", "nan_count")),
-            )  # fmt: skip
+                parts[0].count, cat["mean"], cat["std"], cat["min"], cat["max"], cat["nan_count"]
+            )
     static = {"window": {**dict(view.static["window"]), **geometry_dict(g, infos)}}
     return dataclasses.replace(
         series, length=view.num_samples, chunk_bounds=tuple(sample_bounds), arrays=arrays,
