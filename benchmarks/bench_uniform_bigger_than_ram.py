@@ -10,27 +10,36 @@ file: other sessions' caches stay) and the resident fraction is checked with ``f
 In one run, under the limit:
 
 - the read limits of that situation: a sequential read of every chunk file (1 thread, and
-  ``os.cpu_count()`` threads), and random single-row reads (``os.preadv`` of one row, in the
-  order of a uniform permutation with each batch's rows sorted by offset, as the loader reads
-  them) from ``--random-threads`` threads (many requests in flight: the disk's queue depth),
-  and the same rows through io_uring (a batch's 256 single-row reads per round, one ring per
-  thread, ``--uring-threads``);
+  ``os.cpu_count()`` threads); random single-row reads in the order of a uniform permutation
+  (rows sorted by offset within each block, as the loader reads a group): one ``os.preadv``
+  per row from ``--random-threads`` threads, and through the loader's own io_uring ring
+  (``--ring-limits``): session 9's rounds of 256 that wait for their slowest read, continuous
+  submission at depth 1,024 (1 thread) and 512 (2 threads), through the page cache and with
+  ``O_DIRECT`` (aligned blocks into bounce slots, the row copied out); and, where ``fio`` is
+  installed (else skipped, with a note), fio's ``randread`` over the store's files
+  (``--fio``: io_uring and libaio, direct and buffered, 8 and 12 KiB blocks, queue depths 64
+  to 1,024). The best random single-row rate of our own readers is *the random-row limit*;
 - in-process ``shardload.iter_batches`` epochs (each in a fresh subprocess, which inherits the
   cgroup): the old default (``shuffle_chunks=4``), the new default, ``shuffle="uniform"``
-  (io_uring), and ``shuffle="uniform"`` with one ``preadv`` per run (``SHARDLOAD_IO_URING=0``).
+  (io_uring; ``O_DIRECT`` since the store is larger than the cgroup's memory), the same with
+  ``SHARDLOAD_O_DIRECT=0`` (through the page cache), and with one ``preadv`` per run
+  (``SHARDLOAD_IO_URING=0``).
 
-Reported per loader case: samples/s, the ratio to the sequential read limit (and to the random
-row limit), peak RSS of the process (``VmHWM``), the cgroup's peak (page cache included), bytes
+Reported per loader case: samples/s, the ratio to the sequential read limit and to the random-row
+limit, peak RSS of the process (``VmHWM``), the cgroup's peak (page cache included), bytes
 the process fetched from the storage layer (``/proc/self/io`` ``read_bytes``, readahead
-included) against the store's size, and whether every row came exactly once. The
-machine's load average is printed before and after.
+included) and the device's sectors read (all processes) against the store's size, and whether
+every row came exactly once. The machine's load average is printed before and after.
 
 Needs root and the cgroup v1 memory controller (``/sys/fs/cgroup/memory``); the cgroup is removed
 at the end. Usage::
 
     sudo python benchmarks/bench_uniform_bigger_than_ram.py --workdir /tmp/big --mem-limit 512M
-    python benchmarks/bench_uniform_bigger_than_ram.py --rows 16384 --features 256 --chunk-rows 1024 \\
-        --mem-limit 24M          # a small smoke run (seconds)
+    python benchmarks/bench_uniform_bigger_than_ram.py --workdir /tmp/small --rows 262144 \\
+        --features 256 --chunk-rows 8192 --mem-limit 192M --fio-seconds 1   # a smoke run (~1 min)
+
+(The whole run shares the cgroup: much under ~190 MiB, the parent and a loader subprocess do
+not fit beside each other and the kernel's OOM killer ends the run.)
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,7 +71,28 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
     "old default (shuffle_chunks=4)": ({"shuffle_chunks": 4}, {}),
     "new default": ({}, {}),
     "uniform (io_uring)": ({"shuffle": "uniform"}, {}),
+    "uniform (io_uring via the page cache)": ({"shuffle": "uniform"}, {"SHARDLOAD_O_DIRECT": "0"}),
     "uniform (one preadv per run)": ({"shuffle": "uniform"}, {"SHARDLOAD_IO_URING": "0"}),
+}
+#: random-row limits through the loader's io_uring ring: name -> (threads, depth, block, direct);
+#: block = rows per ``Ring`` call (sorted by offset), depth = reads in flight per thread
+RING_LIMITS: dict[str, tuple[int, int, int, bool]] = {
+    "io_uring rounds of 256 (session 9) x 1 thread": (1, 256, 256, False),
+    "io_uring continuous depth 1024 x 1 thread": (1, 1024, 8192, False),
+    "io_uring continuous depth 512 x 2 threads": (2, 512, 8192, False),
+    "io_uring O_DIRECT continuous depth 256 x 1 thread": (1, 256, 8192, True),
+    "io_uring O_DIRECT continuous depth 1024 x 1 thread": (1, 1024, 8192, True),
+    "io_uring O_DIRECT continuous depth 512 x 2 threads": (2, 512, 8192, True),
+}
+#: fio random reads over the store's files: name -> (engine, direct, block size, depth, jobs)
+FIO_LIMITS: dict[str, tuple[str, int, str, int, int]] = {
+    "fio io_uring direct 8k qd 64": ("io_uring", 1, "8k", 64, 1),
+    "fio io_uring direct 8k qd 256": ("io_uring", 1, "8k", 256, 1),
+    "fio io_uring direct 8k qd 1024": ("io_uring", 1, "8k", 1024, 1),
+    "fio io_uring direct 8k qd 512 x2 jobs": ("io_uring", 1, "8k", 512, 2),
+    "fio io_uring direct 12k qd 1024": ("io_uring", 1, "12k", 1024, 1),
+    "fio libaio direct 8k qd 1024": ("libaio", 1, "8k", 1024, 1),
+    "fio io_uring buffered 8k qd 1024": ("io_uring", 0, "8k", 1024, 1),
 }
 
 
@@ -85,13 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--mem-limit", default="512M", help="the cgroup's memory limit (page cache "
                     "included), e.g. 512M; well under the store's size")  # fmt: skip
-    ap.add_argument(
-        "--random-threads",
-        default="1,16,64",
-        help="thread counts of the random single-row read limit",
-    )
-    ap.add_argument("--uring-threads", default="1,2",
-                    help="thread counts of the random single-row read limit through io_uring")  # fmt: skip
+    ap.add_argument("--random-threads", default="1,16",
+                    help="thread counts of the random single-row preadv limit")  # fmt: skip
+    ap.add_argument("--ring-limits", default=",".join(RING_LIMITS),
+                    help=f"subset of {list(RING_LIMITS)} (empty: none)")  # fmt: skip
+    ap.add_argument("--fio", default=",".join(FIO_LIMITS),
+                    help=f"subset of {list(FIO_LIMITS)} (empty: none; skipped without fio)")  # fmt: skip
+    ap.add_argument("--fio-seconds", type=float, default=8.0, help="run time of each fio job")
     ap.add_argument("--max-seconds", type=float, default=300.0,
                     help="time limit per measurement (a cut epoch is extrapolated and its "
                          "coverage not checked)")  # fmt: skip
@@ -242,15 +273,22 @@ def random_rows(files: list[Path], *, chunk_rows: int, row_bytes: int, rows: int
 
 
 def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, rows: int,
-                      batch: int, threads: int, seed: int, max_seconds: float) -> tuple[int, float]:  # fmt: skip
-    """As :func:`random_rows`, but each batch's single-row reads go to the kernel as one
-    io_uring round (``shardload.loader.uring.Ring``: up to 256 reads in flight per thread, the
-    loader's own ring); ``threads`` threads, one ring each."""
-    from shardload.loader.uring import Ring
+                      batch: int, threads: int, seed: int, max_seconds: float,
+                      depth: int | None = None, block: int | None = None,
+                      direct: bool = False) -> tuple[int, float]:  # fmt: skip
+    """As :func:`random_rows`, through io_uring (``shardload.loader.uring.Ring``, the loader's
+    own ring; one per thread): the permutation is cut into blocks of ``block`` rows (default
+    ``batch``), each block's rows sorted by offset and read by one ``Ring.readv`` with up to
+    ``depth`` reads in flight, submitted continuously (default: as many as the ring holds); or,
+    ``direct``, by ``Ring.read_direct`` from ``O_DIRECT`` descriptors (aligned spans into bounce
+    slots, the row copied out)."""
+    from shardload.loader.uring import thread_ring
 
+    block = block or batch
     perm = np.random.default_rng(seed).permutation(rows)
-    batches = [np.sort(perm[a : a + batch]) for a in range(0, rows, batch)]
-    fds = np.array([os.open(p, os.O_RDONLY) for p in files], dtype=np.int32)
+    blocks = [np.sort(perm[a : a + block]) for a in range(0, rows, block)]
+    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+    fds = np.array([os.open(p, flags) for p in files], dtype=np.int32)
     t0 = time.perf_counter()
     stop = threading.Event()
     local = threading.local()
@@ -260,17 +298,24 @@ def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, row
             return 0
         st = getattr(local, "st", None)
         if st is None:
-            buf = np.empty((batch, row_bytes), np.uint8)
-            iov = np.empty((batch, 2), np.uint64)  # struct iovec {base, len} per row slot
-            iov[:, 0] = buf.ctypes.data + row_bytes * np.arange(batch, dtype=np.uint64)
+            buf = np.empty((block, row_bytes), np.uint8)
+            iov = np.empty((block, 2), np.uint64)  # struct iovec {base, len} per row slot
+            iov[:, 0] = buf.ctypes.data + row_bytes * np.arange(block, dtype=np.uint64)
             iov[:, 1] = row_bytes
-            st = local.st = (Ring(), buf, iov)
+            ring = thread_ring()
+            if ring is None:
+                raise OSError("io_uring is not usable here")
+            st = local.st = (ring, buf, iov)
         ring, _buf, iov = st
         c, i = np.divmod(b, chunk_rows)
         addrs = iov.ctypes.data + 16 * np.arange(len(b), dtype=np.uint64)
-        got = ring.readv(
-            fds[c], addrs, np.ones(len(b), np.uint32), (i * row_bytes).astype(np.uint64)
-        )
+        ones = np.ones(len(b), np.uint32)
+        offs = (i * row_bytes).astype(np.uint64)
+        if direct:
+            got = ring.read_direct(fds[c], offs, np.full(len(b), row_bytes), addrs, ones,
+                                   depth=depth, first=iov[: len(b), 0])  # fmt: skip
+        else:
+            got = ring.readv(fds[c], addrs, ones, offs, depth=depth)
         if (got != row_bytes).any():
             raise OSError(f"short or failed row reads: {got[got != row_bytes][:4]}")
         if time.perf_counter() - t0 > max_seconds:
@@ -279,11 +324,30 @@ def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, row
 
     try:
         with ThreadPoolExecutor(threads) as pool:
-            done = sum(pool.map(one, batches))
+            done = sum(pool.map(one, blocks))
     finally:
         for fd in fds.tolist():
             os.close(fd)
     return done, time.perf_counter() - t0
+
+
+def fio_randread(files: list[Path], *, engine: str, direct: int, bs: str, depth: int,
+                 jobs: int, seconds: float) -> dict[str, float] | None:  # fmt: skip
+    """``fio`` random reads (``randread``, a random file of the store per read) for
+    ``seconds``; its IOPS and bytes/s, or None without fio."""
+    exe = shutil.which("fio")
+    if exe is None:
+        return None
+    cmd = [exe, "--name=r", "--filename=" + ":".join(str(p).replace(":", "\\:") for p in files),
+           "--file_service_type=random", "--rw=randread", f"--ioengine={engine}",
+           f"--direct={direct}", f"--bs={bs}", f"--iodepth={depth}", f"--numjobs={jobs}",
+           "--group_reporting", "--time_based", f"--runtime={seconds}", "--readonly",
+           "--invalidate=1", "--output-format=json"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if p.returncode:
+        return {"error": p.stderr[-500:]}  # type: ignore[dict-item]
+    r = json.loads(p.stdout[p.stdout.index("{") :])["jobs"][0]["read"]
+    return {"iops": r["iops"], "Bps": r["bw_bytes"], "lat_us": r["lat_ns"]["mean"] / 1e3}
 
 
 # -- one loader case (a subprocess, in the cgroup) ------------------------------------------------
@@ -362,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{limit / 2**20:.0f} MiB ({limit / size:.2f} of the store); readahead {ra} KiB")  # fmt: skip
     res: dict[str, Any] = {"config": {**{k: str(v) for k, v in vars(args).items()},
                                       "store_bytes": size, "limit_bytes": limit,
-                                      "read_ahead_kb": ra}, "limits": {}, "cases": []}  # fmt: skip
+                                      "read_ahead_kb": ra}, "limits": {}, "fio": {}, "cases": []}  # fmt: skip
 
     with Cgroup(limit) as cg:
 
@@ -401,21 +465,52 @@ def main(argv: list[str] | None = None) -> None:
             log(f"  {rec['what']}: {rec['rows_per_s']:,.0f} rows/s = {rec['Bps'] / 1e9:.3f} GB/s "
                 f"({100 * rec['epoch_fraction']:.0f}% of the rows, device read "
                 f"{rec['device_read_bytes'] / 1e9:.2f} GB)")  # fmt: skip
-        for threads in (int(t) for t in args.uring_threads.split(",") if t):
+        for key in (k for k in args.ring_limits.split(",") if k):
+            threads, depth, block, direct = RING_LIMITS[key]
             c = cold()
-            done, dt = random_rows_uring(files, chunk_rows=args.chunk_rows, row_bytes=row_bytes,
-                                         rows=args.rows, batch=args.batch_size, threads=threads,
-                                         seed=args.seed, max_seconds=min(60.0, args.max_seconds))  # fmt: skip
-            rec = {"what": f"random single-row reads, io_uring {args.batch_size} per round, "
-                           f"{threads} thread(s)", "rows": done,
+            try:
+                done, dt = random_rows_uring(
+                    files, chunk_rows=args.chunk_rows, row_bytes=row_bytes, rows=args.rows,
+                    batch=args.batch_size, threads=threads, seed=args.seed,
+                    max_seconds=min(60.0, args.max_seconds), depth=depth, block=block,
+                    direct=direct,
+                )  # fmt: skip
+            except OSError as exc:  # no io_uring, or no O_DIRECT here
+                log(f"  {key}: skipped ({exc})")
+                after(c)
+                continue
+            rec = {"what": f"random single-row reads, {key}", "rows": done,
                    "seconds": dt, "rows_per_s": done / dt, "Bps": done * row_bytes / dt,
                    "epoch_fraction": done / args.rows, **after(c)}  # fmt: skip
-            res["limits"][f"random_uring_{threads}"] = rec
+            res["limits"][f"random_ring: {key}"] = rec
             log(f"  {rec['what']}: {rec['rows_per_s']:,.0f} rows/s = {rec['Bps'] / 1e9:.3f} GB/s "
                 f"({100 * rec['epoch_fraction']:.0f}% of the rows, device read "
                 f"{rec['device_read_bytes'] / 1e9:.2f} GB)")  # fmt: skip
+        fio_keys = [k for k in args.fio.split(",") if k]
+        if fio_keys and shutil.which("fio") is None:
+            log("  fio: not installed, its figures skipped (apt-get install fio)")
+            fio_keys = []
+        for key in fio_keys:
+            engine, direct_io, bs, depth, jobs = FIO_LIMITS[key]
+            c = cold()
+            got = fio_randread(files, engine=engine, direct=direct_io, bs=bs, depth=depth,
+                               jobs=jobs, seconds=args.fio_seconds)  # fmt: skip
+            assert got is not None
+            rec = {"what": key, **got, **after(c)}
+            res["fio"][key] = rec
+            if "error" in got:
+                log(f"  {key}: ERROR {got['error']}")
+                continue
+            log(f"  {key}: {got['iops']:,.0f} reads/s = {got['Bps'] / 1e9:.3f} GB/s "
+                f"(mean latency {got['lat_us']:,.0f} us)")  # fmt: skip
         seq = max(v["Bps"] for k, v in res["limits"].items() if k.startswith("sequential"))
-        rnd = max(v["rows_per_s"] for k, v in res["limits"].items() if k.startswith("random"))
+        rnd_key = max((k for k in res["limits"] if k.startswith("random")),
+                      key=lambda k: res["limits"][k]["rows_per_s"])  # fmt: skip
+        rnd = res["limits"][rnd_key]["rows_per_s"]
+        res["sequential_limit_Bps"], res["random_row_limit"] = seq, rnd_key
+        log(f"  sequential read limit {seq / 1e9:.3f} GB/s = {seq / row_bytes:,.0f} rows/s; "
+            f"random-row limit {rnd:,.0f} rows/s ({rnd_key}) = "
+            f"{rnd * row_bytes / seq:.3f} of the sequential limit")  # fmt: skip
         for name in cases:
             c = cold()
             rec = run_subprocess_case(name, args, store)
@@ -434,15 +529,29 @@ def main(argv: list[str] | None = None) -> None:
                 f"{rec['exact_coverage']}" + (" (time-limited)" if rec["truncated"] else ""))  # fmt: skip
     log(f"load average after: {load()}")
     log("")
+    log("| read limit (store not cached) | rows/s | GB/s | ÷ sequential | device read ÷ bytes |")
+    log("|---|---|---|---|---|")
+    for v in res["limits"].values():
+        rows_s = v["rows_per_s"]
+        moved = v["device_read_bytes"] / max(1, v.get("rows", 0) * row_bytes or v["bytes"])
+        log(f"| {v['what']} | {rows_s:,.0f} | {v['Bps'] / 1e9:.3f} | "
+            f"{v['Bps'] / seq:.3f} | {moved:.2f} |")  # fmt: skip
+    for key, v in res["fio"].items():
+        if "error" in v:
+            continue
+        log(f"| {key} (one read a row) | {v['iops']:,.0f} | {v['Bps'] / 1e9:.3f} | "
+            f"{v['iops'] * row_bytes / seq:.3f} | - |")  # fmt: skip
+    log("")
     log("| case | samples/s | ÷ sequential read limit | ÷ random-row limit | peak RSS MiB | "
-        "cgroup peak MiB | fetched ÷ store | exact coverage |")  # fmt: skip
-    log("|---|---|---|---|---|---|---|---|")
+        "cgroup peak MiB | fetched ÷ store | device read ÷ store | exact coverage |")  # fmt: skip
+    log("|---|---|---|---|---|---|---|---|---|")
     for r in res["cases"]:
         if "error" in r:
             continue
         log(f"| {r['case']} | {r['samples_per_s']:,.0f} | {r['ratio_to_sequential']:.3f} | "
             f"{r['ratio_to_random_rows']:.2f} | {r['peak_rss_MiB']:.0f} | "
-            f"{r['cgroup_peak_MiB']:.0f} | {r['read_bytes'] / size:.2f} | {r['exact_coverage']} |")  # fmt: skip
+            f"{r['cgroup_peak_MiB']:.0f} | {r['read_bytes'] / size:.2f} | "
+            f"{r['device_read_bytes'] / size:.2f} | {r['exact_coverage']} |")  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str))

@@ -13,8 +13,14 @@ consecutive file rows, one ``preadv`` per run (at most 1,024 iovecs a call), des
 that follow each other merged into one iovec. ``preadv`` runs through ctypes, which releases
 the GIL, in the reader threads; each chunk file is opened once per reader task.
 
+A store larger than the memory that could cache it (:func:`read_past_cache`) has its small
+reads (the single rows of ``shuffle="uniform"``) read with ``O_DIRECT`` through io_uring
+(:meth:`.uring.Ring.read_direct`): aligned blocks into bounce slots, the row copied out,
+past the page cache.
+
 Memory: the batches of the group being yielded and of the groups read ahead (``prefetch``, in
-chunks, rounded up to whole groups), which is what the batches would cost anyway.
+chunks, rounded up to whole groups), which is what the batches would cost anyway; with
+``O_DIRECT`` reads, at most ``DIRECT_BOUNCE_BYTES`` of bounce slots per reader thread.
 """
 
 from __future__ import annotations
@@ -44,7 +50,21 @@ from .recycle import Allocate
 #: Linux's IOV_MAX: iovecs per ``preadv`` call.
 IOV_MAX = 1024
 
+#: A read call goes ``O_DIRECT`` (when the loader reads past the page cache) only when the
+#: aligned span it covers is at most this: single rows and short runs, the reads of
+#: ``shuffle="uniform"``; longer runs are sequential enough for the page cache's readahead.
+DIRECT_MAX_SPAN = 64 << 10
+#: Direct reads when the store is more than this many times the memory that could cache it.
+#: Measured (docs/benchmarks.md, session 10): at 3.2x (6.2 KB rows) direct reads ran 1.3-1.55x
+#: the page cache's rate; at 1.4x (1 KB rows, most reads hitting the cache) 0.68x.
+DIRECT_STORE_FACTOR = 2
+#: Bounce memory of one reader thread's ``O_DIRECT`` reads in flight (one slot per read).
+DIRECT_BOUNCE_BYTES = 16 << 20
+#: With direct reads, one reader task per group (not one per reader thread).
+DIRECT_ONE_TASK = True
+
 _PREADV: dict[bool, Any] = {}
+_O_CLOEXEC, _O_DIRECT = getattr(os, "O_CLOEXEC", 0), getattr(os, "O_DIRECT", 0)
 
 
 def _preadv(errno: bool = False) -> Any:
@@ -172,6 +192,18 @@ def plan_read_ops(
     return run, f, c, off, nbytes[f + c] - nbytes[f]
 
 
+def plan_direct_spans(offsets: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """Bytes of the ``uring.DIRECT_ALIGN``-aligned span an ``O_DIRECT`` read of ``nbytes`` at
+    ``offsets`` covers (pure).
+
+    >>> plan_direct_spans(np.array([0, 6200, 4095]), np.array([6200, 6200, 2])).tolist()
+    [8192, 12288, 8192]
+    """
+    a = uring.DIRECT_ALIGN
+    off = offsets.astype(np.int64)
+    return -(-(off + nbytes.astype(np.int64)) // a) * a - off // a * a
+
+
 def read_runs(
     raw: Callable[[int], RawChunk], name: str, runs: range, run_chunk: np.ndarray,
     run_row: np.ndarray, run_iov: np.ndarray, iov: np.ndarray, chunk_end: np.ndarray,
@@ -200,9 +232,29 @@ def read_runs(
         ptrs = iov.ctypes.data + 16 * f
         ring = uring.thread_ring()
         if ring is not None:
-            single = (iov[f, 0], iov[f, 1])  # one-iovec calls go as plain reads
-            got = ring.readv(fds[run], ptrs.astype(np.uint64), cnt, off, single)
-            bad = np.flatnonzero(got != want).tolist()
+            got = np.empty(len(run), np.int64)
+            direct = np.zeros(len(run), bool)
+            if files.direct:  # small calls from O_DIRECT descriptors, past the page cache
+                span = plan_direct_spans(off, want)
+                dfds = files.direct_fds(raw, name, chunks)[run]
+                direct = (dfds >= 0) & (span <= DIRECT_MAX_SPAN)
+            if direct.any():
+                d = np.flatnonzero(direct)
+                depth = max(1, DIRECT_BOUNCE_BYTES // int(span[d].max()))
+                got[d] = ring.read_direct(
+                    dfds[d],
+                    off[d],
+                    want[d],
+                    ptrs[d].astype(np.uint64),
+                    cnt[d],
+                    depth=depth,
+                    first=iov[f[d], 0],
+                )
+            b = np.flatnonzero(~direct)
+            if len(b):
+                single = (iov[f[b], 0], iov[f[b], 1])  # one-iovec calls go as plain reads
+                got[b] = ring.readv(fds[run[b]], ptrs[b].astype(np.uint64), cnt[b], off[b], single)
+            bad = np.flatnonzero(got != want).tolist()  # read again through the page cache
         else:
             bad = list(range(len(run)))  # every call through preadv, below
         preadv = _preadv()
@@ -245,11 +297,38 @@ class OpenChunks:
     (default: a quarter of the soft ``RLIMIT_NOFILE``, at most 1,024); past that a reader
     opens and closes its own. :meth:`close` once no reader uses them."""
 
-    def __init__(self, limit: int | None = None) -> None:
+    def __init__(self, limit: int | None = None, *, direct: bool = False) -> None:
         self.limit = _fd_budget() if limit is None else limit
+        #: whether small reads go through ``O_DIRECT`` descriptors (:meth:`direct_fds`)
+        self.direct = direct
         self._tables: dict[str, np.ndarray] = {}  # name -> (4, chunks): fd, offset, row, size
+        self._direct: dict[str, np.ndarray] = {}  # name -> O_DIRECT fd per chunk (-2: refused)
         self._count = 0
         self._lock = threading.Lock()
+
+    def direct_fds(
+        self, raw: Callable[[int], RawChunk], name: str, chunks: np.ndarray
+    ) -> np.ndarray:
+        """An ``O_DIRECT`` descriptor for each of ``chunks`` (after :meth:`lookup` checked
+        them), or -1 where there is none: the file system refuses ``O_DIRECT`` (the caller
+        reads through the page cache), or the descriptor budget is spent."""
+        with self._lock:
+            t = self._direct.get(name)
+            top = int(chunks.max(initial=-1)) + 1
+            if t is None or len(t) < top:
+                new = np.full(max(top, 2 * (0 if t is None else len(t))), -1, np.int64)
+                if t is not None:
+                    new[: len(t)] = t
+                t = self._direct[name] = new
+            for c in np.unique(chunks[t[chunks] == -1]).tolist():
+                if self._count >= self.limit:
+                    break
+                try:
+                    t[c] = os.open(raw(c).path, os.O_RDONLY | _O_CLOEXEC | _O_DIRECT)
+                    self._count += 1
+                except OSError:  # EINVAL: no O_DIRECT here; a vanished file: lookup names it
+                    t[c] = -2
+            return np.maximum(t[chunks], -1)
 
     def _table(self, name: str, chunks: int) -> np.ndarray:  # under the lock
         t = self._tables.get(name)
@@ -306,7 +385,9 @@ class OpenChunks:
     def close(self) -> None:
         with self._lock:
             fds = [int(fd) for t in self._tables.values() for fd in t[0] if fd >= 0]
+            fds += [int(fd) for t in self._direct.values() for fd in t if fd >= 0]
             self._tables.clear()
+            self._direct.clear()
             self._count = 0
         for fd in fds:
             os.close(fd)
@@ -326,7 +407,7 @@ def _fd_budget() -> int:
 
 def _open_sized(rc: RawChunk, name: str, chunk: int) -> tuple[int, RawChunk, int]:
     try:
-        fd = os.open(rc.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(rc.path, os.O_RDONLY | _O_CLOEXEC)
     except OSError as exc:
         raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", name, rc.path) from exc
     try:
@@ -335,6 +416,59 @@ def _open_sized(rc: RawChunk, name: str, chunk: int) -> tuple[int, RawChunk, int
         os.close(fd)
         raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", name, rc.path) from exc
     return fd, rc, size
+
+
+def read_past_cache(store_bytes: int) -> bool:
+    """Whether this process reads a store of ``store_bytes`` with ``O_DIRECT`` small reads: the
+    store is more than ``DIRECT_STORE_FACTOR`` times the memory that could cache it
+    (:func:`memory_bytes`), so a small read mostly misses the page cache anyway, and going past
+    it reads aligned blocks once (a 6.2 KB row spans 2-3 pages; through the page cache, evicted
+    neighbours were fetched again) with no reclaim, at the device's higher direct random-read
+    rate (docs/benchmarks.md, session 10). Needs io_uring (:mod:`.uring`).
+    ``SHARDLOAD_O_DIRECT=0`` / ``1`` turns it off / on whatever the sizes."""
+    env = os.environ.get("SHARDLOAD_O_DIRECT", "auto").strip().lower()
+    if not _O_DIRECT or env in ("0", "false", "no", "off"):
+        return False
+    if env not in ("1", "true", "yes", "on"):
+        limit = memory_bytes()
+        if limit is None or store_bytes <= DIRECT_STORE_FACTOR * limit:
+            return False
+    return uring.usable()
+
+
+def memory_bytes() -> int | None:
+    """Memory this process's page cache may hold: ``MemAvailable`` (which counts the page
+    cache that can be reclaimed), or this cgroup's memory limit (v1 or v2) where lower; None
+    where unknown."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as f:
+            info = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in f if ln.strip()}
+        found.append(info["MemAvailable"])
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [ln.rstrip("\n").split(":", 2) for ln in f]
+    except OSError:
+        lines = []
+    for _, ctrl, path in (ln for ln in lines if len(ln) == 3):
+        if ctrl == "":  # v2: memory.max of this cgroup and its parents
+            base, name = "/sys/fs/cgroup", "memory.max"
+        elif "memory" in ctrl.split(","):
+            base, name = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for k in range(len(parts), -1, -1):
+            try:
+                with open(os.path.join(base, *parts[:k], name)) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < 1 << 60:  # "max" or ~2**63: no limit
+                found.append(int(text))
+    return min(found) if found else None
 
 
 def groups_in_flight(*, prefetch: int, shuffle_chunks: int) -> int:
@@ -377,7 +511,10 @@ def scatter_batches(
     inflight: deque[tuple[int, int, Future[list[Future[None]]]]] = deque()
     readers = max(1, threads)
     pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="shardload-read")
-    files = OpenChunks()  # closed once the readers have stopped
+    store_bytes = sum(
+        store.manifest.arrays[a].row_bytes * int(store.manifest.chunk_bounds[-1]) for a in names
+    )
+    files = OpenChunks(direct=read_past_cache(store_bytes))  # closed once the readers stopped
     planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardload-plan")
     groups = iter_worker_spans(plan, rank, worker)
     bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
@@ -428,7 +565,12 @@ def scatter_batches(
         in_b = pos % np.uint64(b)
         futs: list[Future[None]] = []
         nruns = len(run_chunk)
-        parts = np.linspace(0, nruns, readers + 1).astype(np.int64)
+        # direct reads wait on the device, not the CPU: one reader thread takes the whole
+        # group, so its ring stays full for longer between the drains at a task's end (the
+        # next group goes to another reader meanwhile): 1.12x the rows/s of one task per
+        # reader thread, peak RSS 177 against 145 MiB (docs/benchmarks.md, session 10)
+        one_task = files.direct and DIRECT_ONE_TASK
+        parts = np.linspace(0, nruns, (1 if one_task else readers) + 1).astype(np.int64)
         for a in names:
             bases = np.array([o[a].ctypes.data for o in outs], np.uint64)
             rb = raws_row_bytes[a]
