@@ -205,6 +205,10 @@ def test_uniform_bigger_than_ram_measures_read_every_row(tmp_path: Path) -> None
         assert rec["exact_coverage"] is True and rec["samples"] == 1024, name
 
 
+RING_ROUNDS = "io_uring rounds of 256 (session 9) x 1 thread"
+RING_DIRECT = "io_uring O_DIRECT continuous depth 1024 x 1 thread"
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_uniform_bigger_than_ram_smoke_run(tmp_path: Path) -> None:
@@ -216,12 +220,18 @@ def test_uniform_bigger_than_ram_smoke_run(tmp_path: Path) -> None:
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_uniform_bigger_than_ram.py"),
            "--workdir", str(tmp_path / "w"), "--rows", "4096", "--features", "64",
            "--chunk-rows", "512", "--mem-limit", "400M", "--random-threads", "4",
-           "--uring-threads", "1", "--out", str(out)]  # fmt: skip
+           "--ring-limits", f"{RING_ROUNDS},{RING_DIRECT}", "--fio", "", "--out", str(out)]  # fmt: skip
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
-    assert {"sequential_1", "random_4", "random_uring_1"} <= set(res["limits"])
-    assert len(res["cases"]) == 4
+    want = {
+        "sequential_1",
+        "random_4",
+        f"random_ring: {RING_ROUNDS}",
+        f"random_ring: {RING_DIRECT}",
+    }
+    assert want <= set(res["limits"])
+    assert len(res["cases"]) == 5
     for r in res["cases"]:
         assert "error" not in r and r["exact_coverage"] is True, r
     assert not list(Path("/sys/fs/cgroup/memory").glob("shardload-bench-*"))
