@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,14 +200,25 @@ def read_rows_into(
         read_shard_rows_into(layout, name, start, stop, out, verifier, indexes)
         return
     dst = out.reshape(-1).view(np.uint8).data
-    rb, rows = layout.row_bytes, layout.chunk_rows
+    rb = layout.row_bytes
+    for i, a, b, at in row_parts(start, stop, layout.chunk_rows):
+        _read_chunk_part(layout, name, i, a, b, dst[at * rb : (at + b - a) * rb], verifier)
+
+
+def row_parts(start: int, stop: int, rows: int) -> Iterator[tuple[int, int, int, int]]:
+    """Rows ``[start, stop)`` cut at multiples of ``rows`` (chunks, shards): ``(unit, lo, hi,
+    at)`` per unit, its rows ``[lo, hi)`` within the unit, landing at row ``at`` of the
+    output.
+
+    >>> list(row_parts(5, 20, 8))
+    [(0, 5, 8, 0), (1, 0, 8, 3), (2, 0, 4, 11)]
+    """
     pos = start
     while pos < stop:
         i = pos // rows
-        a, b = pos - i * rows, min(stop, (i + 1) * rows) - i * rows
-        part = dst[(pos - start) * rb : (pos - start + b - a) * rb]
-        _read_chunk_part(layout, name, i, a, b, part, verifier)
-        pos += b - a
+        lo, hi = pos - i * rows, min(stop - i * rows, rows)
+        yield i, lo, hi, pos - start
+        pos += hi - lo
 
 
 _SCRATCH = threading.local()

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..checksum import Verifier
 from ..errors import ChunkReadError
-from .zarr_chunks import ChunkLayout, decode_into, verify_file
+from .zarr_chunks import ChunkLayout, decode_into, row_parts, verify_file
 
 #: an empty inner chunk's offset and size in a shard index
 EMPTY = 2**64 - 1
@@ -96,16 +96,10 @@ def read_shard_rows_into(
     if stop <= start:
         return
     dst = out.reshape(-1).view(np.uint8).data
-    rb, shard_rows = layout.row_bytes, layout.chunk_rows * layout.shard.chunks
-    pos = start
-    while pos < stop:
-        k = pos // shard_rows
-        end = min(stop, (k + 1) * shard_rows)
-        part = dst[(pos - start) * rb : (end - start) * rb]
-        _read_shard_part(
-            layout, name, k, pos - k * shard_rows, end - k * shard_rows, part, verifier, indexes
-        )
-        pos = end
+    rb = layout.row_bytes
+    for k, lo, hi, at in row_parts(start, stop, layout.chunk_rows * layout.shard.chunks):
+        part = dst[at * rb : (at + hi - lo) * rb]
+        _read_shard_part(layout, name, k, lo, hi, part, verifier, indexes)
 
 
 def _read_shard_part(
@@ -199,11 +193,8 @@ def _read_inner_chunks(
     """Rows ``[a, b)`` of shard ``k`` from its inner chunks, each read with one ``pread``."""
     assert layout.shard is not None
     rows, rb = layout.chunk_rows, layout.row_bytes
-    pos = a
-    while pos < b:
-        j = pos // rows
-        lo, hi = pos - j * rows, min(b, (j + 1) * rows) - j * rows
-        part = dst[(pos - a) * rb : (pos - a + hi - lo) * rb]
+    for j, lo, hi, at in row_parts(a, b, rows):
+        part = dst[at * rb : (at + hi - lo) * rb]
         what = f"chunk {k * layout.shard.chunks + j} (inner chunk {j} of shard {k})"
         off, nbytes = int(index[j, 0]), int(index[j, 1])
         if off == EMPTY:  # both are (checked with the index): never written, the fill value
@@ -229,7 +220,6 @@ def _read_inner_chunks(
                     f"at offset {off}, got {got})"
                 )
             decode_into(layout, raw, lo, hi, part, name=name, what=what, path=path)
-        pos += hi - lo
 
 
 def _fileno(f: Any) -> int | None:
