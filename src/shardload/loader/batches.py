@@ -134,8 +134,10 @@ def iter_batches(
         4, at most 4,096 (:func:`whole_chunk_group`; stores with variable-length arrays: 4),
         so a store of small chunks mixes many chunks per batch. ``0``: whole chunks.
     prefetch, threads
-        Pieces read ahead in background threads (``threads``, default ``min(4, prefetch,
-        CPUs)``). Default (:func:`resolve_prefetch`): 4; on stores read by whole chunks, a
+        Pieces read ahead in background threads (``threads``, default
+        :func:`default_threads`: ``min(4, prefetch, CPUs)``, and for a local store at most
+        ``CPUs // num_workers``, the reader processes sharing this machine's CPUs). Default
+        ``prefetch`` (:func:`resolve_prefetch`): 4; on stores read by whole chunks, a
         group ahead, at most 64 MiB decoded (as 4 chunks of 16 MiB).
         Memory per reader is about ``(shuffle_chunks + prefetch)`` pieces of the selected
         arrays, plus the batches the caller holds.
@@ -198,7 +200,11 @@ def iter_batches(
     if not 0 <= worker < readers:
         raise PlanError(f"worker={worker} is not within 0..{readers - 1}")
     prefetch = resolve_prefetch(st, sel, prefetch, shuffle_chunks=shuffle_chunks, piece_rows=piece)
-    threads = min(4, max(1, prefetch), _cores()) if threads is None else max(1, int(threads))
+    threads = (
+        default_threads(prefetch, readers, local=st.is_local)
+        if threads is None
+        else max(1, int(threads))
+    )
     skip = _check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
@@ -364,6 +370,19 @@ def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> E
     ranks = list(plan.workers)
     ranks[rank] = (*plan.workers[rank][:worker], wp, *plan.workers[rank][worker + 1 :])
     return replace(plan, workers=tuple(ranks))
+
+
+def default_threads(prefetch: int, readers: int, *, local: bool) -> int:
+    """Reader threads of one reader by default: ``min(4, prefetch, CPUs)``; for a local store
+    at most ``CPUs // readers`` (``readers``: the DataLoader workers reading the same rank),
+    since its reads are CPU work (decoding, copies from the page cache) and more threads than
+    CPUs only contend: 2 workers of 2 threads each on 2 CPUs spent 10-20% more CPU per epoch
+    on a zstd store than 2 workers of 1 (docs/benchmarks.md, session 11). A remote store's
+    threads wait on the network, so they keep the CPU count."""
+    cpus = _cores()
+    if local:
+        cpus = max(1, cpus // max(1, readers))
+    return min(4, max(1, prefetch), cpus)
 
 
 def _cores() -> int:

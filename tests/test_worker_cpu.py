@@ -1,0 +1,79 @@
+"""Reader threads per DataLoader worker: the workers of a rank share the machine's CPUs
+(docs/benchmarks.md, session 11)."""
+
+from __future__ import annotations
+
+import pytest
+
+import shardload
+from _stores import check_values, make_store
+from shardload.loader import batches as batches_mod
+
+ROWS, CHUNK = 96, 8
+
+
+@pytest.fixture(scope="module")
+def zstd(tmp_path_factory):
+    return make_store(tmp_path_factory.mktemp("zstd"), fmt="zarr", compression="zstd", n=ROWS,
+                      chunk_rows=CHUNK, splits={"train": 1.0})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cpus", "readers", "local", "prefetch", "want"),
+    [
+        (2, 1, True, 4, 2),  # in-process: as before
+        (2, 2, True, 4, 1),  # 2 workers on 2 CPUs: one thread each
+        (16, 2, True, 4, 4),  # many CPUs: at most 4
+        (16, 8, True, 4, 2),
+        (2, 4, True, 4, 1),  # more workers than CPUs: still one
+        (2, 2, False, 4, 2),  # remote: threads wait on the network
+        (16, 2, True, 1, 1),  # never more than the read-ahead
+    ],
+)
+def test_default_threads_share_the_cpus_among_workers(
+    monkeypatch, cpus, readers, local, prefetch, want
+):
+    monkeypatch.setattr(batches_mod, "_cores", lambda: cpus)
+    assert batches_mod.default_threads(prefetch, readers, local=local) == want
+
+
+def test_iter_batches_uses_the_default_threads(zstd, monkeypatch):
+    """The reader of a worker of 2 on 2 CPUs runs one reader thread (it started 2 before)."""
+    seen = []
+    real = batches_mod.read_groups
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["threads"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batches_mod, "_cores", lambda: 2)
+    monkeypatch.setattr(batches_mod, "read_groups", spy)
+    for workers, want in ((0, 2), (2, 1)):
+        seen.clear()
+        out = [
+            b["index"]
+            for w in range(max(1, workers))
+            for b in shardload.iter_batches(zstd, batch_size=8, worker=w, num_workers=workers)
+        ]
+        assert seen == [want] * max(1, workers)
+        assert sorted(int(i) for b in out for i in b) == list(range(ROWS))
+    seen.clear()
+    list(shardload.iter_batches(zstd, batch_size=8, worker=1, num_workers=2, threads=3))
+    assert seen == [3]  # given threads win
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_workers_with_one_thread_each_yield_every_row_once(tmp_path, monkeypatch, compression):
+    """2 StreamingDataLoader workers on 2 CPUs (one reader thread each): every row once, with
+    its values, for a store read by whole chunks and one read by scatter reads."""
+    pytest.importorskip("torch")
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    monkeypatch.setattr(batches_mod, "_cores", lambda: 2)
+    store = make_store(tmp_path, fmt="zarr", compression=compression, n=ROWS, chunk_rows=CHUNK,
+                       splits={"train": 1.0})  # fmt: skip
+    rows = []
+    for b in StreamingDataLoader(StreamingDataset(store, batch_size=8, seed=2), num_workers=2):
+        check_values(store, {k: v.numpy() for k, v in b.items()})
+        rows += b["index"].tolist()
+    assert sorted(rows) == list(range(ROWS))
