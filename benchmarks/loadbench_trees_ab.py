@@ -40,29 +40,41 @@ import json, resource, sys, time
 sys.path.insert(0, {here!r})
 from loadbench_cases import PeakRSS, _vm_hwm_bytes
 import shardload
-store, via, opts, epoch, batch = {store!r}, {via!r}, {opts!r}, {epoch!r}, {batch!r}
+store, via, opts, epoch, batch, epochs = {store!r}, {via!r}, {opts!r}, {epoch!r}, {batch!r}, {epochs!r}
 def cpu():
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
-if via == "iter":
-    it = shardload.iter_batches(store, batch_size=batch, epoch=epoch, **opts)
-else:
+persistent = bool(opts.pop("persistent_workers", 0))
+st = shardload.open_store(store)  # one store: later epochs reuse what it keeps
+if via == "sdl":
     from shardload.torch import StreamingDataLoader, StreamingDataset
-    ds = StreamingDataset(store, batch_size=batch, **opts)
-    ds.set_epoch(epoch)
-    it = StreamingDataLoader(ds, batch_size=None, num_workers=2)
-n = n1 = 0
+    ds = StreamingDataset(st, batch_size=batch, **opts)
+    dl = StreamingDataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+runs = []
+c_all = cpu()
 with PeakRSS() as mem:
-    t, c = time.perf_counter(), cpu()
-    t1 = None
-    for b in it:
-        n += len(b["index"])
-        if t1 is None:
-            t1, n1 = time.perf_counter(), n
-    dt, dc = time.perf_counter() - t, cpu() - c
+    for e in range(epochs):
+        if via == "iter":
+            it = shardload.iter_batches(st, batch_size=batch, epoch=epoch + e, **opts)
+        else:
+            ds.set_epoch(epoch + e)
+            it = dl
+        n = n1 = 0
+        t, c = time.perf_counter(), cpu()
+        t1 = None
+        for b in it:
+            n += len(b["index"])
+            if t1 is None:
+                t1, n1 = time.perf_counter(), n
+        dt, dc = time.perf_counter() - t, cpu() - c
+        runs.append({{"samples": n, "seconds": dt, "cpu_s": dc, "first_batch_s": t1 - t,
+                     "after_first": (n - n1) / (t + dt - t1)}})
     mem.peak = max(mem.peak, mem.now(), _vm_hwm_bytes())  # as bench_load.py
-print(json.dumps({{"samples": n, "seconds": dt, "cpu_s": dc, "peak_rss_MiB": mem.peak / 2**20,
-                  "first_batch_s": t1 - t, "after_first": (n - n1) / (t + dt - t1),
+if persistent:  # the workers' CPU counts once they are reaped: per epoch, on average
+    dl._iterator._shutdown_workers()  # (a private DataLoader call; a benchmark only)
+    for r in runs:
+        r["cpu_s"] = (cpu() - c_all) / epochs
+print(json.dumps({{**runs[0], "epochs": runs, "peak_rss_MiB": mem.peak / 2**20,
                   "file": shardload.__file__}}))
 """
 
@@ -121,6 +133,9 @@ def main() -> None:
     ap.add_argument("--cases", required=True, help="';'-separated VIA:STORE[:K=V,...]")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="epochs per run on one loader (later epochs reuse the process, and with "
+                         "persistent_workers=1 in a case the DataLoader's workers)")  # fmt: skip
     ap.add_argument("--out", default=None, help="JSON of every run")
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -154,7 +169,7 @@ def main() -> None:
         for case, tree in jobs[k:] + jobs[:k]:
             via, store, opts = parse_case(case)
             code = _EPOCH.format(here=str(HERE), store=str(work / store), via=via, opts=opts,
-                                 epoch=r, batch=args.batch_size)  # fmt: skip
+                                 epoch=r, batch=args.batch_size, epochs=args.epochs)  # fmt: skip
             got = _run(code, trees[tree])
             got["samples_per_s"] = got["samples"] / got["seconds"]
             got["ratio"] = sizes[store] / got["seconds"] / lim[store]["Bps"]
@@ -164,25 +179,31 @@ def main() -> None:
                 got["after_first"] * sizes[store] / samples[store] / lim[store]["Bps"]
             )
             got["cpu_ratio"] = lim[store]["cpu_s"] / got["cpu_s"]
+            last = got["epochs"][-1]  # a later epoch of the same loader (--epochs)
+            got["last_ratio"] = sizes[store] / last["seconds"] / lim[store]["Bps"]
             got["round"], got["load"] = r, os.getloadavg()[0]
             runs[(case, tree)].append(got)
             print(f"round {r} {case} [{tree}]: {got['samples_per_s']:,.0f} samples/s, ratio "
                   f"{got['ratio']:.2f} (after the first batch {got['steady_ratio']:.2f}, first "
-                  f"batch {got['first_batch_s']:.2f} s), {got['cpu_s']:.2f} CPU-s (limit/this {got['cpu_ratio']:.2f}), "
+                  f"batch {got['first_batch_s']:.2f} s; last epoch {got['last_ratio']:.2f}), "
+                  f"{got['cpu_s']:.2f} CPU-s (limit/this {got['cpu_ratio']:.2f}), "
                   f"peak RSS {got['peak_rss_MiB']:.0f} MiB", flush=True)  # fmt: skip
     print(f"load average at end: {os.getloadavg()}")
     print(
         "| case | tree | samples/s (median) | ÷ limit (median of rounds) | ÷ limit after the "
-        "first batch | first batch s | CPU-s | limit CPU ÷ CPU | peak RSS MiB (max) |"
+        "first batch | first batch s | last epoch ÷ limit | CPU-s | limit CPU ÷ CPU | peak RSS MiB "
+        "(max) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    keys = ("samples_per_s", "ratio", "steady_ratio", "first_batch_s", "cpu_s", "cpu_ratio")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    keys = ("samples_per_s", "ratio", "steady_ratio", "first_batch_s", "last_ratio", "cpu_s",
+            "cpu_ratio")  # fmt: skip
     for (case, tree), rs in runs.items():
         med = {k: statistics.median(x[k] for x in rs) for k in keys}
         print(f"| {case} | {tree} | {med['samples_per_s']:,.0f} | {med['ratio']:.2f} "
               f"[{', '.join(format(x['ratio'], '.2f') for x in rs)}] | {med['steady_ratio']:.2f} "
               f"[{', '.join(format(x['steady_ratio'], '.2f') for x in rs)}] | "
-              f"{med['first_batch_s']:.2f} | {med['cpu_s']:.2f} | {med['cpu_ratio']:.2f} | "
+              f"{med['first_batch_s']:.2f} | {med['last_ratio']:.2f} | {med['cpu_s']:.2f} | "
+              f"{med['cpu_ratio']:.2f} | "
               f"{max(x['peak_rss_MiB'] for x in rs):.0f} |")  # fmt: skip
     for s, ls in limits.items():
         print(f"limit {s}: median {statistics.median(x['Bps'] for x in ls) / 1e9:.2f} GB/s "
