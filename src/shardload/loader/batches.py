@@ -376,9 +376,9 @@ def default_threads(prefetch: int, readers: int, *, local: bool) -> int:
     """Reader threads of one reader by default: ``min(4, prefetch, CPUs)``; for a local store
     at most ``CPUs // readers`` (``readers``: the DataLoader workers reading the same rank),
     since its reads are CPU work (decoding, copies from the page cache) and more threads than
-    CPUs only contend: 2 workers of 2 threads each on 2 CPUs spent 10-20% more CPU per epoch
-    on a zstd store than 2 workers of 1 (docs/benchmarks.md, session 11). A remote store's
-    threads wait on the network, so they keep the CPU count."""
+    CPUs only contend: 2 workers of 1 thread each on 2 CPUs load a zstd store as fast as 2
+    workers of 2, with the first batch sooner and 8-12% less memory (docs/benchmarks.md,
+    session 11). A remote store's threads wait on the network, so they keep the CPU count."""
     cpus = _cores()
     if local:
         cpus = max(1, cpus // max(1, readers))
