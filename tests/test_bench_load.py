@@ -235,3 +235,33 @@ def test_uniform_bigger_than_ram_smoke_run(tmp_path: Path) -> None:
     for r in res["cases"]:
         assert "error" not in r and r["exact_coverage"] is True, r
     assert not list(Path("/sys/fs/cgroup/memory").glob("shardload-bench-*"))
+
+
+@pytest.mark.integration
+def test_trees_ab_smoke_run_reports_every_epoch(tmp_path: Path) -> None:
+    """``loadbench_trees_ab.py`` on tiny stores: every case and tree runs every round, with
+    ``--epochs 2`` (persistent workers in one case) each run holds two complete epochs, and the
+    table carries the first-batch and last-epoch columns."""
+    import loadbench_data as data
+
+    data.build_stores(tmp_path, rows=1024, features=8, chunk_rows=256, kinds=["zarr-zstd"],
+                      log=lambda m: None)  # fmt: skip
+    out = tmp_path / "ab.json"
+    src = str(REPO / "src")
+    cmd = [sys.executable, str(REPO / "benchmarks" / "loadbench_trees_ab.py"),
+           "--workdir", str(tmp_path), "--trees", f"a={src},b={src}", "--rounds", "1",
+           "--epochs", "2", "--batch-size", "64", "--out", str(out),
+           "--cases", "iter:zarr-zstd;sdl:zarr-zstd:persistent_workers=1"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": src}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "| last epoch ÷ limit |" in p.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted(runs) == sorted(
+        f"{c} [{t}]" for c in ("iter:zarr-zstd", "sdl:zarr-zstd:persistent_workers=1")
+        for t in "ab"
+    )  # fmt: skip
+    for rs in runs.values():
+        (rec,) = rs
+        assert [e["samples"] for e in rec["epochs"]] == [1024, 1024]
+        assert rec["first_batch_s"] > 0 and rec["cpu_s"] > 0 and rec["last_ratio"] > 0
