@@ -265,3 +265,14 @@ def test_trees_ab_smoke_run_reports_every_epoch(tmp_path: Path) -> None:
         (rec,) = rs
         assert [e["samples"] for e in rec["epochs"]] == [1024, 1024]
         assert rec["first_batch_s"] > 0 and rec["cpu_s"] > 0 and rec["last_ratio"] > 0
+
+
+def test_fresh_memory_benchmark_runs(tmp_path: Path) -> None:
+    """``bench_fresh_memory.py`` measures every step and prints the ratio (no rate asserted)."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_fresh_memory.py"), "--mib", "8",
+           "--idle", "0"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert sum("ms per 8 MiB" in ln for ln in lines) == 5
+    assert "memory free for 0 s costs" in lines[-1]
