@@ -47,6 +47,19 @@ def make_store(
     })  # fmt: skip
 
 
+def sharded_store(tmp: Path, values: np.ndarray, *, name: str = "sharded") -> Store:
+    """A zstd Zarr store prepared with shards: one array ``x`` of ``values`` (1-D float32, one
+    feature), 8-row inner chunks, 2 to a shard."""
+    src = tmp / f"{name}.nc"
+    xr.Dataset({"a": ("sample", np.asarray(values, dtype="f4"))}).to_netcdf(src)
+    prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
+    return prepare({
+        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
+        "arrays": {"x": ["a"]}, "chunk_rows": 8, "format": "zarr", "compression": "zstd",
+        "shard_chunks": 2, "out": str(tmp / name),
+    })  # fmt: skip
+
+
 def split_rows(store, split: str | None) -> np.ndarray:
     m = store.manifest
     ids = m.split_chunks(split) if split else range(m.num_chunks)

@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 
 import shardload
-from _stores import check_values, make_store
+from _stores import check_values, make_store, sharded_store
 from shardload.errors import ChunkReadError
 from shardload.formats.zarr_chunks import plan_chunk_layout
 
@@ -29,14 +29,7 @@ def test_direct_reads_equal_zarr_python(tmp_path, compression):
 
 
 def test_sharded_store_is_read_natively(tmp_path):
-    src = tmp_path / "s.nc"
-    xr.Dataset({"a": ("sample", np.arange(60, dtype="f4"))}).to_netcdf(src)
-    prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
-    store = prepare({
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a"]}, "chunk_rows": 8, "format": "zarr", "compression": "zstd",
-        "shard_chunks": 2, "out": str(tmp_path / "sharded"),
-    })  # fmt: skip
+    store = sharded_store(tmp_path, np.arange(60, dtype="f4"))
     layout = store.reader.layout("x")
     assert layout is not None and layout.shard is not None  # formats/zarr_shards.py
     idx = np.concatenate([b["index"] for b in shardload.iter_batches(store, batch_size=7)])

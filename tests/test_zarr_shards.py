@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import xarray as xr
 
 import shardload
-from _stores import check_values, make_store
+from _stores import check_values, make_store, sharded_store
 from shardload.errors import ChunkReadError, ShardloadError
 from shardload.formats.zarr_chunks import plan_chunk_layout
 from shardload.formats.zarr_shards import ShardIndexCache
@@ -162,17 +161,10 @@ def test_prepare_shards_read_natively_same_batches(sharded):
 def test_prepare_writes_shards_of_zeros(tmp_path):
     """zarr-python leaves out chunks equal to the fill value: a shard of zeros had no file and
     prepare failed hashing it; every shard and inner chunk is written now."""
-    src = tmp_path / "z.nc"
     a = np.arange(60, dtype="f4")
     a[8:16] = 0  # one inner chunk of zeros
     a[32:48] = 0  # one shard of zeros
-    xr.Dataset({"a": ("sample", a)}).to_netcdf(src)
-    prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
-    store = prepare({
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a"]}, "chunk_rows": 8, "format": "zarr", "compression": "zstd",
-        "shard_chunks": 2, "out": str(tmp_path / "s"),
-    })  # fmt: skip
+    store = sharded_store(tmp_path, a, name="s")
     np.testing.assert_array_equal(store.read("x")[:, 0], a)
     for k in range(4):
         raw = (tmp_path / "s" / "x" / "c" / str(k) / "0").read_bytes()
