@@ -45,7 +45,7 @@ def cpu():
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 persistent = bool(opts.pop("persistent_workers", 0))
-st = shardload.open_store(store)  # one store: later epochs reuse what it keeps
+st = shardload.open_store(store)  # opened once, as a training script would
 if via == "sdl":
     from shardload.torch import StreamingDataLoader, StreamingDataset
     ds = StreamingDataset(st, batch_size=batch, **opts)
@@ -72,8 +72,9 @@ with PeakRSS() as mem:
     mem.peak = max(mem.peak, mem.now(), _vm_hwm_bytes())  # as bench_load.py
 if persistent:  # the workers' CPU counts once they are reaped: per epoch, on average
     dl._iterator._shutdown_workers()  # (a private DataLoader call; a benchmark only)
+    per_epoch = (cpu() - c_all) / epochs
     for r in runs:
-        r["cpu_s"] = (cpu() - c_all) / epochs
+        r["cpu_s"] = per_epoch
 print(json.dumps({{**runs[0], "epochs": runs, "peak_rss_MiB": mem.peak / 2**20,
                   "file": shardload.__file__}}))
 """
