@@ -62,18 +62,25 @@ def test_iter_batches_uses_the_default_threads(zstd, monkeypatch):
     assert seen == [3]  # given threads win
 
 
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
 @pytest.mark.parametrize("compression", ["zstd", "none"])
-def test_workers_with_one_thread_each_yield_every_row_once(tmp_path, monkeypatch, compression):
+def test_workers_with_one_thread_each_yield_every_row_once(tmp_path, monkeypatch, compression, ctx):
     """2 StreamingDataLoader workers on 2 CPUs (one reader thread each): every row once, with
-    its values, for a store read by whole chunks and one read by scatter reads."""
+    its values, for a store read by whole chunks and one read by scatter reads, from forked
+    and spawned workers (a spawned worker counts this machine's own CPUs)."""
     pytest.importorskip("torch")
+    import multiprocessing
+
+    if ctx not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {ctx} start method here")
     from shardload.torch import StreamingDataLoader, StreamingDataset
 
     monkeypatch.setattr(batches_mod, "_cores", lambda: 2)
     store = make_store(tmp_path, fmt="zarr", compression=compression, n=ROWS, chunk_rows=CHUNK,
                        splits={"train": 1.0})  # fmt: skip
     rows = []
-    for b in StreamingDataLoader(StreamingDataset(store, batch_size=8, seed=2), num_workers=2):
+    ds = StreamingDataset(store, batch_size=8, seed=2)
+    for b in StreamingDataLoader(ds, num_workers=2, multiprocessing_context=ctx):
         check_values(store, {k: v.numpy() for k, v in b.items()})
         rows += b["index"].tolist()
     assert sorted(rows) == list(range(ROWS))
