@@ -30,7 +30,7 @@ import torch
 def make_store(workdir: Path, rows: int, features: int) -> str:
     import xarray as xr
 
-    from shardload.pipeline import prepare
+    from shardload.prep.driver import prepare
 
     out = workdir / f"flat-{rows}x{features}"
     if (out / "shardload.json").exists():

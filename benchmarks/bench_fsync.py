@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shardload.durable import fsync_path, start_writeback
+from shardload.util.durable import fsync_path, start_writeback
 
 
 def main() -> None:

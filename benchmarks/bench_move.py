@@ -9,7 +9,7 @@ a DataLoader with 2 workers):
   http+cache e1  ``open_store(url, cache_dir=...)``, first epoch (downloads into the cache)
   http+cache e2  the same, second epoch (served from the cache; goal: within 1.5x of local)
   local e2       the local store again, second epoch (ratios use the faster local epoch)
-  staged         ``shardload.staging.stage(store, /dev/shm)`` (timed), then an epoch on the copy
+  staged         ``shardload.move.staging.stage(store, /dev/shm)`` (timed), then an epoch on the copy
 
 The page cache cannot be dropped without root: every read here is warm (the store was just
 written, and the cache and staged copies too), so this measures the software path, not the
@@ -155,7 +155,7 @@ def main() -> None:
 
 def measure(args: argparse.Namespace, work: Path) -> None:
     import shardload
-    from shardload.staging import staged
+    from shardload.move.staging import staged
 
     t = time.perf_counter()
     path = make_store(work, args.size_mb, args.format, args.compression, args.chunk_mb)

@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=None)
     args = ap.parse_args()
-    from shardload import squashfs
+    from shardload.move import squashfs
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pack-"))
     work.mkdir(parents=True, exist_ok=True)

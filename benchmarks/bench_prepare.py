@@ -116,8 +116,8 @@ def baseline_to_zarr(ds: Any, out: Path, compression: str) -> tuple[float, float
     import dask
 
     from shardload.formats.base import FormatOptions
-    from shardload.formats.zarr import compressors
-    from shardload.pipeline import fsync_tree
+    from shardload.formats.zarr.format import compressors
+    from shardload.prep.driver import fsync_tree
 
     shutil.rmtree(out, ignore_errors=True)
     enc = {k: {"compressors": compressors(FormatOptions(compression))} for k in ds.data_vars}
@@ -134,7 +134,7 @@ def radiation_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[st
     import xarray as xr
 
     from shardload.samples.radiation import write_radiation_sample
-    from shardload.sources.radiation import open_radiation
+    from shardload.prep.sources.radiation import open_radiation
 
     raw = work / "raw"
     if not raw.exists():
@@ -205,8 +205,8 @@ def rows_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[str, fl
 def grid_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[str, float]]:
     import xarray as xr
 
-    from shardload.config import load_config
-    from shardload.pipeline import build
+    from shardload.prep.config import load_config
+    from shardload.prep.driver import build
 
     src = work / "grid.h5"
     if not src.exists():

@@ -22,8 +22,8 @@ import numpy as np
 import xarray as xr
 
 import shardload
-from shardload.loader.batches import iter_batches
-from shardload.loader.ragged import PaddingStats
+from shardload.load.batches import iter_batches
+from shardload.load.ragged import PaddingStats
 
 
 def lognormal_rows(ds: xr.Dataset, median: float = 64.0, seed: int = 0) -> dict:

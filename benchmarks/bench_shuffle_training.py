@@ -41,7 +41,7 @@ ORDERS = {
 
 
 def make_store(workdir: Path, columns: int, patches: int, chunk_kib: int) -> str:
-    from shardload.pipeline import prepare
+    from shardload.prep.driver import prepare
     from shardload.samples.radiation import write_radiation_sample
 
     out = workdir / f"radiation-{columns}x{patches}-{chunk_kib}k"
@@ -129,7 +129,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    from shardload.store import open_store
+    from shardload.store.core import open_store
     from shardload.train.transforms import Normalize
 
     store = open_store(make_store(args.workdir, args.columns, args.patches, args.chunk_kib))

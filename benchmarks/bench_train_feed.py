@@ -25,7 +25,7 @@ import torch
 
 
 def make_store(workdir: Path, columns: int) -> str:
-    from shardload.pipeline import prepare
+    from shardload.prep.driver import prepare
     from shardload.samples.radiation import write_radiation_sample
 
     out = workdir / "radiation-flat"
@@ -81,7 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from shardload.store import open_store
+    from shardload.store.core import open_store
     from shardload.torch import StreamingDataLoader, StreamingDataset
     from shardload.train.models import MLP
     from shardload.train.transforms import Normalize

@@ -276,13 +276,13 @@ def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, row
                       batch: int, threads: int, seed: int, max_seconds: float,
                       depth: int | None = None, block: int | None = None,
                       direct: bool = False) -> tuple[int, float]:  # fmt: skip
-    """As :func:`random_rows`, through io_uring (``shardload.loader.uring.Ring``, the loader's
+    """As :func:`random_rows`, through io_uring (``shardload.load.uring.Ring``, the loader's
     own ring; one per thread): the permutation is cut into blocks of ``block`` rows (default
     ``batch``), each block's rows sorted by offset and read by one ``Ring.readv`` with up to
     ``depth`` reads in flight, submitted continuously (default: as many as the ring holds); or,
     ``direct``, by ``Ring.read_direct`` from ``O_DIRECT`` descriptors (aligned spans into bounce
     slots, the row copied out)."""
-    from shardload.loader.uring import thread_ring
+    from shardload.load.uring import thread_ring
 
     block = block or batch
     perm = np.random.default_rng(seed).permutation(rows)

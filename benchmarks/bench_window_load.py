@@ -49,7 +49,7 @@ def make_source(workdir: Path, steps: int, lat: int, lon: int, nvars: int, level
 
 
 def prepare_all(workdir: Path, src: Path, nvars: int, lookback: int, written: bool) -> dict:
-    from shardload.pipeline import prepare
+    from shardload.prep.driver import prepare
 
     names = [f"v{i}" for i in range(nvars)]
     base = {"source": {"paths": [str(src)]}, "format": "npy", "compression": "none",

@@ -45,7 +45,7 @@ def _cpu() -> float:
 
 def one_epoch(store: str, via: str, opts: dict[str, Any], *, batch_size: int, epoch: int):
     import shardload
-    from shardload.loader import uring
+    from shardload.load import uring
 
     opts = dict(opts)
     uring.reset_for_tests(opts.pop("_io_uring", None))

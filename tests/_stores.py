@@ -8,7 +8,7 @@ import numpy as np
 import xarray as xr
 
 import shardload
-from shardload.store import Store
+from shardload.store.core import Store
 
 
 def make_store(

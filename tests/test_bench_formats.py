@@ -172,7 +172,7 @@ def test_a_skipped_format_is_named_with_its_reason_in_the_report(
 def test_bad_options_are_refused_by_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     assert main(["bench", "formats", "--out", str(tmp_path), *args]) == 2
     assert message in capsys.readouterr().err

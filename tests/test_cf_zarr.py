@@ -22,7 +22,7 @@ from xarray.conventions import decode_cf_variable
 
 import shardload
 from shardload.errors import StoreError
-from shardload.formats.cf import plan_cf_decoding
+from shardload.formats.zarr.cf import plan_cf_decoding
 
 T, Y, X = 45, 3, 4
 CHUNK = 8

@@ -31,7 +31,7 @@ def nan_store(tmp_path):
 
 def _run(capsys, *args: str) -> tuple[int, str, str]:
     """``shardload ARGS`` in this process (exit status, stdout, stderr)."""
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     capsys.readouterr()
     code = main(list(args))

@@ -1,4 +1,4 @@
-"""The commit protocol (shardload.commit): lock, records, resume, publish, overwrite."""
+"""The commit protocol (shardload.prep.commit): lock, records, resume, publish, overwrite."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardload.commit import BlockCommit, OutputLock, write_block_durably
+from shardload.prep.commit import BlockCommit, OutputLock, write_block_durably
 from shardload.errors import StoreExistsError, StoreLockedError
 from shardload.formats.base import get_format
 
@@ -96,7 +96,7 @@ def test_staging_format_blocks_are_files_until_the_merge(tmp_path):
     finish_format builds data.h5 from all of them, from scratch."""
     from shardload.formats.base import FormatOptions
     from shardload.plan.chunks import RegularBounds
-    from shardload.views.base import ArraySpec
+    from shardload.prep.views.base import ArraySpec
 
     fmt = get_format("hdf5")
     assert not fmt.parallel_write
@@ -137,8 +137,8 @@ def test_every_block_is_fsynced_before_its_record(tmp_path, small_nc, monkeypatc
     fsynced (sync scheduler: one task at a time; their fsyncs are deferred to the recorder
     thread, and tasks go on meanwhile)."""
     import shardload
-    from shardload import commit as commit_mod
-    from shardload import pipeline
+    from shardload.prep import commit as commit_mod
+    from shardload.prep import driver as pipeline
 
     synced: set[tuple[int, int]] = set()  # inodes (a file may be renamed after its fsync)
     real_fsync, real_record = os.fsync, commit_mod.BlockCommit.record
@@ -186,7 +186,7 @@ def test_every_block_is_fsynced_before_its_record(tmp_path, small_nc, monkeypatc
 def test_lock_opened_before_its_release_is_not_trusted(tmp_path, monkeypatch):
     """B opened the lock file, A released (unlinked) it, C took a new one: B's flock on the
     old file must not count; B retries on the path and finds C's lock."""
-    from shardload import commit as commit_mod
+    from shardload.prep import commit as commit_mod
 
     out = tmp_path / "store"
     a = OutputLock(out)
@@ -211,7 +211,7 @@ def test_lock_opened_before_its_release_is_not_trusted(tmp_path, monkeypatch):
 def test_cli_prepare_refused_while_another_run_holds_the_output(tmp_path, small_nc, capsys):
     import yaml
 
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     conf = tmp_path / "c.yaml"
     conf.write_text(yaml.safe_dump({

@@ -309,7 +309,7 @@ def test_inner_axis_rechunked_as_dask(tmp_path: Path, cube: np.ndarray) -> None:
 
 
 def test_cli_compute(tmp_path: Path, cube: np.ndarray, capsys: pytest.CaptureFixture[str]) -> None:
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     write_source(tmp_path / "cube.zarr", cube, (5, 11, 9))
     cfg = tmp_path / "attrs.yaml"

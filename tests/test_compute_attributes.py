@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import shardload
-from shardload import attributes as A
+from shardload.blockwise import attributes as A
 
 signal = pytest.importorskip("scipy.signal")
 zarr = pytest.importorskip("zarr")

@@ -45,7 +45,7 @@ def test_traces_are_reflectivity_convolved_with_ricker() -> None:
 
 
 def test_cli_sample_seismic_then_compute(tmp_path: Path) -> None:
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     cube = tmp_path / "cube.zarr"
     assert main(["sample", "seismic", "--out", str(cube), "--shape", "8", "5", "40",
@@ -131,7 +131,7 @@ def test_compute_store_carries_checksums_and_verifies(
 ) -> None:
     """Checksums per chunk, as prepared stores: `shardload verify` and verify='always' catch a
     flipped bit in a chunk file."""
-    from shardload.cli import main
+    from shardload.cli.app import main
     from shardload.errors import ShardloadError
 
     root = _attrs_store(tmp_path)

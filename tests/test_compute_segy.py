@@ -122,7 +122,7 @@ def test_compute_on_a_real_segy_file(tmp_path: Path) -> None:
 
 def test_source_chunks_of_a_segy_file_are_blocks_of_whole_inlines(tmp_path: Path) -> None:
     from shardload.blockwise.source import SourceArray
-    from shardload.config import SourceConfig
+    from shardload.prep.config import SourceConfig
 
     src = SourceArray(SourceConfig(paths=(str(F3),)), "data")
     assert src.info.dims == ("inline", "crossline", "sample")
@@ -183,7 +183,7 @@ def test_segy_refusals(tmp_path: Path, seismic: np.ndarray, monkeypatch: Any) ->
 
 def test_cli_sample_seismic_writes_segy(tmp_path: Path) -> None:
     """`shardload sample seismic --out cube.sgy`: the generator's cube through segyio."""
-    from shardload.cli import main
+    from shardload.cli.app import main
     from shardload.samples.seismic import write_seismic_sample
 
     out = tmp_path / "cube.sgy"

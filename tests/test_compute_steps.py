@@ -66,7 +66,7 @@ def test_standardize_and_kmeans_steps(tmp_path: Path) -> None:
     np.testing.assert_array_equal(labels.reshape(-1), ref_km.predict(x))
     assert set(np.unique(labels)) <= set(range(4)) and len(np.unique(labels)) > 1
     # the steps' chunks are checksummed like the attributes'
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     assert main(["verify", str(tmp_path / "attrs")]) == 0
     assert store.to_xarray()["facies"].dims == ("inline", "crossline", "time")

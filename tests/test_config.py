@@ -11,8 +11,8 @@ import yaml
 
 import shardload
 from conftest import make_dataset, tree_bytes
-from shardload.config import load_config
-from shardload.config_models import (
+from shardload.prep.config import load_config
+from shardload.prep.config_models import (
     CLUSTER_KINDS,
     PrepareModel,
     config_schema,
@@ -251,7 +251,7 @@ def test_quoted_false_never_replaces_a_store(tmp_path, small_nc):
 
 def _cli(capsys, *args: str) -> tuple[int, str, str]:
     """``shardload ARGS`` in this process (exit status, stdout, stderr)."""
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     capsys.readouterr()
     code = main(list(args))

@@ -231,7 +231,7 @@ def test_corrupt_chunk_is_an_error_naming_its_file(
     if (fmt, kind) in NEEDS_CHECKSUM:
         monkeypatch.setenv("SHARDLOAD_VERIFY", "first-epoch")
     if path == "iter_batches_gather":
-        from shardload.loader import scatter
+        from shardload.load import scatter
 
         # as on a platform without preadv: read into group buffers, then gather
         monkeypatch.setattr(scatter, "_preadv", lambda errno=False: None)
@@ -246,7 +246,7 @@ def test_corrupt_chunk_is_an_error_naming_its_file(
 def test_pristine_store_reads_on_every_path(pristine, fmt):
     """The same checks pass on an undamaged store (so the matrix's errors come from damage),
     whose every chunk has a recorded checksum."""
-    from shardload.checksum import read_checksums
+    from shardload.formats.checksums import read_checksums
 
     s = shardload.open_store(pristine[fmt])
     assert s.manifest.checksums == "xxh3_64"
@@ -309,7 +309,7 @@ def test_verify_never_still_refuses_structural_damage(pristine, tmp_path):
 def test_checksum_file_gone_after_open_names_the_chunk_being_read(pristine, tmp_path, fmt):
     """The digests load on the first check (in a DataLoader worker, after the store was
     opened): when that load fails, the error still says which chunk was being read."""
-    from shardload.checksum import CHECKSUMS_NAME
+    from shardload.formats.checksums import CHECKSUMS_NAME
 
     root = tmp_path / "store"
     shutil.copytree(pristine[fmt], root)
@@ -339,7 +339,7 @@ def test_verify_modes_catch_a_flipped_bit(pristine, tmp_path, mode):
 
 @pytest.mark.parametrize("fmt", ["npy", "zarr-sharded", "hdf5"])
 def test_verify_cli_names_every_bad_chunk(pristine, tmp_path, capsys, fmt):
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     root = tmp_path / "store"
     shutil.copytree(pristine[fmt], root)
@@ -360,7 +360,7 @@ def test_verify_cli_names_every_bad_chunk(pristine, tmp_path, capsys, fmt):
 
 
 def test_verify_cli_store_that_cannot_be_opened(tmp_path, capsys):
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     assert main(["verify", str(tmp_path / "nothing")]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -421,7 +421,7 @@ def test_checksums_survive_a_resumed_prepare(tmp_path, monkeypatch, fmt):
     resumed records every chunk's checksum, including those written before the failure."""
     import errno
 
-    from shardload.checksum import read_checksums
+    from shardload.formats.checksums import read_checksums
     from shardload.formats.base import get_format
 
     src = tmp_path / "src.nc"
@@ -448,6 +448,6 @@ def test_checksums_survive_a_resumed_prepare(tmp_path, monkeypatch, fmt):
     sums = read_checksums(s.fs, s.root)
     assert {k: len(v) for k, v in sums.items()} == {"x": 6, "y": 6}
     assert s.read("x").shape == (300, 4)
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     assert main(["verify", str(tmp_path / "s")]) == 0

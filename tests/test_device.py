@@ -47,7 +47,7 @@ def test_pinned_slots_and_bad_depth():
 def test_datamodule_pins_batches_when_cuda_is_there(monkeypatch, tmp_path):
     pytest.importorskip("lightning")
     from _stores import make_store
-    from shardload.lightning import ShardloadDataModule
+    from shardload.torch.lightning import ShardloadDataModule
 
     store = make_store(tmp_path, n=40, chunk_rows=8)
     assert "pin_memory" not in ShardloadDataModule(store, batch_size=4)._loader_options()

@@ -421,7 +421,7 @@ def new_shuffle_configs(draw):
 
 
 def make_pieces(cfg: dict):
-    from shardload.loader.select import Selection, split_pieces
+    from shardload.load.select import Selection, split_pieces
 
     cfg = dict(cfg)
     piece_rows = cfg.pop("piece_rows")

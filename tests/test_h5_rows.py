@@ -14,10 +14,10 @@ import pytest
 import xarray as xr
 
 import shardload
-from shardload.config import load_config
-from shardload.pipeline import build
-from shardload.sources.h5_rows import H5Rows, h5_rows
-from shardload.views.rows import read_many, sample_major
+from shardload.prep.config import load_config
+from shardload.prep.driver import build
+from shardload.prep.sources.h5_rows import H5Rows, h5_rows
+from shardload.prep.views.rows import read_many, sample_major
 
 
 def write_grid(path: Path, shape=(36, 40, 6), chunks=(9, 10, 2), seed=0) -> np.ndarray:

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import yaml
 
-from shardload.cli import main
-from shardload.config import ExecutionConfig, load_config
+from shardload.cli.app import main
+from shardload.prep.config import ExecutionConfig, load_config
 from shardload.errors import ClusterError, ConfigError
 
 pytest.importorskip("dask_jobqueue")
 pytest.importorskip("distributed")
 
-from shardload.jobqueue import JobqueueRun, job_shape, open_jobqueue
+from shardload.prep.jobqueue import JobqueueRun, job_shape, open_jobqueue
 
 CLUSTERS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "slurm": (
@@ -140,8 +140,8 @@ def test_importing_dask_jobqueue_keeps_ctrl_c_an_interrupt():
     """dask_jobqueue's runner module sets a SIGINT handler that calls sys.exit() (status 0)."""
     code = (
         "import signal\n"
-        "from shardload.jobqueue.jobs import _classes\n"
-        "from shardload.jobqueue import signals_unwind\n"
+        "from shardload.prep.jobqueue.jobs import _classes\n"
+        "from shardload.prep.jobqueue import signals_unwind\n"
         "before = signal.getsignal(signal.SIGINT)\n"
         "_classes('slurm')\n"
         "assert signal.getsignal(signal.SIGINT) is before, signal.getsignal(signal.SIGINT)\n"
@@ -236,7 +236,7 @@ def test_execution_config_default_timeout():
 def test_job_states_from_the_batch_systems_listing(tmp_path, monkeypatch, kind, command, output,
                                                    expected):  # fmt: skip
     """A job missing from the listing has ended (13 for PBS/SGE); other users' jobs are ignored."""
-    from shardload.jobqueue import job_states
+    from shardload.prep.jobqueue import job_states
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

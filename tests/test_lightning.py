@@ -12,7 +12,7 @@ pytest.importorskip("lightning")
 
 from _stores import make_store, split_rows
 from shardload.errors import ShardloadError
-from shardload.lightning import ShardloadDataModule
+from shardload.torch.lightning import ShardloadDataModule
 from shardload.train.transforms import Normalize, plan_scale
 
 

@@ -8,8 +8,8 @@ import pytest
 import shardload
 from _stores import check_values, make_store, split_rows
 from shardload.errors import ChunkReadError, PlanError, StateError, StoreError
-from shardload.loader.batches import loader_selection, plan_for
-from shardload.loader.select import select_rows
+from shardload.load.batches import loader_selection, plan_for
+from shardload.load.select import select_rows
 from shardload.plan.resume import EpochState
 
 FORMATS = [("zarr", "none"), ("zarr", "zstd"), ("zarr", "lz4"), ("npy", "none"), ("hdf5", "none")]
@@ -115,8 +115,8 @@ def test_row_range_chunk_subset_and_arrays(npy):
 
 def test_one_read_per_array_per_segment(npy, monkeypatch):
     """The gather path (compressed or remote chunks): one read per array per chunk."""
-    from shardload.formats.npy import NpyReader
-    from shardload.loader import batches as batches_mod
+    from shardload.formats.npy.format import NpyReader
+    from shardload.load import batches as batches_mod
 
     monkeypatch.setattr(batches_mod, "raw_sources", lambda *a: None)
     calls = []
@@ -135,7 +135,7 @@ def test_one_read_per_array_per_segment(npy, monkeypatch):
 def io_path(request):
     """Scatter reads through io_uring (skipped where this kernel refuses it) or one ``preadv``
     per run (as where io_uring is missing)."""
-    from shardload.loader import uring
+    from shardload.load import uring
 
     uring.reset_for_tests(None if request.param == "io_uring" else False)
     if request.param == "io_uring" and uring.thread_ring() is None:
@@ -152,8 +152,8 @@ def test_scatter_reads_coalesce_runs_of_each_chunk(npy, monkeypatch, shuffle, io
     chunk file opened once per task, and one read call per run of consecutive file rows (so
     a group in storage order reads each chunk with one call, whatever its pieces): a
     ``preadv``, or an io_uring entry (the calls of a task go to the kernel in one batch)."""
-    from shardload.formats.npy import NpyReader
-    from shardload.loader import scatter, uring
+    from shardload.formats.npy.format import NpyReader
+    from shardload.load import scatter, uring
     from shardload.plan.epoch import iter_worker_spans
 
     tasks, preadvs, batches = [], [], []
@@ -217,7 +217,7 @@ def test_scatter_planner_errors_surface_and_close_stops_its_threads(npy):
 def test_scatter_and_gather_paths_agree(stores, fmt, consumed, monkeypatch):
     """Scatter reads give exactly the gather path's batches, fresh and resumed mid-group (a
     resumed group reads explicit rows: the bounding span, unwanted rows to scratch)."""
-    from shardload.loader import batches as batches_mod
+    from shardload.load import batches as batches_mod
     from shardload.plan.epoch import plan_fingerprint
 
     store = stores[fmt]
@@ -349,8 +349,8 @@ def test_missing_or_corrupt_chunk(tmp_path, fmt, rel, keep, pattern, damage):
 def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes, monkeypatch):
     """Batches equal the pure plan's rows in order, for any thread count, prefetch, allocator
     and per-worker skip (gathers run ahead in threads but are yielded in plan order)."""
-    from shardload.loader import batches as batches_mod
-    from shardload.loader.batches import plan_for
+    from shardload.load import batches as batches_mod
+    from shardload.load.batches import plan_for
 
     monkeypatch.setattr(batches_mod, "INLINE_GATHER_BYTES", inline_bytes)
     from shardload.plan.epoch import iter_worker_batches
@@ -391,7 +391,7 @@ def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes,
 def test_split_pieces_cover_the_selection_exactly():
     """Pieces are the selection's rows in order, at most ``piece_rows`` each, equal within a
     chunk (sizes differ by at most one), and every piece stays inside its chunk."""
-    from shardload.loader.select import Selection, split_pieces
+    from shardload.load.select import Selection, split_pieces
 
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -441,7 +441,7 @@ def test_pieces_are_the_shuffle_unit(stores, fmt):
 def test_pieces_scatter_and_gather_agree_and_resume(stores, monkeypatch):
     """Scatter reads of pieces (which start inside chunks) equal the gather path's batches,
     fresh and resumed; a state saved with other pieces is refused, naming the options."""
-    from shardload.loader import batches as batches_mod
+    from shardload.load import batches as batches_mod
     from shardload.plan.epoch import plan_fingerprint
 
     store = stores["zarr-none"]
@@ -470,7 +470,7 @@ def test_pieces_scatter_and_gather_agree_and_resume(stores, monkeypatch):
 def test_auto_pieces_only_for_raw_local_chunks(stores, fmt, monkeypatch):
     """``piece_rows=None`` cuts chunks into pieces of at most DEFAULT_PIECE_BYTES where rows are
     raw in local files (a piece of a compressed chunk would decode all of it)."""
-    from shardload.loader import batches as batches_mod
+    from shardload.load import batches as batches_mod
 
     monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # a row: x 16 B, y 8 B, index 8 B
     store = stores[fmt]
@@ -529,7 +529,7 @@ def test_uniform_shuffle_needs_raw_local_chunks(stores):
 def test_loader_doctests():
     import doctest
 
-    from shardload.loader import batches, scatter, select
+    from shardload.load import batches, scatter, select
 
     for mod in (scatter, select, batches):
         assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS).failed == 0, mod.__name__
@@ -540,7 +540,7 @@ def test_default_shuffle_is_small_pieces_on_raw_local_chunks(stores, fmt, monkey
     """The default cuts a group of the earlier default's rows (4 pieces of at most
     DEFAULT_PIECE_BYTES) into DEFAULT_GROUP_PIECES small pieces on raw local chunks; whole
     chunks elsewhere; and the batches still cover the split exactly."""
-    from shardload.loader import batches as batches_mod
+    from shardload.load import batches as batches_mod
 
     monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # 3-row pieces (32 B a row)
     monkeypatch.setattr(batches_mod, "DEFAULT_GROUP_PIECES", 6)  # 12 rows -> 6 pieces of 2
@@ -564,7 +564,7 @@ def test_default_pieces_are_no_longer_than_the_groups_batch_count(tmp_path, monk
     than the group has batches: the default pieces shrink with bigger batches (more pieces a
     group, up to MAX_GROUP_PIECES), never grow past DEFAULT_GROUP_PIECES' size, and the group
     keeps its rows."""
-    from shardload.loader import batches as batches_mod
+    from shardload.load import batches as batches_mod
 
     monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 30 * 32)  # 30-row big pieces
     monkeypatch.setattr(batches_mod, "DEFAULT_GROUP_PIECES", 10)  # 120 rows -> 12-row pieces
@@ -613,8 +613,8 @@ def test_store_fingerprint_sees_every_feature_statistic() -> None:
     resume state saved for other statistics (other data, same layout) is refused."""
     from types import SimpleNamespace
 
-    from shardload.loader.select import store_fingerprint
-    from shardload.manifest import FeatureStats
+    from shardload.load.select import store_fingerprint
+    from shardload.manifest.core import FeatureStats
 
     def fingerprint(mean: np.ndarray) -> str:
         n = len(mean)

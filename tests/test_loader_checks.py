@@ -15,8 +15,8 @@ import pytest
 import shardload
 from _stores import check_values, make_store
 from shardload.errors import PlanError
-from shardload.loader import batches as batches_mod
-from shardload.loader import scatter as scatter_mod
+from shardload.load import batches as batches_mod
+from shardload.load import scatter as scatter_mod
 
 
 @pytest.fixture(scope="module")

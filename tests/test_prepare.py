@@ -146,7 +146,7 @@ def test_stacked_sample_dims_and_window_and_function(tmp_path):
 def test_fixed_surface_era5_netcdf_and_grib_identical(tmp_path, era5_dir):
     import yaml
 
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     stores = {}
     for kind, fname in (("nc", "era5-levels-members.nc"), ("grib", "era5-levels-members.grib")):
@@ -175,7 +175,7 @@ def test_fixed_surface_era5_netcdf_and_grib_identical(tmp_path, era5_dir):
 
 
 def test_cli_inspect_json_fixed_surface(tmp_path, small_nc, capsys):
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     shardload.prepare(cfg(small_nc, tmp_path / "s", format="npy", compression="none"))
     assert main(["inspect", str(tmp_path / "s"), "--json"]) == 0
@@ -279,7 +279,7 @@ def test_nan_counted_or_fail(tmp_path):
 def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monkeypatch):
     import errno
 
-    from shardload.formats import npy
+    from shardload.formats.npy import format as npy
 
     real = npy.NpyFormat.write_block
     calls = {"n": 0}
@@ -363,7 +363,7 @@ def test_splits_are_not_part_of_the_write_fingerprint(tmp_path, small_nc, monkey
     """Changing split fractions or seed resumes an interrupted run instead of rewriting it."""
     import errno
 
-    from shardload.formats import npy
+    from shardload.formats.npy import format as npy
 
     real = npy.NpyFormat.write_block
     calls = {"n": 0}
@@ -395,7 +395,7 @@ def test_splits_are_not_part_of_the_write_fingerprint(tmp_path, small_nc, monkey
 def test_too_few_chunks_split_by_rows(tmp_path, small_nc, caplog):
     """2 chunks cannot give train/val/test a whole chunk each: contiguous row ranges instead,
     said in the log, and the loader serves exactly those rows."""
-    from shardload.loader.select import select_rows
+    from shardload.load.select import select_rows
 
     with caplog.at_level("WARNING", logger="shardload.pipeline"):
         s = shardload.prepare(cfg(small_nc, tmp_path / "s", chunk_rows=25))
@@ -418,7 +418,7 @@ def test_too_few_chunks_split_by_rows(tmp_path, small_nc, caplog):
 
 
 def test_window_splits_are_time_ranges_that_never_share_a_time_step(tmp_path):
-    from shardload.loader.select import select_rows
+    from shardload.load.select import select_rows
 
     T, lookback, stride, horizon = 40, 4, 2, 1
     rng = np.random.default_rng(2)
@@ -459,7 +459,7 @@ def test_disk_full_during_the_hdf5_merge_then_resume(tmp_path, small_nc, monkeyp
     recorded, and the re-run rebuilds data.h5 from scratch without re-reading the source."""
     import errno
 
-    from shardload.formats import hdf5
+    from shardload.formats.hdf5 import format as hdf5
 
     real = hdf5.Hdf5Format.write_block
     seen = {"n": 0}
@@ -478,7 +478,7 @@ def test_disk_full_during_the_hdf5_merge_then_resume(tmp_path, small_nc, monkeyp
     assert len(list(progress.glob("block-*.npz"))) == 8  # every block recorded and staged
     assert len(list((tmp_path / "s.partial" / "_staged").glob("*.npy"))) == 16
     monkeypatch.setattr(hdf5.Hdf5Format, "write_block", real)
-    from shardload import pipeline
+    from shardload.prep import driver as pipeline
 
     monkeypatch.setattr(pipeline, "run_block", lambda *a: pytest.fail("a block was rewritten"))
     s = shardload.prepare(c)
@@ -488,8 +488,8 @@ def test_disk_full_during_the_hdf5_merge_then_resume(tmp_path, small_nc, monkeyp
 
 
 def test_check_plan_shows_the_splits_prepare_will_write(tmp_path, small_nc):
-    from shardload.cli_prepare import check_plan
-    from shardload.config import load_config
+    from shardload.cli.prepare import check_plan
+    from shardload.prep.config import load_config
 
     p = check_plan(load_config(cfg(small_nc, tmp_path / "s", chunk_rows=25)))
     assert p["splits"] == {

@@ -7,8 +7,8 @@ import pytest
 import xarray as xr
 
 from shardload.errors import SourceError
-from shardload.sources.radiation import open_radiation
-from shardload.sources.radiation_rows import NAMES, radiation_rows
+from shardload.prep.sources.radiation import open_radiation
+from shardload.prep.sources.radiation_rows import NAMES, radiation_rows
 
 
 def _pairs(files):
@@ -78,9 +78,9 @@ def test_urls_and_other_shapes_fall_back_to_dask(radiation_sample):
 
 @pytest.mark.parametrize("view", ["flat", "graph"])
 def test_views_read_the_same_with_and_without_the_row_reader(radiation_sample, view):
-    from shardload.config import load_config
-    from shardload.pipeline import build
-    from shardload.views import build_view
+    from shardload.prep.config import load_config
+    from shardload.prep.driver import build
+    from shardload.prep.views import build_view
 
     inputs, outputs = _pairs(radiation_sample)
     conf = {

@@ -14,8 +14,8 @@ import xarray as xr
 
 import shardload
 from shardload.errors import ChunkReadError, PlanError, ViewError
-from shardload.loader.batches import iter_batches
-from shardload.loader.ragged import PaddingStats
+from shardload.load.batches import iter_batches
+from shardload.load.ragged import PaddingStats
 
 TESTS = Path(__file__).resolve().parent
 N, K, MAXLEN = 61, 13, 13
@@ -260,7 +260,7 @@ def test_uniform_shuffle_refused(npy):
 
 
 def test_resume_of_an_interrupted_prepare(tmp_path, monkeypatch):
-    from shardload import pipeline
+    from shardload.prep import driver as pipeline
 
     real = pipeline.run_block
 
@@ -285,7 +285,7 @@ def test_resume_of_an_interrupted_prepare(tmp_path, monkeypatch):
 
 
 def test_inspect_and_verify_show_ragged(npy, capsys):
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     assert main(["inspect", npy.root]) == 0
     out = capsys.readouterr().out
@@ -300,7 +300,7 @@ def test_inspect_and_verify_show_ragged(npy, capsys):
 
 
 def test_verify_names_a_bad_ragged_chunk(npy, tmp_path, capsys):
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     root = tmp_path / "copy"
     shutil.copytree(npy.root, root)
@@ -376,7 +376,7 @@ def test_bucketed_resume_exact(tail_store, world, new_world, workers, new_worker
 
     full = [rank_batches(r, world, workers) for r in range(world)]
     assert len({len(f) for f in full}) == 1
-    from shardload.loader.batches import loader_selection, plan_for
+    from shardload.load.batches import loader_selection, plan_for
 
     sel = loader_selection(st, shuffle_chunks=8)[0]
     plan = plan_for(st, sel, world_size=world, num_workers=workers, shuffle=True, seed=4, epoch=2,
@@ -409,7 +409,7 @@ def test_map_dataset_refuses_ragged(npy):
 
 
 def test_manifest_version_and_roundtrip(npy, stores):
-    from shardload.manifest import Manifest
+    from shardload.manifest.core import Manifest
 
     # 3 marks variable-length arrays for older readers; 4 (compact feature files) implies it
     assert json.loads(Path(npy.root, "shardload.json").read_text())["version"] >= 3
@@ -423,8 +423,8 @@ def test_manifest_version_and_roundtrip(npy, stores):
 def test_crash_while_finishing_ragged_redoes_it(tmp_path, monkeypatch, fmt):
     """A run that dies after every block is recorded, inside the pass that writes the offsets
     (and the Zarr / HDF5 values), leaves the staged chunks; the next run redoes the pass."""
-    from shardload import commit
-    from shardload.formats import ragged as fr
+    from shardload.prep import commit
+    from shardload.formats.ragged import format as fr
 
     real_write = commit.write_atomic
 
@@ -460,7 +460,7 @@ def test_crash_while_finishing_ragged_redoes_it(tmp_path, monkeypatch, fmt):
 
 @pytest.mark.parametrize("key", ["npy-none-None", "zarr-zstd-2", "hdf5-lz4-None"])
 def test_read_by_url(stores, key):
-    from shardload.serve import serving
+    from shardload.move.serve import serving
 
     st = stores[key]
     with serving(Path(st.root).parent) as url:
@@ -475,7 +475,7 @@ def test_read_by_url(stores, key):
 
 @pytest.mark.slow  # importing Lightning costs most of it
 def test_lightning_datamodule_buckets_train_only(npy):
-    from shardload.lightning import ShardloadDataModule
+    from shardload.torch.lightning import ShardloadDataModule
 
     dm = ShardloadDataModule(npy, batch_size=4, bucket=True)
     assert dm._dataset("train", shuffle=True, mode="drop").bucket is True
@@ -506,7 +506,7 @@ def test_normalize_keeps_padding_zero(npy):
 
 
 def test_prepare_check_shows_ragged(tmp_path, capsys):
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     sys.path.insert(0, str(TESTS))
     source().to_netcdf(tmp_path / "src.nc")

@@ -28,7 +28,7 @@ def _modules_after(code: str) -> list[str]:
 
 
 def test_store_and_loader_imports_stay_light():
-    code = "import shardload, shardload.store, shardload.loader, shardload.loader.batches\n"
+    code = "import shardload, shardload.store.core, shardload.load, shardload.load.batches\n"
     code += "shardload.open_store, shardload.iter_batches"
     assert _modules_after(code) == []
 

@@ -21,9 +21,9 @@ from packaging.requirements import Requirement
 
 import shardload
 from conftest import CACHE, REPO, SRC
-from shardload.config import load_config
+from shardload.prep.config import load_config
 from shardload.errors import ConfigError, SourceError
-from shardload.sources.open import open_source
+from shardload.prep.sources.open import open_source
 
 
 def _closure(reqs: list[str]) -> set[str]:
@@ -152,8 +152,8 @@ def test_hdf5_output_with_more_features_than_an_attribute_holds(tmp_path):
 def test_hdf5_create_error_names_the_array(tmp_path):
     from shardload.errors import StoreError
     from shardload.formats.base import FormatOptions
-    from shardload.formats.hdf5 import FORMAT
-    from shardload.views.base import ArraySpec
+    from shardload.formats.hdf5.format import FORMAT
+    from shardload.prep.views.base import ArraySpec
 
     bad = {"big": ArraySpec("big", (4, 3), np.dtype("M8[ns]"))}  # no HDF5 type
     with pytest.raises(StoreError, match=re.escape("array 'big'")):

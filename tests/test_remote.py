@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 
 from shardload.errors import RemoteError, RemoteNotFoundError
-from shardload.remote import evict_lru, is_url, open_fs, read_bytes
-from shardload.serve import serving
+from shardload.move.remote import evict_lru, is_url, open_fs, read_bytes
+from shardload.move.serve import serving
 
 PAYLOAD = bytes(range(256)) * 64  # 16 KiB
 

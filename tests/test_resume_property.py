@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 import shardload
 from _stores import make_store
-from shardload.loader import batches as batches_mod
-from shardload.loader.batches import loader_selection, plan_for
-from shardload.loader.scatter import raw_sources
-from shardload.loader.select import store_fingerprint
+from shardload.load import batches as batches_mod
+from shardload.load.batches import loader_selection, plan_for
+from shardload.load.scatter import raw_sources
+from shardload.load.select import store_fingerprint
 from shardload.plan.epoch import iter_worker_batches
 from shardload.plan.resume import plan_state
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from shardload.cli import main
+from shardload.cli.app import main
 from shardload.errors import ConfigError
 from shardload.samples import radiation as rad
 from shardload.samples.radiation import radiation_file_names, write_radiation_sample

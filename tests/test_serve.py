@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from conftest import spawn
-from shardload.serve import PathRefused, is_loopback, resolve_request_path, serving
+from shardload.move.serve import PathRefused, is_loopback, resolve_request_path, serving
 
 T = 10  # seconds; every request is bounded
 
@@ -238,7 +238,7 @@ def test_requests_are_logged(stores: Path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="shardload.serve")
     with serving(stores) as url:
         requests.get(url + "alpha/x/000000.npy", headers={"Range": "bytes=0-9"}, timeout=T)
-    lines = [r.getMessage() for r in caplog.records if r.name == "shardload.serve"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "shardload.move.serve"]
     assert any(re.fullmatch(r"GET /alpha/x/000000\.npy 206 10 [\d.]+ms", m) for m in lines)
 
 
@@ -276,7 +276,7 @@ def test_cli_serve_prints_url_and_stops_cleanly(stores: Path, sig: int) -> None:
 
 
 def test_cli_help_mentions_everything(capsys) -> None:
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
@@ -376,7 +376,7 @@ def test_empty_suffix_range_is_416(stores: Path) -> None:
 def test_serve_gives_the_callers_signal_handlers_back(stores: Path) -> None:
     import threading
 
-    from shardload.serve import serve
+    from shardload.move.serve import serve
 
     def mine(signum, frame):  # pragma: no cover - never called
         pass

@@ -10,7 +10,7 @@ import xarray as xr
 from dask.callbacks import Callback
 
 from shardload.errors import SourceError
-from shardload.sources.radiation import FLUX_VARIABLES, open_radiation
+from shardload.prep.sources.radiation import FLUX_VARIABLES, open_radiation
 
 ARRAYS = ("sca_inputs", "col_inputs", "hl_inputs", "inter_inputs", "pressure_hl")
 

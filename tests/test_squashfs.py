@@ -20,7 +20,7 @@ import pytest
 
 import shardload
 from _stores import check_values, make_store
-from shardload import squashfs
+from shardload.move import squashfs
 from shardload.errors import ImageError, IncompleteStoreError, StoreError, StoreExistsError
 
 pytestmark = pytest.mark.timeout(120)

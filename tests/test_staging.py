@@ -20,8 +20,8 @@ import pytest
 
 from conftest import make_store, python_env, spawn, tree_bytes
 from shardload.errors import StagingError
-from shardload.serve import serving
-from shardload.staging import stage, staged
+from shardload.move.serve import serving
+from shardload.move.staging import stage, staged
 
 T = 30
 
@@ -118,7 +118,7 @@ WORKER = textwrap.dedent(
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     from pathlib import Path
     from shardload import staging_copy
-    from shardload.staging import exit_on_sigterm, staged
+    from shardload.move.staging import exit_on_sigterm, staged
     exit_on_sigterm()  # a program that wants cleanup on SIGTERM says so (the library does not)
     slow = float(sys.argv[3])
     if slow:
@@ -225,7 +225,7 @@ def test_cli_stage_keep_and_command(tmp_path: Path) -> None:
 
 
 def test_cli_help(capsys) -> None:
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     with pytest.raises(SystemExit):
         main(["stage", "--help"])
@@ -280,7 +280,7 @@ def test_the_library_installs_no_signal_handler(tmp_path: Path) -> None:
         """
         import signal, sys
         import shardload
-        from shardload.staging import stage
+        from shardload.move.staging import stage
         before = signal.getsignal(signal.SIGTERM)
         stage(sys.argv[1], sys.argv[2])
         try:
@@ -313,7 +313,7 @@ def test_a_reused_pid_is_not_a_user(tmp_path: Path) -> None:
 
 
 def test_process_identity_compares_start_times() -> None:
-    from shardload import procs
+    from shardload.util import procs
 
     me, start = os.getpid(), procs.my_start_time()
     assert start is not None and procs.alive(me, start)
@@ -328,8 +328,8 @@ def test_process_identity_compares_start_times() -> None:
 def test_ring_reclaims_a_dead_workers_slot_even_if_its_pid_lives_on() -> None:
     import numpy as np
 
-    from shardload import procs
-    from shardload.loader.ring import BatchRing
+    from shardload.util import procs
+    from shardload.load.ring import BatchRing
 
     ring = BatchRing({"x": ((4,), np.dtype("f4"))}, 8, slots=2)
     me = procs.my_start_time()

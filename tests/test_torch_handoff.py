@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 
 from shardload.errors import StateError  # noqa: E402
-from shardload.loader.ring import BatchRing  # noqa: E402
+from shardload.load.ring import BatchRing  # noqa: E402
 from shardload.torch import StreamingDataLoader, StreamingDataset  # noqa: E402
 
 pytestmark = [
@@ -217,7 +217,7 @@ def test_each_worker_claims_its_own_part_of_the_ring():
 def test_a_batch_dropped_unsent_frees_its_slot_and_warns(monkeypatch):
     """Worker code that builds a new dict from a ring batch drops the batch itself unsent: its
     slot is freed once every view of it is garbage (the copy made), with a warning naming why."""
-    import shardload.loader.ring as ring_mod
+    import shardload.load.ring as ring_mod
 
     monkeypatch.setattr(ring_mod, "_WARNED", [False])
     ring = BatchRing({"x": ((3,), np.dtype("f4")), "index": ((), np.dtype("i8"))}, 4, slots=2)

@@ -11,7 +11,7 @@ import pytest
 import shardload
 from _stores import make_store
 from shardload.errors import ChunkReadError
-from shardload.loader import scatter, uring
+from shardload.load import scatter, uring
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 import xarray as xr
 
 from shardload.errors import ViewError
-from shardload.sources.radiation import open_radiation
-from shardload.views.base import View
-from shardload.views.graph import GraphView
+from shardload.prep.sources.radiation import open_radiation
+from shardload.prep.views.base import View
+from shardload.prep.views.graph import GraphView
 
 
 def _split(files):

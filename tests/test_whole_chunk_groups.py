@@ -8,8 +8,8 @@ import pytest
 import shardload
 from _stores import check_values, make_store, split_rows
 from shardload.errors import StateError
-from shardload.loader import batches as batches_mod
-from shardload.loader.select import select_rows
+from shardload.load import batches as batches_mod
+from shardload.load.select import select_rows
 from shardload.plan.epoch import plan_fingerprint
 from shardload.plan.resume import EpochState
 

@@ -12,7 +12,7 @@ import xarray as xr
 
 import shardload
 from shardload.errors import ChunkReadError
-from shardload.loader.windows import WindowReader
+from shardload.load.windows import WindowReader
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -188,7 +188,7 @@ def test_a_truncated_series_chunk_is_an_error_naming_it(tmp_path):
 
 
 def test_verify_cli_checks_the_series(tmp_path):
-    from shardload.cli import main
+    from shardload.cli.app import main
 
     s = _prepare(_source(tmp_path), tmp_path / "s", at_load=True, splits={"train": 1.0})
     assert main(["verify", s.url]) == 0
@@ -242,7 +242,7 @@ def test_datamodule_serves_windows_cut_at_load_time(stores):
     pytest.importorskip("lightning")
     from types import SimpleNamespace
 
-    from shardload.lightning import ShardloadDataModule
+    from shardload.torch.lightning import ShardloadDataModule
 
     s, full = stores["npy"], stores["full"]
     dm = ShardloadDataModule(s, batch_size=8, seed=1, num_workers=1)

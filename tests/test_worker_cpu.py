@@ -7,7 +7,7 @@ import pytest
 
 import shardload
 from _stores import check_values, make_store
-from shardload.loader import batches as batches_mod
+from shardload.load import batches as batches_mod
 
 ROWS, CHUNK = 96, 8
 

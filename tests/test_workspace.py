@@ -47,7 +47,7 @@ def test_log_keeps_info_with_quiet_console_and_can_be_turned_off(tmp_path):
 
 
 def test_demo_never_deletes_raw_files_it_did_not_write(tmp_path):
-    from shardload.cli_demo import SAMPLE_MARKER, sample_files
+    from shardload.cli.demo import SAMPLE_MARKER, sample_files
 
     calls = []
 

@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from shardload.config import PrepareConfig, SourceConfig
-from shardload.pipeline import PrepareJob
+from shardload.prep.config import PrepareConfig, SourceConfig
+from shardload.prep.driver import PrepareJob
 from shardload.plan import chunks as chunks_mod
 from shardload.plan.chunks import RegularBounds, block_span, plan_blocks, plan_chunk_bounds
-from shardload.views.base import ArraySpec
+from shardload.prep.views.base import ArraySpec
 
 
 def job(num_chunks: int, chunk_rows: int = 3, per_block: int = 1) -> PrepareJob:
@@ -105,7 +105,7 @@ def test_tasks_do_not_carry_feature_names(tmp_path, monkeypatch):
     import xarray as xr
 
     import shardload
-    from shardload import pipeline
+    from shardload.prep import driver as pipeline
 
     xr.Dataset({"v": (("sample", "f"), np.zeros((20, 3000), "f4"))}).to_netcdf(tmp_path / "w.nc")
     sizes = []

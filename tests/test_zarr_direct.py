@@ -9,7 +9,7 @@ import xarray as xr
 import shardload
 from _stores import check_values, make_store, sharded_store
 from shardload.errors import ChunkReadError
-from shardload.formats.zarr_chunks import plan_chunk_layout
+from shardload.formats.zarr.chunks import plan_chunk_layout
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
@@ -109,9 +109,9 @@ def test_whole_file_reads_land_in_page_aligned_buffers(tmp_path):
     loader's group buffers are page-aligned."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from shardload.formats import zarr_chunks
+    from shardload.formats.zarr import chunks as zarr_chunks
     from shardload.formats.base import READ_ALIGN, aligned_empty
-    from shardload.loader.reader import BufferPool
+    from shardload.load.reader import BufferPool
 
     for n in (1, 4095, 3 << 20):
         a = aligned_empty(n)

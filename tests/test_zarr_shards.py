@@ -12,8 +12,8 @@ import pytest
 import shardload
 from _stores import check_values, make_store, sharded_store
 from shardload.errors import ChunkReadError, ShardloadError
-from shardload.formats.zarr_chunks import plan_chunk_layout
-from shardload.formats.zarr_shards import ShardIndexCache
+from shardload.formats.zarr.chunks import plan_chunk_layout
+from shardload.formats.zarr.shards import ShardIndexCache
 
 zarr = pytest.importorskip("zarr")
 
@@ -262,7 +262,7 @@ def test_dataloader_workers_read_shards(sharded, ctx):
 def test_shards_by_url_through_the_whole_file_cache(tmp_path):
     """A URL with a whole-file cache reads shards natively through the filesystem's opener."""
     pytest.importorskip("aiohttp")
-    from shardload.serve import serving
+    from shardload.move.serve import serving
 
     x = _zarr_store(tmp_path / "plain", n=101, compressed=True)
     with serving(tmp_path) as url:

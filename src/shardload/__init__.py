@@ -20,29 +20,29 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "compute", "iter_batches", "open_store", "prepare"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .blockwise import compute
-    from .loader.batches import iter_batches
-    from .pipeline import prepare
-    from .store import open_store
+    from shardload.blockwise import compute
+    from shardload.load.batches import iter_batches
+    from shardload.prep.driver import prepare
+    from shardload.store.core import open_store
 
 
 def __getattr__(name: str) -> Any:
     # PEP 562: lazy imports keep `import shardload` fast, and the read side (open_store,
     # iter_batches) free of xarray, dask and pandas, which only prepare needs.
     if name == "open_store":
-        from .store import open_store
+        from shardload.store.core import open_store
 
         return open_store
     if name == "prepare":
-        from .pipeline import prepare
+        from shardload.prep.driver import prepare
 
         return prepare
     if name == "compute":
-        from .blockwise import compute
+        from shardload.blockwise import compute
 
         return compute
     if name == "iter_batches":
-        from .loader.batches import iter_batches
+        from shardload.load.batches import iter_batches
 
         return iter_batches
     raise AttributeError(f"module 'shardload' has no attribute {name!r}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from shardload.lightning import ShardloadDataModule
+from shardload.torch.lightning import ShardloadDataModule
 
 
 class Recorder(pl.LightningModule):

@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import shardload
 from conftest import make_dataset
-from shardload.serve import serving
+from shardload.move.serve import serving
 
 pytestmark = pytest.mark.integration
 

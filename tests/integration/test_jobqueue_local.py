@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("dask_jobqueue")
 pytest.importorskip("distributed")
 
-from shardload.config import ExecutionConfig
-from shardload.executor import open_executor
+from shardload.prep.config import ExecutionConfig
+from shardload.prep.executor import open_executor
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed]
 

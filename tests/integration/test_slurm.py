@@ -132,8 +132,8 @@ def test_compute_on_slurm_equals_threads(tmp_path, slurm):
 
 def test_parallelism_is_the_clusters_worker_threads(tmp_path, slurm):
     """1 job of 2 cores as 2 worker processes: 2 tasks in flight, one per worker thread."""
-    from shardload.config import ExecutionConfig
-    from shardload.executor import open_executor
+    from shardload.prep.config import ExecutionConfig
+    from shardload.prep.executor import open_executor
 
     ex_cfg = ExecutionConfig(
         scheduler="jobqueue", timeout_s=60,

@@ -30,7 +30,7 @@ def radiation_raw(tmp_path_factory) -> Path:
 
 
 def _prepare(cfg: dict) -> str:
-    from shardload.pipeline import prepare
+    from shardload.prep.driver import prepare
 
     return prepare(cfg).url
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .format_data import DTYPE, BenchData
+from shardload.bench.format_data import DTYPE, BenchData
 
 
 class LazyReader:

@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from . import format_columnar as col
-from . import format_io as fio
-from . import format_squashfs as sqfs
-from .format_data import BenchData, make_data
-from .format_squashfs import squashfs_unavailable
+from shardload.errors import ConfigError
+from shardload.bench import format_columnar as col
+from shardload.bench import format_io as fio
+from shardload.bench import format_squashfs as sqfs
+from shardload.bench.format_data import BenchData, make_data
+from shardload.bench.format_squashfs import squashfs_unavailable
 
 GROUP_BYTES = 4 << 20  # rows per Arrow batch / Parquet row group / Zarr shard / tar shard
 READ_LIMIT_BLOCK = 16 << 20
@@ -137,7 +137,7 @@ def measure_read_limit(path: Path, *, repeats: int = 3) -> float:
 
 def measure_check_rate(data: BenchData) -> float:
     """Bytes/s of the per-sample check alone (XXH3-64 of every sample, one thread)."""
-    from .format_data import sample_digest
+    from shardload.bench.format_data import sample_digest
 
     t = time.perf_counter()
     for i in range(data.num_samples):
@@ -173,7 +173,7 @@ def _make_loader(
     num_samples: int, group_rows: int, batch_size: int, seed: int,
 ) -> tuple[Callable[[], Any], Callable[[], None], str]:  # fmt: skip
     """``(make_loader, close, shuffle_kind)`` of one epoch of ``case``."""
-    from . import format_epoch as fe
+    from shardload.bench import format_epoch as fe
 
     if case.reader is None:
         ds = col.open_webdataset(
@@ -206,7 +206,7 @@ def run_formats(
     """Write the dataset in every format, time the epochs, write results.json, report, plots."""
     from tqdm.auto import tqdm
 
-    from .format_report import write_report
+    from shardload.bench.format_report import write_report
 
     cases = list(CASES if cases is None else cases)
     skipped = {c.name: why for c in cases if c.unavailable and (why := c.unavailable())}
@@ -304,7 +304,7 @@ def _time_case(
     max_epoch_s: float, written: dict[str, Any], data_bytes: int,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """One checked epoch of ``case`` per setting ``(mmap, shuffle, workers)`` it has."""
-    from . import format_epoch as fe
+    from shardload.bench import format_epoch as fe
 
     label = "fixed" if fixed else "variable"
     rows = []

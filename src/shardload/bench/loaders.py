@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from shardload.errors import ConfigError
 
 THRESHOLD = 0.9
 #: peers: name -> (module to probe, pip package, supported here)
@@ -316,7 +316,7 @@ def _plot(path: Path, doc: dict[str, Any]) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from ..store import open_store
+    from shardload.store.core import open_store
 
     if args.emulate_compute < 0 or args.batch_size < 1:
         raise ConfigError("--emulate-compute must be >= 0 and --batch-size >= 1")

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from .config import AttributeConfig, ComputeConfig, load_compute_config
-from .engine import compute
+from shardload.blockwise.config import AttributeConfig, ComputeConfig, load_compute_config
+from shardload.blockwise.engine import compute
 
 __all__ = ["AttributeConfig", "ComputeConfig", "compute", "load_compute_config"]

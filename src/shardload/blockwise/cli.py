@@ -30,14 +30,14 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .engine import compute
+    from shardload.blockwise.engine import compute
 
     overrides = list(args.overrides) + (["overwrite=true"] if args.overwrite else [])
     if args.dry_run_jobs:
         import sys
 
-        from ..jobqueue import dry_run_text
-        from .config import load_compute_config
+        from shardload.prep.jobqueue import dry_run_text
+        from shardload.blockwise.config import load_compute_config
 
         sys.stdout.write(dry_run_text(load_compute_config(args.config, overrides).execution))
         return 0

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import (
+from shardload.prep.config import (
     ExecutionConfig,
     SourceConfig,
     _resolve,
@@ -25,11 +25,11 @@ from ..config import (
     parse_size,
     read_yaml_mapping,
 )
-from ..errors import ConfigError
-from ..sources.segy import VARIABLE as SEGY_VARIABLE
-from ..sources.segy import is_segy
-from .plan import Boundary, normalize_boundary, normalize_depth
-from .steps import STEP_KINDS, StepConfig, check_steps, parse_step
+from shardload.errors import ConfigError
+from shardload.prep.sources.segy import VARIABLE as SEGY_VARIABLE
+from shardload.prep.sources.segy import is_segy
+from shardload.blockwise.plan import Boundary, normalize_boundary, normalize_depth
+from shardload.blockwise.steps import STEP_KINDS, StepConfig, check_steps, parse_step
 
 SCHEDULERS = ("threads", "processes", "sync", "distributed", "jobqueue", "auto")
 ATTRIBUTE_KEYS = ("function", "depth", "boundary", "dtype", "kwargs")

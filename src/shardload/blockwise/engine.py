@@ -4,7 +4,7 @@ Each task owns one slab of blocks along axis 0 (one chunk of the output store). 
 of the slab it reads the block plus the widest halo straight from the source (one windowed read;
 two or more only where a periodic boundary wraps around), pads it locally exactly as dask's
 ``map_overlap`` pads the whole array, applies every attribute's function, trims the halo, and
-writes one chunk per attribute through the commit protocol (:mod:`shardload.commit`). Memory is
+writes one chunk per attribute through the commit protocol (:mod:`shardload.prep.commit`). Memory is
 bounded by construction: nothing but the tasks in flight holds data (docs/compute.md).
 """
 
@@ -24,18 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
-from ..checksum import ALGORITHM, CHECKSUMS_NAME, encode_checksums
-from ..commit import BlockCommit, partial_path, write_block_durably
-from ..errors import ConfigError, NaNError, ShardloadError
-from ..executor import default_workers, open_executor, run_windowed
-from ..formats.base import FormatOptions
-from ..manifest import ArrayInfo, Manifest
-from ..pipeline import CHECKSUM_KEY, _merge_checksums
-from ..stats import Partial as StatPartial
-from ..stats import finalize, merge_all, partial
-from .config import ComputeConfig, import_function, load_compute_config
-from .plan import (
+from shardload import __version__
+from shardload.formats.checksums import ALGORITHM, CHECKSUMS_NAME, encode_checksums
+from shardload.prep.commit import BlockCommit, partial_path, write_block_durably
+from shardload.errors import ConfigError, NaNError, ShardloadError
+from shardload.prep.executor import default_workers, open_executor, run_windowed
+from shardload.formats.base import FormatOptions
+from shardload.manifest.core import ArrayInfo, Manifest
+from shardload.prep.driver import CHECKSUM_KEY, _merge_checksums
+from shardload.prep.stats import Partial as StatPartial
+from shardload.prep.stats import finalize, merge_all, partial
+from shardload.blockwise.config import ComputeConfig, import_function, load_compute_config
+from shardload.blockwise.plan import (
     CONSTANT,
     AxisWindow,
     Boundary,
@@ -47,8 +47,8 @@ from .plan import (
     plan_overlap_chunks,
     runs,
 )
-from .source import SourceArray, SourceInfo
-from .steps import FIT_ROWS, StepConfig, StepModel, apply_step, fit_kmeans, save_centers
+from shardload.blockwise.source import SourceArray, SourceInfo
+from shardload.blockwise.steps import FIT_ROWS, StepConfig, StepModel, apply_step, fit_kmeans, save_centers
 
 log = logging.getLogger(__name__)
 STAT_FIELDS = ("count", "mean", "m2", "min", "max", "nan_count")
@@ -353,7 +353,7 @@ def run_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
 def _write_slab(job: ComputeJob, slab: int, outs: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Write slab ``slab`` of each array durably; its progress record (statistics partials and
     the chunk files' checksums, as prepare records them)."""
-    from ..formats.zarr import FORMAT
+    from shardload.formats.zarr.format import FORMAT
 
     a0 = job.bounds[slab]
     record: dict[str, np.ndarray] = {}
@@ -399,7 +399,7 @@ def compute(
     progress: bool | None = None,
 ) -> Manifest:
     """Compute every attribute of ``config`` block by block into a store; see docs/compute.md."""
-    from ..formats.zarr import FORMAT
+    from shardload.formats.zarr.format import FORMAT
 
     cfg = load_compute_config(config, overrides)
     out = Path(cfg.out)
@@ -534,7 +534,7 @@ def _fit_steps(
     """Each step's model: the inputs' mean and std (the first pass's statistics) and, for
     k-means, the centres fitted by dask-ml on the written attributes; centres are kept in the
     progress folder, so a resumed run labels with the same ones."""
-    from ..commit import write_atomic
+    from shardload.prep.commit import write_atomic
 
     models = {}
     for s in job.steps:

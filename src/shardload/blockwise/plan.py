@@ -20,7 +20,7 @@ from itertools import product
 
 import numpy as np
 
-from ..errors import ConfigError
+from shardload.errors import ConfigError
 
 BOUNDARY_MODES = ("reflect", "periodic", "nearest", "none")
 #: Index-map value of an element that takes the constant boundary value.

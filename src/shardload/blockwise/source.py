@@ -1,7 +1,7 @@
 """Windowed reads of one source variable, without a dask graph.
 
 A local Zarr source is read by slicing the zarr array (one windowed read per block); a SEG-Y
-file by ranges of traces (:class:`shardload.sources.segy.SegyVolume`, no dask); any other
+file by ranges of traces (:class:`shardload.prep.sources.segy.SegyVolume`, no dask); any other
 source (netCDF, HDF5, GRIB, several files) is opened lazily like ``prepare``'s source and the
 window of the variable is computed on its own (synchronously, inside the worker).
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import SourceConfig
-from ..errors import SourceError
+from shardload.prep.config import SourceConfig
+from shardload.errors import SourceError
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,11 @@ class SourceArray:
         self._dask: Any = None
         self._segy: Any = None
         paths = list(cfg.paths)
-        from ..sources.open import expand_paths, guess_engine, is_url
+        from shardload.prep.sources.open import expand_paths, guess_engine, is_url
 
         engine = cfg.engine or (guess_engine(paths[0]) if paths else None)
         if engine == "segy":
-            from ..sources.segy import DIMS, VARIABLE, open_segy_volume
+            from shardload.prep.sources.segy import DIMS, VARIABLE, open_segy_volume
 
             if variable != VARIABLE:
                 raise SourceError(
@@ -88,7 +88,7 @@ class SourceArray:
             )
             self.info = SourceInfo(shape, np.dtype(arr.dtype).name, chunks, tuple(map(str, dims)))
         else:
-            from ..sources.open import open_source
+            from shardload.prep.sources.open import open_source
 
             ds = open_source(cfg)
             if variable not in ds.variables:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, require
+from shardload.errors import ConfigError, require
 
 STEP_KINDS = ("standardize", "kmeans")
 KMEANS_OPTIONS = ("inputs", "n_clusters", "standardize", "random_state", "max_iter", "tol")

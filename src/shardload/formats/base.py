@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..manifest import ArrayInfo, Manifest
+from shardload.errors import ConfigError
+from shardload.manifest.core import ArrayInfo, Manifest
 
 if TYPE_CHECKING:  # the read side never imports views (they pull in xarray and dask)
-    from ..views.base import ArraySpec
+    from shardload.prep.views.base import ArraySpec
 
 COMPRESSIONS = ("none", "zstd", "lz4")
 DEFAULT_COMPRESSION = "lz4"
 REGISTRY = {
-    "zarr": "shardload.formats.zarr",
-    "npy": "shardload.formats.npy",
-    "hdf5": "shardload.formats.hdf5",
+    "zarr": "shardload.formats.zarr.format",
+    "npy": "shardload.formats.npy.format",
+    "hdf5": "shardload.formats.hdf5.format",
 }
 
 
@@ -78,7 +78,7 @@ class Format(Protocol):
     name: str
     #: True when tasks in any process may write blocks concurrently, each durable on its own
     #: (zarr, npy); False: tasks stage blocks and the driver builds the file at the end (one
-    #: HDF5 file; see shardload.commit).
+    #: HDF5 file; see shardload.prep.commit).
     parallel_write: bool
 
     def create(
@@ -103,8 +103,8 @@ class Format(Protocol):
     ) -> dict[int, int]:
         """Write rows ``[start, start+len(data))``; they span whole chunks from ``chunk_index``.
 
-        Returns the checksum (:func:`shardload.checksum.digest`) of every checksum unit it
-        wrote, by unit number (see :mod:`shardload.checksum` for what a unit is per format)."""
+        Returns the checksum (:func:`shardload.formats.checksums.digest`) of every checksum unit it
+        wrote, by unit number (see :mod:`shardload.formats.checksums` for what a unit is per format)."""
         ...
 
     def finish(self, root: Any) -> None:
@@ -115,7 +115,7 @@ class Format(Protocol):
         self, fs: Any, root: str, manifest: Manifest, *, verify: str = ...
     ) -> ArrayReader:
         """A reader that checks chunks against the store's checksums as ``verify`` says
-        (``"always" | "first-epoch" | "never"``, see :mod:`shardload.checksum`)."""
+        (``"always" | "first-epoch" | "never"``, see :mod:`shardload.formats.checksums`)."""
         ...
 
 

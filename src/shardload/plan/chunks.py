@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..errors import ConfigError
+from shardload.errors import ConfigError
 
 #: Default target size of one chunk of all arrays together (uncompressed). 16 MiB: big enough
 #: that per-read overhead (a syscall, an HTTP request, a codec call) is far below the transfer

@@ -49,8 +49,8 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from ..errors import PlanError
-from .spans import Segment, Spans, concat_spans, spans_rows
+from shardload.errors import PlanError
+from shardload.plan.spans import Segment, Spans, concat_spans, spans_rows
 
 __all__ = [
     "DEFAULT_SHUFFLE_CHUNKS",

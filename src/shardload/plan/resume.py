@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StateError
-from .buckets import bucketed_fingerprint
-from .epoch import (
+from shardload.errors import StateError
+from shardload.plan.buckets import bucketed_fingerprint
+from shardload.plan.epoch import (
     DEFAULT_SHUFFLE_CHUNKS,
     EpochPlan,
     WorkerPlan,
@@ -39,7 +39,7 @@ from .epoch import (
     plan_epoch,
     plan_fingerprint,
 )
-from .spans import Spans, concat_spans
+from shardload.plan.spans import Spans, concat_spans
 
 
 def plan_resume(

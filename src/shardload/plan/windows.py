@@ -11,7 +11,7 @@ points (``chunk_rows`` is a multiple of ``steps``), so a run never crosses a chu
 
 The manifest records this geometry in ``static["window"]`` (``at_load: true``): the window
 options, ``space``, ``steps``, ``num_windows``, and ``series``: the stored arrays (as
-:class:`~shardload.manifest.ArrayInfo` dicts), their chunk rows, and which columns of the
+:class:`~shardload.manifest.core.ArrayInfo` dicts), their chunk rows, and which columns of the
 logical arrays (``x``, the targets) each one fills.
 
 >>> g = WindowGeometry(lookback=3, stride=2, horizon=1, space=2, steps=9, num_windows=3,
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError
+from shardload.errors import StoreError
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .radiation import radiation_file_names, write_radiation_sample
+from shardload.samples.radiation import radiation_file_names, write_radiation_sample
 
 __all__ = ["radiation_file_names", "write_radiation_sample"]

@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from .radiation import (
+from shardload.samples.radiation import (
     DEFAULT_BLOCK_COLUMNS,
     DEFAULT_COLUMNS,
     REAL_COLUMNS_PER_PATCH,
@@ -119,7 +119,7 @@ def add_seismic_parser(kinds) -> None:
 
 
 def run_seismic(args: argparse.Namespace) -> int:
-    from .seismic import write_seismic_sample, write_seismic_segy
+    from shardload.samples.seismic import write_seismic_sample, write_seismic_segy
 
     segy = args.out.suffix.lower() in (".sgy", ".segy")
     out = (write_seismic_segy if segy else write_seismic_sample)(

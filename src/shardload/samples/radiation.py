@@ -23,9 +23,9 @@ from typing import Final
 
 import numpy as np
 
-from .. import __version__
-from ..errors import ConfigError
-from .radiation_fields import (
+from shardload import __version__
+from shardload.errors import ConfigError
+from shardload.samples.radiation_fields import (
     DIMS,
     INPUT_VARIABLES,
     OUTPUT_DIMS,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
+from shardload.errors import ConfigError
 
 DIMS = ("inline", "crossline", "time")
 
@@ -140,7 +140,7 @@ def write_seismic_segy(
     segyio (extra ``segy``): IEEE float32 samples (format 5, bit-exact), inline numbers from 1,
     crossline numbers from 1, 4 ms; block by block (memory: one block of inlines), renamed into
     place when complete. ``shardload compute`` and ``prepare`` read it (variable ``data``)."""
-    from ..errors import require
+    from shardload.errors import require
 
     segyio = require("segyio", "segy")
     out = _checked_output(out, shape, chunk_inlines, overwrite)

@@ -19,12 +19,12 @@
 already yielded, without reading it); in the main process it is the rank's position.
 """
 
-from .dataloader import StreamingDataLoader
-from .dataset import StreamingDataset
-from .device import DevicePrefetcher
-from .mapdataset import MapDataset
-from .state import STATE_VERSION
-from .transport import BUNDLE_BYTES, MAX_BUNDLE, plan_bundle, plan_rounds
+from shardload.torch.dataloader import StreamingDataLoader
+from shardload.torch.dataset import StreamingDataset
+from shardload.torch.device import DevicePrefetcher
+from shardload.torch.mapdataset import MapDataset
+from shardload.torch.state import STATE_VERSION
+from shardload.torch.transport import BUNDLE_BYTES, MAX_BUNDLE, plan_bundle, plan_rounds
 
 __all__ = [
     "BUNDLE_BYTES",

@@ -8,8 +8,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from .dataset import StreamingDataset
-from .transport import _unbundle
+from shardload.torch.dataset import StreamingDataset
+from shardload.torch.transport import _unbundle
 
 __all__ = ["StreamingDataLoader"]
 

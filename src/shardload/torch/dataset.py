@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import StateError
-from ..loader.batches import (
+from shardload.errors import StateError
+from shardload.load.batches import (
     INDEX_KEY,
     batch_specs,
     iter_batches,
@@ -20,16 +20,16 @@ from ..loader.batches import (
     plan_for,
     resolve_prefetch,
 )
-from ..loader.ragged import ragged_names, resolve_buckets
-from ..loader.recycle import plan_batch_layout
-from ..loader.ring import BatchRing, plan_ring_slots
-from ..loader.scatter import batches_per_group, groups_in_flight
-from ..loader.select import store_fingerprint
-from ..plan.buckets import bucketed_fingerprint
-from ..plan.epoch import PlanOptions, plan_fingerprint
-from ..plan.resume import EpochState
-from ..store import Store, open_store
-from .state import (
+from shardload.load.ragged import ragged_names, resolve_buckets
+from shardload.load.recycle import plan_batch_layout
+from shardload.load.ring import BatchRing, plan_ring_slots
+from shardload.load.scatter import batches_per_group, groups_in_flight
+from shardload.load.select import store_fingerprint
+from shardload.plan.buckets import bucketed_fingerprint
+from shardload.plan.epoch import PlanOptions, plan_fingerprint
+from shardload.plan.resume import EpochState
+from shardload.store.core import Store, open_store
+from shardload.torch.state import (
     Channel,
     check_state,
     dist_rank_world,
@@ -39,7 +39,7 @@ from .state import (
     rank_state,
     worker_state,
 )
-from .transport import _bundles, _RingBatch, _to_torch, plan_bundle
+from shardload.torch.transport import _bundles, _RingBatch, _to_torch, plan_bundle
 
 __all__ = ["StreamingDataset"]
 
@@ -84,7 +84,7 @@ class StreamingDataset(IterableDataset):
     Parameters
     ----------
     store
-        A path, URL or :class:`~shardload.store.Store` (only the manifest is read here; workers
+        A path, URL or :class:`~shardload.store.core.Store` (only the manifest is read here; workers
         open the arrays after fork).
     batch_size, split, shuffle, seed, mode
         As in :func:`shardload.iter_batches`; so are the other keyword options.

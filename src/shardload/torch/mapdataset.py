@@ -11,10 +11,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import StoreError
-from ..loader.batches import INDEX_KEY
-from ..loader.select import select_rows
-from ..store import Store, open_store
+from shardload.errors import StoreError
+from shardload.load.batches import INDEX_KEY
+from shardload.load.select import select_rows
+from shardload.store.core import Store, open_store
 
 __all__ = ["MapDataset"]
 

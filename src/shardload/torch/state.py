@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import StateError
-from ..loader.batches import earlier_default_hint
-from ..plan.resume import EpochState
+from shardload.errors import StateError
+from shardload.load.batches import earlier_default_hint
+from shardload.plan.resume import EpochState
 
 STATE_VERSION = 1
 _SPEC_BYTES = 1 << 16

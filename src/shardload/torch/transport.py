@@ -1,13 +1,13 @@
 """Moving batches from DataLoader workers to the main process (torch side of the hand-off).
 
 Ring: DataLoader workers gather each batch into a slot of a shared-memory ring
-(:mod:`shardload.loader.ring`, mapped before the workers fork) and send only the slot's address
+(:mod:`shardload.load.ring`, mapped before the workers fork) and send only the slot's address
 (:class:`_RingBatch`); the main process wraps the slot as tensors (no copy), and the slot is
 reused once those tensors (and any views of them) are garbage. A training loop that keeps many
 batches alive just makes the workers fall back to the stock hand-off for the batches that find
 no free slot. Worker code that builds a *new* dict from a ring batch (``{**b, "extra": ...}``)
 sends it by the stock hand-off (a copy); the slot is freed once that copy is made, and the ring
-warns once (:meth:`~shardload.loader.ring.BatchRing.allocate`).
+warns once (:meth:`~shardload.load.ring.BatchRing.allocate`).
 
 Bundles: every DataLoader item costs a round trip between the main process and a worker (two
 queue hops, a feeder thread on each side, about 0.2-0.6 ms of CPU a batch on 2 cores).
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..loader.ring import RINGS, BatchRing
+from shardload.load.ring import RINGS, BatchRing
 
 
 def _to_torch(batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..errors import ShardloadError
+from shardload.errors import ShardloadError
 
 log = logging.getLogger("shardload.train")
 
@@ -65,7 +65,7 @@ def _out_dir(args: argparse.Namespace) -> Path:
     elif os.environ.get(OUT_ENV):
         out = Path(os.environ[OUT_ENV])
     else:
-        from ..home import ensure_home
+        from shardload.util.home import ensure_home
 
         out = ensure_home() / "artifacts" / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     os.environ[OUT_ENV] = str(out)
@@ -92,10 +92,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ShardloadError(
             "shardload train needs PyTorch Lightning: pip install 'shardload[train]'"
         ) from exc
-    from ..lightning import ShardloadDataModule
-    from ..store import open_store
-    from .task import ExampleTask
-    from .transforms import Normalize
+    from shardload.torch.lightning import ShardloadDataModule
+    from shardload.store.core import open_store
+    from shardload.train.task import ExampleTask
+    from shardload.train.transforms import Normalize
 
     store = open_store(args.store)
     m = store.manifest

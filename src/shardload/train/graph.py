@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ShardloadError
+from shardload.errors import ShardloadError
 
 
 def _pyg() -> Any:

@@ -2,7 +2,7 @@
 radiation heating-rate metric and a per-epoch ``metrics.csv``.
 
 Heating rates (K/day) come from the predicted and the true fluxes (de-normalised) and the
-pressure on half levels, through :func:`shardload.sources.radiation_rows.heating_rate_np` (the
+pressure on half levels, through :func:`shardload.prep.sources.radiation_rows.heating_rate_np` (the
 function that computes the stored ``hr_sw`` / ``hr_lw``); the metric is their RMSE over every
 level of every validation column, per band, summed over ranks before the square root.
 """
@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import ShardloadError
-from .graph import GraphBatcher
-from .models import GNN, MLP, LSTMRegressor
-from .transforms import Normalize
+from shardload.errors import ShardloadError
+from shardload.train.graph import GraphBatcher
+from shardload.train.models import GNN, MLP, LSTMRegressor
+from shardload.train.transforms import Normalize
 
 KINDS = ("mlp", "gnn", "lstm")
 BANDS = ("sw", "lw")
@@ -154,7 +154,7 @@ class ExampleTask(pl.LightningModule):
         return t.cpu().numpy()
 
     def _heating_rate_errors(self, batch: dict[str, torch.Tensor], pred: torch.Tensor) -> None:
-        from ..sources.radiation_rows import heating_rate_np
+        from shardload.prep.sources.radiation_rows import heating_rate_np
 
         assert self.hr is not None
         x, y, p = (self._physical(n, t) for n, t in

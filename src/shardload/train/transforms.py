@@ -3,7 +3,7 @@
 :class:`Normalize` is a picklable callable on a batch (a dict of tensors). Passed as the
 ``collate_fn`` of a :class:`~shardload.torch.StreamingDataLoader` it runs in the DataLoader
 workers, in place on the batch's tensors (so a batch in a shared-memory ring slot keeps its
-zero-copy hand-off); features are the last axis, as in :mod:`shardload.stats`.
+zero-copy hand-off); features are the last axis, as in :mod:`shardload.prep.stats`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ShardloadError
+from shardload.errors import ShardloadError
 
 #: how an array is scaled: ``(x - mean) / std`` or ``x / max(|min|, |max|)`` (as the MAELSTROM
 #: radiation benchmark scales its inputs)

@@ -1,0 +1,125 @@
+"""``shardload demo``: the main job on the embedded default, end to end.
+
+sample radiation data -> prepare (Zarr, threads) -> inspect -> stream into a small MLP.
+Everything lives under ``$SHARDLOAD_HOME`` (default ``~/.shardload``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from shardload.util.home import ensure_home
+
+log = logging.getLogger("shardload.demo")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run the whole pipeline on generated MAELSTROM-style radiation data",
+        description="Generate sample radiation files, prepare a Zarr store, inspect it and stream it "
+        "into a small MLP, all under $SHARDLOAD_HOME (default ~/.shardload).",
+    )
+    p.add_argument("--columns", type=int, default=4096, help="columns per raw file (default 4096)")
+    p.add_argument("--patches", type=int, default=4, help="number of patch files (default 4)")
+    p.add_argument(
+        "--steps", type=int, default=300, help="training steps (default 300; 0 skips training)"
+    )
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from shardload.cli.prepare import summary
+    from shardload.prep.driver import prepare
+    from shardload.samples.radiation import write_radiation_sample
+
+    home = ensure_home()
+    raw = home / "data" / "raw" / "radiation"
+    config = home / "config.yaml"
+    if not config.exists():
+        config.write_text(
+            resources.files("shardload.configs").joinpath("radiation-flat.yaml").read_text()
+        )
+        print(f"wrote the default config {config}")
+    t0 = time.perf_counter()
+    params = {"columns": args.columns, "patches": args.patches, "seed": 0}
+    files, what = sample_files(raw, params, write_radiation_sample)
+    print(
+        f"[1/4] sample: {len(files)} raw files in {raw}, {what} ({time.perf_counter() - t0:.1f} s)"
+    )
+    t1 = time.perf_counter()
+    store = prepare(config, overrides=["overwrite=true"])
+    print(f"[2/4] prepare: {store.url} ({time.perf_counter() - t1:.1f} s)")
+    s = summary(store)
+    shapes = ", ".join(f"{k}{tuple(a['shape'])}" for k, a in s["arrays"].items())
+    splits = ", ".join(f"{k}={v['rows']}" for k, v in s["splits"].items())
+    print(f"[3/4] inspect: {s['length']} samples, {s['num_chunks']} chunks of {s['chunk_rows']} rows, "
+          f"arrays {shapes}, splits {splits}")  # fmt: skip
+    if args.steps > 0:
+        from shardload.train.demo import train_mlp
+
+        res = train_mlp(
+            store, steps=args.steps, batch_size=args.batch_size, num_workers=args.workers
+        )
+        out = home / "artifacts" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+        saved = save_model(res, out)
+        print(f"[4/4] train: {res['steps']} steps of a {res['params']:,}-parameter MLP, loss {res['first_loss']:.4f} -> "
+              f"{res['last_loss']:.4f}, validation loss {res['val_loss']:.4f} ({res['val_rows']} rows), "
+              f"{res['samples_per_s']:,.0f} samples/s ({res['mb_per_s']:.1f} MB/s) "
+              f"with {args.workers} DataLoader worker(s); model saved to {saved}")  # fmt: skip
+    print(f"done in {time.perf_counter() - t0:.1f} s; workspace {home}")
+    return 0
+
+
+#: Written beside the demo's sample files: what the demo wrote (and may replace), with what.
+SAMPLE_MARKER = ".shardload-demo-sample.json"
+
+
+def sample_files(
+    raw: Path, params: dict[str, int], write: Callable[..., list[Path]]
+) -> tuple[list[Path], str]:
+    """The demo's raw files in ``raw``: written there when it holds no file; reused when it
+    holds the demo's own files of the same parameters; the demo's own files (listed in its
+    marker) replaced when the parameters changed. Files the demo did not write are never
+    deleted: a folder holding them is used as it is."""
+    marker = raw / SAMPLE_MARKER
+    present = sorted(p for p in raw.glob("*") if p.is_file() and p.name != SAMPLE_MARKER)
+    if marker.exists():
+        mine = json.loads(marker.read_text())
+        if mine.get("params") == params and all((raw / f).exists() for f in mine["files"]):
+            return [raw / f for f in mine["files"]], "reused (written by an earlier demo)"
+        for f in mine["files"]:  # only the demo's own files
+            (raw / f).unlink(missing_ok=True)
+        marker.unlink()
+        present = sorted(p for p in raw.glob("*") if p.is_file())
+    if present:
+        log.warning("%s holds files the demo did not write: using them, deleting nothing", raw)
+        return present, "the files already there (not written by the demo: kept as they are)"
+    files = write(
+        raw, columns=params["columns"], timesteps=(0,), patches=tuple(range(params["patches"])),
+        seed=params["seed"],
+    )  # fmt: skip
+    marker.write_text(json.dumps({"params": params, "files": [Path(f).name for f in files]}))
+    return list(files), "written"
+
+
+def save_model(res: dict[str, Any], out: Path) -> Path:
+    """The demo's trained model (``model.pt``, a state dict) and its metrics (``metrics.json``)
+    in ``out``; returns the model's path."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "model.pt"
+    torch.save(res["model"].state_dict(), path)
+    keep = {k: v for k, v in res.items() if isinstance(v, (int, float, str))}
+    (out / "metrics.json").write_text(json.dumps(keep, indent=1))
+    return path

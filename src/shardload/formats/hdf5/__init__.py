@@ -1,0 +1,1 @@
+"""HDF5: one file, one dataset per array."""

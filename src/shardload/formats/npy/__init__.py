@@ -1,0 +1,1 @@
+"""npy stack: one ``.npy`` file per chunk."""

@@ -1,0 +1,1 @@
+"""Variable-length (ragged) arrays in every format: values + offsets."""

@@ -1,0 +1,1 @@
+"""Zarr v3 (the default format): chunk files, shards, CF decoding."""

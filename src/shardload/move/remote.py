@@ -1,0 +1,400 @@
+"""Stores given as URLs: one filesystem for every format, with retries and an optional cache.
+
+:func:`open_fs` returns a :class:`RemoteFileSystem` wrapping fsspec's filesystem of the URL
+(``http``, ``s3``, ``gs``...). Every read of every format goes through it: npy chunks and headers,
+HDF5 (a file object on top of ranged reads), and Zarr (``formats.zarr.open_group_readonly``
+hands it to zarr through fsspec's ``AsyncFileSystemWrapper``). So all of them get the same
+retries (transient errors: connection reset, 5xx, timeouts; exponential backoff with jitter),
+the same errors (:class:`~shardload.errors.RemoteError` naming the URL and what was read), and
+the same optional local cache of whole files (:mod:`shardload.move.cache`, bounded in bytes).
+
+The filesystem is described by a picklable :class:`RemoteSpec` and reopens its fsspec instance
+in each process (fsspec's async filesystems are not fork-safe), so a Store holding it can go to
+DataLoader workers under fork, spawn or forkserver.
+
+Defaults of the read options come from the environment when not given:
+``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25), ``SHARDLOAD_TIMEOUT_S`` (30).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fsspec import AbstractFileSystem
+from fsspec.spec import AbstractBufferedFile
+
+from shardload.move import cache as remote_cache
+from shardload.errors import RemoteError, RemoteNotFoundError
+from shardload.move.cache import evict_lru
+
+__all__ = [
+    "RemoteFileSystem",
+    "RemoteSpec",
+    "call_with_retries",
+    "evict_lru",
+    "is_url",
+    "open_fs",
+    "read_bytes",
+]
+
+log = logging.getLogger("shardload.remote")
+
+T = TypeVar("T")
+_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
+#: Smallest block of a file object's ranged reads (an npy header in one request, not three).
+MIN_BLOCK_BYTES = 64 * 1024
+_DEFAULTS = {"retries": 5, "backoff_s": 0.25, "timeout_s": 30.0}
+_ENV = {
+    "retries": "SHARDLOAD_RETRIES",
+    "backoff_s": "SHARDLOAD_RETRY_BACKOFF_S",
+    "timeout_s": "SHARDLOAD_TIMEOUT_S",
+}
+
+
+def default_option(name: str) -> float:
+    """A read option's default: its environment variable, else the built-in value."""
+    raw = os.environ.get(_ENV[name])
+    if raw is None or raw.strip() == "":
+        return _DEFAULTS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        from shardload.errors import ConfigError
+
+        raise ConfigError(f"{_ENV[name]}={raw!r} is not a number") from None
+    return int(value) if name == "retries" else value
+
+
+def is_url(s: str | os.PathLike) -> bool:
+    """True for ``scheme://...`` strings (``file://`` included), False for plain paths."""
+    return isinstance(s, str) and bool(_URL.match(s))
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """Everything needed to (re)open a store's filesystem, in any process (picklable).
+
+    Attributes
+    ----------
+    url : str
+        The store's URL.
+    storage_options : mapping
+        Passed to fsspec (credentials, endpoint...).
+    cache_dir, cache_bytes
+        Cache whole files in ``cache_dir``, at most ``cache_bytes`` (None: no cache / no bound).
+    retries, backoff_s, timeout_s
+        Attempts after the first for transient errors; first retry delay (doubled each time,
+        +-50% jitter); HTTP connect and read-stall timeout.
+    """
+
+    url: str
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    cache_dir: str | None = None
+    cache_bytes: int | None = None
+    retries: int = 5
+    backoff_s: float = 0.25
+    timeout_s: float = 30.0
+
+    def open_target(self) -> tuple[Any, str]:
+        """fsspec's own filesystem for the URL (a private instance) and the root path on it."""
+        from fsspec.core import url_to_fs
+
+        opts = dict(self.storage_options)
+        if self.url.split("://", 1)[0].lower() in ("http", "https"):
+            import aiohttp
+
+            client = dict(opts.pop("client_kwargs", {}) or {})
+            client.setdefault(
+                "timeout",
+                aiohttp.ClientTimeout(sock_connect=self.timeout_s, sock_read=self.timeout_s),
+            )
+            opts["client_kwargs"] = client
+        # a private instance: a dead server's session is not shared with later calls
+        fs, root = url_to_fs(self.url, skip_instance_cache=True, **opts)
+        return fs, root.rstrip("/")
+
+
+def open_fs(
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_bytes: int | None = None,
+    retries: int | None = None,
+    timeout_s: float | None = None,
+    backoff_s: float | None = None,
+) -> tuple[RemoteFileSystem, str]:
+    """Open the filesystem of ``url`` (see :class:`RemoteSpec` for the options).
+
+    Options left as None take their default from the environment (module docstring).
+
+    Returns
+    -------
+    (fs, root_path)
+        The filesystem and the store's path on it (what ``fs.find`` / ``read_bytes`` take).
+    """
+    spec = RemoteSpec(
+        url=url,
+        storage_options=dict(storage_options or {}),
+        cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+        cache_bytes=None if cache_bytes is None else int(cache_bytes),
+        retries=int(default_option("retries") if retries is None else retries),
+        backoff_s=float(default_option("backoff_s") if backoff_s is None else backoff_s),
+        timeout_s=float(default_option("timeout_s") if timeout_s is None else timeout_s),
+    )
+    fs = RemoteFileSystem(spec)
+    return fs, fs.root
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth retrying: connection problems, timeouts, 5xx/408/429, other OSErrors."""
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - aiohttp is only needed for HTTP
+        aiohttp = None  # type: ignore[assignment]
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError):
+        return exc.status >= 500 or exc.status in (408, 429)
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
+        return True
+    return isinstance(exc, (OSError, TimeoutError, ConnectionError))
+
+
+def _unmask(exc: Exception) -> Exception:
+    """The transient error behind a FileNotFoundError (fsspec's HTTP ``info`` turns a refused
+    connection into FileNotFoundError: that is not a missing file)."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, FileNotFoundError) and isinstance(cause, Exception) and is_transient(cause):
+        return cause
+    return exc
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _describe(url: str, what: str) -> str:
+    return f"{what} ({url})" if what else url
+
+
+def call_with_retries(
+    func: Callable[[], T],
+    *,
+    url: str,
+    what: str = "",
+    retries: int = 5,
+    backoff_s: float = 0.25,
+    on_error: Callable[[], None] | None = None,
+) -> T:
+    """Call ``func()``, retrying transient errors with exponential backoff and jitter.
+
+    Raises
+    ------
+    RemoteNotFoundError
+        At once, when the file does not exist.
+    RemoteError
+        When a non-transient error occurs, or the last retry failed; names ``url`` and ``what``.
+    """
+    for attempt in range(retries + 1):
+        try:
+            return func()
+        except Exception as exc:
+            if on_error is not None:
+                on_error()
+            if isinstance(exc, RemoteError):
+                raise  # already described (a nested read)
+            exc = _unmask(exc)
+            status = getattr(exc, "status", None)
+            if isinstance(exc, FileNotFoundError) or status == 404:
+                raise RemoteNotFoundError(f"{_describe(url, what)}: not found") from exc
+            if not is_transient(exc):
+                raise RemoteError(f"cannot read {_describe(url, what)}: {_short(exc)}") from exc
+            if attempt == retries:
+                raise RemoteError(
+                    f"cannot read {_describe(url, what)} after {retries + 1} attempts: {_short(exc)}"
+                ) from exc
+            delay = backoff_s * 2**attempt * (0.5 + random.random())
+            log.warning(
+                "reading %s failed (%s); retry %d/%d in %.2fs",
+                _describe(url, what),
+                _short(exc),
+                attempt + 1,
+                retries,
+                delay,
+            )
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def read_bytes(
+    fs: Any, path: str, start: int | None = None, end: int | None = None, *, what: str = ""
+) -> bytes:
+    """Read ``path[start:end]`` (Python slice rules; None reads the whole file) with retries.
+
+    Parameters
+    ----------
+    fs, path
+        A filesystem and path, as returned by :func:`open_fs` (plus a file name); any other
+        fsspec filesystem is read with the default retries and no cache.
+    what : str
+        What is being read, for error messages (e.g. ``"chunk 12 of array 'x'"``).
+
+    Raises
+    ------
+    RemoteError
+        After the retries (``RemoteNotFoundError``, at once, for missing files).
+    """
+    if isinstance(fs, RemoteFileSystem):
+        return fs.cat_file(path, start, end, what=what)
+    return call_with_retries(
+        lambda: fs.cat_file(path, start=start, end=end),
+        url=_full_url(fs, path),
+        what=what,
+        retries=int(default_option("retries")),
+        backoff_s=float(default_option("backoff_s")),
+    )
+
+
+def _full_url(fs: Any, path: str) -> str:
+    try:
+        return fs.unstrip_protocol(path)
+    except Exception:  # pragma: no cover - exotic filesystems
+        return path
+
+
+class RemoteFileSystem(AbstractFileSystem):
+    """A read-only filesystem over fsspec's filesystem of a URL: retries, cache, fork safety.
+
+    Paths are those of the wrapped filesystem (full URLs for HTTP, ``bucket/key`` for S3).
+    Only reading and listing are offered; ``open`` gives a read-only file (a local file when
+    cached).
+    """
+
+    protocol = ("shardload-remote",)
+    cachable = False
+    async_impl = False
+
+    def __init__(self, spec: RemoteSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self._pid = -1
+        self._target: Any = None
+        self.root = self.target_and_root()[1]
+
+    def target_and_root(self) -> tuple[Any, str]:
+        if self._target is None or self._pid != os.getpid():
+            self._target, self._root = self.spec.open_target()
+            self._pid = os.getpid()
+        return self._target, self._root
+
+    @property
+    def target(self) -> Any:
+        """fsspec's filesystem for the URL, opened in this process."""
+        return self.target_and_root()[0]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteFileSystem, (self.spec,))
+
+    def __repr__(self) -> str:
+        return f"<RemoteFileSystem {self.spec.url}>"
+
+    # -- paths ----------------------------------------------------------------------------------
+    def unstrip_protocol(self, name: str) -> str:
+        return _full_url(self.target, name)
+
+    @property
+    def _deadline(self) -> dict[str, Any]:
+        """A hard deadline for one call of an async filesystem, enforced by the waiting thread
+        (fsspec's ``sync(timeout=)``), above the HTTP client's own connect/read timeouts: a call
+        whose event loop never answers becomes a (retried) timeout instead of a hang."""
+        if getattr(self.target, "async_impl", False):
+            return {"timeout": 2 * self.spec.timeout_s + 1}
+        return {}
+
+    # -- reads ----------------------------------------------------------------------------------
+    def _retry(self, func: Callable[[], T], path: str, what: str) -> T:
+        s = self.spec
+        return call_with_retries(
+            func, url=self.unstrip_protocol(path), what=what or self._name(path),
+            retries=s.retries, backoff_s=s.backoff_s,
+        )  # fmt: skip
+
+    def _name(self, path: str, what: str = "file") -> str:
+        """``file x/000004.npy`` (the path inside the store) for error messages."""
+        root = self.root.rstrip("/")
+        rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
+        return f"{what} {rel}" if rel else what
+
+    def _cached_fd(self, path: str, what: str) -> int:
+        s = self.spec
+        assert s.cache_dir is not None
+        return remote_cache.open_cached(
+            s.cache_dir,
+            self.unstrip_protocol(path),
+            lambda: self._retry(lambda: self.target.cat_file(path, **self._deadline), path, what),
+            cache_bytes=s.cache_bytes,
+        )
+
+    def cat_file(  # type: ignore[override]
+        self, path: str, start: int | None = None, end: int | None = None, what: str = "", **kw
+    ) -> bytes:
+        if self.spec.cache_dir is not None:
+            fd = self._cached_fd(path, what)
+            try:
+                return remote_cache.read_range(fd, start, end)
+            finally:
+                os.close(fd)
+        return self._retry(
+            lambda: self.target.cat_file(path, start=start, end=end, **self._deadline), path, what
+        )
+
+    def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
+        if mode != "rb":
+            raise PermissionError(f"{self.unstrip_protocol(path)}: remote stores are read-only")
+        if self.spec.cache_dir is not None:
+            return os.fdopen(self._cached_fd(path, ""), "rb")
+        if not isinstance(block_size, int) or block_size < MIN_BLOCK_BYTES:
+            block_size = "default" if block_size in (None, "default") else MIN_BLOCK_BYTES
+        return _RemoteFile(self, path, mode="rb", block_size=block_size, **kwargs)
+
+    # -- metadata and listings (retried; paths as the wrapped filesystem spells them) -----------
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        what = self._name(path, "size of")
+        return self._retry(lambda: self.target.info(path, **kwargs, **self._deadline), path, what)
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
+        what = self._name(path, "listing of")
+        return self._retry(lambda: self.target.ls(path, detail=detail, **kwargs), path, what)
+
+    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        what = self._name(path, "listing of")
+        return self._retry(lambda: self.target.find(path, *args, **kwargs), path, what)
+
+    def sizes(self, paths: list[str]) -> list[int]:
+        if not paths:
+            return []
+        return self._retry(lambda: self.target.sizes(paths), paths[0], "file sizes")
+
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        try:
+            self.info(path)
+        except FileNotFoundError:
+            return False
+        except RemoteError:
+            return False
+        return True
+
+
+class _RemoteFile(AbstractBufferedFile):
+    """A read-only file on a :class:`RemoteFileSystem`: ranged reads, each retried."""
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path, start, end)

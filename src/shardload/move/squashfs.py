@@ -1,0 +1,455 @@
+"""SquashFS images of stores: pack a store into one file, mount it read-only to read it.
+
+A store of many files becomes one image file (``mksquashfs``), which a slow metadata file
+system (Lustre, GPFS, NFS) serves with one open instead of one per chunk; ``squashfuse`` mounts
+it in user space, read-only, and the store is read through the mount like a folder.
+
+Mounts are shared per node and image: the first process that opens an image starts a watcher
+(:mod:`shardload.move.squashfs_watch`) that runs ``squashfuse``; every process using the mount
+holds a shared ``flock`` on the image's lock file; the watcher unmounts when it can take the
+lock exclusively, i.e. when the last user has ended, however it ended (normal exit, exception,
+SIGTERM, SIGKILL: the kernel drops the locks of a dead process). The registry is a private
+folder (mode 0700) per user: ``$SHARDLOAD_MOUNT_DIR``, else ``/dev/shm/shardload-mounts-UID``,
+else ``TMPDIR/shardload-mounts-UID``. For an image it holds ``STEM/`` (the mount point),
+``STEM.lock``, ``STEM.setup``, ``STEM.json`` (watcher and squashfuse pids), ``STEM.log``;
+``STEM`` names the image by path, inode, size and modification time, so a repacked image gets
+a new mount.
+
+This module installs no signal handler and needs no ``atexit``: a process's use ends when its
+file descriptor closes, at the latest when the process ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardload.util import procs
+from shardload.errors import ImageError, StoreError, StoreExistsError
+from shardload.move.squashfs_watch import mounted
+
+log = logging.getLogger("shardload.squashfs")
+
+#: SquashFS superblock magic ("hsqs", little-endian)
+MAGIC = b"hsqs"
+MOUNT_DIR_ENV = "SHARDLOAD_MOUNT_DIR"
+FUSE_DEVICE = "/dev/fuse"
+COMPRESSIONS = ("zstd", "gzip", "xz", "lz4", "lzo", "none")
+POLL_S = 0.02
+READY_TIMEOUT_S = 90.0
+_WATCHER = str(Path(__file__).with_name("squashfs_watch.py"))
+
+_USES: dict[str, _Use] = {}  # stem -> this process's use of that mount
+_GUARD = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _Use:
+    fd: int  # holds the shared flock; closing it (or dying) ends the use
+    mountpoint: Path
+    identity: str
+
+
+# -- packing ---------------------------------------------------------------------------------------
+def pack(
+    store_path: str | os.PathLike[str],
+    image_path: str | os.PathLike[str],
+    *,
+    compression: str = "zstd",
+    block_size: int = 131072,
+    processors: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Pack a complete store folder into a SquashFS image with ``mksquashfs``.
+
+    The image holds the store's files at its root; :func:`mount` (and ``open_store`` given
+    the image) serve them read-only. The image is written under a temporary name beside
+    ``image_path`` and renamed into place once complete.
+
+    Parameters
+    ----------
+    store_path
+        A local store folder that ``open_store`` opens: a finished shardload store (or plain
+        Zarr data). Partial stores (``STORE.partial``, ``complete: false``) are refused.
+    image_path
+        The image file to write, e.g. ``era5.sqfs``.
+    compression
+        ``"zstd"`` (default), ``"gzip"``, ``"xz"``, ``"lz4"``, ``"lzo"`` (as built into
+        ``mksquashfs``) or ``"none"`` (nothing compressed: reads cost a copy only).
+    block_size
+        The SquashFS block size in bytes (4 KiB to 1 MiB, a power of two): a read decodes
+        whole blocks, so smaller blocks cost less for small random reads, larger ones compress
+        better.
+    processors
+        Threads ``mksquashfs`` uses (default: all).
+    overwrite
+        Replace an existing image.
+
+    Returns
+    -------
+    Path
+        The image.
+
+    Raises
+    ------
+    ImageError
+        ``mksquashfs`` is missing or failed, or an option is bad.
+    StoreError, IncompleteStoreError
+        ``store_path`` is not a complete store.
+    StoreExistsError
+        ``image_path`` exists and ``overwrite`` is false.
+    """
+    from shardload.store.core import PARTIAL_SUFFIX, open_store
+
+    store = Path(store_path).expanduser()
+    image = Path(image_path).expanduser().resolve()
+    if compression not in COMPRESSIONS:
+        raise ImageError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
+    if block_size < 4096 or block_size > 1 << 20 or block_size & (block_size - 1):
+        raise ImageError(f"block_size {block_size} must be a power of two from 4096 to 1048576")
+    partial = store.with_name(store.name + PARTIAL_SUFFIX)
+    if not store.is_dir() and not partial.exists():
+        what = "does not exist" if not store.exists() else "is not a folder"
+        raise StoreError(f"cannot pack {store}: it {what} (pack takes a store folder)")
+    try:
+        open_store(store)  # refuses a partial store or a folder that is no store, naming why
+    except StoreError as exc:
+        raise type(exc)(f"cannot pack {store}: {exc}") from exc
+    store = store.resolve()
+    if image == store or store in image.parents:
+        raise ImageError(f"the image {image} must not be inside the store {store}")
+    if image.exists() and not overwrite:
+        raise StoreExistsError(f"{image} exists; pass overwrite=True (--overwrite) to replace it")
+    tool = _tool("mksquashfs", "pack", store, "squashfs-tools")
+    image.parent.mkdir(parents=True, exist_ok=True)
+    tmp = image.with_name(f".{image.name}.tmp-{os.getpid()}")
+    cmd = [tool, str(store), str(tmp), "-noappend", "-no-progress", "-quiet", "-b", str(block_size)]
+    cmd += ["-noI", "-noD", "-noF", "-noX"] if compression == "none" else ["-comp", compression]
+    if processors:
+        cmd += ["-processors", str(int(processors))]
+    files, nbytes = _tree_size(store)
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise ImageError(
+                f"mksquashfs failed packing {store} into {image} (status {res.returncode}): "
+                f"{(res.stderr or res.stdout).strip()[-2000:]}"
+            )
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, image)
+        _fsync_dir(image.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    size = image.stat().st_size
+    log.info(
+        "packed %s (%d files, %.1f MB) into %s (%.1f MB, %s compression, %.2f of the store's "
+        "bytes) in %.1f s",
+        store, files, nbytes / 1e6, image, size / 1e6, compression,
+        size / max(nbytes, 1), time.monotonic() - t0,
+    )  # fmt: skip
+    return image
+
+
+def _tree_size(root: Path) -> tuple[int, int]:
+    files = nbytes = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            files += 1
+            with contextlib.suppress(OSError):
+                nbytes += os.lstat(os.path.join(dirpath, name)).st_size
+    return files, nbytes
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- mounting --------------------------------------------------------------------------------------
+def is_image(path: str | os.PathLike[str]) -> bool:
+    """``path`` is a local file that starts like a SquashFS image."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == MAGIC
+    except OSError:
+        return False
+
+
+def mount(image_path: str | os.PathLike[str]) -> Path:
+    """Mount a SquashFS image read-only (shared per node) and return the folder it shows.
+
+    The first process on the node mounts it with ``squashfuse`` at a private mount point; the
+    others (and this one, again) reuse that mount. The mount stays while any process that
+    called :func:`mount` lives (or until each calls :func:`unmount`), and is unmounted right
+    after the last one ends, however it ends (see the module docstring).
+
+    Raises
+    ------
+    ImageError
+        Not a SquashFS image, ``squashfuse`` / ``fusermount`` or ``/dev/fuse`` missing, or
+        the mount failed (with ``squashfuse``'s message).
+    """
+    image = Path(image_path).expanduser().resolve()
+    if not image.is_file():
+        raise ImageError(f"no SquashFS image at {image}: " + (
+            "it is a folder" if image.is_dir() else "the file does not exist"))  # fmt: skip
+    if not is_image(image):
+        raise ImageError(f"{image} is not a SquashFS image (no 'hsqs' magic at its start)")
+    identity = _identity(image)
+    stem = f"{_safe(image.stem)[:40]}-{hashlib.sha1(identity.encode()).hexdigest()[:12]}"
+    with _GUARD:
+        use = _USES.get(stem)
+        if use is not None and mounted(str(use.mountpoint)):
+            return use.mountpoint
+        if use is not None:  # the mount died under us (watcher or squashfuse killed)
+            _USES.pop(stem)
+            os.close(use.fd)
+        squashfuse = _tool("squashfuse", "mount", image, "squashfuse")
+        fusermount = _fusermount(image)
+        if not os.access(FUSE_DEVICE, os.R_OK | os.W_OK):
+            why = "is missing" if not os.path.exists(FUSE_DEVICE) else "is not usable by this user"
+            raise ImageError(
+                f"cannot mount {image}: {FUSE_DEVICE} {why} (FUSE is not available here); "
+                f"unpack it instead: unsquashfs -d DIR {image}"
+            )
+        registry = _registry()
+        base = registry / stem
+        with _locked(f"{base}.setup"):
+            fd = _share(f"{base}.lock")
+            try:
+                if not _healthy(base):
+                    _clear(base, fusermount)
+                    _start_watcher(image, base, squashfuse, fusermount)
+            except BaseException:
+                os.close(fd)
+                raise
+        _USES[stem] = _Use(fd, base, identity)
+        return base
+
+
+def unmount(image_path: str | os.PathLike[str]) -> None:
+    """End this process's use of the image's mount; it is unmounted once no process uses it
+    (within a fraction of a second). Does nothing if this process does not use it."""
+    prefix = f"{Path(image_path).expanduser().resolve()}|"
+    with _GUARD:
+        for stem, use in list(_USES.items()):
+            if use.identity.startswith(prefix):
+                _USES.pop(stem)
+                os.close(use.fd)
+
+
+def _identity(image: Path) -> str:
+    st = image.stat()
+    return f"{image}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "image"
+
+
+def _tool(name: str, action: str, target: object, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise ImageError(
+            f"cannot {action} {target}: the '{name}' program is not on PATH "
+            f"(install the '{package}' package, e.g. apt-get install {package})"
+        )
+    return path
+
+
+def _fusermount(image: Path) -> str:
+    for name in ("fusermount3", "fusermount"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise ImageError(
+        f"cannot mount {image}: neither 'fusermount3' nor 'fusermount' is on PATH "
+        "(install the 'fuse3' package, e.g. apt-get install fuse3)"
+    )
+
+
+def _registry() -> Path:
+    """The private folder of this user's mounts (created 0700; refused if others can write)."""
+    env = os.environ.get(MOUNT_DIR_ENV)
+    if env:
+        root = Path(env).expanduser()
+    else:
+        shm = Path("/dev/shm")
+        parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        root = parent / f"shardload-mounts-{os.getuid()}"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = root.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise ImageError(
+            f"the mount folder {root} is not private to this user (owner uid {st.st_uid}, "
+            f"mode {st.st_mode & 0o777:o}); set {MOUNT_DIR_ENV} to a folder of your own"
+        )
+    return root
+
+
+def _healthy(base: Path) -> bool:
+    """A live watcher serves this mount (its state file names a live process, and the mount
+    point is mounted)."""
+    state = _state(base)
+    if not state:
+        return False
+    return (
+        _alive(int(state.get("watcher") or 0), state.get("watcher_start"))
+        and _alive(int(state.get("squashfuse") or 0), None)
+        and mounted(str(base))
+    )
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    """:func:`procs.alive`, and not a zombie (a dead watcher waiting to be reaped)."""
+    if not procs.alive(pid, start):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return not os.path.isdir("/proc/self")
+    return data[data.rindex(b")") + 2 :][:1] != b"Z"
+
+
+def _state(base: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(Path(f"{base}.json").read_text()))
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _clear(base: Path, fusermount: str) -> None:
+    """Remove what a dead or dying watcher left (called under the setup lock)."""
+    state = _state(base)
+    for key, start_key in (("watcher", "watcher_start"), ("squashfuse", None)):
+        pid = int(state.get(key) or 0)
+        if pid and _alive(pid, state.get(start_key) if start_key else None):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9 if key == "watcher" else 15)
+            _wait_gone(pid)
+    from shardload.move.squashfs_watch import unmount as fuse_unmount
+
+    fuse_unmount(fusermount, str(base))
+    with contextlib.suppress(FileNotFoundError):
+        Path(f"{base}.json").unlink()
+    if base.is_dir() and not mounted(str(base)):
+        with contextlib.suppress(OSError):
+            base.rmdir()  # recreated 0700 by the watcher
+
+
+def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid, None) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(POLL_S)
+
+
+def _start_watcher(image: Path, base: Path, squashfuse: str, fusermount: str) -> None:
+    cmd = [sys.executable, "-I", _WATCHER, str(image), str(base), str(base), squashfuse, fusermount]
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # no terminal signal (Ctrl-C) reaches it
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = b""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with proc.stdout:
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+                raise ImageError(f"mounting {image} took more than {READY_TIMEOUT_S:.0f} s")
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            line += chunk
+    proc.wait()  # the intermediate process: it exits once the watcher has detached
+    text = line.decode(errors="replace").strip()
+    if text != "ready":
+        raise ImageError(f"cannot mount {image} with squashfuse: {text or 'the watcher died'}")
+    log.info("mounted %s read-only at %s", image, base)
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path``, waited for in short polls (signals get through)."""
+    from shardload.move.squashfs_watch import try_lock
+
+    while True:
+        fd = try_lock(path, fcntl.LOCK_EX)
+        if fd is not None:
+            break
+        time.sleep(POLL_S)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def _share(path: str) -> int:
+    """A shared ``flock`` on ``path`` (called under the setup lock, when the watcher never
+    holds its exclusive lock)."""
+    from shardload.move.squashfs_watch import try_lock
+
+    deadline = time.monotonic() + 10
+    while True:
+        fd = try_lock(path, fcntl.LOCK_SH)
+        if fd is not None:
+            return fd
+        if time.monotonic() > deadline:
+            raise ImageError(f"cannot take the shared lock {path}")
+        time.sleep(POLL_S)
+
+
+# -- handing a store over to other processes -------------------------------------------------------
+class MountHold:
+    """Keeps an image mounted for a :class:`~shardload.store.core.Store` read through it. Pickled
+    into another process (a spawned DataLoader worker), it mounts the image there too, so the
+    mount lives as long as any process reading the store; a changed image is refused."""
+
+    def __init__(self, image: Path, identity: str) -> None:
+        self.image, self.identity = image, identity
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_hold_again, (str(self.image), self.identity))
+
+
+def _hold_again(image: str, identity: str) -> MountHold:
+    path = Path(image)
+    try:
+        now = _identity(path)
+    except OSError:
+        now = ""
+    if now != identity:
+        raise StoreError(f"the SquashFS image {image} changed or vanished since it was opened")
+    mount(path)
+    return MountHold(path, identity)
+
+
+def open_image(image_path: str | os.PathLike[str]) -> tuple[Path, MountHold]:
+    """Mount ``image_path`` and return the store folder and the hold to keep with the store."""
+    image = Path(image_path).expanduser().resolve()
+    root = mount(image)
+    return root, MountHold(image, _identity(image))

@@ -1,0 +1,520 @@
+"""The commit protocol: how a writer turns N blocks into a published store, crash-safe.
+
+Every writer (``prepare`` today, a block-wise compute engine tomorrow) goes through
+:class:`BlockCommit`::
+
+    with BlockCommit(out, fingerprint=fp, num_blocks=n, overwrite=False) as commit:
+        commit.start(create=lambda root: fmt.create(root, ...))   # fresh or resumed
+        for i in commit.todo():                                     # recorded blocks skipped
+            write_block_durably(fmt, commit.root, ...)              # data on disk first,
+            commit.record(i, {"x/mean": ..., ...})                  # then the block's record
+        fields = [commit.read_record(i) for i in range(n)]
+        commit.finish_format(fmt, ...)                              # merge staged blocks
+        commit.publish({"shardload.json": manifest_bytes})          # atomically, once
+
+The rules (docs/design.md, "Writing a store"):
+
+- Everything is written under ``OUT.partial/``; ``OUT`` appears only by one rename, after the
+  manifest (``complete: true``) and every file under it are fsynced.
+- ``OUT.partial.lock`` is ``flock``-ed for the whole run: a second writer of the same ``OUT`` is
+  refused with an error naming the holder (pid, host, start time). The kernel drops the lock when
+  the holder dies, whatever kills it.
+- A block's data is durable (written, fsynced) before its progress record
+  (``_progress/block-NNNNNN.npz``) is written atomically; a resumed run skips recorded blocks and
+  redoes the others. A record is a set of named arrays (statistics partials, checksums, ...).
+- Formats that cannot make one block durable on its own (``parallel_write = False``: one HDF5
+  file, whose library state is lost or corrupt after ``kill -9``) write each block to a staging
+  file (``_staged/``, npy, fsynced); the format's file is built from them in one pass before
+  publishing, from scratch whenever that pass was interrupted.
+- An existing ``OUT`` is replaced only with ``overwrite``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import io
+import json
+import logging
+import os
+import queue
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from shardload.util.durable import file_written, fsync_path
+from shardload.errors import DiskFullError, StoreError, StoreExistsError, StoreLockedError
+from shardload.store.core import PARTIAL_SUFFIX
+
+log = logging.getLogger(__name__)
+
+LOCK_SUFFIX = ".partial.lock"
+PROGRESS_DIR = "_progress"
+STAGED_DIR = "_staged"
+JOB_FILE = "job.json"
+MERGED_FILE = "merged.json"
+RECORD_NAME = "block-{:06d}.npz"
+#: Testing aid: seconds to sleep per block in write tasks and in the staging merge.
+THROTTLE_ENV = "SHARDLOAD_THROTTLE_S"
+
+
+def partial_path(out: Path) -> Path:
+    return out.with_name(out.name + PARTIAL_SUFFIX)
+
+
+# -- the lock -----------------------------------------------------------------------------------
+class OutputLock:
+    """An exclusive ``flock`` on ``OUT.partial.lock``, with the holder written inside.
+
+    The file is removed on release, while still locked; a process that opened the old file
+    before that finds, once it holds the lock, that the path names another file (or none) and
+    tries again, so two processes never both believe they hold the lock.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        self.path = out.with_name(out.name + LOCK_SUFFIX)
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        for _ in range(100):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise _os_error(exc, f"cannot create the lock file {self.path}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise StoreLockedError(
+                    f"another prepare is writing {self.out} ({holder}; lock file {self.path}); "
+                    "wait for it to finish, or stop it and re-run"
+                ) from None
+            except OSError as exc:
+                os.close(fd)
+                raise StoreError(
+                    f"cannot lock {self.path}: {exc} (the filesystem must support flock)"
+                ) from exc
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # released and removed by its holder after we opened it: retry
+                os.close(fd)
+                continue
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+            self._fd = fd
+            return
+        raise StoreError(f"cannot lock {self.path}: it keeps being replaced")  # pragma: no cover
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self._fd)  # closing drops the flock
+        self._fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {info['pid']} on host {info['host']}, started {info['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder not yet recorded"
+
+
+# -- durable files ------------------------------------------------------------------------------
+def write_atomic(
+    path: Path, data: bytes | Callable[[BinaryIO], object], *, deferrable: bool = False
+) -> None:
+    """Write ``data`` (bytes, or a function writing into the open file) to a temporary file,
+    fsync it, rename it over ``path``. ``deferrable``: the fsync goes through
+    :func:`~shardload.util.durable.file_written` (inside a deferring collection, the caller fsyncs
+    ``path`` later, before recording it)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(tmp, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            if deferrable:
+                file_written(f.fileno(), path)
+            else:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def fsync_tree(root: Path, *, skip: Container[str] = ()) -> None:
+    """fsync every file and folder under ``root``, but the files in ``skip`` (paths as
+    ``str(root / ...)``: files already fsynced)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if path not in skip:
+                _fsync(Path(path))
+        fsync_dir(Path(folder))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder where the filesystem allows it (some refuse: ignored)."""
+    with contextlib.suppress(OSError):
+        _fsync(path)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _os_error(exc: OSError, what: str) -> StoreError:
+    if is_disk_full(exc):
+        return DiskFullError(f"{what}: the disk is full")
+    return StoreError(f"{what}: {exc}")
+
+
+def disk_full_error(out: Path, needed_bytes: int, detail: str) -> DiskFullError:
+    """The error for a full disk: names the output, the bytes still to write and the free space."""
+    try:
+        free = f"{shutil.disk_usage(out.parent).free:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return DiskFullError(
+        f"the disk holding {out} is full ({detail}); about {needed_bytes:,} more bytes "
+        f"(uncompressed) are needed to finish, {free}. The store stays incomplete in "
+        f"{partial_path(out)}: free space and re-run the same command to resume."
+    )
+
+
+# -- writing one block --------------------------------------------------------------------------
+def staged_path(root: Path, block: int, name: str) -> Path:
+    return Path(root) / STAGED_DIR / f"{name}.{block:06d}.npy"
+
+
+def write_block_durably(
+    fmt: Any,
+    root: str | Path,
+    block: int,
+    name: str,
+    chunk: int,
+    start: int,
+    data: np.ndarray,
+    *,
+    bounds: Sequence[int],
+) -> dict[int, int] | None:
+    """Write one block of one array so that it survives a crash once this returns; the
+    format's checksums of what it wrote (None for a staged block).
+
+    ``parallel_write`` formats write (and fsync) their own files; the others get a staging file
+    that :meth:`BlockCommit.finish_format` merges. Runs in any worker (no lock, no state).
+    """
+    if fmt.parallel_write:
+        return fmt.write_block(Path(root), name, chunk, start, data, bounds=bounds)  # type: ignore[no-any-return]
+    array = np.ascontiguousarray(data)
+    write_atomic(
+        staged_path(Path(root), block, name),
+        lambda f: np.lib.format.write_array(f, array, allow_pickle=False),
+        deferrable=True,
+    )
+    return None
+
+
+# -- the protocol -------------------------------------------------------------------------------
+class BlockCommit:
+    """One run writing ``num_blocks`` blocks into ``OUT.partial`` and publishing ``OUT``.
+
+    Use as a context manager: entering takes the lock (:class:`StoreLockedError` when another
+    run holds it) and refuses an existing ``OUT`` without ``overwrite``
+    (:class:`StoreExistsError`); leaving releases the lock, also on errors.
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        *,
+        fingerprint: str,
+        num_blocks: int,
+        overwrite: bool = False,
+        describe: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.out = Path(out)
+        self.root = partial_path(self.out)
+        self.fingerprint = fingerprint
+        self.num_blocks = int(num_blocks)
+        self.overwrite = bool(overwrite)
+        self.describe = dict(describe or {})
+        self.progress = self.root / PROGRESS_DIR
+        self.done: frozenset[int] = frozenset()
+        #: files known to be fsynced (by their task or a DurableRecorder): publish skips them
+        self.synced: set[str] = set()
+        self._lock = OutputLock(self.out)
+
+    def __enter__(self) -> BlockCommit:
+        self.check_out()
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            self.check_out()  # again, under the lock: a run that just finished published it
+        except BaseException:
+            self._lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def check_out(self) -> None:
+        if self.out.exists() and not self.overwrite:
+            raise StoreExistsError(
+                f"output {self.out} exists; pass --overwrite (overwrite: true) to replace it"
+            )
+
+    # -- start / resume -------------------------------------------------------------------------
+    def start(self, create: Callable[[Path], Any]) -> frozenset[int]:
+        """Resume ``OUT.partial`` when it belongs to this fingerprint (the blocks it recorded
+        are done), else start it afresh and call ``create(root)``. Returns the done blocks."""
+        job_file = self.progress / JOB_FILE
+        if self.root.exists():
+            try:
+                old = json.loads(job_file.read_text())["fingerprint"]
+            except (OSError, ValueError, KeyError, TypeError):
+                old = None
+            if old == self.fingerprint:
+                self.done = self.recorded()
+                return self.done
+            log.warning("%s is from another config or source; restarting it", self.root)
+            shutil.rmtree(self.root)
+        try:
+            (self.root / STAGED_DIR).mkdir(parents=True)
+            self.progress.mkdir()
+            create(self.root)
+            write_atomic(
+                job_file,
+                json.dumps(
+                    {"fingerprint": self.fingerprint, **self.describe}, default=str
+                ).encode(),
+            )
+        except OSError as exc:
+            raise _os_error(exc, f"cannot create {self.root}") from exc
+        fsync_dir(self.root)
+        self.done = frozenset()
+        return self.done
+
+    def recorded(self) -> frozenset[int]:
+        """The blocks with a progress record on disk."""
+        done = set()
+        for p in self.progress.glob("block-*.npz"):
+            try:
+                i = int(p.stem.split("-")[1])
+            except (IndexError, ValueError):
+                continue
+            if 0 <= i < self.num_blocks:
+                done.add(i)
+        return frozenset(done)
+
+    def todo(self) -> list[int]:
+        return [i for i in range(self.num_blocks) if i not in self.done]
+
+    # -- records --------------------------------------------------------------------------------
+    def record_path(self, block: int) -> Path:
+        return self.progress / RECORD_NAME.format(block)
+
+    def record(self, block: int, fields: Mapping[str, np.ndarray]) -> None:
+        """Mark ``block`` done with its named arrays; call only once its data is durable."""
+        buf = io.BytesIO()
+        arrays: dict[str, Any] = {k: np.asarray(v) for k, v in fields.items()}
+        np.savez(buf, **arrays)
+        write_atomic(self.record_path(block), buf.getvalue())
+
+    def write_state(self, name: str, fields: Mapping[str, np.ndarray]) -> None:
+        """Save the writer's own state (named arrays, e.g. statistics merged so far) as
+        ``_progress/NAME.npz``, atomically; it lives and dies with the progress records."""
+        buf = io.BytesIO()
+        arrays: dict[str, Any] = {k: np.asarray(v) for k, v in fields.items()}
+        np.savez(buf, **arrays)
+        write_atomic(self.progress / f"{name}.npz", buf.getvalue())
+
+    def read_state(self, name: str) -> dict[str, np.ndarray] | None:
+        """What :meth:`write_state` saved under ``name``; None when there is none (or it cannot
+        be read: it is written atomically, so only a foreign file can be unreadable)."""
+        try:
+            with np.load(self.progress / f"{name}.npz") as z:
+                return {k: z[k] for k in z.files}
+        except (OSError, ValueError, KeyError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log.warning("ignoring the unreadable %s state in %s: %s", name, self.progress, exc)
+            return None
+
+    def read_record(self, block: int) -> dict[str, np.ndarray]:
+        path = self.record_path(block)
+        try:
+            with np.load(path) as z:
+                return {k: z[k] for k in z.files}
+        except (OSError, ValueError, KeyError) as exc:
+            raise StoreError(f"block {block} has no valid progress record ({path}): {exc}") from exc
+
+    # -- publish --------------------------------------------------------------------------------
+    def finish_format(
+        self,
+        fmt: Any,
+        create: Callable[[Path], Any],
+        blocks: Iterable[tuple[int, int, int]],
+        names: Sequence[str],
+        *,
+        bounds: Sequence[int],
+    ) -> None:
+        """Close the format's writer; for staging formats, first build its file(s) from the
+        staged blocks ``(block, chunk, start)``: from scratch (``create``), then fsynced, then
+        marked merged, then the staging files removed."""
+        if fmt.parallel_write:
+            fmt.finish(self.root)
+            return
+        marker = self.progress / MERGED_FILE
+        if marker.exists():
+            return
+        create(self.root)
+        try:
+            throttle_s = float(os.environ.get(THROTTLE_ENV) or 0)  # testing aid (crash tests)
+            for block, chunk, start in blocks:
+                time.sleep(throttle_s)
+                for name in names:
+                    data = np.load(staged_path(self.root, block, name), mmap_mode="r")
+                    fmt.write_block(self.root, name, chunk, start, data, bounds=bounds)
+        finally:
+            fmt.finish(self.root)
+        fsync_tree(self.root, skip=self.synced)
+        write_atomic(marker, b"{}")
+        shutil.rmtree(self.root / STAGED_DIR, ignore_errors=True)
+
+    def publish(self, files: Mapping[str, bytes | Callable[[BinaryIO], object]]) -> None:
+        """fsync the tree, write ``files`` (path relative to the store root: bytes, or a function
+        writing into the open file, as :func:`write_atomic` takes) in order,
+        each durably, then rename ``OUT.partial`` to ``OUT``. The last file is the one that makes
+        the store complete (the manifest).
+
+        An existing ``OUT`` is moved aside and deleted only with ``overwrite``; the progress
+        records are removed after the rename (a crash between leaves a harmless ``_progress``).
+        """
+        shutil.rmtree(self.root / STAGED_DIR, ignore_errors=True)
+        # every array file on disk before the manifest says complete (files fsynced before
+        # their block's record are not synced again)
+        fsync_tree(self.root, skip=self.synced)
+        for rel, data in files.items():
+            path = self.root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, data)
+            fsync_dir(path.parent)
+        old = None
+        if self.out.exists():
+            if not self.overwrite:
+                raise StoreExistsError(
+                    f"output {self.out} appeared while this run was writing; the finished store "
+                    f"stays in {self.root} (pass overwrite: true to replace {self.out})"
+                )
+            old = self.out.with_name(f"{self.out.name}.old-{os.getpid()}-{int(time.time())}")
+            os.replace(self.out, old)
+        os.replace(self.root, self.out)
+        fsync_dir(self.out.parent)
+        shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+class DurableRecorder:
+    """Records finished blocks from one background thread, each once the files its task wrote
+    are fsynced: for tasks that deferred their fsyncs (:func:`~shardload.util.durable.collect_written`
+    with ``defer=True``), so a block is still durable before its record.
+
+    :meth:`put` hands over a finished task: its files are fsynced in order of arrival, then
+    ``on_durable(item)`` runs in the recorder's thread (it writes the block's record). At most
+    ``maxsize`` tasks wait; :meth:`put` blocks beyond that (the writers then wait for the disk).
+    An error in the thread is raised by the next :meth:`put` or by :meth:`close`; what was queued
+    after it is never recorded. Leaving the ``with`` block on an error (a task failed) still
+    records the finished tasks queued (a resumed run need not redo them); on an interrupt
+    (``KeyboardInterrupt``, ``SystemExit``) the queue is dropped.
+    """
+
+    def __init__(
+        self, commit: BlockCommit, on_durable: Callable[[Any], None], *, maxsize: int = 8
+    ) -> None:
+        self.commit = commit
+        self.on_durable = on_durable
+        self._queue: queue.Queue[tuple[Sequence[str], Any] | None] = queue.Queue(maxsize)
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="shardload-fsync", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            got = self._queue.get()
+            if got is None:
+                return
+            if self._error is not None or self._stop:
+                continue  # drain: nothing after an error is recorded
+            paths, item = got
+            try:
+                for path in dict.fromkeys(paths):
+                    fsync_path(path)
+                self.commit.synced.update(paths)
+                self.on_durable(item)
+            except BaseException as exc:  # re-raised in the driver
+                self._error = exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def put(self, paths: Sequence[str], item: Any) -> None:
+        self._raise()
+        self._queue.put((list(paths), item))
+
+    def close(self) -> None:
+        """Wait until every task handed over is recorded; raise the thread's error, if any."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+
+    def __enter__(self) -> DurableRecorder:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        if isinstance(exc_type, type) and issubclass(exc_type, Exception):
+            try:
+                self.close()
+            except Exception as late:  # the task's error is the one to report
+                log.warning("recording the blocks finished before the error failed: %s", late)
+            return
+        self._stop = True
+        self._queue.put(None)
+        self._thread.join()

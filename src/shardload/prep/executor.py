@@ -1,0 +1,150 @@
+"""One ``concurrent.futures.Executor`` for every way of running write tasks.
+
+- ``auto`` (default): the active ``distributed.Client`` of this process if there is one (a
+  notebook's ``Client()``), else ``threads``.
+- ``threads``: a thread pool in this process (numpy, codecs and file I/O release the GIL).
+- ``processes``: a process pool (spawned, so HDF5/netCDF handles are never inherited).
+- ``distributed``: a dask.distributed cluster -- ``address`` of a running scheduler, else the
+  active client, else a new ``LocalCluster`` of ``num_workers`` processes -- through
+  ``Client.get_executor()``. A client shardload did not create is left open.
+- ``jobqueue``: an HPC cluster from dask-jobqueue (``cluster: {kind: slurm|pbs|lsf|sge|htcondor,
+  jobs: N, ...}``; the other keys go to the cluster class, e.g. cores, memory, queue, walltime):
+  see :mod:`shardload.prep.jobqueue` (bounded wait for workers, submission errors quoted, every job
+  cancelled on the way out). Parallelism is the cluster's worker threads.
+- ``sync``: run in the calling thread (debugging).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from shardload.prep.config import ExecutionConfig
+from shardload.errors import ConfigError, require
+
+log = logging.getLogger(__name__)
+
+
+class SyncExecutor(Executor):
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        f: Future[Any] = Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            f.set_exception(exc)
+        return f
+
+
+def default_workers() -> int:
+    return max(
+        1,
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+    )
+
+
+def active_client() -> Any | None:
+    """The ``distributed.Client`` this process made current (e.g. ``Client()`` in a notebook),
+    or None. Never imports distributed: a process with a client has imported it."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return None
+    try:
+        return distributed.default_client()
+    except ValueError:  # no client
+        return None
+
+
+def resolve_scheduler(cfg: ExecutionConfig) -> str:
+    """The scheduler a run uses: ``auto`` becomes ``distributed`` with an active client, else
+    ``threads``."""
+    if cfg.scheduler != "auto":
+        return cfg.scheduler
+    return "distributed" if active_client() is not None else "threads"
+
+
+@contextmanager
+def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
+    """Yield ``(executor, parallelism)``; tear down on exit what was created here."""
+    n = int(cfg.num_workers or default_workers())
+    scheduler = resolve_scheduler(cfg)
+    if scheduler == "sync":
+        yield SyncExecutor(), 1
+    elif scheduler == "threads":
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="shardload-write") as ex:
+            yield ex, n
+    elif scheduler == "processes":
+        with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as ex:
+            yield ex, n
+    elif scheduler == "distributed":
+        distributed = require("distributed", "distributed")
+        own = True
+        if cfg.address:
+            client = distributed.Client(cfg.address)
+            cluster = None
+        elif active_client() is not None:
+            client, cluster, own = active_client(), None, False
+            log.info("using the active dask.distributed client %s", client)
+        else:
+            cluster = distributed.LocalCluster(
+                n_workers=n, threads_per_worker=cfg.threads_per_worker, processes=True,
+                dashboard_address=None, silence_logs=logging.WARNING,
+            )  # fmt: skip
+            client = distributed.Client(cluster)
+        try:
+            info = client.scheduler_info().get("workers", {})
+            workers = len(info) or n
+            threads = sum(int(w.get("nthreads", 0)) for w in info.values())
+            log.info("dask.distributed: %s with %d worker(s)", client.scheduler.address, workers)
+            yield client.get_executor(), (threads or workers * cfg.threads_per_worker)
+        finally:
+            if own:
+                client.close()
+            if cluster is not None:
+                cluster.close()
+    elif scheduler == "jobqueue":
+        from shardload.prep.jobqueue import open_jobqueue
+
+        with open_jobqueue(cfg.cluster, timeout_s=cfg.timeout_s) as (ex, threads):
+            yield ex, threads
+    else:  # validated in config, kept for direct callers
+        raise ConfigError(f"execution.scheduler: unknown {scheduler!r}")
+
+
+def run_windowed(
+    ex: Executor,
+    task: Callable[[Any, int], Any],
+    job: Any,
+    todo: Iterator[int] | list[int],
+    *,
+    window: int,
+    on_result: Callable[[Any], None],
+) -> None:
+    """Submit ``task(job, i)`` for each ``i`` of ``todo`` with at most ``window`` in flight, and
+    hand each result to ``on_result`` in the calling thread as it finishes (memory stays bounded
+    by the window). On any error, tasks not yet started are cancelled and the error is raised."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    pending: set[Future[Any]] = set()
+    it = iter(todo)
+    try:
+        while True:
+            while len(pending) < window:
+                i = next(it, None)
+                if i is None:
+                    break
+                pending.add(ex.submit(task, job, i))
+            if not pending:
+                break
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                on_result(fut.result())
+    except BaseException:
+        for f in pending:
+            f.cancel()
+        raise

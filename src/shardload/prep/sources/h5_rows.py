@@ -1,0 +1,396 @@
+"""Rows of plain netCDF-4/HDF5 variables read with h5py, without dask or xarray indexing.
+
+The lazy xarray dataset gives views their shapes, dtypes and names; reading a block of rows
+through it costs a dask graph per block, xarray's lazy indexing and, when the sample axis is not
+the first one in storage, an HDF5 hyperslab read that gathers elements across every chunk (one
+real file, (2160, 4320, 12) uint8 in gzip chunks (135, 270, 2), took minutes along its last
+axis). :class:`H5Rows` reads what a write task needs directly:
+
+* the sample dims' bounding slab of the block (as :func:`~shardload.prep.views.rows.read_many`),
+  in *storage* order, then transposed in memory to sample-major rows;
+* for compressed (filtered) variables, the slab is cut into chunk-aligned pieces along the
+  varying sample dim; each piece is decoded once and kept in a small cache shared by the
+  process's threads, so neighbouring blocks that share a source chunk never decode it twice;
+* for unfiltered variables whose sample dim is the first one in storage, and whose chunks (or
+  contiguous layout) hold whole rows, rows are byte ranges of the file: ``os.preadv`` straight
+  into the destination, which releases the GIL (h5py serialises every call in one lock).
+
+Only variables whose raw values are what xarray returns are served: native numeric dtypes equal
+to the lazy variable's, and none of the CF encoding attributes xarray decodes (``scale_factor``,
+``add_offset``, ``missing_value``, ``_Unsigned``, a ``_FillValue`` other than NaN for floats).
+Any other variable stays on the lazy path, which decodes it. A test compares both, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardload.errors import SourceError
+
+_DECODE_ATTRS = ("scale_factor", "add_offset", "missing_value", "_Unsigned", "valid_range")
+#: open_kwargs that leave the values xarray returns unchanged (anything else: lazy path)
+_NEUTRAL_OPEN_KWARGS = frozenset({"chunks", "phony_dims", "cache", "lock", "inline_array"})
+CACHE_BYTES = 256 << 20  # decoded chunk-aligned pieces kept per process
+
+
+@dataclass(frozen=True)
+class _Var:
+    """How one variable is stored: ``axes`` are the storage axes of the sample dims (in
+    ``sample_dims`` order) followed by the other axes (in storage order)."""
+
+    name: str
+    path: str  # inside the HDF5 file
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...] | None
+    filtered: bool
+    num_sample: int
+    axes: tuple[int, ...]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return tuple(self.shape[a] for a in self.axes[self.num_sample :])
+
+    @property
+    def sample_sizes(self) -> tuple[int, ...]:
+        return tuple(self.shape[a] for a in self.axes[: self.num_sample])
+
+
+class _PieceCache:
+    """Decoded pieces by key, shared by threads: the first asker reads, the others wait for it.
+    Least recently used pieces go once the cache holds more than ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._items: OrderedDict[Any, _Entry] = OrderedDict()
+
+    def get(self, key: Any, load: Any) -> np.ndarray:
+        with self._lock:
+            entry = self._items.get(key)
+            mine = entry is None
+            if entry is None:
+                entry = self._items[key] = _Entry()
+            self._items.move_to_end(key)
+        if not mine:
+            entry.done.wait()
+            if entry.value is None:
+                raise SourceError(f"reading piece {key} failed in another thread: {entry.error}")
+            return entry.value
+        try:
+            entry.value = load()
+        except BaseException as exc:
+            entry.error = exc
+            with self._lock:
+                self._items.pop(key, None)
+            raise
+        finally:
+            entry.done.set()
+        self._evict()
+        return entry.value
+
+    def _evict(self) -> None:
+        with self._lock:
+            total = sum(e.value.nbytes for e in self._items.values() if e.value is not None)
+            while total > self.max_bytes and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                total -= old.value.nbytes if old.value is not None else 0
+
+
+class _Entry:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: np.ndarray | None = None
+        self.error: BaseException | None = None
+
+
+class H5Rows:
+    """``read_rows(names, start, stop)`` of plain variables of one local netCDF-4/HDF5 file,
+    rows numbered in C order over ``sample_dims`` (see :mod:`shardload.prep.views.rows`)."""
+
+    def __init__(self, path: str, variables: Mapping[str, _Var]) -> None:
+        self.path = path
+        self.variables = dict(variables)
+        self.names = tuple(self.variables)
+        self._init_handles()
+
+    def _init_handles(self) -> None:
+        self._h5: Any = None
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+        self._cache = _PieceCache()
+        self._raw: dict[str, tuple[int, int | None, tuple[int | None, ...]] | None] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # open handles stay in their process
+        return {"path": self.path, "variables": self.variables}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self.variables = state["path"], state["variables"]
+        self.names = tuple(self.variables)
+        self._init_handles()
+
+    def _file(self) -> Any:
+        with self._lock:
+            if self._h5 is None:
+                import h5py
+
+                try:
+                    self._h5 = h5py.File(self.path, "r")
+                except OSError as exc:
+                    raise SourceError(f"cannot open {self.path}: {exc}") from exc
+            return self._h5
+
+    def read_rows(
+        self,
+        names: Sequence[str],
+        start: int,
+        stop: int,
+        *,
+        out: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Rows ``[start, stop)`` of variables ``names`` as ``(rows, *other dims)``; arrays of
+        that shape and the variable's dtype in ``out`` are filled in place (any strides)."""
+        unknown = [n for n in names if n not in self.variables]
+        if unknown:
+            raise SourceError(f"{self.path}: H5Rows cannot read {unknown}; it reads {self.names}")
+        res: dict[str, np.ndarray] = {}
+        for name in names:
+            var = self.variables[name]
+            n_rows = int(np.prod(var.sample_sizes, dtype=np.int64))
+            if not 0 <= start <= stop <= n_rows:
+                raise SourceError(
+                    f"rows [{start}, {stop}) out of range for {name!r} of {n_rows} samples"
+                )
+            dset = self._file()[var.path]
+            shape = (stop - start, *var.row_shape)
+            dst = (out or {}).get(name)
+            dtype = dset.dtype.newbyteorder("=")  # xarray too returns native byte order
+            if dst is None or dst.shape != shape or dst.dtype != dtype:
+                dst = np.empty(shape, dtype)
+            if stop > start:
+                self._read(var, dset, start, stop, dst)
+            res[name] = dst
+        return res
+
+    # -- one variable ---------------------------------------------------------------------------
+    def _read(self, var: _Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> None:
+        if self._read_raw(var, dset, start, stop, dst):
+            return
+        sizes = var.sample_sizes
+        first = np.unravel_index(start, sizes)
+        last = np.unravel_index(stop - 1, sizes)
+        k = 0  # the sample dim that varies within the block; those before it are one index
+        while k < len(sizes) - 1 and first[k] == last[k]:
+            k += 1
+        strides = np.cumprod([1, *sizes[::-1][:-1]])[::-1].tolist()
+        base = sum(int(first[j]) * int(strides[j]) for j in range(k))
+        k_ax = var.axes[k]
+        # pieces along the varying dim: chunk-aligned (decoded once, cached) when filtered
+        step = var.chunks[k_ax] if (var.filtered and var.chunks) else None
+        lo_k, hi_k = int(first[k]), int(last[k]) + 1
+        pos = lo_k
+        while pos < hi_k:
+            if step:
+                c0 = pos // step * step
+                end = min(hi_k, c0 + step)
+                region = self._region(var, first, k, c0, min(var.shape[k_ax], c0 + step))
+                piece = self._cache.get(
+                    (var.name, region), lambda r=region: self._read_region(dset, r)
+                )
+                sub = self._cut(var, piece, region, first, k, pos, end)
+            else:
+                end = hi_k
+                region = self._region(var, first, k, pos, end)
+                sub = self._read_region(dset, region)
+                sub = self._cut(var, sub, region, first, k, pos, end)
+            rows = sub.reshape(-1, *var.row_shape)  # sample-major rows pos..end of dim k
+            g0 = base + pos * int(strides[k])  # global row of rows[0]
+            a, b = max(start, g0), min(stop, g0 + len(rows))
+            if b > a:
+                dst[a - start : b - start] = rows[a - g0 : b - g0]
+            pos = end
+
+    def _region(
+        self, var: _Var, first: Any, k: int, lo: int, hi: int
+    ) -> tuple[tuple[int, int], ...]:
+        """Storage-order ``(start, stop)`` per axis: sample dims before ``k`` one index (the
+        chunk holding it, when filtered), ``k`` from ``lo`` to ``hi``, everything else full."""
+        region = [(0, n) for n in var.shape]
+        for j in range(k):
+            ax, i = var.axes[j], int(first[j])
+            if var.filtered and var.chunks:
+                c = var.chunks[ax]
+                region[ax] = (i // c * c, min(var.shape[ax], i // c * c + c))
+            else:
+                region[ax] = (i, i + 1)
+        region[var.axes[k]] = (lo, hi)
+        return tuple(region)
+
+    def _cut(
+        self,
+        var: _Var,
+        piece: np.ndarray,
+        region: tuple[tuple[int, int], ...],
+        first: Any,
+        k: int,
+        lo: int,
+        hi: int,
+    ) -> np.ndarray:
+        """The part of ``piece`` (storage order, covering ``region``) that holds rows ``lo:hi``
+        of sample dim ``k``, transposed to sample-major order."""
+        sel: list[Any] = [slice(None)] * piece.ndim
+        for j in range(k):
+            ax = var.axes[j]
+            i = int(first[j]) - region[ax][0]
+            sel[ax] = slice(i, i + 1)
+        ax = var.axes[k]
+        sel[ax] = slice(lo - region[ax][0], hi - region[ax][0])
+        return np.transpose(piece[tuple(sel)], var.axes)
+
+    def _read_region(self, dset: Any, region: tuple[tuple[int, int], ...]) -> np.ndarray:
+        buf = np.empty(tuple(b - a for a, b in region), dset.dtype.newbyteorder("="))
+        if buf.size:
+            dset.read_direct(buf, tuple(slice(a, b) for a, b in region))
+        return buf
+
+    # -- unfiltered rows that are byte ranges of the file -----------------------------------------
+    def _read_raw(self, var: _Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> bool:
+        """Rows as byte ranges of the file, read with ``preadv``; False where they are not."""
+        layout = self._raw_layout(var, dset)
+        if layout is None:
+            return False
+        row_bytes, offset, chunk_offsets = layout
+        buf = dst if dst.flags.c_contiguous else np.empty(dst.shape, dst.dtype)
+        view = buf.data.cast("B")  # ndarray.data is memoryview(buf)
+        if offset is not None:  # contiguous layout
+            self._pread(view, offset + start * row_bytes, var)
+        else:
+            rows = var.chunks[0] if var.chunks else 1
+            for c in range(start // rows, (stop - 1) // rows + 1):
+                a, b = max(start, c * rows), min(stop, (c + 1) * rows)
+                part = view[(a - start) * row_bytes : (b - start) * row_bytes]
+                where = chunk_offsets[c]
+                if where is None:  # never written: HDF5 returns the fill value
+                    np.frombuffer(part, dtype=dst.dtype)[...] = dset.fillvalue
+                else:
+                    self._pread(part, where + (a - c * rows) * row_bytes, var)
+        if buf is not dst:
+            dst[...] = buf
+        return True
+
+    def _raw_layout(
+        self, var: _Var, dset: Any
+    ) -> tuple[int, int | None, tuple[int | None, ...]] | None:
+        """``(row bytes, offset of a contiguous layout, offset of each chunk)``, or None."""
+        if var.name in self._raw:
+            return self._raw[var.name]
+        layout: tuple[int, int | None, tuple[int | None, ...]] | None = None
+        dt = dset.dtype
+        plain = (
+            not var.filtered
+            and var.num_sample == 1
+            and var.axes[0] == 0
+            and dt.isnative
+            and dt.kind in "biuf"
+            and dset.external is None
+        )
+        row_bytes = int(np.prod(var.shape[1:], dtype=np.int64)) * dt.itemsize
+        if plain and dset.chunks is None:
+            offset = dset.id.get_offset()
+            if offset is not None:  # None: never written (fill values): read through h5py
+                layout = (row_bytes, int(offset), ())
+        elif plain and tuple(dset.chunks[1:]) == tuple(var.shape[1:]):
+            rows = dset.chunks[0]
+            offsets: list[int | None] = []
+            for c in range(-(-var.shape[0] // rows)):
+                info = dset.id.get_chunk_info_by_coord((c * rows,) + (0,) * (len(var.shape) - 1))
+                if info.byte_offset is not None and info.size != rows * row_bytes:
+                    offsets = []
+                    break  # not a plain chunk after all: read through h5py
+                offsets.append(None if info.byte_offset is None else int(info.byte_offset))
+            if offsets:
+                layout = (row_bytes, None, tuple(offsets))
+        self._raw[var.name] = layout
+        return layout
+
+    def _pread(self, view: memoryview, offset: int, var: _Var) -> None:
+        if self._fd is None:
+            with self._lock:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_RDONLY)
+                    weakref.finalize(self, os.close, self._fd)
+        done = 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise SourceError(f"{self.path}: variable {var.name!r} is truncated (short read)")
+            done += got
+
+
+def h5_rows(
+    path: str,
+    ds: Any,
+    sample_dims: Sequence[str],
+    *,
+    group: str | None = None,
+    phony_dims: str = "sort",
+) -> H5Rows | None:
+    """An :class:`H5Rows` for the plain variables of ``ds`` (opened lazily from the local
+    netCDF-4/HDF5 file ``path``), or None where none qualifies."""
+    import h5netcdf
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as h5:
+            nc = h5netcdf.File(h5, "r", phony_dims=phony_dims)
+            node = nc[group] if group else nc
+            found = {}
+            for name in map(str, ds.data_vars):
+                var = _plan(name, ds[name], node, sample_dims)
+                if var is not None:
+                    found[name] = var
+    except (OSError, KeyError, ValueError):
+        return None  # the lazy path opens (or names the fault in) this file
+    return H5Rows(path, found) if found else None
+
+
+def _plan(name: str, da: Any, node: Any, sample_dims: Sequence[str]) -> _Var | None:
+    if name not in node.variables or not all(d in da.dims for d in sample_dims):
+        return None
+    v = node.variables[name]
+    dims = tuple(v.dimensions)
+    dset = v._h5ds
+    if dims != tuple(da.dims) or tuple(dset.shape) != tuple(da.shape) or not sample_dims:
+        return None
+    dt = dset.dtype
+    if dt.kind not in "biuf" or dt.newbyteorder("=") != np.dtype(da.dtype).newbyteorder("="):
+        return None
+    attrs = dset.attrs
+    if any(k in attrs for k in _DECODE_ATTRS):
+        return None
+    fill = attrs.get("_FillValue")
+    if fill is not None and not (dt.kind == "f" and np.isnan(np.asarray(fill, np.float64)).all()):
+        return None
+    sample_axes = tuple(dims.index(d) for d in sample_dims)
+    rest = tuple(i for i in range(len(dims)) if i not in sample_axes)
+    return _Var(
+        name=name,
+        path=dset.name,
+        shape=tuple(int(s) for s in dset.shape),
+        chunks=tuple(int(c) for c in dset.chunks) if dset.chunks else None,
+        filtered=bool(dset.id.get_create_plist().get_nfilters()),
+        num_sample=len(sample_axes),
+        axes=sample_axes + rest,
+    )
+
+
+def open_kwargs_are_neutral(open_kwargs: Mapping[str, Any]) -> bool:
+    """True when ``open_kwargs`` leave the values of the lazy dataset as h5py reads them."""
+    return set(open_kwargs) <= _NEUTRAL_OPEN_KWARGS

@@ -1,0 +1,136 @@
+"""The window view (LSTM / sequence input): look-back windows over time, space stacked into
+samples.
+
+From variables on ``(time, *sample_dims, *feature_dims)``, sample ``r`` is window ``w = r // S``
+at space point ``s = r % S`` (``S`` = product of ``sample_dims``; window-major order). Window
+``w`` covers times ``[w*stride, w*stride + lookback)``; arrays have shape
+``(samples, lookback, features)``. ``targets`` (optional) are taken ``horizon`` steps after the
+window's last time, shape ``(samples, features)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from shardload.errors import ViewError
+from shardload.prep.views.base import ArraySpec, check_numeric
+from shardload.prep.views.flat import feature_names
+from shardload.prep.views.rows import _load
+
+
+class WindowView:
+    def __init__(
+        self,
+        ds: xr.Dataset,
+        arrays: Mapping[str, Sequence[str]],
+        *,
+        sample_dims: Sequence[str],
+        time_dim: str = "time",
+        lookback: int = 2,
+        stride: int = 1,
+        horizon: int = 0,
+        targets: Mapping[str, Sequence[str]] | None = None,
+        dtype: str | None = None,
+    ) -> None:
+        if lookback < 1 or stride < 1 or horizon < 0:
+            raise ViewError(
+                f"window: need lookback >= 1, stride >= 1, horizon >= 0; got {lookback}, {stride}, {horizon}"
+            )
+        self.time_dim, self.lookback, self.stride, self.horizon = (
+            time_dim,
+            lookback,
+            stride,
+            horizon,
+        )
+        self.sample_dims = tuple(sample_dims)
+        groups = {
+            **{k: (v, False) for k, v in arrays.items()},
+            **{k: (v, True) for k, v in (targets or {}).items()},
+        }
+        self._vars: dict[str, tuple[list[xr.DataArray], bool]] = {}
+        self._specs: dict[str, ArraySpec] = {}
+        T = None
+        for out, (names, is_target) in groups.items():
+            das = []
+            for v in names:
+                if v not in ds.variables:
+                    raise ViewError(
+                        f"window array {out!r}: variable {v!r} not found; the source has {sorted(map(str, ds.data_vars))}"
+                    )
+                da = ds[v]
+                check_numeric(v, da.dtype, where=f"window array {out!r}")
+                missing = [d for d in (time_dim, *self.sample_dims) if d not in da.dims]
+                if missing:
+                    raise ViewError(
+                        f"variable {v!r} lacks dim(s) {missing} (dims: {list(da.dims)}); window needs time_dim and sample_dims"
+                    )
+                rest = [d for d in da.dims if d not in (time_dim, *self.sample_dims)]
+                das.append(da.transpose(time_dim, *self.sample_dims, *rest))
+                T = da.sizes[time_dim]
+            self._vars[out] = (das, is_target)
+            dt = np.dtype(dtype) if dtype else np.result_type(*[d.dtype for d in das])
+            feats = sum((feature_names(d, (time_dim, *self.sample_dims)) for d in das), ())
+            self._specs[out] = ArraySpec(
+                out, (0, len(feats)), dt, feats, {"variables": list(names), "target": is_target}
+            )
+        assert T is not None
+        self.S = (
+            int(np.prod([ds.sizes[d] for d in self.sample_dims], dtype=np.int64))
+            if self.sample_dims
+            else 1
+        )
+        self.num_windows = max(0, (T - lookback - horizon) // stride + 1)
+        if self.num_windows == 0:
+            raise ViewError(
+                f"window: {time_dim}={T} steps are too few for lookback={lookback}, horizon={horizon}"
+            )
+        n = self.num_windows * self.S
+        self._specs = {
+            k: ArraySpec(
+                k,
+                (n, s.shape[1]) if s.attrs["target"] else (n, lookback, s.shape[1]),
+                s.dtype,
+                s.features,
+                s.attrs,
+            )
+            for k, s in self._specs.items()
+        }
+
+    @property
+    def length(self) -> int:
+        return self.num_windows * self.S
+
+    @property
+    def specs(self) -> Mapping[str, ArraySpec]:
+        return self._specs
+
+    @property
+    def static(self) -> Mapping[str, Any]:
+        return {"window": {"time_dim": self.time_dim, "lookback": self.lookback, "stride": self.stride,
+                           "horizon": self.horizon, "sample_dims": list(self.sample_dims), "order": "window-major"}}  # fmt: skip
+
+    def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        rows = np.arange(start, stop)
+        w, s = rows // self.S, rows % self.S
+        w0, w1 = int(w[0]) if len(w) else 0, int(w[-1]) if len(w) else 0
+        t0 = w0 * self.stride
+        t1 = w1 * self.stride + self.lookback + self.horizon  # exclusive
+        out: dict[str, np.ndarray] = {}
+        for name, (das, is_target) in self._vars.items():
+            spec = self._specs[name]
+            parts = []
+            for da in das:
+                slab = _load(da.isel({self.time_dim: slice(t0, t1)}))
+                slab = slab.reshape(slab.shape[0], self.S, -1)  # (time, space, features)
+                if is_target:
+                    t = w * self.stride + self.lookback - 1 + self.horizon - t0
+                    parts.append(slab[t, s])
+                else:
+                    t = (w * self.stride - t0)[:, None] + np.arange(self.lookback)
+                    parts.append(slab[t, s[:, None]])
+            out[name] = np.concatenate(parts, axis=-1).astype(spec.dtype, copy=False)
+        return out

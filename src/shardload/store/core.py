@@ -1,0 +1,429 @@
+"""``open_store``: a handle on a prepared store (or plain Zarr data), local or by URL.
+
+Opening reads one file, the manifest; arrays open lazily on first read, in the process that
+reads (handles are dropped when a Store is pickled into DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardload.formats.checksums import DEFAULT_VERIFY, VERIFY_ENV, check_verify
+from shardload.errors import IncompleteStoreError, StoreError
+from shardload.formats.base import ArrayReader, get_format, is_local
+from shardload.manifest.core import MANIFEST_NAME, Manifest
+
+PARTIAL_SUFFIX = ".partial"
+
+
+class Store:
+    """A prepared store: ``len(store)`` rows, arrays by name, any row range without dask."""
+
+    def __init__(
+        self, manifest: Manifest, fs: Any, root: str, *, url: str, verify: str = DEFAULT_VERIFY
+    ) -> None:
+        self.manifest = manifest
+        self.fs = fs
+        self.root = root
+        self.url = url
+        self.verify = check_verify(verify)
+        self._reader: ArrayReader | None = None
+        self._ragged: Any = None
+        self._pid = os.getpid()
+        self.hold: Any = None  # keeps what the store is read through alive (a SquashFS mount)
+
+    # -- description ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.manifest.length
+
+    def __repr__(self) -> str:
+        arrays = ", ".join(
+            f"{k}[{a.shape[0]}, *]:{a.dtype}" if a.is_ragged else f"{k}{list(a.shape)}:{a.dtype}"
+            for k, a in self.manifest.arrays.items()
+        )
+        return f"<shardload.Store {self.url} format={self.manifest.format} length={len(self)} arrays=({arrays})>"
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        return tuple(self.manifest.arrays)
+
+    @property
+    def chunk_bounds(self) -> tuple[int, ...]:
+        return self.manifest.chunk_bounds
+
+    @property
+    def num_chunks(self) -> int:
+        return self.manifest.num_chunks
+
+    @property
+    def is_local(self) -> bool:
+        return is_local(self.fs)
+
+    def left_out(self, names: Sequence[str]) -> str:
+        """Why arrays of plain Zarr data were left out when it was opened ("" if they were
+        not), for error messages."""
+        skipped = self.manifest.provenance.get("skipped") or {}
+        why = [f"{n!r}: {skipped[n]}" for n in names if n in skipped]
+        return f" (left out when opened: {'; '.join(why)})" if why else ""
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def reader(self) -> ArrayReader:
+        if self._reader is None or self._pid != os.getpid():
+            fmt = get_format(self.manifest.format)
+
+            def open_reader(manifest: Manifest) -> ArrayReader:
+                return fmt.open_reader(self.fs, self.root, manifest, verify=self.verify)
+
+            reader = None
+            if "window" in self.manifest.static:  # windows cut at load time (at_load: true)
+                from shardload.load.windows import open_window_reader
+
+                reader = open_window_reader(self.manifest, open_reader)
+            self._reader = reader or open_reader(self.manifest)
+            self._pid = os.getpid()
+        return self._reader
+
+    @property
+    def ragged(self) -> tuple[str, ...]:
+        """The variable-length arrays (one 1-D array per sample, any length)."""
+        return tuple(k for k, a in self.manifest.arrays.items() if a.is_ragged)
+
+    @property
+    def ragged_reader(self) -> Any:
+        """The reader of the variable-length arrays (:mod:`shardload.formats.ragged.format`)."""
+        if self._ragged is None or self._ragged._pid != os.getpid():
+            from shardload.formats.ragged.format import RaggedReader
+
+            self._ragged = RaggedReader(self.fs, self.root, self.manifest, verify=self.verify)
+        return self._ragged
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> Any:
+        """Rows ``[start, stop)`` of array ``name`` as a numpy array.
+
+        For a variable-length array: a :class:`~shardload.manifest.ragged.RaggedRows` ``(values,
+        lengths)`` (values of the rows concatenated, int64 lengths); ``.padded()`` gives
+        ``(rows, longest)`` zero-padded, ``.to_list()`` one array per row (see also
+        :meth:`read_padded`)."""
+        if name not in self.manifest.arrays:
+            raise StoreError(
+                f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
+                + self.left_out([name])
+            )
+        n = len(self)
+        stop = n if stop is None else stop
+        start, stop = _clip(start, n), _clip(stop, n)
+        if stop < start:
+            stop = start
+        if self.manifest.arrays[name].is_ragged:
+            return self.ragged_reader.read(name, start, stop)
+        return self.reader.read(name, start, stop)
+
+    def read_padded(
+        self, name: str, start: int = 0, stop: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of a variable-length array as ``(padded, lengths)``: ``(rows, longest)`` with
+        zeros after each row's values, and the int64 lengths (as the loader yields them)."""
+        if name in self.manifest.arrays and not self.manifest.arrays[name].is_ragged:
+            raise StoreError(f"array {name!r} of {self.url} is not a variable-length array")
+        rows = self.read(name, start, stop)
+        return rows.padded(), rows.lengths
+
+    def read_chunk(self, name: str, i: int) -> np.ndarray:
+        if not 0 <= i < self.num_chunks:
+            raise StoreError(
+                f"chunk {i} out of range: store {self.url} has {self.num_chunks} chunks"
+            )
+        a, b = self.manifest.chunk_range(i)
+        return self.read(name, a, b)
+
+    def read_rows(
+        self, start: int, stop: int, names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The same rows of several arrays (row-aligned)."""
+        return {k: self.read(k, start, stop) for k in (names or self.arrays)}
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._ragged is not None:
+            self._ragged.close()
+            self._ragged = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_reader"] = None
+        d["_ragged"] = None
+        return d
+
+    def _identity(self) -> str:
+        """Names this store's content for dask keys (a rewritten store gets new keys)."""
+        m = self.manifest
+        return f"{self.url}|{m.provenance.get('created', '')}|{m.length}|{m.chunk_bounds[-1:]}"
+
+    # -- xarray ------------------------------------------------------------------------------------
+    def to_xarray(self, names: Sequence[str] | None = None) -> Any:
+        """The store as a lazy ``xarray.Dataset``: one dask chunk per store chunk, read with
+        :meth:`read` on compute.
+
+        Dims are ``sample`` and ``NAME_dim1, ...`` (as in the Zarr format's dimension names), or
+        in a store written by ``shardload compute`` the source's dims (``attrs["dims"]``);
+        an array with feature names has them as the coordinate of its last dim, ``NAME_feature``.
+        xarray and dask are imported here only: the read side stays free of them.
+        """
+        import dask.array as da
+        import xarray as xr
+
+        chunks = tuple(int(c) for c in np.diff(self.chunk_bounds))
+        data_vars = {}
+        for name in names or [a for a in self.arrays if a not in self.ragged]:
+            if name not in self.manifest.arrays:
+                raise StoreError(
+                    f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
+                )
+            if self.manifest.arrays[name].is_ragged:
+                raise StoreError(
+                    f"array {name!r} of {self.url} is variable-length: xarray has no form for it "
+                    "(read it with Store.read, which returns (values, lengths))"
+                )
+            info = self.manifest.arrays[name]
+            named = info.attrs.get("dims")  # a compute store: the source's dims
+            if named is not None and len(named) == len(info.shape) and info.features is None:
+                dims = [str(d) for d in named]
+            else:
+                dims = ["sample", *(f"{name}_dim{i}" for i in range(1, len(info.shape)))]
+            coords = {}
+            if info.features is not None and len(info.shape) > 1:
+                if len(info.features) != info.shape[-1]:
+                    raise StoreError(
+                        f"array {name!r} of {self.url} has {len(info.features)} feature names "
+                        f"for {info.shape[-1]} features"
+                    )
+                dims[-1] = f"{name}_feature"
+                coords[dims[-1]] = np.asarray(list(info.features), dtype=str)
+            lazy = da.from_array(
+                _Rows(self, name), chunks=(chunks or (0,), *info.shape[1:]), lock=False,
+                asarray=False, inline_array=True, name=f"shardload-{name}-{_digest(self._identity())}",
+                meta=np.empty((0,) * len(info.shape), dtype=info.dtype),  # no probing read
+            )  # fmt: skip
+            data_vars[name] = xr.Variable(dims, lazy, attrs=dict(info.attrs))
+            for d, c in coords.items():
+                data_vars[d] = xr.Variable((d,), c)
+        return xr.Dataset(data_vars, attrs={"shardload_store": self.url})
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+class _Rows:
+    """An array-like over one array of a store for ``dask.array.from_array``: indexing with
+    slices reads the rows through :meth:`Store.read` (picklable: the store drops its handles)."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        info = store.manifest.arrays[name]
+        self.store, self.name = store, name
+        self.shape, self.dtype, self.ndim = tuple(info.shape), np.dtype(info.dtype), len(info.shape)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        rows = key[0] if key else slice(None)
+        if isinstance(rows, slice) and rows.step in (None, 1):
+            start, stop, _ = rows.indices(self.shape[0])
+            return self.store.read(self.name, start, max(start, stop))[(slice(None), *key[1:])]
+        return self.store.read(self.name)[key]
+
+
+def _clip(i: int, n: int) -> int:
+    i = int(i)
+    if i < 0:
+        i += n
+    return min(max(i, 0), n)
+
+
+def open_store(
+    path_or_url: str | os.PathLike[str] | Store | Any,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int | None = None,
+    arrays: Sequence[str] | None = None,
+    retries: int | None = None,
+    timeout_s: float | None = None,
+    backoff_s: float | None = None,
+    stage_to: str | os.PathLike[str] | None = None,
+    stage_keep: bool = False,
+    verify: str | None = None,
+) -> Store:
+    """Open a shardload store (any format), or plain Zarr data chunked along axis 0.
+
+    Parameters
+    ----------
+    path_or_url
+        A local folder, a SquashFS image made by ``shardload pack`` (mounted read-only with
+        squashfuse, once per node, unmounted when the last process using it ends; see
+        :mod:`shardload.move.squashfs`), an fsspec URL (``http://``, ``s3://``, ...), or an fsspec mapper
+        (``fsspec.get_mapper(url, **options)``, what xarray and zarr users hold), whose
+        filesystem is used as is (the remote options below do not apply to it).
+    storage_options
+        Passed to fsspec for URLs (credentials, endpoint, ...).
+    cache_dir, cache_bytes
+        Optional local cache of remote files (whole files), bounded in bytes (None: unbounded).
+        The source is never modified; see :mod:`shardload.move.cache`.
+    arrays
+        For plain Zarr data: which arrays to read together (default: all arrays sharing the
+        longest leading dimension).
+    retries, timeout_s, backoff_s
+        For URLs: attempts after the first on transient errors, the HTTP connect/read-stall
+        timeout, the first retry delay (doubled each retry). Defaults: the environment
+        variables ``SHARDLOAD_RETRIES``, ``SHARDLOAD_TIMEOUT_S``, ``SHARDLOAD_RETRY_BACKOFF_S``,
+        else 5, 30 s and 0.25 s.
+    stage_to, stage_keep
+        Copy the store (a folder, URL or ``.tar``/``.tgz`` archive) into this node-local
+        folder first, e.g. ``/dev/shm``, and open the copy: one copy per node even when every
+        rank asks, removed when the last process using it exits unless ``stage_keep`` (see
+        :func:`shardload.move.staging.stage`).
+    verify
+        Check chunks against the checksums recorded when the store was written:
+        ``"first-epoch"`` the first time each process reads a chunk, ``"always"`` on every
+        read, ``"never"``; ``"auto"`` is ``"first-epoch"`` for compressed Zarr and HDF5 and
+        ``"never"`` for raw rows (npy, uncompressed Zarr), where hashing would cost the loader
+        about 30% of its CPU. Default: the environment variable ``SHARDLOAD_VERIFY``, else
+        ``"auto"``. A mismatch raises :class:`ChunkReadError` naming the file; missing,
+        truncated or mis-typed chunks are errors in every mode. Every loader reading this ``Store`` (``iter_batches``, ``StreamingDataset``,
+        ``MapDataset``, their DataLoader workers) uses its setting. Plain Zarr data has no
+        checksums. See docs/loading.md ("Integrity").
+
+    Raises
+    ------
+    RemoteError
+        A URL's manifest cannot be read after the retries (names the URL).
+    """
+    if isinstance(path_or_url, Store):
+        return path_or_url
+    verify = check_verify(verify or os.environ.get(VERIFY_ENV) or DEFAULT_VERIFY)
+    if _is_mapper(path_or_url):  # an fsspec mapper (fsspec.get_mapper): its filesystem as is
+        mapper: Any = path_or_url
+        fs, root = mapper.fs, str(mapper.root).rstrip("/") or "/"
+        return _open_at(fs, root, fs.unstrip_protocol(root), arrays=arrays, verify=verify)
+    url = os.fspath(path_or_url)
+    if "://" not in url and os.path.isfile(url) and _is_image(url):  # from `shardload pack`
+        from shardload.move.squashfs import open_image
+
+        mounted, hold = open_image(url)
+        if stage_to is None:
+            store = _open_at(*_open_fs(str(mounted), {}), url, arrays=arrays, verify=verify)
+            store.hold = hold
+            return store
+        url = str(mounted)  # stage the image's content (the mount stays while this process lives)
+    if stage_to is not None:
+        from shardload.move.staging import stage
+
+        url = str(
+            stage(url, stage_to, keep=stage_keep, storage_options=dict(storage_options or {}))
+        )
+    remote = dict(
+        storage_options=dict(storage_options or {}), cache_dir=cache_dir,
+        cache_bytes=cache_bytes, retries=retries, timeout_s=timeout_s, backoff_s=backoff_s,
+    )  # fmt: skip
+    fs, root = _open_fs(url, remote)
+    return _open_at(fs, root.rstrip("/") or "/", url, arrays=arrays, verify=verify)
+
+
+def _is_image(path: str) -> bool:
+    from shardload.move.squashfs import is_image
+
+    return is_image(path)
+
+
+def _is_mapper(obj: Any) -> bool:
+    from collections.abc import MutableMapping
+
+    return isinstance(obj, MutableMapping) and hasattr(obj, "fs") and hasattr(obj, "root")
+
+
+def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, verify: str) -> Store:
+    text = _read_manifest(fs, root)
+    if text is None:
+        if _exists(fs, f"{root}{PARTIAL_SUFFIX}") or _exists(fs, f"{root}/_progress"):
+            raise IncompleteStoreError(
+                f"{url} is not complete: a prepare was interrupted or is still running "
+                f"(found {root}{PARTIAL_SUFFIX}); re-run 'shardload prepare' to resume"
+            )
+        if any(_exists(fs, f"{root}/{m}") for m in ("zarr.json", ".zgroup", ".zarray")):
+            from shardload.formats.zarr.format import manifest_from_zarr
+
+            manifest = manifest_from_zarr(fs, root, arrays=arrays)
+            return Store(manifest, fs, root, url=url, verify=verify)
+        if not _exists(fs, root):
+            raise StoreError(f"no store at {url}: the path does not exist")
+        raise StoreError(f"{url} is not a shardload store: no {MANIFEST_NAME} and no Zarr metadata")
+    manifest = Manifest.from_json(
+        text, where=f"{url}/{MANIFEST_NAME}", read=StoreFiles(fs, root, url=url)
+    )
+    if not manifest.complete:
+        raise IncompleteStoreError(f"{url} is not complete ({MANIFEST_NAME} says complete: false)")
+    return Store(manifest, fs, root, url=url, verify=verify)
+
+
+def _open_fs(url: str, remote: dict[str, Any]) -> tuple[Any, str]:
+    if "://" in url and not url.startswith("file://"):
+        from shardload.move.remote import open_fs
+
+        return open_fs(url, **remote)
+    from fsspec.implementations.local import LocalFileSystem
+
+    path = url[len("file://") :] if url.startswith("file://") else url
+    return LocalFileSystem(), str(Path(path).expanduser().resolve())
+
+
+def _read_manifest(fs: Any, root: str) -> bytes | None:
+    path = f"{root}/{MANIFEST_NAME}"
+    if is_local(fs):
+        try:
+            return Path(path).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    from shardload.move.remote import read_bytes
+
+    try:
+        return read_bytes(fs, path, what="the manifest")
+    except FileNotFoundError:
+        return None
+
+
+class StoreFiles:
+    """Reads a store's small files (the manifest's feature files) through the store's own
+    filesystem -- local, or the remote one with its retries and cache. Picklable."""
+
+    def __init__(self, fs: Any, root: str, *, url: str) -> None:
+        self.fs, self.root, self.url = fs, root, url
+
+    def __call__(self, rel: str) -> bytes:
+        path = f"{self.root}/{rel}"
+        if is_local(self.fs):
+            return Path(path).read_bytes()
+        from shardload.move.remote import read_bytes
+
+        return read_bytes(self.fs, path, what=f"{rel} of {self.url}")
+
+
+def _exists(fs: Any, path: str) -> bool:
+    try:
+        return bool(fs.exists(path))
+    except Exception:
+        return False

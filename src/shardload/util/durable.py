@@ -1,0 +1,84 @@
+"""Making written files durable: now, or later in a batch (see docs/design.md, "A block is
+durable before its record").
+
+A write task runs inside :func:`collect_written`; every format calls :func:`file_written` where
+it used to ``fsync`` a file it wrote. Outside a collection, or in one with ``defer=False``, that
+fsyncs at once. With ``defer=True`` it only starts the kernel's writeback of the file
+(``sync_file_range(SYNC_FILE_RANGE_WRITE)``, asynchronous) and lists the path: the caller must
+fsync every listed path before anything records the block as done (:class:`~shardload.prep.commit.
+DurableRecorder` does). Either way the caller learns which files were written, so the final pass
+before publishing does not sync them again.
+
+Why defer: on the development VM's disk an fsync per 25 MiB file wrote 181-198 MB/s and one
+fsync pass at the end 374-395 MB/s; a task that waits for its own fsync leaves the disk idle while
+it reads and encodes the next block. Deferral keeps the disk busy with writeback started at
+once and the fsyncs done by one background thread, while the tasks go on.
+
+No shardload imports: the formats use this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import threading
+from collections.abc import Iterator
+
+_LOCAL = threading.local()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _load_sync_file_range() -> object | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):  # not Linux
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _load_sync_file_range()
+
+
+def start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing ``fd``'s dirty pages now, without waiting (a hint: a
+    failure is ignored, the later fsync is what counts)."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # type: ignore[operator]
+
+
+@contextlib.contextmanager
+def collect_written(*, defer: bool) -> Iterator[list[str]]:
+    """Within this block, :func:`file_written` lists each file (in this thread); with ``defer``
+    it does not fsync them: the caller must (:func:`fsync_path`) before recording them done."""
+    prev = getattr(_LOCAL, "state", None)
+    paths: list[str] = []
+    _LOCAL.state = (paths, defer)
+    try:
+        yield paths
+    finally:
+        _LOCAL.state = prev
+
+
+def file_written(fd: int, path: str | os.PathLike[str]) -> None:
+    """A file was written through ``fd`` (still open): fsync it, or defer that (see
+    :func:`collect_written`)."""
+    state = getattr(_LOCAL, "state", None)
+    if state is not None and state[1]:
+        start_writeback(fd)
+    else:
+        os.fsync(fd)
+    if state is not None:
+        state[0].append(os.fspath(path))
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

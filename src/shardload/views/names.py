@@ -1,6 +1,0 @@
-"""Lazy feature names of wide variables: see :mod:`shardload.names` (they live outside
-``views`` so that the read side, which decodes them from feature files, imports no xarray)."""
-
-from ..names import ChainedNames, GridNames
-
-__all__ = ["ChainedNames", "GridNames"]
