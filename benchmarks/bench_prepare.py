@@ -117,7 +117,7 @@ def baseline_to_zarr(ds: Any, out: Path, compression: str) -> tuple[float, float
 
     from shardload.formats.base import FormatOptions
     from shardload.formats.zarr.format import compressors
-    from shardload.prep.driver import fsync_tree
+    from shardload.util.durable import fsync_tree
 
     shutil.rmtree(out, ignore_errors=True)
     enc = {k: {"compressors": compressors(FormatOptions(compression))} for k in ds.data_vars}
@@ -133,8 +133,8 @@ def radiation_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[st
     import dask
     import xarray as xr
 
-    from shardload.samples.radiation import write_radiation_sample
     from shardload.prep.sources.radiation import open_radiation
+    from shardload.samples.radiation import write_radiation_sample
 
     raw = work / "raw"
     if not raw.exists():

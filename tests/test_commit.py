@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardload.prep.commit import BlockCommit, OutputLock, write_block_durably
 from shardload.errors import StoreExistsError, StoreLockedError
 from shardload.formats.base import get_format
+from shardload.prep.commit import BlockCommit, OutputLock, write_block_durably
 
 
 def make(out: Path, fp: str = "fp1", n: int = 4, **kw) -> BlockCommit:
@@ -95,8 +95,8 @@ def test_staging_format_blocks_are_files_until_the_merge(tmp_path):
     """HDF5 (one file, library state lost on kill -9): each block is an fsynced npy file until
     finish_format builds data.h5 from all of them, from scratch."""
     from shardload.formats.base import FormatOptions
+    from shardload.manifest.core import ArraySpec
     from shardload.plan.chunks import RegularBounds
-    from shardload.prep.views.base import ArraySpec
 
     fmt = get_format("hdf5")
     assert not fmt.parallel_write

@@ -11,13 +11,13 @@ import yaml
 
 import shardload
 from conftest import make_dataset, tree_bytes
+from shardload.errors import ConfigError
 from shardload.prep.config import load_config
 from shardload.prep.config_models import (
     CLUSTER_KINDS,
     PrepareModel,
     config_schema,
 )
-from shardload.errors import ConfigError
 
 CONFIGS = Path(shardload.__file__).parent / "configs"
 

@@ -309,7 +309,7 @@ def test_verify_never_still_refuses_structural_damage(pristine, tmp_path):
 def test_checksum_file_gone_after_open_names_the_chunk_being_read(pristine, tmp_path, fmt):
     """The digests load on the first check (in a DataLoader worker, after the store was
     opened): when that load fails, the error still says which chunk was being read."""
-    from shardload.formats.checksums import CHECKSUMS_NAME
+    from shardload.layout import CHECKSUMS_NAME
 
     root = tmp_path / "store"
     shutil.copytree(pristine[fmt], root)
@@ -421,8 +421,8 @@ def test_checksums_survive_a_resumed_prepare(tmp_path, monkeypatch, fmt):
     resumed records every chunk's checksum, including those written before the failure."""
     import errno
 
-    from shardload.formats.checksums import read_checksums
     from shardload.formats.base import get_format
+    from shardload.formats.checksums import read_checksums
 
     src = tmp_path / "src.nc"
     xr.Dataset({

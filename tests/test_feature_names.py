@@ -10,7 +10,7 @@ import pytest
 import xarray as xr
 
 import shardload
-from shardload.manifest.core import decode_features, encode_features
+from shardload.manifest.features import decode_features, encode_features
 from shardload.prep.views.flat import feature_name_seq, feature_names
 from shardload.prep.views.names import ChainedNames, GridNames
 
@@ -74,7 +74,7 @@ def test_a_bad_grid_rule_is_a_corrupt_feature_file(rule):
 def test_feature_files_of_the_first_format_still_decode():
     """Files written by the first format (names joined by NUL, float64 / int64 statistics;
     tests/data/features, written by shardload before the grid rule and compact statistics)."""
-    from shardload.manifest.core import FeatureStats
+    from shardload.manifest.features import FeatureStats
 
     data = Path(__file__).parent / "data" / "features"
     names, st = decode_features((data / "features-format1-grid.npz").read_bytes(), where="g")

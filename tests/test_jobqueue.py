@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from shardload.cli.app import main
-from shardload.prep.config import ExecutionConfig, load_config
 from shardload.errors import ClusterError, ConfigError
+from shardload.prep.config import ExecutionConfig, load_config
 
 pytest.importorskip("dask_jobqueue")
 pytest.importorskip("distributed")

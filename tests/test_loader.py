@@ -614,7 +614,7 @@ def test_store_fingerprint_sees_every_feature_statistic() -> None:
     from types import SimpleNamespace
 
     from shardload.load.select import store_fingerprint
-    from shardload.manifest.core import FeatureStats
+    from shardload.manifest.features import FeatureStats
 
     def fingerprint(mean: np.ndarray) -> str:
         n = len(mean)

@@ -15,7 +15,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 import shardload
 from shardload.errors import StoreError
-from shardload.manifest.core import MANIFEST_NAME, ArrayInfo, FeatureStats, Manifest
+from shardload.layout import MANIFEST_NAME
+from shardload.manifest.core import ArrayInfo, Manifest
+from shardload.manifest.features import FeatureStats
 from shardload.move.serve import serving
 from shardload.store.core import StoreFiles
 
@@ -188,7 +190,7 @@ def test_compact_feature_statistics_decode_to_numpys_figures(dtype, stored):
     decoded, the same float64 / int64 statistics as computed, equal to numpy's."""
     import io
 
-    from shardload.manifest.core import decode_features, encode_features
+    from shardload.manifest.features import decode_features, encode_features
     from shardload.prep.stats import finalize, partial
 
     x = _data(dtype)
@@ -221,7 +223,7 @@ def test_compact_feature_statistics_decode_to_numpys_figures(dtype, stored):
 def test_min_max_not_exact_in_the_dtype_stay_float64(value):
     import io
 
-    from shardload.manifest.core import decode_features, encode_features
+    from shardload.manifest.features import decode_features, encode_features
 
     st = FeatureStats(2, [1.0, 2.0], [0.0, 0.0], [value, 1.0], [value, 2.0], [0, 0])
     data = encode_features("x", None, st, dtype="uint8")
@@ -261,7 +263,7 @@ def test_a_grid_store_has_a_small_feature_file_of_manifest_version_4(tmp_path):
 def test_a_newer_feature_file_format_is_refused():
     import io
 
-    from shardload.manifest.core import decode_features
+    from shardload.manifest.features import decode_features
 
     buf = io.BytesIO()
     np.savez(buf, format=np.array(3), count=np.array(1))

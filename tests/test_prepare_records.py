@@ -13,11 +13,11 @@ import pytest
 import xarray as xr
 
 import shardload
+from shardload.errors import StoreError
+from shardload.formats.npy import format as npy
 from shardload.prep import commit as commit_mod
 from shardload.prep import driver as pipeline
 from shardload.prep.config import load_config
-from shardload.errors import StoreError
-from shardload.formats.npy import format as npy
 
 
 def conf(src: Path, out: Path, **kw) -> dict:

@@ -423,8 +423,8 @@ def test_manifest_version_and_roundtrip(npy, stores):
 def test_crash_while_finishing_ragged_redoes_it(tmp_path, monkeypatch, fmt):
     """A run that dies after every block is recorded, inside the pass that writes the offsets
     (and the Zarr / HDF5 values), leaves the staged chunks; the next run redoes the pass."""
-    from shardload.prep import commit
     from shardload.formats.ragged import format as fr
+    from shardload.util import durable as commit
 
     real_write = commit.write_atomic
 

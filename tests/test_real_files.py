@@ -21,8 +21,8 @@ from packaging.requirements import Requirement
 
 import shardload
 from conftest import CACHE, REPO, SRC
-from shardload.prep.config import load_config
 from shardload.errors import ConfigError, SourceError
+from shardload.prep.config import load_config
 from shardload.prep.sources.open import open_source
 
 
@@ -153,7 +153,7 @@ def test_hdf5_create_error_names_the_array(tmp_path):
     from shardload.errors import StoreError
     from shardload.formats.base import FormatOptions
     from shardload.formats.hdf5.format import FORMAT
-    from shardload.prep.views.base import ArraySpec
+    from shardload.manifest.core import ArraySpec
 
     bad = {"big": ArraySpec("big", (4, 3), np.dtype("M8[ns]"))}  # no HDF5 type
     with pytest.raises(StoreError, match=re.escape("array 'big'")):

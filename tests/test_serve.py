@@ -238,7 +238,7 @@ def test_requests_are_logged(stores: Path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="shardload.serve")
     with serving(stores) as url:
         requests.get(url + "alpha/x/000000.npy", headers={"Range": "bytes=0-9"}, timeout=T)
-    lines = [r.getMessage() for r in caplog.records if r.name == "shardload.move.serve"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "shardload.serve"]
     assert any(re.fullmatch(r"GET /alpha/x/000000\.npy 206 10 [\d.]+ms", m) for m in lines)
 
 

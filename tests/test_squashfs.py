@@ -20,8 +20,8 @@ import pytest
 
 import shardload
 from _stores import check_values, make_store
-from shardload.move import squashfs
 from shardload.errors import ImageError, IncompleteStoreError, StoreError, StoreExistsError
+from shardload.move import squashfs
 
 pytestmark = pytest.mark.timeout(120)
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -328,8 +328,8 @@ def test_process_identity_compares_start_times() -> None:
 def test_ring_reclaims_a_dead_workers_slot_even_if_its_pid_lives_on() -> None:
     import numpy as np
 
-    from shardload.util import procs
     from shardload.load.ring import BatchRing
+    from shardload.util import procs
 
     ring = BatchRing({"x": ((4,), np.dtype("f4"))}, 8, slots=2)
     me = procs.my_start_time()

@@ -12,7 +12,7 @@ import xarray as xr
 
 import shardload
 from shardload.errors import ChunkReadError
-from shardload.load.windows import WindowReader
+from shardload.store.windows import WindowReader
 
 pytestmark = pytest.mark.timeout(180)
 

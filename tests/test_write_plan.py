@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from shardload.prep.config import PrepareConfig, SourceConfig
-from shardload.prep.driver import PrepareJob
+from shardload.manifest.core import ArraySpec
 from shardload.plan import chunks as chunks_mod
 from shardload.plan.chunks import RegularBounds, block_span, plan_blocks, plan_chunk_bounds
-from shardload.prep.views.base import ArraySpec
+from shardload.prep.config import PrepareConfig, SourceConfig
+from shardload.prep.driver import PrepareJob
 
 
 def job(num_chunks: int, chunk_rows: int = 3, per_block: int = 1) -> PrepareJob:

@@ -109,8 +109,8 @@ def test_whole_file_reads_land_in_page_aligned_buffers(tmp_path):
     loader's group buffers are page-aligned."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from shardload.formats.zarr import chunks as zarr_chunks
     from shardload.formats.base import READ_ALIGN, aligned_empty
+    from shardload.formats.zarr import chunks as zarr_chunks
     from shardload.load.reader import BufferPool
 
     for n in (1, 4095, 3 << 20):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from shardload.version import __version__
 
 __all__ = ["__version__", "compute", "iter_batches", "open_store", "prepare"]
 

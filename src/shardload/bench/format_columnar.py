@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from shardload.errors import require
 from shardload.bench.format_data import BenchData
 from shardload.bench.format_io import LazyReader
+from shardload.errors import require
 
 COLUMN = "x"
 

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from shardload.errors import ShardloadError
 from shardload.bench.format_data import DTYPE
+from shardload.errors import ShardloadError
 
 
 class FormatCheckError(ShardloadError):

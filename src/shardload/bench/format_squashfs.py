@@ -15,9 +15,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from shardload.errors import StoreError
 from shardload.bench.format_data import BenchData
 from shardload.bench.format_io import write_npy_stack
+from shardload.errors import StoreError
 
 COMPRESSION = "zstd"  # pack's default
 BLOCK_BYTES = 131072  # pack's default

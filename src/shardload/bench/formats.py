@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from shardload.errors import ConfigError
 from shardload.bench import format_columnar as col
 from shardload.bench import format_io as fio
 from shardload.bench import format_squashfs as sqfs
 from shardload.bench.format_data import BenchData, make_data
 from shardload.bench.format_squashfs import squashfs_unavailable
+from shardload.errors import ConfigError
 
 GROUP_BYTES = 4 << 20  # rows per Arrow batch / Parquet row group / Zarr shard / tar shard
 READ_LIMIT_BLOCK = 16 << 20

@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run_jobs:
         import sys
 
-        from shardload.prep.jobqueue import dry_run_text
         from shardload.blockwise.config import load_compute_config
+        from shardload.prep.jobqueue import dry_run_text
 
         sys.stdout.write(dry_run_text(load_compute_config(args.config, overrides).execution))
         return 0

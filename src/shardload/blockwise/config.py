@@ -6,7 +6,6 @@ Functions are imported here, before any file is read.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from shardload.blockwise.plan import Boundary, normalize_boundary, normalize_depth
+from shardload.blockwise.steps import STEP_KINDS, StepConfig, check_steps, parse_step
+from shardload.errors import ConfigError
 from shardload.prep.config import (
     ExecutionConfig,
     SourceConfig,
@@ -25,11 +27,9 @@ from shardload.prep.config import (
     parse_size,
     read_yaml_mapping,
 )
-from shardload.errors import ConfigError
 from shardload.prep.sources.segy import VARIABLE as SEGY_VARIABLE
 from shardload.prep.sources.segy import is_segy
-from shardload.blockwise.plan import Boundary, normalize_boundary, normalize_depth
-from shardload.blockwise.steps import STEP_KINDS, StepConfig, check_steps, parse_step
+from shardload.util.imports import import_function
 
 SCHEDULERS = ("threads", "processes", "sync", "distributed", "jobqueue", "auto")
 ATTRIBUTE_KEYS = ("function", "depth", "boundary", "dtype", "kwargs")
@@ -76,25 +76,6 @@ class ComputeConfig:
     compression: str = "zstd"
     #: standardisation / k-means steps on whole attributes, run after them (steps.py)
     steps: Mapping[str, StepConfig] = field(default_factory=dict)
-
-
-def import_function(spec: str, where: str) -> Callable[..., Any]:
-    """``"package.module:name"`` -> the callable, or a ConfigError naming ``where``."""
-    if not isinstance(spec, str) or ":" not in spec:
-        raise ConfigError(f"{where}: {spec!r}; give 'package.module:function'")
-    mod_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as exc:
-        raise ConfigError(f"{where}: cannot import module {mod_name!r} ({exc})") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{where}: module {mod_name!r} has no {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ConfigError(f"{where}: {spec!r} is not callable")
-    return obj  # type: ignore[no-any-return]
 
 
 def check_kwargs(func: Callable[..., Any], kwargs: Mapping[str, Any], where: str) -> None:

@@ -24,17 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from shardload import __version__
-from shardload.formats.checksums import ALGORITHM, CHECKSUMS_NAME, encode_checksums
-from shardload.prep.commit import BlockCommit, partial_path, write_block_durably
-from shardload.errors import ConfigError, NaNError, ShardloadError
-from shardload.prep.executor import default_workers, open_executor, run_windowed
-from shardload.formats.base import FormatOptions
-from shardload.manifest.core import ArrayInfo, Manifest
-from shardload.prep.driver import CHECKSUM_KEY, _merge_checksums
-from shardload.prep.stats import Partial as StatPartial
-from shardload.prep.stats import finalize, merge_all, partial
-from shardload.blockwise.config import ComputeConfig, import_function, load_compute_config
+from shardload.blockwise.config import ComputeConfig, load_compute_config
 from shardload.blockwise.plan import (
     CONSTANT,
     AxisWindow,
@@ -48,7 +38,31 @@ from shardload.blockwise.plan import (
     runs,
 )
 from shardload.blockwise.source import SourceArray, SourceInfo
-from shardload.blockwise.steps import FIT_ROWS, StepConfig, StepModel, apply_step, fit_kmeans, save_centers
+from shardload.blockwise.steps import (
+    FIT_ROWS,
+    StepConfig,
+    StepModel,
+    apply_step,
+    fit_kmeans,
+    save_centers,
+)
+from shardload.errors import ConfigError, NaNError, ShardloadError
+from shardload.formats.base import FormatOptions
+from shardload.formats.checksums import ALGORITHM, encode_checksums
+from shardload.layout import CHECKSUMS_NAME
+from shardload.manifest.core import ArrayInfo, Manifest
+from shardload.prep.commit import (
+    BlockCommit,
+    merge_checksums,
+    partial_path,
+    record_checksums,
+    write_block_durably,
+)
+from shardload.prep.executor import default_workers, open_executor, run_windowed
+from shardload.prep.stats import Partial as StatPartial
+from shardload.prep.stats import finalize, merge_all, partial
+from shardload.util.imports import import_function
+from shardload.version import __version__
 
 log = logging.getLogger(__name__)
 STAT_FIELDS = ("count", "mean", "m2", "min", "max", "nan_count")
@@ -362,7 +376,7 @@ def _write_slab(job: ComputeJob, slab: int, outs: Mapping[str, np.ndarray]) -> d
         p = partial(data.reshape(-1))
         record.update({f"{name}/{k}": getattr(p, k) for k in STAT_FIELDS})
         if sums is not None:
-            record[f"{CHECKSUM_KEY}{name}"] = np.array([list(sums), list(sums.values())], np.uint64)
+            record_checksums(record, name, sums)
     return record
 
 
@@ -458,14 +472,14 @@ def compute(
         _run(job, commit, first, job.num_slabs - len(first), progress)
         records = [commit.read_record(i) for i in range(job.num_slabs)]
         stats = _merge_stats(records, [a.name for a in job.attributes])
-        sums = _merge_checksums(records, [a.name for a in job.attributes])
+        sums = merge_checksums(records, [a.name for a in job.attributes])
         if job.steps:
             job = dataclasses.replace(job, models=_fit_steps(job, commit, stats, tasks))
             second = [i for i in todo if i >= job.num_slabs]
             _run(job, commit, second, job.num_slabs - len(second), progress)
             more = [commit.read_record(i) for i in range(job.num_slabs, job.num_blocks)]
             stats.update(_merge_stats(more, [s.name for s in job.steps]))
-            step_sums = _merge_checksums(more, [s.name for s in job.steps])
+            step_sums = merge_checksums(more, [s.name for s in job.steps])
             sums = {**sums, **step_sums} if sums and step_sums else {}
         commit.finish_format(FORMAT, create, [], list(specs), bounds=bounds)
 
@@ -534,7 +548,7 @@ def _fit_steps(
     """Each step's model: the inputs' mean and std (the first pass's statistics) and, for
     k-means, the centres fitted by dask-ml on the written attributes; centres are kept in the
     progress folder, so a resumed run labels with the same ones."""
-    from shardload.prep.commit import write_atomic
+    from shardload.util.durable import write_atomic
 
     models = {}
     for s in job.steps:

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from shardload.prep.config import SourceConfig
 from shardload.errors import SourceError
+from shardload.prep.config import SourceConfig
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class SourceArray:
         self._dask: Any = None
         self._segy: Any = None
         paths = list(cfg.paths)
-        from shardload.prep.sources.open import expand_paths, guess_engine, is_url
+        from shardload.prep.sources.paths import expand_paths, guess_engine, is_url
 
         engine = cfg.engine or (guess_engine(paths[0]) if paths else None)
         if engine == "segy":

@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from shardload import __version__
 from shardload.errors import ShardloadError
+from shardload.version import __version__
 
 # module path -> registers one or more subcommands (imported lazily at parser build time)
 COMMAND_MODULES = (

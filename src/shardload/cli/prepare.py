@@ -8,6 +8,8 @@ import logging
 import sys
 from typing import Any
 
+from shardload.layout import PARTIAL_SUFFIX
+
 log = logging.getLogger("shardload")
 
 PREPARE_HELP = """\
@@ -104,8 +106,8 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     """
     from pathlib import Path
 
-    from shardload.prep.driver import build, plan_rows, plan_splits_for
     from shardload.plan.chunks import plan_blocks, plan_chunk_bounds
+    from shardload.prep.driver import build, plan_rows, plan_splits_for
 
     view = build(cfg)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
@@ -113,7 +115,7 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
     splits, split_rows = plan_splits_for(cfg, view, bounds)  # exactly as prepare plans them
     out = Path(cfg.out)
-    partial = out.with_name(out.name + ".partial")
+    partial = out.with_name(out.name + PARTIAL_SUFFIX)
     return {
         "out": str(out),
         "out_exists": out.exists(),

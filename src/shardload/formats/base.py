@@ -9,15 +9,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from shardload.errors import ConfigError
-from shardload.manifest.core import ArrayInfo, Manifest
-
-if TYPE_CHECKING:  # the read side never imports views (they pull in xarray and dask)
-    from shardload.prep.views.base import ArraySpec
+from shardload.manifest.core import ArrayInfo, ArraySpec, Manifest
 
 COMPRESSIONS = ("none", "zstd", "lz4")
 DEFAULT_COMPRESSION = "lz4"

@@ -27,9 +27,10 @@ import numpy as np
 import xxhash
 
 from shardload.errors import ChunkReadError, ConfigError, ShardloadError, StoreError
+from shardload.layout import CHECKSUMS_NAME
+from shardload.util.npy_header import npy_header_lock
 
 ALGORITHM = "xxh3_64"
-CHECKSUMS_NAME = "checksums.npz"
 VERIFY_MODES = ("auto", "always", "first-epoch", "never")
 #: The default of ``open_store(verify=None)`` when set (e.g. to measure, or to trust a store).
 VERIFY_ENV = "SHARDLOAD_VERIFY"
@@ -89,13 +90,10 @@ def encode_checksums(sums: Mapping[str, np.ndarray]) -> bytes:
 
 
 def decode_checksums(data: bytes, *, where: str) -> dict[str, np.ndarray]:
-    # np.load parses npy headers with ast.literal_eval, which is not thread-safe in CPython
-    # < 3.11.8 / 3.12.1 (gh-106905): reader threads load this file concurrently, so under the
-    # lock that guards every npy header parse of the read side (no I/O here: data is in memory)
-    from shardload.formats.npy import format as npy
-
+    # reader threads load this file concurrently: under the lock that guards every npy header
+    # parse of the read side (util.npy_header; no I/O here: data is in memory)
     try:
-        with npy._HEADER_LOCK, np.load(io.BytesIO(data), allow_pickle=False) as z:
+        with npy_header_lock(), np.load(io.BytesIO(data), allow_pickle=False) as z:
             return {k: np.asarray(z[k], dtype=np.uint64) for k in z.files}
     except Exception as exc:
         raise StoreError(f"checksum file {where} is not readable: {exc}") from exc

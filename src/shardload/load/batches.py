@@ -12,6 +12,26 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import PlanError, StateError
+from shardload.load.checks import check_indices, checked_allocate
+from shardload.load.ragged import PaddingStats, ragged_batches, ragged_names, resolve_buckets
+from shardload.load.reader import BufferPool, Group, read_groups
+from shardload.load.recycle import Allocate, BatchRecycler
+from shardload.load.scatter import (
+    batches_per_group,
+    groups_in_flight,
+    raw_rows,
+    raw_sources,
+    scatter_batches,
+)
+from shardload.load.select import (
+    Selection,
+    plan_piece_rows,
+    select_rows,
+    split_pieces,
+    store_fingerprint,
+)
+from shardload.load.windows import window_batches
+from shardload.manifest.ragged import LENGTH_SUFFIX
 from shardload.plan.buckets import bucketed_fingerprint
 from shardload.plan.chunks import DEFAULT_TARGET_CHUNK_BYTES
 from shardload.plan.epoch import (
@@ -24,15 +44,8 @@ from shardload.plan.epoch import (
     plan_fingerprint,
 )
 from shardload.plan.resume import EpochState, plan_from_state
-from shardload.manifest.ragged import LENGTH_SUFFIX
 from shardload.store.core import Store, open_store
-from shardload.load.checks import check_indices, checked_allocate
-from shardload.load.ragged import PaddingStats, ragged_batches, ragged_names, resolve_buckets
-from shardload.load.reader import BufferPool, Group, read_groups
-from shardload.load.recycle import Allocate, BatchRecycler
-from shardload.load.scatter import batches_per_group, groups_in_flight, raw_rows, raw_sources, scatter_batches
-from shardload.load.select import Selection, plan_piece_rows, select_rows, split_pieces, store_fingerprint
-from shardload.load.windows import WindowReader, window_batches
+from shardload.store.windows import WindowReader
 
 #: Segments (at most a chunk each) read ahead of the group being yielded.
 DEFAULT_PREFETCH = DEFAULT_SHUFFLE_CHUNKS
@@ -516,7 +529,7 @@ def _batches(
         allocate = batch_recycler(store, names, plan, prefetch, chunk_rows=longest).allocate
     else:  # the caller's arrays: checked before any read or gather writes into them
         allocate = checked_allocate(allocate, batch_specs(store, names))
-    if isinstance(store.reader, WindowReader):  # windows cut at load time (loader/windows.py)
+    if isinstance(store.reader, WindowReader):  # windows cut at load time (store/windows.py)
         yield from window_batches(
             store, names, plan, rank, worker, prefetch=prefetch, threads=threads,
             new_batch=lambda n: new_batch(specs, n), index_key=INDEX_KEY, allocate=allocate,

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 from fsspec import AbstractFileSystem
 from fsspec.spec import AbstractBufferedFile
 
-from shardload.move import cache as remote_cache
 from shardload.errors import RemoteError, RemoteNotFoundError
+from shardload.move import cache as remote_cache
 from shardload.move.cache import evict_lru
 
 __all__ = [

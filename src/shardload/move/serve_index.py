@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-MANIFEST_NAME = "shardload.json"
+from shardload.layout import MANIFEST_NAME
 
 
 def _inside(root: Path, entry: os.DirEntry) -> bool:

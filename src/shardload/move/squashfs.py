@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardload.util import procs
-from shardload.errors import ImageError, StoreError, StoreExistsError
+from shardload.errors import ImageError, IncompleteStoreError, StoreError, StoreExistsError
+from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX, PROGRESS_DIR
 from shardload.move.squashfs_watch import mounted
+from shardload.util import procs
 
 log = logging.getLogger("shardload.squashfs")
 
@@ -114,8 +115,6 @@ def pack(
     StoreExistsError
         ``image_path`` exists and ``overwrite`` is false.
     """
-    from shardload.store.core import PARTIAL_SUFFIX, open_store
-
     store = Path(store_path).expanduser()
     image = Path(image_path).expanduser().resolve()
     if compression not in COMPRESSIONS:
@@ -127,7 +126,7 @@ def pack(
         what = "does not exist" if not store.exists() else "is not a folder"
         raise StoreError(f"cannot pack {store}: it {what} (pack takes a store folder)")
     try:
-        open_store(store)  # refuses a partial store or a folder that is no store, naming why
+        _check_complete(store)
     except StoreError as exc:
         raise type(exc)(f"cannot pack {store}: {exc}") from exc
     store = store.resolve()
@@ -453,3 +452,30 @@ def open_image(image_path: str | os.PathLike[str]) -> tuple[Path, MountHold]:
     image = Path(image_path).expanduser().resolve()
     root = mount(image)
     return root, MountHold(image, _identity(image))
+
+
+def _check_complete(store: Path) -> None:
+    """Refuse a partial store or a folder that is no store, naming why (as ``open_store`` would;
+    the manifest alone tells, so packing needs no reader of the store)."""
+    partial = store.with_name(store.name + PARTIAL_SUFFIX)
+    try:
+        text = (store / MANIFEST_NAME).read_bytes()
+    except FileNotFoundError:
+        if partial.exists() or (store / PROGRESS_DIR).exists():
+            raise IncompleteStoreError(
+                f"{store} is not complete: a prepare was interrupted or is still running "
+                f"(found {partial}); re-run 'shardload prepare' to resume"
+            ) from None
+        if any((store / m).exists() for m in ("zarr.json", ".zgroup", ".zarray")):
+            return  # plain Zarr data, which open_store reads too
+        raise StoreError(
+            f"{store} is not a shardload store: no {MANIFEST_NAME} and no Zarr metadata"
+        ) from None
+    try:
+        complete = json.loads(text).get("complete", False)
+    except (ValueError, AttributeError) as exc:
+        raise StoreError(f"{store / MANIFEST_NAME} is not a manifest: {exc}") from None
+    if complete is not True:
+        raise IncompleteStoreError(
+            f"{store} is not complete ({MANIFEST_NAME} says complete: false)"
+        )

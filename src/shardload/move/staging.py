@@ -40,9 +40,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardload.util import procs
-from shardload.move import staging_copy
 from shardload.errors import StagingError
+from shardload.move import staging_copy
+from shardload.util import procs
 
 log = logging.getLogger("shardload.staging")
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from shardload.errors import RemoteNotFoundError, StagingError
+from shardload.layout import MANIFEST_NAME
 from shardload.move.remote import call_with_retries, is_url, open_fs, read_bytes
 
-MANIFEST_NAME = "shardload.json"
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 STORE_MARKERS = (MANIFEST_NAME, "zarr.json", ".zgroup")
 URL_THREADS = 8

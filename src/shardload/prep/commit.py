@@ -43,24 +43,26 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from shardload.util.durable import file_written, fsync_path
 from shardload.errors import DiskFullError, StoreError, StoreExistsError, StoreLockedError
-from shardload.store.core import PARTIAL_SUFFIX
+from shardload.layout import (
+    JOB_FILE,
+    LOCK_SUFFIX,
+    MERGED_FILE,
+    PARTIAL_SUFFIX,
+    PROGRESS_DIR,
+    RECORD_NAME,
+    STAGED_DIR,
+)
+from shardload.util.durable import fsync_dir, fsync_path, fsync_tree, write_atomic
 
 log = logging.getLogger(__name__)
 
-LOCK_SUFFIX = ".partial.lock"
-PROGRESS_DIR = "_progress"
-STAGED_DIR = "_staged"
-JOB_FILE = "job.json"
-MERGED_FILE = "merged.json"
-RECORD_NAME = "block-{:06d}.npz"
 #: Testing aid: seconds to sleep per block in write tasks and in the staging merge.
 THROTTLE_ENV = "SHARDLOAD_THROTTLE_S"
 
@@ -136,58 +138,6 @@ def _read_holder(fd: int) -> str:
         return f"pid {info['pid']} on host {info['host']}, started {info['started']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "holder not yet recorded"
-
-
-# -- durable files ------------------------------------------------------------------------------
-def write_atomic(
-    path: Path, data: bytes | Callable[[BinaryIO], object], *, deferrable: bool = False
-) -> None:
-    """Write ``data`` (bytes, or a function writing into the open file) to a temporary file,
-    fsync it, rename it over ``path``. ``deferrable``: the fsync goes through
-    :func:`~shardload.util.durable.file_written` (inside a deferring collection, the caller fsyncs
-    ``path`` later, before recording it)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with open(tmp, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data)
-            f.flush()
-            if deferrable:
-                file_written(f.fileno(), path)
-            else:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def fsync_tree(root: Path, *, skip: Container[str] = ()) -> None:
-    """fsync every file and folder under ``root``, but the files in ``skip`` (paths as
-    ``str(root / ...)``: files already fsynced)."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(folder, name)
-            if path not in skip:
-                _fsync(Path(path))
-        fsync_dir(Path(folder))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a folder where the filesystem allows it (some refuse: ignored)."""
-    with contextlib.suppress(OSError):
-        _fsync(path)
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -518,3 +468,35 @@ class DurableRecorder:
         self._stop = True
         self._queue.put(None)
         self._thread.join()
+
+
+# -- checksums in progress records ---------------------------------------------------------------
+#: Progress-record field of an array's checksums: ``[[unit, ...], [digest, ...]]``.
+CHECKSUM_KEY = "checksum:"
+
+
+def checksum_field(name: str, sums: Mapping[int, int]) -> dict[str, np.ndarray]:
+    """The progress-record field holding array ``name``'s checksums by unit."""
+    return {f"{CHECKSUM_KEY}{name}": np.array([list(sums), list(sums.values())], np.uint64)}
+
+
+def record_checksums(record: dict[str, Any], name: str, sums: Mapping[int, int]) -> None:
+    record.update(checksum_field(name, sums))
+
+
+def merge_checksums(records: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, Any]:
+    """Every array's checksums by unit, from the blocks' records; {} when a record has none
+    (written by a version without checksums: the store then has none)."""
+    units: dict[str, dict[int, int]] = {n: {} for n in names}
+    for r in records:
+        for n in names:
+            if f"{CHECKSUM_KEY}{n}" not in r:
+                return {}
+            k, v = r[f"{CHECKSUM_KEY}{n}"]
+            units[n].update(zip(k.tolist(), v.tolist(), strict=True))
+    out = {}
+    for n, d in units.items():
+        if sorted(d) != list(range(len(d))):
+            raise StoreError(f"checksums of array {n!r} do not cover its chunks: {sorted(d)[:10]}")
+        out[n] = np.array([d[k] for k in range(len(d))], dtype=np.uint64)
+    return out

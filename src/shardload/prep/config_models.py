@@ -448,10 +448,10 @@ def cross_checks(model: PrepareModel, skip: frozenset[str] = frozenset()) -> lis
     if rule("view", "sample_dims") and view.name == "flat" and not model.sample_dims:
         problems.append(("sample_dims", "the flat view needs at least one sample dimension"))
     if rule("view") and isinstance(view, FunctionViewModel) and isinstance(view.function, str):
-        from shardload.prep.views.user import import_function
+        from shardload.util.imports import import_function
 
         try:
-            import_function(view.function)
+            import_function(view.function, "view function")
         except ConfigError as exc:
             problems.append(("view.function", str(exc)))
     if rule("execution"):

@@ -19,28 +19,31 @@ from typing import Any
 
 import numpy as np
 
-from shardload import __version__
-from shardload.formats.checksums import ALGORITHM, CHECKSUMS_NAME, encode_checksums
+from shardload.errors import ConfigError, DiskFullError, NaNError, ShardloadError, StoreError
+from shardload.formats.base import FormatOptions, get_format
+from shardload.formats.checksums import ALGORITHM, encode_checksums
+from shardload.layout import CHECKSUMS_NAME, METADATA_NAME
+from shardload.manifest.core import ArrayInfo, ArraySpec, Manifest
+from shardload.plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
 from shardload.prep.commit import (
     THROTTLE_ENV,
     BlockCommit,
     DurableRecorder,
+    checksum_field,
     disk_full_error,
     is_disk_full,
+    merge_checksums,
+    record_checksums,
     write_block_durably,
 )
-from shardload.prep.commit import fsync_tree as fsync_tree  # re-exported (benchmarks)
 from shardload.prep.config import PrepareConfig, load_config
-from shardload.util.durable import collect_written
-from shardload.errors import ConfigError, DiskFullError, NaNError, ShardloadError, StoreError
 from shardload.prep.executor import open_executor, run_windowed
-from shardload.formats.base import FormatOptions, get_format
-from shardload.manifest.core import ArrayInfo, Manifest
-from shardload.plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
 from shardload.prep.stats import OrderedMerge, Partial, partial
-from shardload.store.core import Store, open_store
-from shardload.prep.views.base import ArraySpec, View
+from shardload.prep.views.base import View
 from shardload.prep.views.window_series import WindowSeriesView, window_manifest
+from shardload.store.core import Store, open_store
+from shardload.util.durable import collect_written
+from shardload.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -207,11 +210,7 @@ def _write_array(
         raise _write_error(job, name, chunk, a, b, exc) from exc
     if sums is None:  # a staged block (HDF5): its checksums are over the rows themselves
         sums = fmt.row_checksums(chunk, arr, bounds=job.bounds)
-    record[f"{CHECKSUM_KEY}{name}"] = np.array([list(sums), list(sums.values())], np.uint64)
-
-
-#: The store's splits for readers without shardload (beside the arrays, written at publish).
-METADATA_NAME = "metadata.json"
+    record_checksums(record, name, sums)
 
 
 def split_metadata(manifest: Manifest, cfg: PrepareConfig) -> bytes:
@@ -237,8 +236,6 @@ def split_metadata(manifest: Manifest, cfg: PrepareConfig) -> bytes:
     return json.dumps(doc, indent=1).encode()
 
 
-#: Progress-record field of an array's checksums: ``[[unit, ...], [digest, ...]]``.
-CHECKSUM_KEY = "checksum:"
 #: Progress-record field of a variable-length array's row lengths (int64, the block's rows).
 LENGTHS_KEY = "ragged:"
 
@@ -279,27 +276,9 @@ def _write_ragged(job: PrepareJob, block: int, name: str, rows: Any) -> dict[str
     except OSError as exc:
         raise _write_error(job, name, chunk, a, b, exc) from exc
     return {
-        f"{CHECKSUM_KEY}{name}": np.array([list(sums), list(sums.values())], np.uint64),
+        **checksum_field(name, sums),
         f"{LENGTHS_KEY}{name}": rows.lengths,
     }
-
-
-def _merge_checksums(records: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, Any]:
-    """Every array's checksums by unit, from the blocks' records; {} when a record has none
-    (written by a version without checksums: the store then has none)."""
-    units: dict[str, dict[int, int]] = {n: {} for n in names}
-    for r in records:
-        for n in names:
-            if f"{CHECKSUM_KEY}{n}" not in r:
-                return {}
-            k, v = r[f"{CHECKSUM_KEY}{n}"]
-            units[n].update(zip(k.tolist(), v.tolist(), strict=True))
-    out = {}
-    for n, d in units.items():
-        if sorted(d) != list(range(len(d))):
-            raise StoreError(f"checksums of array {n!r} do not cover its chunks: {sorted(d)[:10]}")
-        out[n] = np.array([d[k] for k in range(len(d))], dtype=np.uint64)
-    return out
 
 
 # -- driver -------------------------------------------------------------------------------------
@@ -392,7 +371,7 @@ def prepare(
             staged = ((i, *job.block(i)[:2]) for i in range(num_blocks))
             commit.finish_format(fmt, create, staged, list(fixed), bounds=bounds)
             stats = _final_stats(merged, specs, cfg.nan == "warn", num_blocks)
-            sums = _merge_checksums(records, list(specs))
+            sums = merge_checksums(records, list(specs))
             lengths = _finish_ragged(cfg, commit, records, specs, ragged, bounds, options, sums)
             manifest = Manifest(
                 format=cfg.format,
@@ -721,7 +700,7 @@ def _fingerprint(
 ) -> str:
     """What the written arrays depend on: config (less what only runs or labels them: execution,
     overwrite, splits), source files (size, mtime), array specs, chunking."""
-    from shardload.prep.sources.open import expand_paths, is_url
+    from shardload.prep.sources.paths import expand_paths, is_url
 
     d = cfg.to_dict()
     for k in ("execution", "overwrite", "base_dir", "splits", "split_seed", "split_shuffle"):
@@ -752,7 +731,7 @@ def _fingerprint(
 
 
 def _provenance(cfg: PrepareConfig, dataset: Any = None) -> dict[str, Any]:
-    from shardload.prep.sources.open import expand_paths
+    from shardload.prep.sources.paths import expand_paths
 
     files = (
         ["xarray.Dataset passed to prepare(dataset=...)"]

@@ -25,8 +25,8 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from contextlib import contextmanager
 from typing import Any
 
-from shardload.prep.config import ExecutionConfig
 from shardload.errors import ConfigError, require
+from shardload.prep.config import ExecutionConfig
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from shardload.manifest.core import FeatureStats
+from shardload.manifest.features import FeatureStats, exact_q
 
 
 @dataclass(frozen=True)
@@ -481,19 +481,6 @@ def _feature_stats(
         if nan == 0
         else np.array(nan_count, dtype=np.int64),
     )
-
-
-def exact_q(s1: np.ndarray, s2: np.ndarray, n: int) -> np.ndarray:
-    """``n * s2 - s1**2`` (int64, exact below 2**62), a slab at a time."""
-    q = np.empty(len(s1), np.int64)
-    sq = np.empty(min(len(s1), _SLAB), np.int64)
-    for a in range(0, len(s1), _SLAB):
-        z = slice(a, a + _SLAB)
-        k = len(s1[z])
-        np.multiply(s2[z], n, out=q[z])
-        np.multiply(s1[z], s1[z], out=sq[:k])
-        np.subtract(q[z], sq[:k], out=q[z])
-    return q
 
 
 def _exact_moments(s1: np.ndarray, s2: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,6 @@ from typing import Final
 
 import numpy as np
 
-from shardload import __version__
 from shardload.errors import ConfigError
 from shardload.samples.radiation_fields import (
     DIMS,
@@ -34,6 +33,7 @@ from shardload.samples.radiation_fields import (
     generate_inputs,
     generate_outputs,
 )
+from shardload.version import __version__
 
 #: Columns per file by default: a demo-sized pair (~40 MB) written in well under a second.
 #: The real dataset has 16,960 columns per patch file.

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from shardload.errors import ConfigError
+from shardload.layout import PARTIAL_SUFFIX
 
 DIMS = ("inline", "crossline", "time")
 
@@ -113,7 +114,7 @@ def write_seismic_sample(
     import zarr
 
     out = _checked_output(out, shape, chunk_inlines, overwrite)
-    tmp = out.with_name(out.name + ".partial")
+    tmp = out.with_name(out.name + PARTIAL_SUFFIX)
     shutil.rmtree(tmp, ignore_errors=True)
     model = draw_model(shape, seed=seed, faults=faults)
     ni, nj, nk = model.shape
@@ -144,7 +145,7 @@ def write_seismic_segy(
 
     segyio = require("segyio", "segy")
     out = _checked_output(out, shape, chunk_inlines, overwrite)
-    tmp = out.with_name(out.name + ".partial")
+    tmp = out.with_name(out.name + PARTIAL_SUFFIX)
     model = draw_model(shape, seed=seed, faults=faults)
     ni, nj, nk = model.shape
     spec = segyio.spec()

@@ -13,12 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from shardload.formats.checksums import DEFAULT_VERIFY, VERIFY_ENV, check_verify
 from shardload.errors import IncompleteStoreError, StoreError
 from shardload.formats.base import ArrayReader, get_format, is_local
-from shardload.manifest.core import MANIFEST_NAME, Manifest
-
-PARTIAL_SUFFIX = ".partial"
+from shardload.formats.checksums import DEFAULT_VERIFY, VERIFY_ENV, check_verify
+from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX
+from shardload.manifest.core import Manifest
 
 
 class Store:
@@ -82,7 +81,7 @@ class Store:
 
             reader = None
             if "window" in self.manifest.static:  # windows cut at load time (at_load: true)
-                from shardload.load.windows import open_window_reader
+                from shardload.store.windows import open_window_reader
 
                 reader = open_window_reader(self.manifest, open_reader)
             self._reader = reader or open_reader(self.manifest)
@@ -167,7 +166,6 @@ class Store:
         m = self.manifest
         return f"{self.url}|{m.provenance.get('created', '')}|{m.length}|{m.chunk_bounds[-1:]}"
 
-    # -- xarray ------------------------------------------------------------------------------------
     def to_xarray(self, names: Sequence[str] | None = None) -> Any:
         """The store as a lazy ``xarray.Dataset``: one dask chunk per store chunk, read with
         :meth:`read` on compute.
@@ -177,75 +175,15 @@ class Store:
         an array with feature names has them as the coordinate of its last dim, ``NAME_feature``.
         xarray and dask are imported here only: the read side stays free of them.
         """
-        import dask.array as da
-        import xarray as xr
+        from shardload.store.xarray import store_to_xarray
 
-        chunks = tuple(int(c) for c in np.diff(self.chunk_bounds))
-        data_vars = {}
-        for name in names or [a for a in self.arrays if a not in self.ragged]:
-            if name not in self.manifest.arrays:
-                raise StoreError(
-                    f"array {name!r} is not in store {self.url}; it has {list(self.arrays)}"
-                )
-            if self.manifest.arrays[name].is_ragged:
-                raise StoreError(
-                    f"array {name!r} of {self.url} is variable-length: xarray has no form for it "
-                    "(read it with Store.read, which returns (values, lengths))"
-                )
-            info = self.manifest.arrays[name]
-            named = info.attrs.get("dims")  # a compute store: the source's dims
-            if named is not None and len(named) == len(info.shape) and info.features is None:
-                dims = [str(d) for d in named]
-            else:
-                dims = ["sample", *(f"{name}_dim{i}" for i in range(1, len(info.shape)))]
-            coords = {}
-            if info.features is not None and len(info.shape) > 1:
-                if len(info.features) != info.shape[-1]:
-                    raise StoreError(
-                        f"array {name!r} of {self.url} has {len(info.features)} feature names "
-                        f"for {info.shape[-1]} features"
-                    )
-                dims[-1] = f"{name}_feature"
-                coords[dims[-1]] = np.asarray(list(info.features), dtype=str)
-            lazy = da.from_array(
-                _Rows(self, name), chunks=(chunks or (0,), *info.shape[1:]), lock=False,
-                asarray=False, inline_array=True, name=f"shardload-{name}-{_digest(self._identity())}",
-                meta=np.empty((0,) * len(info.shape), dtype=info.dtype),  # no probing read
-            )  # fmt: skip
-            data_vars[name] = xr.Variable(dims, lazy, attrs=dict(info.attrs))
-            for d, c in coords.items():
-                data_vars[d] = xr.Variable((d,), c)
-        return xr.Dataset(data_vars, attrs={"shardload_store": self.url})
+        return store_to_xarray(self, names)
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _digest(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-class _Rows:
-    """An array-like over one array of a store for ``dask.array.from_array``: indexing with
-    slices reads the rows through :meth:`Store.read` (picklable: the store drops its handles)."""
-
-    def __init__(self, store: Store, name: str) -> None:
-        info = store.manifest.arrays[name]
-        self.store, self.name = store, name
-        self.shape, self.dtype, self.ndim = tuple(info.shape), np.dtype(info.dtype), len(info.shape)
-
-    def __getitem__(self, key: Any) -> np.ndarray:
-        key = key if isinstance(key, tuple) else (key,)
-        rows = key[0] if key else slice(None)
-        if isinstance(rows, slice) and rows.step in (None, 1):
-            start, stop, _ = rows.indices(self.shape[0])
-            return self.store.read(self.name, start, max(start, stop))[(slice(None), *key[1:])]
-        return self.store.read(self.name)[key]
 
 
 def _clip(i: int, n: int) -> int:

@@ -92,8 +92,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ShardloadError(
             "shardload train needs PyTorch Lightning: pip install 'shardload[train]'"
         ) from exc
-    from shardload.torch.lightning import ShardloadDataModule
     from shardload.store.core import open_store
+    from shardload.torch.lightning import ShardloadDataModule
     from shardload.train.task import ExampleTask
     from shardload.train.transforms import Normalize
 

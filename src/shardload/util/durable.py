@@ -24,7 +24,9 @@ import ctypes
 import ctypes.util
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Container, Iterator
+from pathlib import Path
+from typing import BinaryIO
 
 _LOCAL = threading.local()
 _SYNC_FILE_RANGE_WRITE = 2
@@ -82,3 +84,54 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomic(
+    path: Path, data: bytes | Callable[[BinaryIO], object], *, deferrable: bool = False
+) -> None:
+    """Write ``data`` (bytes, or a function writing into the open file) to a temporary file,
+    fsync it, rename it over ``path``. ``deferrable``: the fsync goes through
+    :func:`file_written` (inside a deferring collection, the caller fsyncs
+    ``path`` later, before recording it)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(tmp, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            if deferrable:
+                file_written(f.fileno(), path)
+            else:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def fsync_tree(root: Path, *, skip: Container[str] = ()) -> None:
+    """fsync every file and folder under ``root``, but the files in ``skip`` (paths as
+    ``str(root / ...)``: files already fsynced)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if path not in skip:
+                _fsync(Path(path))
+        fsync_dir(Path(folder))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder where the filesystem allows it (some refuse: ignored)."""
+    with contextlib.suppress(OSError):
+        _fsync(path)

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest
 from shardload.errors import ChunkReadError, StoreError, require
-from shardload.manifest.core import Manifest
 from shardload.formats.base import FormatOptions, is_local
+from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest
+from shardload.manifest.core import Manifest
 
 FILE_NAME = "data.h5"
 #: Feature names live in datasets ``/_features/NAME`` (one UTF-8 string per feature): an HDF5

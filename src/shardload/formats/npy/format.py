@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest, file_digest
-from shardload.util.durable import file_written
 from shardload.errors import ChunkReadError, ConfigError
-from shardload.manifest.core import Manifest
 from shardload.formats.base import FormatOptions, RawChunk, is_local, readinto_full
+from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest, file_digest
+from shardload.manifest.core import Manifest
+from shardload.util.durable import file_written
+from shardload.util.npy_header import npy_header_lock
 
 CHUNK_NAME = "{:06d}.npy"
 
@@ -233,21 +233,6 @@ class NpyReader:
         self._offsets.clear()
 
 
-# numpy parses npy headers with ast.literal_eval, which is not thread-safe in CPython < 3.11.8
-# / 3.12.1 ("SystemError: AST constructor recursion depth mismatch", gh-106905). The lock guards
-# the parse only, never I/O: a thread holding it across a (remote, retried) read while a
-# DataLoader forks its workers would leave the workers a lock that is never released.
-_HEADER_LOCK = threading.Lock()
-
-
-def _new_header_lock() -> None:
-    global _HEADER_LOCK
-    _HEADER_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_header_lock)
-
-
 def _header_len(
     f: Any, path: str, want: tuple[np.dtype, bool, tuple[int, ...]] | None = None, what: str = ""
 ) -> int:
@@ -260,7 +245,7 @@ def _header_len(
         size_field = f.read(2 if version == (1, 0) else 4)
         header = f.read(int.from_bytes(size_field, "little"))
         raw = io.BytesIO(prefix + size_field + header)
-        with _HEADER_LOCK:
+        with npy_header_lock():
             np.lib.format.read_magic(raw)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(raw)

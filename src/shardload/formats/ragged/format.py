@@ -36,11 +36,11 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest
 from shardload.errors import ChunkReadError, ShardloadError, StoreError
+from shardload.formats.base import FormatOptions, is_local
+from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest
 from shardload.manifest.core import ArrayInfo, Manifest
 from shardload.manifest.ragged import RaggedRows, offsets_of
-from shardload.formats.base import FormatOptions, is_local
 
 STAGING_DIR = "_ragged"
 MARKER = "ragged.json"
@@ -68,7 +68,7 @@ def write_ragged_block(
 ) -> dict[int, int]:
     """Write the values of the sample chunks ``data`` covers (whole chunks from ``chunk``),
     each durably; their checksums by chunk."""
-    from shardload.prep.commit import write_atomic
+    from shardload.util.durable import write_atomic
 
     off = offsets_of(data.lengths)
     sums: dict[int, int] = {}
@@ -115,7 +115,7 @@ def finish_ragged(
     """Build the final layout of every ragged array (``name -> (dtype, lengths)``) once all
     blocks are recorded; the offsets' checksum per array. Idempotent: a marker in ``progress``
     says it is done; without it, it is redone from the staged chunks."""
-    from shardload.prep.commit import fsync_tree, write_atomic
+    from shardload.util.durable import fsync_tree, write_atomic
 
     offsets = {n: offsets_of(lengths) for n, (_, lengths) in infos.items()}
     sums = {n: digest(o) for n, o in offsets.items()}

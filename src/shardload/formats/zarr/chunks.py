@@ -31,10 +31,10 @@ import numpy as np
 # takes about 0.1 s, which would otherwise land in the first epoch's first batch
 from numcodecs import Blosc, blosc
 
-from shardload.formats.checksums import Verifier, digest, file_digest
-from shardload.util.durable import file_written
 from shardload.errors import ChunkReadError
 from shardload.formats.base import aligned_empty, readinto_full
+from shardload.formats.checksums import Verifier, digest, file_digest
+from shardload.util.durable import file_written
 
 _CODECS_OK = ({"bytes"}, {"bytes", "blosc"})
 
@@ -184,27 +184,6 @@ def load_chunk_layout(folder: str, *, opener: Any = None, **kw: Any) -> ChunkLay
     return dataclasses.replace(layout, opener=opener) if layout is not None else None
 
 
-def read_rows_into(
-    layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray,
-    verifier: Verifier | None = None, indexes: Any = None,
-) -> None:  # fmt: skip
-    """Rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows), chunk by chunk;
-    each chunk (or shard) checked against its checksum first when ``verifier`` asks for it.
-    ``indexes``: a :class:`.zarr_shards.ShardIndexCache` of a sharded layout's parsed indexes
-    (default: each shard's index read anew)."""
-    if stop <= start:
-        return
-    if layout.shard is not None:
-        from shardload.formats.zarr.shards import read_shard_rows_into
-
-        read_shard_rows_into(layout, name, start, stop, out, verifier, indexes)
-        return
-    dst = out.reshape(-1).view(np.uint8).data
-    rb = layout.row_bytes
-    for i, a, b, at in row_parts(start, stop, layout.chunk_rows):
-        _read_chunk_part(layout, name, i, a, b, dst[at * rb : (at + b - a) * rb], verifier)
-
-
 def row_parts(start: int, stop: int, rows: int) -> Iterator[tuple[int, int, int, int]]:
     """Rows ``[start, stop)`` cut at multiples of ``rows`` (chunks, shards): ``(unit, lo, hi,
     at)`` per unit, its rows ``[lo, hi)`` within the unit, landing at row ``at`` of the
@@ -224,7 +203,7 @@ def row_parts(start: int, stop: int, rows: int) -> Iterator[tuple[int, int, int,
 _SCRATCH = threading.local()
 
 
-def _read_whole(f: Any) -> memoryview:
+def read_whole(f: Any) -> memoryview:
     """The whole file ``f``, read into this thread's reused scratch buffer (valid until the
     thread's next call): a fresh ~20 MB ``bytes`` per compressed chunk costs page faults and a
     copy of its own. Page-aligned: the kernel copies into it at a third of the CPU
@@ -252,51 +231,6 @@ def verify_file(
     except OSError as exc:
         raise ChunkReadError.from_os_error(exc, what, name, path) from exc
     verifier.check(name, unit, got, path=path, what=what)
-
-
-def _read_chunk_part(
-    layout: ChunkLayout, name: str, i: int, a: int, b: int, dst: memoryview,
-    verifier: Verifier | None = None,
-) -> None:  # fmt: skip
-    path = layout.chunk_path(i)
-    rb = layout.row_bytes
-    check = verifier is not None and verifier.needed(name, i)
-    try:
-        with layout.open(path) as f:
-            if not layout.blosc:
-                if check:
-                    assert verifier is not None
-                    verify_file(verifier, name, i, path, opener=layout.opener, what=f"chunk {i}")
-                f.seek(a * rb)
-                got = readinto_full(f, dst)
-                if got != len(dst):
-                    raise ChunkReadError(
-                        f"chunk {i} of array {name!r} is truncated or corrupt: {path} (expected "
-                        f"{len(dst)} bytes at offset {a * rb}, got {got})"
-                    )
-                return
-            raw = _read_whole(f)
-    except FileNotFoundError as exc:
-        if layout.strict:
-            raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
-        np.frombuffer(dst, dtype=layout.dtype)[...] = layout.fill_value
-        return
-    except OSError as exc:
-        raise ChunkReadError(
-            f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
-        ) from exc
-    # Blosc trusts its header: check it against the file before decoding into our buffer
-    if check:  # the compressed bytes are in memory already: hashing them costs little
-        assert verifier is not None
-        try:
-            verifier.check(name, i, digest(raw), path=path, what=f"chunk {i}")
-        except ChunkReadError:
-            raise
-        except Exception as exc:
-            raise ChunkReadError(
-                f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
-            ) from exc
-    decode_into(layout, raw, a, b, dst, name=name, what=f"chunk {i}", path=path)
 
 
 def decode_into(

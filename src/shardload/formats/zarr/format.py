@@ -19,22 +19,22 @@ from typing import Any
 
 import numpy as np
 
-from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, file_digest
-from shardload.util.durable import file_written
 from shardload.errors import ChunkReadError, StoreError
-from shardload.manifest.core import ArrayInfo, Manifest
 from shardload.formats.base import FormatOptions, RawChunk, is_local
+from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, file_digest
 from shardload.formats.zarr.cf import CFDecoding, plan_cf_decoding
 from shardload.formats.zarr.chunks import (
     ChunkLayout,
     StoredObjects,
     load_chunk_layout,
     load_stored_objects,
-    read_rows_into,
     verify_file,
     write_chunk,
 )
+from shardload.formats.zarr.rows import read_rows_into
 from shardload.formats.zarr.shards import ShardIndexCache
+from shardload.manifest.core import ArrayInfo, Manifest
+from shardload.util.durable import file_written
 
 _LEVELS = {"zstd": 3, "lz4": 5}
 log = logging.getLogger(__name__)

@@ -29,9 +29,9 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-from shardload.formats.checksums import Verifier
 from shardload.errors import ChunkReadError
 from shardload.formats.base import aligned_empty
+from shardload.formats.checksums import Verifier
 from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts, verify_file
 
 #: an empty inner chunk's offset and size in a shard index

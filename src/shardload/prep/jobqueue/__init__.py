@@ -20,8 +20,20 @@ dask-jobqueue starts a dask scheduler in this process and submits one batch job 
   scheduler, a submission or a file written.
 """
 
-from shardload.prep.jobqueue.jobs import CLUSTER_CLASSES, dry_run_text, job_script, job_shape, job_states, split_options
-from shardload.prep.jobqueue.run import DEFAULT_TIMEOUT_S, JobqueueRun, open_jobqueue, signals_unwind
+from shardload.prep.jobqueue.jobs import (
+    CLUSTER_CLASSES,
+    dry_run_text,
+    job_script,
+    job_shape,
+    job_states,
+    split_options,
+)
+from shardload.prep.jobqueue.run import (
+    DEFAULT_TIMEOUT_S,
+    JobqueueRun,
+    open_jobqueue,
+    signals_unwind,
+)
 
 __all__ = [
     "CLUSTER_CLASSES", "DEFAULT_TIMEOUT_S", "JobqueueRun", "dry_run_text", "job_script",

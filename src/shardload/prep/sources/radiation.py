@@ -217,7 +217,7 @@ def _pair(inputs: list[Path], outputs: list[Path]) -> list[tuple[Path, Path | No
 
 def _open(path: Path, chunks: int | None) -> xr.Dataset:
     try:
-        from shardload.prep.sources.open import guess_engine
+        from shardload.prep.sources.paths import guess_engine
 
         # engine from the magic bytes: h5netcdf / scipy keep netCDF4-python's libhdf5 out
         return xr.open_dataset(

@@ -24,7 +24,15 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import SourceError
-from shardload.prep.sources.radiation import _COL, _HL, _SCA, FLUX_VARIABLES, GRAVITY, HEAT_CAPACITY, SECONDS_PER_DAY
+from shardload.prep.sources.radiation import (
+    _COL,
+    _HL,
+    _SCA,
+    FLUX_VARIABLES,
+    GRAVITY,
+    HEAT_CAPACITY,
+    SECONDS_PER_DAY,
+)
 
 _DECODE_ATTRS = ("scale_factor", "add_offset", "missing_value", "valid_min", "valid_max")
 _INPUTS = ("sca_inputs", "col_inputs", "hl_inputs", "inter_inputs", "pressure_hl")
@@ -101,7 +109,7 @@ class _File:
         with self._lock:
             if self._nc is not None:
                 return
-            from shardload.prep.sources.open import guess_engine
+            from shardload.prep.sources.paths import guess_engine
 
             try:
                 if guess_engine(self.path) == "h5netcdf":
@@ -345,7 +353,7 @@ def radiation_rows(
 ) -> RadiationRows | None:
     """A :class:`RadiationRows` for these files, or None where it cannot serve (URLs, or a
     dataset whose packed shapes differ from the MAELSTROM ones)."""
-    from shardload.prep.sources.open import is_url
+    from shardload.prep.sources.paths import is_url
 
     if any(is_url(str(p)) for p in [*inputs, *(outputs or [])]):
         return None

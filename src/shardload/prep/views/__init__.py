@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import xarray as xr
 
 from shardload.errors import ConfigError
-from shardload.prep.views.base import ArraySpec, View
+from shardload.manifest.core import ArraySpec
+from shardload.prep.views.base import View
 from shardload.prep.views.rows import RowReader
 
 if TYPE_CHECKING:

@@ -8,35 +8,13 @@ rechunk graph: each write task reads exactly its rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from shardload.errors import ViewError
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """Shape (length first), dtype and optional per-feature names (along the last axis for
-    arrays with ndim >= 2; the flattened features for flat views)."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    features: Sequence[str] | None = None  # a lazy sequence for wide grids (views/names.py)
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-    #: variable-length: one 1-D array per sample (``shape`` is ``(length,)``; ``read`` returns
-    #: a :class:`shardload.manifest.ragged.RaggedRows`); ``mean_length`` sizes chunks
-    ragged: bool = False
-    mean_length: float = 0.0
-
-    @property
-    def row_bytes(self) -> int:
-        if self.ragged:  # the values of a mean row, plus its offset
-            return int(np.ceil(self.mean_length * np.dtype(self.dtype).itemsize)) + 8
-        return int(np.prod(self.shape[1:], dtype=np.int64)) * np.dtype(self.dtype).itemsize
+from shardload.manifest.core import ArraySpec
 
 
 @runtime_checkable

@@ -11,8 +11,9 @@ import numpy as np
 import xarray as xr
 
 from shardload.errors import ViewError
+from shardload.manifest.core import ArraySpec
 from shardload.manifest.names import ChainedNames, GridNames
-from shardload.prep.views.base import ArraySpec, check_lengths, check_numeric
+from shardload.prep.views.base import check_lengths, check_numeric
 from shardload.prep.views.rows import RowReader, read_vars, sample_length, sample_major
 
 

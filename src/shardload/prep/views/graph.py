@@ -29,7 +29,8 @@ import numpy as np
 import xarray as xr
 
 from shardload.errors import ViewError
-from shardload.prep.views.base import ArraySpec, check_lengths, check_numeric
+from shardload.manifest.core import ArraySpec
+from shardload.prep.views.base import check_lengths, check_numeric
 from shardload.prep.views.rows import RowReader, read_vars, sample_length, sample_major
 
 FLUXES = ("flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw")

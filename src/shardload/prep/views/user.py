@@ -12,7 +12,6 @@ per sample, of any lengths: the store keeps it as values + offsets (docs/loading
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,11 +19,13 @@ import dask
 import numpy as np
 import xarray as xr
 
-from shardload.errors import ConfigError, ViewError
+from shardload.errors import ViewError
+from shardload.manifest.core import ArraySpec
 from shardload.manifest.ragged import as_ragged_block
-from shardload.prep.views.base import ArraySpec, check_lengths, check_numeric
+from shardload.prep.views.base import check_lengths, check_numeric
 from shardload.prep.views.flat import feature_names
 from shardload.prep.views.rows import read_rows, sample_major
+from shardload.util.imports import import_function
 
 
 def _is_ragged(arr: Any) -> bool:
@@ -60,19 +61,6 @@ def _ragged_spec(name: str, rows: Any, dtype: str | None, function: Any) -> Arra
     )
 
 
-def import_function(path: str) -> Callable[..., Any]:
-    mod, sep, attr = path.partition(":")
-    if not sep or not mod or not attr:
-        raise ConfigError(f"view function {path!r}: expected 'package.module:function'")
-    try:
-        fn = getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"view function {path!r} cannot be imported: {exc}") from exc
-    if not callable(fn):
-        raise ConfigError(f"view function {path!r} is not callable")
-    return fn  # type: ignore[no-any-return]
-
-
 class FunctionView:
     def __init__(
         self,
@@ -83,7 +71,7 @@ class FunctionView:
         kwargs: Mapping[str, Any] | None = None,
         dtype: str | None = None,
     ) -> None:
-        fn = import_function(function) if isinstance(function, str) else function
+        fn = import_function(function, "view function") if isinstance(function, str) else function
         result = fn(ds, **dict(kwargs or {}))
         if not isinstance(result, Mapping) or not result:
             raise ViewError(

@@ -17,7 +17,8 @@ import numpy as np
 import xarray as xr
 
 from shardload.errors import ViewError
-from shardload.prep.views.base import ArraySpec, check_numeric
+from shardload.manifest.core import ArraySpec
+from shardload.prep.views.base import check_numeric
 from shardload.prep.views.flat import feature_names
 from shardload.prep.views.rows import _load
 

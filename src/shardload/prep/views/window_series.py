@@ -19,10 +19,10 @@ import numpy as np
 import xarray as xr
 
 from shardload.errors import ViewError
-from shardload.manifest.core import STATS_FIELDS, ArrayInfo, FeatureStats, Manifest
+from shardload.manifest.core import ArrayInfo, ArraySpec, Manifest
+from shardload.manifest.features import STATS_FIELDS, FeatureStats
 from shardload.plan.chunks import RegularBounds, plan_chunk_rows
 from shardload.plan.windows import SeriesColumns, WindowGeometry, geometry_dict
-from shardload.prep.views.base import ArraySpec
 from shardload.prep.views.flat import feature_names
 from shardload.prep.views.rows import read_many
 from shardload.prep.views.window import WindowView

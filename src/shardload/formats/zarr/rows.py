@@ -1,0 +1,84 @@
+"""Rows of a Zarr v3 array read straight into the caller's buffer: chunk files here, shards
+through :mod:`.shards` (the layouts :func:`.chunks.plan_chunk_layout` accepts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shardload.errors import ChunkReadError
+from shardload.formats.base import readinto_full
+from shardload.formats.checksums import Verifier, digest
+from shardload.formats.zarr.chunks import (
+    ChunkLayout,
+    decode_into,
+    read_whole,
+    row_parts,
+    verify_file,
+)
+from shardload.formats.zarr.shards import read_shard_rows_into
+
+
+def read_rows_into(
+    layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray,
+    verifier: Verifier | None = None, indexes: Any = None,
+) -> None:  # fmt: skip
+    """Rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows), chunk by chunk;
+    each chunk (or shard) checked against its checksum first when ``verifier`` asks for it.
+    ``indexes``: a :class:`.shards.ShardIndexCache` of a sharded layout's parsed indexes
+    (default: each shard's index read anew); sharded layouts go to :mod:`.shards`."""
+    if stop <= start:
+        return
+    if layout.shard is not None:
+        read_shard_rows_into(layout, name, start, stop, out, verifier, indexes)
+        return
+    dst = out.reshape(-1).view(np.uint8).data
+    rb = layout.row_bytes
+    for i, a, b, at in row_parts(start, stop, layout.chunk_rows):
+        _read_chunk_part(layout, name, i, a, b, dst[at * rb : (at + b - a) * rb], verifier)
+
+
+def _read_chunk_part(
+    layout: ChunkLayout, name: str, i: int, a: int, b: int, dst: memoryview,
+    verifier: Verifier | None = None,
+) -> None:  # fmt: skip
+    path = layout.chunk_path(i)
+    rb = layout.row_bytes
+    check = verifier is not None and verifier.needed(name, i)
+    try:
+        with layout.open(path) as f:
+            if not layout.blosc:
+                if check:
+                    assert verifier is not None
+                    verify_file(verifier, name, i, path, opener=layout.opener, what=f"chunk {i}")
+                f.seek(a * rb)
+                got = readinto_full(f, dst)
+                if got != len(dst):
+                    raise ChunkReadError(
+                        f"chunk {i} of array {name!r} is truncated or corrupt: {path} (expected "
+                        f"{len(dst)} bytes at offset {a * rb}, got {got})"
+                    )
+                return
+            raw = read_whole(f)
+    except FileNotFoundError as exc:
+        if layout.strict:
+            raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
+        np.frombuffer(dst, dtype=layout.dtype)[...] = layout.fill_value
+        return
+    except OSError as exc:
+        raise ChunkReadError(
+            f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
+        ) from exc
+    # Blosc trusts its header: check it against the file before decoding into our buffer
+    if check:  # the compressed bytes are in memory already: hashing them costs little
+        assert verifier is not None
+        try:
+            verifier.check(name, i, digest(raw), path=path, what=f"chunk {i}")
+        except ChunkReadError:
+            raise
+        except Exception as exc:
+            raise ChunkReadError(
+                f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
+            ) from exc
+    decode_into(layout, raw, a, b, dst, name=name, what=f"chunk {i}", path=path)

@@ -1,0 +1,28 @@
+"""The package keeps its layers (docs/design.md, "Layers"): the import-linter contracts in
+pyproject.toml (read-side layers, no xarray/dask/pandas below prep, no import cycles) hold."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SRC
+
+
+def _lint_imports() -> str | None:
+    exe = Path(sys.executable).with_name("lint-imports")
+    return str(exe) if exe.exists() else shutil.which("lint-imports")
+
+
+@pytest.mark.skipif(_lint_imports() is None, reason="import-linter is not installed (extra 'dev')")
+def test_import_contracts_are_kept(tmp_path):
+    res = subprocess.run(
+        [_lint_imports(), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=240,
+        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "0 broken" in res.stdout
