@@ -96,11 +96,17 @@ def run_case(case: str, src: Path, out: Path, depths: list[int], workers: int) -
         if case == "dask-map-blocks":  # the same function without halo: dask's baseline peak
             y = x.map_blocks(smooth, dtype=x.dtype, size=size)
         else:
-            y = da.map_overlap(smooth, x, depth=depth, boundary="reflect", trim=True,
-                               dtype=x.dtype, size=size)  # fmt: skip
+            y = da.map_overlap(
+                smooth, x, depth=depth, boundary="reflect", trim=True, dtype=x.dtype, size=size
+            )
         g = zarr.open_group(store=str(out), mode="w", zarr_format=3)
-        arr = g.create_array("smooth", shape=y.shape, chunks=x.chunksize, dtype=y.dtype,
-                             compressors=BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"))  # fmt: skip
+        arr = g.create_array(
+            "smooth",
+            shape=y.shape,
+            chunks=x.chunksize,
+            dtype=y.dtype,
+            compressors=BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"),
+        )
         with dask.config.set(scheduler="threads", num_workers=workers):
             da.to_zarr(y, arr)
     seconds = time.perf_counter() - t0
@@ -117,9 +123,10 @@ def main() -> None:
     p.add_argument("--chunks", type=int, nargs="+", default=None)
     p.add_argument("--dir", default=None)
     p.add_argument(
-        "--map-blocks", action="store_true",
+        "--map-blocks",
+        action="store_true",
         help="also run dask's map_blocks (no halo) for its baseline peak",
-    )  # fmt: skip
+    )
     p.add_argument("--run-case", nargs=3, metavar=("CASE", "SRC", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.run_case:
@@ -136,14 +143,26 @@ def main() -> None:
         src = Path(tmp) / "cube.zarr"
         t0 = time.perf_counter()
         make_cube(src, shape, chunks)
-        print(f"cube {shape} float32 ({np.prod(shape) * 4 / 2**30:.2f} GiB), chunks {chunks}, "
-              f"written in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+        print(
+            f"cube {shape} float32 ({np.prod(shape) * 4 / 2**30:.2f} GiB), chunks {chunks}, "
+            f"written in {time.perf_counter() - t0:.1f} s"
+        )
         results = {}
         cases = ("dask", "shardload") + (("dask-map-blocks",) if args.map_blocks else ())
         for case in cases:
             out = Path(tmp) / f"{case}.zarr"
-            cmd = [sys.executable, __file__, "--depth", *depth_args, "--workers",
-                   str(args.workers), "--run-case", case, str(src), str(out)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--depth",
+                *depth_args,
+                "--workers",
+                str(args.workers),
+                "--run-case",
+                case,
+                str(src),
+                str(out),
+            ]
             res = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if res.returncode:
                 sys.exit(f"{case} failed:\n{res.stderr[-3000:]}")
@@ -166,12 +185,16 @@ def main() -> None:
         rows.append(("dask map_blocks(...).to_zarr (no halo)", results["dask-map-blocks"]))
     for name, r in rows:
         print(f"| {name} | {r['seconds']:.1f} | {r['peak_rss_bytes'] / 2**20:.0f} |")
-    print(f"\nshardload / dask: time {s['seconds'] / d['seconds']:.2f}x, "
-          f"peak RSS {s['peak_rss_bytes'] / d['peak_rss_bytes']:.2f}x")  # fmt: skip
+    print(
+        f"\nshardload / dask: time {s['seconds'] / d['seconds']:.2f}x, "
+        f"peak RSS {s['peak_rss_bytes'] / d['peak_rss_bytes']:.2f}x"
+    )
     if "dask-map-blocks" in results:
         mb = results["dask-map-blocks"]["peak_rss_bytes"]
-        print(f"peak RSS / dask map_blocks peak: dask map_overlap {d['peak_rss_bytes'] / mb:.2f}x, "
-              f"shardload {s['peak_rss_bytes'] / mb:.2f}x")  # fmt: skip
+        print(
+            f"peak RSS / dask map_blocks peak: dask map_overlap {d['peak_rss_bytes'] / mb:.2f}x, "
+            f"shardload {s['peak_rss_bytes'] / mb:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -41,11 +41,18 @@ def make_store(workdir: Path, rows: int, features: int) -> str:
     xr.Dataset({"a": (("sample", "f"), rng.normal(size=(rows, features)).astype("f4"))}).to_netcdf(
         src
     )
-    return prepare({
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a"]}, "format": "npy", "compression": "none", "splits": {"train": 1.0},
-        "out": str(out),
-    }).url  # fmt: skip
+    return prepare(
+        {
+            "source": {"paths": [str(src)]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a"]},
+            "format": "npy",
+            "compression": "none",
+            "splits": {"train": 1.0},
+            "out": str(out),
+        }
+    ).url
 
 
 def pinned_limit(nbytes: int, repeats: int) -> float:
@@ -109,8 +116,10 @@ def main() -> None:
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         gbs = pre.stats.bytes / wall / 1e9
-        print(f"{label}: {pre.stats.batches} batches, {gbs:.2f} GB/s ({gbs / limit:.2f} of the "
-              f"pinned limit), {pre.stats.waits} batch(es) not ready when asked, {wall:.2f} s")  # fmt: skip
+        print(
+            f"{label}: {pre.stats.batches} batches, {gbs:.2f} GB/s ({gbs / limit:.2f} of the "
+            f"pinned limit), {pre.stats.waits} batch(es) not ready when asked, {wall:.2f} s"
+        )
         if work:
             torch.cuda.synchronize()
             t1 = time.perf_counter()

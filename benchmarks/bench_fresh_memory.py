@@ -34,16 +34,20 @@ def touch(nbytes: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--mib", type=int, default=400, help="memory touched per step")
     ap.add_argument(
         "--idle", type=float, default=8.0, help="seconds left free before the last steps"
     )
     args = ap.parse_args()
     n = args.mib << 20
-    steps = [("first touch", touch(n)), ("right after freeing", touch(n)),
-             ("right after freeing", touch(n))]  # fmt: skip
+    steps = [
+        ("first touch", touch(n)),
+        ("right after freeing", touch(n)),
+        ("right after freeing", touch(n)),
+    ]
     time.sleep(args.idle)
     steps += [(f"after {args.idle:g} s free", touch(n)), ("right after freeing", touch(n))]
     for label, dt in steps:

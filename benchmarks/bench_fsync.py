@@ -69,9 +69,11 @@ def main() -> None:
         t.join()
 
     ways: dict[str, Callable[[], None]] = {
-        "inline": inline, "end": end,
-        "deferred+kick": lambda: deferred(True), "deferred": lambda: deferred(False),
-    }  # fmt: skip
+        "inline": inline,
+        "end": end,
+        "deferred+kick": lambda: deferred(True),
+        "deferred": lambda: deferred(False),
+    }
     for r in range(args.rounds):
         for name, fn in ways.items():
             for p in paths:

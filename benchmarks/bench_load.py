@@ -53,26 +53,50 @@ from loadbench_cases import (  # noqa: E402
 )
 
 DEFAULT_CASES = (
-    "shardload-iter:none:w0", "shardload-iter-legacy:none:w0", "shardload-iter-uniform:none:w0",
-    "shardload-dl:none:w0", "shardload-dl:none:w2",
-    "shardload-sdl:none:w2", "shardload-sdl-legacy:none:w2", "shardload-sdl-uniform:none:w2",
-    "shardload-sdl-r4:none:w2", "shardload-sdl-r16:none:w2",
-    "naive-zarr:none:w0", "naive-zarr:none:w2", "naive-h5py:none:w0", "naive-h5py:none:w2",
-    "naive-npy:none:w0", "naive-npy:none:w2", "xbatcher:none:w0", "xbatcher:none:w2",
-    "zarr-torch-dataset:none:w0", "zarr-torch-dataset:none:w2", "torch-handoff:none:w2",
-    "shardload-iter:zstd:w0", "shardload-iter-pool8:zstd:w0", "shardload-dl:zstd:w2", "naive-zarr:zstd:w2", "xbatcher:zstd:w2",
-    "zarr-torch-dataset:zstd:w0", "zarr-torch-dataset:zstd:w2",
-)  # fmt: skip
+    "shardload-iter:none:w0",
+    "shardload-iter-legacy:none:w0",
+    "shardload-iter-uniform:none:w0",
+    "shardload-dl:none:w0",
+    "shardload-dl:none:w2",
+    "shardload-sdl:none:w2",
+    "shardload-sdl-legacy:none:w2",
+    "shardload-sdl-uniform:none:w2",
+    "shardload-sdl-r4:none:w2",
+    "shardload-sdl-r16:none:w2",
+    "naive-zarr:none:w0",
+    "naive-zarr:none:w2",
+    "naive-h5py:none:w0",
+    "naive-h5py:none:w2",
+    "naive-npy:none:w0",
+    "naive-npy:none:w2",
+    "xbatcher:none:w0",
+    "xbatcher:none:w2",
+    "zarr-torch-dataset:none:w0",
+    "zarr-torch-dataset:none:w2",
+    "torch-handoff:none:w2",
+    "shardload-iter:zstd:w0",
+    "shardload-iter-pool8:zstd:w0",
+    "shardload-dl:zstd:w2",
+    "naive-zarr:zstd:w2",
+    "xbatcher:zstd:w2",
+    "zarr-torch-dataset:zstd:w0",
+    "zarr-torch-dataset:zstd:w2",
+)
 #: Compressed stores of smaller chunks (issue 14): zstd chunks of R rows (``zstd-cR``), or of R
 #: rows inside shards of the base chunk rows (``zstd-sR``), each read with the default settings
 #: and with a decoded pool of the zstd default's memory (``-mem``), in-process and through
 #: ``StreamingDataLoader`` with 2 workers. ``--cases compressed`` runs these and the baselines.
 SMALL_CHUNKS = ("c1024", "c512", "c256", "c64", "c32", "s256", "s32")
 COMPRESSED_CASES = (
-    "shardload-iter:zstd:w0", "shardload-iter-pool8:zstd:w0", "shardload-sdl:zstd:w2",
-    *(f"shardload-{how}:zstd-{k}:w{w}" for k in SMALL_CHUNKS
-      for how, w in (("iter", 0), ("iter-mem", 0), ("sdl", 2), ("sdl-mem", 2))),
-)  # fmt: skip
+    "shardload-iter:zstd:w0",
+    "shardload-iter-pool8:zstd:w0",
+    "shardload-sdl:zstd:w2",
+    *(
+        f"shardload-{how}:zstd-{k}:w{w}"
+        for k in SMALL_CHUNKS
+        for how, w in (("iter", 0), ("iter-mem", 0), ("sdl", 2), ("sdl-mem", 2))
+    ),
+)
 DEFAULT_CASES += tuple(c for c in COMPRESSED_CASES if c not in DEFAULT_CASES)
 QUICK = {"rows": 8192, "features": 64, "chunk_rows": 512, "max_seconds": 5.0, "repeats": 1}
 
@@ -91,34 +115,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--chunk-rows", type=int, default=None, help="rows per chunk (default 4096)")
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--workdir", default=None,
-                    help="where the stores live (reused when the shape matches); default "
-                         "$TMPDIR/shardload-bench-load")  # fmt: skip
-    ap.add_argument("--cases", default=None,
-                    help="comma-separated subset, LOADER:none|zstd|zstd-cR|zstd-sR:wN (default: "
-                         "all; see --list), or 'compressed' (the zstd stores of smaller chunks "
-                         "and their baselines)")  # fmt: skip
+    ap.add_argument(
+        "--workdir",
+        default=None,
+        help="where the stores live (reused when the shape matches); default "
+        "$TMPDIR/shardload-bench-load",
+    )
+    ap.add_argument(
+        "--cases",
+        default=None,
+        help="comma-separated subset, LOADER:none|zstd|zstd-cR|zstd-sR:wN (default: "
+        "all; see --list), or 'compressed' (the zstd stores of smaller chunks "
+        "and their baselines)",
+    )
     ap.add_argument("--list", action="store_true", help="list the default cases and exit")
-    ap.add_argument("--quick", action="store_true",
-                    help=f"tiny smoke run: {QUICK} unless given explicitly")  # fmt: skip
-    ap.add_argument("--max-seconds", type=float, default=None,
-                    help="time limit per case; slower loaders are timed on a prefix of the epoch "
-                         "and their rate extrapolated (default 20)")  # fmt: skip
+    ap.add_argument(
+        "--quick", action="store_true", help=f"tiny smoke run: {QUICK} unless given explicitly"
+    )
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="time limit per case; slower loaders are timed on a prefix of the epoch "
+        "and their rate extrapolated (default 20)",
+    )
     ap.add_argument("--out", default="bench-results/bench_load.json")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=None,
-                    help="cases that finish their epoch within --max-seconds run this many times "
-                         "(fresh processes); the fastest is reported, with every run's rate in "
-                         "the JSON, and peak memory is the largest of the runs (default 3; --quick: 1)")  # fmt: skip
-    ap.add_argument("--peer-python", default=None,
-                    help="interpreter with mosaicml-streaming and litdata installed (a venv of "
-                         "its own: they pin other numpy/torch versions); runs the peer cases "
-                         f"{sorted(PEER)} (docs/benchmarks.md)")  # fmt: skip
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="cases that finish their epoch within --max-seconds run this many times "
+        "(fresh processes); the fastest is reported, with every run's rate in "
+        "the JSON, and peak memory is the largest of the runs (default 3; --quick: 1)",
+    )
+    ap.add_argument(
+        "--peer-python",
+        default=None,
+        help="interpreter with mosaicml-streaming and litdata installed (a venv of "
+        "its own: they pin other numpy/torch versions); runs the peer cases "
+        f"{sorted(PEER)} (docs/benchmarks.md)",
+    )
     ap.add_argument("--run-case", default=None, help=argparse.SUPPRESS)  # internal: one subprocess
     args = ap.parse_args(argv)
-    defaults = QUICK if args.quick else {"rows": 262144, "features": 1550, "chunk_rows": 4096,
-                                         "max_seconds": 20.0, "repeats": 3}  # fmt: skip
+    defaults = (
+        QUICK
+        if args.quick
+        else {
+            "rows": 262144,
+            "features": 1550,
+            "chunk_rows": 4096,
+            "max_seconds": 20.0,
+            "repeats": 3,
+        }
+    )
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -137,26 +188,46 @@ def run_subprocess_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     loader = parse_case(name)[0]
     if loader in PEER:
         return run_peer_case(name, args)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--run-case", name,
-           "--workdir", str(args.workdir), "--batch-size", str(args.batch_size),
-           "--max-seconds", str(args.max_seconds), "--seed", str(args.seed)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--run-case",
+        name,
+        "--workdir",
+        str(args.workdir),
+        "--batch-size",
+        str(args.batch_size),
+        "--max-seconds",
+        str(args.max_seconds),
+        "--seed",
+        str(args.seed),
+    ]
     env = dict(os.environ)
     # the time limit is checked between batches; a batch of a very slow loader can overrun it
     timeout_s = 10 * args.max_seconds + 120
     t = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
-                           timeout=timeout_s)  # fmt: skip
+        p = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, check=False, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired as exc:
         tail = exc.stderr[-3000:] if isinstance(exc.stderr, str) else ""
-        return {"case": name, "error": f"killed after {timeout_s:g} s (no batch in time)",
-                "stderr_tail": tail, "wall_s": time.perf_counter() - t}  # fmt: skip
+        return {
+            "case": name,
+            "error": f"killed after {timeout_s:g} s (no batch in time)",
+            "stderr_tail": tail,
+            "wall_s": time.perf_counter() - t,
+        }
     wall = time.perf_counter() - t
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         err = (p.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-        return {"case": name, "error": f"exit {p.returncode}: {err}",
-                "stderr_tail": p.stderr[-3000:], "wall_s": wall}  # fmt: skip
+        return {
+            "case": name,
+            "error": f"exit {p.returncode}: {err}",
+            "stderr_tail": p.stderr[-3000:],
+            "wall_s": wall,
+        }
     rec = json.loads(lines[-1])
     rec["wall_s"] = wall
     return rec
@@ -170,32 +241,64 @@ def run_peer_case(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if not args.peer_python:
         return {"case": name, "error": "needs --peer-python (a venv with the peer installed)"}
     ind = Path(tempfile.mkdtemp(prefix="peer-")) / "indices.npz"
-    cmd = [args.peer_python, str(HERE / "loadbench_peers.py"), "--case", name,
-           "--workdir", str(args.workdir), "--batch-size", str(args.batch_size),
-           "--max-seconds", str(args.max_seconds), "--seed", str(args.seed),
-           "--indices", str(ind)]  # fmt: skip
+    cmd = [
+        args.peer_python,
+        str(HERE / "loadbench_peers.py"),
+        "--case",
+        name,
+        "--workdir",
+        str(args.workdir),
+        "--batch-size",
+        str(args.batch_size),
+        "--max-seconds",
+        str(args.max_seconds),
+        "--seed",
+        str(args.seed),
+        "--indices",
+        str(ind),
+    ]
     t = time.perf_counter()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
-                           timeout=30 * args.max_seconds + 1800)  # fmt: skip
+        p = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=30 * args.max_seconds + 1800,
+        )
     except subprocess.TimeoutExpired:
         return {"case": name, "error": "peer case timed out", "wall_s": time.perf_counter() - t}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         err = (p.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-        return {"case": name, "error": f"exit {p.returncode}: {err}",
-                "stderr_tail": p.stderr[-3000:], "wall_s": time.perf_counter() - t}  # fmt: skip
+        return {
+            "case": name,
+            "error": f"exit {p.returncode}: {err}",
+            "stderr_tail": p.stderr[-3000:],
+            "wall_s": time.perf_counter() - t,
+        }
     rec = json.loads(lines[-1])
     rec["wall_s"] = time.perf_counter() - t
     with np.load(ind) as z:
         keys = sorted(z.files, key=lambda k: (k[:2], int(k.split("_")[1])))
         e0 = [z[k] for k in keys if k.startswith("e0_")]
         e1 = [z[k] for k in keys if k.startswith("e1_")]
-    rec.update(shuffle_stats(e0, length=args.rows, chunk_rows=args.chunk_rows,
-                             batch_size=args.batch_size, truncated=rec["truncated"]))  # fmt: skip
-    rec.update(quality_stats(e0, e1, length=args.rows, chunk_rows=args.chunk_rows,
-                             truncated=rec["truncated"]))  # fmt: skip
+    rec.update(
+        shuffle_stats(
+            e0,
+            length=args.rows,
+            chunk_rows=args.chunk_rows,
+            batch_size=args.batch_size,
+            truncated=rec["truncated"],
+        )
+    )
+    rec.update(
+        quality_stats(
+            e0, e1, length=args.rows, chunk_rows=args.chunk_rows, truncated=rec["truncated"]
+        )
+    )
     rec["sample_batches"] = [i.tolist() for i in e0[:48]]
     return rec
 
@@ -205,15 +308,19 @@ def measure_limits(work: Path, info: dict[str, Any], *, log) -> dict[str, Any]:
 
     lim: dict[str, Any] = {}
     lim.update(memcpy_rate())
-    log(f"  memcpy (np.copyto, 1 thread, {lim['memcpy_bytes'] >> 20} MiB): "
-        f"{lim['memcpy_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+    log(
+        f"  memcpy (np.copyto, 1 thread, {lim['memcpy_bytes'] >> 20} MiB): "
+        f"{lim['memcpy_Bps'] / 1e9:.2f} GB/s"
+    )
     if "zarr-none" in info:
         files = data.zarr_chunk_files(work / "zarr-none")
         lim.update(page_cache_read_rate(files))
         rates = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in lim["read_rates_Bps"].items())
-        log(f"  page-cache read of zarr-none's {len(files)} chunk files, 1 thread: {rates} GB/s "
+        log(
+            f"  page-cache read of zarr-none's {len(files)} chunk files, 1 thread: {rates} GB/s "
             f"-> limit {lim['read_Bps'] / 1e9:.2f} GB/s ({lim['read_call']}); "
-            f"{lim['read_threads']} threads: {lim['read_all_cores_Bps'] / 1e9:.2f} GB/s (info)")  # fmt: skip
+            f"{lim['read_threads']} threads: {lim['read_all_cores_Bps'] / 1e9:.2f} GB/s (info)"
+        )
     # every compressed store against its own limit, measured in interleaved rounds (best of
     # each variant over the rounds) so that a busy spell of a shared machine hits them alike
     kinds = [k for k in info if k == "zarr-zstd" or data.small_chunk_kind(k)]
@@ -229,9 +336,11 @@ def measure_limits(work: Path, info: dict[str, Any], *, log) -> dict[str, Any]:
         r["zstd_variant"] = max(r["zstd_rates_Bps"], key=r["zstd_rates_Bps"].__getitem__)
         r["zstd_Bps"] = r["zstd_rates_Bps"][r["zstd_variant"]]
         rates = "; ".join(f"{k}: {v / 1e9:.2f}" for k, v in r["zstd_rates_Bps"].items())
-        log(f"  {kind} read + decode (decoded GB/s, best of {LIMIT_ROUNDS} interleaved rounds): "
+        log(
+            f"  {kind} read + decode (decoded GB/s, best of {LIMIT_ROUNDS} interleaved rounds): "
             f"{rates} -> limit {r['zstd_Bps'] / 1e9:.2f} GB/s; one thread "
-            f"{r['zstd_one_thread_Bps'] / 1e9:.2f} GB/s")  # fmt: skip
+            f"{r['zstd_one_thread_Bps'] / 1e9:.2f} GB/s"
+        )
     if by:
         lim["zstd_by_store"] = by
     if "zarr-zstd" in by:
@@ -257,12 +366,20 @@ def zstd_store_limit(store: Path, repeats: int = 3) -> dict[str, Any]:
     files = data.zarr_chunk_files(store)
     _, sharded = data.small_chunk_kind(store.name) or (0, False)
     if not sharded:
-        return zstd_read_decode_rate(files, chunk_bytes=(sizes * row_bytes).tolist(),
-                                     zarr_array=str(store / "x"), repeats=repeats)  # fmt: skip
+        return zstd_read_decode_rate(
+            files,
+            chunk_bytes=(sizes * row_bytes).tolist(),
+            zarr_array=str(store / "x"),
+            repeats=repeats,
+        )
     per_shard = len(sizes) // len(files)
-    return shard_read_decode_rate(files, chunks_per_shard=per_shard,
-                                  decoded_bytes=int(sizes.sum()) * row_bytes,
-                                  zarr_array=str(store / "x"), repeats=repeats)  # fmt: skip
+    return shard_read_decode_rate(
+        files,
+        chunks_per_shard=per_shard,
+        decoded_bytes=int(sizes.sum()) * row_bytes,
+        zarr_array=str(store / "x"),
+        repeats=repeats,
+    )
 
 
 def add_ratios(rec: dict[str, Any], lim: dict[str, Any]) -> None:
@@ -289,8 +406,10 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 
 
 def table(recs: list[dict[str, Any]]) -> str:
-    head = ("| case | samples/s | MB/s | ratio to limit | peak RSS MiB (PSS) | chunks/batch | "
-            "complete epoch | first batch s | timed samples (s) |")  # fmt: skip
+    head = (
+        "| case | samples/s | MB/s | ratio to limit | peak RSS MiB (PSS) | chunks/batch | "
+        "complete epoch | first batch s | timed samples (s) |"
+    )
     rows = [head, "|" + "---|" * 9]
     for r in recs:
         if "error" in r:
@@ -312,15 +431,18 @@ def table(recs: list[dict[str, Any]]) -> str:
 
 def quality_table(recs: list[dict[str, Any]]) -> str:
     """The five shuffle-quality figures per case (1.0 = a uniform shuffle's)."""
-    head = ("| case | chunks/batch (÷ uniform) | VIF_pos | VIF_ar | recurrence | pair excess | "
-            "samples/s | peak RSS MiB (PSS) |")  # fmt: skip
+    head = (
+        "| case | chunks/batch (÷ uniform) | VIF_pos | VIF_ar | recurrence | pair excess | "
+        "samples/s | peak RSS MiB (PSS) |"
+    )
     rows = [head, "|" + "---|" * 8]
     for r in recs:
         if "error" in r or "vif_pos" not in r:
             continue
         speed = f"{r['samples_per_s']:,.0f}" if "samples_per_s" in r else "n/a"
-        mem = (f"{r['peak_rss_MiB']:,.0f} ({r['peak_pss_MiB']:,.0f})"
-               if "peak_rss_MiB" in r else "n/a")  # fmt: skip
+        mem = (
+            f"{r['peak_rss_MiB']:,.0f} ({r['peak_pss_MiB']:,.0f})" if "peak_rss_MiB" in r else "n/a"
+        )
         rows.append(
             f"| {r['case']} | {r['chunks_per_batch']:.1f} ({r['chunks_per_batch_ratio']:.2f}) | "
             f"{r['vif_pos']:.2f} | {r['vif_ar']:.2f} | {_fmt(r.get('recurrence'))} | "
@@ -347,18 +469,31 @@ def reference_records(work: Path, *, batch_size: int, seed: int) -> list[dict[st
     piece, group = resolve_shuffle(store, select_rows(store), None, None)
     resident = piece * group * groups_in_flight(prefetch=DEFAULT_PREFETCH, shuffle_chunks=group)
     uni = [uniform_batches(np.arange(n), batch_size, seed=seed + e) for e in (0, 1)]
-    buf = [shuffle_buffer_batches(sizes, batch_size, buffer_rows=resident, seed=seed + e)
-           for e in (0, 1)]  # fmt: skip
+    buf = [
+        shuffle_buffer_batches(sizes, batch_size, buffer_rows=resident, seed=seed + e)
+        for e in (0, 1)
+    ]
     out = []
     for name, epochs, what in (
         ("uniform permutation", uni, "reference: a uniform permutation of all rows"),
-        (f"tf.data buffer {resident:,} rows", buf,
-         f"reference: shuffled chunk order, rows through a {resident}-row shuffle buffer "
-         "(the rows shardload's default reader holds)"),
-    ):  # fmt: skip
+        (
+            f"tf.data buffer {resident:,} rows",
+            buf,
+            f"reference: shuffled chunk order, rows through a {resident}-row shuffle buffer "
+            "(the rows shardload's default reader holds)",
+        ),
+    ):
         q = quality(epochs, chunk_of)
-        out.append({"case": name, "loader": "reference", "reference": True, "what": what,
-                    "sample_batches": [b.tolist() for b in epochs[0][:48]], **q})  # fmt: skip
+        out.append(
+            {
+                "case": name,
+                "loader": "reference",
+                "reference": True,
+                "what": what,
+                "sample_batches": [b.tolist() for b in epochs[0][:48]],
+                **q,
+            }
+        )
     return out
 
 
@@ -374,37 +509,55 @@ def goal_lines(by: dict[str, dict[str, Any]]) -> list[str]:
         f"in-process shardload / read limit = {_fmt(get('shardload-iter:none:w0', 'ratio_to_limit'))} (goal ≥ 0.5)",
     ]
     for case in ("shardload-dl:none:w2", "shardload-sdl:none:w2"):
-        out.append(f"DataLoader 2 workers / read limit = {_fmt(get(case, 'ratio_to_limit'))} "
-                   f"(goal ≥ 0.3) [{case}]")  # fmt: skip
-    for ours, theirs in (("shardload-dl:none:w2", "zarr-torch-dataset:none:w2"),
-                         ("shardload-iter:none:w0", "zarr-torch-dataset:none:w0")):  # fmt: skip
+        out.append(
+            f"DataLoader 2 workers / read limit = {_fmt(get(case, 'ratio_to_limit'))} "
+            f"(goal ≥ 0.3) [{case}]"
+        )
+    for ours, theirs in (
+        ("shardload-dl:none:w2", "zarr-torch-dataset:none:w2"),
+        ("shardload-iter:none:w0", "zarr-torch-dataset:none:w0"),
+    ):
         speed = ratio(get(ours, "samples_per_s"), get(theirs, "samples_per_s"))
         rss = ratio(get(ours, "peak_rss_MiB"), get(theirs, "peak_rss_MiB"))
         pss = ratio(get(ours, "peak_pss_MiB"), get(theirs, "peak_pss_MiB"))
         # memory = the PSS sum: the RSS sum counts pages that forked workers share with the
         # main process (torch, libraries, the batch ring) once per process
-        out.append(f"shardload vs zarr-torch-dataset speed = {_fmt(speed)}× (goal ≥ 4×) at "
-                   f"memory (PSS) ratio {_fmt(pss)} (goal ≤ 0.25) [{ours} vs {theirs}; RSS-sum "
-                   f"ratio {_fmt(rss)}]")  # fmt: skip
-    out.append(f"zstd shardload / read+decode limit = "
-               f"{_fmt(get('shardload-iter:zstd:w0', 'ratio_to_limit'))} (goal ≥ 0.8)")  # fmt: skip
-    for case in ("shardload-iter:none:w0", "shardload-sdl:none:w2", "shardload-sdl-r4:none:w2",
-                 "shardload-sdl-r16:none:w2", "shardload-iter-uniform:none:w0",
-                 "shardload-iter:zstd:w0", "shardload-iter-pool8:zstd:w0"):  # fmt: skip
+        out.append(
+            f"shardload vs zarr-torch-dataset speed = {_fmt(speed)}× (goal ≥ 4×) at "
+            f"memory (PSS) ratio {_fmt(pss)} (goal ≤ 0.25) [{ours} vs {theirs}; RSS-sum "
+            f"ratio {_fmt(rss)}]"
+        )
+    out.append(
+        f"zstd shardload / read+decode limit = "
+        f"{_fmt(get('shardload-iter:zstd:w0', 'ratio_to_limit'))} (goal ≥ 0.8)"
+    )
+    for case in (
+        "shardload-iter:none:w0",
+        "shardload-sdl:none:w2",
+        "shardload-sdl-r4:none:w2",
+        "shardload-sdl-r16:none:w2",
+        "shardload-iter-uniform:none:w0",
+        "shardload-iter:zstd:w0",
+        "shardload-iter-pool8:zstd:w0",
+    ):
         if case in by and "vif_pos" in by[case]:
             r = by[case]
             out.append(
                 f"quality {case}: chunks/batch ÷ uniform {_fmt(r['chunks_per_batch_ratio'])} "
                 f"(goal ≥ 0.9), VIF_pos {_fmt(r['vif_pos'])} (≤ 1.5), VIF_ar {_fmt(r['vif_ar'])} "
                 f"(≤ 2), recurrence {_fmt(r.get('recurrence'))} (≤ 1.5)"
-            )  # fmt: skip
-    for new, old in (("shardload-iter:none:w0", "shardload-iter-legacy:none:w0"),
-                     ("shardload-sdl:none:w2", "shardload-sdl-legacy:none:w2")):  # fmt: skip
+            )
+    for new, old in (
+        ("shardload-iter:none:w0", "shardload-iter-legacy:none:w0"),
+        ("shardload-sdl:none:w2", "shardload-sdl-legacy:none:w2"),
+    ):
         speed = ratio(get(new, "samples_per_s"), get(old, "samples_per_s"))
         pss = ratio(get(new, "peak_pss_MiB"), get(old, "peak_pss_MiB"))
         rss = ratio(get(new, "peak_rss_MiB"), get(old, "peak_rss_MiB"))
-        out.append(f"new default vs the earlier one: speed {_fmt(speed)}× (goal ≥ 0.9) at memory "
-                   f"PSS {_fmt(pss)}× / RSS {_fmt(rss)}× (goal ≤ 1) [{new} vs {old}]")  # fmt: skip
+        out.append(
+            f"new default vs the earlier one: speed {_fmt(speed)}× (goal ≥ 0.9) at memory "
+            f"PSS {_fmt(pss)}× / RSS {_fmt(rss)}× (goal ≤ 1) [{new} vs {old}]"
+        )
     for case, r in by.items():  # compressed stores of small chunks, against the zstd default
         if "error" in r or not r.get("codec", "").startswith("zstd-"):
             continue
@@ -423,14 +576,18 @@ def goal_lines(by: dict[str, dict[str, Any]]) -> list[str]:
             f"≥ 0.8), memory RSS {_fmt(rss)}× / PSS {_fmt(pss)}× {base} (goal ≤ 1), VIF_pos "
             f"{_fmt(r['vif_pos'])} (≤ 1.5), VIF_ar {_fmt(r['vif_ar'])} (≤ 2), recurrence "
             f"{_fmt(r.get('recurrence'))} (≤ 1.5): {'all goals met' if met else 'not all met'}"
-        )  # fmt: skip
-    out.append(f"uniform in-process / read limit = "
-               f"{_fmt(get('shardload-iter-uniform:none:w0', 'ratio_to_limit'))} (goal ≥ 0.3)")  # fmt: skip
+        )
+    out.append(
+        f"uniform in-process / read limit = "
+        f"{_fmt(get('shardload-iter-uniform:none:w0', 'ratio_to_limit'))} (goal ≥ 0.3)"
+    )
     hand = get("torch-handoff:none:w2", "samples_per_s")
     if hand:
         dl = get("shardload-dl:none:w2", "samples_per_s")
-        out.append(f"DataLoader hand-off alone (no I/O, 2 workers) = {hand:,.0f} samples/s; "
-                   f"shardload-dl:none:w2 / hand-off = {_fmt(ratio(dl, hand))}")  # fmt: skip
+        out.append(
+            f"DataLoader hand-off alone (no I/O, 2 workers) = {hand:,.0f} samples/s; "
+            f"shardload-dl:none:w2 / hand-off = {_fmt(ratio(dl, hand))}"
+        )
     return out
 
 
@@ -446,8 +603,11 @@ def plot(recs: list[dict[str, Any]], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 0.35 * len(ok) + 1.5), sharey=True)
     a.barh(names, [r.get("ratio_to_limit") or 0 for r in ok], color=colors)
     a.set_xlabel("ratio to limit (page-cache read; zstd: all-core read + decode)")
-    for x, style, label in ((0.5, "--", "goal in-process"), (0.3, ":", "goal 2 workers"),
-                            (0.8, "-.", "goal zstd")):  # fmt: skip
+    for x, style, label in (
+        (0.5, "--", "goal in-process"),
+        (0.3, ":", "goal 2 workers"),
+        (0.8, "-.", "goal zstd"),
+    ):
         a.axvline(x, color="k", linestyle=style, linewidth=0.8, label=f"{label} {x:g}")
     a.legend(loc="lower right", fontsize="small")
     b.barh(names, [r["samples_per_s"] for r in ok], color=colors)
@@ -474,14 +634,14 @@ def plot_composition(recs: list[dict[str, Any]], path: Path, *, length: int) -> 
     ok.sort(key=lambda r: not r.get("reference"))
     cols = 4
     rows = -(-len(ok) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), sharey=True,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), sharey=True, squeeze=False)
     for ax, r in zip(axes.flat, ok, strict=False):
         for k, b in enumerate(r["sample_batches"][:32]):
             ax.plot([k] * len(b), [i / length for i in b], ",", color="k", alpha=0.5)
         vif = r.get("vif_pos")
-        ax.set_title(f"{r['case']}\nVIF_pos {vif:.2f}" if vif is not None else r["case"],
-                     fontsize="small")  # fmt: skip
+        ax.set_title(
+            f"{r['case']}\nVIF_pos {vif:.2f}" if vif is not None else r["case"], fontsize="small"
+        )
         ax.set_xlabel("batch")
     for ax in axes.flat[len(ok) :]:
         ax.axis("off")
@@ -496,8 +656,13 @@ def plot_composition(recs: list[dict[str, Any]], path: Path, *, length: int) -> 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.run_case:
-        rec = run_case(args.run_case, args.workdir, batch_size=args.batch_size,
-                       max_seconds=args.max_seconds, seed=args.seed)  # fmt: skip
+        rec = run_case(
+            args.run_case,
+            args.workdir,
+            batch_size=args.batch_size,
+            max_seconds=args.max_seconds,
+            seed=args.seed,
+        )
         print(json.dumps(rec))
         return
     if args.cases == "compressed":
@@ -523,12 +688,21 @@ def main(argv: list[str] | None = None) -> None:
     needed |= {OWN_COPY[parse_case(c)[0]] for c in cases if parse_case(c)[0] in OWN_COPY}
     kinds = [k for k in data.STORE_KINDS if k in needed] + sorted(needed - set(data.STORE_KINDS))
     row_bytes = args.features * 4
-    log(f"data: {args.rows:,} samples x {args.features} float32 ({row_bytes:,} B), chunks of "
+    log(
+        f"data: {args.rows:,} samples x {args.features} float32 ({row_bytes:,} B), chunks of "
         f"{args.chunk_rows:,} rows, {args.rows * row_bytes / 1e9:.2f} GB per store; "
-        f"stores {kinds} in {args.workdir}")  # fmt: skip
+        f"stores {kinds} in {args.workdir}"
+    )
     t = time.perf_counter()
-    info = data.build_stores(args.workdir, rows=args.rows, features=args.features,
-                             chunk_rows=args.chunk_rows, kinds=kinds, seed=args.seed, log=log)  # fmt: skip
+    info = data.build_stores(
+        args.workdir,
+        rows=args.rows,
+        features=args.features,
+        chunk_rows=args.chunk_rows,
+        kinds=kinds,
+        seed=args.seed,
+        log=log,
+    )
     log(f"  stores ready in {time.perf_counter() - t:.1f} s")
     # freshly written stores leave GBs of dirty pages: flush them now, or their write-back
     # competes with the first cases for CPU and I/O
@@ -544,8 +718,10 @@ def main(argv: list[str] | None = None) -> None:
         lim["zstd_ratio"] = info["zarr-none"]["disk_bytes"] / info["zarr-zstd"]["disk_bytes"]
         log(f"  zstd store: {lim['zstd_ratio']:.2f}x smaller than the uncompressed one")
     recs: list[dict[str, Any]] = []
-    log(f"cases (each in a fresh subprocess; page cache re-warmed first; time limit "
-        f"{args.max_seconds:g} s per case, slower loaders extrapolated from a prefix):")  # fmt: skip
+    log(
+        f"cases (each in a fresh subprocess; page cache re-warmed first; time limit "
+        f"{args.max_seconds:g} s per case, slower loaders extrapolated from a prefix):"
+    )
     for c in cases:
         loader, codec, _ = parse_case(c)
 
@@ -568,30 +744,41 @@ def main(argv: list[str] | None = None) -> None:
         if "error" in rec:
             log(f"  {c}: ERROR {rec['error']}")
             continue
-        log(f"  {c}: {rec['samples_per_s']:,.0f} samples/s, {rec['MBps']:,.0f} MB/s, ratio "
+        log(
+            f"  {c}: {rec['samples_per_s']:,.0f} samples/s, {rec['MBps']:,.0f} MB/s, ratio "
             f"{_fmt(rec['ratio_to_limit'], '.3f')}, peak RSS {rec['peak_rss_MiB']:,.0f} MiB, "
             f"{rec['chunks_per_batch']:.1f} chunks/batch, VIF_pos {_fmt(rec.get('vif_pos'))}, "
             f"complete: {rec['complete_epoch']}"
             + (f" [runs: {rec['runs_samples_per_s']}]" if "runs_samples_per_s" in rec else "")
-            + (f" [prefix {100 * rec['epoch_fraction']:.1f}% of the epoch, extrapolated]"
-               if rec["truncated"] else ""))  # fmt: skip
+            + (
+                f" [prefix {100 * rec['epoch_fraction']:.1f}% of the epoch, extrapolated]"
+                if rec["truncated"]
+                else ""
+            )
+        )
     log("")
-    log(f"limits: page-cache read {_fmt(lim.get('read_Bps', 0) / 1e9)} GB/s "
+    log(
+        f"limits: page-cache read {_fmt(lim.get('read_Bps', 0) / 1e9)} GB/s "
         f"({lim.get('read_call')}); memcpy {lim['memcpy_Bps'] / 1e9:.2f} GB/s; zstd read + decode "
-        f"(all cores) {_fmt(lim.get('zstd_Bps', 0) / 1e9)} GB/s ({lim.get('zstd_variant')})")  # fmt: skip
+        f"(all cores) {_fmt(lim.get('zstd_Bps', 0) / 1e9)} GB/s ({lim.get('zstd_variant')})"
+    )
     log(table(recs))
     log("")
     notes = {r["loader"]: r["note"] for r in recs if r.get("note")}
     for loader, note in notes.items():
         log(f"note {loader}: {note}")
     if any(r.get("truncated") for r in recs):
-        log(f"rates of cases marked 'extrapolated' come from the first {args.max_seconds:g} s of "
-            "the epoch (samples timed / seconds), not from a whole epoch")  # fmt: skip
+        log(
+            f"rates of cases marked 'extrapolated' come from the first {args.max_seconds:g} s of "
+            "the epoch (samples timed / seconds), not from a whole epoch"
+        )
     if "zarr-none" in info:
         refs = reference_records(args.workdir, batch_size=args.batch_size, seed=args.seed)
         recs.extend(refs)
-    log("shuffle quality (1.0 = a uniform shuffle's; recurrence n/a where no complete second "
-        "epoch was read):")  # fmt: skip
+    log(
+        "shuffle quality (1.0 = a uniform shuffle's; recurrence n/a where no complete second "
+        "epoch was read):"
+    )
     log(quality_table(recs))
     log("")
     by = {r["case"]: r for r in recs}
@@ -601,12 +788,22 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {
-        "config": {"rows": args.rows, "features": args.features, "row_bytes": row_bytes,
-                   "chunk_rows": args.chunk_rows, "batch_size": args.batch_size,
-                   "max_seconds": args.max_seconds, "seed": args.seed, "cpu_count": os.cpu_count(),
-                   "workdir": str(args.workdir)},
-        "stores": info, "limits": lim, "cases": recs, "goals": goals,
-    }  # fmt: skip
+        "config": {
+            "rows": args.rows,
+            "features": args.features,
+            "row_bytes": row_bytes,
+            "chunk_rows": args.chunk_rows,
+            "batch_size": args.batch_size,
+            "max_seconds": args.max_seconds,
+            "seed": args.seed,
+            "cpu_count": os.cpu_count(),
+            "workdir": str(args.workdir),
+        },
+        "stores": info,
+        "limits": lim,
+        "cases": recs,
+        "goals": goals,
+    }
     out.write_text(json.dumps(result, indent=1, default=str))
     log(f"wrote {out}")
     if not args.no_plot:

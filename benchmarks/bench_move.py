@@ -67,12 +67,17 @@ def make_store(work: Path, size_mb: int, fmt: str, compression: str, chunk_mb: f
     prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
     prepare(
         {
-            "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-            "arrays": {"x": ["a"], "y": ["b"]}, "chunk_rows": chunk_rows, "format": fmt,
-            "compression": compression, "out": str(out),
+            "source": {"paths": [str(src)]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a"], "y": ["b"]},
+            "chunk_rows": chunk_rows,
+            "format": fmt,
+            "compression": compression,
+            "out": str(out),
         },
         progress=False,
-    )  # fmt: skip
+    )
     src.unlink()
     return out
 
@@ -111,8 +116,11 @@ class Server:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardload", "-q", "serve", str(root), "--port", "0"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         line = self.proc.stdout.readline()
         m = READY.search(line)
         if not m:
@@ -160,8 +168,10 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     t = time.perf_counter()
     path = make_store(work, args.size_mb, args.format, args.compression, args.chunk_mb)
     size = store_bytes(path)
-    print(f"store: {path} ({size / 1e6:.0f} MB on disk, {args.format}/{args.compression}) "
-          f"made in {time.perf_counter() - t:.1f} s")  # fmt: skip
+    print(
+        f"store: {path} ({size / 1e6:.0f} MB on disk, {args.format}/{args.compression}) "
+        f"made in {time.perf_counter() - t:.1f} s"
+    )
     kw = dict(batch_size=args.batch_size)
     results: dict[str, dict] = {}
 
@@ -171,8 +181,11 @@ def measure(args: argparse.Namespace, work: Path) -> None:
         r["samples_per_s"] = r["samples"] / r["seconds"]
         r.update(extra or {})
         results[name] = r
-        print(f"  {name:<32} {r['seconds']:8.2f} s {r['MB_per_s']:9.1f} MB/s "
-              f"{r['samples_per_s']:12.0f} samples/s", flush=True)  # fmt: skip
+        print(
+            f"  {name:<32} {r['seconds']:8.2f} s {r['MB_per_s']:9.1f} MB/s "
+            f"{r['samples_per_s']:12.0f} samples/s",
+            flush=True,
+        )
 
     warm = shardload.open_store(path)  # imports and first-use costs stay out of the timings
     for a in warm.arrays:
@@ -210,26 +223,41 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     for name, r in results.items():
         suffix = name[name.index(" [") :] if " [" in name else ""
         # the reference is the faster local epoch: conservative, and free of first-use costs
-        base = max(results[f"local{suffix}"]["samples_per_s"],
-                   results[f"local epoch 2{suffix}"]["samples_per_s"])  # fmt: skip
+        base = max(
+            results[f"local{suffix}"]["samples_per_s"],
+            results[f"local epoch 2{suffix}"]["samples_per_s"],
+        )
         ratio = base / r["samples_per_s"]  # >1: slower than local
         r["slowdown_vs_local"] = ratio
         print(f"{name:<34}{r['MB_per_s']:9.1f}{r['samples_per_s']:13.0f}{ratio:9.2f}")
     goal = results["http+cache epoch 2"]["slowdown_vs_local"]
-    print(f"\ngoal: HTTP with cache after the first epoch within 1.5x of local: "
-          f"{goal:.2f}x -> {'met' if goal <= 1.5 else 'MISSED'}")  # fmt: skip
+    print(
+        f"\ngoal: HTTP with cache after the first epoch within 1.5x of local: "
+        f"{goal:.2f}x -> {'met' if goal <= 1.5 else 'MISSED'}"
+    )
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {
-        "benchmark": "bench_move", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": sys.version.split()[0]},
-        "store": {"format": args.format, "compression": args.compression, "bytes": size,
-                  "rows": len(shardload.open_store(path)), "chunk_mb": args.chunk_mb},
-        "batch_size": args.batch_size, "workers": args.workers, "page_cache": "warm",
+        "benchmark": "bench_move",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+        },
+        "store": {
+            "format": args.format,
+            "compression": args.compression,
+            "bytes": size,
+            "rows": len(shardload.open_store(path)),
+            "chunk_mb": args.chunk_mb,
+        },
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "page_cache": "warm",
         "results": results,
-    }  # fmt: skip
+    }
     dest = out / f"move-{time.strftime('%Y%m%d-%H%M%S')}.json"
     dest.write_text(json.dumps(report, indent=2))
     print(f"results: {dest}")

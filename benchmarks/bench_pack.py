@@ -42,23 +42,34 @@ def make(work: Path, rows: int, chunk_rows: int) -> Path:
     import shardload
 
     rng = np.random.default_rng(0)
-    ds = xr.Dataset({
-        "a": (("sample", "f"), rng.standard_normal((rows, 64), dtype=np.float32)),
-        "c": ("sample", np.arange(rows, dtype=np.int64)),
-    })  # fmt: skip
+    ds = xr.Dataset(
+        {
+            "a": (("sample", "f"), rng.standard_normal((rows, 64), dtype=np.float32)),
+            "c": ("sample", np.arange(rows, dtype=np.int64)),
+        }
+    )
     src = work / "src.nc"
     ds.to_netcdf(src)
     out = work / "store"
-    shardload.prepare({
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a"], "y": ["c"]}, "chunk_rows": chunk_rows, "format": "npy",
-        "out": str(out), "splits": {"train": 1.0},
-    })  # fmt: skip
+    shardload.prepare(
+        {
+            "source": {"paths": [str(src)]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a"], "y": ["c"]},
+            "chunk_rows": chunk_rows,
+            "format": "npy",
+            "out": str(out),
+            "splits": {"train": 1.0},
+        }
+    )
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--chunk-rows", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)
@@ -81,7 +92,9 @@ def main() -> None:
     times: dict[str, list[dict]] = {k: [] for k in targets}
     for _ in range(args.repeats):
         for name, path in targets.items():
-            res = subprocess.run([sys.executable, "-c", EPOCH, path], capture_output=True, text=True, check=True)  # fmt: skip
+            res = subprocess.run(
+                [sys.executable, "-c", EPOCH, path], capture_output=True, text=True, check=True
+            )
             times[name].append(json.loads(res.stdout.strip().splitlines()[-1]))
             time.sleep(0.5)  # the previous image's watcher unmounts
     print(f"store: {args.rows:,} rows, {files} files, {nbytes / 1e6:.1f} MB")

@@ -139,19 +139,27 @@ def radiation_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[st
     raw = work / "raw"
     if not raw.exists():
         write_radiation_sample(
-            raw, columns=args.columns_per_file, timesteps=(0,),
-            patches=tuple(range(args.files)), seed=0,
-        )  # fmt: skip
+            raw,
+            columns=args.columns_per_file,
+            timesteps=(0,),
+            patches=tuple(range(args.files)),
+            seed=0,
+        )
     inputs = sorted(str(p) for p in raw.glob("rad4NN_inputs_*.nc"))
     outputs = sorted(str(p) for p in raw.glob("3dcorrection_outputs_*.nc"))
     xvars = ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"]
     yvars = ["flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw", "hr_sw", "hr_lw"]
     conf = {
         "source": {"kind": "radiation", "paths": inputs, "outputs": outputs},
-        "sample_dims": ["column"], "view": "flat", "arrays": {"x": xvars, "y": yvars},
-        "dtype": "float32", "format": "zarr", "compression": args.compression,
-        "out": str(work / "radiation-store"), "overwrite": True,
-    }  # fmt: skip
+        "sample_dims": ["column"],
+        "view": "flat",
+        "arrays": {"x": xvars, "y": yvars},
+        "dtype": "float32",
+        "format": "zarr",
+        "compression": args.compression,
+        "out": str(work / "radiation-store"),
+        "overwrite": True,
+    }
     # warm-up, untimed: imports (xarray backends, dask, zarr) and file metadata for both paths
     _ = open_radiation(inputs[:1], outputs[:1])["hr_sw"].isel(column=slice(0, 4)).values
 
@@ -171,8 +179,12 @@ def radiation_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[st
         open_s = time.perf_counter() - t
         xs, xs_sync = baseline_to_zarr(out, work / "radiation-xarray", args.compression)
         check_equal(work / "radiation-xarray", store, "x")
-        return {"bytes": nbytes, "shardload_s": dt, "xarray_s": xs + open_s,
-                "xarray_fsync_s": xs_sync + open_s}  # fmt: skip
+        return {
+            "bytes": nbytes,
+            "shardload_s": dt,
+            "xarray_s": xs + open_s,
+            "xarray_fsync_s": xs_sync + open_s,
+        }
 
     return run
 
@@ -184,10 +196,16 @@ def rows_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[str, fl
     if not src.exists():
         write_rows_file(src, rows=args.rows)
     conf = {
-        "source": {"paths": [str(src)]}, "sample_dims": ["row"], "view": "flat",
-        "arrays": {"x": ["x"], "y": ["y"]}, "chunk_rows": 4096, "format": "zarr",
-        "compression": args.compression, "out": str(work / "rows-store"), "overwrite": True,
-    }  # fmt: skip
+        "source": {"paths": [str(src)]},
+        "sample_dims": ["row"],
+        "view": "flat",
+        "arrays": {"x": ["x"], "y": ["y"]},
+        "chunk_rows": 4096,
+        "format": "zarr",
+        "compression": args.compression,
+        "out": str(work / "rows-store"),
+        "overwrite": True,
+    }
 
     def run() -> dict[str, float]:
         store, dt, nbytes = shardload_prepare(conf)
@@ -196,8 +214,12 @@ def rows_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[str, fl
         open_s = time.perf_counter() - t
         xs, xs_sync = baseline_to_zarr(ds, work / "rows-xarray", args.compression)
         check_equal(work / "rows-xarray", store, "x")
-        return {"bytes": nbytes, "shardload_s": dt, "xarray_s": xs + open_s,
-                "xarray_fsync_s": xs_sync + open_s}  # fmt: skip
+        return {
+            "bytes": nbytes,
+            "shardload_s": dt,
+            "xarray_s": xs + open_s,
+            "xarray_fsync_s": xs_sync + open_s,
+        }
 
     return run
 
@@ -212,10 +234,15 @@ def grid_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[str, fl
     if not src.exists():
         write_grid_file(src)
     conf = {
-        "source": {"paths": [str(src)]}, "sample_dims": ["phony_dim_2"], "view": "flat",
-        "arrays": {"x": [GRID_VAR]}, "format": "zarr", "compression": args.compression,
-        "out": str(work / "grid-store"), "overwrite": True,
-    }  # fmt: skip
+        "source": {"paths": [str(src)]},
+        "sample_dims": ["phony_dim_2"],
+        "view": "flat",
+        "arrays": {"x": [GRID_VAR]},
+        "format": "zarr",
+        "compression": args.compression,
+        "out": str(work / "grid-store"),
+        "overwrite": True,
+    }
 
     def run() -> dict[str, float]:
         def xr_read() -> np.ndarray:
@@ -228,8 +255,12 @@ def grid_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[str, fl
         nbytes, read_s = timed(
             lambda: sum(int(view.read(i, i + 1)["x"].nbytes) for i in range(view.length))
         )
-        res = {"bytes": nbytes, "xarray_read_s": xr_s, "shardload_read_s": read_s,
-               "shardload_build_s": build_s}  # fmt: skip
+        res = {
+            "bytes": nbytes,
+            "xarray_read_s": xr_s,
+            "shardload_read_s": read_s,
+            "shardload_build_s": build_s,
+        }
         if not args.grid_read_only:
             store, dt, _ = shardload_prepare(conf)
             k = values.shape[-1] // 2
@@ -252,9 +283,11 @@ def report(case: str, r: dict[str, float]) -> dict[str, float]:
     mb = r["bytes"] / 1e6
     if case == "grid":
         r["read_ratio"] = r["shardload_read_s"] / r["xarray_read_s"]
-        line = (f"grid: {mb:.0f} MB; xarray read of the variable {r['xarray_read_s']:.2f} s; "
-                f"shardload read of every block {r['shardload_read_s']:.2f} s ({r['read_ratio']:.2f}x), "
-                f"view build (open, feature names) {r['shardload_build_s']:.2f} s")  # fmt: skip
+        line = (
+            f"grid: {mb:.0f} MB; xarray read of the variable {r['xarray_read_s']:.2f} s; "
+            f"shardload read of every block {r['shardload_read_s']:.2f} s ({r['read_ratio']:.2f}x), "
+            f"view build (open, feature names) {r['shardload_build_s']:.2f} s"
+        )
         if "shardload_s" in r:
             r["prepare_ratio"] = r["shardload_s"] / r["xarray_read_s"]
             line += f"; shardload prepare {r['shardload_s']:.2f} s ({r['prepare_ratio']:.2f}x)"
@@ -264,9 +297,12 @@ def report(case: str, r: dict[str, float]) -> dict[str, float]:
         r[f"{k}_MBps"] = r["bytes"] / r[f"{k}_s"] / 1e6
     r["ratio"] = r["shardload_MBps"] / r["xarray_MBps"]
     r["ratio_fsync"] = r["shardload_MBps"] / r["xarray_fsync_MBps"]
-    print(f"{case}: {mb:.0f} MB; shardload {r['shardload_MBps']:.0f} MB/s; xarray+dask to_zarr "
-          f"{r['xarray_MBps']:.0f} MB/s, +fsync {r['xarray_fsync_MBps']:.0f} MB/s; ratio "
-          f"{r['ratio']:.2f}x ({r['ratio_fsync']:.2f}x at equal durability)", flush=True)  # fmt: skip
+    print(
+        f"{case}: {mb:.0f} MB; shardload {r['shardload_MBps']:.0f} MB/s; xarray+dask to_zarr "
+        f"{r['xarray_MBps']:.0f} MB/s, +fsync {r['xarray_fsync_MBps']:.0f} MB/s; ratio "
+        f"{r['ratio']:.2f}x ({r['ratio_fsync']:.2f}x at equal durability)",
+        flush=True,
+    )
     return r
 
 
@@ -281,8 +317,11 @@ def main() -> None:
         "--files", type=int, default=4, help="radiation patch files (4 -> ~1.07 GB prepared)"
     )
     ap.add_argument("--rows", type=int, default=262144, help="rows of the rows case")
-    ap.add_argument("--grid-read-only", action="store_true",
-                    help="grid: time the read path only, not the whole prepare")  # fmt: skip
+    ap.add_argument(
+        "--grid-read-only",
+        action="store_true",
+        help="grid: time the read path only, not the whole prepare",
+    )
     ap.add_argument("--compression", default="none", choices=["none", "lz4", "zstd"])
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None, help="write results here")

@@ -49,12 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(args.out or tempfile.mkdtemp(prefix="bench-ragged-"))
     ds = xr.Dataset({"y": (("s",), np.arange(args.rows, dtype=np.float64))})
     cfg = {
-        "view": {"name": "function", "function": "bench_ragged:lognormal_rows",
-                 "kwargs": {"median": args.median}},
-        "sample_dims": ["s"], "format": args.format,
+        "view": {
+            "name": "function",
+            "function": "bench_ragged:lognormal_rows",
+            "kwargs": {"median": args.median},
+        },
+        "sample_dims": ["s"],
+        "format": args.format,
         "compression": "none" if args.format == "npy" else "lz4",
-        "chunk_rows": args.chunk_rows, "out": str(tmp / "store"), "overwrite": True,
-    }  # fmt: skip
+        "chunk_rows": args.chunk_rows,
+        "out": str(tmp / "store"),
+        "overwrite": True,
+    }
     t0 = time.perf_counter()
     st = shardload.prepare(cfg, dataset=ds, progress=False)
     info = st.manifest.arrays["tok"].ragged
@@ -66,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             n = 0
             for b in iter_batches(
-                st, batch_size=args.batch, bucket=bucket, shuffle_chunks=shuffle_chunks,
-                padding_stats=stats, epoch=1,
-            ):  # fmt: skip
+                st,
+                batch_size=args.batch,
+                bucket=bucket,
+                shuffle_chunks=shuffle_chunks,
+                padding_stats=stats,
+                epoch=1,
+            ):
                 n += len(b["index"])
             dt = time.perf_counter() - t0
             print(

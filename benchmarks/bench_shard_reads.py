@@ -69,9 +69,11 @@ def main(argv: list[str] | None = None) -> None:
                 if "error" in rec:
                     print(f"  {c} {side}: {rec['error']}", flush=True)
                     continue
-                print(f"  {c} {side}: {rec['samples_per_s']:,.0f} samples/s, {rec['MBps']:,.0f} "
-                      f"MB/s, truncated={rec['truncated']} ({time.perf_counter() - t:.0f} s)",
-                      flush=True)  # fmt: skip
+                print(
+                    f"  {c} {side}: {rec['samples_per_s']:,.0f} samples/s, {rec['MBps']:,.0f} "
+                    f"MB/s, truncated={rec['truncated']} ({time.perf_counter() - t:.0f} s)",
+                    flush=True,
+                )
                 old = best.get((c, side))
                 if old is None or rec["samples_per_s"] > old["samples_per_s"]:
                     best[(c, side)] = rec
@@ -82,8 +84,10 @@ def main(argv: list[str] | None = None) -> None:
     for (c, side), rec in best.items():
         lim = limits[parse_case(c)[1]]
         ratio = rec["MBps"] * 1e6 / lim
-        print(f"| {c} | {side} | {rec['samples_per_s']:,.0f} | {rec['MBps']:,.0f} | {ratio:.2f} | "
-              f"{lim / 1e9:.2f} | {rec.get('peak_rss_MiB', float('nan')):,.0f} |")  # fmt: skip
+        print(
+            f"| {c} | {side} | {rec['samples_per_s']:,.0f} | {rec['MBps']:,.0f} | {ratio:.2f} | "
+            f"{lim / 1e9:.2f} | {rec.get('peak_rss_MiB', float('nan')):,.0f} |"
+        )
         out.append({"case": c, "side": side, "ratio_to_limit": ratio, "limit_Bps": lim, **rec})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))

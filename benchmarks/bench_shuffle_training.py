@@ -50,15 +50,27 @@ def make_store(workdir: Path, columns: int, patches: int, chunk_kib: int) -> str
     raw = workdir / f"raw-{columns}x{patches}"
     if not raw.exists():
         write_radiation_sample(raw, columns=columns, patches=tuple(range(patches)), seed=0)
-    return prepare({
-        "source": {"kind": "radiation", "paths": [str(raw / "rad4NN_inputs_*.nc")],
-                   "outputs": [str(raw / "3dcorrection_outputs_*.nc")]},
-        "sample_dims": ["column"], "view": "flat",
-        "arrays": {"x": ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"],
-                   "y": ["flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw"]},
-        "format": "npy", "compression": "none", "target_chunk_bytes": chunk_kib * 1024,
-        "splits": {"train": 0.8, "val": 0.2}, "split_seed": 1, "out": str(out),
-    }).url  # fmt: skip
+    return prepare(
+        {
+            "source": {
+                "kind": "radiation",
+                "paths": [str(raw / "rad4NN_inputs_*.nc")],
+                "outputs": [str(raw / "3dcorrection_outputs_*.nc")],
+            },
+            "sample_dims": ["column"],
+            "view": "flat",
+            "arrays": {
+                "x": ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"],
+                "y": ["flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw"],
+            },
+            "format": "npy",
+            "compression": "none",
+            "target_chunk_bytes": chunk_kib * 1024,
+            "splits": {"train": 0.8, "val": 0.2},
+            "split_seed": 1,
+            "out": str(out),
+        }
+    ).url
 
 
 def batches(store, order: dict, seed: int, batch_size: int):
@@ -68,9 +80,15 @@ def batches(store, order: dict, seed: int, batch_size: int):
     epoch = 0
     while True:
         for b in shardload.iter_batches(
-            store, batch_size=batch_size, split="train", seed=seed, epoch=epoch, drop_last=True,
-            arrays=["x", "y"], **order,
-        ):  # fmt: skip
+            store,
+            batch_size=batch_size,
+            split="train",
+            seed=seed,
+            epoch=epoch,
+            drop_last=True,
+            arrays=["x", "y"],
+            **order,
+        ):
             yield {"x": torch.from_numpy(np.array(b["x"])), "y": torch.from_numpy(np.array(b["y"]))}
         epoch += 1
 
@@ -135,22 +153,33 @@ def main() -> None:
     store = open_store(make_store(args.workdir, args.columns, args.patches, args.chunk_kib))
     m = store.manifest
     norm = Normalize(m, ["x", "y"])
-    val = {k: torch.from_numpy(np.array(store.read(k, *m.split_rows["val"])))
-           if "val" in m.split_rows else None for k in ("x", "y")}  # fmt: skip
+    val = {
+        k: torch.from_numpy(np.array(store.read(k, *m.split_rows["val"])))
+        if "val" in m.split_rows
+        else None
+        for k in ("x", "y")
+    }
     if val["x"] is None:
         ids = m.splits["val"]
-        val = {k: torch.from_numpy(np.concatenate([store.read_chunk(k, i) for i in ids]))
-               for k in ("x", "y")}  # fmt: skip
+        val = {
+            k: torch.from_numpy(np.concatenate([store.read_chunk(k, i) for i in ids]))
+            for k in ("x", "y")
+        }
     val = norm(val)
-    print(f"store {store.url}: {m.split_num_rows('train')} train rows in {m.num_chunks} chunks "
-          f"of {m.chunk_rows}, {len(val['x'])} val rows; batch {args.batch_size}")  # fmt: skip
+    print(
+        f"store {store.url}: {m.split_num_rows('train')} train rows in {m.num_chunks} chunks "
+        f"of {m.chunk_rows}, {len(val['x'])} val rows; batch {args.batch_size}"
+    )
     runs: dict[str, dict[int, dict]] = {o: {} for o in args.orders}
     for seed in args.seeds:
         for o in args.orders:
             t0 = time.perf_counter()
             runs[o][seed] = r = train(store, val, norm, ORDERS[o], seed, args)
-            print(f"seed {seed} {o:8s}: best val loss {r['best']:.4f}, "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+            print(
+                f"seed {seed} {o:8s}: best val loss {r['best']:.4f}, "
+                f"{time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
     target = args.target
     if target is None:
         shuffled = [r["best"] for o in args.orders if o != "none" for r in runs[o].values()]
@@ -165,8 +194,16 @@ def main() -> None:
         best = ", ".join(f"{runs[o][s]['best']:.4f}" for s in args.seeds)
         print(f"  {o:8s}: {got} ({mean}); best loss per seed {best}")
     if args.json:
-        args.json.write_text(json.dumps({"target": target, "steps": table, "runs": runs,
-                                         "args": {k: str(v) for k, v in vars(args).items()}}))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "target": target,
+                    "steps": table,
+                    "runs": runs,
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -33,15 +33,26 @@ def make_store(workdir: Path, columns: int) -> str:
         return str(out)
     raw = workdir / "raw"
     write_radiation_sample(raw, columns=columns, patches=(0, 1), seed=0)
-    return prepare({
-        "source": {"kind": "radiation", "paths": [str(raw / "rad4NN_inputs_*.nc")],
-                   "outputs": [str(raw / "3dcorrection_outputs_*.nc")]},
-        "sample_dims": ["column"], "view": "flat",
-        "arrays": {"x": ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"],
-                   "y": ["flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw"]},
-        "format": "zarr", "compression": "lz4", "target_chunk_bytes": "4MiB",
-        "splits": {"train": 0.9, "val": 0.1}, "out": str(out),
-    }).url  # fmt: skip
+    return prepare(
+        {
+            "source": {
+                "kind": "radiation",
+                "paths": [str(raw / "rad4NN_inputs_*.nc")],
+                "outputs": [str(raw / "3dcorrection_outputs_*.nc")],
+            },
+            "sample_dims": ["column"],
+            "view": "flat",
+            "arrays": {
+                "x": ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"],
+                "y": ["flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw"],
+            },
+            "format": "zarr",
+            "compression": "lz4",
+            "target_chunk_bytes": "4MiB",
+            "splits": {"train": 0.9, "val": 0.1},
+            "out": str(out),
+        }
+    ).url
 
 
 def timed_steps(batches, model, opt, steps: int, warmup: int) -> float:
@@ -113,12 +124,17 @@ def main() -> None:
 
     sds = StreamingDataset(store, batch_size=args.batch_size, split="train", seed=0)
     loader = StreamingDataLoader(
-        sds, num_workers=args.num_workers, collate_fn=norm,
+        sds,
+        num_workers=args.num_workers,
+        collate_fn=norm,
         persistent_workers=args.num_workers > 0,
-    )  # fmt: skip
+    )
     results = {}
-    for name, feed in (("memory", memory_batches()), ("shardload", forever(loader, sds)),
-                       ("memory (again)", memory_batches())):  # fmt: skip
+    for name, feed in (
+        ("memory", memory_batches()),
+        ("shardload", forever(loader, sds)),
+        ("memory (again)", memory_batches()),
+    ):
         model, opt = fresh()
         results[name] = timed_steps(feed, model, opt, args.steps, args.warmup)
         print(f"{name:15s}: {results[name] * 1e3:8.2f} ms/step")

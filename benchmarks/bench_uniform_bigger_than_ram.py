@@ -105,27 +105,48 @@ def parse_size(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--workdir", default=None,
-                    help="where the store lives (reused when the shape matches); default "
-                         "$TMPDIR/shardload-bench-uniform-big")  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--workdir",
+        default=None,
+        help="where the store lives (reused when the shape matches); default "
+        "$TMPDIR/shardload-bench-uniform-big",
+    )
     ap.add_argument("--rows", type=int, default=262144)
     ap.add_argument("--features", type=int, default=1550, help="float32 per row")
     ap.add_argument("--chunk-rows", type=int, default=4096)
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--mem-limit", default="512M", help="the cgroup's memory limit (page cache "
-                    "included), e.g. 512M; well under the store's size")  # fmt: skip
-    ap.add_argument("--random-threads", default="1,16",
-                    help="thread counts of the random single-row preadv limit")  # fmt: skip
-    ap.add_argument("--ring-limits", default=",".join(RING_LIMITS),
-                    help=f"subset of {list(RING_LIMITS)} (empty: none)")  # fmt: skip
-    ap.add_argument("--fio", default=",".join(FIO_LIMITS),
-                    help=f"subset of {list(FIO_LIMITS)} (empty: none; skipped without fio)")  # fmt: skip
+    ap.add_argument(
+        "--mem-limit",
+        default="512M",
+        help="the cgroup's memory limit (page cache "
+        "included), e.g. 512M; well under the store's size",
+    )
+    ap.add_argument(
+        "--random-threads",
+        default="1,16",
+        help="thread counts of the random single-row preadv limit",
+    )
+    ap.add_argument(
+        "--ring-limits",
+        default=",".join(RING_LIMITS),
+        help=f"subset of {list(RING_LIMITS)} (empty: none)",
+    )
+    ap.add_argument(
+        "--fio",
+        default=",".join(FIO_LIMITS),
+        help=f"subset of {list(FIO_LIMITS)} (empty: none; skipped without fio)",
+    )
     ap.add_argument("--fio-seconds", type=float, default=8.0, help="run time of each fio job")
-    ap.add_argument("--max-seconds", type=float, default=300.0,
-                    help="time limit per measurement (a cut epoch is extrapolated and its "
-                         "coverage not checked)")  # fmt: skip
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=300.0,
+        help="time limit per measurement (a cut epoch is extrapolated and its "
+        "coverage not checked)",
+    )
     ap.add_argument("--cases", default=",".join(CASES), help=f"subset of {list(CASES)}")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench-results/bench_uniform_bigger_than_ram.json")
@@ -148,8 +169,12 @@ def drop_cache(files: list[Path]) -> None:
 def resident_bytes(files: list[Path]) -> int | None:
     """Bytes of the files in the page cache (util-linux ``fincore``), None without it."""
     try:
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
-                              *map(str, files)], capture_output=True, text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, files)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
     return sum(int(x) for x in out.stdout.split())
@@ -239,8 +264,17 @@ def sequential_read(files: list[Path], threads: int, buf_bytes: int) -> int:
         return sum(pool.map(one, files))
 
 
-def random_rows(files: list[Path], *, chunk_rows: int, row_bytes: int, rows: int, batch: int,
-                threads: int, seed: int, max_seconds: float) -> tuple[int, float]:  # fmt: skip
+def random_rows(
+    files: list[Path],
+    *,
+    chunk_rows: int,
+    row_bytes: int,
+    rows: int,
+    batch: int,
+    threads: int,
+    seed: int,
+    max_seconds: float,
+) -> tuple[int, float]:
     """One ``os.preadv`` per row, rows in a uniform permutation cut into batches, each batch's
     rows sorted by (file, offset), batches spread over ``threads`` threads; (rows read, s)."""
     perm = np.random.default_rng(seed).permutation(rows)
@@ -272,10 +306,20 @@ def random_rows(files: list[Path], *, chunk_rows: int, row_bytes: int, rows: int
     return done, time.perf_counter() - t0
 
 
-def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, rows: int,
-                      batch: int, threads: int, seed: int, max_seconds: float,
-                      depth: int | None = None, block: int | None = None,
-                      direct: bool = False) -> tuple[int, float]:  # fmt: skip
+def random_rows_uring(
+    files: list[Path],
+    *,
+    chunk_rows: int,
+    row_bytes: int,
+    rows: int,
+    batch: int,
+    threads: int,
+    seed: int,
+    max_seconds: float,
+    depth: int | None = None,
+    block: int | None = None,
+    direct: bool = False,
+) -> tuple[int, float]:
     """As :func:`random_rows`, through io_uring (``shardload.load.uring.Ring``, the loader's
     own ring; one per thread): the permutation is cut into blocks of ``block`` rows (default
     ``batch``), each block's rows sorted by offset and read by one ``Ring.readv`` with up to
@@ -312,8 +356,15 @@ def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, row
         ones = np.ones(len(b), np.uint32)
         offs = (i * row_bytes).astype(np.uint64)
         if direct:
-            got = ring.read_direct(fds[c], offs, np.full(len(b), row_bytes), addrs, ones,
-                                   depth=depth, first=iov[: len(b), 0])  # fmt: skip
+            got = ring.read_direct(
+                fds[c],
+                offs,
+                np.full(len(b), row_bytes),
+                addrs,
+                ones,
+                depth=depth,
+                first=iov[: len(b), 0],
+            )
         else:
             got = ring.readv(fds[c], addrs, ones, offs, depth=depth)
         if (got != row_bytes).any():
@@ -331,18 +382,32 @@ def random_rows_uring(files: list[Path], *, chunk_rows: int, row_bytes: int, row
     return done, time.perf_counter() - t0
 
 
-def fio_randread(files: list[Path], *, engine: str, direct: int, bs: str, depth: int,
-                 jobs: int, seconds: float) -> dict[str, float] | None:  # fmt: skip
+def fio_randread(
+    files: list[Path], *, engine: str, direct: int, bs: str, depth: int, jobs: int, seconds: float
+) -> dict[str, float] | None:
     """``fio`` random reads (``randread``, a random file of the store per read) for
     ``seconds``; its IOPS and bytes/s, or None without fio."""
     exe = shutil.which("fio")
     if exe is None:
         return None
-    cmd = [exe, "--name=r", "--filename=" + ":".join(str(p).replace(":", "\\:") for p in files),
-           "--file_service_type=random", "--rw=randread", f"--ioengine={engine}",
-           f"--direct={direct}", f"--bs={bs}", f"--iodepth={depth}", f"--numjobs={jobs}",
-           "--group_reporting", "--time_based", f"--runtime={seconds}", "--readonly",
-           "--invalidate=1", "--output-format=json"]  # fmt: skip
+    cmd = [
+        exe,
+        "--name=r",
+        "--filename=" + ":".join(str(p).replace(":", "\\:") for p in files),
+        "--file_service_type=random",
+        "--rw=randread",
+        f"--ioengine={engine}",
+        f"--direct={direct}",
+        f"--bs={bs}",
+        f"--iodepth={depth}",
+        f"--numjobs={jobs}",
+        "--group_reporting",
+        "--time_based",
+        f"--runtime={seconds}",
+        "--readonly",
+        "--invalidate=1",
+        "--output-format=json",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if p.returncode:
         return {"error": p.stderr[-500:]}  # type: ignore[dict-item]
@@ -377,21 +442,44 @@ def run_case(
     with open("/proc/self/status") as f:
         hwm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
     return {
-        "case": name, "samples": int(seen.size), "seconds": seconds, "first_batch_s": first,
-        "samples_per_s": seen.size / seconds, "truncated": truncated,
+        "case": name,
+        "samples": int(seen.size),
+        "seconds": seconds,
+        "first_batch_s": first,
+        "samples_per_s": seen.size / seconds,
+        "truncated": truncated,
         "exact_coverage": None if truncated else bool((counts == 1).all()),
-        "duplicates": int((counts > 1).sum()), "missing": int((counts == 0).sum()) if not truncated else None,
-        "peak_rss_MiB": hwm / 2**20, "read_bytes": io_read_bytes() - io0,
-    }  # fmt: skip
+        "duplicates": int((counts > 1).sum()),
+        "missing": int((counts == 0).sum()) if not truncated else None,
+        "peak_rss_MiB": hwm / 2**20,
+        "read_bytes": io_read_bytes() - io0,
+    }
 
 
 def run_subprocess_case(name: str, args: argparse.Namespace, store: Path) -> dict[str, Any]:
     env = dict(os.environ, **CASES[name][1])
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--run-case", name, "--workdir",
-           str(args.workdir), "--batch-size", str(args.batch_size), "--seed", str(args.seed),
-           "--max-seconds", str(args.max_seconds)]  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
-                       timeout=args.max_seconds * 3 + 300)  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--run-case",
+        name,
+        "--workdir",
+        str(args.workdir),
+        "--batch-size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--max-seconds",
+        str(args.max_seconds),
+    ]
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=args.max_seconds * 3 + 300,
+    )
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode or not lines:
         return {"case": name, "error": f"exit {p.returncode}: {p.stderr[-2000:]}"}
@@ -403,8 +491,13 @@ def main(argv: list[str] | None = None) -> None:
     args.workdir = Path(args.workdir or Path(tempfile.gettempdir()) / "shardload-bench-uniform-big")
     store = data.store_path(args.workdir, "zarr-none")
     if args.run_case:
-        rec = run_case(args.run_case, store, batch_size=args.batch_size, seed=args.seed,
-                       max_seconds=args.max_seconds)  # fmt: skip
+        rec = run_case(
+            args.run_case,
+            store,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            max_seconds=args.max_seconds,
+        )
         print(json.dumps(rec))
         return
     cases = [c for c in args.cases.split(",") if c]
@@ -414,78 +507,138 @@ def main(argv: list[str] | None = None) -> None:
     limit = parse_size(args.mem_limit)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     log(f"load average before: {load()} ({os.cpu_count()} CPUs)")
-    data.build_stores(args.workdir, rows=args.rows, features=args.features,
-                      chunk_rows=args.chunk_rows, kinds=["zarr-none"], seed=args.seed, log=log)  # fmt: skip
+    data.build_stores(
+        args.workdir,
+        rows=args.rows,
+        features=args.features,
+        chunk_rows=args.chunk_rows,
+        kinds=["zarr-none"],
+        seed=args.seed,
+        log=log,
+    )
     os.sync()
     files = data.zarr_chunk_files(store)
     size = sum(p.stat().st_size for p in files)
     row_bytes = args.features * 4
     dev = Path("/sys/block/vda/queue")
     ra = (dev / "read_ahead_kb").read_text().strip() if dev.exists() else "?"
-    log(f"store {store}: {len(files)} chunk files, {size / 1e9:.2f} GB; cgroup memory limit "
-        f"{limit / 2**20:.0f} MiB ({limit / size:.2f} of the store); readahead {ra} KiB")  # fmt: skip
-    res: dict[str, Any] = {"config": {**{k: str(v) for k, v in vars(args).items()},
-                                      "store_bytes": size, "limit_bytes": limit,
-                                      "read_ahead_kb": ra}, "limits": {}, "fio": {}, "cases": []}  # fmt: skip
+    log(
+        f"store {store}: {len(files)} chunk files, {size / 1e9:.2f} GB; cgroup memory limit "
+        f"{limit / 2**20:.0f} MiB ({limit / size:.2f} of the store); readahead {ra} KiB"
+    )
+    res: dict[str, Any] = {
+        "config": {
+            **{k: str(v) for k, v in vars(args).items()},
+            "store_bytes": size,
+            "limit_bytes": limit,
+            "read_ahead_kb": ra,
+        },
+        "limits": {},
+        "fio": {},
+        "cases": [],
+    }
 
     with Cgroup(limit) as cg:
 
         def cold() -> dict[str, Any]:
             drop_cache(files)
             cg.reset_peak()
-            return {"resident_before_bytes": resident_bytes(files),
-                    "sectors0": device_sectors_read()}  # fmt: skip
+            return {
+                "resident_before_bytes": resident_bytes(files),
+                "sectors0": device_sectors_read(),
+            }
 
         def after(c: dict[str, Any]) -> dict[str, Any]:
             sectors = device_sectors_read() - c.pop("sectors0")
-            return {**c, "cgroup_peak_MiB": cg.get("max_usage_in_bytes") / 2**20,
-                    "cgroup_failcnt": cg.get("failcnt"),
-                    "device_read_bytes": sectors * 512}  # fmt: skip
+            return {
+                **c,
+                "cgroup_peak_MiB": cg.get("max_usage_in_bytes") / 2**20,
+                "cgroup_failcnt": cg.get("failcnt"),
+                "device_read_bytes": sectors * 512,
+            }
 
         for threads in sorted({1, os.cpu_count() or 1}):
             c = cold()
             t = time.perf_counter()
             n = sequential_read(files, threads, buf_bytes=1 << 20)
             dt = time.perf_counter() - t
-            rec = {"what": f"sequential read, {threads} thread(s)", "bytes": n, "seconds": dt,
-                   "Bps": n / dt, "rows_per_s": n / dt / row_bytes, **after(c)}  # fmt: skip
+            rec = {
+                "what": f"sequential read, {threads} thread(s)",
+                "bytes": n,
+                "seconds": dt,
+                "Bps": n / dt,
+                "rows_per_s": n / dt / row_bytes,
+                **after(c),
+            }
             res["limits"][f"sequential_{threads}"] = rec
-            log(f"  {rec['what']}: {rec['Bps'] / 1e9:.3f} GB/s = {rec['rows_per_s']:,.0f} rows/s "
+            log(
+                f"  {rec['what']}: {rec['Bps'] / 1e9:.3f} GB/s = {rec['rows_per_s']:,.0f} rows/s "
                 f"(resident before: {rec['resident_before_bytes']}, cgroup peak "
-                f"{rec['cgroup_peak_MiB']:.0f} MiB)")  # fmt: skip
+                f"{rec['cgroup_peak_MiB']:.0f} MiB)"
+            )
         for threads in (int(t) for t in args.random_threads.split(",")):
             c = cold()
-            done, dt = random_rows(files, chunk_rows=args.chunk_rows, row_bytes=row_bytes,
-                                   rows=args.rows, batch=args.batch_size, threads=threads,
-                                   seed=args.seed, max_seconds=min(60.0, args.max_seconds))  # fmt: skip
-            rec = {"what": f"random single-row preadv, {threads} threads", "rows": done,
-                   "seconds": dt, "rows_per_s": done / dt, "Bps": done * row_bytes / dt,
-                   "epoch_fraction": done / args.rows, **after(c)}  # fmt: skip
+            done, dt = random_rows(
+                files,
+                chunk_rows=args.chunk_rows,
+                row_bytes=row_bytes,
+                rows=args.rows,
+                batch=args.batch_size,
+                threads=threads,
+                seed=args.seed,
+                max_seconds=min(60.0, args.max_seconds),
+            )
+            rec = {
+                "what": f"random single-row preadv, {threads} threads",
+                "rows": done,
+                "seconds": dt,
+                "rows_per_s": done / dt,
+                "Bps": done * row_bytes / dt,
+                "epoch_fraction": done / args.rows,
+                **after(c),
+            }
             res["limits"][f"random_{threads}"] = rec
-            log(f"  {rec['what']}: {rec['rows_per_s']:,.0f} rows/s = {rec['Bps'] / 1e9:.3f} GB/s "
+            log(
+                f"  {rec['what']}: {rec['rows_per_s']:,.0f} rows/s = {rec['Bps'] / 1e9:.3f} GB/s "
                 f"({100 * rec['epoch_fraction']:.0f}% of the rows, device read "
-                f"{rec['device_read_bytes'] / 1e9:.2f} GB)")  # fmt: skip
+                f"{rec['device_read_bytes'] / 1e9:.2f} GB)"
+            )
         for key in (k for k in args.ring_limits.split(",") if k):
             threads, depth, block, direct = RING_LIMITS[key]
             c = cold()
             try:
                 done, dt = random_rows_uring(
-                    files, chunk_rows=args.chunk_rows, row_bytes=row_bytes, rows=args.rows,
-                    batch=args.batch_size, threads=threads, seed=args.seed,
-                    max_seconds=min(60.0, args.max_seconds), depth=depth, block=block,
+                    files,
+                    chunk_rows=args.chunk_rows,
+                    row_bytes=row_bytes,
+                    rows=args.rows,
+                    batch=args.batch_size,
+                    threads=threads,
+                    seed=args.seed,
+                    max_seconds=min(60.0, args.max_seconds),
+                    depth=depth,
+                    block=block,
                     direct=direct,
-                )  # fmt: skip
+                )
             except OSError as exc:  # no io_uring, or no O_DIRECT here
                 log(f"  {key}: skipped ({exc})")
                 after(c)
                 continue
-            rec = {"what": f"random single-row reads, {key}", "rows": done,
-                   "seconds": dt, "rows_per_s": done / dt, "Bps": done * row_bytes / dt,
-                   "epoch_fraction": done / args.rows, **after(c)}  # fmt: skip
+            rec = {
+                "what": f"random single-row reads, {key}",
+                "rows": done,
+                "seconds": dt,
+                "rows_per_s": done / dt,
+                "Bps": done * row_bytes / dt,
+                "epoch_fraction": done / args.rows,
+                **after(c),
+            }
             res["limits"][f"random_ring: {key}"] = rec
-            log(f"  {rec['what']}: {rec['rows_per_s']:,.0f} rows/s = {rec['Bps'] / 1e9:.3f} GB/s "
+            log(
+                f"  {rec['what']}: {rec['rows_per_s']:,.0f} rows/s = {rec['Bps'] / 1e9:.3f} GB/s "
                 f"({100 * rec['epoch_fraction']:.0f}% of the rows, device read "
-                f"{rec['device_read_bytes'] / 1e9:.2f} GB)")  # fmt: skip
+                f"{rec['device_read_bytes'] / 1e9:.2f} GB)"
+            )
         fio_keys = [k for k in args.fio.split(",") if k]
         if fio_keys and shutil.which("fio") is None:
             log("  fio: not installed, its figures skipped (apt-get install fio)")
@@ -493,24 +646,37 @@ def main(argv: list[str] | None = None) -> None:
         for key in fio_keys:
             engine, direct_io, bs, depth, jobs = FIO_LIMITS[key]
             c = cold()
-            got = fio_randread(files, engine=engine, direct=direct_io, bs=bs, depth=depth,
-                               jobs=jobs, seconds=args.fio_seconds)  # fmt: skip
+            got = fio_randread(
+                files,
+                engine=engine,
+                direct=direct_io,
+                bs=bs,
+                depth=depth,
+                jobs=jobs,
+                seconds=args.fio_seconds,
+            )
             assert got is not None
             rec = {"what": key, **got, **after(c)}
             res["fio"][key] = rec
             if "error" in got:
                 log(f"  {key}: ERROR {got['error']}")
                 continue
-            log(f"  {key}: {got['iops']:,.0f} reads/s = {got['Bps'] / 1e9:.3f} GB/s "
-                f"(mean latency {got['lat_us']:,.0f} us)")  # fmt: skip
+            log(
+                f"  {key}: {got['iops']:,.0f} reads/s = {got['Bps'] / 1e9:.3f} GB/s "
+                f"(mean latency {got['lat_us']:,.0f} us)"
+            )
         seq = max(v["Bps"] for k, v in res["limits"].items() if k.startswith("sequential"))
-        rnd_key = max((k for k in res["limits"] if k.startswith("random")),
-                      key=lambda k: res["limits"][k]["rows_per_s"])  # fmt: skip
+        rnd_key = max(
+            (k for k in res["limits"] if k.startswith("random")),
+            key=lambda k: res["limits"][k]["rows_per_s"],
+        )
         rnd = res["limits"][rnd_key]["rows_per_s"]
         res["sequential_limit_Bps"], res["random_row_limit"] = seq, rnd_key
-        log(f"  sequential read limit {seq / 1e9:.3f} GB/s = {seq / row_bytes:,.0f} rows/s; "
+        log(
+            f"  sequential read limit {seq / 1e9:.3f} GB/s = {seq / row_bytes:,.0f} rows/s; "
             f"random-row limit {rnd:,.0f} rows/s ({rnd_key}) = "
-            f"{rnd * row_bytes / seq:.3f} of the sequential limit")  # fmt: skip
+            f"{rnd * row_bytes / seq:.3f} of the sequential limit"
+        )
         for name in cases:
             c = cold()
             rec = run_subprocess_case(name, args, store)
@@ -521,12 +687,14 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             rec["ratio_to_sequential"] = rec["samples_per_s"] * row_bytes / seq
             rec["ratio_to_random_rows"] = rec["samples_per_s"] / rnd
-            log(f"  {name}: {rec['samples_per_s']:,.0f} samples/s, "
+            log(
+                f"  {name}: {rec['samples_per_s']:,.0f} samples/s, "
                 f"{rec['ratio_to_sequential']:.3f} of the sequential read limit, "
                 f"{rec['ratio_to_random_rows']:.2f} of the random-row limit; peak RSS "
                 f"{rec['peak_rss_MiB']:.0f} MiB, cgroup peak {rec['cgroup_peak_MiB']:.0f} MiB; "
                 f"fetched {rec['read_bytes'] / size:.2f}x the store; exact coverage: "
-                f"{rec['exact_coverage']}" + (" (time-limited)" if rec["truncated"] else ""))  # fmt: skip
+                f"{rec['exact_coverage']}" + (" (time-limited)" if rec["truncated"] else "")
+            )
     log(f"load average after: {load()}")
     log("")
     log("| read limit (store not cached) | rows/s | GB/s | ÷ sequential | device read ÷ bytes |")
@@ -534,24 +702,32 @@ def main(argv: list[str] | None = None) -> None:
     for v in res["limits"].values():
         rows_s = v["rows_per_s"]
         moved = v["device_read_bytes"] / max(1, v.get("rows", 0) * row_bytes or v["bytes"])
-        log(f"| {v['what']} | {rows_s:,.0f} | {v['Bps'] / 1e9:.3f} | "
-            f"{v['Bps'] / seq:.3f} | {moved:.2f} |")  # fmt: skip
+        log(
+            f"| {v['what']} | {rows_s:,.0f} | {v['Bps'] / 1e9:.3f} | "
+            f"{v['Bps'] / seq:.3f} | {moved:.2f} |"
+        )
     for key, v in res["fio"].items():
         if "error" in v:
             continue
-        log(f"| {key} (one read a row) | {v['iops']:,.0f} | {v['Bps'] / 1e9:.3f} | "
-            f"{v['iops'] * row_bytes / seq:.3f} | - |")  # fmt: skip
+        log(
+            f"| {key} (one read a row) | {v['iops']:,.0f} | {v['Bps'] / 1e9:.3f} | "
+            f"{v['iops'] * row_bytes / seq:.3f} | - |"
+        )
     log("")
-    log("| case | samples/s | ÷ sequential read limit | ÷ random-row limit | peak RSS MiB | "
-        "cgroup peak MiB | fetched ÷ store | device read ÷ store | exact coverage |")  # fmt: skip
+    log(
+        "| case | samples/s | ÷ sequential read limit | ÷ random-row limit | peak RSS MiB | "
+        "cgroup peak MiB | fetched ÷ store | device read ÷ store | exact coverage |"
+    )
     log("|---|---|---|---|---|---|---|---|---|")
     for r in res["cases"]:
         if "error" in r:
             continue
-        log(f"| {r['case']} | {r['samples_per_s']:,.0f} | {r['ratio_to_sequential']:.3f} | "
+        log(
+            f"| {r['case']} | {r['samples_per_s']:,.0f} | {r['ratio_to_sequential']:.3f} | "
             f"{r['ratio_to_random_rows']:.2f} | {r['peak_rss_MiB']:.0f} | "
             f"{r['cgroup_peak_MiB']:.0f} | {r['read_bytes'] / size:.2f} | "
-            f"{r['device_read_bytes'] / size:.2f} | {r['exact_coverage']} |")  # fmt: skip
+            f"{r['device_read_bytes'] / size:.2f} | {r['exact_coverage']} |"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str))

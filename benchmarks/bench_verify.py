@@ -116,8 +116,13 @@ def run_cpu_epoch(store: Path, mode: str, src: str | None = None) -> dict[str, f
             "    cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime\n"
             "    return {'samples': n, 'wall_s': t1 - t0, 'cpu_s': cpu}\n"
         )
-    out = subprocess.run([sys.executable, "-c", code + f"print(json.dumps({call}))"],
-                         capture_output=True, text=True, check=True, env=env)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code + f"print(json.dumps({call}))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -134,24 +139,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default="bench-results/bench_verify.json")
     ap.add_argument("--no-loader", action="store_true", help="only hashes and CPU time")
-    ap.add_argument("--before-src", default=None,
-                    help="also time, interleaved, shardload from this source tree (e.g. main's "
-                         "src) and this tree, both with their default verify")  # fmt: skip
+    ap.add_argument(
+        "--before-src",
+        default=None,
+        help="also time, interleaved, shardload from this source tree (e.g. main's "
+        "src) and this tree, both with their default verify",
+    )
     args = ap.parse_args(argv)
     for name, rate in hash_rates().items():
         print(f"hash {name:36s} {rate:6.1f} GB/s (one thread, 16 MiB)", flush=True)
-    load_args = bench_load.parse_args([
-        "--rows", str(args.rows), "--features", str(args.features),
-        "--chunk-rows", str(args.chunk_rows), "--max-seconds", str(args.max_seconds),
-        *(["--workdir", args.workdir] if args.workdir else []),
-    ])  # fmt: skip
+    load_args = bench_load.parse_args(
+        [
+            "--rows",
+            str(args.rows),
+            "--features",
+            str(args.features),
+            "--chunk-rows",
+            str(args.chunk_rows),
+            "--max-seconds",
+            str(args.max_seconds),
+            *(["--workdir", args.workdir] if args.workdir else []),
+        ]
+    )
     load_args.workdir = Path(
         args.workdir or Path(load_args.workdir).with_name("shardload-bench-verify")
     )
     cases = args.cases.split(",")
-    data.build_stores(load_args.workdir, rows=args.rows, features=args.features,
-                      chunk_rows=args.chunk_rows, kinds=["zarr-none", "zarr-zstd"], seed=0,
-                      log=print)  # fmt: skip
+    data.build_stores(
+        load_args.workdir,
+        rows=args.rows,
+        features=args.features,
+        chunk_rows=args.chunk_rows,
+        kinds=["zarr-none", "zarr-zstd"],
+        seed=0,
+        log=print,
+    )
     os.sync()
     cpu: dict[str, dict[str, list[float]]] = {}
     modes = list(MODES)
@@ -167,20 +189,32 @@ def main(argv: list[str] | None = None) -> None:
                 src = {"before (default)": args.before_src, "after (default)": here_src}.get(mode)
                 rec = run_cpu_epoch(store, mode, src)
                 cpu[kind][mode].append(rec["cpu_s"])
-                print(f"round {r} iter_batches {kind:10s} verify={mode:12s} CPU {rec['cpu_s']:6.2f} s "
-                      f"wall {rec['wall_s']:6.2f} s ({rec['samples'] / rec['wall_s']:,.0f} samples/s)",
-                      flush=True)  # fmt: skip
-    print("\n| store | " + " | ".join(f"CPU s, {m} (median)" for m in modes)
-          + " | first-epoch cost | always cost |"
-          + (" after / before |" if args.before_src else ""))  # fmt: skip
+                print(
+                    f"round {r} iter_batches {kind:10s} verify={mode:12s} CPU {rec['cpu_s']:6.2f} s "
+                    f"wall {rec['wall_s']:6.2f} s ({rec['samples'] / rec['wall_s']:,.0f} samples/s)",
+                    flush=True,
+                )
+    print(
+        "\n| store | "
+        + " | ".join(f"CPU s, {m} (median)" for m in modes)
+        + " | first-epoch cost | always cost |"
+        + (" after / before |" if args.before_src else "")
+    )
     print("|---|" + "---|" * (len(modes) + 2 + bool(args.before_src)))
     for kind, by in cpu.items():
         med = {m: statistics.median(v) for m, v in by.items()}
-        extra = (f" {med['after (default)'] / med['before (default)'] - 1:+.1%} |"
-                 if args.before_src else "")  # fmt: skip
-        print(f"| {kind} | " + " | ".join(f"{med[m]:.3f}" for m in modes)
-              + f" | {med['first-epoch'] / med['never'] - 1:+.1%} | {med['always'] / med['never'] - 1:+.1%} |"
-              + extra, flush=True)  # fmt: skip
+        extra = (
+            f" {med['after (default)'] / med['before (default)'] - 1:+.1%} |"
+            if args.before_src
+            else ""
+        )
+        print(
+            f"| {kind} | "
+            + " | ".join(f"{med[m]:.3f}" for m in modes)
+            + f" | {med['first-epoch'] / med['never'] - 1:+.1%} | {med['always'] / med['never'] - 1:+.1%} |"
+            + extra,
+            flush=True,
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if args.no_loader:
         Path(args.out).write_text(json.dumps({"cpu_s": cpu}, indent=1))
@@ -196,8 +230,10 @@ def main(argv: list[str] | None = None) -> None:
                 if "error" in rec:
                     raise SystemExit(f"{c} verify={mode}: {rec['error']}\n{rec.get('stderr_tail')}")
                 rates[c][mode].append(rec["samples_per_s"])
-                print(f"round {r} {c:26s} verify={mode:12s} {rec['samples_per_s']:>12,.0f} samples/s",
-                      flush=True)  # fmt: skip
+                print(
+                    f"round {r} {c:26s} verify={mode:12s} {rec['samples_per_s']:>12,.0f} samples/s",
+                    flush=True,
+                )
     os.environ.pop("SHARDLOAD_VERIFY", None)
     print(
         "\n| case | "
@@ -209,11 +245,23 @@ def main(argv: list[str] | None = None) -> None:
     for c in cases:
         med = {m: statistics.median(v) for m, v in rates[c].items()}
         summary[c] = {"median": med, "runs": rates[c]}
-        print(f"| {c} | " + " | ".join(f"{med[m]:,.0f}" for m in MODES)
-              + f" | {med['first-epoch'] / med['never']:.3f} | {med['always'] / med['never']:.3f} |")  # fmt: skip
-    Path(args.out).write_text(json.dumps({"rows": args.rows, "features": args.features,
-                                          "chunk_rows": args.chunk_rows, "cases": summary,
-                                          "cpu_s": cpu}, indent=1))  # fmt: skip
+        print(
+            f"| {c} | "
+            + " | ".join(f"{med[m]:,.0f}" for m in MODES)
+            + f" | {med['first-epoch'] / med['never']:.3f} | {med['always'] / med['never']:.3f} |"
+        )
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "rows": args.rows,
+                "features": args.features,
+                "chunk_rows": args.chunk_rows,
+                "cases": summary,
+                "cpu_s": cpu,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

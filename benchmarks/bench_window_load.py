@@ -40,10 +40,12 @@ def make_source(workdir: Path, steps: int, lat: int, lon: int, nvars: int, level
         return path
     rng = np.random.default_rng(0)
     data = {
-        f"v{i}": (("time", "lat", "lon", "lev"),
-                  rng.normal(size=(steps, lat, lon, levels)).astype("f4"))
+        f"v{i}": (
+            ("time", "lat", "lon", "lev"),
+            rng.normal(size=(steps, lat, lon, levels)).astype("f4"),
+        )
         for i in range(nvars)
-    }  # fmt: skip
+    }
     xr.Dataset(data).to_netcdf(path)
     return path
 
@@ -52,19 +54,43 @@ def prepare_all(workdir: Path, src: Path, nvars: int, lookback: int, written: bo
     from shardload.prep.driver import prepare
 
     names = [f"v{i}" for i in range(nvars)]
-    base = {"source": {"paths": [str(src)]}, "format": "npy", "compression": "none",
-            "splits": {"train": 0.8, "val": 0.1, "test": 0.1}}  # fmt: skip
-    window = {"name": "window", "time_dim": "time", "lookback": lookback, "horizon": 1,
-              "targets": {"y": [names[0]]}}  # fmt: skip
+    base = {
+        "source": {"paths": [str(src)]},
+        "format": "npy",
+        "compression": "none",
+        "splits": {"train": 0.8, "val": 0.1, "test": 0.1},
+    }
+    window = {
+        "name": "window",
+        "time_dim": "time",
+        "lookback": lookback,
+        "horizon": 1,
+        "targets": {"y": [names[0]]},
+    }
     cfgs = {
-        "flat": {**base, "sample_dims": ["time", "lat", "lon"], "view": "flat",
-                 "arrays": {"x": names}, "out": str(workdir / "flat")},
-        "at_load": {**base, "sample_dims": ["lat", "lon"], "arrays": {"x": names},
-                    "view": {**window, "at_load": True}, "out": str(workdir / f"at_load-{lookback}")},
-    }  # fmt: skip
+        "flat": {
+            **base,
+            "sample_dims": ["time", "lat", "lon"],
+            "view": "flat",
+            "arrays": {"x": names},
+            "out": str(workdir / "flat"),
+        },
+        "at_load": {
+            **base,
+            "sample_dims": ["lat", "lon"],
+            "arrays": {"x": names},
+            "view": {**window, "at_load": True},
+            "out": str(workdir / f"at_load-{lookback}"),
+        },
+    }
     if written:
-        cfgs["written"] = {**base, "sample_dims": ["lat", "lon"], "arrays": {"x": names},
-                           "view": window, "out": str(workdir / f"written-{lookback}")}  # fmt: skip
+        cfgs["written"] = {
+            **base,
+            "sample_dims": ["lat", "lon"],
+            "arrays": {"x": names},
+            "view": window,
+            "out": str(workdir / f"written-{lookback}"),
+        }
     out = {}
     for k, cfg in cfgs.items():
         if not (Path(cfg["out"]) / "shardload.json").exists():
@@ -128,12 +154,19 @@ def main() -> None:
     with xr.open_dataset(src) as ds:
         source_bytes = sum(v.nbytes for v in ds.data_vars.values())
     sizes = {k: du(v) for k, v in stores.items()}
-    print(f"source variables: {source_bytes / 2**20:.1f} MiB; on disk: "
-          + ", ".join(f"{k} {v / 2**20:.1f} MiB ({v / source_bytes:.2f}x)" for k, v in sizes.items()))  # fmt: skip
-    paths = [("in-process", 0)] + ([(f"StreamingDataLoader w{args.workers}", args.workers)]
-                                   if args.workers else [])  # fmt: skip
-    results: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "sizes": sizes,
-                     "source_bytes": source_bytes, "cases": {}}  # fmt: skip
+    print(
+        f"source variables: {source_bytes / 2**20:.1f} MiB; on disk: "
+        + ", ".join(f"{k} {v / 2**20:.1f} MiB ({v / source_bytes:.2f}x)" for k, v in sizes.items())
+    )
+    paths = [("in-process", 0)] + (
+        [(f"StreamingDataLoader w{args.workers}", args.workers)] if args.workers else []
+    )
+    results: dict = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "sizes": sizes,
+        "source_bytes": source_bytes,
+        "cases": {},
+    }
     for label, workers in paths:
         for s in stores.values():  # warm the page cache
             read_in_process(s, args.batch_size, 99)
@@ -146,13 +179,22 @@ def main() -> None:
                     dt, nb, rows = read_in_process(s, args.batch_size, r)
                 per[k].append((nb / dt, rows / dt))
             ratio = per["at_load"][-1][0] / per["flat"][-1][0]
-            print(f"{label} round {r}: " + ", ".join(
-                f"{k} {v[-1][0] / 2**20:.0f} MiB/s ({v[-1][1]:,.0f} samples/s)" for k, v in per.items()
-            ) + f"; at_load/flat bytes/s {ratio:.2f}", flush=True)  # fmt: skip
+            print(
+                f"{label} round {r}: "
+                + ", ".join(
+                    f"{k} {v[-1][0] / 2**20:.0f} MiB/s ({v[-1][1]:,.0f} samples/s)"
+                    for k, v in per.items()
+                )
+                + f"; at_load/flat bytes/s {ratio:.2f}",
+                flush=True,
+            )
         med = {k: statistics.median(b for b, _ in v) for k, v in per.items()}
         ratios = [a[0] / f[0] for a, f in zip(per["at_load"], per["flat"], strict=True)]
-        print(f"{label} median: " + ", ".join(f"{k} {v / 2**20:.0f} MiB/s" for k, v in med.items())
-              + f"; at_load/flat per round {[round(x, 2) for x in ratios]}")  # fmt: skip
+        print(
+            f"{label} median: "
+            + ", ".join(f"{k} {v / 2**20:.0f} MiB/s" for k, v in med.items())
+            + f"; at_load/flat per round {[round(x, 2) for x in ratios]}"
+        )
         results["cases"][label] = {"per_round": per, "ratios": ratios}
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -77,27 +77,32 @@ def main() -> None:
     runs: dict[str, list[tuple[float, float]]] = {f"{via}:{v}": [] for via, v in keys}
     for r in range(args.rounds):
         for via, v in keys:
-            rate, cpu = one_epoch(args.store, via, VARIANTS[v], batch_size=args.batch_size,
-                                  epoch=r)  # fmt: skip
+            rate, cpu = one_epoch(args.store, via, VARIANTS[v], batch_size=args.batch_size, epoch=r)
             runs[f"{via}:{v}"].append((rate, cpu))
             print(f"round {r} {via}:{v}: {rate:,.0f} samples/s, {cpu:.2f} CPU-s", flush=True)
     summary = {}
     for k, rs in runs.items():
         rates, cpus = [x[0] for x in rs], [x[1] for x in rs]
-        summary[k] = {"median_samples_per_s": float(np.median(rates)),
-                      "median_cpu_s": float(np.median(cpus)),
-                      "runs_samples_per_s": [round(x) for x in rates],
-                      "runs_cpu_s": [round(x, 3) for x in cpus]}  # fmt: skip
-        print(f"{k}: median {np.median(rates):,.0f} samples/s (runs {[round(x) for x in rates]}), "
-              f"median {np.median(cpus):.2f} CPU-s per epoch")  # fmt: skip
+        summary[k] = {
+            "median_samples_per_s": float(np.median(rates)),
+            "median_cpu_s": float(np.median(cpus)),
+            "runs_samples_per_s": [round(x) for x in rates],
+            "runs_cpu_s": [round(x, 3) for x in cpus],
+        }
+        print(
+            f"{k}: median {np.median(rates):,.0f} samples/s (runs {[round(x) for x in rates]}), "
+            f"median {np.median(cpus):.2f} CPU-s per epoch"
+        )
     for via in args.via.split(","):
         base = summary.get(f"{via}:legacy")
         for v in args.variants.split(","):
             got = summary.get(f"{via}:{v}")
             if base and got and v != "legacy":
-                print(f"{via}:{v} / {via}:legacy: speed "
-                      f"{got['median_samples_per_s'] / base['median_samples_per_s']:.2f}x, "
-                      f"CPU per epoch {got['median_cpu_s'] / base['median_cpu_s']:.2f}x")  # fmt: skip
+                print(
+                    f"{via}:{v} / {via}:legacy: speed "
+                    f"{got['median_samples_per_s'] / base['median_samples_per_s']:.2f}x, "
+                    f"CPU per epoch {got['median_cpu_s'] / base['median_cpu_s']:.2f}x"
+                )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(summary, f, indent=1)

@@ -205,8 +205,9 @@ def equal_memory_chunks(store: Path) -> int:
     return max(1, DEFAULT_SHUFFLE_CHUNKS * int(base) // int(bounds[1] - bounds[0]))
 
 
-def build_shardload(store: Path, loader: str, workers: int, batch_size: int, seed: int,
-                    epoch: int = 0):  # fmt: skip
+def build_shardload(
+    store: Path, loader: str, workers: int, batch_size: int, seed: int, epoch: int = 0
+):
     base, _, preset = loader.partition("-")[2].partition("-")
     opts: dict[str, Any] = {"shuffle": True, **PRESETS.get(preset, {})}
     if preset in ("mem", "memgroup"):  # the decoded pool at the zstd default's memory
@@ -230,8 +231,9 @@ def build_shardload(store: Path, loader: str, workers: int, batch_size: int, see
 
         def ranks(world: int = int(preset[1:])):
             for r in range(world):
-                ds = StreamingDataset(store, batch_size=batch_size, seed=seed, rank=r,
-                                      world_size=world, **opts)  # fmt: skip
+                ds = StreamingDataset(
+                    store, batch_size=batch_size, seed=seed, rank=r, world_size=world, **opts
+                )
                 ds.set_epoch(epoch)
                 yield from StreamingDataLoader(ds, batch_size=None, **_dl_kwargs(workers))
 
@@ -282,13 +284,26 @@ class _NaiveMap:
         return {**self.__dict__, "_x": None}
 
 
-def build_naive(store: Path, loader: str, workers: int, batch_size: int, seed: int, *,
-                length: int, chunk_rows: int):  # fmt: skip
+def build_naive(
+    store: Path,
+    loader: str,
+    workers: int,
+    batch_size: int,
+    seed: int,
+    *,
+    length: int,
+    chunk_rows: int,
+):
     from torch.utils.data import DataLoader
 
     ds = _NaiveMap(store, loader.split("-")[1], length, chunk_rows)
-    dl = DataLoader(ds, batch_size=batch_size, shuffle=True, generator=_torch_generator(seed),
-                    **_dl_kwargs(workers))  # fmt: skip
+    dl = DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        generator=_torch_generator(seed),
+        **_dl_kwargs(workers),
+    )
     return dl, lambda b: b[1].numpy(), "RandomSampler over samples; default collate"
 
 
@@ -312,8 +327,16 @@ def _open_x_dataarray(store: Path):
         return xr.DataArray(da.from_zarr(str(store / "x")), dims=("sample", "feature")), how
 
 
-def build_xbatcher(store: Path, loader: str, workers: int, batch_size: int, seed: int, *,
-                   length: int, chunk_rows: int):  # fmt: skip
+def build_xbatcher(
+    store: Path,
+    loader: str,
+    workers: int,
+    batch_size: int,
+    seed: int,
+    *,
+    length: int,
+    chunk_rows: int,
+):
     import xarray as xr
     import xbatcher
     from torch.utils.data import DataLoader
@@ -325,27 +348,48 @@ def build_xbatcher(store: Path, loader: str, workers: int, batch_size: int, seed
     gx = xbatcher.BatchGenerator(x, input_dims={"sample": batch_size, "feature": nfeat})
     gy = xbatcher.BatchGenerator(idx, input_dims={"sample": batch_size})
     ds = MapDataset(gx, gy)
-    dl = DataLoader(ds, batch_size=None, shuffle=True, generator=_torch_generator(seed),
-                    **_dl_kwargs(workers))  # fmt: skip
-    note = (f"xbatcher cuts consecutive {batch_size}-row windows; DataLoader(shuffle=True) "
-            f"shuffles the order of the windows only; rows not filling a window are dropped; {how}")  # fmt: skip
+    dl = DataLoader(
+        ds, batch_size=None, shuffle=True, generator=_torch_generator(seed), **_dl_kwargs(workers)
+    )
+    note = (
+        f"xbatcher cuts consecutive {batch_size}-row windows; DataLoader(shuffle=True) "
+        f"shuffles the order of the windows only; rows not filling a window are dropped; {how}"
+    )
     return dl, lambda b: b[1].numpy().reshape(-1), note
 
 
-def build_ztd(store: Path, loader: str, workers: int, batch_size: int, seed: int, *,
-              length: int, chunk_rows: int):  # fmt: skip
+def build_ztd(
+    store: Path,
+    loader: str,
+    workers: int,
+    batch_size: int,
+    seed: int,
+    *,
+    length: int,
+    chunk_rows: int,
+):
     import zarr
     from zarrdataset import ZarrDataLoader, ZarrIterableDataset
 
     z = zarr.open_array(str(store / "x"), mode="r")
     ds = ZarrIterableDataset(
-        samples=z, targets=np.arange(length, dtype=np.int64), shuffle_chunks=True,
-        chunks_shuffle_seed=seed, shuffle_buffer=True, buffer_shuffle_seed=seed,
-    )  # fmt: skip
-    dl = ZarrDataLoader(dataset=ds, num_workers=workers, batch_size=batch_size,
-                        prefetch_factor=2 if workers else None)  # fmt: skip
-    note = ("each worker loads all of its (shuffled) chunks into memory, then yields its rows in "
-            "a random order; targets = the row index array (numpy), to check the shuffle")  # fmt: skip
+        samples=z,
+        targets=np.arange(length, dtype=np.int64),
+        shuffle_chunks=True,
+        chunks_shuffle_seed=seed,
+        shuffle_buffer=True,
+        buffer_shuffle_seed=seed,
+    )
+    dl = ZarrDataLoader(
+        dataset=ds,
+        num_workers=workers,
+        batch_size=batch_size,
+        prefetch_factor=2 if workers else None,
+    )
+    note = (
+        "each worker loads all of its (shuffled) chunks into memory, then yields its rows in "
+        "a random order; targets = the row index array (numpy), to check the shuffle"
+    )
     return dl, lambda b: b[1].numpy(), note
 
 
@@ -366,8 +410,17 @@ class _Handoff:
             yield {"x": torch.empty((b, self.features)), "index": torch.arange(k * b, (k + 1) * b)}
 
 
-def build_handoff(store: Path, loader: str, workers: int, batch_size: int, seed: int, *,
-                  length: int, chunk_rows: int, features: int):  # fmt: skip
+def build_handoff(
+    store: Path,
+    loader: str,
+    workers: int,
+    batch_size: int,
+    seed: int,
+    *,
+    length: int,
+    chunk_rows: int,
+    features: int,
+):
     from torch.utils.data import DataLoader, IterableDataset
 
     ds = type("HandoffDataset", (_Handoff, IterableDataset), {})(length, features, batch_size)
@@ -423,23 +476,36 @@ def run_case(
         mem.peak, mem.peak_pss = max(mem.peak, mem.now()), max(mem.peak_pss, mem.now_pss())
         del it, b
     rec: dict[str, Any] = {
-        "case": name, "loader": loader, "codec": codec, "workers": workers,
-        "store": store.name, "what": LOADERS[loader], "note": note,
-        "samples": samples, "seconds": seconds, "first_batch_s": first_s,
+        "case": name,
+        "loader": loader,
+        "codec": codec,
+        "workers": workers,
+        "store": store.name,
+        "what": LOADERS[loader],
+        "note": note,
+        "samples": samples,
+        "seconds": seconds,
+        "first_batch_s": first_s,
         "samples_per_s": samples / seconds if seconds else 0.0,
         "MBps": samples * row_bytes / seconds / 1e6 if seconds else 0.0,
-        "row_bytes": row_bytes, "epoch_samples": length, "truncated": truncated,
+        "row_bytes": row_bytes,
+        "epoch_samples": length,
+        "truncated": truncated,
         "epoch_fraction": samples / length,
-        "peak_rss_MiB": max(mem.peak, _vm_hwm_bytes()) / 2**20, "rss_at_start_MiB": rss_start / 2**20,
+        "peak_rss_MiB": max(mem.peak, _vm_hwm_bytes()) / 2**20,
+        "rss_at_start_MiB": rss_start / 2**20,
         "peak_pss_MiB": mem.peak_pss / 2**20,
         "peak_rss_self_MiB": _vm_hwm_bytes() / 2**20,
-    }  # fmt: skip
+    }
     if loader.endswith(("-mem", "-memgroup")):
         rec["shuffle_chunks"] = equal_memory_chunks(store)
         rec["prefetch"] = rec["shuffle_chunks"] if loader.endswith("-mem") else "default"
     rec["chunk_rows"] = chunk_rows
-    rec.update(shuffle_stats(idxs, length=length, chunk_rows=chunk_rows, batch_size=batch_size,
-                             truncated=truncated))  # fmt: skip
+    rec.update(
+        shuffle_stats(
+            idxs, length=length, chunk_rows=chunk_rows, batch_size=batch_size, truncated=truncated
+        )
+    )
     # the next epoch (untimed), for the recurrence of batch-mates: the same DataLoader
     # iterated again (its sampler draws a new order), or shardload's epoch 1
     nxt: list[np.ndarray] = []
@@ -454,8 +520,7 @@ def run_case(
             if max_seconds and time.perf_counter() - t1 > 2 * max_seconds:
                 nxt = []
                 break
-    rec.update(quality_stats(idxs, nxt, length=length, chunk_rows=chunk_rows,
-                             truncated=truncated))  # fmt: skip
+    rec.update(quality_stats(idxs, nxt, length=length, chunk_rows=chunk_rows, truncated=truncated))
     rec["sample_batches"] = [i.tolist() for i in idxs[:48]]
     return rec
 
@@ -464,8 +529,14 @@ def run_case(
 MIN_VIF_BATCHES = 32
 
 
-def quality_stats(epoch0: list[np.ndarray], epoch1: list[np.ndarray], *, length: int,
-                  chunk_rows: int, truncated: bool = False) -> dict[str, Any]:  # fmt: skip
+def quality_stats(
+    epoch0: list[np.ndarray],
+    epoch1: list[np.ndarray],
+    *,
+    length: int,
+    chunk_rows: int,
+    truncated: bool = False,
+) -> dict[str, Any]:
     """The five shuffle-quality figures (``shardload.plan.quality``) of a loader's batches;
     recurrence needs a complete second epoch (else NaN)."""
     from shardload.plan.quality import quality
@@ -479,8 +550,9 @@ def quality_stats(epoch0: list[np.ndarray], epoch1: list[np.ndarray], *, length:
     return {k: v for k, v in q.items() if k != "chunks_per_batch"}
 
 
-def shuffle_stats(idxs: list[np.ndarray], *, length: int, chunk_rows: int, batch_size: int,
-                  truncated: bool) -> dict[str, Any]:  # fmt: skip
+def shuffle_stats(
+    idxs: list[np.ndarray], *, length: int, chunk_rows: int, batch_size: int, truncated: bool
+) -> dict[str, Any]:
     """Mean distinct chunks per full batch, and whether the epoch held every row exactly once."""
     full = [i for i in idxs if len(i) == batch_size] or idxs
     per_batch = [len(np.unique(i // chunk_rows)) for i in full]

@@ -54,12 +54,20 @@ def make(ds: Any, *, rows: int, features: int, chunk_rows: int, seed: int = 0) -
     """The shardload view function: ``{"x": dask array (rows, features) float32}``."""
     import dask.array as da
 
-    chunks = ((chunk_rows,) * (rows // chunk_rows) + ((rows % chunk_rows,) if rows % chunk_rows else ()),
-              (features,))  # fmt: skip
+    chunks = (
+        (chunk_rows,) * (rows // chunk_rows) + ((rows % chunk_rows,) if rows % chunk_rows else ()),
+        (features,),
+    )
     x = da.map_blocks(
-        _block, chunks=chunks, dtype=np.float32, meta=np.empty((0, 0), np.float32),
-        chunk_rows=chunk_rows, rows=rows, features=features, seed=seed,
-    )  # fmt: skip
+        _block,
+        chunks=chunks,
+        dtype=np.float32,
+        meta=np.empty((0, 0), np.float32),
+        chunk_rows=chunk_rows,
+        rows=rows,
+        features=features,
+        seed=seed,
+    )
     return {"x": x}
 
 
@@ -104,9 +112,15 @@ def store_kind_options(kind: str, chunk_rows: int) -> dict[str, Any]:
 
 
 def build_stores(
-    work: Path, *, rows: int, features: int, chunk_rows: int, kinds=STORE_KINDS, seed: int = 0,
+    work: Path,
+    *,
+    rows: int,
+    features: int,
+    chunk_rows: int,
+    kinds=STORE_KINDS,
+    seed: int = 0,
     log=print,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Prepare the stores (reused when ``bench-spec.json`` matches); return their sizes."""
     import time
 
@@ -129,12 +143,19 @@ def build_stores(
                 "source": {"paths": [str(src)], "engine": "h5netcdf"},
                 "view": {
                     "function": "loadbench_data:make",
-                    "kwargs": {"rows": rows, "features": features, "chunk_rows": chunk_rows,
-                               "seed": seed},
+                    "kwargs": {
+                        "rows": rows,
+                        "features": features,
+                        "chunk_rows": chunk_rows,
+                        "seed": seed,
+                    },
                 },
                 **store_kind_options(kind, chunk_rows),
-                "splits": {}, "nan": "ignore", "out": str(out), "overwrite": True,
-            }  # fmt: skip
+                "splits": {},
+                "nan": "ignore",
+                "out": str(out),
+                "overwrite": True,
+            }
             t = time.perf_counter()
             shardload.prepare(conf, progress=False)
             log(f"  prepared {kind}: {time.perf_counter() - t:.1f} s")

@@ -54,22 +54,31 @@ def page_cache_read_rate(paths: Sequence[Path], *, repeats: int = 3) -> dict[str
     reports the same reads spread over ``os.cpu_count()`` threads, for information.
     """
     nbytes = sum(os.path.getsize(p) for p in paths)
-    rates = {name: nbytes / _best(lambda f=f: f(paths), repeats)
-             for name, f in (("np.fromfile", _fromfile), ("read()", _read))}  # fmt: skip
+    rates = {
+        name: nbytes / _best(lambda f=f: f(paths), repeats)
+        for name, f in (("np.fromfile", _fromfile), ("read()", _read))
+    }
     best = max(rates, key=rates.__getitem__)
     threads = os.cpu_count() or 1
     with ThreadPoolExecutor(threads) as pool:
         dt = _best(lambda: sum(pool.map(lambda p: _read([p]), paths)), repeats)
     return {
-        "read_Bps": rates[best], "read_call": best, "read_rates_Bps": rates,
-        "read_bytes": nbytes, "read_all_cores_Bps": nbytes / dt, "read_threads": threads,
-    }  # fmt: skip
+        "read_Bps": rates[best],
+        "read_call": best,
+        "read_rates_Bps": rates,
+        "read_bytes": nbytes,
+        "read_all_cores_Bps": nbytes / dt,
+        "read_threads": threads,
+    }
 
 
 def zstd_read_decode_rate(
-    paths: Sequence[Path], *, chunk_bytes: Sequence[int], zarr_array: str | None = None,
+    paths: Sequence[Path],
+    *,
+    chunk_bytes: Sequence[int],
+    zarr_array: str | None = None,
     repeats: int = 3,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Read + Blosc-zstd decode of the store's chunk files on all cores; the fastest variant.
 
     Variants: a pool of ``os.cpu_count()`` threads each reading and decoding whole chunks
@@ -117,9 +126,12 @@ def zstd_read_decode_rate(
         one_thread = decoded / _best(lambda: sum(pool.map(one, paths)), 1)
     best = max(rates, key=rates.__getitem__)
     return {
-        "zstd_Bps": rates[best], "zstd_variant": best, "zstd_rates_Bps": rates,
-        "zstd_one_thread_Bps": one_thread, "zstd_threads": threads,
-    }  # fmt: skip
+        "zstd_Bps": rates[best],
+        "zstd_variant": best,
+        "zstd_rates_Bps": rates,
+        "zstd_one_thread_Bps": one_thread,
+        "zstd_threads": threads,
+    }
 
 
 def _shard_chunks(blob: bytes, n: int) -> list[bytes]:
@@ -135,9 +147,13 @@ def _shard_chunks(blob: bytes, n: int) -> list[bytes]:
 
 
 def shard_read_decode_rate(
-    paths: Sequence[Path], *, chunks_per_shard: int, decoded_bytes: int,
-    zarr_array: str | None = None, repeats: int = 3,
-) -> dict[str, Any]:  # fmt: skip
+    paths: Sequence[Path],
+    *,
+    chunks_per_shard: int,
+    decoded_bytes: int,
+    zarr_array: str | None = None,
+    repeats: int = 3,
+) -> dict[str, Any]:
     """Read + Blosc-zstd decode of sharded chunk files on all cores (decoded bytes/s), the
     fastest of: a pool of ``os.cpu_count()`` threads each reading one shard whole and decoding
     its inner chunks; one thread reading shards and the pool decoding inner chunks; zarr's own
@@ -168,8 +184,11 @@ def shard_read_decode_rate(
         def split_decode() -> int:
             total = 0
             for p in paths:
-                total += sum(pool.map(lambda c: len(blosc.decompress(c)),
-                                      _shard_chunks(read(p), chunks_per_shard)))  # fmt: skip
+                total += sum(
+                    pool.map(
+                        lambda c: len(blosc.decompress(c)), _shard_chunks(read(p), chunks_per_shard)
+                    )
+                )
             return total
 
         rates[f"read shards, decode chunks in {threads} threads"] = decoded_bytes / _best(
@@ -190,6 +209,9 @@ def shard_read_decode_rate(
         one_thread = decoded_bytes / _best(lambda: sum(pool.map(one_shard, paths)), 1)
     best = max(rates, key=rates.__getitem__)
     return {
-        "zstd_Bps": rates[best], "zstd_variant": best, "zstd_rates_Bps": rates,
-        "zstd_one_thread_Bps": one_thread, "zstd_threads": threads,
-    }  # fmt: skip
+        "zstd_Bps": rates[best],
+        "zstd_variant": best,
+        "zstd_rates_Bps": rates,
+        "zstd_one_thread_Bps": one_thread,
+        "zstd_threads": threads,
+    }

@@ -150,8 +150,9 @@ def build(work: Path, loader: str, workers: int, batch_size: int, seed: int):
         from torch.utils.data import DataLoader
 
         clean_stale_shared_memory()
-        ds = StreamingDataset(local=str(convert_mds(work)), shuffle=True, shuffle_seed=seed,
-                              batch_size=batch_size)  # fmt: skip
+        ds = StreamingDataset(
+            local=str(convert_mds(work)), shuffle=True, shuffle_seed=seed, batch_size=batch_size
+        )
         kw: dict[str, Any] = {"num_workers": workers}
         if workers:
             kw["prefetch_factor"] = 2
@@ -209,18 +210,32 @@ def main() -> None:
                 epochs[1] = []
                 break
     np.savez(args.indices, **{f"e{e}_{k}": a for e in (0, 1) for k, a in enumerate(epochs[e])})
-    print(json.dumps({
-        "case": args.case, "loader": loader, "codec": codec, "workers": workers,
-        "store": f"peer-{'mds' if loader == 'mosaic-streaming' else 'litdata'}",
-        "what": PEERS[loader], "note": f"peer venv; conversion/setup {setup_s:.1f} s",
-        "samples": samples, "seconds": seconds, "first_batch_s": first_s,
-        "samples_per_s": samples / seconds if seconds else 0.0,
-        "MBps": samples * row_bytes / seconds / 1e6 if seconds else 0.0,
-        "row_bytes": row_bytes, "epoch_samples": length, "truncated": truncated,
-        "epoch_fraction": samples / length, "peak_rss_MiB": mem.peak / 2**20,
-        "peak_pss_MiB": mem.peak_pss / 2**20, "indices": args.indices,
-        "peer_versions": _versions(),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "case": args.case,
+                "loader": loader,
+                "codec": codec,
+                "workers": workers,
+                "store": f"peer-{'mds' if loader == 'mosaic-streaming' else 'litdata'}",
+                "what": PEERS[loader],
+                "note": f"peer venv; conversion/setup {setup_s:.1f} s",
+                "samples": samples,
+                "seconds": seconds,
+                "first_batch_s": first_s,
+                "samples_per_s": samples / seconds if seconds else 0.0,
+                "MBps": samples * row_bytes / seconds / 1e6 if seconds else 0.0,
+                "row_bytes": row_bytes,
+                "epoch_samples": length,
+                "truncated": truncated,
+                "epoch_fraction": samples / length,
+                "peak_rss_MiB": mem.peak / 2**20,
+                "peak_pss_MiB": mem.peak_pss / 2**20,
+                "indices": args.indices,
+                "peer_versions": _versions(),
+            }
+        )
+    )
 
 
 def _versions() -> dict[str, str]:

@@ -106,8 +106,14 @@ def _run(code: str, src: str | None) -> dict[str, Any]:
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.path.abspath(src)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       check=False, timeout=900)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=900,
+    )
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         raise RuntimeError(f"exit {p.returncode}: {p.stderr[-2000:]}")
@@ -127,16 +133,21 @@ def parse_case(case: str) -> tuple[str, str, dict[str, Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--trees", required=True, help="LABEL=SRC,LABEL=SRC")
     ap.add_argument("--cases", required=True, help="';'-separated VIA:STORE[:K=V,...]")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--epochs", type=int, default=1,
-                    help="epochs per run on one loader (later epochs reuse the process, and with "
-                         "persistent_workers=1 in a case the DataLoader's workers)")  # fmt: skip
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        help="epochs per run on one loader (later epochs reuse the process, and with "
+        "persistent_workers=1 in a case the DataLoader's workers)",
+    )
     ap.add_argument("--out", default=None, help="JSON of every run")
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -164,13 +175,22 @@ def main() -> None:
             got["Bps"] = got["bytes"] / got["seconds"]
             limits[s].append(got)
             lim[s] = got
-            print(f"round {r} limit {s}: {got['Bps'] / 1e9:.2f} GB/s, {got['cpu_s']:.2f} CPU-s",
-                  flush=True)  # fmt: skip
+            print(
+                f"round {r} limit {s}: {got['Bps'] / 1e9:.2f} GB/s, {got['cpu_s']:.2f} CPU-s",
+                flush=True,
+            )
         k = r % len(jobs)
         for case, tree in jobs[k:] + jobs[:k]:
             via, store, opts = parse_case(case)
-            code = _EPOCH.format(here=str(HERE), store=str(work / store), via=via, opts=opts,
-                                 epoch=r, batch=args.batch_size, epochs=args.epochs)  # fmt: skip
+            code = _EPOCH.format(
+                here=str(HERE),
+                store=str(work / store),
+                via=via,
+                opts=opts,
+                epoch=r,
+                batch=args.batch_size,
+                epochs=args.epochs,
+            )
             got = _run(code, trees[tree])
             got["samples_per_s"] = got["samples"] / got["seconds"]
             got["ratio"] = sizes[store] / got["seconds"] / lim[store]["Bps"]
@@ -184,11 +204,14 @@ def main() -> None:
             got["last_ratio"] = sizes[store] / last["seconds"] / lim[store]["Bps"]
             got["round"], got["load"] = r, os.getloadavg()[0]
             runs[(case, tree)].append(got)
-            print(f"round {r} {case} [{tree}]: {got['samples_per_s']:,.0f} samples/s, ratio "
-                  f"{got['ratio']:.2f} (after the first batch {got['steady_ratio']:.2f}, first "
-                  f"batch {got['first_batch_s']:.2f} s; last epoch {got['last_ratio']:.2f}), "
-                  f"{got['cpu_s']:.2f} CPU-s (limit/this {got['cpu_ratio']:.2f}), "
-                  f"peak RSS {got['peak_rss_MiB']:.0f} MiB", flush=True)  # fmt: skip
+            print(
+                f"round {r} {case} [{tree}]: {got['samples_per_s']:,.0f} samples/s, ratio "
+                f"{got['ratio']:.2f} (after the first batch {got['steady_ratio']:.2f}, first "
+                f"batch {got['first_batch_s']:.2f} s; last epoch {got['last_ratio']:.2f}), "
+                f"{got['cpu_s']:.2f} CPU-s (limit/this {got['cpu_ratio']:.2f}), "
+                f"peak RSS {got['peak_rss_MiB']:.0f} MiB",
+                flush=True,
+            )
     print(f"load average at end: {os.getloadavg()}")
     print(
         "| case | tree | samples/s (median) | ÷ limit (median of rounds) | ÷ limit after the "
@@ -196,24 +219,38 @@ def main() -> None:
         "(max) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    keys = ("samples_per_s", "ratio", "steady_ratio", "first_batch_s", "last_ratio", "cpu_s",
-            "cpu_ratio")  # fmt: skip
+    keys = (
+        "samples_per_s",
+        "ratio",
+        "steady_ratio",
+        "first_batch_s",
+        "last_ratio",
+        "cpu_s",
+        "cpu_ratio",
+    )
     for (case, tree), rs in runs.items():
         med = {k: statistics.median(x[k] for x in rs) for k in keys}
-        print(f"| {case} | {tree} | {med['samples_per_s']:,.0f} | {med['ratio']:.2f} "
-              f"[{', '.join(format(x['ratio'], '.2f') for x in rs)}] | {med['steady_ratio']:.2f} "
-              f"[{', '.join(format(x['steady_ratio'], '.2f') for x in rs)}] | "
-              f"{med['first_batch_s']:.2f} | {med['last_ratio']:.2f} | {med['cpu_s']:.2f} | "
-              f"{med['cpu_ratio']:.2f} | "
-              f"{max(x['peak_rss_MiB'] for x in rs):.0f} |")  # fmt: skip
+        print(
+            f"| {case} | {tree} | {med['samples_per_s']:,.0f} | {med['ratio']:.2f} "
+            f"[{', '.join(format(x['ratio'], '.2f') for x in rs)}] | {med['steady_ratio']:.2f} "
+            f"[{', '.join(format(x['steady_ratio'], '.2f') for x in rs)}] | "
+            f"{med['first_batch_s']:.2f} | {med['last_ratio']:.2f} | {med['cpu_s']:.2f} | "
+            f"{med['cpu_ratio']:.2f} | "
+            f"{max(x['peak_rss_MiB'] for x in rs):.0f} |"
+        )
     for s, ls in limits.items():
-        print(f"limit {s}: median {statistics.median(x['Bps'] for x in ls) / 1e9:.2f} GB/s "
-              f"[{', '.join(format(x['Bps'] / 1e9, '.2f') for x in ls)}], median "
-              f"{statistics.median(x['cpu_s'] for x in ls):.2f} CPU-s")  # fmt: skip
+        print(
+            f"limit {s}: median {statistics.median(x['Bps'] for x in ls) / 1e9:.2f} GB/s "
+            f"[{', '.join(format(x['Bps'] / 1e9, '.2f') for x in ls)}], median "
+            f"{statistics.median(x['cpu_s'] for x in ls):.2f} CPU-s"
+        )
     if args.out:
-        Path(args.out).write_text(json.dumps(
-            {"runs": {f"{c} [{t}]": v for (c, t), v in runs.items()}, "limits": limits}, indent=1
-        ))  # fmt: skip
+        Path(args.out).write_text(
+            json.dumps(
+                {"runs": {f"{c} [{t}]": v for (c, t), v in runs.items()}, "limits": limits},
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

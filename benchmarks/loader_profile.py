@@ -53,11 +53,18 @@ def build(work: Path, rows: int, compression: str) -> Path:
         ).chunk({"sample": CHUNK_ROWS})
         ds.to_zarr(src, mode="w")
     prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
-    prepare({
-        "source": {"paths": [str(src)], "engine": "zarr"}, "sample_dims": ["sample"],
-        "view": "flat", "arrays": {"x": ["a"], "y": ["b"]}, "chunk_rows": CHUNK_ROWS,
-        "format": "zarr", "compression": compression, "out": str(out),
-    })  # fmt: skip
+    prepare(
+        {
+            "source": {"paths": [str(src)], "engine": "zarr"},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a"], "y": ["b"]},
+            "chunk_rows": CHUNK_ROWS,
+            "format": "zarr",
+            "compression": compression,
+            "out": str(out),
+        }
+    )
     return out
 
 

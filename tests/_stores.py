@@ -39,12 +39,20 @@ def make_store(
     # once the submodule is imported the attribute is the module (fixed on main by a rename).
     prepare = shardload.prepare
     prepare = getattr(prepare, "prepare", prepare)
-    return prepare({
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a", "b"], "y": ["c"]}, "chunk_rows": chunk_rows, "format": fmt,
-        "compression": compression, "out": str(tmp / name),
-        "splits": splits or {"train": 0.8, "val": 0.1, "test": 0.1}, **config,
-    })  # fmt: skip
+    return prepare(
+        {
+            "source": {"paths": [str(src)]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a", "b"], "y": ["c"]},
+            "chunk_rows": chunk_rows,
+            "format": fmt,
+            "compression": compression,
+            "out": str(tmp / name),
+            "splits": splits or {"train": 0.8, "val": 0.1, "test": 0.1},
+            **config,
+        }
+    )
 
 
 def sharded_store(tmp: Path, values: np.ndarray, *, name: str = "sharded") -> Store:
@@ -53,11 +61,19 @@ def sharded_store(tmp: Path, values: np.ndarray, *, name: str = "sharded") -> St
     src = tmp / f"{name}.nc"
     xr.Dataset({"a": ("sample", np.asarray(values, dtype="f4"))}).to_netcdf(src)
     prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
-    return prepare({
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a"]}, "chunk_rows": 8, "format": "zarr", "compression": "zstd",
-        "shard_chunks": 2, "out": str(tmp / name),
-    })  # fmt: skip
+    return prepare(
+        {
+            "source": {"paths": [str(src)]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a"]},
+            "chunk_rows": 8,
+            "format": "zarr",
+            "compression": "zstd",
+            "shard_chunks": 2,
+            "out": str(tmp / name),
+        }
+    )
 
 
 def split_rows(store, split: str | None) -> np.ndarray:

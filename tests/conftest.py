@@ -36,9 +36,23 @@ def era5_dir() -> Path:
     dl = CACHE / "sdist"
     dl.mkdir(parents=True, exist_ok=True)
     res = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", CFGRIB_SDIST, "-d", str(dl)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            CFGRIB_SDIST,
+            "-d",
+            str(dl),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     archives = sorted(dl.glob("cfgrib-*.tar.gz"))
     if not archives:
         pytest.skip(f"cannot fetch the ERA5 sample ({CFGRIB_SDIST} sdist): {res.stderr[-500:]}")

@@ -28,10 +28,22 @@ from shardload.bench.formats import run_formats, select_cases
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = {
-    "format", "variant", "mmap", "fixed_length", "shuffle", "workers", "samples_per_s",
-    "MB_per_s", "ratio_to_read_limit", "read_limit_MB_per_s", "peak_rss_MB", "files",
-    "bytes_on_disk", "write_s", "complete_epoch",
-}  # fmt: skip
+    "format",
+    "variant",
+    "mmap",
+    "fixed_length",
+    "shuffle",
+    "workers",
+    "samples_per_s",
+    "MB_per_s",
+    "ratio_to_read_limit",
+    "read_limit_MB_per_s",
+    "peak_rss_MB",
+    "files",
+    "bytes_on_disk",
+    "write_s",
+    "complete_epoch",
+}
 MAP_FORMATS = {"npy-dir", "npy-stack", "zarr", "hdf5", "arrow", "parquet", "webdataset"}
 MMAP_FORMATS = {"npy-dir", "npy-stack", "hdf5", "arrow", "parquet"}
 
@@ -45,8 +57,21 @@ def _squashfs_expected() -> bool:
 def test_cli_writes_results_report_and_plots_for_every_format(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "shardload", "bench", "formats", "--samples", "12",
-           "--sample-bytes", "256", "--workers", "0", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardload",
+        "bench",
+        "formats",
+        "--samples",
+        "12",
+        "--sample-bytes",
+        "256",
+        "--workers",
+        "0",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())
@@ -60,8 +85,9 @@ def test_cli_writes_results_report_and_plots_for_every_format(tmp_path: Path) ->
     assert {r["format"] for r in rows} == expected
     zarr_variants = {r["variant"] for r in rows if r["format"] == "zarr"}
     assert zarr_variants == {"unsharded-none", "unsharded-zstd", "sharded-none", "sharded-zstd"}
-    settings = {(r["format"], r["variant"], r["mmap"], r["fixed_length"], r["shuffle"])
-                for r in rows}  # fmt: skip
+    settings = {
+        (r["format"], r["variant"], r["mmap"], r["fixed_length"], r["shuffle"]) for r in rows
+    }
     for fmt in expected:
         mmaps = {r["mmap"] for r in rows if r["format"] == fmt}
         assert mmaps == ({False, True} if fmt in MMAP_FORMATS | {"squashfs"} else {"n/a"}), fmt
@@ -76,9 +102,14 @@ def test_cli_writes_results_report_and_plots_for_every_format(tmp_path: Path) ->
 
 def test_workers_read_map_style_and_webdataset_formats(tmp_path: Path) -> None:
     rows = run_formats(
-        tmp_path, num_samples=20, sample_bytes=128, workers=[1], batch_size=4,
-        cases=select_cases(["npy-stack", "webdataset"]), progress=False,
-    )  # fmt: skip
+        tmp_path,
+        num_samples=20,
+        sample_bytes=128,
+        workers=[1],
+        batch_size=4,
+        cases=select_cases(["npy-stack", "webdataset"]),
+        progress=False,
+    )
     assert {r["workers"] for r in rows} == {1}
     assert {r["format"] for r in rows} == {"npy-stack", "webdataset"}
     assert all(r["complete_epoch"] and r["samples_read"] == 20 for r in rows)
@@ -110,8 +141,9 @@ def test_a_reader_that_repeats_or_skips_samples_fails() -> None:
             return data.sample(0)
 
     def make():
-        return fe.map_loader(Repeat(), num_samples=6, shuffle=False, seed=0, batch_size=2,
-                             workers=0)  # fmt: skip
+        return fe.map_loader(
+            Repeat(), num_samples=6, shuffle=False, seed=0, batch_size=2, workers=0
+        )
 
     with pytest.raises(fe.FormatCheckError, match="sample 1 differs"):
         fe.time_epoch(make, data.hashes, what="repeat", max_epoch_s=60)
@@ -150,9 +182,13 @@ def test_a_skipped_format_is_named_with_its_reason_in_the_report(
 
     monkeypatch.setattr(format_squashfs.shutil, "which", lambda name: None)
     rows = run_formats(
-        tmp_path, num_samples=4, sample_bytes=64, workers=[0],
-        cases=select_cases(["npy-stack", "squashfs"]), progress=False,
-    )  # fmt: skip
+        tmp_path,
+        num_samples=4,
+        sample_bytes=64,
+        workers=[0],
+        cases=select_cases(["npy-stack", "squashfs"]),
+        progress=False,
+    )
     assert {r["format"] for r in rows} == {"npy-stack"}
     report = (tmp_path / "report.md").read_text()
     assert "Skipped squashfs-npy-stack-zstd: mksquashfs, squashfuse, fusermount not found" in report

@@ -70,12 +70,30 @@ def test_smoke_run_writes_complete_epochs(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("psutil")
     out = tmp_path / "r.json"
-    cases = ("shardload-iter:none:w0,shardload-dl:none:w2,naive-npy:none:w0,shardload-iter:zstd:w0,"
-             "shardload-iter-legacy:none:w0,shardload-iter-uniform:none:w0")  # fmt: skip
+    cases = (
+        "shardload-iter:none:w0,shardload-dl:none:w2,naive-npy:none:w0,shardload-iter:zstd:w0,"
+        "shardload-iter-legacy:none:w0,shardload-iter-uniform:none:w0"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_load.py"), "--rows", "2048",
-           "--features", "16", "--chunk-rows", "256", "--max-seconds", "60", "--cases", cases,
-           "--workdir", str(tmp_path / "work"), "--out", str(out), "--no-plot"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "bench_load.py"),
+        "--rows",
+        "2048",
+        "--features",
+        "16",
+        "--chunk-rows",
+        "256",
+        "--max-seconds",
+        "60",
+        "--cases",
+        cases,
+        "--workdir",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+        "--no-plot",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
@@ -117,9 +135,19 @@ def test_peer_cases_get_the_quality_figures_from_the_indices_they_write(tmp_path
     wrapper.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{fake}" "$@"\n')
     wrapper.chmod(0o755)
     args = bench_load.parse_args(
-        ["--rows", str(n), "--chunk-rows", str(chunk), "--batch-size", str(batch),
-         "--workdir", str(tmp_path), "--peer-python", str(wrapper)]
-    )  # fmt: skip
+        [
+            "--rows",
+            str(n),
+            "--chunk-rows",
+            str(chunk),
+            "--batch-size",
+            str(batch),
+            "--workdir",
+            str(tmp_path),
+            "--peer-python",
+            str(wrapper),
+        ]
+    )
     rec = bench_load.run_peer_case("litdata:none:w2", args)
     assert "error" not in rec, rec
     assert rec["complete_epoch"] is True
@@ -145,7 +173,10 @@ def test_small_chunk_store_kinds_and_case_names() -> None:
             parse_case(bad)
     assert small_chunk_kind("zarr-zstd") is None
     assert store_kind_options("zarr-zstd-c256", 4096) == {
-        "format": "zarr", "compression": "zstd", "chunk_rows": 256}  # fmt: skip
+        "format": "zarr",
+        "compression": "zstd",
+        "chunk_rows": 256,
+    }
     assert store_kind_options("zarr-zstd-s256", 4096)["shard_chunks"] == 16
     assert store_kind_options("zarr-none", 4096)["compression"] == "none"
     with pytest.raises(ValueError, match="must divide"):
@@ -164,8 +195,9 @@ def test_small_chunk_stores_hold_the_same_values_and_have_their_own_limits(tmp_p
     import shardload
 
     kinds = ["zarr-zstd", "zarr-zstd-c64", "zarr-zstd-s64"]
-    data.build_stores(tmp_path, rows=1024, features=8, chunk_rows=256, kinds=kinds,
-                      log=lambda m: None)  # fmt: skip
+    data.build_stores(
+        tmp_path, rows=1024, features=8, chunk_rows=256, kinds=kinds, log=lambda m: None
+    )
     base = shardload.open_store(tmp_path / "zarr-zstd").reader.read("x", 0, 1024)
     for kind in kinds[1:]:
         st = shardload.open_store(tmp_path / kind)
@@ -188,12 +220,19 @@ def test_uniform_bigger_than_ram_measures_read_every_row(tmp_path: Path) -> None
     import loadbench_data as data
 
     assert big.parse_size("512M") == 512 << 20 and big.parse_size("1GiB") == 1 << 30
-    data.build_stores(tmp_path, rows=1024, features=8, chunk_rows=256, kinds=["zarr-none"],
-                      log=lambda m: None)  # fmt: skip
+    data.build_stores(
+        tmp_path, rows=1024, features=8, chunk_rows=256, kinds=["zarr-none"], log=lambda m: None
+    )
     store = tmp_path / "zarr-none"
     files = data.zarr_chunk_files(store)
-    kw = {"chunk_rows": 256, "row_bytes": 32, "rows": 1024, "batch": 64, "seed": 0,
-          "max_seconds": 60.0}  # fmt: skip
+    kw = {
+        "chunk_rows": 256,
+        "row_bytes": 32,
+        "rows": 1024,
+        "batch": 64,
+        "seed": 0,
+        "max_seconds": 60.0,
+    }
     assert big.random_rows(files, threads=4, **kw)[0] == 1024
     assert big.random_rows_uring(files, threads=2, **kw)[0] == 1024
     data.warm_page_cache(files)
@@ -217,10 +256,28 @@ def test_uniform_bigger_than_ram_smoke_run(tmp_path: Path) -> None:
         pytest.skip("needs root and the cgroup v1 memory controller")
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_uniform_bigger_than_ram.py"),
-           "--workdir", str(tmp_path / "w"), "--rows", "4096", "--features", "64",
-           "--chunk-rows", "512", "--mem-limit", "400M", "--random-threads", "4",
-           "--ring-limits", f"{RING_ROUNDS},{RING_DIRECT}", "--fio", "", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "bench_uniform_bigger_than_ram.py"),
+        "--workdir",
+        str(tmp_path / "w"),
+        "--rows",
+        "4096",
+        "--features",
+        "64",
+        "--chunk-rows",
+        "512",
+        "--mem-limit",
+        "400M",
+        "--random-threads",
+        "4",
+        "--ring-limits",
+        f"{RING_ROUNDS},{RING_DIRECT}",
+        "--fio",
+        "",
+        "--out",
+        str(out),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
@@ -244,23 +301,37 @@ def test_trees_ab_smoke_run_reports_every_epoch(tmp_path: Path) -> None:
     table carries the first-batch and last-epoch columns."""
     import loadbench_data as data
 
-    data.build_stores(tmp_path, rows=1024, features=8, chunk_rows=256, kinds=["zarr-zstd"],
-                      log=lambda m: None)  # fmt: skip
+    data.build_stores(
+        tmp_path, rows=1024, features=8, chunk_rows=256, kinds=["zarr-zstd"], log=lambda m: None
+    )
     out = tmp_path / "ab.json"
     src = str(REPO / "src")
-    cmd = [sys.executable, str(REPO / "benchmarks" / "loadbench_trees_ab.py"),
-           "--workdir", str(tmp_path), "--trees", f"a={src},b={src}", "--rounds", "1",
-           "--epochs", "2", "--batch-size", "64", "--out", str(out),
-           "--cases", "iter:zarr-zstd;sdl:zarr-zstd:persistent_workers=1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "loadbench_trees_ab.py"),
+        "--workdir",
+        str(tmp_path),
+        "--trees",
+        f"a={src},b={src}",
+        "--rounds",
+        "1",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "64",
+        "--out",
+        str(out),
+        "--cases",
+        "iter:zarr-zstd;sdl:zarr-zstd:persistent_workers=1",
+    ]
     env = {**os.environ, "PYTHONPATH": src}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "| last epoch ÷ limit |" in p.stdout
     runs = json.loads(out.read_text())["runs"]
     assert sorted(runs) == sorted(
-        f"{c} [{t}]" for c in ("iter:zarr-zstd", "sdl:zarr-zstd:persistent_workers=1")
-        for t in "ab"
-    )  # fmt: skip
+        f"{c} [{t}]" for c in ("iter:zarr-zstd", "sdl:zarr-zstd:persistent_workers=1") for t in "ab"
+    )
     for rs in runs.values():
         (rec,) = rs
         assert [e["samples"] for e in rec["epochs"]] == [1024, 1024]
@@ -269,8 +340,14 @@ def test_trees_ab_smoke_run_reports_every_epoch(tmp_path: Path) -> None:
 
 def test_fresh_memory_benchmark_runs(tmp_path: Path) -> None:
     """``bench_fresh_memory.py`` measures every step and prints the ratio (no rate asserted)."""
-    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_fresh_memory.py"), "--mib", "8",
-           "--idle", "0"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "bench_fresh_memory.py"),
+        "--mib",
+        "8",
+        "--idle",
+        "0",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = p.stdout.splitlines()

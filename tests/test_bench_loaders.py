@@ -23,8 +23,14 @@ def row(loader, workers, n, au, error=None):
 
 
 def test_summary_counts_up_to_the_first_failure():
-    rows = [row("a", 0, 1, 0.95), row("a", 0, 2, 0.91), row("a", 0, 4, 0.89),
-            row("a", 2, 1, 0.5), row("b", 0, 1, 0.99), row("b", 0, 2, 0.0, error="boom")]  # fmt: skip
+    rows = [
+        row("a", 0, 1, 0.95),
+        row("a", 0, 2, 0.91),
+        row("a", 0, 4, 0.89),
+        row("a", 2, 1, 0.5),
+        row("b", 0, 1, 0.99),
+        row("b", 0, 2, 0.0, error="boom"),
+    ]
     got = {(s["loader"], s["workers"]): s for s in summarize(rows)}
     assert got["a", 0]["max_accelerators"] == 2 and got["a", 0]["tried"] == [1, 2, 4]
     assert got["a", 2]["max_accelerators"] == 0
@@ -43,14 +49,39 @@ def test_peers_are_probed_not_faked(monkeypatch):
 
 
 def run_bench(store: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "shardload", "-q", "bench", "loaders", str(store),
-           "--emulate-compute", "0.01", "--batch-size", "16", "--out", str(out), *extra]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC})  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardload",
+        "-q",
+        "bench",
+        "loaders",
+        str(store),
+        "--emulate-compute",
+        "0.01",
+        "--batch-size",
+        "16",
+        "--out",
+        str(out),
+        *extra,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC}
+    )
 
 
 def test_cli_writes_results_report_and_plot(tmp_path):
     store = make_store(tmp_path, fmt="npy", n=400, chunk_rows=32)
-    res = run_bench(Path(store.url), tmp_path / "out", "--workers", "0", "--accelerators", "1", "--loaders", "all")  # fmt: skip
+    res = run_bench(
+        Path(store.url),
+        tmp_path / "out",
+        "--workers",
+        "0",
+        "--accelerators",
+        "1",
+        "--loaders",
+        "all",
+    )
     assert res.returncode == 0, res.stderr
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     (r,) = doc["rows"]
@@ -58,7 +89,10 @@ def test_cli_writes_results_report_and_plot(tmp_path):
     assert r["batches_per_accelerator"] == 400 // 16  # one epoch of the (only) rank's shard
     assert 0 < r["au_min"] <= 1.0 and r["samples_per_s"] > 0
     # an npy store: zarr-torch-dataset is never run on it, and says why
-    assert "Zarr" in doc["peers"]["zarr-torch-dataset"] or "not installed" in doc["peers"]["zarr-torch-dataset"]  # fmt: skip
+    assert (
+        "Zarr" in doc["peers"]["zarr-torch-dataset"]
+        or "not installed" in doc["peers"]["zarr-torch-dataset"]
+    )
     report = (tmp_path / "out" / "report.md").read_text()
     assert "accelerators >= 90% busy" in report and "Machine:" in report
     assert (tmp_path / "out" / "au.png").read_bytes()[:4] == b"\x89PNG"
@@ -67,7 +101,7 @@ def test_cli_writes_results_report_and_plot(tmp_path):
 @pytest.mark.slow
 def test_shards_are_disjoint_and_peers_run_on_zarr(tmp_path):
     store = make_store(tmp_path, fmt="zarr", n=1024, chunk_rows=64)
-    res = run_bench(Path(store.url), tmp_path / "out", "--workers", "0,1", "--accelerators", "1,2")  # fmt: skip
+    res = run_bench(Path(store.url), tmp_path / "out", "--workers", "0,1", "--accelerators", "1,2")
     assert res.returncode == 0, res.stderr
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     two = [r for r in doc["rows"] if r["loader"] == "shardload" and r["accelerators"] == 2]

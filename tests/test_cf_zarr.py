@@ -61,7 +61,10 @@ def cf_dataset() -> xr.Dataset:
 ENCODING = {
     "t2m": {"_FillValue": 1e20, "chunks": (CHUNK, Y, X)},
     "sp": {
-        "dtype": "int16", "scale_factor": 0.5, "add_offset": 100000.0, "_FillValue": -32768,
+        "dtype": "int16",
+        "scale_factor": 0.5,
+        "add_offset": 100000.0,
+        "_FillValue": -32768,
         "chunks": (CHUNK, Y, X),
     },
     "u10": {"dtype": "int8", "scale_factor": 0.1, "chunks": (CHUNK, Y)},
@@ -69,7 +72,7 @@ ENCODING = {
     "lsm": {"chunks": (CHUNK, Y, X)},
     "step_len": {"chunks": (CHUNK,)},
     "forecast": {"chunks": (T,)},
-}  # fmt: skip
+}
 
 
 def write(path: Path, zarr_format: int, *, uncompressed: bool = False) -> Path:
@@ -94,8 +97,11 @@ def reference(path: Path) -> xr.Dataset:
 )
 def cf_store(request, tmp_path_factory):
     fmt, raw = request.param
-    path = write(tmp_path_factory.mktemp(f"cf{fmt}{'raw' if raw else ''}") / "era.zarr", fmt,
-                 uncompressed=raw)  # fmt: skip
+    path = write(
+        tmp_path_factory.mktemp(f"cf{fmt}{'raw' if raw else ''}") / "era.zarr",
+        fmt,
+        uncompressed=raw,
+    )
     return path, reference(path)
 
 

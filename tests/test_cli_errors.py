@@ -23,8 +23,14 @@ def nan_store(tmp_path):
     x[:, 3] = np.nan
     src = tmp_path / "nan.nc"
     xr.Dataset({"x": (("sample", "f"), x)}).to_netcdf(src)
-    conf = {"source": str(src), "sample_dims": ["sample"], "arrays": {"x": ["x"]},
-            "chunk_rows": 5, "splits": {}, "out": str(tmp_path / "s")}  # fmt: skip
+    conf = {
+        "source": str(src),
+        "sample_dims": ["sample"],
+        "arrays": {"x": ["x"]},
+        "chunk_rows": 5,
+        "splits": {},
+        "out": str(tmp_path / "s"),
+    }
     shardload.prepare(conf, progress=False)
     return tmp_path / "s"
 
@@ -55,8 +61,10 @@ def test_inspect_json_is_strict_json_with_null_for_nan(nan_store, capsys):
 def test_inspect_into_a_closed_pipe_exits_quietly(nan_store):
     p = subprocess.Popen(
         [sys.executable, "-m", "shardload", "inspect", "--json", str(nan_store)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=python_env(),
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=python_env(),
+    )
     assert p.stdout is not None and p.stderr is not None
     p.stdout.readline()  # like `| head -1`: read a line, then go away
     p.stdout.close()

@@ -156,9 +156,11 @@ def test_every_block_is_fsynced_before_its_record(tmp_path, small_nc, monkeypatc
         return {
             (p.stat().st_dev, p.stat().st_ino)
             for p in root.rglob("*")
-            if p.is_file() and "_progress" not in p.parts
-            and p.name not in ("zarr.json", "data.h5") and not p.name.startswith(".")
-        }  # fmt: skip
+            if p.is_file()
+            and "_progress" not in p.parts
+            and p.name not in ("zarr.json", "data.h5")
+            and not p.name.startswith(".")
+        }
 
     def run_block(job, block):
         before = data_files(Path(job.partial_dir))
@@ -175,11 +177,18 @@ def test_every_block_is_fsynced_before_its_record(tmp_path, small_nc, monkeypatc
     monkeypatch.setattr(os, "fsync", spy)
     monkeypatch.setattr(pipeline, "run_block", run_block)
     monkeypatch.setattr(commit_mod.BlockCommit, "record", record)
-    shardload.prepare({
-        "source": {"paths": [str(small_nc)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a", "b", "c"]}, "chunk_rows": 7, "out": str(tmp_path / "s"),
-        "execution": {"scheduler": "sync"}, **fmt,
-    })  # fmt: skip
+    shardload.prepare(
+        {
+            "source": {"paths": [str(small_nc)]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a", "b", "c"]},
+            "chunk_rows": 7,
+            "out": str(tmp_path / "s"),
+            "execution": {"scheduler": "sync"},
+            **fmt,
+        }
+    )
     assert len(checked) == (4 if "shard_chunks" in fmt else 8)
 
 
@@ -214,10 +223,17 @@ def test_cli_prepare_refused_while_another_run_holds_the_output(tmp_path, small_
     from shardload.cli.app import main
 
     conf = tmp_path / "c.yaml"
-    conf.write_text(yaml.safe_dump({
-        "source": {"paths": [str(small_nc)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a"]}, "out": str(tmp_path / "store"),
-    }))  # fmt: skip
+    conf.write_text(
+        yaml.safe_dump(
+            {
+                "source": {"paths": [str(small_nc)]},
+                "sample_dims": ["sample"],
+                "view": "flat",
+                "arrays": {"x": ["a"]},
+                "out": str(tmp_path / "store"),
+            }
+        )
+    )
     holder = OutputLock(tmp_path / "store")
     holder.acquire()
     try:

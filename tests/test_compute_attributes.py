@@ -44,8 +44,11 @@ def semblance_loops(x: np.ndarray, traces: int, samples: int) -> np.ndarray:
     for i in range(n0):
         for j in range(n1):
             for k in range(n2):
-                w = xd[max(i - ht, 0) : i + ht + 1, max(j - ht, 0) : j + ht + 1,
-                       max(k - hs, 0) : k + hs + 1]  # fmt: skip
+                w = xd[
+                    max(i - ht, 0) : i + ht + 1,
+                    max(j - ht, 0) : j + ht + 1,
+                    max(k - hs, 0) : k + hs + 1,
+                ]
                 w = w.reshape(-1, w.shape[-1])
                 den = w.shape[0] * np.sum(w * w)
                 out[i, j, k] = np.sum(w.sum(axis=0) ** 2) / den if den > 0 else 0.0

@@ -36,8 +36,15 @@ def test_traces_are_reflectivity_convolved_with_ricker() -> None:
         model.depths, model.coefs, model.dips, model.folds, strict=True
     ):
         shift = sum(t for cos, sin, off, t in model.faults if i * cos + j * sin > off)
-        z = int(np.rint(d + di * i + dj * j + amp * np.sin(2 * np.pi * i / li)
-                        * np.cos(2 * np.pi * j / lj) + shift))  # fmt: skip
+        z = int(
+            np.rint(
+                d
+                + di * i
+                + dj * j
+                + amp * np.sin(2 * np.pi * i / li) * np.cos(2 * np.pi * j / lj)
+                + shift
+            )
+        )
         if 0 <= z < 80:
             spikes[z] += c
     ref = np.convolve(spikes, w, mode="same")
@@ -48,8 +55,23 @@ def test_cli_sample_seismic_then_compute(tmp_path: Path) -> None:
     from shardload.cli.app import main
 
     cube = tmp_path / "cube.zarr"
-    assert main(["sample", "seismic", "--out", str(cube), "--shape", "8", "5", "40",
-                 "--chunk-inlines", "4"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "sample",
+                "seismic",
+                "--out",
+                str(cube),
+                "--shape",
+                "8",
+                "5",
+                "40",
+                "--chunk-inlines",
+                "4",
+            ]
+        )
+        == 0
+    )
     m = shardload.compute(
         {
             "source": {"paths": [str(cube)], "variable": "amp"},

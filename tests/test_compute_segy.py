@@ -187,8 +187,25 @@ def test_cli_sample_seismic_writes_segy(tmp_path: Path) -> None:
     from shardload.samples.seismic import write_seismic_sample
 
     out = tmp_path / "cube.sgy"
-    assert main(["sample", "seismic", "--out", str(out), "--shape", "6", "4", "30",
-                 "--chunk-inlines", "4", "--seed", "5"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "sample",
+                "seismic",
+                "--out",
+                str(out),
+                "--shape",
+                "6",
+                "4",
+                "30",
+                "--chunk-inlines",
+                "4",
+                "--seed",
+                "5",
+            ]
+        )
+        == 0
+    )
     z = write_seismic_sample(tmp_path / "cube.zarr", (6, 4, 30), seed=5)
     ref = zarr_open(z)
     with segyio.open(str(out)) as f:

@@ -122,14 +122,20 @@ def test_step_refusals(tmp_path: Path, monkeypatch: Any) -> None:
     cases = [
         ({"z": {"standardize": "nope"}}, r"attributes\.z\.standardize: 'nope' is not an attribute"),
         ({"z": {"standardize": ["env"]}}, r"attributes\.z\.standardize.*one attribute"),
-        ({"k": {"kmeans": {"inputs": ["env", "z2"]}}, "z2": {"standardize": "env"}},
-         r"attributes\.k\.kmeans\.inputs: 'z2' is not an attribute computed by a function"),
-        ({"k": {"kmeans": {"inputs": ["env"], "n_clusters": 0}}},
-         r"attributes\.k\.kmeans\.n_clusters"),
-        ({"k": {"kmeans": {"inputs": ["env"], "clusters": 3}}},
-         r"attributes\.k\.kmeans: unknown option.*clusters"),
+        (
+            {"k": {"kmeans": {"inputs": ["env", "z2"]}}, "z2": {"standardize": "env"}},
+            r"attributes\.k\.kmeans\.inputs: 'z2' is not an attribute computed by a function",
+        ),
+        (
+            {"k": {"kmeans": {"inputs": ["env"], "n_clusters": 0}}},
+            r"attributes\.k\.kmeans\.n_clusters",
+        ),
+        (
+            {"k": {"kmeans": {"inputs": ["env"], "clusters": 3}}},
+            r"attributes\.k\.kmeans: unknown option.*clusters",
+        ),
         ({"k": {"kmeans": {}, "standardize": "env"}}, r"attributes\.k: .*exactly one step"),
-    ]  # fmt: skip
+    ]
     for steps, match in cases:
         with pytest.raises(ConfigError, match=match):
             shardload.compute(_cfg(tmp_path, src, **steps))
@@ -154,8 +160,12 @@ def test_memory_bound_covers_the_steps(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, tmp_path / "cube.zarr")
     plain = estimate_memory(plan_job(load_compute_config(cfg), info, "x"), 2)
     km = {"kmeans": {"inputs": ["env", "rms"], "n_clusters": 50}}
-    steps = estimate_memory(plan_job(load_compute_config({**cfg, "attributes": {
-        **cfg["attributes"], "k": km}}), info, "x"), 2)  # fmt: skip
+    steps = estimate_memory(
+        plan_job(
+            load_compute_config({**cfg, "attributes": {**cfg["attributes"], "k": km}}), info, "x"
+        ),
+        2,
+    )
     want = 10 * 30 * 20 * (4 + 4 + 4) + FIT_ROWS * 8 * (2 * 2 + 50)
     assert steps.per_task_bytes == want > plain.per_task_bytes
     assert steps.total_bytes - plain.total_bytes == 3 * (want - plain.per_task_bytes)

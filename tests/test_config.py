@@ -52,9 +52,14 @@ def test_every_problem_of_the_issue_at_once_with_its_key_path():
     )
     p = problems(raw)
     assert set(p) == {
-        "overwrite", "split_shuffle", "dtype", "compression_level", "execution.num_workers",
-        "view.lookbak", "splits",
-    }  # fmt: skip
+        "overwrite",
+        "split_shuffle",
+        "dtype",
+        "compression_level",
+        "execution.num_workers",
+        "view.lookbak",
+        "splits",
+    }
     assert "string 'false'" in p["overwrite"] and "string 'false'" in p["split_shuffle"]
     assert "did you mean 'float32'" in p["dtype"]
     assert "integer" in p["compression_level"] and "'high'" in p["compression_level"]
@@ -175,9 +180,13 @@ def test_valid_config_resolves():
     assert cfg.view_options["targets"] == {"y": ["b"]}
     assert cfg.dtype == "float32" and cfg.target_chunk_bytes == 2**20
     assert cfg.execution.cluster == {
-        "kind": "slurm", "jobs": 2, "cores": 4, "memory": "8GB", "walltime": "01:00:00",
+        "kind": "slurm",
+        "jobs": 2,
+        "cores": 4,
+        "memory": "8GB",
+        "walltime": "01:00:00",
         "job_extra_directives": ["--gres=gpu"],
-    }  # fmt: skip
+    }
     assert cfg.compression == "lz4" and load_config(base(format="npy")).compression == "none"
 
 
@@ -208,8 +217,19 @@ def test_cluster_keys_are_dask_jobqueue_names():
     from dask_jobqueue.core import Job, JobQueueCluster
 
     deprecated = {"extra", "job_extra", "env_extra", "header_skip"}
-    internal = {"self", "scheduler", "config_name", "base_class_kwargs", "security", "loop",
-                "job_cls", "asynchronous", "scheduler_cls", "job_kwargs", "n_workers"}  # fmt: skip
+    internal = {
+        "self",
+        "scheduler",
+        "config_name",
+        "base_class_kwargs",
+        "security",
+        "loop",
+        "job_cls",
+        "asynchronous",
+        "scheduler_cls",
+        "job_kwargs",
+        "n_workers",
+    }
     common = set(inspect.signature(Job.__init__).parameters)
     common |= set(inspect.signature(JobQueueCluster.__init__).parameters)
     for kind, (cls_name, model) in CLUSTER_KINDS.items():
@@ -243,8 +263,9 @@ def test_quoted_false_never_replaces_a_store(tmp_path, small_nc):
     shardload.prepare(base(str(out), source={"paths": [str(small_nc)]}))
     before = tree_bytes(out)
     with pytest.raises(ConfigError, match="overwrite"):
-        shardload.prepare(base(str(out), source={"paths": [str(small_nc)]}, chunk_rows=5,
-                               overwrite="false"))  # fmt: skip
+        shardload.prepare(
+            base(str(out), source={"paths": [str(small_nc)]}, chunk_rows=5, overwrite="false")
+        )
     assert tree_bytes(out) == before
     assert not (tmp_path / "s.partial").exists()
 

@@ -44,9 +44,12 @@ PATHS = ("store_read", "iter_batches", "dataloader_w2", "map_dataset")
 #: the old code caught too, is in the slow matrix); a 2-worker DataLoader costs seconds per
 #: case (its shutdown after an error): one of them.
 FAST = {
-    ("npy", "dtype"), ("zarr-none", "bitflip"), ("zarr-zstd", "garbage"),
-    ("zarr-sharded", "deleted"), ("hdf5", "bitflip"),
-}  # fmt: skip
+    ("npy", "dtype"),
+    ("zarr-none", "bitflip"),
+    ("zarr-zstd", "garbage"),
+    ("zarr-sharded", "deleted"),
+    ("hdf5", "bitflip"),
+}
 FAST_DATALOADER = {("zarr-sharded", "deleted")}
 #: an error, never a hang: generous, a 2-worker DataLoader shuts down slowly under load
 LIMIT_S = 60.0
@@ -58,11 +61,17 @@ NEEDS_CHECKSUM = {(f, k) for f in ("npy", "zarr-none") for k in ("garbage", "bit
 
 def _prepare(out: Path, src: Path, options: dict) -> None:
     prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
-    prepare({
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a", "b"], "y": ["c"]}, "chunk_rows": CHUNK_ROWS, "out": str(out),
-        **options,
-    })  # fmt: skip
+    prepare(
+        {
+            "source": {"paths": [str(src)]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a", "b"], "y": ["c"]},
+            "chunk_rows": CHUNK_ROWS,
+            "out": str(out),
+            **options,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +80,13 @@ def pristine(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("pristine")
     rng = np.random.default_rng(0)
     src = root / "src.nc"
-    xr.Dataset({
-        "a": ("sample", np.arange(N, dtype="f4")),
-        "b": (("sample", "lev"), rng.standard_normal((N, 3)).astype("f4")),
-        "c": ("sample", np.arange(N, dtype="i8") * 10),
-    }).to_netcdf(src)  # fmt: skip
+    xr.Dataset(
+        {
+            "a": ("sample", np.arange(N, dtype="f4")),
+            "b": (("sample", "lev"), rng.standard_normal((N, 3)).astype("f4")),
+            "c": ("sample", np.arange(N, dtype="i8") * 10),
+        }
+    ).to_netcdf(src)
     out = {}
     for name, options in FORMATS.items():
         _prepare(root / name, src, options)
@@ -128,9 +139,15 @@ def _rows_as_int32(fmt: str, root: Path, expected: np.ndarray) -> None:
     src = zarr.open_array(store=str(root), path="x", mode="r")
     scratch = root.parent / "scratch.zarr"
     arr = zarr.create_array(
-        store=str(scratch), shape=src.shape, chunks=src.chunks, shards=src.shards, dtype="i4",
-        compressors=src.compressors, fill_value=0, overwrite=True,
-    )  # fmt: skip
+        store=str(scratch),
+        shape=src.shape,
+        chunks=src.chunks,
+        shards=src.shards,
+        dtype="i4",
+        compressors=src.compressors,
+        fill_value=0,
+        overwrite=True,
+    )
     arr[:] = expected.astype("i4")
     shutil.copyfile(scratch / path.relative_to(root / "x"), path)
 
@@ -216,8 +233,13 @@ def _cases():
     for fmt in ("npy", "zarr-none"):
         for kind in CORRUPTIONS:
             marks = () if (fmt, kind) in FAST else (pytest.mark.slow,)
-            yield pytest.param(fmt, kind, "iter_batches_gather", marks=marks,
-                               id=f"{fmt}-{kind}-iter_batches_gather")  # fmt: skip
+            yield pytest.param(
+                fmt,
+                kind,
+                "iter_batches_gather",
+                marks=marks,
+                id=f"{fmt}-{kind}-iter_batches_gather",
+            )
 
 
 @pytest.mark.parametrize(("fmt", "kind", "path"), list(_cases()))
@@ -286,8 +308,13 @@ def test_fortran_order_npy_chunk_is_refused(pristine, tmp_path):
 
 def test_auto_verifies_compressed_chunks_and_trusts_raw_rows(pristine, tmp_path):
     """``verify="auto"`` (the default) hashes chunks it decodes anyway, not raw rows."""
-    for fmt, hashed in [("zarr-zstd", True), ("zarr-sharded", True), ("hdf5", True),
-                        ("npy", False), ("zarr-none", False)]:  # fmt: skip
+    for fmt, hashed in [
+        ("zarr-zstd", True),
+        ("zarr-sharded", True),
+        ("hdf5", True),
+        ("npy", False),
+        ("zarr-none", False),
+    ]:
         s = shardload.open_store(pristine[fmt])
         assert s.verify == "auto"
         assert s.reader.verifier.mode == ("first-epoch" if hashed else "never"), fmt  # type: ignore[attr-defined]
@@ -425,11 +452,13 @@ def test_checksums_survive_a_resumed_prepare(tmp_path, monkeypatch, fmt):
     from shardload.formats.checksums import read_checksums
 
     src = tmp_path / "src.nc"
-    xr.Dataset({
-        "a": ("sample", np.arange(300, dtype="f4")),
-        "b": (("sample", "lev"), np.ones((300, 3), "f4")),
-        "c": ("sample", np.arange(300, dtype="i8")),
-    }).to_netcdf(src)  # fmt: skip
+    xr.Dataset(
+        {
+            "a": ("sample", np.arange(300, dtype="f4")),
+            "b": (("sample", "lev"), np.ones((300, 3), "f4")),
+            "c": ("sample", np.arange(300, dtype="i8")),
+        }
+    ).to_netcdf(src)
     cls = type(get_format(FORMATS[fmt]["format"]))
     real = cls.write_block
 

@@ -79,8 +79,14 @@ def test_feature_files_of_the_first_format_still_decode():
     data = Path(__file__).parent / "data" / "features"
     names, st = decode_features((data / "features-format1-grid.npz").read_bytes(), where="g")
     assert names == tuple(f"lc[{i},{j}]" for i in range(3) for j in (10, 20, 30, 40))
-    want = FeatureStats(5, np.linspace(0, 1, 12), np.linspace(1, 2, 12), np.arange(12) - 3.5,
-                        np.arange(12) + 0.25, [0] * 11 + [2])  # fmt: skip
+    want = FeatureStats(
+        5,
+        np.linspace(0, 1, 12),
+        np.linspace(1, 2, 12),
+        np.arange(12) - 3.5,
+        np.arange(12) + 0.25,
+        [0] * 11 + [2],
+    )
     assert st == want and st.nan_count.dtype == np.int64 and st.min.dtype == np.float64
     names, st = decode_features((data / "features-format1-plain.npz").read_bytes(), where="p")
     assert names == ("a", "bü")
@@ -93,10 +99,16 @@ def test_flat_view_of_a_grid_keeps_names_lazy(tmp_path):
     assert isinstance(feature_name_seq(ds["g"], ("t",)), GridNames)
     assert feature_names(ds["g"], ("t",)) == tuple(feature_name_seq(ds["g"], ("t",)))
     ds.to_netcdf(tmp_path / "g.nc")
-    s = shardload.prepare({
-        "source": {"paths": [str(tmp_path / "g.nc")]}, "sample_dims": ["t"], "view": "flat",
-        "arrays": {"x": ["g"]}, "out": str(tmp_path / "s"), "splits": {},
-    })  # fmt: skip
+    s = shardload.prepare(
+        {
+            "source": {"paths": [str(tmp_path / "g.nc")]},
+            "sample_dims": ["t"],
+            "view": "flat",
+            "arrays": {"x": ["g"]},
+            "out": str(tmp_path / "s"),
+            "splits": {},
+        }
+    )
     assert list(s.manifest.arrays["x"].features) == [
         f"g[{y},{x}]" for y in range(3) for x in (10, 20, 30, 40)
     ]

@@ -132,7 +132,11 @@ def test_prepare_rows_file_equals_xarray_values(tmp_path, scheduler):
     cols = lambda names: np.concatenate(  # noqa: E731
         [ref[n].transpose("row", ...).values.reshape(300, -1) for n in names], axis=1
     )
-    for name, names in {"x": ["x", "flat", "scaled"], "y": ["z"], "g": ["gap", "be", "masked"]}.items():  # fmt: skip
+    for name, names in {
+        "x": ["x", "flat", "scaled"],
+        "y": ["z"],
+        "g": ["gap", "be", "masked"],
+    }.items():
         want = cols(names).astype(store.manifest.arrays[name].dtype)
         assert store.read(name).tobytes() == want.tobytes(), name
 

@@ -28,43 +28,105 @@ from shardload.prep.jobqueue import JobqueueRun, job_shape, open_jobqueue
 
 CLUSTERS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "slurm": (
-        {"kind": "slurm", "jobs": 4, "cores": 8, "processes": 2, "memory": "32GB",
-         "walltime": "02:00:00", "queue": "compute", "account": "clim42",
-         "job_extra_directives": ["--gres=gpu:1"], "log_directory": "/scratch/logs"},
-        ["#SBATCH -p compute", "#SBATCH -A clim42", "#SBATCH -n 1", "#SBATCH --cpus-per-task=8",
-         "#SBATCH --mem=30G", "#SBATCH -t 02:00:00", "#SBATCH --gres=gpu:1",
-         "#SBATCH -e /scratch/logs/dask-worker-%J.err", "--nworkers 2", "--nthreads 4"],
+        {
+            "kind": "slurm",
+            "jobs": 4,
+            "cores": 8,
+            "processes": 2,
+            "memory": "32GB",
+            "walltime": "02:00:00",
+            "queue": "compute",
+            "account": "clim42",
+            "job_extra_directives": ["--gres=gpu:1"],
+            "log_directory": "/scratch/logs",
+        },
+        [
+            "#SBATCH -p compute",
+            "#SBATCH -A clim42",
+            "#SBATCH -n 1",
+            "#SBATCH --cpus-per-task=8",
+            "#SBATCH --mem=30G",
+            "#SBATCH -t 02:00:00",
+            "#SBATCH --gres=gpu:1",
+            "#SBATCH -e /scratch/logs/dask-worker-%J.err",
+            "--nworkers 2",
+            "--nthreads 4",
+        ],
     ),
     "pbs": (
-        {"kind": "pbs", "jobs": 2, "cores": 24, "processes": 4, "memory": "100GB",
-         "walltime": "01:00:00", "queue": "regular", "account": "P12345",
-         "resource_spec": "select=1:ncpus=24:mem=100GB"},
-        ["#PBS -q regular", "#PBS -A P12345", "#PBS -l select=1:ncpus=24:mem=100GB",
-         "#PBS -l walltime=01:00:00", "--nworkers 4", "--nthreads 6"],
+        {
+            "kind": "pbs",
+            "jobs": 2,
+            "cores": 24,
+            "processes": 4,
+            "memory": "100GB",
+            "walltime": "01:00:00",
+            "queue": "regular",
+            "account": "P12345",
+            "resource_spec": "select=1:ncpus=24:mem=100GB",
+        },
+        [
+            "#PBS -q regular",
+            "#PBS -A P12345",
+            "#PBS -l select=1:ncpus=24:mem=100GB",
+            "#PBS -l walltime=01:00:00",
+            "--nworkers 4",
+            "--nthreads 6",
+        ],
     ),
     "lsf": (
-        {"kind": "lsf", "jobs": 3, "queue": "normal", "project": "climate", "walltime": "02:00",
-         "cores": 16, "processes": 4, "memory": "64GB",
-         "job_extra_directives": ['-R "select[mem>64000]"'],
-         "local_directory": "/scratch/$USER"},
-        ["#BSUB -q normal", '#BSUB -P "climate"', "#BSUB -n 16", "#BSUB -W 02:00",
-         '#BSUB -R "select[mem>64000]"', "--local-directory /scratch/$USER", "--nworkers 4",
-         "--nthreads 4"],
+        {
+            "kind": "lsf",
+            "jobs": 3,
+            "queue": "normal",
+            "project": "climate",
+            "walltime": "02:00",
+            "cores": 16,
+            "processes": 4,
+            "memory": "64GB",
+            "job_extra_directives": ['-R "select[mem>64000]"'],
+            "local_directory": "/scratch/$USER",
+        },
+        [
+            "#BSUB -q normal",
+            '#BSUB -P "climate"',
+            "#BSUB -n 16",
+            "#BSUB -W 02:00",
+            '#BSUB -R "select[mem>64000]"',
+            "--local-directory /scratch/$USER",
+            "--nworkers 4",
+            "--nthreads 4",
+        ],
     ),
     "sge": (
-        {"kind": "sge", "jobs": 2, "cores": 4, "processes": 1, "memory": "16GB",
-         "queue": "all.q", "walltime": "01:00:00", "resource_spec": "h_vmem=16G"},
+        {
+            "kind": "sge",
+            "jobs": 2,
+            "cores": 4,
+            "processes": 1,
+            "memory": "16GB",
+            "queue": "all.q",
+            "walltime": "01:00:00",
+            "resource_spec": "h_vmem=16G",
+        },
         ["#$ -q all.q", "#$ -l h_vmem=16G", "#$ -l h_rt=01:00:00", "--nthreads 4"],
     ),
-}  # fmt: skip
+}
 
 
 def write_prepare_config(tmp_path: Path, execution: Any) -> Path:
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump({
-        "source": {"paths": ["missing.nc"]}, "sample_dims": ["sample"], "arrays": {"x": ["a"]},
-        "out": "store", "execution": execution,
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "source": {"paths": ["missing.nc"]},
+                "sample_dims": ["sample"],
+                "arrays": {"x": ["a"]},
+                "out": "store",
+                "execution": execution,
+            }
+        )
+    )
     return path
 
 
@@ -87,11 +149,16 @@ def test_dry_run_jobs_prints_the_script_and_writes_nothing(tmp_path, capsys, kin
 def test_dry_run_jobs_for_compute(tmp_path, capsys):
     cluster, expected = CLUSTERS["slurm"]
     path = tmp_path / "attrs.yaml"
-    path.write_text(yaml.safe_dump({
-        "source": {"paths": ["cube.zarr"], "variable": "amp"},
-        "attributes": {"a": {"function": "shardload.attributes:envelope"}},
-        "out": "attrs", "execution": {"scheduler": "jobqueue", "cluster": cluster},
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "source": {"paths": ["cube.zarr"], "variable": "amp"},
+                "attributes": {"a": {"function": "shardload.attributes:envelope"}},
+                "out": "attrs",
+                "execution": {"scheduler": "jobqueue", "cluster": cluster},
+            }
+        )
+    )
     assert main(["compute", str(path), "--dry-run-jobs"]) == 0
     out = capsys.readouterr().out
     assert all(line in out for line in expected), out
@@ -112,10 +179,16 @@ def test_parallelism_is_worker_threads():
 
 def test_timeout_and_cluster_keys_validated_before_any_io(tmp_path):
     with pytest.raises(ConfigError, match=r"execution.timeout_s"):
-        load_config(write_prepare_config(tmp_path, {"scheduler": "jobqueue", "timeout_s": 0,
-                                                    "cluster": {"kind": "slurm"}}))  # fmt: skip
-    cfg = load_config(write_prepare_config(tmp_path, {"scheduler": "jobqueue", "timeout_s": 30,
-                                                      "cluster": {"kind": "slurm"}}))  # fmt: skip
+        load_config(
+            write_prepare_config(
+                tmp_path, {"scheduler": "jobqueue", "timeout_s": 0, "cluster": {"kind": "slurm"}}
+            )
+        )
+    cfg = load_config(
+        write_prepare_config(
+            tmp_path, {"scheduler": "jobqueue", "timeout_s": 30, "cluster": {"kind": "slurm"}}
+        )
+    )
     assert cfg.execution.timeout_s == 30
     assert load_config(write_prepare_config(tmp_path, "threads")).execution.timeout_s == 300
     # compute: the same models, the same "did you mean"
@@ -175,13 +248,23 @@ def fake_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sbatch: str) 
     return bin_dir
 
 
-SLURM = {"kind": "slurm", "jobs": 2, "cores": 1, "memory": "1GB", "interface": "lo",
-         "scheduler_options": {"dashboard_address": "127.0.0.1:0"}}  # fmt: skip
+SLURM = {
+    "kind": "slurm",
+    "jobs": 2,
+    "cores": 1,
+    "memory": "1GB",
+    "interface": "lo",
+    "scheduler_options": {"dashboard_address": "127.0.0.1:0"},
+}
 
 
 def test_submission_error_quotes_the_batch_system(tmp_path, monkeypatch):
-    fake_commands(tmp_path, monkeypatch, 'echo "sbatch: error: Batch job submission failed: '
-                  'Invalid account or account/partition combination specified" >&2\nexit 1\n')  # fmt: skip
+    fake_commands(
+        tmp_path,
+        monkeypatch,
+        'echo "sbatch: error: Batch job submission failed: '
+        'Invalid account or account/partition combination specified" >&2\nexit 1\n',
+    )
     t0 = time.perf_counter()
     with (
         pytest.raises(ClusterError, match=r"sbatch.*exited with code 1.*Invalid account"),
@@ -193,14 +276,21 @@ def test_submission_error_quotes_the_batch_system(tmp_path, monkeypatch):
 
 def test_timeout_names_the_jobs_and_cancels_them(tmp_path, monkeypatch, caplog):
     counter = tmp_path / "submitted.txt"
-    fake_commands(tmp_path, monkeypatch, f'exec 9>{tmp_path}/lock; flock 9\n'
-                  f'n=$((7 + $(cat {counter} 2>/dev/null | wc -l)))\necho $n >> {counter}\n'
-                  'echo "Submitted batch job $n"\n')  # fmt: skip
+    fake_commands(
+        tmp_path,
+        monkeypatch,
+        f"exec 9>{tmp_path}/lock; flock 9\n"
+        f"n=$((7 + $(cat {counter} 2>/dev/null | wc -l)))\necho $n >> {counter}\n"
+        'echo "Submitted batch job $n"\n',
+    )
     caplog.set_level(logging.INFO, logger="shardload.jobqueue")
     run = JobqueueRun(SLURM, timeout_s=3, poll_s=0.2)
     t0 = time.perf_counter()
-    with pytest.raises(ClusterError, match=r"no worker arrived within execution.timeout_s = 3 s "
-                       r"\(jobs 7, 8 pending \(Priority\)\)"):  # fmt: skip
+    with pytest.raises(
+        ClusterError,
+        match=r"no worker arrived within execution.timeout_s = 3 s "
+        r"\(jobs 7, 8 pending \(Priority\)\)",
+    ):
         try:
             run.start()
             run.wait_for_workers()
@@ -219,22 +309,35 @@ def test_execution_config_default_timeout():
 @pytest.mark.parametrize(
     ("kind", "command", "output", "expected"),
     [
-        ("slurm", "squeue", "12 PENDING Priority\n13 RUNNING None\n",
-         {"12": "pending (Priority)", "13": "running"}),
-        ("pbs", "qstat", "Job id            Name             User    Time Use S Queue\n"
-         "----------------  ---------------- ------  -------- - -----\n"
-         "12.pbs01          dask-worker      ana     0        Q workq\n"
-         "99.pbs01          other            bob     0        R workq\n",
-         {"12": "q"}),
+        (
+            "slurm",
+            "squeue",
+            "12 PENDING Priority\n13 RUNNING None\n",
+            {"12": "pending (Priority)", "13": "running"},
+        ),
+        (
+            "pbs",
+            "qstat",
+            "Job id            Name             User    Time Use S Queue\n"
+            "----------------  ---------------- ------  -------- - -----\n"
+            "12.pbs01          dask-worker      ana     0        Q workq\n"
+            "99.pbs01          other            bob     0        R workq\n",
+            {"12": "q"},
+        ),
         ("lsf", "bjobs", "12 PEND\n13 RUN\n", {"12": "pend", "13": "run"}),
-        ("sge", "qstat", "job-ID prior   name       user  state submit/start at     queue\n"
-         "-----------------------------------------------------------------\n"
-         "     12 0.55500 dask-worke ana   qw    11/23/2026 06:00:00\n",
-         {"12": "qw"}),
+        (
+            "sge",
+            "qstat",
+            "job-ID prior   name       user  state submit/start at     queue\n"
+            "-----------------------------------------------------------------\n"
+            "     12 0.55500 dask-worke ana   qw    11/23/2026 06:00:00\n",
+            {"12": "qw"},
+        ),
     ],
-)  # fmt: skip
-def test_job_states_from_the_batch_systems_listing(tmp_path, monkeypatch, kind, command, output,
-                                                   expected):  # fmt: skip
+)
+def test_job_states_from_the_batch_systems_listing(
+    tmp_path, monkeypatch, kind, command, output, expected
+):
     """A job missing from the listing has ended (13 for PBS/SGE); other users' jobs are ignored."""
     from shardload.prep.jobqueue import job_states
 

@@ -21,8 +21,12 @@ def _lint_imports() -> str | None:
 @pytest.mark.skipif(_lint_imports() is None, reason="import-linter is not installed (extra 'dev')")
 def test_import_contracts_are_kept(tmp_path):
     res = subprocess.run(
-        [_lint_imports(), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=240,
+        [_lint_imports(), "--no-cache"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
         env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "0 broken" in res.stdout

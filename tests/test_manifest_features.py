@@ -27,11 +27,17 @@ def _wide_store(tmp_path: Path, *, n: int, k: int, fmt: str = "npy") -> tuple[ob
     xr.Dataset({"w": (("sample", "f"), wide), "t": ("sample", np.arange(n, dtype="f8"))}).to_netcdf(
         tmp_path / "wide.nc"
     )
-    store = shardload.prepare({
-        "source": str(tmp_path / "wide.nc"), "sample_dims": ["sample"], "format": fmt,
-        "arrays": {"x": ["w"], "y": ["t"]}, "chunk_rows": 2, "out": str(tmp_path / "s"),
-        "splits": {"train": 1.0},
-    })  # fmt: skip
+    store = shardload.prepare(
+        {
+            "source": str(tmp_path / "wide.nc"),
+            "sample_dims": ["sample"],
+            "format": fmt,
+            "arrays": {"x": ["w"], "y": ["t"]},
+            "chunk_rows": 2,
+            "out": str(tmp_path / "s"),
+            "splits": {"train": 1.0},
+        }
+    )
     return store, wide
 
 
@@ -42,10 +48,13 @@ def test_open_store_of_a_million_features_reads_a_small_manifest_only(tmp_path):
     mean = rng.standard_normal(k)
     names = tuple(f"f{i}" for i in range(k))
     m = Manifest(
-        format="npy", length=n, chunk_bounds=(0, n), complete=True,
+        format="npy",
+        length=n,
+        chunk_bounds=(0, n),
+        complete=True,
         arrays={"x": ArrayInfo("x", (n, k), "float32", n, "x", features=names)},
         stats={"x": FeatureStats(n, mean, mean + 1, mean - 2, mean + 2, np.zeros(k, "i8"))},
-    )  # fmt: skip
+    )
     root = tmp_path / "s"
     for rel, data in m.to_files().items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -75,8 +84,10 @@ def test_a_million_features_open_fast_with_a_small_manifest(tmp_path):
     names = store.manifest.arrays["x"].features
     first = names[0]
     stats_s = time.perf_counter() - t1
-    print(f"\n{k:,} features: manifest {manifest_bytes:,} B, open_store {open_s * 1e3:.1f} ms, "
-          f"first stats + names access {stats_s * 1e3:.0f} ms")  # fmt: skip
+    print(
+        f"\n{k:,} features: manifest {manifest_bytes:,} B, open_store {open_s * 1e3:.1f} ms, "
+        f"first stats + names access {stats_s * 1e3:.0f} ms"
+    )
     assert open_s < 1.0  # generous for a loaded CI machine: no feature data is read
     assert first == "w[0]" and names[-1] == f"w[{k - 1}]"
     np.testing.assert_allclose(st.mean, wide.astype("f8").mean(0), rtol=1e-10, atol=1e-12)
@@ -181,9 +192,14 @@ def _data(dtype: str) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("dtype", "stored"),
-    [("uint8", "uint8"), ("bool", "uint8"), ("int64", "float64"), ("float32", "float32"),
-     ("float64", "float64")],
-)  # fmt: skip
+    [
+        ("uint8", "uint8"),
+        ("bool", "uint8"),
+        ("int64", "float64"),
+        ("float32", "float32"),
+        ("float64", "float64"),
+    ],
+)
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_compact_feature_statistics_decode_to_numpys_figures(dtype, stored):
     """Format 2: min / max in the data's type where exact, no all-zero NaN counts, one count;
@@ -199,8 +215,12 @@ def test_compact_feature_statistics_decode_to_numpys_figures(dtype, stored):
     _, back = decode_features(data, where="x")
     assert back == st and back.count == st.count
     assert [getattr(back, f).dtype for f in ("mean", "std", "min", "max", "nan_count")] == [
-        np.float64, np.float64, np.float64, np.float64, np.int64,
-    ]  # fmt: skip
+        np.float64,
+        np.float64,
+        np.float64,
+        np.float64,
+        np.int64,
+    ]
     x64 = x.astype(np.float64)
     with np.errstate(all="ignore"):
         np.testing.assert_allclose(back.mean, np.nanmean(x64, 0), rtol=1e-12)
@@ -237,10 +257,15 @@ def test_a_grid_store_has_a_small_feature_file_of_manifest_version_4(tmp_path):
     """A uint8 grid (samples last): the names are a rule, min / max uint8, no NaN counts."""
     v = np.random.default_rng(2).integers(0, 9, (30, 50, 4), dtype=np.uint8)
     xr.Dataset({"g": (("y", "x", "t"), v)}).to_netcdf(tmp_path / "g.nc")
-    shardload.prepare({
-        "source": str(tmp_path / "g.nc"), "sample_dims": ["t"], "arrays": {"x": ["g"]},
-        "out": str(tmp_path / "s"), "splits": {},
-    })  # fmt: skip
+    shardload.prepare(
+        {
+            "source": str(tmp_path / "g.nc"),
+            "sample_dims": ["t"],
+            "arrays": {"x": ["g"]},
+            "out": str(tmp_path / "s"),
+            "splits": {},
+        }
+    )
     nf = 30 * 50
     path = tmp_path / "s" / "_features" / "x.npz"
     assert path.stat().st_size < nf * 4 + 4096  # was nf * 40 + the names

@@ -84,9 +84,11 @@ def test_zarr_sharding_and_target_bytes(tmp_path, small_nc):
 def test_stacked_sample_dims_and_window_and_function(tmp_path):
     rng = np.random.default_rng(1)
     ds = xr.Dataset(
-        {"t": (("time", "lat", "lon", "lev"), rng.normal(size=(9, 3, 4, 2)).astype("f4")),
-         "z": (("time", "lat", "lon"), rng.normal(size=(9, 3, 4)).astype("f4"))}
-    )  # fmt: skip
+        {
+            "t": (("time", "lat", "lon", "lev"), rng.normal(size=(9, 3, 4, 2)).astype("f4")),
+            "z": (("time", "lat", "lon"), rng.normal(size=(9, 3, 4)).astype("f4")),
+        }
+    )
     src = tmp_path / "w.nc"
     ds.to_netcdf(src)
     # flat with stacked (time, lat) samples
@@ -152,9 +154,17 @@ def test_fixed_surface_era5_netcdf_and_grib_identical(tmp_path, era5_dir):
     for kind, fname in (("nc", "era5-levels-members.nc"), ("grib", "era5-levels-members.grib")):
         (tmp_path / kind).mkdir()
         (tmp_path / kind / fname).symlink_to(era5_dir / fname)
-        conf = {"source": {"paths": [fname]}, "sample_dims": ["number", "time"], "view": "flat",
-                "arrays": {"x": ["t", "z"]}, "chunk_rows": 8, "format": "zarr", "compression": "none",
-                "out": "era5-store", "dtype": "float32"}  # fmt: skip
+        conf = {
+            "source": {"paths": [fname]},
+            "sample_dims": ["number", "time"],
+            "view": "flat",
+            "arrays": {"x": ["t", "z"]},
+            "chunk_rows": 8,
+            "format": "zarr",
+            "compression": "none",
+            "out": "era5-store",
+            "dtype": "float32",
+        }
         (tmp_path / kind / "era5.yaml").write_text(yaml.safe_dump(conf))
         assert main(["prepare", str(tmp_path / kind / "era5.yaml"), "--no-progress"]) == 0
         stores[kind] = shardload.open_store(tmp_path / kind / "era5-store")
@@ -237,8 +247,13 @@ def test_bad_config_names_the_culprit(tmp_path, small_nc, change, err, match):
 
 
 def test_mismatched_lengths_and_non_numeric(tmp_path):
-    ds = xr.Dataset({"a": (("sample",), np.arange(5.0)), "b": (("sample2",), np.arange(6.0)),
-                     "s": (("sample",), np.array(["a", "b", "c", "d", "e"]))})  # fmt: skip
+    ds = xr.Dataset(
+        {
+            "a": (("sample",), np.arange(5.0)),
+            "b": (("sample2",), np.arange(6.0)),
+            "s": (("sample",), np.array(["a", "b", "c", "d", "e"])),
+        }
+    )
     src = tmp_path / "bad.nc"
     ds.to_netcdf(src)
     with pytest.raises(ViewError, match="mismatched"):
@@ -377,8 +392,14 @@ def test_splits_are_not_part_of_the_write_fingerprint(tmp_path, small_nc, monkey
         calls["n"] += 1
         return real(self, *a, **k)
 
-    c = cfg(small_nc, tmp_path / "s", format="npy", compression="none",
-            execution={"scheduler": "sync"}, splits={"train": 0.5, "val": 0.5})  # fmt: skip
+    c = cfg(
+        small_nc,
+        tmp_path / "s",
+        format="npy",
+        compression="none",
+        execution={"scheduler": "sync"},
+        splits={"train": 0.5, "val": 0.5},
+    )
     monkeypatch.setattr(npy.NpyFormat, "write_block", failing_at_4)
     with pytest.raises(DiskFullError):
         shardload.prepare(c)
@@ -424,12 +445,25 @@ def test_window_splits_are_time_ranges_that_never_share_a_time_step(tmp_path):
     rng = np.random.default_rng(2)
     ds = xr.Dataset({"t": (("time", "lat"), rng.normal(size=(T, 3)).astype("f4"))})
     ds.to_netcdf(tmp_path / "w.nc")
-    view = {"name": "window", "time_dim": "time", "lookback": lookback, "stride": stride,
-            "horizon": horizon, "targets": {"y": ["t"]}}  # fmt: skip
+    view = {
+        "name": "window",
+        "time_dim": "time",
+        "lookback": lookback,
+        "stride": stride,
+        "horizon": horizon,
+        "targets": {"y": ["t"]},
+    }
     s = shardload.prepare(
-        cfg(tmp_path / "w.nc", tmp_path / "s", sample_dims=["lat"], view=view,
-            arrays={"x": ["t"]}, chunk_rows=4, split_seed=5)
-    )  # fmt: skip
+        cfg(
+            tmp_path / "w.nc",
+            tmp_path / "s",
+            sample_dims=["lat"],
+            view=view,
+            arrays={"x": ["t"]},
+            chunk_rows=4,
+            split_seed=5,
+        )
+    )
     S = 3
     times = {}
     for name in ("train", "val", "test"):
@@ -449,8 +483,15 @@ def test_window_store_too_small_for_time_splits_fails_before_writing(tmp_path):
     ds.to_netcdf(tmp_path / "w.nc")
     view = {"name": "window", "time_dim": "time", "lookback": 2}
     with pytest.raises(ConfigError, match=r"splits: \[.*'test'\] would be empty.*gap"):
-        shardload.prepare(cfg(tmp_path / "w.nc", tmp_path / "s", sample_dims=["lat"],
-                              view=view, arrays={"x": ["t"]}))  # fmt: skip
+        shardload.prepare(
+            cfg(
+                tmp_path / "w.nc",
+                tmp_path / "s",
+                sample_dims=["lat"],
+                view=view,
+                arrays={"x": ["t"]},
+            )
+        )
     assert not (tmp_path / "s.partial").exists() and not (tmp_path / "s").exists()
 
 

@@ -22,10 +22,16 @@ from shardload.prep.config import load_config
 
 def conf(src: Path, out: Path, **kw) -> dict:
     return {
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a", "b", "c"], "y": ["b"]}, "chunk_rows": 7, "out": str(out),
-        "format": "npy", "compression": "none", **kw,
-    }  # fmt: skip
+        "source": {"paths": [str(src)]},
+        "sample_dims": ["sample"],
+        "view": "flat",
+        "arrays": {"x": ["a", "b", "c"], "y": ["b"]},
+        "chunk_rows": 7,
+        "out": str(out),
+        "format": "npy",
+        "compression": "none",
+        **kw,
+    }
 
 
 def test_progress_records_carry_no_per_feature_statistics(tmp_path, monkeypatch):
@@ -43,10 +49,17 @@ def test_progress_records_carry_no_per_feature_statistics(tmp_path, monkeypatch)
         sizes.append(self.record_path(block).stat().st_size)
 
     monkeypatch.setattr(commit_mod.BlockCommit, "record", record)
-    s = shardload.prepare({
-        "source": {"paths": [str(tmp_path / "w.nc")]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["v"]}, "chunk_rows": 1, "out": str(tmp_path / "s"), "splits": {},
-    })  # fmt: skip
+    s = shardload.prepare(
+        {
+            "source": {"paths": [str(tmp_path / "w.nc")]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["v"]},
+            "chunk_rows": 1,
+            "out": str(tmp_path / "s"),
+            "splits": {},
+        }
+    )
     assert len(sizes) == 6 and max(sizes) < nf  # less than one byte per feature
     x = v.astype(np.float64)
     st = s.manifest.stats["x"]

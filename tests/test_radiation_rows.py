@@ -84,12 +84,25 @@ def test_views_read_the_same_with_and_without_the_row_reader(radiation_sample, v
 
     inputs, outputs = _pairs(radiation_sample)
     conf = {
-        "source": {"kind": "radiation", "paths": [str(p) for p in inputs],
-                   "outputs": [str(p) for p in outputs]},
-        "sample_dims": ["column"], "view": view, "out": "unused",
-        **({"arrays": {"x": ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"],
-                       "y": ["flux_up_sw", "hr_sw", "hr_lw"]}} if view == "flat" else {}),
-    }  # fmt: skip
+        "source": {
+            "kind": "radiation",
+            "paths": [str(p) for p in inputs],
+            "outputs": [str(p) for p in outputs],
+        },
+        "sample_dims": ["column"],
+        "view": view,
+        "out": "unused",
+        **(
+            {
+                "arrays": {
+                    "x": ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"],
+                    "y": ["flux_up_sw", "hr_sw", "hr_lw"],
+                }
+            }
+            if view == "flat"
+            else {}
+        ),
+    }
     cfg = load_config(conf)
     fast = build(cfg)
     assert fast.rows is not None

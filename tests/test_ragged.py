@@ -45,10 +45,15 @@ def expected(ds: xr.Dataset) -> list[np.ndarray]:
 def make(tmp_path: Path, fmt: str, comp: str, shard: int | None, **kw) -> shardload.Store:
     sys.path.insert(0, str(TESTS))
     cfg = {
-        "view": "userfuncs:ragged_tokens", "sample_dims": ["s"], "format": fmt,
-        "compression": comp, "chunk_rows": 8, "out": str(tmp_path / f"{fmt}-{comp}-{shard}"),
-        "execution": {"scheduler": "threads", "num_workers": 2}, **kw,
-    }  # fmt: skip
+        "view": "userfuncs:ragged_tokens",
+        "sample_dims": ["s"],
+        "format": fmt,
+        "compression": comp,
+        "chunk_rows": 8,
+        "out": str(tmp_path / f"{fmt}-{comp}-{shard}"),
+        "execution": {"scheduler": "threads", "num_workers": 2},
+        **kw,
+    }
     if shard:
         cfg["shard_chunks"] = shard
     return shardload.prepare(cfg, dataset=source(), progress=False)
@@ -73,9 +78,11 @@ def test_prepare_every_format_reads_back_equal(stores, key):
     lengths = np.array([len(w) for w in want])
     assert info.is_ragged and info.shape == (N,) and info.dtype == "float32"
     assert info.ragged == {
-        "max_length": int(lengths.max()), "min_length": 0,
-        "mean_length": float(lengths.mean()), "num_values": int(lengths.sum()),
-    }  # fmt: skip
+        "max_length": int(lengths.max()),
+        "min_length": 0,
+        "mean_length": float(lengths.mean()),
+        "num_values": int(lengths.sum()),
+    }
     assert st.ragged == ("tok",) and f"tok[{N}, *]:float32" in repr(st)
     rows = st.read("tok")
     assert rows.lengths.dtype == np.int64 and rows.lengths.tolist() == lengths.tolist()
@@ -93,8 +100,11 @@ def test_prepare_every_format_reads_back_equal(stores, key):
     allv = np.concatenate(want).astype(np.float64)
     s = st.manifest.stats["tok"]
     assert s.count == len(allv)
-    np.testing.assert_allclose([s.mean[0], s.std[0], s.min[0], s.max[0]],
-                               [allv.mean(), allv.std(), allv.min(), allv.max()], rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        [s.mean[0], s.std[0], s.min[0], s.max[0]],
+        [allv.mean(), allv.std(), allv.min(), allv.max()],
+        rtol=1e-6,
+    )
     with pytest.raises(shardload.errors.StoreError, match="variable-length"):
         st.to_xarray(["tok"])
     assert list(st.to_xarray().data_vars) == ["y"]
@@ -106,10 +116,18 @@ def epoch_rows(st, *, world, workers, epoch=0, batch_size=5, **kw):
     per_rank = []
     for r in range(world):
         its = [
-            iter_batches(st, batch_size=batch_size, rank=r, world_size=world, worker=w,
-                         num_workers=workers, epoch=epoch, **kw)
+            iter_batches(
+                st,
+                batch_size=batch_size,
+                rank=r,
+                world_size=world,
+                worker=w,
+                num_workers=workers,
+                epoch=epoch,
+                **kw,
+            )
             for w in range(max(1, workers))
-        ]  # fmt: skip
+        ]
         batches = []
         for k in range(10**6):  # DataLoader round robin
             b = next(its[k % len(its)], None)
@@ -250,8 +268,9 @@ def test_view_refuses_not_1d_samples(tmp_path):
     with pytest.raises(ViewError, match=r"'tok'.*sample 0 has shape \(2, 2\).*1-D"):
         shardload.prepare(
             {"view": "userfuncs:ragged_2d", "sample_dims": ["s"], "out": str(tmp_path / "o")},
-            dataset=source(), progress=False,
-        )  # fmt: skip
+            dataset=source(),
+            progress=False,
+        )
 
 
 def test_uniform_shuffle_refused(npy):
@@ -329,9 +348,14 @@ def long_tailed(tmp_path: Path) -> shardload.Store:
     """A store of 400 rows with long-tailed lengths (geometric, mean 20): row ``i`` holds
     ``i, i + 1, ...``."""
     ds = xr.Dataset({"y": (("s",), np.arange(400.0))})
-    cfg = {"view": {"name": "function", "function": "userfuncs:geometric_rows"},
-           "sample_dims": ["s"], "format": "npy", "compression": "none", "chunk_rows": 25,
-           "out": str(tmp_path / "tail")}  # fmt: skip
+    cfg = {
+        "view": {"name": "function", "function": "userfuncs:geometric_rows"},
+        "sample_dims": ["s"],
+        "format": "npy",
+        "compression": "none",
+        "chunk_rows": 25,
+        "out": str(tmp_path / "tail"),
+    }
     sys.path.insert(0, str(TESTS))
     return shardload.prepare(cfg, dataset=ds, progress=False)
 
@@ -344,9 +368,18 @@ def test_bucketing_cuts_padding_keeps_plan(tail_store):
         rows = []
         for r in range(2):
             for w in range(2):
-                for b in iter_batches(st, batch_size=16, rank=r, world_size=2, worker=w,
-                                      num_workers=2, epoch=3, bucket=bucket, padding_stats=stats,
-                                      shuffle_chunks=8):  # fmt: skip
+                for b in iter_batches(
+                    st,
+                    batch_size=16,
+                    rank=r,
+                    world_size=2,
+                    worker=w,
+                    num_workers=2,
+                    epoch=3,
+                    bucket=bucket,
+                    padding_stats=stats,
+                    shuffle_chunks=8,
+                ):
                     for j, i in enumerate(b["index"]):
                         n = b["tok_length"][j]
                         np.testing.assert_array_equal(b["tok"][j, :n], np.arange(n) + i)
@@ -356,8 +389,10 @@ def test_bucketing_cuts_padding_keeps_plan(tail_store):
     assert waste[True] < 0.7 * waste[False], waste
 
 
-@pytest.mark.parametrize(("world", "new_world", "workers", "new_workers", "k"),
-                         [(2, 2, 2, 2, 3), (2, 1, 2, 0, 4), (1, 3, 0, 2, 5)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("world", "new_world", "workers", "new_workers", "k"),
+    [(2, 2, 2, 2, 3), (2, 1, 2, 0, 4), (1, 3, 0, 2, 5)],
+)
 def test_bucketed_resume_exact(tail_store, world, new_world, workers, new_workers, k):
     from shardload.plan.resume import EpochState
 
@@ -365,8 +400,10 @@ def test_bucketed_resume_exact(tail_store, world, new_world, workers, new_worker
     kw = dict(batch_size=16, epoch=2, bucket=True, seed=4, shuffle_chunks=8, mode="pad")
 
     def rank_batches(r, ws, nw, state=None):
-        its = [iter_batches(st, rank=r, world_size=ws, worker=w, num_workers=nw, state=state, **kw)
-               for w in range(max(1, nw))]  # fmt: skip
+        its = [
+            iter_batches(st, rank=r, world_size=ws, worker=w, num_workers=nw, state=state, **kw)
+            for w in range(max(1, nw))
+        ]
         out = []
         for j in range(10**6):
             b = next(its[j % len(its)], None)
@@ -379,8 +416,20 @@ def test_bucketed_resume_exact(tail_store, world, new_world, workers, new_worker
     from shardload.load.batches import loader_selection, plan_for
 
     sel = loader_selection(st, shuffle_chunks=8)[0]
-    plan = plan_for(st, sel, world_size=world, num_workers=workers, shuffle=True, seed=4, epoch=2,
-                    mode="pad", drop_last=False, shuffle_chunks=8, batch_size=16, bucket=True)  # fmt: skip
+    plan = plan_for(
+        st,
+        sel,
+        world_size=world,
+        num_workers=workers,
+        shuffle=True,
+        seed=4,
+        epoch=2,
+        mode="pad",
+        drop_last=False,
+        shuffle_chunks=8,
+        batch_size=16,
+        bucket=True,
+    )
     state = EpochState(2, k, world, workers, plan.fingerprint).to_dict()
     rest = [rank_batches(r, new_world, new_workers, state) for r in range(new_world)]
     assert len({len(x) for x in rest}) == 1

@@ -20,9 +20,12 @@ def _modules_after(code: str) -> list[str]:
     """Run ``code`` in a fresh interpreter; the prepare-only modules it imported."""
     probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {PREPARE_ONLY!r} if m in sys.modules)))"
     res = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert res.returncode == 0, res.stderr
     return list(json.loads(res.stdout.strip().splitlines()[-1]))
 

@@ -79,8 +79,11 @@ sys.meta_path.insert(0, Hide())
 def _run_plain(code: str, hidden: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", HIDE.format(hidden=hidden) + code],
-        capture_output=True, text=True, timeout=240, env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_optional_modules_are_really_hidden():
@@ -135,10 +138,17 @@ def test_hdf5_output_with_more_features_than_an_attribute_holds(tmp_path):
     rng = np.random.default_rng(0)
     wide = rng.standard_normal((n, k)).astype("f4")
     xr.Dataset({"w": (("sample", "f"), wide)}).to_netcdf(tmp_path / "wide.nc")
-    store = shardload.prepare({
-        "source": str(tmp_path / "wide.nc"), "sample_dims": ["sample"], "arrays": {"x": ["w"]},
-        "format": "hdf5", "compression": "none", "chunk_rows": 5, "out": str(tmp_path / "s"),
-    })  # fmt: skip
+    store = shardload.prepare(
+        {
+            "source": str(tmp_path / "wide.nc"),
+            "sample_dims": ["sample"],
+            "arrays": {"x": ["w"]},
+            "format": "hdf5",
+            "compression": "none",
+            "chunk_rows": 5,
+            "out": str(tmp_path / "s"),
+        }
+    )
     np.testing.assert_array_equal(store.read("x"), wide)
     feats = store.manifest.arrays["x"].features
     assert feats is not None and len(feats) == k and feats[:2] == ("w[0]", "w[1]")
@@ -189,8 +199,13 @@ def _source(src):
 
 
 def _grib_cfg(path: Path, out: Path, **kw) -> dict:
-    return {"source": {"paths": [str(path)], **kw.pop("source", {})}, "sample_dims": ["latitude"],
-            "arrays": kw.pop("arrays", {"x": ["t"]}), "out": str(out), **kw}  # fmt: skip
+    return {
+        "source": {"paths": [str(path)], **kw.pop("source", {})},
+        "sample_dims": ["latitude"],
+        "arrays": kw.pop("arrays", {"x": ["t"]}),
+        "out": str(out),
+        **kw,
+    }
 
 
 def test_grib_recognised_by_content_and_opened_once(tmp_path, era5_dir, monkeypatch):
@@ -204,19 +219,32 @@ def test_grib_recognised_by_content_and_opened_once(tmp_path, era5_dir, monkeypa
         return real(target, *a, **kw)
 
     monkeypatch.setattr(xr, "open_dataset", counting)
-    store = shardload.prepare({
-        "source": str(renamed), "sample_dims": ["number", "time"], "arrays": {"t": ["t"]},
-        "chunk_rows": 8, "out": str(tmp_path / "s"),
-    })  # fmt: skip
+    store = shardload.prepare(
+        {
+            "source": str(renamed),
+            "sample_dims": ["number", "time"],
+            "arrays": {"t": ["t"]},
+            "chunk_rows": 8,
+            "out": str(tmp_path / "s"),
+        }
+    )
     assert opened == [str(renamed)]  # one scan of the file, though prepare builds the view twice
     opened.clear()
     second = tmp_path / "era5-copy.grb"
     shutil.copy(renamed, second)
-    two = shardload.prepare({
-        "source": {"paths": [str(renamed), str(second)], "combine": "nested", "concat_dim": "number"},
-        "sample_dims": ["number", "time"], "arrays": {"t": ["t"]}, "chunk_rows": 8,
-        "out": str(tmp_path / "two"),
-    })  # fmt: skip
+    two = shardload.prepare(
+        {
+            "source": {
+                "paths": [str(renamed), str(second)],
+                "combine": "nested",
+                "concat_dim": "number",
+            },
+            "sample_dims": ["number", "time"],
+            "arrays": {"t": ["t"]},
+            "chunk_rows": 8,
+            "out": str(tmp_path / "two"),
+        }
+    )
     assert opened == [str(second)]  # each file once per process: the first one is known
     assert len(two) == 80
     ref = real(
@@ -235,8 +263,11 @@ def test_grib_filter_key_and_the_error_that_asks_for_it(tmp_path, grib_dir):
     store = shardload.prepare(
         _grib_cfg(path, tmp_path / "b", source={"filter": {"typeOfLevel": "isobaricInhPa"}})
     )
-    ref = xr.open_dataset(path, engine="cfgrib", backend_kwargs={
-        "indexpath": "", "filter_by_keys": {"typeOfLevel": "isobaricInhPa"}})  # fmt: skip
+    ref = xr.open_dataset(
+        path,
+        engine="cfgrib",
+        backend_kwargs={"indexpath": "", "filter_by_keys": {"typeOfLevel": "isobaricInhPa"}},
+    )
     np.testing.assert_array_equal(
         store.read("x"), ref["t"].transpose("latitude", ...).values.reshape(len(store), -1)
     )
@@ -244,8 +275,9 @@ def test_grib_filter_key_and_the_error_that_asks_for_it(tmp_path, grib_dir):
         load_config(_grib_cfg(path, tmp_path / "c", source={"filter": "typeOfLevel"}))
     (tmp_path / "v3.nc").write_bytes(b"CDF\x01")
     with pytest.raises(SourceError, match=r"source\.filter selects GRIB messages"):
-        open_source(_source({"paths": [str(tmp_path / "v3.nc")], "engine": "scipy",
-                                            "filter": {"a": 1}}))  # fmt: skip
+        open_source(
+            _source({"paths": [str(tmp_path / "v3.nc")], "engine": "scipy", "filter": {"a": 1}})
+        )
 
 
 def test_grib_skipped_variables_are_reported_once_without_tracebacks(tmp_path, grib_dir):
@@ -253,16 +285,21 @@ def test_grib_skipped_variables_are_reported_once_without_tracebacks(tmp_path, g
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps(_grib_cfg(path, tmp_path / "s", arrays={"x": ["u"]})))
     res = subprocess.run(
-        [sys.executable, "-m", "shardload", "prepare", str(cfg)], capture_output=True, text=True,
-        timeout=240, env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        [sys.executable, "-m", "shardload", "prepare", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
     assert res.stderr.count("cfgrib skipped GRIB variable(s) 'v'") == 1, res.stderr
     assert "filter: {shortName: v}" in res.stderr
     with pytest.raises(SourceError, match=r"cfgrib skipped 'v' .*source\.filter"):
         open_source(_source({"paths": [str(path)], "variables": ["v"]}))
-    ok = open_source(_source({"paths": [str(path)], "variables": ["v"], "filter": {"shortName": "v"}}))  # fmt: skip
+    ok = open_source(
+        _source({"paths": [str(path)], "variables": ["v"], "filter": {"shortName": "v"}})
+    )
     assert ok["v"].sizes["isobaricInhPa"] == 3
 
 
@@ -284,5 +321,5 @@ def test_missing_combine_nested_is_named(tmp_path):
     paths = [str(tmp_path / "p0.nc"), str(tmp_path / "p1.nc")]
     with pytest.raises(SourceError, match=r"set source\.combine: nested and source\.concat_dim"):
         open_source(_source({"paths": paths}))
-    ds = open_source(_source({"paths": paths, "combine": "nested", "concat_dim": "sample"}))  # fmt: skip
+    ds = open_source(_source({"paths": paths, "combine": "nested", "concat_dim": "sample"}))
     assert ds["a"].values.tolist() == [0, 1, 2, 3, 4, 5]

@@ -281,8 +281,16 @@ def test_cli_help_mentions_everything(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     text = capsys.readouterr().out
-    for word in ("--host", "--port", "ranges", "format=json", "SIGTERM", "--max-connections",
-                 "--idle-timeout", "--header-timeout"):  # fmt: skip
+    for word in (
+        "--host",
+        "--port",
+        "ranges",
+        "format=json",
+        "SIGTERM",
+        "--max-connections",
+        "--idle-timeout",
+        "--header-timeout",
+    ):
         assert word in text
 
 
@@ -403,10 +411,16 @@ def test_hundreds_of_idle_clients_never_block_a_server_with_few_descriptors(stor
     from conftest import python_env
 
     proc = subprocess.Popen(
-        ["bash", "-c", f"ulimit -n 256 && exec {sys.executable} -m shardload -q serve "
-                       f"{stores} --port 0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
-    )  # fmt: skip
+        [
+            "bash",
+            "-c",
+            f"ulimit -n 256 && exec {sys.executable} -m shardload -q serve {stores} --port 0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=python_env(),
+    )
     held = []
     try:
         line = proc.stdout.readline()

@@ -68,9 +68,18 @@ def test_feature_names_in_packing_order(real):
     ]
     col = list(ds.col_feature.values)
     assert col[:11] == [
-        "q", "o3_mmr", "co2_vmr", "n2o_vmr", "ch4_vmr", "o2_vmr",
-        "cfc11_vmr", "cfc12_vmr", "hcfc22_vmr", "ccl4_vmr", "cloud_fraction",
-    ]  # fmt: skip
+        "q",
+        "o3_mmr",
+        "co2_vmr",
+        "n2o_vmr",
+        "ch4_vmr",
+        "o2_vmr",
+        "cfc11_vmr",
+        "cfc12_vmr",
+        "hcfc22_vmr",
+        "ccl4_vmr",
+        "cloud_fraction",
+    ]
     assert col[11:23] == [f"aerosol_mmr_{i}" for i in range(12)]
     assert col[23:] == ["q_liquid", "q_ice", "re_liquid", "re_ice"]
     assert list(ds.hl_feature.values) == ["temperature_hl", "pressure_hl"]

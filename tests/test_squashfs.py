@@ -53,7 +53,9 @@ def private_registry(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return make_store(tmp_path_factory.mktemp("sq"), fmt="zarr", compression="lz4", n=311, chunk_rows=9)  # fmt: skip
+    return make_store(
+        tmp_path_factory.mktemp("sq"), fmt="zarr", compression="lz4", n=311, chunk_rows=9
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,11 @@ def image(store, tools, tmp_path_factory) -> Path:
 
 
 def mounts_at(path: Path | str) -> int:
-    return sum(1 for line in Path("/proc/mounts").read_text().splitlines() if line.split(" ")[1] == str(path))  # fmt: skip
+    return sum(
+        1
+        for line in Path("/proc/mounts").read_text().splitlines()
+        if line.split(" ")[1] == str(path)
+    )
 
 
 def wait_unmounted(path: Path | str, timeout_s: float = 30.0) -> None:
@@ -119,7 +125,9 @@ def test_streaming_dataset_workers_read_through_the_mount(store, image, context)
     batches = list(loader)
     idx = np.concatenate([b["index"].numpy() for b in batches])
     ref = StreamingDataset(store, batch_size=16, split="train", seed=1)
-    want = np.concatenate([b["index"].numpy() for b in torch.utils.data.DataLoader(ref, batch_size=None)])  # fmt: skip
+    want = np.concatenate(
+        [b["index"].numpy() for b in torch.utils.data.DataLoader(ref, batch_size=None)]
+    )
     np.testing.assert_array_equal(np.sort(idx), np.sort(want))
     for b in batches:
         check_values(store, {k: v.numpy() for k, v in b.items()})
@@ -150,9 +158,13 @@ if how == "hang":
 def start_user(image: Path, how: str) -> tuple[subprocess.Popen, str]:
     code = USER.format(src=SRC, image=str(image))
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**os.environ},
-    )  # fmt: skip
+        [sys.executable, "-c", code, how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     assert proc.stdout is not None
     root = proc.stdout.readline().strip()
     assert root, proc.stderr.read() if proc.stderr else ""
@@ -169,7 +181,10 @@ def test_unmounted_after_the_users_end(image, how):
         proc.stdin.write("\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
     rc = proc.wait(timeout=30)
-    assert rc == {"exit": 0, "exception": 1, "sigterm": -signal.SIGTERM, "sigkill": -signal.SIGKILL}[how]  # fmt: skip
+    assert (
+        rc
+        == {"exit": 0, "exception": 1, "sigterm": -signal.SIGTERM, "sigkill": -signal.SIGKILL}[how]
+    )
     wait_unmounted(root)
 
 
@@ -206,9 +221,13 @@ def test_a_killed_watcher_unmounts_and_the_next_open_mounts_again(store, image):
 # -- errors ------------------------------------------------------------------------------------------
 def test_missing_tools_are_named(store, image, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    with pytest.raises(ImageError, match=r"cannot pack .*'mksquashfs' program is not on PATH.*squashfs-tools"):  # fmt: skip
+    with pytest.raises(
+        ImageError, match=r"cannot pack .*'mksquashfs' program is not on PATH.*squashfs-tools"
+    ):
         squashfs.pack(store.url, tmp_path / "y.sqfs")
-    with pytest.raises(ImageError, match=rf"cannot mount {image}: the 'squashfuse' program is not on PATH"):  # fmt: skip
+    with pytest.raises(
+        ImageError, match=rf"cannot mount {image}: the 'squashfuse' program is not on PATH"
+    ):
         shardload.open_store(image)
 
 
@@ -246,7 +265,17 @@ def test_a_file_that_is_no_image(tmp_path):
 
 
 def test_cli_pack(store, tools, tmp_path):
-    cmd = [sys.executable, "-m", "shardload", "pack", store.url, "--to", str(tmp_path / "c.sqfs"), "--block-size", "64K"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardload",
+        "pack",
+        store.url,
+        "--to",
+        str(tmp_path / "c.sqfs"),
+        "--block-size",
+        "64K",
+    ]
     env = {**os.environ, "PYTHONPATH": SRC}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
@@ -294,8 +323,12 @@ def test_a_pickled_store_keeps_the_mount_in_the_process_that_unpickles_it(store,
 
     st = shardload.open_store(image)
     root = st.root
-    child = subprocess.Popen([sys.executable, "-c", HOLDER.format(src=SRC)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.format(src=SRC)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child.stdin.write(pickle.dumps(st).hex() + "\n")  # type: ignore[union-attr]
     child.stdin.flush()  # type: ignore[union-attr]
     assert child.stdout.readline().strip() == "ok"  # type: ignore[union-attr]
@@ -309,8 +342,15 @@ def test_a_pickled_store_keeps_the_mount_in_the_process_that_unpickles_it(store,
 
 def test_processes_opening_at_once_make_one_mount(store, image):
     code = USER.format(src=SRC, image=str(image))
-    procs = [subprocess.Popen([sys.executable, "-c", code, "exit"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for _ in range(4)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, "exit"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
     roots = {p.stdout.readline().strip() for p in procs}  # type: ignore[union-attr]
     assert len(roots) == 1 and "" not in roots
     (root,) = roots

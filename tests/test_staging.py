@@ -243,9 +243,12 @@ def test_users_file_records_the_source(tmp_path: Path) -> None:
 # -- archives with unsafe members, signals, PID reuse ---------------------------------------------
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("../evil.txt", tarfile.REGTYPE), ("store/dev", tarfile.CHRTYPE),
-     ("store/link", tarfile.SYMTYPE)],
-)  # fmt: skip
+    [
+        ("../evil.txt", tarfile.REGTYPE),
+        ("store/dev", tarfile.CHRTYPE),
+        ("store/link", tarfile.SYMTYPE),
+    ],
+)
 def test_unsafe_archive_member_is_a_staging_error_naming_it(tmp_path: Path, name, kind) -> None:
     src = make_store(tmp_path / "store")
     archive = tmp_path / "bad.tar"
@@ -291,9 +294,13 @@ def test_the_library_installs_no_signal_handler(tmp_path: Path) -> None:
         """
     )
     res = subprocess.run(
-        [sys.executable, "-c", code, str(src), str(tmp_path / "shm")], capture_output=True,
-        text=True, env=python_env(), timeout=T, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", code, str(src), str(tmp_path / "shm")],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        timeout=T,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "True"
     assert leftovers(tmp_path / "shm") == []  # atexit still ended the uses

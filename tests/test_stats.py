@@ -111,8 +111,10 @@ def _blocks(dtype: str, nf: int, sizes: list[int], seed: int) -> list[np.ndarray
 
 
 def _bits(p):
-    return [np.asarray(np.broadcast_to(getattr(p, f), p.mean.shape), np.float64).tobytes()
-            for f in ("count", "mean", "m2", "min", "max", "nan_count")]  # fmt: skip
+    return [
+        np.asarray(np.broadcast_to(getattr(p, f), p.mean.shape), np.float64).tobytes()
+        for f in ("count", "mean", "m2", "min", "max", "nan_count")
+    ]
 
 
 def _exact_figures(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,9 +29,9 @@ def test_batch_equals_from_data_list():
     y = torch.randn(b, nodes, 4, generator=g)
     ei, rows = shared_graph(_radiation_static(nodes))
     got = batch_graphs(x, ea, ei, rows, y)
-    want = Batch.from_data_list([
-        Data(x=x[i], edge_index=ei, edge_attr=torch.cat([ea[i], ea[i]]), y=y[i]) for i in range(b)
-    ])  # fmt: skip
+    want = Batch.from_data_list(
+        [Data(x=x[i], edge_index=ei, edge_attr=torch.cat([ea[i], ea[i]]), y=y[i]) for i in range(b)]
+    )
     for key in ("x", "edge_index", "edge_attr", "y", "batch", "ptr"):
         assert torch.equal(got[key], want[key]), key
     assert got.num_graphs == want.num_graphs == b

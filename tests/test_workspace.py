@@ -14,12 +14,19 @@ REPO = Path(__file__).resolve().parents[1]
 def _cli(home: Path, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
-    env = {**os.environ, "SHARDLOAD_HOME": str(home), "PYTHONPATH": str(REPO / "src"),
-           **(env_extra or {})}  # fmt: skip
+    env = {
+        **os.environ,
+        "SHARDLOAD_HOME": str(home),
+        "PYTHONPATH": str(REPO / "src"),
+        **(env_extra or {}),
+    }
     return subprocess.run(
-        [sys.executable, "-m", "shardload", *args], env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "shardload", *args],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(

@@ -117,8 +117,16 @@ def test_tasks_do_not_carry_feature_names(tmp_path, monkeypatch):
         return real(job, block)
 
     monkeypatch.setattr(pipeline, "run_block", spy)
-    s = shardload.prepare({"source": {"paths": [str(tmp_path / "w.nc")]}, "sample_dims": ["sample"],
-                           "view": "flat", "arrays": {"x": ["v"]}, "chunk_rows": 10,
-                           "out": str(tmp_path / "s"), "splits": {}})  # fmt: skip
+    s = shardload.prepare(
+        {
+            "source": {"paths": [str(tmp_path / "w.nc")]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["v"]},
+            "chunk_rows": 10,
+            "out": str(tmp_path / "s"),
+            "splits": {},
+        }
+    )
     assert len(s.manifest.arrays["x"].features) == 3000
     assert sizes and max(sizes) < 4000  # 3,000 names would be ~20 kB

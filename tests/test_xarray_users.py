@@ -79,8 +79,12 @@ def test_prepare_takes_a_lazy_dataset(tmp_path):
     ref = _lazy_dataset(tmp_path).load()
     ds = _lazy_dataset(tmp_path)
     assert ds["b"].chunks is not None
-    cfg = {"sample_dims": ["sample"], "arrays": {"x": ["a", "b"]}, "chunk_rows": 7,
-           "out": str(tmp_path / "s")}  # fmt: skip
+    cfg = {
+        "sample_dims": ["sample"],
+        "arrays": {"x": ["a", "b"]},
+        "chunk_rows": 7,
+        "out": str(tmp_path / "s"),
+    }
     store = shardload.prepare(cfg, dataset=ds)
     want = np.concatenate([ref.a.values[:, None], ref.b.values], axis=1)
     np.testing.assert_array_equal(store.read("x"), want.astype(store.manifest.arrays["x"].dtype))

@@ -66,11 +66,15 @@ def test_plain_zarr_missing_chunk_is_fill_value(tmp_path):
 
 
 META = {
-    "zarr_format": 3, "node_type": "array", "shape": [20, 3], "data_type": "float32",
+    "zarr_format": 3,
+    "node_type": "array",
+    "shape": [20, 3],
+    "data_type": "float32",
     "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [8, 3]}},
     "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-    "fill_value": 0.0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-}  # fmt: skip
+    "fill_value": 0.0,
+    "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+}
 
 
 @pytest.mark.parametrize(
@@ -90,16 +94,24 @@ META = {
 )
 def test_layout_only_for_simple_metadata(change, simple):
     layout = plan_chunk_layout(
-        {**META, **change}, folder="/s/x", dtype=np.dtype("f4"), shape=(20, 3),
-        chunk_bounds=[0, 8, 16, 20], strict=True,
-    )  # fmt: skip
+        {**META, **change},
+        folder="/s/x",
+        dtype=np.dtype("f4"),
+        shape=(20, 3),
+        chunk_bounds=[0, 8, 16, 20],
+        strict=True,
+    )
     assert (layout is not None) == simple
     if simple:
         assert layout.chunk_path(2) == "/s/x/c/2/0"
     other_bounds = plan_chunk_layout(
-        META, folder="/s/x", dtype=np.dtype("f4"), shape=(20, 3), chunk_bounds=[0, 10, 20],
+        META,
+        folder="/s/x",
+        dtype=np.dtype("f4"),
+        shape=(20, 3),
+        chunk_bounds=[0, 10, 20],
         strict=True,
-    )  # fmt: skip
+    )
     assert other_bounds is None
 
 

@@ -29,10 +29,15 @@ def _zarr_store(root: Path, *, n: int, compressed: bool, where: str = "end") -> 
     x[64:96] = -1.5  # an empty shard (no file)
     group = zarr.open_group(str(root), mode="w", zarr_format=3)
     arr = group.create_array(
-        "a", shape=x.shape, chunks=(8, 3), shards={"shape": (32, 3), "index_location": where},
-        dtype="f4", fill_value=-1.5, dimension_names=("t", "f"),
+        "a",
+        shape=x.shape,
+        chunks=(8, 3),
+        shards={"shape": (32, 3), "index_location": where},
+        dtype="f4",
+        fill_value=-1.5,
+        dimension_names=("t", "f"),
         compressors=BloscCodec(cname="zstd", clevel=3, shuffle="shuffle") if compressed else None,
-    )  # fmt: skip
+    )
     arr[:] = x
     return x
 
@@ -69,17 +74,28 @@ def test_index_cache_is_bounded():
 
 
 META = {
-    "zarr_format": 3, "node_type": "array", "shape": [100, 3], "data_type": "float32",
+    "zarr_format": 3,
+    "node_type": "array",
+    "shape": [100, 3],
+    "data_type": "float32",
     "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [32, 3]}},
     "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
     "fill_value": 0.0,
-    "codecs": [{"name": "sharding_indexed", "configuration": {
-        "chunk_shape": [8, 3],
-        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
-                         {"name": "crc32c"}],
-        "index_location": "end"}}],
-}  # fmt: skip
+    "codecs": [
+        {
+            "name": "sharding_indexed",
+            "configuration": {
+                "chunk_shape": [8, 3],
+                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                "index_codecs": [
+                    {"name": "bytes", "configuration": {"endian": "little"}},
+                    {"name": "crc32c"},
+                ],
+                "index_location": "end",
+            },
+        }
+    ],
+}
 
 
 def _sharding(meta):

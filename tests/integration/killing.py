@@ -40,8 +40,11 @@ def records(progress: Path) -> int:
 def launch(conf: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def kill_at(
@@ -84,8 +87,11 @@ def finish(conf: Path, out: Path, env: dict[str, str]) -> None:
         return  # published by a run killed after its rename
     res = subprocess.run(
         [sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
 
 
@@ -115,8 +121,9 @@ def campaign(
 ) -> list[str]:
     """Clean reference in-process, then kill/resume ``conf`` at every kill point, then finish;
     the resumed store must equal the clean one value for value."""
-    ref = shardload.prepare({**conf, "out": str(tmp_path / f"ref-{conf['format']}"),
-                             "execution": {"scheduler": "sync"}})  # fmt: skip
+    ref = shardload.prepare(
+        {**conf, "out": str(tmp_path / f"ref-{conf['format']}"), "execution": {"scheduler": "sync"}}
+    )
     num_blocks = len(ref.manifest.options["blocks"]) - 1
     path = write_config(tmp_path, conf)
     out = tmp_path / conf["out"]

@@ -42,10 +42,16 @@ def main() -> None:
     ds = StreamingDataset(store, batch_size=16, split="train", seed=3)
     loader = DataLoader(ds, batch_size=None, num_workers=2)
     trainer = L.Trainer(
-        strategy="ddp", devices=2, accelerator="cpu", max_epochs=2, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        strategy="ddp",
+        devices=2,
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         num_sanity_val_steps=0,
-    )  # fmt: skip
+    )
     trainer.fit(Model(out), loader)
 
 

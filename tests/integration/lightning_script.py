@@ -55,11 +55,18 @@ def main() -> None:
         resume = extra
     dm = ShardloadDataModule(store, batch_size=8, num_workers=int(workers), seed=3)
     trainer = pl.Trainer(
-        strategy="ddp", devices=2, accelerator="cpu", max_epochs=int(epochs),
-        logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=bool(callbacks), callbacks=callbacks, num_sanity_val_steps=0,
+        strategy="ddp",
+        devices=2,
+        accelerator="cpu",
+        max_epochs=int(epochs),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=callbacks,
+        num_sanity_val_steps=0,
         default_root_dir=str(out_dir),
-    )  # fmt: skip
+    )
     trainer.fit(Recorder(out_dir, tag), datamodule=dm, ckpt_path=resume)
 
 

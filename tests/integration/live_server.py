@@ -35,10 +35,22 @@ class LiveServer:
         self.root = root
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shardload", "serve", str(root), "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "shardload",
+                "serve",
+                str(root),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=python_env(),
+        )
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         self._lock = threading.Lock()
@@ -54,8 +66,10 @@ class LiveServer:
 
         self._threads = [
             threading.Thread(target=drain, args=(self.proc.stdout, self.stdout, True), daemon=True),
-            threading.Thread(target=drain, args=(self.proc.stderr, self.stderr, False), daemon=True),
-        ]  # fmt: skip
+            threading.Thread(
+                target=drain, args=(self.proc.stderr, self.stderr, False), daemon=True
+            ),
+        ]
         for t in self._threads:
             t.start()
         if not ready.wait(start_timeout_s) or self.proc.poll() is not None:

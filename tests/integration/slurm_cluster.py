@@ -146,11 +146,19 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
     def start_munge(self) -> None:
         m = self.root / "munge"
-        self._spawn("munged", [
-            _exe("munged"), "-F", "--force", f"--socket={self.munge_socket}",
-            f"--key-file={m / 'munge.key'}", f"--pid-file={m / 'munged.pid'}",
-            f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'munged.seed'}",
-        ])  # fmt: skip
+        self._spawn(
+            "munged",
+            [
+                _exe("munged"),
+                "-F",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={m / 'munge.key'}",
+                f"--pid-file={m / 'munged.pid'}",
+                f"--log-file={m / 'munged.log'}",
+                f"--seed-file={m / 'munged.seed'}",
+            ],
+        )
         self._wait(lambda: self.munge_socket.exists(), 10, "munged socket")
 
     def start_slurmctld(self) -> None:

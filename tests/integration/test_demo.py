@@ -13,8 +13,11 @@ pytestmark = pytest.mark.integration
 def _demo(env, *args):
     return subprocess.run(
         [sys.executable, "-m", "shardload", "demo", "--columns", "512", "--patches", "2", *args],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def test_demo_end_to_end(tmp_path):

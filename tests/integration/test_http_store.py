@@ -23,9 +23,18 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     make_dataset(83, seed=5).to_netcdf(root / "src.nc")
     for fmt, comp in (("zarr", "zstd"), ("npy", "none"), ("hdf5", "lz4")):
-        shardload.prepare({"source": {"paths": [str(root / "src.nc")]}, "sample_dims": ["sample"],
-                           "arrays": {"x": ["a", "b", "c"], "y": ["b"]}, "chunk_rows": 9, "format": fmt,
-                           "compression": comp, "out": str(root / "stores" / fmt)}, progress=False)  # fmt: skip
+        shardload.prepare(
+            {
+                "source": {"paths": [str(root / "src.nc")]},
+                "sample_dims": ["sample"],
+                "arrays": {"x": ["a", "b", "c"], "y": ["b"]},
+                "chunk_rows": 9,
+                "format": fmt,
+                "compression": comp,
+                "out": str(root / "stores" / fmt),
+            },
+            progress=False,
+        )
     with serving(root / "stores", port=0) as url:
         yield root / "stores", url.rstrip("/")
 
@@ -45,8 +54,12 @@ def test_open_store_by_url_equals_local(served, fmt, tmp_path):
 
 def test_inspect_by_url(served):
     _, url = served
-    res = subprocess.run([sys.executable, "-m", "shardload", "inspect", f"{url}/npy", "--json"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "shardload", "inspect", f"{url}/npy", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["length"] == 83 and d["complete"] and d["format"] == "npy"

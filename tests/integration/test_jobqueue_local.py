@@ -29,13 +29,13 @@ def local_batch_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         # the job id is the pid of the job's process group leader
         # (a copy of the script: dask-jobqueue removes its file once sbatch returns)
         "sbatch": f'cp "$1" {jobs}/script.$$\n'
-                  f'setsid sh {jobs}/script.$$ > {jobs}/out.$$ 2>&1 < /dev/null &\n'
-                  f'echo $! > {jobs}/$!\necho "Submitted batch job $!"\n',
+        f"setsid sh {jobs}/script.$$ > {jobs}/out.$$ 2>&1 < /dev/null &\n"
+        f'echo $! > {jobs}/$!\necho "Submitted batch job $!"\n',
         "squeue": f'for f in {jobs}/[0-9]*; do [ -e "$f" ] || continue; j=$(basename "$f"); '
-                  'kill -0 "$j" 2>/dev/null && echo "$j RUNNING None"; done; true\n',
+        'kill -0 "$j" 2>/dev/null && echo "$j RUNNING None"; done; true\n',
         "scancel": f'for j in "$@"; do kill -TERM -- -"$j" 2>/dev/null; rm -f {jobs}/"$j"; '
-                   f'echo "$j" >> {tmp_path}/cancelled.txt; done; true\n',
-    }  # fmt: skip
+        f'echo "$j" >> {tmp_path}/cancelled.txt; done; true\n',
+    }
     for name, body in scripts.items():
         p = bin_dir / name
         p.write_text("#!/bin/sh\n" + body)
@@ -49,10 +49,18 @@ def test_tasks_in_flight_are_worker_threads_and_jobs_are_cancelled(tmp_path, mon
     counted jobs x processes = 1). On the way out the job is cancelled and its worker ends."""
     jobs = local_batch_system(tmp_path, monkeypatch)
     cfg = ExecutionConfig(
-        scheduler="jobqueue", timeout_s=120,
-        cluster={"kind": "slurm", "jobs": 1, "cores": 2, "processes": 1, "memory": "1GB",
-                 "interface": "lo", "scheduler_options": {"dashboard_address": "127.0.0.1:0"}},
-    )  # fmt: skip
+        scheduler="jobqueue",
+        timeout_s=120,
+        cluster={
+            "kind": "slurm",
+            "jobs": 1,
+            "cores": 2,
+            "processes": 1,
+            "memory": "1GB",
+            "interface": "lo",
+            "scheduler_options": {"dashboard_address": "127.0.0.1:0"},
+        },
+    )
     with open_executor(cfg) as (ex, parallelism):
         assert parallelism == 2
         assert ex.submit(sum, [2, 3]).result(timeout=60) == 5
@@ -79,10 +87,18 @@ def test_a_lost_job_of_two_worker_processes_is_replaced(tmp_path, monkeypatch):
 
     jobs = local_batch_system(tmp_path, monkeypatch)
     cfg = ExecutionConfig(
-        scheduler="jobqueue", timeout_s=120,
-        cluster={"kind": "slurm", "jobs": 1, "cores": 2, "processes": 2, "memory": "1GB",
-                 "interface": "lo", "scheduler_options": {"dashboard_address": "127.0.0.1:0"}},
-    )  # fmt: skip
+        scheduler="jobqueue",
+        timeout_s=120,
+        cluster={
+            "kind": "slurm",
+            "jobs": 1,
+            "cores": 2,
+            "processes": 2,
+            "memory": "1GB",
+            "interface": "lo",
+            "scheduler_options": {"dashboard_address": "127.0.0.1:0"},
+        },
+    )
     with open_executor(cfg) as (ex, parallelism):
         assert parallelism == 2
         assert ex.submit(sum, [1, 1]).result(timeout=60) == 2

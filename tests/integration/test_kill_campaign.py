@@ -36,9 +36,17 @@ SCHEDULERS = {
 #: time after launch (anywhere: start-up, writing), and once every block is recorded (merge,
 #: manifest, publish).
 KILL_POINTS: list[tuple[str, object]] = [
-    ("KILL", "job"), ("KILL", 1), ("TERM", 2), ("KILL", 1), ("KILL", 3),
-    ("TERM", 1), ("KILL", 2), ("KILL", 1.5), ("KILL", 2), ("KILL", "all"),
-]  # fmt: skip
+    ("KILL", "job"),
+    ("KILL", 1),
+    ("TERM", 2),
+    ("KILL", 1),
+    ("KILL", 3),
+    ("TERM", 1),
+    ("KILL", 2),
+    ("KILL", 1.5),
+    ("KILL", 2),
+    ("KILL", "all"),
+]
 
 
 def config(tmp_path: Path, fmt: str, execution: dict, n: int = 300) -> dict:
@@ -46,10 +54,15 @@ def config(tmp_path: Path, fmt: str, execution: dict, n: int = 300) -> dict:
     if not src.exists():
         make_dataset(n, seed=11).to_netcdf(src)
     return {
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a", "b", "c"], "y": ["b"]}, "chunk_rows": 10,
-        "out": f"store-{fmt}", "execution": execution, **FORMATS[fmt],
-    }  # fmt: skip
+        "source": {"paths": [str(src)]},
+        "sample_dims": ["sample"],
+        "view": "flat",
+        "arrays": {"x": ["a", "b", "c"], "y": ["b"]},
+        "chunk_rows": 10,
+        "out": f"store-{fmt}",
+        "execution": execution,
+        **FORMATS[fmt],
+    }
 
 
 def test_kill_smoke_hdf5_resumes_to_the_clean_store(tmp_path):

@@ -24,9 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 def _run(*args: object, cwd: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
     res = subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, env=env,
-        capture_output=True, text=True, timeout=360,
-    )  # fmt: skip
+        [sys.executable, str(SCRIPT), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
 
 

@@ -31,10 +31,20 @@ def test_lightning_ddp_fit_two_epochs(tmp_path):
     store = make_store(tmp_path, fmt="npy", n=1009, chunk_rows=37)
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}  # fmt: skip
-    res = subprocess.run([sys.executable, str(SCRIPT), store.root, str(out)], env=env,
-                         capture_output=True, text=True, timeout=240, cwd=tmp_path)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), store.root, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     rows = set(split_rows(store, "train").tolist())

@@ -50,12 +50,20 @@ def served(tmp_path_factory):
         make_store(build, fmt=fmt, compression=comp, n=203, chunk_rows=7, name=fmt).close()
         os.rename(build / fmt, root / fmt)
     prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
-    prepare({
-        "source": {"paths": [str(build / "zarr.nc")]}, "sample_dims": ["sample"], "view": "flat",
-        "arrays": {"x": ["a", "b"], "y": ["c"]}, "chunk_rows": 7, "format": "zarr",
-        "compression": "zstd", "shard_chunks": 3, "out": str(root / "zarr_sharded"),
-        "splits": {"train": 0.8, "val": 0.1, "test": 0.1},
-    })  # fmt: skip
+    prepare(
+        {
+            "source": {"paths": [str(build / "zarr.nc")]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a", "b"], "y": ["c"]},
+            "chunk_rows": 7,
+            "format": "zarr",
+            "compression": "zstd",
+            "shard_chunks": 3,
+            "out": str(root / "zarr_sharded"),
+            "splits": {"train": 0.8, "val": 0.1, "test": 0.1},
+        }
+    )
     secret = base / "secret"
     secret.mkdir()
     (secret / "key.txt").write_text("root:top-secret")
@@ -96,9 +104,11 @@ def test_ready_line_and_index(served) -> None:
     assert server.ready_line.startswith(f"serving {root.resolve()} at http://127.0.0.1:")
     index = requests.get(server.url, timeout=T).json()["stores"]
     assert [(s["name"], s["format"], s["length"]) for s in index] == [
-        ("hdf5", "hdf5", 203), ("npy", "npy", 203), ("zarr", "zarr", 203),
+        ("hdf5", "hdf5", 203),
+        ("npy", "npy", 203),
+        ("zarr", "zarr", 203),
         ("zarr_sharded", "zarr", 203),
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -160,8 +170,11 @@ def test_inspect_url_json(served, fmt) -> None:
     root, server = served
     res = subprocess.run(
         [sys.executable, "-m", "shardload", "inspect", url_of(server, fmt), "--json"],
-        capture_output=True, text=True, timeout=120, env=python_env(),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=python_env(),
+    )
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     local = json.loads((root / fmt / "shardload.json").read_text())

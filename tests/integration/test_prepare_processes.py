@@ -24,9 +24,17 @@ pytestmark = pytest.mark.integration
 
 def write_config(tmp_path: Path, n: int, **kw) -> Path:
     make_dataset(n, seed=3).to_netcdf(tmp_path / "src.nc")
-    conf = {"source": {"paths": ["src.nc"]}, "sample_dims": ["sample"], "view": "flat",
-            "arrays": {"x": ["a", "b", "c"]}, "chunk_rows": 10, "format": "zarr", "compression": "zstd",
-            "out": "store", **kw}  # fmt: skip
+    conf = {
+        "source": {"paths": ["src.nc"]},
+        "sample_dims": ["sample"],
+        "view": "flat",
+        "arrays": {"x": ["a", "b", "c"]},
+        "chunk_rows": 10,
+        "format": "zarr",
+        "compression": "zstd",
+        "out": "store",
+        **kw,
+    }
     path = tmp_path / "conf.yaml"
     path.write_text(yaml.safe_dump(conf))
     return path
@@ -36,9 +44,21 @@ def test_kill_during_prepare_never_leaves_a_complete_store_and_resumes(tmp_path)
     conf = write_config(tmp_path, 200)
     env = {**os.environ, "SHARDLOAD_THROTTLE_S": "0.15"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress", "--workers", "2"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "shardload",
+            "prepare",
+            str(conf),
+            "--no-progress",
+            "--workers",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     progress = tmp_path / "store.partial" / "_progress"
     deadline = time.monotonic() + 60
     try:
@@ -56,8 +76,12 @@ def test_kill_during_prepare_never_leaves_a_complete_store_and_resumes(tmp_path)
     done_before = len(list(progress.glob("block-*.npz")))
     assert done_before < 20
     # same command again: resumes and completes, values equal a clean run
-    res = subprocess.run([sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
     store = shardload.open_store(tmp_path / "store")
@@ -70,8 +94,13 @@ def test_kill_during_prepare_never_leaves_a_complete_store_and_resumes(tmp_path)
 
 @pytest.mark.distributed
 def test_prepare_on_local_cluster_with_two_worker_processes(tmp_path):
-    conf = write_config(tmp_path, 95, format="npy", compression="none",
-                        execution={"scheduler": "distributed", "num_workers": 2})  # fmt: skip
+    conf = write_config(
+        tmp_path,
+        95,
+        format="npy",
+        compression="none",
+        execution={"scheduler": "distributed", "num_workers": 2},
+    )
     store = shardload.prepare(conf)
     ds = xr.open_dataset(tmp_path / "src.nc")
     want = np.concatenate([ds.a.values[:, None], ds.b.values, ds.c.values.T], axis=1)
@@ -100,16 +129,22 @@ def test_radiation_prepare_in_worker_processes_equals_threads(tmp_path, radiatio
     outputs = sorted(str(p) for p in radiation_sample if p.name.startswith("3dcorrection"))
     base = {
         "source": {"kind": "radiation", "paths": inputs, "outputs": outputs},
-        "sample_dims": ["column"], "view": view, "chunk_rows": 170, "format": "zarr",
+        "sample_dims": ["column"],
+        "view": view,
+        "chunk_rows": 170,
+        "format": "zarr",
         "compression": "zstd",
-    }  # fmt: skip
+    }
     if view == "flat":
         base["arrays"] = {"x": ["sca_inputs", "col_inputs"], "y": ["hr_sw", "flux_dn_lw"]}
     threads = shardload.prepare({**base, "out": str(tmp_path / "t")})
     procs = shardload.prepare(
-        {**base, "out": str(tmp_path / "p"),
-         "execution": {"scheduler": "processes", "num_workers": 2}}
-    )  # fmt: skip
+        {
+            **base,
+            "out": str(tmp_path / "p"),
+            "execution": {"scheduler": "processes", "num_workers": 2},
+        }
+    )
     assert len(procs) == len(threads) == 1200 and procs.num_chunks == 8
     for name in threads.arrays:
         np.testing.assert_array_equal(procs.read(name), threads.read(name))

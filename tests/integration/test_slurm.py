@@ -37,19 +37,28 @@ def make_dataset(n: int, *, seed: int = 0, nan_at: tuple[int, int] | None = None
     b = rng.normal(size=(n, 3)).astype("float32")
     if nan_at is not None:
         b[nan_at] = np.nan
-    return xr.Dataset({
-        "a": (("sample",), rng.normal(size=n).astype("float32")),
-        "b": (("sample", "feat"), b),
-        "c": (("level", "sample"), rng.normal(size=(4, n))),
-    })  # fmt: skip
+    return xr.Dataset(
+        {
+            "a": (("sample",), rng.normal(size=n).astype("float32")),
+            "b": (("sample", "feat"), b),
+            "c": (("level", "sample"), rng.normal(size=(4, n))),
+        }
+    )
 
 
 def cluster_options(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return {
-        "kind": "slurm", "jobs": 2, "cores": 1, "processes": 1, "memory": "1GB",
-        "walltime": "00:10:00", "interface": "lo", "log_directory": str(tmp_path / "logs"),
-        "scheduler_options": {"dashboard_address": "127.0.0.1:0"}, **extra,
-    }  # fmt: skip
+        "kind": "slurm",
+        "jobs": 2,
+        "cores": 1,
+        "processes": 1,
+        "memory": "1GB",
+        "walltime": "00:10:00",
+        "interface": "lo",
+        "log_directory": str(tmp_path / "logs"),
+        "scheduler_options": {"dashboard_address": "127.0.0.1:0"},
+        **extra,
+    }
 
 
 def prepare_config(tmp_path: Path, out: str, execution: Any, n: int = 400) -> dict[str, Any]:
@@ -57,15 +66,21 @@ def prepare_config(tmp_path: Path, out: str, execution: Any, n: int = 400) -> di
     if not src.exists():
         make_dataset(n, seed=3).to_netcdf(src)
     return {
-        "source": {"paths": [str(src)]}, "sample_dims": ["sample"],
-        "arrays": {"x": ["a", "b"], "y": ["c"]}, "chunk_rows": 20,
-        "out": str(tmp_path / out), "execution": execution,
-    }  # fmt: skip
+        "source": {"paths": [str(src)]},
+        "sample_dims": ["sample"],
+        "arrays": {"x": ["a", "b"], "y": ["c"]},
+        "chunk_rows": 20,
+        "out": str(tmp_path / out),
+        "execution": execution,
+    }
 
 
 def jobqueue(tmp_path: Path, timeout_s: float = 60, **extra: Any) -> dict[str, Any]:
-    return {"scheduler": "jobqueue", "cluster": cluster_options(tmp_path, **extra),
-            "timeout_s": timeout_s}  # fmt: skip
+    return {
+        "scheduler": "jobqueue",
+        "cluster": cluster_options(tmp_path, **extra),
+        "timeout_s": timeout_s,
+    }
 
 
 def comparable(store_dir: Path) -> dict[str, Any]:
@@ -106,8 +121,10 @@ def test_prepare_on_slurm_equals_threads(tmp_path, slurm, capsys, caplog):
     up = [r.getMessage() for r in caplog.records if "workers up after" in r.getMessage()]
     assert up, caplog.text
     with capsys.disabled():
-        print(f"\n[slurm] cluster up {slurm.timings['cluster_up_s']:.1f} s; {up[0]}; prepare on "
-              f"SLURM {t_jq:.1f} s, threads {t_th:.1f} s")  # fmt: skip
+        print(
+            f"\n[slurm] cluster up {slurm.timings['cluster_up_s']:.1f} s; {up[0]}; prepare on "
+            f"SLURM {t_jq:.1f} s, threads {t_th:.1f} s"
+        )
 
 
 def test_compute_on_slurm_equals_threads(tmp_path, slurm):
@@ -120,8 +137,10 @@ def test_compute_on_slurm_equals_threads(tmp_path, slurm):
         return {
             "source": {"paths": [str(tmp_path / "cube.zarr")], "variable": "amp"},
             "attributes": {"box": {"function": "compute_funcs:box", "depth": {0: 1}}},
-            "chunks": {0: 4}, "out": str(tmp_path / out), "execution": execution,
-        }  # fmt: skip
+            "chunks": {0: 4},
+            "out": str(tmp_path / out),
+            "execution": execution,
+        }
 
     shardload.compute(config("jq", jobqueue(tmp_path)), progress=False)
     shardload.compute(config("th", {"scheduler": "threads"}), progress=False)
@@ -136,9 +155,10 @@ def test_parallelism_is_the_clusters_worker_threads(tmp_path, slurm):
     from shardload.prep.executor import open_executor
 
     ex_cfg = ExecutionConfig(
-        scheduler="jobqueue", timeout_s=60,
+        scheduler="jobqueue",
+        timeout_s=60,
         cluster=cluster_options(tmp_path, jobs=1, cores=2, processes=2),
-    )  # fmt: skip
+    )
     with open_executor(ex_cfg) as (ex, parallelism):
         info = ex.inner._client.scheduler_info(n_workers=-1)["workers"]  # type: ignore[attr-defined]
         assert parallelism == 2 == sum(w["nthreads"] for w in info.values())
@@ -162,10 +182,13 @@ def test_a_killed_job_is_replaced_and_its_blocks_rerun(tmp_path, slurm):
     def config(out: str, execution: Any) -> dict[str, Any]:
         return {
             "source": {"paths": [str(tmp_path / "cube.zarr")], "variable": "amp"},
-            "attributes": {"d": {"function": "integration.slow_funcs:slow_double",
-                                 "kwargs": {"seconds": 1.0}}},
-            "chunks": {0: 1}, "out": str(tmp_path / out), "execution": execution,
-        }  # fmt: skip
+            "attributes": {
+                "d": {"function": "integration.slow_funcs:slow_double", "kwargs": {"seconds": 1.0}}
+            },
+            "chunks": {0: 1},
+            "out": str(tmp_path / out),
+            "execution": execution,
+        }
 
     import threading
 
@@ -276,16 +299,20 @@ def _run_cli(tmp_path: Path, execution: Any) -> subprocess.Popen[str]:
     path.write_text(yaml.safe_dump(prepare_config(tmp_path, "jq", execution)))
     return subprocess.Popen(
         [sys.executable, "-m", "shardload", "prepare", str(path), "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy(),
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ.copy(),
+    )
 
 
 def test_sigterm_while_waiting_cancels_the_jobs(tmp_path, slurm):
     """SIGTERM (e.g. the driver's own job killed) while the jobs wait in the queue: the command
     exits with 143 and no job is left."""
     # jobs that cannot start for an hour: the run is waiting for workers
-    proc = _run_cli(tmp_path, jobqueue(tmp_path, timeout_s=120,
-                                       job_extra_directives=["--begin=now+3600"]))  # fmt: skip
+    proc = _run_cli(
+        tmp_path, jobqueue(tmp_path, timeout_s=120, job_extra_directives=["--begin=now+3600"])
+    )
     try:
         deadline = time.monotonic() + 60
         while len(slurm.jobs()) < 2:
@@ -310,16 +337,29 @@ def test_ctrl_c_while_blocks_run_cancels_the_jobs(tmp_path, slurm):
     g = zarr.open_group(store=str(tmp_path / "cube.zarr"), mode="w", zarr_format=3)
     g.create_array("amp", shape=data.shape, chunks=(1, 3, 2), dtype=data.dtype)[...] = data
     path = tmp_path / "attrs.yaml"
-    path.write_text(yaml.safe_dump({
-        "source": {"paths": [str(tmp_path / "cube.zarr")], "variable": "amp"},
-        "attributes": {"d": {"function": "integration.slow_funcs:slow_double",
-                             "kwargs": {"seconds": 2.0}}},
-        "chunks": {0: 1}, "out": str(tmp_path / "jq"), "execution": jobqueue(tmp_path),
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "source": {"paths": [str(tmp_path / "cube.zarr")], "variable": "amp"},
+                "attributes": {
+                    "d": {
+                        "function": "integration.slow_funcs:slow_double",
+                        "kwargs": {"seconds": 2.0},
+                    }
+                },
+                "chunks": {0: 1},
+                "out": str(tmp_path / "jq"),
+                "execution": jobqueue(tmp_path),
+            }
+        )
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "shardload", "compute", str(path), "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy(),
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ.copy(),
+    )
     progress = tmp_path / "jq.partial" / "_progress"
     try:
         deadline = time.monotonic() + 120

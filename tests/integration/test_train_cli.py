@@ -37,11 +37,19 @@ def _prepare(cfg: dict) -> str:
 
 def _radiation_store(raw: Path, out: Path, view: str) -> str:
     cfg = {
-        "source": {"kind": "radiation", "paths": [str(raw / "rad4NN_inputs_*.nc")],
-                   "outputs": [str(raw / "3dcorrection_outputs_*.nc")]},
-        "sample_dims": ["column"], "view": view, "format": "zarr", "compression": "none",
-        "chunk_rows": 16, "splits": {"train": 0.75, "val": 0.25}, "out": str(out),
-    }  # fmt: skip
+        "source": {
+            "kind": "radiation",
+            "paths": [str(raw / "rad4NN_inputs_*.nc")],
+            "outputs": [str(raw / "3dcorrection_outputs_*.nc")],
+        },
+        "sample_dims": ["column"],
+        "view": view,
+        "format": "zarr",
+        "compression": "none",
+        "chunk_rows": 16,
+        "splits": {"train": 0.75, "val": 0.25},
+        "out": str(out),
+    }
     if view == "flat":
         cfg["arrays"] = {
             "x": ["sca_inputs", "col_inputs", "hl_inputs", "inter_inputs"],
@@ -57,30 +65,67 @@ def _window_store(tmp: Path, *, at_load: bool = False) -> str:
     t = np.arange(30)
     ds = xr.Dataset(
         {
-            "t": (("time", "lat", "lon"), (280 + np.sin(t / 4)[:, None, None]
-                                          + rng.normal(size=(30, 3, 4))).astype("f4")),
+            "t": (
+                ("time", "lat", "lon"),
+                (280 + np.sin(t / 4)[:, None, None] + rng.normal(size=(30, 3, 4))).astype("f4"),
+            ),
             "z": (("time", "lat", "lon"), rng.normal(size=(30, 3, 4)).astype("f4")),
         },
         coords={"time": t},
-    )  # fmt: skip
+    )
     ds.to_netcdf(tmp / "series.nc")
-    return _prepare({
-        "source": {"paths": [str(tmp / "series.nc")]}, "sample_dims": ["lat", "lon"],
-        "view": {"name": "window", "time_dim": "time", "lookback": 3, "horizon": 1,
-                 "targets": {"y": ["t"]}, "at_load": at_load},
-        "arrays": {"x": ["t", "z"]}, "format": "npy", "compression": "none", "chunk_rows": 24,
-        "splits": {"train": 0.75, "val": 0.25}, "out": str(tmp / f"window-{at_load}"),
-    })  # fmt: skip
+    return _prepare(
+        {
+            "source": {"paths": [str(tmp / "series.nc")]},
+            "sample_dims": ["lat", "lon"],
+            "view": {
+                "name": "window",
+                "time_dim": "time",
+                "lookback": 3,
+                "horizon": 1,
+                "targets": {"y": ["t"]},
+                "at_load": at_load,
+            },
+            "arrays": {"x": ["t", "z"]},
+            "format": "npy",
+            "compression": "none",
+            "chunk_rows": 24,
+            "splits": {"train": 0.75, "val": 0.25},
+            "out": str(tmp / f"window-{at_load}"),
+        }
+    )
 
 
 def _train(model: str, store: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
-           "SHARDLOAD_HOME": str(out.parent / "home")}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "src"),
+        "OMP_NUM_THREADS": "1",
+        "SHARDLOAD_HOME": str(out.parent / "home"),
+    }
     return subprocess.run(
-        [sys.executable, "-m", "shardload", "train", model, store, "--epochs", "2",
-         "--max-steps", "3", "--batch-size", "16", "--num-workers", "1", *extra],
-        env=env, capture_output=True, text=True, timeout=360,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "shardload",
+            "train",
+            model,
+            store,
+            "--epochs",
+            "2",
+            "--max-steps",
+            "3",
+            "--batch-size",
+            "16",
+            "--num-workers",
+            "1",
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
 
 
 def _check_outputs(out: Path, *, epochs: int, radiation: bool) -> None:

@@ -31,9 +31,15 @@ def test_two_writers_race_one_store_with_the_winners_data(tmp_path):
     }
     confs = []
     for i, (rows, fmt, arrays) in enumerate([(10, "hdf5", ["x"]), (7, "zarr", ["x", "y"])]):
-        conf = {"source": {"paths": ["src.nc"]}, "sample_dims": ["sample"], "view": "flat",
-                "arrays": {k: {"x": ["a", "b", "c"], "y": ["b"]}[k] for k in arrays},
-                "chunk_rows": rows, "format": fmt, "out": "store"}  # fmt: skip
+        conf = {
+            "source": {"paths": ["src.nc"]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {k: {"x": ["a", "b", "c"], "y": ["b"]}[k] for k in arrays},
+            "chunk_rows": rows,
+            "format": fmt,
+            "out": "store",
+        }
         path = tmp_path / f"conf{i}.yaml"
         path.write_text(yaml.safe_dump(conf))
         confs.append((path, rows, arrays))

@@ -119,10 +119,12 @@ def findings(rows: list[Row]) -> list[str]:
     for fixed in (True, False):
         for shuffle in (False, True):
             sel = [
-                r for r in rows
-                if r["fixed_length"] == fixed and r["shuffle"] == shuffle
+                r
+                for r in rows
+                if r["fixed_length"] == fixed
+                and r["shuffle"] == shuffle
                 and r["workers"] == workers[-1]
-            ]  # fmt: skip
+            ]
             if not sel:
                 continue
             best = max(sel, key=lambda r: r["samples_per_s"])
@@ -138,8 +140,9 @@ def findings(rows: list[Row]) -> list[str]:
     if shuffled:
         out.append(
             "- Shuffled / sequential rate (median per format; below 1 = shuffling costs): "
-            + _fmt_ratios(shuffled) + "."
-        )  # fmt: skip
+            + _fmt_ratios(shuffled)
+            + "."
+        )
     mm = _ratio_of([r for r in rows if r["mmap"] != "n/a"], "mmap", False, True)
     if mm:
         out.append("- mmap on / off rate (median per format): " + _fmt_ratios(mm) + ".")
@@ -147,8 +150,9 @@ def findings(rows: list[Row]) -> list[str]:
         wk = _ratio_of(rows, "workers", workers[0], workers[-1])
         out.append(
             f"- {workers[-1]} workers / {workers[0]} workers rate (median per format): "
-            + _fmt_ratios(wk) + "."
-        )  # fmt: skip
+            + _fmt_ratios(wk)
+            + "."
+        )
     var = _ratio_of(rows, "fixed_length", True, False)
     if var:
         out.append("- Variable / fixed length rate (median per format): " + _fmt_ratios(var) + ".")
@@ -156,8 +160,9 @@ def findings(rows: list[Row]) -> list[str]:
     if capped:
         out.append(
             "- Epochs stopped at the time cap (rate over the part read, marked *): "
-            + ", ".join(capped) + "."
-        )  # fmt: skip
+            + ", ".join(capped)
+            + "."
+        )
     return out
 
 
@@ -204,12 +209,16 @@ def plot_storage(rows: list[Row], path: Path) -> None:
         ys = [i + k * 0.4 for i in range(len(names))]
         size = [
             first[(n, fixed)]["bytes_on_disk"] / first[(n, fixed)]["data_bytes"]
-            if (n, fixed) in first else 0.0 for n in names
-        ]  # fmt: skip
+            if (n, fixed) in first
+            else 0.0
+            for n in names
+        ]
         speed = [
             first[(n, fixed)]["data_bytes"] / first[(n, fixed)]["write_s"] / 1e6
-            if (n, fixed) in first else 0.0 for n in names
-        ]  # fmt: skip
+            if (n, fixed) in first
+            else 0.0
+            for n in names
+        ]
         label = "fixed" if fixed else "variable"
         axes[0].barh(ys, size, height=0.4, label=label)
         axes[1].barh(ys, speed, height=0.4, label=label)

@@ -46,9 +46,17 @@ def write_squashfs(data: BenchData, image: Path, *, group_rows: int) -> None:
     write_npy_stack(data, folder, group_rows=group_rows)
     try:
         cmd = [
-            "mksquashfs", str(folder), str(image), "-noappend", "-no-progress", "-quiet",
-            "-b", str(BLOCK_BYTES), "-comp", COMPRESSION,
-        ]  # fmt: skip
+            "mksquashfs",
+            str(folder),
+            str(image),
+            "-noappend",
+            "-no-progress",
+            "-quiet",
+            "-b",
+            str(BLOCK_BYTES),
+            "-comp",
+            COMPRESSION,
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise StoreError(

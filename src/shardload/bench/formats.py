@@ -87,15 +87,25 @@ CASES: tuple[FormatCase, ...] = (
         for zstd in (False, True)
     ),
     FormatCase("hdf5", "contiguous", ".h5", ON_OFF, fio.write_hdf5, _plain_reader(fio.Hdf5Reader)),
-    FormatCase("arrow", "ipc-file", ".arrow", ON_OFF, col.write_arrow, _group_reader(col.ArrowReader)),
-    FormatCase("parquet", "snappy", ".parquet", ON_OFF, col.write_parquet, _group_reader(col.ParquetReader)),
+    FormatCase(
+        "arrow", "ipc-file", ".arrow", ON_OFF, col.write_arrow, _group_reader(col.ArrowReader)
+    ),
+    FormatCase(
+        "parquet", "snappy", ".parquet", ON_OFF, col.write_parquet, _group_reader(col.ParquetReader)
+    ),
     FormatCase("webdataset", "tar", "", (None,), col.write_webdataset, None),
     FormatCase(
-        "squashfs", f"npy-stack-{sqfs.COMPRESSION}", ".sqfs", ON_OFF, sqfs.write_squashfs,
-        _plain_reader(fio.NpyStackReader), prepare_read=sqfs.mount_image,
-        release=sqfs.unmount_image, unavailable=squashfs_unavailable,
+        "squashfs",
+        f"npy-stack-{sqfs.COMPRESSION}",
+        ".sqfs",
+        ON_OFF,
+        sqfs.write_squashfs,
+        _plain_reader(fio.NpyStackReader),
+        prepare_read=sqfs.mount_image,
+        release=sqfs.unmount_image,
+        unavailable=squashfs_unavailable,
     ),
-)  # fmt: skip
+)
 FORMAT_NAMES: tuple[str, ...] = tuple(dict.fromkeys(c.format for c in CASES))
 
 
@@ -169,24 +179,40 @@ def _case_path(root: Path, case: FormatCase) -> Path:
 
 
 def _make_loader(
-    case: FormatCase, path: Path, *, mmap: bool | None, shuffle: bool, workers: int,
-    num_samples: int, group_rows: int, batch_size: int, seed: int,
-) -> tuple[Callable[[], Any], Callable[[], None], str]:  # fmt: skip
+    case: FormatCase,
+    path: Path,
+    *,
+    mmap: bool | None,
+    shuffle: bool,
+    workers: int,
+    num_samples: int,
+    group_rows: int,
+    batch_size: int,
+    seed: int,
+) -> tuple[Callable[[], Any], Callable[[], None], str]:
     """``(make_loader, close, shuffle_kind)`` of one epoch of ``case``."""
     from shardload.bench import format_epoch as fe
 
     if case.reader is None:
         ds = col.open_webdataset(
-            path, shuffle=shuffle, seed=seed, batch_size=batch_size,
-            shuffle_buffer=SHUFFLE_BUFFER, collate=fe.collate,
-        )  # fmt: skip
+            path,
+            shuffle=shuffle,
+            seed=seed,
+            batch_size=batch_size,
+            shuffle_buffer=SHUFFLE_BUFFER,
+            collate=fe.collate,
+        )
         kind = f"shards + buffer of {SHUFFLE_BUFFER}" if shuffle else "none"
         return (lambda: fe.iterable_loader(ds, workers=workers)), (lambda: None), kind
     reader = case.reader(path, mmap, group_rows)
     make = lambda: fe.map_loader(  # noqa: E731
-        reader, num_samples=num_samples, shuffle=shuffle, seed=seed,
-        batch_size=batch_size, workers=workers,
-    )  # fmt: skip
+        reader,
+        num_samples=num_samples,
+        shuffle=shuffle,
+        seed=seed,
+        batch_size=batch_size,
+        workers=workers,
+    )
     return make, reader.close, "permutation" if shuffle else "none"
 
 
@@ -250,9 +276,11 @@ def run_formats(
                 write_s = time.perf_counter() - t
                 files, apparent, allocated = disk_usage(path)
                 written[case.name] = {
-                    "write_s": write_s, "files": files, "bytes": apparent,
+                    "write_s": write_s,
+                    "files": files,
+                    "bytes": apparent,
                     "bytes_on_disk": allocated,
-                }  # fmt: skip
+                }
                 bar.update()
             limit_file = root / "read-limit.npy"
             np.save(limit_file, data.values)
@@ -265,11 +293,21 @@ def run_formats(
                 read_path = case.prepare_read(path) if case.prepare_read else path
                 try:
                     rows += _time_case(
-                        case, path, read_path, settings, hashes, bar=bar, fixed=fixed,
-                        num_samples=num_samples, group_rows=group_rows, batch_size=batch_size,
-                        seed=seed, max_epoch_s=max_epoch_s,
-                        written=written[case.name], data_bytes=data_bytes,
-                    )  # fmt: skip
+                        case,
+                        path,
+                        read_path,
+                        settings,
+                        hashes,
+                        bar=bar,
+                        fixed=fixed,
+                        num_samples=num_samples,
+                        group_rows=group_rows,
+                        batch_size=batch_size,
+                        seed=seed,
+                        max_epoch_s=max_epoch_s,
+                        written=written[case.name],
+                        data_bytes=data_bytes,
+                    )
                 finally:
                     if case.release:
                         case.release(path)
@@ -299,10 +337,22 @@ def run_formats(
 
 
 def _time_case(
-    case: FormatCase, path: Path, read_path: Path, settings: list, hashes: np.ndarray, *,
-    bar: Any, fixed: bool, num_samples: int, group_rows: int, batch_size: int, seed: int,
-    max_epoch_s: float, written: dict[str, Any], data_bytes: int,
-) -> list[dict[str, Any]]:  # fmt: skip
+    case: FormatCase,
+    path: Path,
+    read_path: Path,
+    settings: list,
+    hashes: np.ndarray,
+    *,
+    bar: Any,
+    fixed: bool,
+    num_samples: int,
+    group_rows: int,
+    batch_size: int,
+    seed: int,
+    max_epoch_s: float,
+    written: dict[str, Any],
+    data_bytes: int,
+) -> list[dict[str, Any]]:
     """One checked epoch of ``case`` per setting ``(mmap, shuffle, workers)`` it has."""
     from shardload.bench import format_epoch as fe
 
@@ -313,10 +363,16 @@ def _time_case(
             continue
         bar.set_postfix_str(f"{label} {case.name} mmap={_mmap_label(mmap)} shuffle={shuffle} w={w}")
         make, close, kind = _make_loader(
-            case, read_path, mmap=mmap, shuffle=shuffle, workers=w,
-            num_samples=num_samples, group_rows=group_rows,
-            batch_size=batch_size, seed=seed,
-        )  # fmt: skip
+            case,
+            read_path,
+            mmap=mmap,
+            shuffle=shuffle,
+            workers=w,
+            num_samples=num_samples,
+            group_rows=group_rows,
+            batch_size=batch_size,
+            seed=seed,
+        )
         what = (
             f"{case.name} ({label} length, mmap={_mmap_label(mmap)}, "
             f"shuffle={shuffle}, workers={w}) at {path}"
@@ -325,17 +381,23 @@ def _time_case(
             timing = fe.time_epoch(make, hashes, what=what, max_epoch_s=max_epoch_s)
         finally:
             close()
-        rows.append({
-            "format": case.format, "variant": case.variant,
-            "mmap": "n/a" if mmap is None else mmap, "fixed_length": fixed,
-            "shuffle": shuffle, "shuffle_kind": kind, "workers": w,
-            **timing,
-            "ratio_to_read_limit": None,  # set once the read limit is measured after the epochs
-            "read_limit_MB_per_s": None,
-            **written,
-            "data_bytes": data_bytes,
-            "load_avg_1m": os.getloadavg()[0],
-        })  # fmt: skip
+        rows.append(
+            {
+                "format": case.format,
+                "variant": case.variant,
+                "mmap": "n/a" if mmap is None else mmap,
+                "fixed_length": fixed,
+                "shuffle": shuffle,
+                "shuffle_kind": kind,
+                "workers": w,
+                **timing,
+                "ratio_to_read_limit": None,  # set once the read limit is measured after the epochs
+                "read_limit_MB_per_s": None,
+                **written,
+                "data_bytes": data_bytes,
+                "load_avg_1m": os.getloadavg()[0],
+            }
+        )
         bar.update()
     return rows
 
@@ -371,9 +433,11 @@ def _versions() -> dict[str, str]:
 def _run(args: argparse.Namespace) -> int:
     workers = parse_workers(args.workers)
     for option, value, low in (
-        ("--samples", args.samples, 1), ("--sample-bytes", args.sample_bytes, 4),
-        ("--batch-size", args.batch_size, 1), ("--max-epoch-seconds", args.max_epoch_seconds, 1e-9),
-    ):  # fmt: skip
+        ("--samples", args.samples, 1),
+        ("--sample-bytes", args.sample_bytes, 4),
+        ("--batch-size", args.batch_size, 1),
+        ("--max-epoch-seconds", args.max_epoch_seconds, 1e-9),
+    ):
         if value < low:
             raise ConfigError(f"{option} must be >= {low:g}, got {value}")
     cases = select_cases(args.formats.split(",") if args.formats else None)
@@ -406,21 +470,26 @@ def register(kinds: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--samples", type=int, default=1024, help="samples per dataset (default 1024)")
     p.add_argument(
-        "--sample-bytes", type=int, default=65536,
+        "--sample-bytes",
+        type=int,
+        default=65536,
         help="bytes per sample (the mean for variable length; default 65536)",
-    )  # fmt: skip
+    )
     p.add_argument("--workers", default="0,2", help="DataLoader worker counts (default 0,2)")
     p.add_argument("--out", default="bench-formats", help="output folder (default bench-formats)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per batch (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of lengths, values and shuffles")
     p.add_argument(
-        "--formats", default=None,
+        "--formats",
+        default=None,
         help=f"comma-separated subset of {','.join(FORMAT_NAMES)} (default: all)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-epoch-seconds", type=float, default=10.0,
+        "--max-epoch-seconds",
+        type=float,
+        default=10.0,
         help="stop an epoch after this long and report its rate as capped (default 10)",
-    )  # fmt: skip
+    )
     p.add_argument("--keep-data", action="store_true", help="keep OUT/data (the written formats)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)

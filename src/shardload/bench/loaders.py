@@ -57,27 +57,58 @@ example:
 def register(kinds: argparse._SubParsersAction) -> None:
     """Add ``shardload bench loaders``."""
     p = kinds.add_parser(
-        "loaders", help="accelerators kept busy by each loader (MLPerf-Storage style)",
-        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+        "loaders",
+        help="accelerators kept busy by each loader (MLPerf-Storage style)",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("store", metavar="STORE", help="a store (folder, URL or .sqfs image)")
-    p.add_argument("--emulate-compute", type=float, default=0.02, metavar="SECONDS",
-                   help="compute time per batch of one accelerator (default 0.02)")  # fmt: skip
+    p.add_argument(
+        "--emulate-compute",
+        type=float,
+        default=0.02,
+        metavar="SECONDS",
+        help="compute time per batch of one accelerator (default 0.02)",
+    )
     p.add_argument("--batch-size", type=int, default=256, help="rows per batch (default 256)")
-    p.add_argument("--workers", type=_ints, default=(0, 2), metavar="LIST",
-                   help="DataLoader workers per accelerator, e.g. 0,2 (default 0,2)")  # fmt: skip
-    p.add_argument("--accelerators", type=_ints, default=(1, 2, 4, 8), metavar="LIST",
-                   help="accelerator counts to try, ascending; stops after the first that "
-                   "fails the 90%% goal (default 1,2,4,8)")  # fmt: skip
-    p.add_argument("--loaders", default="all", metavar="LIST",
-                   help=f"comma list of shardload,{','.join(PEERS)} or 'all' (default: "
-                   "shardload and every installed peer that can read STORE)")  # fmt: skip
+    p.add_argument(
+        "--workers",
+        type=_ints,
+        default=(0, 2),
+        metavar="LIST",
+        help="DataLoader workers per accelerator, e.g. 0,2 (default 0,2)",
+    )
+    p.add_argument(
+        "--accelerators",
+        type=_ints,
+        default=(1, 2, 4, 8),
+        metavar="LIST",
+        help="accelerator counts to try, ascending; stops after the first that "
+        "fails the 90%% goal (default 1,2,4,8)",
+    )
+    p.add_argument(
+        "--loaders",
+        default="all",
+        metavar="LIST",
+        help=f"comma list of shardload,{','.join(PEERS)} or 'all' (default: "
+        "shardload and every installed peer that can read STORE)",
+    )
     p.add_argument("--split", default=None, help="read only this split (default: all rows)")
-    p.add_argument("--max-batches", type=int, default=None, metavar="N",
-                   help="stop each accelerator after N batches (default: one epoch of its shard)")  # fmt: skip
+    p.add_argument(
+        "--max-batches",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop each accelerator after N batches (default: one epoch of its shard)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="output folder (default bench-results/loaders-TIMESTAMP)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="output folder (default bench-results/loaders-TIMESTAMP)",
+    )
     p.set_defaults(func=run_cli)
 
 
@@ -104,8 +135,16 @@ def summarize(rows: Sequence[dict[str, Any]], threshold: float = THRESHOLD) -> l
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for r in sorted(rows, key=lambda r: (r["loader"], r["workers"], r["accelerators"])):
         key = (r["loader"], r["workers"])
-        s = out.setdefault(key, {"loader": key[0], "workers": key[1], "max_accelerators": 0,
-                                 "tried": [], "failed": False})  # fmt: skip
+        s = out.setdefault(
+            key,
+            {
+                "loader": key[0],
+                "workers": key[1],
+                "max_accelerators": 0,
+                "tried": [],
+                "failed": False,
+            },
+        )
         s["tried"].append(r["accelerators"])
         ok = r.get("error") is None and r["au_min"] >= threshold
         if ok and not s["failed"]:
@@ -141,10 +180,16 @@ def run_point(
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for rank in range(accelerators):
         one = json.dumps({**spec, "rank": rank, "world": accelerators})
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", _CONSUMER, one], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        ))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", _CONSUMER, one],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
     row: dict[str, Any] = {k: spec[k] for k in ("loader", "workers", "batch_size", "compute_s")}
     row["accelerators"] = accelerators
     try:
@@ -178,13 +223,17 @@ def run_point(
     wall = max(r["wall_s"] for r in results)
     total_rows = sum(r["rows"] for r in results)
     return {
-        **row, "error": None, "au_mean": sum(aus) / len(aus), "au_min": min(aus),
+        **row,
+        "error": None,
+        "au_mean": sum(aus) / len(aus),
+        "au_min": min(aus),
         "batches_per_accelerator": min(r["batches"] for r in results),
         "samples_per_s": total_rows / wall if wall > 0 else 0.0,
         "first_batch_s_max": max(r["first_batch_s"] for r in results),
-        "wait_s_max": max(r["wait_s"] for r in results), "wall_s": wall,
+        "wait_s_max": max(r["wait_s"] for r in results),
+        "wall_s": wall,
         "per_accelerator": results,
-    }  # fmt: skip
+    }
 
 
 def _failure(p: subprocess.Popen, line: str) -> str:
@@ -211,13 +260,25 @@ def sweep(
     from tqdm import tqdm
 
     rows: list[dict[str, Any]] = []
-    bar = tqdm(total=len(loaders) * len(workers) * len(accelerators), disable=not progress,
-               desc="bench loaders", unit="run")  # fmt: skip
+    bar = tqdm(
+        total=len(loaders) * len(workers) * len(accelerators),
+        disable=not progress,
+        desc="bench loaders",
+        unit="run",
+    )
     for loader in loaders:
         for w in workers:
-            spec = dict(loader=loader, workers=w, store=store, batch_size=batch_size,
-                        compute_s=compute_s, split=split, seed=seed, max_batches=max_batches,
-                        array=array)  # fmt: skip
+            spec = dict(
+                loader=loader,
+                workers=w,
+                store=store,
+                batch_size=batch_size,
+                compute_s=compute_s,
+                split=split,
+                seed=seed,
+                max_batches=max_batches,
+                array=array,
+            )
             for i, n in enumerate(sorted(accelerators)):
                 bar.set_postfix_str(f"{loader} w{w} x{n}")
                 row = run_point(spec, n)
@@ -233,10 +294,17 @@ def sweep(
 # -- reporting --------------------------------------------------------------------------------------
 def machine() -> dict[str, Any]:
     """What the numbers were measured on, and how busy the machine was."""
-    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(),
-                            "python": platform.python_version()}  # fmt: skip
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
     try:
-        model = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")]  # fmt: skip
+        model = [
+            ln
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ]
         info["cpu"] = model[0].split(":", 1)[1].strip() if model else ""
         mem = Path("/proc/meminfo").read_text().split()
         info["memory_gib"] = round(int(mem[mem.index("MemTotal:") + 1]) / 2**20, 1)
@@ -253,8 +321,10 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
     (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
     m = doc["machine"]
     lines = [
-        "# shardload bench loaders", "",
-        f"Command: `{doc['command']}`", "",
+        "# shardload bench loaders",
+        "",
+        f"Command: `{doc['command']}`",
+        "",
         f"Store: {doc['store']} ({doc['store_format']}, {doc['store_rows']:,} rows, "
         f"{doc['row_bytes']:,} bytes per row); batch {doc['batch_size']}, emulated compute "
         f"{doc['compute_s'] * 1e3:g} ms per batch, goal: every accelerator >= {THRESHOLD:.0%} busy.",
@@ -262,18 +332,30 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
         f"Machine: {m.get('cpus')} CPUs ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB, "
         f"{m.get('platform')}; load average {m.get('load_average')} before, "
         f"{doc['load_after']} after (other jobs share the machine when it is not 0).",
-        "", "## Largest number of accelerators kept busy", "",
-        "| loader | workers per accelerator | accelerators >= 90% busy | tried |", "|---|---|---|---|",
-    ]  # fmt: skip
+        "",
+        "## Largest number of accelerators kept busy",
+        "",
+        "| loader | workers per accelerator | accelerators >= 90% busy | tried |",
+        "|---|---|---|---|",
+    ]
     for s in doc["summary"]:
-        lines.append(f"| {s['loader']} | {s['workers']} | **{s['max_accelerators']}** {s['bound']} | "
-                     f"{', '.join(map(str, s['tried']))} |")  # fmt: skip
-    lines += ["", "## Every run", "",
-              "| loader | workers | accelerators | AU min | AU mean | samples/s (all) | "
-              "batches each | start-up (max) | waited (max) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {s['loader']} | {s['workers']} | **{s['max_accelerators']}** {s['bound']} | "
+            f"{', '.join(map(str, s['tried']))} |"
+        )
+    lines += [
+        "",
+        "## Every run",
+        "",
+        "| loader | workers | accelerators | AU min | AU mean | samples/s (all) | "
+        "batches each | start-up (max) | waited (max) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in doc["rows"]:
         if r["error"]:
-            lines.append(f"| {r['loader']} | {r['workers']} | {r['accelerators']} | error: {r['error'][:200]} ||||||")  # fmt: skip
+            lines.append(
+                f"| {r['loader']} | {r['workers']} | {r['accelerators']} | error: {r['error'][:200]} ||||||"
+            )
             continue
         lines.append(
             f"| {r['loader']} | {r['workers']} | {r['accelerators']} | {r['au_min']:.1%} | "
@@ -282,9 +364,13 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
         )
     lines += ["", "## Peers", ""]
     lines += [f"- {name}: {why}" for name, why in doc["peers"].items()]
-    lines += ["", "AU = time in the emulated compute (measured) / wall time from the accelerator's "
-              "first batch to its end; start-up (worker launch, first batch) is the column apart; "
-              "'waited' is the accelerator's time waiting for its next batch.", ""]  # fmt: skip
+    lines += [
+        "",
+        "AU = time in the emulated compute (measured) / wall time from the accelerator's "
+        "first batch to its end; start-up (worker launch, first batch) is the column apart; "
+        "'waited' is the accelerator's time waiting for its next batch.",
+        "",
+    ]
     (out / "report.md").write_text("\n".join(lines))
     _plot(out / "au.png", doc)
 
@@ -299,7 +385,9 @@ def _plot(path: Path, doc: dict[str, Any]) -> None:
     series: dict[tuple[str, int], list[tuple[int, float]]] = {}
     for r in doc["rows"]:
         if r["error"] is None:
-            series.setdefault((r["loader"], r["workers"]), []).append((r["accelerators"], r["au_min"]))  # fmt: skip
+            series.setdefault((r["loader"], r["workers"]), []).append(
+                (r["accelerators"], r["au_min"])
+            )
     for (loader, w), pts in sorted(series.items()):
         xs, ys = zip(*sorted(pts), strict=True)
         ax.plot(xs, [100 * y for y in ys], marker="o", label=f"{loader}, {w} workers")
@@ -325,10 +413,16 @@ def run_cli(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     fmt = store.manifest.format
     peers = probe_peers(fmt)
-    wanted = ["shardload", *PEERS] if args.loaders == "all" else [s.strip() for s in args.loaders.split(",")]  # fmt: skip
+    wanted = (
+        ["shardload", *PEERS]
+        if args.loaders == "all"
+        else [s.strip() for s in args.loaders.split(",")]
+    )
     unknown = [w for w in wanted if w != "shardload" and w not in PEERS]
     if unknown:
-        raise ConfigError(f"--loaders: unknown {unknown}; choose from shardload, {', '.join(PEERS)}")  # fmt: skip
+        raise ConfigError(
+            f"--loaders: unknown {unknown}; choose from shardload, {', '.join(PEERS)}"
+        )
     loaders = [w for w in wanted if w == "shardload" or peers[w] == "ok"]
     for w in wanted:
         if w != "shardload" and peers[w] != "ok":
@@ -341,16 +435,27 @@ def run_cli(args: argparse.Namespace) -> int:
     out = args.out or Path("bench-results") / time.strftime("loaders-%Y%m%d-%H%M%S")
     doc: dict[str, Any] = {
         "command": _command(args),
-        "store": str(args.store), "store_format": fmt, "store_rows": len(store),
+        "store": str(args.store),
+        "store_format": fmt,
+        "store_rows": len(store),
         "row_bytes": sum(_row_bytes(a) for a in store.manifest.arrays.values()),
-        "batch_size": args.batch_size, "compute_s": args.emulate_compute, "machine": machine(),
+        "batch_size": args.batch_size,
+        "compute_s": args.emulate_compute,
+        "machine": machine(),
         "peers": peers,
-    }  # fmt: skip
+    }
     rows = sweep(
-        str(args.store), loaders=loaders, workers=args.workers, accelerators=args.accelerators,
-        compute_s=args.emulate_compute, batch_size=args.batch_size, split=args.split,
-        seed=args.seed, max_batches=args.max_batches, array=array,
-    )  # fmt: skip
+        str(args.store),
+        loaders=loaders,
+        workers=args.workers,
+        accelerators=args.accelerators,
+        compute_s=args.emulate_compute,
+        batch_size=args.batch_size,
+        split=args.split,
+        seed=args.seed,
+        max_batches=args.max_batches,
+        array=array,
+    )
     doc["load_after"] = (
         [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     )
@@ -358,16 +463,29 @@ def run_cli(args: argparse.Namespace) -> int:
     doc["summary"] = summarize(rows)
     write_report(out, doc)
     for s in doc["summary"]:
-        print(f"{s['loader']:>20} workers={s['workers']}: {s['max_accelerators']} accelerators "
-              f">= 90% busy {s['bound']}")  # fmt: skip
+        print(
+            f"{s['loader']:>20} workers={s['workers']}: {s['max_accelerators']} accelerators "
+            f">= 90% busy {s['bound']}"
+        )
     print(f"wrote {out}/results.json, report.md, au.png")
     return 0
 
 
 def _command(args: argparse.Namespace) -> str:
-    words = ["shardload bench loaders", str(args.store), "--emulate-compute", f"{args.emulate_compute:g}",
-             "--batch-size", str(args.batch_size), "--workers", ",".join(map(str, args.workers)),
-             "--accelerators", ",".join(map(str, args.accelerators)), "--loaders", args.loaders]  # fmt: skip
+    words = [
+        "shardload bench loaders",
+        str(args.store),
+        "--emulate-compute",
+        f"{args.emulate_compute:g}",
+        "--batch-size",
+        str(args.batch_size),
+        "--workers",
+        ",".join(map(str, args.workers)),
+        "--accelerators",
+        ",".join(map(str, args.accelerators)),
+        "--loaders",
+        args.loaders,
+    ]
     if args.split:
         words += ["--split", args.split]
     if args.max_batches:

@@ -29,9 +29,13 @@ def build(spec: dict[str, Any]) -> tuple[Iterable[Any], str]:
         from shardload.torch import StreamingDataLoader, StreamingDataset
 
         ds = StreamingDataset(
-            spec["store"], batch_size=spec["batch_size"], split=spec["split"], seed=spec["seed"],
-            rank=rank, world_size=world,
-        )  # fmt: skip
+            spec["store"],
+            batch_size=spec["batch_size"],
+            split=spec["split"],
+            seed=spec["seed"],
+            rank=rank,
+            world_size=world,
+        )
         return StreamingDataLoader(ds, num_workers=spec["workers"]), "StreamingDataLoader"
     if kind == "zarr-torch-dataset":
         import zarr
@@ -40,13 +44,21 @@ def build(spec: dict[str, Any]) -> tuple[Iterable[Any], str]:
         z = zarr.open_array(spec["array"], mode="r")  # the store's first array, local path
         mine = np.arange(rank, z.nchunks, world)  # this rank's chunks: a disjoint shard
         ds = ZarrIterableDataset(
-            samples=z, targets=np.arange(z.shape[0], dtype=np.int64), selected_chunk_indexes=mine,
-            shuffle_chunks=True, chunks_shuffle_seed=spec["seed"], shuffle_buffer=True,
+            samples=z,
+            targets=np.arange(z.shape[0], dtype=np.int64),
+            selected_chunk_indexes=mine,
+            shuffle_chunks=True,
+            chunks_shuffle_seed=spec["seed"],
+            shuffle_buffer=True,
             buffer_shuffle_seed=spec["seed"],
-        )  # fmt: skip
+        )
         w = spec["workers"]
-        loader = ZarrDataLoader(dataset=ds, num_workers=w, batch_size=spec["batch_size"],
-                                prefetch_factor=2 if w else None)  # fmt: skip
+        loader = ZarrDataLoader(
+            dataset=ds,
+            num_workers=w,
+            batch_size=spec["batch_size"],
+            prefetch_factor=2 if w else None,
+        )
         return loader, f"ZarrIterableDataset over chunks {rank}::{world} of {spec['array']}"
     raise ValueError(f"unknown loader {kind!r}")
 
@@ -91,9 +103,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     first = (t_first or t_end) - t_go
     wall = t_end - (t_first or t_end)
     return {
-        "rank": spec["rank"], "batches": batches, "rows": rows, "first_batch_s": first,
-        "wall_s": wall, "wait_s": wait_s, "busy_s": busy_s, "au": busy_s / wall if wall > 0 else 0.0,
-    }  # fmt: skip
+        "rank": spec["rank"],
+        "batches": batches,
+        "rows": rows,
+        "first_batch_s": first,
+        "wall_s": wall,
+        "wait_s": wait_s,
+        "busy_s": busy_s,
+        "au": busy_s / wall if wall > 0 else 0.0,
+    }
 
 
 def main() -> None:

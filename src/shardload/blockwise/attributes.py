@@ -166,6 +166,12 @@ def semblance(x: np.ndarray, *, traces: int = 3, samples: int = 5, axis: int = -
 
 
 __all__ = [
-    "anomaly", "envelope", "gradient_magnitude", "instantaneous_frequency",
-    "instantaneous_phase", "rms_amplitude", "rolling_mean", "semblance",
-]  # fmt: skip
+    "anomaly",
+    "envelope",
+    "gradient_magnitude",
+    "instantaneous_frequency",
+    "instantaneous_phase",
+    "rms_amplitude",
+    "rolling_mean",
+    "semblance",
+]

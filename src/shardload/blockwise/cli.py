@@ -16,16 +16,21 @@ def register(sub: Any) -> None:
     )
     p.add_argument("config", help="YAML config (source, attributes, chunks, out, execution)")
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config key (repeatable), e.g. --set execution.num_workers=4",
-    )  # fmt: skip
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output store")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
-        "--dry-run-jobs", action="store_true",
+        "--dry-run-jobs",
+        action="store_true",
         help="scheduler jobqueue: print the batch job script dask-jobqueue would submit; "
         "submits and writes nothing",
-    )  # fmt: skip
+    )
     p.set_defaults(func=run)
 
 
@@ -42,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(dry_run_text(load_compute_config(args.config, overrides).execution))
         return 0
     m = compute(args.config, overrides, progress=False if args.no_progress else None)
-    print(f"computed {len(m.arrays)} attribute(s) {sorted(m.arrays)}: {m.length} rows, "
-          f"{m.num_chunks} chunk(s)")  # fmt: skip
+    print(
+        f"computed {len(m.arrays)} attribute(s) {sorted(m.arrays)}: {m.length} rows, "
+        f"{m.num_chunks} chunk(s)"
+    )
     return 0

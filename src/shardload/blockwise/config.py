@@ -34,13 +34,27 @@ from shardload.util.imports import import_function
 SCHEDULERS = ("threads", "processes", "sync", "distributed", "jobqueue", "auto")
 ATTRIBUTE_KEYS = ("function", "depth", "boundary", "dtype", "kwargs")
 TOP_KEYS = (
-    "source", "attributes", "chunks", "out", "execution", "memory_limit", "allow_nan",
-    "overwrite", "compression",
-)  # fmt: skip
+    "source",
+    "attributes",
+    "chunks",
+    "out",
+    "execution",
+    "memory_limit",
+    "allow_nan",
+    "overwrite",
+    "compression",
+)
 SOURCE_KEYS = (
-    "paths", "variable", "engine", "combine", "concat_dim", "decode_times", "group",
-    "open_kwargs", "storage_options",
-)  # fmt: skip
+    "paths",
+    "variable",
+    "engine",
+    "combine",
+    "concat_dim",
+    "decode_times",
+    "group",
+    "open_kwargs",
+    "storage_options",
+)
 
 
 @dataclass(frozen=True)

@@ -135,9 +135,14 @@ def plan_job(cfg: ComputeConfig, info: SourceInfo, root: str) -> ComputeJob:
         )
     chunks = plan_overlap_chunks(chunks, {a.name: a.depth for a in attrs})
     return ComputeJob(
-        cfg, root, info, chunks, tuple(attrs), _fingerprint(cfg, info, chunks),
+        cfg,
+        root,
+        info,
+        chunks,
+        tuple(attrs),
+        _fingerprint(cfg, info, chunks),
         steps=tuple(cfg.steps.values()),
-    )  # fmt: skip
+    )
 
 
 def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
@@ -450,9 +455,13 @@ def compute(
     }
     for st in job.steps:
         specs[st.name] = ArrayInfo(
-            st.name, info.shape, st.dtype, bounds[1] - bounds[0], path=st.name,
+            st.name,
+            info.shape,
+            st.dtype,
+            bounds[1] - bounds[0],
+            path=st.name,
             attrs={"dims": list(info.dims)},
-        )  # fmt: skip
+        )
     options = FormatOptions(cfg.compression)
 
     def create(root: Path) -> None:
@@ -486,9 +495,13 @@ def compute(
         def array_info(name: str, dtype: Any, **attrs: Any) -> ArrayInfo:
             """One output array on the source's grid and dims, with what made it."""
             return ArrayInfo(
-                name, info.shape, dtype, bounds[1] - bounds[0], path=name,
+                name,
+                info.shape,
+                dtype,
+                bounds[1] - bounds[0],
+                path=name,
                 attrs={**attrs, "dims": list(info.dims)},
-            )  # fmt: skip
+            )
 
         manifest = Manifest(
             format="zarr",
@@ -585,14 +598,21 @@ def _fit_steps(
 
 
 def _step_attrs(s: StepConfig, model: StepModel) -> dict[str, Any]:
-    out: dict[str, Any] = {"inputs": list(s.inputs), "means": list(model.means),
-                           "stds": list(model.stds)}  # fmt: skip
+    out: dict[str, Any] = {
+        "inputs": list(s.inputs),
+        "means": list(model.means),
+        "stds": list(model.stds),
+    }
     if s.kind == "kmeans":
         assert model.centers is not None
         out.update(
-            n_clusters=s.n_clusters, standardize=s.standardize, random_state=s.random_state,
-            max_iter=s.max_iter, tol=s.tol, centers=model.centers.tolist(),
-        )  # fmt: skip
+            n_clusters=s.n_clusters,
+            standardize=s.standardize,
+            random_state=s.random_state,
+            max_iter=s.max_iter,
+            tol=s.tol,
+            centers=model.centers.tolist(),
+        )
     return out
 
 
@@ -603,9 +623,12 @@ def _run(
     from tqdm.auto import tqdm
 
     bar = tqdm(
-        total=job.num_slabs, initial=initial, unit="slab", desc="compute",
+        total=job.num_slabs,
+        initial=initial,
+        unit="slab",
+        desc="compute",
         disable=(not progress) if progress is not None else None,
-    )  # fmt: skip
+    )
     with open_executor(job.config.execution) as (ex, parallelism):
 
         def record(res: dict[str, Any]) -> None:

@@ -50,10 +50,11 @@ class SourceArray:
             ci = vol.block_inlines()
             n = vol.shape[0]
             self.info = SourceInfo(
-                vol.shape, vol.dtype.name,
+                vol.shape,
+                vol.dtype.name,
                 (tuple(min(ci, n - s) for s in range(0, n, ci)), (vol.shape[1],), (vol.shape[2],)),
                 DIMS,
-            )  # fmt: skip
+            )
         elif len(paths) == 1 and not is_url(paths[0]) and engine == "zarr":
             import zarr
 
@@ -97,9 +98,11 @@ class SourceArray:
             self._dask = var.data
             chunks = getattr(var.data, "chunks", None) or tuple((n,) for n in var.shape)
             self.info = SourceInfo(
-                tuple(int(s) for s in var.shape), np.dtype(var.dtype).name,
-                tuple(tuple(int(c) for c in ax) for ax in chunks), tuple(map(str, var.dims)),
-            )  # fmt: skip
+                tuple(int(s) for s in var.shape),
+                np.dtype(var.dtype).name,
+                tuple(tuple(int(c) for c in ax) for ax in chunks),
+                tuple(map(str, var.dims)),
+            )
 
     def read(self, box: Sequence[tuple[int, int]]) -> np.ndarray:
         if self._segy is not None:

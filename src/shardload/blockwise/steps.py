@@ -97,11 +97,15 @@ def parse_step(name: str, raw: Mapping[str, Any]) -> StepConfig:
     if isinstance(it, bool) or not isinstance(it, int) or it < 1:
         raise ConfigError(f"{where}.kmeans.max_iter: {it!r}; give a positive integer")
     return StepConfig(
-        str(name), kind, tuple(inputs), n_clusters=k,
+        str(name),
+        kind,
+        tuple(inputs),
+        n_clusters=k,
         standardize=bool(opts.get("standardize", True)),
-        random_state=int(opts.get("random_state", 0)), max_iter=it,
+        random_state=int(opts.get("random_state", 0)),
+        max_iter=it,
         tol=float(opts.get("tol", 1e-4)),
-    )  # fmt: skip
+    )
 
 
 def check_steps(steps: Mapping[str, StepConfig], attributes: Sequence[str]) -> None:
@@ -175,17 +179,26 @@ def fit_kmeans(
 
     cluster = require("dask_ml.cluster", "ml")
     vec = _Vectors(root, step, model, shape)
-    x = da.from_array(vec, chunks=(FIT_ROWS, -1), asarray=False, lock=False,
-                      meta=np.empty((0, 0), dtype=np.float64), name=f"vectors-{step.name}")  # fmt: skip
+    x = da.from_array(
+        vec,
+        chunks=(FIT_ROWS, -1),
+        asarray=False,
+        lock=False,
+        meta=np.empty((0, 0), dtype=np.float64),
+        name=f"vectors-{step.name}",
+    )
     if x.shape[0] < step.n_clusters:
         raise ConfigError(
             f"attributes.{step.name}.kmeans.n_clusters: {step.n_clusters} clusters for "
             f"{x.shape[0]} vectors"
         )
     km = cluster.KMeans(
-        n_clusters=step.n_clusters, random_state=step.random_state, max_iter=step.max_iter,
-        tol=step.tol, init="k-means||",
-    )  # fmt: skip
+        n_clusters=step.n_clusters,
+        random_state=step.random_state,
+        max_iter=step.max_iter,
+        tol=step.tol,
+        init="k-means||",
+    )
     with dask.config.set(scheduler="threads", num_workers=workers):
         km.fit(x)
     return np.asarray(km.cluster_centers_, dtype=np.float64)

@@ -62,8 +62,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     s = summary(store)
     shapes = ", ".join(f"{k}{tuple(a['shape'])}" for k, a in s["arrays"].items())
     splits = ", ".join(f"{k}={v['rows']}" for k, v in s["splits"].items())
-    print(f"[3/4] inspect: {s['length']} samples, {s['num_chunks']} chunks of {s['chunk_rows']} rows, "
-          f"arrays {shapes}, splits {splits}")  # fmt: skip
+    print(
+        f"[3/4] inspect: {s['length']} samples, {s['num_chunks']} chunks of {s['chunk_rows']} rows, "
+        f"arrays {shapes}, splits {splits}"
+    )
     if args.steps > 0:
         from shardload.train.demo import train_mlp
 
@@ -72,10 +74,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         out = home / "artifacts" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
         saved = save_model(res, out)
-        print(f"[4/4] train: {res['steps']} steps of a {res['params']:,}-parameter MLP, loss {res['first_loss']:.4f} -> "
-              f"{res['last_loss']:.4f}, validation loss {res['val_loss']:.4f} ({res['val_rows']} rows), "
-              f"{res['samples_per_s']:,.0f} samples/s ({res['mb_per_s']:.1f} MB/s) "
-              f"with {args.workers} DataLoader worker(s); model saved to {saved}")  # fmt: skip
+        print(
+            f"[4/4] train: {res['steps']} steps of a {res['params']:,}-parameter MLP, loss {res['first_loss']:.4f} -> "
+            f"{res['last_loss']:.4f}, validation loss {res['val_loss']:.4f} ({res['val_rows']} rows), "
+            f"{res['samples_per_s']:,.0f} samples/s ({res['mb_per_s']:.1f} MB/s) "
+            f"with {args.workers} DataLoader worker(s); model saved to {saved}"
+        )
     print(f"done in {time.perf_counter() - t0:.1f} s; workspace {home}")
     return 0
 
@@ -105,9 +109,12 @@ def sample_files(
         log.warning("%s holds files the demo did not write: using them, deleting nothing", raw)
         return present, "the files already there (not written by the demo: kept as they are)"
     files = write(
-        raw, columns=params["columns"], timesteps=(0,), patches=tuple(range(params["patches"])),
+        raw,
+        columns=params["columns"],
+        timesteps=(0,),
+        patches=tuple(range(params["patches"])),
         seed=params["seed"],
-    )  # fmt: skip
+    )
     marker.write_text(json.dumps({"params": params, "files": [Path(f).name for f in files]}))
     return list(files), "written"
 

@@ -71,12 +71,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="address to bind (default 127.0.0.1; anything else is reachable by other machines)",
     )
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free)")
-    p.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
-                   help=f"open connections at most; more get 503 (default {MAX_CONNECTIONS})")  # fmt: skip
-    p.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_S, metavar="S",
-                   help=f"close a connection with no request for S seconds (default {IDLE_TIMEOUT_S:g})")  # fmt: skip
-    p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="S",
-                   help=f"close a connection whose request header takes longer (default {HEADER_TIMEOUT_S:g})")  # fmt: skip
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        metavar="N",
+        help=f"open connections at most; more get 503 (default {MAX_CONNECTIONS})",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=IDLE_TIMEOUT_S,
+        metavar="S",
+        help=f"close a connection with no request for S seconds (default {IDLE_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=HEADER_TIMEOUT_S,
+        metavar="S",
+        help=f"close a connection whose request header takes longer (default {HEADER_TIMEOUT_S:g})",
+    )
     p.set_defaults(func=run_serve)
 
     p = subparsers.add_parser(
@@ -112,10 +127,14 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"serving {root} at {url} ({num_stores} stores) — Ctrl-C to stop", flush=True)
 
     serve(
-        root, host=args.host, port=args.port, ready=ready,
-        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+        root,
+        host=args.host,
+        port=args.port,
+        ready=ready,
+        max_connections=args.max_connections,
+        idle_timeout_s=args.idle_timeout,
         header_timeout_s=args.header_timeout,
-    )  # fmt: skip
+    )
     print("stopped", flush=True)
     return 0
 

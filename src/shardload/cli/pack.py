@@ -43,14 +43,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("store", metavar="STORE", type=Path, help="a finished store folder")
-    p.add_argument("--to", required=True, type=Path, metavar="IMAGE", help="image file to write, e.g. era5.sqfs")  # fmt: skip
-    p.add_argument("--compression", choices=COMPRESSIONS, default="zstd",
-                   help="how the image compresses its blocks (default zstd; 'none': raw, "
-                   "fastest to read; chunks already compressed by the store gain little)")  # fmt: skip
-    p.add_argument("--block-size", type=_size, default=131072, metavar="BYTES",
-                   help="SquashFS block size, a power of two from 4K to 1M (default 128K; "
-                   "a read decodes whole blocks)")  # fmt: skip
-    p.add_argument("--processors", type=int, default=None, metavar="N", help="threads mksquashfs uses (default all)")  # fmt: skip
+    p.add_argument(
+        "--to",
+        required=True,
+        type=Path,
+        metavar="IMAGE",
+        help="image file to write, e.g. era5.sqfs",
+    )
+    p.add_argument(
+        "--compression",
+        choices=COMPRESSIONS,
+        default="zstd",
+        help="how the image compresses its blocks (default zstd; 'none': raw, "
+        "fastest to read; chunks already compressed by the store gain little)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=_size,
+        default=131072,
+        metavar="BYTES",
+        help="SquashFS block size, a power of two from 4K to 1M (default 128K; "
+        "a read decodes whole blocks)",
+    )
+    p.add_argument(
+        "--processors",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads mksquashfs uses (default all)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace IMAGE if it exists")
     p.set_defaults(func=run_pack)
 
@@ -72,8 +93,12 @@ def run_pack(args: argparse.Namespace) -> int:
     from shardload.move.squashfs import pack
 
     image = pack(
-        args.store, args.to, compression=args.compression, block_size=args.block_size,
-        processors=args.processors, overwrite=args.overwrite,
-    )  # fmt: skip
+        args.store,
+        args.to,
+        compression=args.compression,
+        block_size=args.block_size,
+        processors=args.processors,
+        overwrite=args.overwrite,
+    )
     print(f"packed {args.store} into {image} ({image.stat().st_size:,} bytes)", flush=True)
     return 0

@@ -31,32 +31,57 @@ The whole config is checked before any file is written; --check stops there and 
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("prepare", help="raw files -> sharded store (from a YAML config)",
-                       description=PREPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = sub.add_parser(
+        "prepare",
+        help="raw files -> sharded store (from a YAML config)",
+        description=PREPARE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("config", help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (dotted for nested keys, value parsed as YAML), e.g. "
-                   "--set chunk_rows=4096 --set execution.scheduler=processes; repeatable")  # fmt: skip
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (dotted for nested keys, value parsed as YAML), e.g. "
+        "--set chunk_rows=4096 --set execution.scheduler=processes; repeatable",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at 'out'")
-    p.add_argument("--scheduler", choices=["auto", "threads", "processes", "distributed", "jobqueue", "sync"],
-                   help="shortcut for --set execution.scheduler=...")  # fmt: skip
+    p.add_argument(
+        "--scheduler",
+        choices=["auto", "threads", "processes", "distributed", "jobqueue", "sync"],
+        help="shortcut for --set execution.scheduler=...",
+    )
     p.add_argument("--workers", type=int, help="shortcut for --set execution.num_workers=N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--check", action="store_true",
-                   help="validate the config and print the plan (length, arrays, chunks, bytes, "
-                   "splits) without writing anything; the source is opened lazily")  # fmt: skip
-    p.add_argument("--dry-run-jobs", action="store_true",
-                   help="scheduler jobqueue: print the batch job script dask-jobqueue would "
-                   "submit (and how many jobs, workers, threads); submits and writes nothing")  # fmt: skip
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config and print the plan (length, arrays, chunks, bytes, "
+        "splits) without writing anything; the source is opened lazily",
+    )
+    p.add_argument(
+        "--dry-run-jobs",
+        action="store_true",
+        help="scheduler jobqueue: print the batch job script dask-jobqueue would "
+        "submit (and how many jobs, workers, threads); submits and writes nothing",
+    )
     p.set_defaults(func=cmd_prepare)
 
-    c = sub.add_parser("config-schema", help="print the JSON schema of prepare configs (for editors)",
-                       description="Print the JSON schema of the prepare config, e.g. for the YAML "
-                       "language server: shardload config-schema > shardload.schema.json")  # fmt: skip
+    c = sub.add_parser(
+        "config-schema",
+        help="print the JSON schema of prepare configs (for editors)",
+        description="Print the JSON schema of the prepare config, e.g. for the YAML "
+        "language server: shardload config-schema > shardload.schema.json",
+    )
     c.set_defaults(func=cmd_config_schema)
 
-    q = sub.add_parser("inspect", help="summarise a store (length, arrays, chunks, splits, stats, size)",
-                       description="Print a store's manifest summary. STORE is a folder or a URL.")  # fmt: skip
+    q = sub.add_parser(
+        "inspect",
+        help="summarise a store (length, arrays, chunks, splits, stats, size)",
+        description="Print a store's manifest summary. STORE is a folder or a URL.",
+    )
     q.add_argument("store", help="store folder or URL (http://..., s3://...)")
     q.add_argument("--json", action="store_true", help="machine-readable JSON")
     q.add_argument("--stats", action="store_true", help="show per-feature statistics (text mode)")
@@ -289,7 +314,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for k, st in s["stats"].items():
         import numpy as np
 
-        mn, mean, mx = (_nan_or(f, st[key]) for f, key in ((np.nanmin, "min"), (np.nanmean, "mean"), (np.nanmax, "max")))  # fmt: skip
+        mn, mean, mx = (
+            _nan_or(f, st[key])
+            for f, key in ((np.nanmin, "min"), (np.nanmean, "mean"), (np.nanmax, "max"))
+        )
         print(f"  {k:12s} min {mn:.4g}  mean {mean:.4g}  max {mx:.4g}  NaN {st['nan_count']}")
         if args.stats:
             feats = store.manifest.arrays[k].features or [str(i) for i in range(len(st["mean"]))]

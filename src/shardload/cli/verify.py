@@ -87,14 +87,18 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "verify", help="check every chunk of a store against its checksums", description=HELP,
+        "verify",
+        help="check every chunk of a store against its checksums",
+        description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     p.add_argument("store", help="a store folder or URL")
     p.add_argument(
-        "--threads", type=int, default=min(4, os.cpu_count() or 1),
+        "--threads",
+        type=int,
+        default=min(4, os.cpu_count() or 1),
         help="chunks checked at once (default: min(4, CPUs))",
-    )  # fmt: skip
+    )
     p.set_defaults(func=run)
 
 

@@ -211,9 +211,12 @@ class Manifest:
                 continue
             rel = feature_file_name(name, i)
             files[rel] = functools.partial(
-                write_features, array=name, names=feats, stats=stats,
+                write_features,
+                array=name,
+                names=feats,
+                stats=stats,
                 dtype=None if info is None else info.dtype,
-            )  # fmt: skip
+            )
             arrays[name] = rel
         d = self._plain_fields()
         ragged = any(a.is_ragged for a in self.arrays.values())

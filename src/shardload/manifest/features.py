@@ -279,9 +279,13 @@ def decode_features(data: bytes, *, where: str) -> tuple[Sequence[str] | None, F
                 else:  # format 2 leaves out all-zero counts
                     nan_count = np.zeros(mean.shape, np.int64)
                 stats = FeatureStats.of_arrays(
-                    int(z["count"]), mean=mean, std=std, min=z["min"], max=z["max"],
+                    int(z["count"]),
+                    mean=mean,
+                    std=std,
+                    min=z["min"],
+                    max=z["max"],
                     nan_count=nan_count,
-                )  # fmt: skip
+                )
                 if not all(len(getattr(stats, f)) == len(stats.mean) for f in STATS_FIELDS):
                     raise ValueError("statistics of different lengths")
     except (OSError, ValueError, KeyError, UnicodeDecodeError, EOFError) as exc:

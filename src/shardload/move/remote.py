@@ -323,9 +323,12 @@ class RemoteFileSystem(AbstractFileSystem):
     def _retry(self, func: Callable[[], T], path: str, what: str) -> T:
         s = self.spec
         return call_with_retries(
-            func, url=self.unstrip_protocol(path), what=what or self._name(path),
-            retries=s.retries, backoff_s=s.backoff_s,
-        )  # fmt: skip
+            func,
+            url=self.unstrip_protocol(path),
+            what=what or self._name(path),
+            retries=s.retries,
+            backoff_s=s.backoff_s,
+        )
 
     def _name(self, path: str, what: str = "file") -> str:
         """``file x/000004.npy`` (the path inside the store) for error messages."""

@@ -169,8 +169,9 @@ class _Limits:
         if now - self.warned_at >= 10:
             log.warning(
                 "refused %d connection(s): %d open, the limit (max_connections)",
-                self.refused, self.open,
-            )  # fmt: skip
+                self.refused,
+                self.open,
+            )
             self.refused, self.warned_at = 0, now
 
 

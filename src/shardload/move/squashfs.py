@@ -161,9 +161,15 @@ def pack(
     log.info(
         "packed %s (%d files, %.1f MB) into %s (%.1f MB, %s compression, %.2f of the store's "
         "bytes) in %.1f s",
-        store, files, nbytes / 1e6, image, size / 1e6, compression,
-        size / max(nbytes, 1), time.monotonic() - t0,
-    )  # fmt: skip
+        store,
+        files,
+        nbytes / 1e6,
+        image,
+        size / 1e6,
+        compression,
+        size / max(nbytes, 1),
+        time.monotonic() - t0,
+    )
     return image
 
 
@@ -211,8 +217,10 @@ def mount(image_path: str | os.PathLike[str]) -> Path:
     """
     image = Path(image_path).expanduser().resolve()
     if not image.is_file():
-        raise ImageError(f"no SquashFS image at {image}: " + (
-            "it is a folder" if image.is_dir() else "the file does not exist"))  # fmt: skip
+        raise ImageError(
+            f"no SquashFS image at {image}: "
+            + ("it is a folder" if image.is_dir() else "the file does not exist")
+        )
     if not is_image(image):
         raise ImageError(f"{image} is not a SquashFS image (no 'hsqs' magic at its start)")
     identity = _identity(image)
@@ -369,9 +377,12 @@ def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
 def _start_watcher(image: Path, base: Path, squashfuse: str, fusermount: str) -> None:
     cmd = [sys.executable, "-I", _WATCHER, str(image), str(base), str(base), squashfuse, fusermount]
     proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,  # no terminal signal (Ctrl-C) reaches it
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     line = b""
     deadline = time.monotonic() + READY_TIMEOUT_S

@@ -150,8 +150,11 @@ def main(argv: list[str]) -> int:
     with open(stem + ".log", "wb") as log:
         fuse = subprocess.Popen(
             [squashfuse, "-f", "-o", "ro,auto_unmount", image, mountpoint],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_pdeathsig,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            preexec_fn=_pdeathsig,
+        )
     deadline = time.monotonic() + MOUNT_TIMEOUT_S
     while not mounted(mountpoint):
         if fuse.poll() is not None or time.monotonic() > deadline:
@@ -162,8 +165,13 @@ def main(argv: list[str]) -> int:
             _cleanup(stem, mountpoint, fusermount, None, setup=False)
             return 1
         time.sleep(0.01)
-    state = {"watcher": os.getpid(), "watcher_start": _start_time(os.getpid()),
-             "squashfuse": fuse.pid, "image": image, "mountpoint": mountpoint}  # fmt: skip
+    state = {
+        "watcher": os.getpid(),
+        "watcher_start": _start_time(os.getpid()),
+        "squashfuse": fuse.pid,
+        "image": image,
+        "mountpoint": mountpoint,
+    }
     tmp = f"{stem}.json.{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(state, f)

@@ -39,9 +39,19 @@ COMPRESSION_NAMES = ("none", "zstd", "lz4")
 VIEW_NAMES = ("flat", "graph", "window", "function")
 SCHEDULERS = ("auto", "threads", "processes", "distributed", "jobqueue", "sync")
 NUMERIC_DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64",
-)  # fmt: skip
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
 #: keys people write that are not (or no longer) keys, with what to write instead
 HINTS = {
     "view_options": "put view options in the view mapping, e.g. view: {name: window, lookback: 2}",
@@ -83,8 +93,16 @@ def parse_size(v: Any) -> int:
         raise ValueError(f"expected a size such as 16MiB, 1GB or 4096, got {v!r}")
     if isinstance(v, (int, float)):
         return int(v)
-    units = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-             "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
+    units = {
+        "k": 10**3,
+        "m": 10**6,
+        "g": 10**9,
+        "t": 10**12,
+        "ki": 2**10,
+        "mi": 2**20,
+        "gi": 2**30,
+        "ti": 2**40,
+    }
     m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kmgt]i?)?b?\s*", v.lower())
     if not m:
         raise ValueError(f"cannot read {v!r} as a size (e.g. 16MiB, 1GB, 4096)")
@@ -435,16 +453,30 @@ def cross_checks(model: PrepareModel, skip: frozenset[str] = frozenset()) -> lis
         problems.append(
             ("shard_chunks", f"only the zarr format has shards (format is {model.format!r})")
         )
-    if rule("format", "compression") and model.format == "npy" and model.compression not in (None, "none"):  # fmt: skip
+    if (
+        rule("format", "compression")
+        and model.format == "npy"
+        and model.compression not in (None, "none")
+    ):
         problems.append(
-            ("compression", f"the npy format stores raw arrays: use 'none', not {model.compression!r}")
-        )  # fmt: skip
-    if rule("compression", "compression_level") and model.compression == "none" and model.compression_level is not None:  # fmt: skip
+            (
+                "compression",
+                f"the npy format stores raw arrays: use 'none', not {model.compression!r}",
+            )
+        )
+    if (
+        rule("compression", "compression_level")
+        and model.compression == "none"
+        and model.compression_level is not None
+    ):
         problems.append(("compression_level", "has no effect with compression: none"))
     if rule("view", "arrays") and view.name in ("flat", "window") and not model.arrays:
         problems.append(
-            ("arrays", f"the {view.name!r} view needs at least one array, e.g. arrays: {{x: [t, z]}}")
-        )  # fmt: skip
+            (
+                "arrays",
+                f"the {view.name!r} view needs at least one array, e.g. arrays: {{x: [t, z]}}",
+            )
+        )
     if rule("view", "sample_dims") and view.name == "flat" and not model.sample_dims:
         problems.append(("sample_dims", "the flat view needs at least one sample dimension"))
     if rule("view") and isinstance(view, FunctionViewModel) and isinstance(view.function, str):
@@ -461,8 +493,11 @@ def cross_checks(model: PrepareModel, skip: frozenset[str] = frozenset()) -> lis
             problems.append(("execution.cluster", "only used with scheduler: jobqueue"))
         if ex.scheduler == "jobqueue" and ex.cluster is None:
             problems.append(
-                ("execution.cluster", "scheduler: jobqueue needs a cluster, e.g. {kind: slurm, jobs: 4}")
-            )  # fmt: skip
+                (
+                    "execution.cluster",
+                    "scheduler: jobqueue needs a cluster, e.g. {kind: slurm, jobs: 4}",
+                )
+            )
     return problems
 
 

@@ -323,9 +323,16 @@ def prepare(
     # a worker reads them from its own view when an error needs one
     slim = {n: dataclasses.replace(s, features=None) for n, s in specs.items()}
     job = PrepareJob(
-        cfg, str(commit.root), length, chunk_rows, cfg.shard_chunks or 1, slim, fingerprint,
-        dataset, defer_fsync=workers_share_disk_cache(cfg),
-    )  # fmt: skip
+        cfg,
+        str(commit.root),
+        length,
+        chunk_rows,
+        cfg.shard_chunks or 1,
+        slim,
+        fingerprint,
+        dataset,
+        defer_fsync=workers_share_disk_cache(cfg),
+    )
     _VIEWS.clear()
     if (
         dataset is None
@@ -340,8 +347,15 @@ def prepare(
     num_blocks = job.num_blocks
     log.info(
         "preparing %s: %d samples, %d array(s), %d chunk(s) of %d rows (%.1f MiB/chunk), format=%s compression=%s",
-        out, length, len(specs), bounds.num_chunks, chunk_rows, chunk_rows * row_bytes / 2**20, cfg.format, cfg.compression,
-    )  # fmt: skip
+        out,
+        length,
+        len(specs),
+        bounds.num_chunks,
+        chunk_rows,
+        chunk_rows * row_bytes / 2**20,
+        cfg.format,
+        cfg.compression,
+    )
 
     fixed = {n: s for n, s in specs.items() if not s.ragged}
     ragged = [n for n, s in specs.items() if s.ragged]
@@ -364,8 +378,10 @@ def prepare(
             if done:
                 log.info(
                     "resuming %s: %d of %d block(s) already written",
-                    commit.root, len(done), num_blocks,
-                )  # fmt: skip
+                    commit.root,
+                    len(done),
+                    num_blocks,
+                )
             merged = _run(job, commit, done, row_bytes, progress)
             records = [commit.read_record(i) for i in range(num_blocks)]
             staged = ((i, *job.block(i)[:2]) for i in range(num_blocks))
@@ -475,9 +491,13 @@ def _finish_ragged(
             raise StoreError(f"a progress record lacks the row lengths of array {n!r}") from exc
     infos = {n: (np.dtype(specs[n].dtype), lengths[n]) for n in ragged}
     off_sums = finish_ragged(
-        cfg.format, commit.root, infos, bounds=tuple(bounds), options=options,
+        cfg.format,
+        commit.root,
+        infos,
+        bounds=tuple(bounds),
+        options=options,
         progress=commit.progress,
-    )  # fmt: skip
+    )
     for n in ragged:
         if n in sums:
             sums[n] = np.append(sums[n], np.uint64(off_sums[n]))
@@ -642,9 +662,13 @@ def plan_splits_for(
         stride = int(view.stride)  # type: ignore[attr-defined]
         group_rows, gap = int(view.S), -(-span // stride) - 1  # type: ignore[attr-defined]
     chunks, rows, why = plan_store_splits(
-        bounds, cfg.splits, seed=cfg.split_seed, shuffle=cfg.split_shuffle,
-        group_rows=group_rows, gap_groups=gap,
-    )  # fmt: skip
+        bounds,
+        cfg.splits,
+        seed=cfg.split_seed,
+        shuffle=cfg.split_shuffle,
+        group_rows=group_rows,
+        gap_groups=gap,
+    )
     if why:
         ranges = ", ".join(f"{k} rows {a}:{b}" for k, (a, b) in rows.items())
         (log.info if cfg.view == "window" else log.warning)("splits: %s (%s)", why, ranges)

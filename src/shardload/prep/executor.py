@@ -92,9 +92,12 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
             log.info("using the active dask.distributed client %s", client)
         else:
             cluster = distributed.LocalCluster(
-                n_workers=n, threads_per_worker=cfg.threads_per_worker, processes=True,
-                dashboard_address=None, silence_logs=logging.WARNING,
-            )  # fmt: skip
+                n_workers=n,
+                threads_per_worker=cfg.threads_per_worker,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.WARNING,
+            )
             client = distributed.Client(cluster)
         try:
             info = client.scheduler_info().get("workers", {})

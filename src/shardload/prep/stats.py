@@ -46,9 +46,14 @@ class Partial:
         f = lambda k, t: np.asarray(d[k], dtype=t)  # noqa: E731
         sums = (f("s1", np.int64), f("s2", np.int64)) if "s1" in d and "s2" in d else (None, None)
         return cls(
-            f("count", np.int64), f("mean", np.float64), f("m2", np.float64),
-            f("min", np.float64), f("max", np.float64), f("nan_count", np.int64), *sums,
-        )  # fmt: skip
+            f("count", np.int64),
+            f("mean", np.float64),
+            f("m2", np.float64),
+            f("min", np.float64),
+            f("max", np.float64),
+            f("nan_count", np.int64),
+            *sums,
+        )
 
 
 def as_features(block: np.ndarray) -> np.ndarray:
@@ -115,9 +120,13 @@ def _partial_slabs(v: np.ndarray) -> Partial | None:
     # counts as broadcast constants (one number for every feature), min and max in the
     # block's type: exact, and 8x smaller than float64 for bytes
     return Partial(
-        np.broadcast_to(np.int64(n), (nf,)), mean, np.maximum(m2, 0.0), mn, mx,
+        np.broadcast_to(np.int64(n), (nf,)),
+        mean,
+        np.maximum(m2, 0.0),
+        mn,
+        mx,
         np.broadcast_to(np.int64(0), (nf,)),
-    )  # fmt: skip
+    )
 
 
 def partial(block: np.ndarray) -> Partial:

@@ -106,9 +106,12 @@ def add_seismic_parser(kinds) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
-        "--out", required=True, type=Path, metavar="PATH",
+        "--out",
+        required=True,
+        type=Path,
+        metavar="PATH",
         help="output Zarr folder, or a .sgy/.segy file (SEG-Y through segyio, extra segy)",
-    )  # fmt: skip
+    )
     p.add_argument("--shape", required=True, type=int, nargs=3, metavar=("I", "J", "K"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--faults", type=int, default=3)
@@ -123,9 +126,14 @@ def run_seismic(args: argparse.Namespace) -> int:
 
     segy = args.out.suffix.lower() in (".sgy", ".segy")
     out = (write_seismic_segy if segy else write_seismic_sample)(
-        args.out, args.shape, seed=args.seed, faults=args.faults, noise=args.noise,
-        chunk_inlines=args.chunk_inlines, overwrite=args.overwrite,
-    )  # fmt: skip
+        args.out,
+        args.shape,
+        seed=args.seed,
+        faults=args.faults,
+        noise=args.noise,
+        chunk_inlines=args.chunk_inlines,
+        overwrite=args.overwrite,
+    )
     var = "data" if segy else "amp"
     print(f"wrote {out} (variable {var!r}, shape {tuple(args.shape)}, float32)")
     return 0

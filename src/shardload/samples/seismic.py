@@ -42,9 +42,12 @@ def draw_model(shape: Sequence[int], *, seed: int = 0, faults: int = 3) -> Seism
     coefs = rng.uniform(-1, 1, layers) * rng.choice([0.3, 1.0], layers)
     dips = rng.uniform(-0.08, 0.08, (layers, 2)) * nk / max(ni, nj, 1)
     folds = np.column_stack(
-        [rng.uniform(0, 0.03 * nk, layers), rng.uniform(0.5, 2, layers) * ni,
-         rng.uniform(0.5, 2, layers) * nj]
-    )  # fmt: skip
+        [
+            rng.uniform(0, 0.03 * nk, layers),
+            rng.uniform(0.5, 2, layers) * ni,
+            rng.uniform(0.5, 2, layers) * nj,
+        ]
+    )
     theta = rng.uniform(0, np.pi, faults)
     centre = rng.uniform(0.2, 0.8, (faults, 2)) * [ni, nj]
     offset = centre[:, 0] * np.cos(theta) + centre[:, 1] * np.sin(theta)
@@ -62,9 +65,15 @@ def ricker(freq: float, dt: float, *, half_samples: int | None = None) -> np.nda
 
 
 def seismic_inlines(
-    model: SeismicModel, start: int, stop: int, *, seed: int = 0, noise: float = 0.05,
-    freq: float = 25.0, dt: float = 0.004,
-) -> np.ndarray:  # fmt: skip
+    model: SeismicModel,
+    start: int,
+    stop: int,
+    *,
+    seed: int = 0,
+    noise: float = 0.05,
+    freq: float = 25.0,
+    dt: float = 0.004,
+) -> np.ndarray:
     """Inlines ``[start, stop)`` of the cube, float32 ``(stop - start, nj, nk)``."""
     _, nj, nk = model.shape
     i = np.arange(start, stop, dtype=np.float64)[:, None]
@@ -106,9 +115,15 @@ def _checked_output(
 
 
 def write_seismic_sample(
-    out: str | os.PathLike[str], shape: Sequence[int], *, seed: int = 0, faults: int = 3,
-    noise: float = 0.05, chunk_inlines: int = 64, overwrite: bool = False,
-) -> Path:  # fmt: skip
+    out: str | os.PathLike[str],
+    shape: Sequence[int],
+    *,
+    seed: int = 0,
+    faults: int = 3,
+    noise: float = 0.05,
+    chunk_inlines: int = 64,
+    overwrite: bool = False,
+) -> Path:
     """Write the cube to a Zarr v3 folder (variable ``amp``, chunks of ``chunk_inlines``
     inlines), block by block (memory: one block), renamed into place when complete."""
     import zarr
@@ -120,10 +135,13 @@ def write_seismic_sample(
     ni, nj, nk = model.shape
     g = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
     arr = g.create_array(
-        "amp", shape=model.shape, chunks=(min(chunk_inlines, ni), nj, nk), dtype="float32",
+        "amp",
+        shape=model.shape,
+        chunks=(min(chunk_inlines, ni), nj, nk),
+        dtype="float32",
         dimension_names=DIMS,
         attributes={"long_name": "synthetic seismic amplitude", "seed": seed},
-    )  # fmt: skip
+    )
     for a in range(0, ni, chunk_inlines):
         b = min(a + chunk_inlines, ni)
         arr[a:b] = seismic_inlines(model, a, b, seed=seed, noise=noise)
@@ -134,9 +152,15 @@ def write_seismic_sample(
 
 
 def write_seismic_segy(
-    out: str | os.PathLike[str], shape: Sequence[int], *, seed: int = 0, faults: int = 3,
-    noise: float = 0.05, chunk_inlines: int = 64, overwrite: bool = False,
-) -> Path:  # fmt: skip
+    out: str | os.PathLike[str],
+    shape: Sequence[int],
+    *,
+    seed: int = 0,
+    faults: int = 3,
+    noise: float = 0.05,
+    chunk_inlines: int = 64,
+    overwrite: bool = False,
+) -> Path:
     """The same cube as :func:`write_seismic_sample`, as an inline-sorted SEG-Y file written by
     segyio (extra ``segy``): IEEE float32 samples (format 5, bit-exact), inline numbers from 1,
     crossline numbers from 1, 4 ms; block by block (memory: one block of inlines), renamed into

@@ -275,9 +275,13 @@ def open_store(
             stage(url, stage_to, keep=stage_keep, storage_options=dict(storage_options or {}))
         )
     remote = dict(
-        storage_options=dict(storage_options or {}), cache_dir=cache_dir,
-        cache_bytes=cache_bytes, retries=retries, timeout_s=timeout_s, backoff_s=backoff_s,
-    )  # fmt: skip
+        storage_options=dict(storage_options or {}),
+        cache_dir=cache_dir,
+        cache_bytes=cache_bytes,
+        retries=retries,
+        timeout_s=timeout_s,
+        backoff_s=backoff_s,
+    )
     fs, root = _open_fs(url, remote)
     return _open_at(fs, root.rstrip("/") or "/", url, arrays=arrays, verify=verify)
 

@@ -41,10 +41,15 @@ def series_manifest(manifest: Manifest, geometry: WindowGeometry) -> Manifest:
     series = manifest.static["window"]["series"]
     arrays = {k: ArrayInfo.from_dict({**v, "name": k}) for k, v in series["arrays"].items()}
     return replace(
-        manifest, length=geometry.series_length, arrays=arrays, stats={}, splits={},
-        split_rows={}, chunk_bounds=plan_chunk_bounds(geometry.series_length, geometry.chunk_rows),
+        manifest,
+        length=geometry.series_length,
+        arrays=arrays,
+        stats={},
+        splits={},
+        split_rows={},
+        chunk_bounds=plan_chunk_bounds(geometry.series_length, geometry.chunk_rows),
         feature_files={},
-    )  # fmt: skip
+    )
 
 
 class WindowReader:
@@ -93,9 +98,12 @@ class WindowReader:
         return self._raw[key]
 
     def read_samples(
-        self, name: str, samples: np.ndarray, out: np.ndarray,
+        self,
+        name: str,
+        samples: np.ndarray,
+        out: np.ndarray,
         submit: Callable[..., Future[None]] | None = None,
-    ) -> list[Future[None]]:  # fmt: skip
+    ) -> list[Future[None]]:
         """Fill ``out`` (C-contiguous, one row per sample) with window array ``name`` of
         ``samples``; with ``submit`` (an executor's), the reads run there and their futures
         are returned."""
@@ -133,9 +141,12 @@ class WindowReader:
             raise StoreError(f"series array {series!r}: chunk {chunk} is not raw rows")
         try:
             mm = np.memmap(
-                rc.path, dtype=np.dtype(info.dtype), mode="r", offset=rc.offset,
+                rc.path,
+                dtype=np.dtype(info.dtype),
+                mode="r",
+                offset=rc.offset,
                 shape=(rows, *info.row_shape),
-            )  # fmt: skip
+            )
         except FileNotFoundError as exc:
             raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", series, rc.path) from exc
         except (OSError, ValueError) as exc:  # shorter than the rows it must hold
@@ -167,9 +178,14 @@ def _done(fn: Callable[..., None], *args: Any) -> Future[None]:
 
 
 def _map_runs(
-    reader: WindowReader, c: Any, chunk: np.ndarray, file_row: np.ndarray, pos: np.ndarray,
-    per: int, out: np.ndarray,
-) -> None:  # fmt: skip
+    reader: WindowReader,
+    c: Any,
+    chunk: np.ndarray,
+    file_row: np.ndarray,
+    pos: np.ndarray,
+    per: int,
+    out: np.ndarray,
+) -> None:
     """Samples' runs of series ``c.series`` from memory maps of its raw chunk files: per chunk,
     one gather of the runs' rows (numpy, no syscall per run) into their places in ``out``."""
     starts = np.flatnonzero(np.append(True, chunk[1:] != chunk[:-1]))
@@ -187,9 +203,14 @@ def _map_runs(
 
 
 def _gather_runs(
-    reader: WindowReader, c: Any, chunk: np.ndarray, file_row: np.ndarray, pos: np.ndarray,
-    per: int, out: np.ndarray,
-) -> None:  # fmt: skip
+    reader: WindowReader,
+    c: Any,
+    chunk: np.ndarray,
+    file_row: np.ndarray,
+    pos: np.ndarray,
+    per: int,
+    out: np.ndarray,
+) -> None:
     """Samples' runs of series ``c.series`` through the format's reader: per chunk, the rows
     from the first run's start to the last run's end, then a gather."""
     rows_per_chunk = reader.geometry.chunk_rows
@@ -215,9 +236,9 @@ def _gather_runs(
         dst[pos[a:b], :, c.col0 : c.col1] = vals
 
 
-def open_window_reader(manifest: Manifest, open_series: Callable[[Manifest], ArrayReader]) -> (
-    WindowReader | None
-):  # fmt: skip
+def open_window_reader(
+    manifest: Manifest, open_series: Callable[[Manifest], ArrayReader]
+) -> WindowReader | None:
     """A :class:`WindowReader` for an ``at_load`` store (None for any other store);
     ``open_series(manifest)`` opens the format's reader on the series manifest."""
     g = window_geometry(manifest.static)

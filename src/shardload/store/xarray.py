@@ -48,10 +48,14 @@ def store_to_xarray(store: Store, names: Sequence[str] | None = None) -> xr.Data
             dims[-1] = f"{name}_feature"
             coords[dims[-1]] = np.asarray(list(info.features), dtype=str)
         lazy = da.from_array(
-            _Rows(store, name), chunks=(chunks or (0,), *info.shape[1:]), lock=False,
-            asarray=False, inline_array=True, name=f"shardload-{name}-{_digest(store._identity())}",
+            _Rows(store, name),
+            chunks=(chunks or (0,), *info.shape[1:]),
+            lock=False,
+            asarray=False,
+            inline_array=True,
+            name=f"shardload-{name}-{_digest(store._identity())}",
             meta=np.empty((0,) * len(info.shape), dtype=info.dtype),  # no probing read
-        )  # fmt: skip
+        )
         data_vars[name] = xr.Variable(dims, lazy, attrs=dict(info.attrs))
         for d, c in coords.items():
             data_vars[d] = xr.Variable((d,), c)

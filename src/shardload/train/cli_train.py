@@ -38,9 +38,12 @@ def register(sub: Any) -> None:
     p.add_argument("store", help="path or URL of a prepared store")
     p.add_argument("--epochs", type=int, default=10, metavar="N")
     p.add_argument(
-        "--max-steps", type=int, default=None, metavar="S",
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="S",
         help="stop after S optimizer steps in all (each epoch is also cut to at most S steps)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--batch-size", type=int, default=256, metavar="B", help="rows per batch per rank"
     )
@@ -48,12 +51,19 @@ def register(sub: Any) -> None:
         "--num-workers", type=int, default=2, metavar="W", help="DataLoader workers per rank"
     )
     p.add_argument("--devices", type=int, default=1, metavar="D", help="processes (DDP when > 1)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="output folder (default $SHARDLOAD_HOME/artifacts/<model>-<time>)")  # fmt: skip
     p.add_argument(
-        "--normalize", choices=("standardize", "maxscale", "none"), default="standardize",
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="output folder (default $SHARDLOAD_HOME/artifacts/<model>-<time>)",
+    )
+    p.add_argument(
+        "--normalize",
+        choices=("standardize", "maxscale", "none"),
+        default="standardize",
         help="scale inputs and targets with the manifest's statistics, in the loader workers",
-    )  # fmt: skip
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_train)
@@ -114,16 +124,28 @@ def cmd_train(args: argparse.Namespace) -> int:
         norm = Normalize(m, [a for a in arrays if a in m.arrays], method=args.normalize)
     task = ExampleTask(args.model, m, normalize=norm, out_dir=out, lr=args.lr)
     dm = ShardloadDataModule(
-        store, batch_size=args.batch_size, num_workers=args.num_workers, seed=args.seed,
-        test_split=None, transform=norm, arrays=[a for a in arrays if a in m.arrays],
-    )  # fmt: skip
+        store,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        seed=args.seed,
+        test_split=None,
+        transform=norm,
+        arrays=[a for a in arrays if a in m.arrays],
+    )
     limit: int | float = 1.0 if args.max_steps is None else args.max_steps
     trainer = pl.Trainer(
-        max_epochs=args.epochs, max_steps=-1 if args.max_steps is None else args.max_steps,
-        limit_train_batches=limit, devices=args.devices, accelerator="cpu",
-        strategy="ddp" if args.devices > 1 else "auto", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=str(out),
-    )  # fmt: skip
+        max_epochs=args.epochs,
+        max_steps=-1 if args.max_steps is None else args.max_steps,
+        limit_train_batches=limit,
+        devices=args.devices,
+        accelerator="cpu",
+        strategy="ddp" if args.devices > 1 else "auto",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(out),
+    )
     with warnings.catch_warnings():
         # our loaders' __len__ is exact with workers (the plan gives each worker its own rows)
         warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
@@ -132,9 +154,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if trainer.is_global_zero:
         plot_losses(task.rows, out / "loss.png", title=f"{args.model} on {store.url}")
         last = task.rows[-1] if task.rows else {}
-        print(f"trained {args.model}: {len(task.rows)} epochs, " + ", ".join(
-            f"{k} {float(v):.4g}" for k, v in last.items() if k != "epoch"
-        ))  # fmt: skip
+        print(
+            f"trained {args.model}: {len(task.rows)} epochs, "
+            + ", ".join(f"{k} {float(v):.4g}" for k, v in last.items() if k != "epoch")
+        )
         print(f"wrote {out / 'metrics.csv'}, {out / 'model.ckpt'}, {out / 'loss.png'}")
     return 0
 

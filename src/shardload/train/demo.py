@@ -21,8 +21,18 @@ def _norm(store: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     return mean, std
 
 
-def train_mlp(store: Any, *, steps: int = 300, batch_size: int = 256, num_workers: int = 2, x: str = "x", y: str = "y",
-              hidden: int = 256, lr: float = 1e-3, seed: int = 0) -> dict[str, Any]:  # fmt: skip
+def train_mlp(
+    store: Any,
+    *,
+    steps: int = 300,
+    batch_size: int = 256,
+    num_workers: int = 2,
+    x: str = "x",
+    y: str = "y",
+    hidden: int = 256,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> dict[str, Any]:
     import torch
     from torch import nn
 
@@ -64,11 +74,18 @@ def train_mlp(store: Any, *, steps: int = 300, batch_size: int = 256, num_worker
     dt = time.perf_counter() - t0
     val_loss, val_rows = _validate(store, model, (mx_t, sx_t, my_t, sy_t), x, y, batch_size)
     return {
-        "val_loss": val_loss, "val_rows": val_rows,
-        "steps": step, "epochs": epoch, "params": sum(p.numel() for p in model.parameters()),
-        "first_loss": float(np.mean(losses[:10])), "last_loss": float(np.mean(losses[-10:])),
-        "samples_per_s": seen / dt, "mb_per_s": seen * row_bytes / dt / 1e6, "seconds": dt, "model": model,
-    }  # fmt: skip
+        "val_loss": val_loss,
+        "val_rows": val_rows,
+        "steps": step,
+        "epochs": epoch,
+        "params": sum(p.numel() for p in model.parameters()),
+        "first_loss": float(np.mean(losses[:10])),
+        "last_loss": float(np.mean(losses[-10:])),
+        "samples_per_s": seen / dt,
+        "mb_per_s": seen * row_bytes / dt / 1e6,
+        "seconds": dt,
+        "model": model,
+    }
 
 
 def _validate(

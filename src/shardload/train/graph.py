@@ -88,9 +88,13 @@ class GraphBatcher:
         return got
 
     def __call__(
-        self, x: torch.Tensor, edge_attr: torch.Tensor, y: torch.Tensor | None = None, *,
+        self,
+        x: torch.Tensor,
+        edge_attr: torch.Tensor,
+        y: torch.Tensor | None = None,
+        *,
         directed_edge_attr: bool = True,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """One ``torch_geometric.data.Batch`` of the ``B`` graphs in ``x`` (B, nodes, F) and
         ``edge_attr`` (B, undirected, E) (and ``y`` (B, nodes, ...)).
 
@@ -122,9 +126,12 @@ class GraphBatcher:
 
 
 def batch_graphs(
-    x: torch.Tensor, edge_attr: torch.Tensor, edge_index: torch.Tensor, edge_rows: torch.Tensor,
+    x: torch.Tensor,
+    edge_attr: torch.Tensor,
+    edge_index: torch.Tensor,
+    edge_rows: torch.Tensor,
     y: torch.Tensor | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """One-off :class:`GraphBatcher` call with per-directed-edge ``edge_attr`` (equal to
     ``Batch.from_data_list``); reuse a :class:`GraphBatcher` in a training loop."""
     batcher = GraphBatcher.__new__(GraphBatcher)

@@ -27,8 +27,15 @@ from shardload.train.transforms import Normalize
 
 KINDS = ("mlp", "gnn", "lstm")
 BANDS = ("sw", "lw")
-COLUMNS = ("epoch", "train_loss", "val_loss", "hr_rmse_sw", "hr_rmse_lw", "samples_per_s",
-           "train_seconds")  # fmt: skip
+COLUMNS = (
+    "epoch",
+    "train_loss",
+    "val_loss",
+    "hr_rmse_sw",
+    "hr_rmse_lw",
+    "samples_per_s",
+    "train_seconds",
+)
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,10 @@ def plan_heating_rate_columns(kind: str, manifest: Any) -> HeatingRateColumns | 
             }
             pressure = np.array([xf.index(f"hl_inputs[{k},pressure_hl]") for k in range(levels)])
         elif kind == "gnn":
-            flux = {b: (np.array([yf.index(f"flux_dn_{b}")]), np.array([yf.index(f"flux_up_{b}")]))
-                    for b in BANDS}  # fmt: skip
+            flux = {
+                b: (np.array([yf.index(f"flux_dn_{b}")]), np.array([yf.index(f"flux_up_{b}")]))
+                for b in BANDS
+            }
             pressure = np.array([xf.index("pressure_hl")])
         else:
             return None
@@ -90,9 +99,15 @@ class ExampleTask(pl.LightningModule):
     """
 
     def __init__(
-        self, kind: str, manifest: Any, *, normalize: Normalize | None = None,
-        out_dir: str | Path | None = None, lr: float = 1e-3, hidden: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        kind: str,
+        manifest: Any,
+        *,
+        normalize: Normalize | None = None,
+        out_dir: str | Path | None = None,
+        lr: float = 1e-3,
+        hidden: int | None = None,
+    ) -> None:
         super().__init__()
         if kind not in KINDS:
             raise ShardloadError(f"model {kind!r} unknown; use one of {KINDS}")
@@ -100,8 +115,11 @@ class ExampleTask(pl.LightningModule):
         need = ("x", "edge_attr", "y") if kind == "gnn" else ("x", "y")
         missing = [a for a in need if a not in arrays]
         if missing:
-            what = {"mlp": "a flat store (x, y)", "gnn": "a graph store (x, edge_attr, y)",
-                    "lstm": "a window store with targets (x, y)"}[kind]  # fmt: skip
+            what = {
+                "mlp": "a flat store (x, y)",
+                "gnn": "a graph store (x, edge_attr, y)",
+                "lstm": "a window store with targets (x, y)",
+            }[kind]
             raise ShardloadError(
                 f"model {kind} needs {what}; the store lacks {missing} (it has {sorted(arrays)})"
             )
@@ -157,8 +175,9 @@ class ExampleTask(pl.LightningModule):
         from shardload.prep.sources.radiation_rows import heating_rate_np
 
         assert self.hr is not None
-        x, y, p = (self._physical(n, t) for n, t in
-                   (("x", batch["x"]), ("y", batch["y"]), ("y", pred)))  # fmt: skip
+        x, y, p = (
+            self._physical(n, t) for n, t in (("x", batch["x"]), ("y", batch["y"]), ("y", pred))
+        )
         pressure = x[..., self.hr.pressure]
         if self.kind == "gnn":  # (B, nodes, 1): one feature per node
             pressure = pressure[..., 0]

@@ -103,5 +103,9 @@ class Normalize:
         return batch
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"method": self.method, "params": self.params, "_tensors": {},
-                "ragged": getattr(self, "ragged", ())}  # fmt: skip
+        return {
+            "method": self.method,
+            "params": self.params,
+            "_tensors": {},
+            "ragged": getattr(self, "ragged", ()),
+        }

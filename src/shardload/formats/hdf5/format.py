@@ -78,9 +78,12 @@ class Hdf5Format:
                     if name in f:
                         del f[name]
                     ds = f.create_dataset(
-                        name, shape=tuple(spec.shape), dtype=np.dtype(spec.dtype),
-                        chunks=(max(1, rows), *spec.shape[1:]) if spec.shape[0] else None, **_filter(options),
-                    )  # fmt: skip
+                        name,
+                        shape=tuple(spec.shape),
+                        dtype=np.dtype(spec.dtype),
+                        chunks=(max(1, rows), *spec.shape[1:]) if spec.shape[0] else None,
+                        **_filter(options),
+                    )
                     if spec.features:
                         _write_features(f, name, spec.features)
                         ds.attrs["features"] = f"/{FEATURES_GROUP}/{name}"
@@ -185,9 +188,12 @@ class Hdf5Reader:
         for i in check:
             c0, c1 = int(self.bounds[i]), int(self.bounds[i + 1])
             self.verifier.check(
-                name, i, digest(rows[c0 - a : c1 - a]), path=f"{self.root}/{FILE_NAME}",
+                name,
+                i,
+                digest(rows[c0 - a : c1 - a]),
+                path=f"{self.root}/{FILE_NAME}",
                 what=f"chunk {i} (rows {c0}:{c1})",
-            )  # fmt: skip
+            )
         return rows[start - a : stop - a]
 
     def _read(self, name: str, start: int, stop: int) -> np.ndarray:

@@ -206,9 +206,12 @@ class NpyReader:
         path = self.path(name, i)
         try:
             return np.memmap(
-                path, dtype=np.dtype(info.dtype), mode="r", offset=offset,
+                path,
+                dtype=np.dtype(info.dtype),
+                mode="r",
+                offset=offset,
                 shape=(c1 - c0, *info.row_shape),
-            )  # fmt: skip
+            )
         except FileNotFoundError as exc:
             raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
         except (OSError, ValueError) as exc:  # e.g. shorter than its header says

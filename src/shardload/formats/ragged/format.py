@@ -169,16 +169,28 @@ def _finish_zarr(
         step = _value_chunk(lengths, bounds)
         total = int(lengths.sum())
         values = sub.create_array(
-            "values", shape=(total,), chunks=(step,), dtype=np.dtype(dtype),
-            compressors=compressors(options), fill_value=0, overwrite=True,
-            config={"write_empty_chunks": True}, dimension_names=(f"{name}_value",),
-        )  # fmt: skip
+            "values",
+            shape=(total,),
+            chunks=(step,),
+            dtype=np.dtype(dtype),
+            compressors=compressors(options),
+            fill_value=0,
+            overwrite=True,
+            config={"write_empty_chunks": True},
+            dimension_names=(f"{name}_value",),
+        )
         off = offsets[name]
         o = sub.create_array(
-            "offsets", shape=off.shape, chunks=(rows,), dtype=np.int64,
-            compressors=compressors(options), fill_value=0, overwrite=True,
-            config={"write_empty_chunks": True}, dimension_names=(f"{name}_offset",),
-        )  # fmt: skip
+            "offsets",
+            shape=off.shape,
+            chunks=(rows,),
+            dtype=np.int64,
+            compressors=compressors(options),
+            fill_value=0,
+            overwrite=True,
+            config={"write_empty_chunks": True},
+            dimension_names=(f"{name}_offset",),
+        )
         o[:] = off
         # sequential, in writes aligned to the values' chunks (no read-modify-write)
         pending: list[np.ndarray] = []
@@ -218,9 +230,12 @@ def _finish_hdf5(
             total = int(lengths.sum())
             step = min(_value_chunk(lengths, bounds), max(1, total))
             values = g.create_dataset(
-                "values", shape=(total,), dtype=np.dtype(dtype),
-                chunks=(step,) if total else None, **_filter(options),
-            )  # fmt: skip
+                "values",
+                shape=(total,),
+                dtype=np.dtype(dtype),
+                chunks=(step,) if total else None,
+                **_filter(options),
+            )
             at = 0
             for part in _staged_values(root, name, bounds):
                 values[at : at + len(part)] = part
@@ -326,9 +341,11 @@ class RaggedReader:
             off = self._dataset(name, "offsets", 0, n + 1, what=what, path=path)
         num_values = int((info.ragged or {}).get("num_values", -1))
         if (
-            off.shape != (n + 1,) or off[0] != 0 or (n and np.any(np.diff(off) < 0))
+            off.shape != (n + 1,)
+            or off[0] != 0
+            or (n and np.any(np.diff(off) < 0))
             or int(off[-1]) != num_values
-        ):  # fmt: skip
+        ):
             raise ChunkReadError(
                 f"{what} are corrupt: {path} (not {n + 1} ascending offsets from 0 to {num_values})"
             )

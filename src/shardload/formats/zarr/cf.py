@@ -63,18 +63,26 @@ class CFDecoding:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "stored": self.stored, "dtype": self.dtype, "fills": [list(f) for f in self.fills],
-            "mask_dtype": self.mask_dtype, "scale": self.scale, "offset": self.offset,
+            "stored": self.stored,
+            "dtype": self.dtype,
+            "fills": [list(f) for f in self.fills],
+            "mask_dtype": self.mask_dtype,
+            "scale": self.scale,
+            "offset": self.offset,
             "scale_dtype": self.scale_dtype,
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CFDecoding:
         return cls(
-            stored=d["stored"], dtype=d["dtype"], fills=tuple((v, t) for v, t in d["fills"]),
-            mask_dtype=d["mask_dtype"], scale=d["scale"], offset=d["offset"],
+            stored=d["stored"],
+            dtype=d["dtype"],
+            fills=tuple((v, t) for v, t in d["fills"]),
+            mask_dtype=d["mask_dtype"],
+            scale=d["scale"],
+            offset=d["offset"],
             scale_dtype=d["scale_dtype"],
-        )  # fmt: skip
+        )
 
     def apply(self, raw: np.ndarray) -> np.ndarray:
         """The decoded values of ``raw`` (stored values), as xarray computes them."""
@@ -198,8 +206,10 @@ def plan_cf_decoding(
         attrs["_FillValue"] = _fill_from_attr(attrs["_FillValue"], dtype)
     kind = _time_units(attrs.get("units"))
     if kind == "datetime":
-        raise _refuse(name, f"it holds CF times (units {attrs['units']!r}), which xarray "
-                            "decodes to datetime64")  # fmt: skip
+        raise _refuse(
+            name,
+            f"it holds CF times (units {attrs['units']!r}), which xarray decodes to datetime64",
+        )
     if kind == "timedelta" and str(attrs.get("dtype", "")).startswith("timedelta64"):
         raise _refuse(name, f"it holds timedeltas (dtype attribute {attrs['dtype']!r})")
     if attrs.get("dtype") == "bool":
@@ -234,8 +244,11 @@ def plan_cf_decoding(
     if fills:  # CFMaskCoder
         current = choose_float_dtype(dtype, attrs) if packed else _promote(dtype)
         if current.kind != "f":  # an integer scale_factor alone: xarray fails too
-            raise _refuse(name, f"its mask would be NaN in {current} (scale_factor="
-                                f"{attrs.get('scale_factor')!r} is an integer)")  # fmt: skip
+            raise _refuse(
+                name,
+                f"its mask would be NaN in {current} (scale_factor="
+                f"{attrs.get('scale_factor')!r} is an integer)",
+            )
         mask_dtype = current.str
     scale_dtype = None
     if packed:  # CFScaleOffsetCoder
@@ -246,6 +259,11 @@ def plan_cf_decoding(
     if mask_dtype is None and scale_dtype is None and native == dtype:
         return None
     return CFDecoding(
-        stored=dtype.str, dtype=native.str, fills=tuple(fills), mask_dtype=mask_dtype,
-        scale=attrs.get("scale_factor"), offset=attrs.get("add_offset"), scale_dtype=scale_dtype,
-    )  # fmt: skip
+        stored=dtype.str,
+        dtype=native.str,
+        fills=tuple(fills),
+        mask_dtype=mask_dtype,
+        scale=attrs.get("scale_factor"),
+        offset=attrs.get("add_offset"),
+        scale_dtype=scale_dtype,
+    )

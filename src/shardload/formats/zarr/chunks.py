@@ -85,9 +85,15 @@ class ChunkLayout:
 
 
 def plan_chunk_layout(
-    meta: dict[str, Any], *, folder: str, dtype: np.dtype, shape: tuple[int, ...],
-    chunk_bounds: list[int] | tuple[int, ...], strict: bool, shards: bool = False,
-) -> ChunkLayout | None:  # fmt: skip
+    meta: dict[str, Any],
+    *,
+    folder: str,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    chunk_bounds: list[int] | tuple[int, ...],
+    strict: bool,
+    shards: bool = False,
+) -> ChunkLayout | None:
     """The layout of an array from its ``zarr.json`` (pure), or None when it is not simple.
 
     ``shards``: also plan arrays stored with the sharding codec (for the reader; the writer
@@ -135,9 +141,17 @@ def plan_chunk_layout(
     row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     blosc = dict(codecs[1].get("configuration") or {}) if "blosc" in names else None
     return ChunkLayout(
-        folder.rstrip("/"), rows, len(shape), dtype, row_bytes, sep, blosc, strict, fill,
+        folder.rstrip("/"),
+        rows,
+        len(shape),
+        dtype,
+        row_bytes,
+        sep,
+        blosc,
+        strict,
+        fill,
         shard=shard,
-    )  # fmt: skip
+    )
 
 
 def _plan_shard(
@@ -234,9 +248,16 @@ def verify_file(
 
 
 def decode_into(
-    layout: ChunkLayout, raw: memoryview, a: int, b: int, dst: memoryview, *, name: str,
-    what: str, path: str,
-) -> None:  # fmt: skip
+    layout: ChunkLayout,
+    raw: memoryview,
+    a: int,
+    b: int,
+    dst: memoryview,
+    *,
+    name: str,
+    what: str,
+    path: str,
+) -> None:
     """Blosc-decode one whole stored chunk ``raw`` and put its rows ``[a, b)`` into ``dst``,
     after checking its header against ``raw`` and the chunk's size (errors name ``what``)."""
     nrows, rb = layout.chunk_rows, layout.row_bytes
@@ -334,6 +355,8 @@ def _blosc(config: dict[str, Any]) -> Any:
         str(config.get("shuffle")), Blosc.BITSHUFFLE
     )
     return Blosc(
-        cname=config.get("cname", "zstd"), clevel=int(config.get("clevel", 5)), shuffle=shuffle,
+        cname=config.get("cname", "zstd"),
+        clevel=int(config.get("clevel", 5)),
+        shuffle=shuffle,
         blocksize=int(config.get("blocksize", 0)),
-    )  # fmt: skip
+    )

@@ -147,9 +147,12 @@ class ZarrFormat:
         if key not in self._layouts:
             arr = self._array(root, name)
             layout = load_chunk_layout(
-                str(root / name), dtype=np.dtype(arr.dtype),
-                shape=tuple(arr.shape), chunk_bounds=tuple(bounds), strict=True,
-            )  # fmt: skip
+                str(root / name),
+                dtype=np.dtype(arr.dtype),
+                shape=tuple(arr.shape),
+                chunk_bounds=tuple(bounds),
+                strict=True,
+            )
             with self._lock:
                 self._layouts[key] = layout
         return self._layouts[key]
@@ -294,9 +297,12 @@ class ZarrReader:
                 layout = load_chunk_layout(
                     f"{self.root.rstrip('/')}/{info.path}",
                     dtype=np.dtype(cf.stored if cf is not None else info.dtype),
-                    shape=tuple(info.shape), chunk_bounds=self.manifest.chunk_bounds,
-                    strict=self.strict, opener=self._opener(), shards=True,
-                )  # fmt: skip
+                    shape=tuple(info.shape),
+                    chunk_bounds=self.manifest.chunk_bounds,
+                    strict=self.strict,
+                    opener=self._opener(),
+                    shards=True,
+                )
             self._layouts[name] = layout
         return self._layouts[name]
 
@@ -453,8 +459,10 @@ def manifest_from_zarr(fs: Any, root: str, *, arrays: Sequence[str] | None = Non
             log.log(
                 logging.WARNING if data_vars else logging.INFO,
                 "%s: reading %s; left out %s",
-                root, picked, "; ".join(f"{k!r} ({v})" for k, v in skipped.items()),
-            )  # fmt: skip
+                root,
+                picked,
+                "; ".join(f"{k!r} ({v})" for k, v in skipped.items()),
+            )
     lengths = {a: described[a].shape[0] for a in picked}
     if len(set(lengths.values())) > 1:
         raise StoreError(f"arrays of {root} have unequal lengths: {lengths}")
@@ -474,9 +482,13 @@ def manifest_from_zarr(fs: Any, root: str, *, arrays: Sequence[str] | None = Non
             attrs["cf"] = d.decoding.to_dict()
         dtype = d.decoding.dtype if d.decoding is not None else d.dtype.str
         infos[a] = ArrayInfo(
-            name=a, shape=d.shape, dtype=str(np.dtype(dtype)), chunk_rows=d.chunks[0], path=a,
+            name=a,
+            shape=d.shape,
+            dtype=str(np.dtype(dtype)),
+            chunk_rows=d.chunks[0],
+            path=a,
             attrs=attrs,
-        )  # fmt: skip
+        )
     length = next(iter(lengths.values()))
     from shardload.plan.chunks import plan_chunk_bounds
 
@@ -485,9 +497,14 @@ def manifest_from_zarr(fs: Any, root: str, *, arrays: Sequence[str] | None = Non
     if skipped:
         provenance["skipped"] = skipped
     return Manifest(
-        format="zarr", length=length, chunk_bounds=bounds, arrays=infos,
-        splits={"all": tuple(range(len(bounds) - 1))}, complete=True, provenance=provenance,
-    )  # fmt: skip
+        format="zarr",
+        length=length,
+        chunk_bounds=bounds,
+        arrays=infos,
+        splits={"all": tuple(range(len(bounds) - 1))},
+        complete=True,
+        provenance=provenance,
+    )
 
 
 def _cached(fs: Any) -> bool:
@@ -523,10 +540,13 @@ def _describe(name: str, m: Any) -> _Member:
     dims = tuple(str(d) for d in dims) if dims is not None and None not in dims else None
     coords = attrs.get("coordinates")
     d = _Member(
-        name=name, shape=tuple(int(s) for s in m.shape), chunks=tuple(int(c) for c in m.chunks),
-        dtype=np.dtype(m.dtype), dims=dims,
+        name=name,
+        shape=tuple(int(s) for s in m.shape),
+        chunks=tuple(int(c) for c in m.chunks),
+        dtype=np.dtype(m.dtype),
+        dims=dims,
         coordinates=tuple(coords.split()) if isinstance(coords, str) else (),
-    )  # fmt: skip
+    )
     if dims is not None:  # named dimensions: written by xarray or a CF-aware tool
         try:
             d.decoding = plan_cf_decoding(

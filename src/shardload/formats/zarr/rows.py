@@ -21,9 +21,14 @@ from shardload.formats.zarr.shards import read_shard_rows_into
 
 
 def read_rows_into(
-    layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray,
-    verifier: Verifier | None = None, indexes: Any = None,
-) -> None:  # fmt: skip
+    layout: ChunkLayout,
+    name: str,
+    start: int,
+    stop: int,
+    out: np.ndarray,
+    verifier: Verifier | None = None,
+    indexes: Any = None,
+) -> None:
     """Rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows), chunk by chunk;
     each chunk (or shard) checked against its checksum first when ``verifier`` asks for it.
     ``indexes``: a :class:`.shards.ShardIndexCache` of a sharded layout's parsed indexes
@@ -40,9 +45,14 @@ def read_rows_into(
 
 
 def _read_chunk_part(
-    layout: ChunkLayout, name: str, i: int, a: int, b: int, dst: memoryview,
+    layout: ChunkLayout,
+    name: str,
+    i: int,
+    a: int,
+    b: int,
+    dst: memoryview,
     verifier: Verifier | None = None,
-) -> None:  # fmt: skip
+) -> None:
     path = layout.chunk_path(i)
     rb = layout.row_bytes
     check = verifier is not None and verifier.needed(name, i)

@@ -87,9 +87,14 @@ os.register_at_fork(after_in_child=_new_locks)
 
 
 def read_shard_rows_into(
-    layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray,
-    verifier: Verifier | None = None, indexes: ShardIndexCache | None = None,
-) -> None:  # fmt: skip
+    layout: ChunkLayout,
+    name: str,
+    start: int,
+    stop: int,
+    out: np.ndarray,
+    verifier: Verifier | None = None,
+    indexes: ShardIndexCache | None = None,
+) -> None:
     """Rows ``[start, stop)`` of a sharded array into ``out`` (C-contiguous), shard by shard;
     each shard file checked against its checksum first when ``verifier`` asks for it (the
     unit of a sharded store's checksums is the shard file)."""
@@ -104,9 +109,15 @@ def read_shard_rows_into(
 
 
 def _read_shard_part(
-    layout: ChunkLayout, name: str, k: int, a: int, b: int, dst: memoryview,
-    verifier: Verifier | None, indexes: ShardIndexCache | None,
-) -> None:  # fmt: skip
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    a: int,
+    b: int,
+    dst: memoryview,
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+) -> None:
     """Rows ``[a, b)`` of shard ``k`` (counted from the shard's first row) into ``dst``."""
     path = layout.chunk_path(k)
     if verifier is not None and verifier.needed(name, k):
@@ -191,9 +202,17 @@ def _scratch(nbytes: int) -> memoryview:
 
 
 def _read_inner_chunks(
-    layout: ChunkLayout, name: str, k: int, a: int, b: int, dst: memoryview, f: Any,
-    fd: int | None, index: np.ndarray, path: str,
-) -> None:  # fmt: skip
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    a: int,
+    b: int,
+    dst: memoryview,
+    f: Any,
+    fd: int | None,
+    index: np.ndarray,
+    path: str,
+) -> None:
     """Rows ``[a, b)`` of shard ``k`` from its inner chunks, each read with one ``pread``."""
     assert layout.shard is not None
     rows, rb = layout.chunk_rows, layout.row_bytes

@@ -36,6 +36,14 @@ from shardload.prep.jobqueue.run import (
 )
 
 __all__ = [
-    "CLUSTER_CLASSES", "DEFAULT_TIMEOUT_S", "JobqueueRun", "dry_run_text", "job_script",
-    "job_shape", "job_states", "open_jobqueue", "signals_unwind", "split_options",
-]  # fmt: skip
+    "CLUSTER_CLASSES",
+    "DEFAULT_TIMEOUT_S",
+    "JobqueueRun",
+    "dry_run_text",
+    "job_script",
+    "job_shape",
+    "job_states",
+    "open_jobqueue",
+    "signals_unwind",
+    "split_options",
+]

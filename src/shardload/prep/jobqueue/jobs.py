@@ -23,8 +23,14 @@ CLUSTER_CLASSES = {
     "moab": "MoabCluster",
 }
 #: keys of the cluster (its scheduler), not of a job
-CLUSTER_ONLY = ("dashboard_address", "host", "scheduler_options", "shared_temp_directory",
-                "silence_logs", "name")  # fmt: skip
+CLUSTER_ONLY = (
+    "dashboard_address",
+    "host",
+    "scheduler_options",
+    "shared_temp_directory",
+    "silence_logs",
+    "name",
+)
 #: a placeholder scheduler address for a job script shown before any scheduler exists
 DRY_RUN_ADDRESS = "tcp://<scheduler-address>:8786"
 

@@ -142,8 +142,12 @@ class JobqueueRun:
         self.processes, self.threads = int(job.worker_processes), int(job.worker_process_threads)
         log.info(
             "dask-jobqueue %s: %d job(s) x %d worker process(es) x %d thread(s); scheduler %s",
-            self.kind, self.jobs, self.processes, self.threads, self.cluster.scheduler_address,
-        )  # fmt: skip
+            self.kind,
+            self.jobs,
+            self.processes,
+            self.threads,
+            self.cluster.scheduler_address,
+        )
         log.debug("job script:\n%s", self.cluster.job_script())
 
     @property
@@ -218,8 +222,12 @@ class JobqueueRun:
         if n > 0:
             log.warning(
                 "jobqueue: only %d/%d workers up after %.0f s (%s); going on with them, the "
-                "others join when their jobs start", n, self.expected_workers, self.timeout_s, what,
-            )  # fmt: skip
+                "others join when their jobs start",
+                n,
+                self.expected_workers,
+                self.timeout_s,
+                what,
+            )
             self.timings["workers_up_s"] = time.perf_counter() - t0
             return
         raise ClusterError(

@@ -240,8 +240,11 @@ def _open_grib(
                 log.warning(
                     "%s: cfgrib skipped GRIB variable(s) %s (%s); select them with source.filter "
                     "(cfgrib's filter_by_keys, e.g. filter: {shortName: %s})",
-                    path, names, why, first,
-                )  # fmt: skip
+                    path,
+                    names,
+                    why,
+                    first,
+                )
             _GRIB[key] = (ds, errors)
         ds, errors = _GRIB[key]
     skipped.update(errors)

@@ -173,9 +173,13 @@ def open_segy_dataset(
     vol = open_segy_volume(paths, options)
     ci = int(inline_chunks or vol.block_inlines())
     data = da.from_array(
-        vol, chunks=(ci, -1, -1), lock=False, asarray=False, name=f"segy-{_token(vol)}",
+        vol,
+        chunks=(ci, -1, -1),
+        lock=False,
+        asarray=False,
+        name=f"segy-{_token(vol)}",
         meta=np.empty((0, 0, 0), dtype=vol.dtype),
-    )  # fmt: skip
+    )
     return xr.Dataset(
         {VARIABLE: (DIMS, data, {"segy_format": vol.format})},
         coords={"inline": vol.ilines, "crossline": vol.xlines, "sample": vol.samples},

@@ -75,11 +75,12 @@ class FlatView:
             dt = np.dtype(dtype) if dtype else np.result_type(*[d.dtype for d in das])
             parts = [feature_name_seq(d, self.sample_dims) for d in das]
             feats: Sequence[str] = (
-                parts[0] if len(parts) == 1
+                parts[0]
+                if len(parts) == 1
                 else tuple(itertools.chain.from_iterable(parts))
                 if all(isinstance(p, tuple) for p in parts)
                 else ChainedNames(parts)
-            )  # fmt: skip
+            )
             specs[out] = ArraySpec(
                 out, (0, int(sum(n_feat))), dt, feats, {"variables": list(names)}
             )

@@ -111,8 +111,16 @@ class WindowView:
 
     @property
     def static(self) -> Mapping[str, Any]:
-        return {"window": {"time_dim": self.time_dim, "lookback": self.lookback, "stride": self.stride,
-                           "horizon": self.horizon, "sample_dims": list(self.sample_dims), "order": "window-major"}}  # fmt: skip
+        return {
+            "window": {
+                "time_dim": self.time_dim,
+                "lookback": self.lookback,
+                "stride": self.stride,
+                "horizon": self.horizon,
+                "sample_dims": list(self.sample_dims),
+                "order": "window-major",
+            }
+        }
 
     def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
         rows = np.arange(start, stop)

@@ -48,9 +48,16 @@ class WindowSeriesView:
         dtype: str | None = None,
     ) -> None:
         self.windows = WindowView(
-            ds, arrays, sample_dims=sample_dims, time_dim=time_dim, lookback=lookback,
-            stride=stride, horizon=horizon, targets=targets, dtype=dtype,
-        )  # fmt: skip
+            ds,
+            arrays,
+            sample_dims=sample_dims,
+            time_dim=time_dim,
+            lookback=lookback,
+            stride=stride,
+            horizon=horizon,
+            targets=targets,
+            dtype=dtype,
+        )
         w = self.windows
         self.lookback, self.stride, self.horizon, self.S = w.lookback, w.stride, w.horizon, w.S
         self.time_dim, self.sample_dims = time_dim, tuple(sample_dims)
@@ -70,9 +77,12 @@ class WindowSeriesView:
                     rest = [d for d in da.dims if d not in (time_dim, *self.sample_dims)]
                     self._series[name] = da.transpose(*self.sample_dims, time_dim, *rest)
                     self._specs[name] = ArraySpec(
-                        name, (self.S * self.steps, len(feats)), dt, feats,
+                        name,
+                        (self.S * self.steps, len(feats)),
+                        dt,
+                        feats,
                         {"variable": str(da.name)},
-                    )  # fmt: skip
+                    )
                 name = keys[key]
                 n = self._specs[name].shape[1]
                 cols.append(SeriesColumns(name, at, at + n))
@@ -139,10 +149,15 @@ class WindowSeriesView:
 
     def geometry(self, series_chunk_rows: int) -> WindowGeometry:
         return WindowGeometry(
-            lookback=self.lookback, stride=self.stride, horizon=self.horizon, space=self.S,
-            steps=self.steps, num_windows=self.num_windows, chunk_rows=series_chunk_rows,
+            lookback=self.lookback,
+            stride=self.stride,
+            horizon=self.horizon,
+            space=self.S,
+            steps=self.steps,
+            num_windows=self.num_windows,
+            chunk_rows=series_chunk_rows,
             columns=self.columns,
-        )  # fmt: skip
+        )
 
 
 def window_manifest(
@@ -164,10 +179,14 @@ def window_manifest(
     for name, spec in view.window_specs.items():
         _, cols = view.columns[name]
         arrays[name] = ArrayInfo(
-            name, tuple(int(n) for n in spec.shape), np.dtype(spec.dtype).name,
-            sample_bounds.chunk_rows, path=",".join(c.series for c in cols),
-            features=spec.features, attrs={**dict(spec.attrs), "at_load": True},
-        )  # fmt: skip
+            name,
+            tuple(int(n) for n in spec.shape),
+            np.dtype(spec.dtype).name,
+            sample_bounds.chunk_rows,
+            path=",".join(c.series for c in cols),
+            features=spec.features,
+            attrs={**dict(spec.attrs), "at_load": True},
+        )
         parts = [series.stats[c.series] for c in cols if c.series in series.stats]
         if len(parts) == len(cols):
             cat = {f: np.concatenate([getattr(p, f) for p in parts]) for f in STATS_FIELDS}
@@ -176,6 +195,10 @@ def window_manifest(
             )
     static = {"window": {**dict(view.static["window"]), **geometry_dict(g, infos)}}
     return dataclasses.replace(
-        series, length=view.num_samples, chunk_bounds=tuple(sample_bounds), arrays=arrays,
-        stats=stats, static=static,
-    )  # fmt: skip
+        series,
+        length=view.num_samples,
+        chunk_bounds=tuple(sample_bounds),
+        arrays=arrays,
+        stats=stats,
+        static=static,
+    )
