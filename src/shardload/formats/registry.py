@@ -60,6 +60,7 @@ REGISTRY: Mapping[str, FormatEntry] = {
         FormatEntry("zarr", "shardload.formats.zarr", shards=True, ragged=True),
         FormatEntry("npy", "shardload.formats.npy", compressions=("none",), ragged=True),
         FormatEntry("hdf5", "shardload.formats.hdf5", ragged=True),
+        FormatEntry("parquet", "shardload.formats.parquet", requires=("pyarrow",), extra="parquet"),
     )
 }
 #: every format's name, in the registry's order (the config's ``format`` values)
