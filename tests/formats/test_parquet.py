@@ -30,3 +30,14 @@ class TestParquet(FormatTests):
             meta = pq.ParquetFile(self.chunk_file(Path(store.root), name, 0)).metadata
             assert meta.num_row_groups == 1 and meta.num_rows == 7
             assert meta.row_group(0).column(0).compression == codec
+
+
+def test_without_pyarrow_the_error_names_the_extra(monkeypatch):
+    import sys
+
+    from shardload.errors import MissingDependencyError
+    from shardload.formats.registry import get_writer
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'shardload\[parquet\]'"):
+        get_writer("parquet")
