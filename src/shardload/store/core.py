@@ -78,7 +78,7 @@ class Store:
             fmt = self.manifest.format
 
             def open_reader(manifest: Manifest) -> ArrayReader:
-                return open_format_reader(fmt, self.fs, self.root, manifest, verify=self.verify)  # type: ignore[no-any-return]
+                return open_format_reader(fmt, self.fs, self.root, manifest, verify=self.verify)
 
             reader = None
             if "window" in self.manifest.static:  # windows cut at load time (at_load: true)
