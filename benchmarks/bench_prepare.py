@@ -116,7 +116,7 @@ def baseline_to_zarr(ds: Any, out: Path, compression: str) -> tuple[float, float
     import dask
 
     from shardload.formats.base import FormatOptions
-    from shardload.formats.zarr.format import compressors
+    from shardload.formats.zarr.write import compressors
     from shardload.util.durable import fsync_tree
 
     shutil.rmtree(out, ignore_errors=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shardload.errors import StoreExistsError, StoreLockedError
-from shardload.formats.base import get_format
+from shardload.formats.registry import get_writer
 from shardload.prep.commit import BlockCommit, OutputLock, write_block_durably
 
 
@@ -98,7 +98,7 @@ def test_staging_format_blocks_are_files_until_the_merge(tmp_path):
     from shardload.manifest.core import ArraySpec
     from shardload.plan.chunks import RegularBounds
 
-    fmt = get_format("hdf5")
+    fmt = get_writer("hdf5")
     assert not fmt.parallel_write
     bounds = RegularBounds(10, 4)
     specs = {"x": ArraySpec("x", (10, 2), np.dtype("float32"), None, {})}

@@ -448,8 +448,8 @@ def test_checksums_survive_a_resumed_prepare(tmp_path, monkeypatch, fmt):
     resumed records every chunk's checksum, including those written before the failure."""
     import errno
 
-    from shardload.formats.base import get_format
     from shardload.formats.checksums import read_checksums
+    from shardload.formats.registry import get_writer
 
     src = tmp_path / "src.nc"
     xr.Dataset(
@@ -459,7 +459,7 @@ def test_checksums_survive_a_resumed_prepare(tmp_path, monkeypatch, fmt):
             "c": ("sample", np.arange(300, dtype="i8")),
         }
     ).to_netcdf(src)
-    cls = type(get_format(FORMATS[fmt]["format"]))
+    cls = type(get_writer(FORMATS[fmt]["format"]))
     real = cls.write_block
 
     def flaky(self, root, name, chunk_index, start, data, *, bounds):

@@ -1,4 +1,5 @@
-"""Prepare: values in == values out for every format and view; atomicity; bad input."""
+"""Prepare: values in == values out for every view; atomicity; bad input. Every format's round
+trip: tests/formats (shardload.testing.formats.FormatTests)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,7 @@ from shardload.errors import (
     StoreExistsError,
     ViewError,
 )
-
-FORMATS = [
-    ("zarr", "none"),
-    ("zarr", "zstd"),
-    ("zarr", "lz4"),
-    ("npy", "none"),
-    ("hdf5", "none"),
-    ("hdf5", "zstd"),
-]
+from shardload.testing.formats import expected_flat
 
 
 def cfg(src: Path, out: Path, **kw):
@@ -43,31 +36,6 @@ def cfg(src: Path, out: Path, **kw):
     }
     base.update(kw)
     return base
-
-
-def expected_flat(ds: xr.Dataset) -> dict[str, np.ndarray]:
-    x = np.concatenate([ds.a.values[:, None], ds.b.values, ds.c.values.T], axis=1)
-    return {"x": x.astype(np.result_type(ds.a, ds.b, ds.c)), "y": ds.b.values}
-
-
-@pytest.mark.parametrize(("fmt", "comp"), FORMATS)
-def test_flat_round_trip_every_format(tmp_path, small_nc, fmt, comp):
-    store = shardload.prepare(cfg(small_nc, tmp_path / "s", format=fmt, compression=comp))
-    ref = expected_flat(xr.open_dataset(small_nc))
-    assert len(store) == 50 and store.manifest.complete and store.manifest.format == fmt
-    assert store.chunk_bounds == (0, 7, 14, 21, 28, 35, 42, 49, 50)
-    for name, want in ref.items():
-        np.testing.assert_array_equal(store.read(name), want)
-        np.testing.assert_array_equal(store.read(name, 5, 23), want[5:23])
-        assert store.manifest.arrays[name].chunk_rows == 7
-    # stats in the manifest equal numpy's over the whole array
-    st = store.manifest.stats["x"]
-    np.testing.assert_allclose(st.mean, ref["x"].astype("f8").mean(0), rtol=1e-10)
-    np.testing.assert_allclose(st.std, ref["x"].astype("f8").std(0), rtol=1e-6)
-    assert store.manifest.arrays["x"].features[:3] == ("a", "b[u]", "b[v]")
-    # re-open from disk, through the public function
-    again = shardload.open_store(tmp_path / "s")
-    np.testing.assert_array_equal(again.read("y", 48, 50), ref["y"][48:50])
 
 
 def test_zarr_sharding_and_target_bytes(tmp_path, small_nc):
@@ -229,7 +197,7 @@ def test_existing_target_needs_overwrite(tmp_path, small_nc):
         ({"source": {"paths": ["missing.nc"]}}, SourceError, "missing.nc"),
         ({"arrays": {"x": ["a", "nope"]}}, ViewError, "'nope'"),
         ({"sample_dims": ["samp"]}, ViewError, "samp"),
-        ({"format": "parquet"}, ConfigError, "parquet"),
+        ({"format": "tiff"}, ConfigError, "tiff"),  # unknown (parquet is a format now)
         ({"compression": "gzip"}, ConfigError, "gzip"),
         ({"chunk_size": 3}, ConfigError, "chunk_rows"),
         ({"format": "npy", "compression": "zstd"}, ConfigError, "npy"),
@@ -294,9 +262,9 @@ def test_nan_counted_or_fail(tmp_path):
 def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monkeypatch):
     import errno
 
-    from shardload.formats.npy import format as npy
+    from shardload.formats.npy import write as npy
 
-    real = npy.NpyFormat.write_block
+    real = npy.NpyWriter.write_block
     calls = {"n": 0}
 
     def flaky(self, root, name, chunk_index, start, data, *, bounds):
@@ -305,7 +273,7 @@ def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monke
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, root, name, chunk_index, start, data, bounds=bounds)
 
-    monkeypatch.setattr(npy.NpyFormat, "write_block", flaky)
+    monkeypatch.setattr(npy.NpyWriter, "write_block", flaky)
     c = cfg(
         small_nc, tmp_path / "s", format="npy", compression="none", execution={"scheduler": "sync"}
     )
@@ -321,10 +289,10 @@ def test_disk_full_leaves_incomplete_store_then_resume(tmp_path, small_nc, monke
     assert not (tmp_path / "s").exists() and (tmp_path / "s.partial").exists()
     with pytest.raises(IncompleteStoreError, match="interrupted"):
         shardload.open_store(tmp_path / "s")
-    monkeypatch.setattr(npy.NpyFormat, "write_block", real)
+    monkeypatch.setattr(npy.NpyWriter, "write_block", real)
     calls["n"] = 0
     monkeypatch.setattr(
-        npy.NpyFormat,
+        npy.NpyWriter,
         "write_block",
         lambda *a, **k: (calls.__setitem__("n", calls["n"] + 1), real(*a, **k))[1],
     )
@@ -378,9 +346,9 @@ def test_splits_are_not_part_of_the_write_fingerprint(tmp_path, small_nc, monkey
     """Changing split fractions or seed resumes an interrupted run instead of rewriting it."""
     import errno
 
-    from shardload.formats.npy import format as npy
+    from shardload.formats.npy import write as npy
 
-    real = npy.NpyFormat.write_block
+    real = npy.NpyWriter.write_block
     calls = {"n": 0}
 
     def failing_at_4(self, root, name, chunk_index, start, data, *, bounds):
@@ -400,10 +368,10 @@ def test_splits_are_not_part_of_the_write_fingerprint(tmp_path, small_nc, monkey
         execution={"scheduler": "sync"},
         splits={"train": 0.5, "val": 0.5},
     )
-    monkeypatch.setattr(npy.NpyFormat, "write_block", failing_at_4)
+    monkeypatch.setattr(npy.NpyWriter, "write_block", failing_at_4)
     with pytest.raises(DiskFullError):
         shardload.prepare(c)
-    monkeypatch.setattr(npy.NpyFormat, "write_block", counting)
+    monkeypatch.setattr(npy.NpyWriter, "write_block", counting)
     done = len(list((tmp_path / "s.partial" / "_progress").glob("block-*.npz")))
     assert 4 <= done < 8
     s = shardload.prepare({**c, "splits": {"train": 0.75, "test": 0.25}, "split_seed": 3})
@@ -500,9 +468,9 @@ def test_disk_full_during_the_hdf5_merge_then_resume(tmp_path, small_nc, monkeyp
     recorded, and the re-run rebuilds data.h5 from scratch without re-reading the source."""
     import errno
 
-    from shardload.formats.hdf5 import format as hdf5
+    from shardload.formats.hdf5 import write as hdf5
 
-    real = hdf5.Hdf5Format.write_block
+    real = hdf5.Hdf5Writer.write_block
     seen = {"n": 0}
 
     def full_at_third(self, *a, **k):
@@ -512,13 +480,13 @@ def test_disk_full_during_the_hdf5_merge_then_resume(tmp_path, small_nc, monkeyp
         return real(self, *a, **k)
 
     c = cfg(small_nc, tmp_path / "s", format="hdf5", compression="none")
-    monkeypatch.setattr(hdf5.Hdf5Format, "write_block", full_at_third)
+    monkeypatch.setattr(hdf5.Hdf5Writer, "write_block", full_at_third)
     with pytest.raises(DiskFullError, match=rf"disk holding {tmp_path / 's'} is full"):
         shardload.prepare(c)
     progress = tmp_path / "s.partial" / "_progress"
     assert len(list(progress.glob("block-*.npz"))) == 8  # every block recorded and staged
     assert len(list((tmp_path / "s.partial" / "_staged").glob("*.npy"))) == 16
-    monkeypatch.setattr(hdf5.Hdf5Format, "write_block", real)
+    monkeypatch.setattr(hdf5.Hdf5Writer, "write_block", real)
     from shardload.prep import driver as pipeline
 
     monkeypatch.setattr(pipeline, "run_block", lambda *a: pytest.fail("a block was rewritten"))

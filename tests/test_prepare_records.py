@@ -14,7 +14,7 @@ import xarray as xr
 
 import shardload
 from shardload.errors import StoreError
-from shardload.formats.npy import format as npy
+from shardload.formats.npy import write as npy
 from shardload.prep import commit as commit_mod
 from shardload.prep import driver as pipeline
 from shardload.prep.config import load_config
@@ -70,14 +70,14 @@ def test_progress_records_carry_no_per_feature_statistics(tmp_path, monkeypatch)
 
 
 def _fail_at(monkeypatch, chunk: int) -> None:
-    real = npy.NpyFormat.write_block
+    real = npy.NpyWriter.write_block
 
     def flaky(self, root, name, chunk_index, start, data, *, bounds):
         if chunk_index == chunk:
             raise OSError(errno.EIO, "Input/output error")
         return real(self, root, name, chunk_index, start, data, bounds=bounds)
 
-    monkeypatch.setattr(npy.NpyFormat, "write_block", flaky)
+    monkeypatch.setattr(npy.NpyWriter, "write_block", flaky)
 
 
 @pytest.mark.parametrize("saved", [True, False], ids=["saved-prefix", "nothing-saved"])

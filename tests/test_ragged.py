@@ -472,7 +472,7 @@ def test_manifest_version_and_roundtrip(npy, stores):
 def test_crash_while_finishing_ragged_redoes_it(tmp_path, monkeypatch, fmt):
     """A run that dies after every block is recorded, inside the pass that writes the offsets
     (and the Zarr / HDF5 values), leaves the staged chunks; the next run redoes the pass."""
-    from shardload.formats.ragged import format as fr
+    from shardload.formats.ragged import write as fr
     from shardload.util import durable as commit
 
     real_write = commit.write_atomic
@@ -489,13 +489,16 @@ def test_crash_while_finishing_ragged_redoes_it(tmp_path, monkeypatch, fmt):
     if fmt == "npy":  # offsets written, marker not
         monkeypatch.setattr(commit, "write_atomic", write_then_crash)
     else:  # values and offsets written, marker not
-        real_finish = getattr(fr, f"_finish_{fmt}")
+        from shardload.formats.registry import get_writer
+
+        writer = type(get_writer(fmt))
+        real_finish = writer.finish_ragged
 
         def finish_then_crash(*args, **kwargs):
             real_finish(*args, **kwargs)
             crash()
 
-        monkeypatch.setattr(fr, f"_finish_{fmt}", finish_then_crash)
+        monkeypatch.setattr(writer, "finish_ragged", finish_then_crash)
     with pytest.raises(shardload.errors.StoreError, match="simulated crash"):
         make(tmp_path, fmt, comp, None)
     partial = tmp_path / f"{fmt}-{comp}-None.partial"

@@ -162,12 +162,12 @@ def test_hdf5_output_with_more_features_than_an_attribute_holds(tmp_path):
 def test_hdf5_create_error_names_the_array(tmp_path):
     from shardload.errors import StoreError
     from shardload.formats.base import FormatOptions
-    from shardload.formats.hdf5.format import FORMAT
+    from shardload.formats.hdf5.write import WRITER
     from shardload.manifest.core import ArraySpec
 
     bad = {"big": ArraySpec("big", (4, 3), np.dtype("M8[ns]"))}  # no HDF5 type
     with pytest.raises(StoreError, match=re.escape("array 'big'")):
-        FORMAT.create(tmp_path, bad, (0, 4), FormatOptions("none"))
+        WRITER.create(tmp_path, bad, (0, 4), FormatOptions("none"))
 
 
 # -- GRIB ---------------------------------------------------------------------------------------

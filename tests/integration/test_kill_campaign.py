@@ -26,6 +26,7 @@ FORMATS = {
     "zarr": {"format": "zarr", "compression": "lz4"},
     "zarr-sharded": {"format": "zarr", "compression": "zstd", "shard_chunks": 2},
     "hdf5": {"format": "hdf5", "compression": "lz4"},
+    "parquet": {"format": "parquet", "compression": "zstd"},
 }
 SCHEDULERS = {
     "threads": {"scheduler": "threads", "num_workers": 2},

@@ -372,7 +372,7 @@ def run_slab(job: ComputeJob, slab: int) -> dict[str, Any]:
 def _write_slab(job: ComputeJob, slab: int, outs: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Write slab ``slab`` of each array durably; its progress record (statistics partials and
     the chunk files' checksums, as prepare records them)."""
-    from shardload.formats.zarr.format import FORMAT
+    from shardload.formats.zarr.write import WRITER as FORMAT
 
     a0 = job.bounds[slab]
     record: dict[str, np.ndarray] = {}
@@ -418,7 +418,7 @@ def compute(
     progress: bool | None = None,
 ) -> Manifest:
     """Compute every attribute of ``config`` block by block into a store; see docs/compute.md."""
-    from shardload.formats.zarr.format import FORMAT
+    from shardload.formats.zarr.write import WRITER as FORMAT
 
     cfg = load_compute_config(config, overrides)
     out = Path(cfg.out)

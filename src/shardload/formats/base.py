@@ -1,28 +1,21 @@
-"""The small protocol every on-disk format implements, and the registry that picks one by name.
-
-A format writes blocks of rows into a store folder being prepared and opens a reader on a
-finished store (local path or fsspec URL). Format modules are imported on first use.
+"""The small protocols every on-disk format implements: a writer (``formats/NAME/write.py``)
+that writes blocks of rows into a store folder being prepared, and a reader
+(``formats/NAME/read.py``) of a finished store (local path or fsspec URL). Optional read
+capabilities are small runtime-checkable protocols. Formats are picked by name in
+:mod:`shardload.formats.registry`.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from shardload.errors import ConfigError
-from shardload.manifest.core import ArrayInfo, ArraySpec, Manifest
+from shardload.manifest.core import ArraySpec
 
-COMPRESSIONS = ("none", "zstd", "lz4")
 DEFAULT_COMPRESSION = "lz4"
-REGISTRY = {
-    "zarr": "shardload.formats.zarr.format",
-    "npy": "shardload.formats.npy.format",
-    "hdf5": "shardload.formats.hdf5.format",
-}
 
 
 @dataclass(frozen=True)
@@ -71,7 +64,9 @@ class RawChunks(Protocol):
     def raw_chunk(self, name: str, i: int) -> RawChunk | None: ...
 
 
-class Format(Protocol):
+class FormatWriter(Protocol):
+    """Writes a store's fixed-shape arrays (``WRITER`` in ``formats/NAME/write.py``)."""
+
     name: str
     #: True when tasks in any process may write blocks concurrently, each durable on its own
     #: (zarr, npy); False: tasks stage blocks and the driver builds the file at the end (one
@@ -108,30 +103,9 @@ class Format(Protocol):
         """Flush and close what the writer holds (called once, by the driver)."""
         ...
 
-    def open_reader(
-        self, fs: Any, root: str, manifest: Manifest, *, verify: str = ...
-    ) -> ArrayReader:
-        """A reader that checks chunks against the store's checksums as ``verify`` says
-        (``"always" | "first-epoch" | "never"``, see :mod:`shardload.formats.checksums`)."""
+    def array_path(self, name: str, *, ragged: bool = False) -> str:
+        """The manifest's ``path`` of array ``name`` (inside the store)."""
         ...
-
-
-def get_format(name: str) -> Format:
-    if name not in REGISTRY:
-        raise ConfigError(f"format: unknown format {name!r}; choose one of {sorted(REGISTRY)}")
-    return importlib.import_module(REGISTRY[name]).FORMAT  # type: ignore[no-any-return]
-
-
-def check_compression(name: str) -> str:
-    if name not in COMPRESSIONS:
-        raise ConfigError(
-            f"compression: unknown value {name!r}; choose one of {list(COMPRESSIONS)}"
-        )
-    return name
-
-
-def info_dtype(info: ArrayInfo) -> np.dtype:
-    return np.dtype(info.dtype)
 
 
 def is_local(fs: Any) -> bool:

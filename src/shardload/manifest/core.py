@@ -42,7 +42,6 @@ MANIFEST_VERSION = 4
 PLAIN_VERSION = 2
 #: the version of a store with variable-length arrays (inline)
 RAGGED_VERSION = 3
-FORMATS = ("zarr", "npy", "hdf5")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import yaml
 
 from shardload.errors import ConfigError
 from shardload.formats.base import DEFAULT_COMPRESSION
+from shardload.formats.registry import format_entry
 from shardload.plan.chunks import DEFAULT_TARGET_CHUNK_BYTES
 
 
@@ -234,7 +235,7 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
     if m.view.name == "window" and not m.view.at_load:  # written windows: as before
         view_options.pop("at_load")
     execution = _execution_config(m.execution)
-    compression = m.compression or ("none" if m.format == "npy" else DEFAULT_COMPRESSION)
+    compression = m.compression or format_entry(m.format).default_compression
     return PrepareConfig(
         source=source,
         out=_resolve(m.out, base),

@@ -18,7 +18,7 @@ import re
 import types
 import typing
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import numpy as np
 from pydantic import (
@@ -32,9 +32,14 @@ from pydantic import (
 )
 
 from shardload.errors import ConfigError
+from shardload.formats.registry import FORMAT_NAMES, REGISTRY
 
 DEFAULT_TARGET_CHUNK_BYTES_TEXT = "16MiB"
-FORMATS = ("zarr", "npy", "hdf5")
+FORMATS = FORMAT_NAMES
+if TYPE_CHECKING:
+    FormatName = str
+else:  # the registry's names: the JSON schema's enum
+    FormatName = Literal[FORMAT_NAMES]
 COMPRESSION_NAMES = ("none", "zstd", "lz4")
 VIEW_NAMES = ("flat", "graph", "window", "function")
 SCHEDULERS = ("auto", "threads", "processes", "distributed", "jobqueue", "sync")
@@ -414,7 +419,7 @@ class PrepareModel(_Model):
     dtype: DType = None
     chunk_rows: PositiveInt | None = None
     target_chunk_bytes: Size = Field(2**24, description="e.g. 16MiB, 1GB or 4096 (bytes)")
-    format: Literal["zarr", "npy", "hdf5"] = "zarr"
+    format: FormatName = "zarr"
     compression: Literal["none", "zstd", "lz4"] | None = Field(
         None, description="default: lz4, none for npy"
     )
@@ -440,6 +445,13 @@ class PrepareModel(_Model):
         return v
 
 
+def _compression_problem(fmt: str, compression: str) -> str:
+    allowed = REGISTRY[fmt].compressions
+    if allowed == ("none",):
+        return f"the {fmt} format stores raw arrays: use 'none', not {compression!r}"
+    return f"the {fmt} format takes {list(allowed)}, not {compression!r}"
+
+
 def cross_checks(model: PrepareModel, skip: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
     """Rules that tie keys together. A rule that reads a top-level key in ``skip`` (a key
     that failed on its own) is not run, so it never reports a consequence of that failure."""
@@ -449,21 +461,19 @@ def cross_checks(model: PrepareModel, skip: frozenset[str] = frozenset()) -> lis
         return not skip.intersection(keys)
 
     view, ex = model.view, model.execution
-    if rule("shard_chunks", "format") and model.shard_chunks is not None and model.format != "zarr":
+    entry = REGISTRY[model.format] if rule("format") else None
+    if rule("shard_chunks") and entry and model.shard_chunks is not None and not entry.shards:
+        sharded = " / ".join(e.name for e in REGISTRY.values() if e.shards)
         problems.append(
-            ("shard_chunks", f"only the zarr format has shards (format is {model.format!r})")
+            ("shard_chunks", f"only the {sharded} format has shards (format is {model.format!r})")
         )
     if (
-        rule("format", "compression")
-        and model.format == "npy"
-        and model.compression not in (None, "none")
+        rule("compression")
+        and entry
+        and model.compression is not None
+        and model.compression not in entry.compressions
     ):
-        problems.append(
-            (
-                "compression",
-                f"the npy format stores raw arrays: use 'none', not {model.compression!r}",
-            )
-        )
+        problems.append(("compression", _compression_problem(model.format, model.compression)))
     if (
         rule("compression", "compression_level")
         and model.compression == "none"

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import ConfigError, DiskFullError, NaNError, ShardloadError, StoreError
-from shardload.formats.base import FormatOptions, get_format
+from shardload.formats.base import FormatOptions
 from shardload.formats.checksums import ALGORITHM, encode_checksums
+from shardload.formats.registry import get_writer
 from shardload.layout import CHECKSUMS_NAME, METADATA_NAME
 from shardload.manifest.core import ArrayInfo, ArraySpec, Manifest
 from shardload.plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
@@ -171,7 +172,7 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
     throttle_s = float(os.environ.get(THROTTLE_ENV) or 0)
     time.sleep(throttle_s / 2)
     arrays, stats = _read_block(job, block)
-    fmt = get_format(job.config.format)
+    fmt = get_writer(job.config.format)
     record: dict[str, np.ndarray] = {}
     with collect_written(defer=job.defer_fsync) as paths:
         for k, (name, arr) in enumerate(arrays.items()):
@@ -265,8 +266,8 @@ def _ragged_rows(
 
 def _write_ragged(job: PrepareJob, block: int, name: str, rows: Any) -> dict[str, np.ndarray]:
     """One block of a variable-length array: its values per sample chunk, durably
-    (:mod:`shardload.formats.ragged.format`); the record fields (checksums, row lengths)."""
-    from shardload.formats.ragged.format import write_ragged_block
+    (:mod:`shardload.formats.ragged.write`); the record fields (checksums, row lengths)."""
+    from shardload.formats.ragged.write import write_ragged_block
 
     chunk, a, b = job.block(block)
     try:
@@ -310,7 +311,7 @@ def prepare(
     bounds = RegularBounds(length, chunk_rows)
     splits, split_rows = plan_splits_for(cfg, view, bounds)  # before any file is written
     fingerprint = _fingerprint(cfg, specs, bounds, dataset)
-    fmt = get_format(cfg.format)
+    fmt = get_writer(cfg.format)
     options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
     commit = BlockCommit(
         out,
@@ -363,7 +364,7 @@ def prepare(
     def create(root: Path) -> None:
         fmt.create(root, fixed, bounds, options)
         if ragged:
-            from shardload.formats.ragged.format import create_ragged
+            from shardload.formats.ragged.write import create_ragged
 
             create_ragged(cfg.format, root, ragged)
 
@@ -455,14 +456,14 @@ def prepare(
 
 def _array_path(fmt: str, name: str, ragged: bool) -> str:
     if ragged:
-        from shardload.formats.ragged.format import array_path
+        from shardload.formats.ragged.write import array_path
 
         return array_path(fmt, name)
-    return name if fmt != "hdf5" else f"data.h5/{name}"
+    return str(get_writer(fmt).array_path(name))
 
 
 def _length_stats(lengths: np.ndarray) -> dict[str, Any]:
-    from shardload.formats.ragged.format import length_stats
+    from shardload.formats.ragged.write import length_stats
 
     return length_stats(lengths)
 
@@ -481,7 +482,7 @@ def _finish_ragged(
     blocks' records; the offsets' checksum appended to each one's chunk checksums."""
     if not ragged:
         return {}
-    from shardload.formats.ragged.format import finish_ragged
+    from shardload.formats.ragged.write import finish_ragged
 
     lengths = {}
     for n in ragged:

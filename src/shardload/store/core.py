@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import IncompleteStoreError, StoreError
-from shardload.formats.base import ArrayReader, get_format, is_local
+from shardload.formats.base import ArrayReader, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, VERIFY_ENV, check_verify
+from shardload.formats.registry import open_reader as open_format_reader
 from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX
 from shardload.manifest.core import Manifest
 
@@ -74,10 +75,10 @@ class Store:
     @property
     def reader(self) -> ArrayReader:
         if self._reader is None or self._pid != os.getpid():
-            fmt = get_format(self.manifest.format)
+            fmt = self.manifest.format
 
             def open_reader(manifest: Manifest) -> ArrayReader:
-                return fmt.open_reader(self.fs, self.root, manifest, verify=self.verify)
+                return open_format_reader(fmt, self.fs, self.root, manifest, verify=self.verify)
 
             reader = None
             if "window" in self.manifest.static:  # windows cut at load time (at_load: true)
@@ -95,9 +96,9 @@ class Store:
 
     @property
     def ragged_reader(self) -> Any:
-        """The reader of the variable-length arrays (:mod:`shardload.formats.ragged.format`)."""
+        """The reader of the variable-length arrays (:mod:`shardload.formats.ragged.read`)."""
         if self._ragged is None or self._ragged._pid != os.getpid():
-            from shardload.formats.ragged.format import RaggedReader
+            from shardload.formats.ragged.read import RaggedReader
 
             self._ragged = RaggedReader(self.fs, self.root, self.manifest, verify=self.verify)
         return self._ragged
@@ -307,7 +308,7 @@ def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, veri
                 f"(found {root}{PARTIAL_SUFFIX}); re-run 'shardload prepare' to resume"
             )
         if any(_exists(fs, f"{root}/{m}") for m in ("zarr.json", ".zgroup", ".zarray")):
-            from shardload.formats.zarr.format import manifest_from_zarr
+            from shardload.formats.zarr.plain import manifest_from_zarr
 
             manifest = manifest_from_zarr(fs, root, arrays=arrays)
             return Store(manifest, fs, root, url=url, verify=verify)

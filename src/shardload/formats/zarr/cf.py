@@ -183,6 +183,28 @@ def _promote(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32 if dtype.itemsize <= 2 else np.float64)
 
 
+def _check_servable(name: str, dtype: np.dtype, attrs: Mapping[str, Any]) -> None:
+    """Raise :class:`StoreError` for what xarray would decode into another kind of value."""
+    kind = _time_units(attrs.get("units"))
+    if kind == "datetime":
+        raise _refuse(
+            name,
+            f"it holds CF times (units {attrs['units']!r}), which xarray decodes to datetime64",
+        )
+    if kind == "timedelta" and str(attrs.get("dtype", "")).startswith("timedelta64"):
+        raise _refuse(name, f"it holds timedeltas (dtype attribute {attrs['dtype']!r})")
+    if attrs.get("dtype") == "bool":
+        raise _refuse(name, "it holds booleans (dtype attribute 'bool')")
+    if "_Unsigned" in attrs:
+        raise _refuse(name, f"_Unsigned={attrs['_Unsigned']!r} integers are not decoded")
+    if dtype.kind not in "iuf":
+        raise _refuse(name, f"its dtype {dtype} is not a real number type")
+    for key in ("scale_factor", "add_offset"):
+        v = attrs.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.number))):
+            raise _refuse(name, f"{key}={v!r} is not a number")
+
+
 def plan_cf_decoding(
     name: str, *, dtype: np.dtype, attrs: Mapping[str, Any], fill_value: Any, zarr_format: int
 ) -> CFDecoding | None:
@@ -204,24 +226,7 @@ def plan_cf_decoding(
             attrs["_FillValue"] = fill_value
     elif "_FillValue" in attrs:
         attrs["_FillValue"] = _fill_from_attr(attrs["_FillValue"], dtype)
-    kind = _time_units(attrs.get("units"))
-    if kind == "datetime":
-        raise _refuse(
-            name,
-            f"it holds CF times (units {attrs['units']!r}), which xarray decodes to datetime64",
-        )
-    if kind == "timedelta" and str(attrs.get("dtype", "")).startswith("timedelta64"):
-        raise _refuse(name, f"it holds timedeltas (dtype attribute {attrs['dtype']!r})")
-    if attrs.get("dtype") == "bool":
-        raise _refuse(name, "it holds booleans (dtype attribute 'bool')")
-    if "_Unsigned" in attrs:
-        raise _refuse(name, f"_Unsigned={attrs['_Unsigned']!r} integers are not decoded")
-    if dtype.kind not in "iuf":
-        raise _refuse(name, f"its dtype {dtype} is not a real number type")
-    for key in ("scale_factor", "add_offset"):
-        v = attrs.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.number))):
-            raise _refuse(name, f"{key}={v!r} is not a number")
+    _check_servable(name, dtype, attrs)
     # xarray's _check_fill_values
     fill_keys, fills = [], []
     for key in _FILL_KEYS:

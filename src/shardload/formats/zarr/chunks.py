@@ -33,8 +33,7 @@ from numcodecs import Blosc, blosc
 
 from shardload.errors import ChunkReadError
 from shardload.formats.base import aligned_empty, readinto_full
-from shardload.formats.checksums import Verifier, digest, file_digest
-from shardload.util.durable import file_written
+from shardload.formats.checksums import Verifier, file_digest
 
 _CODECS_OK = ({"bytes"}, {"bytes", "blosc"})
 
@@ -288,28 +287,6 @@ def decode_into(
         ) from exc
 
 
-def write_chunk(layout: ChunkLayout, i: int, rows: np.ndarray) -> int:
-    """Encode chunk ``i`` from ``rows`` (at most ``chunk_rows``; a short last chunk is padded
-    with the fill value, as Zarr v3 stores edge chunks at full size) and write its file."""
-    n = layout.chunk_rows
-    if len(rows) > n:
-        raise ValueError(f"{len(rows)} rows do not fit a chunk of {n} rows")
-    block = np.ascontiguousarray(rows, dtype=layout.dtype)
-    if len(block) < n:
-        pad = np.full((n - len(block), *block.shape[1:]), layout.fill_value, layout.dtype)
-        block = np.concatenate([block, pad])
-    data: Any = block.data.cast("B")  # ndarray.data is memoryview(block)
-    if layout.blosc_config is not None:
-        data = _blosc(layout.blosc_config).encode(block)  # typesize: the array's item size
-    path = layout.chunk_path(i)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        file_written(f.fileno(), path)  # durable before the block's progress record says done
-    return digest(data)  # the file's bytes: the chunk's checksum
-
-
 @dataclass(frozen=True)
 class StoredObjects:
     """The files of a Zarr v3 array chunked along axis 0 only: chunk files, or shard files
@@ -348,7 +325,7 @@ def load_stored_objects(folder: str, *, opener: Any = None) -> StoredObjects | N
     return StoredObjects(folder.rstrip("/"), chunk[0], len(shape), sep)
 
 
-def _blosc(config: dict[str, Any]) -> Any:
+def blosc_codec(config: dict[str, Any]) -> Any:
     """numcodecs' Blosc with a Zarr v3 blosc codec's settings (zarr's codec wraps it too)."""
 
     shuffle = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE}.get(

@@ -1,4 +1,4 @@
-"""One HDF5 file, ``data.h5``, one dataset per array, chunked ``(chunk_rows, *row_shape)``.
+"""Writing HDF5 stores: one file, ``data.h5``, one dataset per array, chunked ``(chunk_rows, *row_shape)``.
 
 HDF5 allows one writer per file and cannot make one block durable on its own (a kill mid-write
 loses or corrupts what the library held): ``parallel_write = False`` makes the commit protocol
@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardload.errors import ChunkReadError, StoreError, require
-from shardload.formats.base import FormatOptions, is_local
-from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest
-from shardload.manifest.core import Manifest
+from shardload.errors import StoreError, require
+from shardload.formats.base import FormatOptions
+from shardload.formats.checksums import digest
+from shardload.formats.hdf5.read import FILE_NAME, RAGGED_FILE
+from shardload.formats.ragged.write import value_chunk
 
-FILE_NAME = "data.h5"
 #: Feature names live in datasets ``/_features/NAME`` (one UTF-8 string per feature): an HDF5
 #: attribute is limited to 64 KiB (object header), i.e. a few thousand names.
 FEATURES_GROUP = "_features"
@@ -57,9 +57,12 @@ def _filter(options: FormatOptions) -> dict[str, Any]:
     )
 
 
-class Hdf5Format:
+class Hdf5Writer:
+    """Writes ``data.h5`` (``WRITER``); see the module's docstring for the staging."""
+
     name = "hdf5"
     parallel_write = False
+    ragged_staged = True  # values staged as chunk files, then written into ragged.h5
 
     def __init__(self) -> None:
         self._files: dict[str, Any] = {}
@@ -137,100 +140,49 @@ class Hdf5Format:
                 f.flush()
                 f.close()
 
-    def open_reader(
-        self, fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
-    ) -> Hdf5Reader:
-        return Hdf5Reader(fs, root, manifest, verify=verify)
+    def array_path(self, name: str, *, ragged: bool = False) -> str:
+        return f"{RAGGED_FILE if ragged else FILE_NAME}/{name}"
 
-
-class Hdf5Reader:
-    """Opens the file lazily in the process that reads (h5py handles do not survive fork)."""
-
-    def __init__(
-        self, fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
+    def finish_ragged(
+        self,
+        root: Path,
+        infos: Mapping[str, tuple[np.dtype, np.ndarray]],
+        offsets: Mapping[str, np.ndarray],
+        bounds: Sequence[int],
+        options: FormatOptions,
+        staged: Callable[[str], Iterator[np.ndarray]],
     ) -> None:
-        self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
-        self._file: Any = None
-        self._pid = -1
-        self.verifier = Verifier(fs, self.root, manifest, verify, raw_rows=False)
-        self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
-
-    def file(self) -> Any:
+        """``ragged.h5``: per ragged array the group ``NAME`` with the datasets ``values``
+        and ``offsets``, a file of its own, written whole (temporary file, fsync, rename)."""
         import h5py
 
-        if self._file is None or self._pid != os.getpid():
-            require("hdf5plugin", "hdf5") if self.manifest.options.get(
-                "compression", "none"
-            ) != "none" else None
-            path = f"{self.root}/{FILE_NAME}"
-            try:
-                if is_local(self.fs):
-                    self._file = h5py.File(path, "r")
-                else:
-                    self._file = h5py.File(self.fs.open(path, "rb"), "r")
-            except (OSError, FileNotFoundError) as exc:
-                raise StoreError(f"cannot open HDF5 file {path}: {exc}") from exc
-            self._pid = os.getpid()
-        return self._file
-
-    def read(self, name: str, start: int, stop: int) -> np.ndarray:
-        if stop <= start:
-            return self._read(name, start, start)
-        first = int(np.searchsorted(self.bounds, start, side="right") - 1)
-        last = int(np.searchsorted(self.bounds, stop - 1, side="right") - 1)
-        check = [i for i in range(first, last + 1) if self.verifier.needed(name, i)]
-        if not check:
-            return self._read(name, start, stop)
-        # whole chunks, so that each can be hashed, then the rows asked for
-        a, b = int(self.bounds[check[0]]), int(self.bounds[check[-1] + 1])
-        a, b = min(a, start), max(b, stop)
-        rows = self._read(name, a, b)
-        for i in check:
-            c0, c1 = int(self.bounds[i]), int(self.bounds[i + 1])
-            self.verifier.check(
-                name,
-                i,
-                digest(rows[c0 - a : c1 - a]),
-                path=f"{self.root}/{FILE_NAME}",
-                what=f"chunk {i} (rows {c0}:{c1})",
-            )
-        return rows[start - a : stop - a]
-
-    def _read(self, name: str, start: int, stop: int) -> np.ndarray:
-        try:
-            ds = self.file()[name]
-            info = self.manifest.arrays[name]
-            if ds.dtype != np.dtype(info.dtype) or tuple(ds.shape) != tuple(info.shape):
-                raise ChunkReadError(
-                    f"dataset {name!r} in {self.root}/{FILE_NAME} does not match the manifest: "
-                    f"it is {ds.dtype} {tuple(ds.shape)}, the store says {info.dtype} "
-                    f"{tuple(info.shape)}"
+        path = Path(root) / RAGGED_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        rows = int(bounds[1] - bounds[0]) if len(bounds) > 1 else 1
+        with h5py.File(tmp, "w") as f:
+            for name, (dtype, lengths) in infos.items():
+                g = f.create_group(name)
+                total = int(lengths.sum())
+                step = min(value_chunk(lengths, bounds), max(1, total))
+                values = g.create_dataset(
+                    "values",
+                    shape=(total,),
+                    dtype=np.dtype(dtype),
+                    chunks=(step,) if total else None,
+                    **_filter(options),
                 )
-            return np.asarray(ds[start:stop])
-        except StoreError:
-            raise
-        except Exception as exc:
-            raise ChunkReadError(
-                f"rows {start}:{stop} of array {name!r} in {self.root}/{FILE_NAME} could not be read: {exc}"
-            ) from exc
-
-    def checksum_units(self, name: str) -> int:
-        """Checksum units of array ``name``: its chunks of rows."""
-        return self.manifest.num_chunks
-
-    def check_unit(self, name: str, k: int) -> None:
-        """Read chunk ``k``'s rows (checked against its checksum when the store has them)."""
-        self.read(name, *self.manifest.chunk_range(k))
-
-    def close(self) -> None:
-        if self._file is not None and self._pid == os.getpid():
-            self._file.close()
-        self._file = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        d = self.__dict__.copy()
-        d["_file"], d["_pid"] = None, -1
-        return d
+                at = 0
+                for part in staged(name):
+                    values[at : at + len(part)] = part
+                    at += len(part)
+                off = offsets[name]
+                g.create_dataset(
+                    "offsets", data=off, chunks=(min(rows + 1, len(off)),), **_filter(options)
+                )
+            f.flush()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
 
-FORMAT = Hdf5Format()
+WRITER = Hdf5Writer()

@@ -1,0 +1,322 @@
+"""Reading Zarr v3 stores (the default format), and plain Zarr v2/v3 data (e.g. written by
+xarray, described by :func:`shardload.formats.zarr.plain.manifest_from_zarr`).
+
+Local arrays in the layouts shardload writes are read chunk by chunk straight into the caller's
+buffer (:mod:`.chunks`, :mod:`.shards`, :mod:`.rows`); everything else through zarr-python.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from shardload.errors import ChunkReadError, ShardloadError, StoreError
+from shardload.formats.base import RawChunk, is_local
+from shardload.formats.checksums import DEFAULT_VERIFY, Verifier
+from shardload.formats.zarr.cf import CFDecoding
+from shardload.formats.zarr.chunks import (
+    ChunkLayout,
+    StoredObjects,
+    load_chunk_layout,
+    load_stored_objects,
+    verify_file,
+)
+from shardload.formats.zarr.rows import read_rows_into
+from shardload.formats.zarr.shards import ShardIndexCache
+from shardload.manifest.core import Manifest
+
+
+def open_reader(
+    fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
+) -> ZarrReader:
+    return ZarrReader(fs, root, manifest, verify=verify)
+
+
+def open_group_readonly(fs: Any, root: str) -> Any:
+    """The Zarr group at ``root``, read-only.
+
+    A remote store is read through the same filesystem as the other formats
+    (:class:`shardload.move.remote.RemoteFileSystem`: retries, errors naming the URL, the optional
+    bounded cache), handed to zarr's async core with fsspec's ``AsyncFileSystemWrapper``.
+    """
+    import zarr
+    import zarr.errors
+    from zarr.storage import FsspecStore, LocalStore
+
+    if is_local(fs):
+        store: Any = LocalStore(root, read_only=True)
+    else:
+        from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+
+        from shardload.move.remote import RemoteFileSystem, open_fs
+
+        if not isinstance(fs, RemoteFileSystem):  # a plain fsspec filesystem
+            fs, root = open_fs(_url(fs, root), storage_options=_so(fs))
+        store = FsspecStore(
+            AsyncFileSystemWrapper(fs, asynchronous=True), read_only=True, path=root
+        )
+        # Zarr v3 first: one request (zarr.json) instead of also probing the three v2 keys
+        try:
+            return zarr.open_group(store=store, mode="r", zarr_format=3)
+        except (FileNotFoundError, zarr.errors.NodeNotFoundError):
+            pass  # plain Zarr v2 data
+    return zarr.open_group(store=store, mode="r")
+
+
+class ZarrReader:
+    """Reads row ranges. Local arrays in the simple layouts shardload writes (chunk files, or
+    shards of inner chunks along rows; no codec but Blosc) are read chunk by chunk straight
+    into the caller's buffer (:mod:`.chunks`, :mod:`.shards`); everything else goes
+    through zarr-python.
+
+    In a shardload store (a manifest, not plain Zarr) a missing chunk or shard is an error on
+    every path, never zarr's fill value; stored files are checked against the store's
+    checksums as ``verify`` says (one unit per chunk file, or per shard file)."""
+
+    def __init__(
+        self, fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
+    ) -> None:
+        self.fs, self.root, self.manifest = fs, root, manifest
+        self._group: Any = None
+        self._arrays: dict[str, Any] = {}
+        self._layouts: dict[str, ChunkLayout | None] = {}
+        self._objects: dict[str, StoredObjects | None] = {}
+        self._indexes = ShardIndexCache()  # parsed shard indexes (sharded arrays)
+        self._lock = threading.Lock()
+        # CF mask and scale of plain (e.g. xarray-written) arrays: stored -> served values
+        self._cf = {
+            k: CFDecoding.from_dict(a.attrs["cf"])
+            for k, a in manifest.arrays.items()
+            if "cf" in a.attrs
+        }
+        self.strict = manifest.provenance.get("source") != "plain zarr"
+        # "auto" hashes chunks whose bytes this process holds anyway to decode them; not raw
+        # rows, nor URLs read by zarr-python without a cache (hashing would fetch them twice)
+        raw = manifest.options.get("compression", "none") == "none" and not manifest.options.get(
+            "shard_chunks"
+        )
+        raw = raw or not (is_local(fs) or _cached(fs))
+        self.verifier = Verifier(fs, root, manifest, verify, raw_rows=raw)
+
+    def _opener(self) -> Any:
+        return None if is_local(self.fs) else (lambda p: self.fs.open(p, "rb"))
+
+    def objects(self, name: str) -> StoredObjects | None:
+        """The stored files of array ``name`` (chunks or shards), from its ``zarr.json``."""
+        if name not in self._objects:
+            info = self.manifest.arrays[name]
+            folder = f"{self.root.rstrip('/')}/{info.path}"
+            self._objects[name] = load_stored_objects(folder, opener=self._opener())
+        return self._objects[name]
+
+    def check_files(self, name: str, start: int, stop: int) -> None:
+        """Before zarr-python reads rows ``[start, stop)`` of a shardload array: each stored
+        file they touch exists (zarr would serve a missing one as its fill value) and matches
+        its checksum when ``verify`` asks."""
+        if not self.strict:
+            return
+        objects = self.objects(name)
+        if objects is None:
+            raise StoreError(
+                f"array {name!r} of {self.root} has no readable zarr.json, or a chunk layout "
+                "shardload did not write"
+            )
+        what = "shard" if objects.rows != self.manifest.arrays[name].chunk_rows else "chunk"
+        for k in objects.units(start, stop):
+            path = objects.path(k)
+            if self.verifier.needed(name, k):
+                verify_file(self.verifier, name, k, path, opener=self._opener(), what=f"{what} {k}")
+            elif is_local(self.fs) and not os.path.isfile(path):
+                raise ChunkReadError(f"{what} {k} of array {name!r} is missing: {path}")
+
+    def layout(self, name: str) -> ChunkLayout | None:
+        """The direct-read layout of array ``name``, or None (read through zarr-python)."""
+        if name not in self._layouts:
+            layout = None
+            # local files, or a URL whose whole-file cache makes each chunk a local file once
+            # fetched (without a cache, zarr-python's concurrent range requests serve better)
+            if is_local(self.fs) or _cached(self.fs):
+                info = self.manifest.arrays[name]
+                cf = self._cf.get(name)
+                layout = load_chunk_layout(
+                    f"{self.root.rstrip('/')}/{info.path}",
+                    dtype=np.dtype(cf.stored if cf is not None else info.dtype),
+                    shape=tuple(info.shape),
+                    chunk_bounds=self.manifest.chunk_bounds,
+                    strict=self.strict,
+                    opener=self._opener(),
+                    shards=True,
+                )
+            self._layouts[name] = layout
+        return self._layouts[name]
+
+    def raw_chunk(self, name: str, i: int) -> RawChunk | None:
+        """Chunk ``i`` of ``name`` as raw rows in a local file (uncompressed shardload arrays)."""
+        layout = self.layout(name)
+        if layout is None or layout.blosc or layout.opener is not None or not layout.strict:
+            return None
+        if layout.shard is not None:  # inner chunks lie anywhere in their shard
+            return None
+        if name in self._cf:
+            return None
+        path = layout.chunk_path(i)
+        # before the caller's reads scatter the chunk's rows anywhere
+        verify_file(self.verifier, name, i, path, what=f"chunk {i}")
+        return RawChunk(path, 0, layout.row_bytes)
+
+    def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``[start, stop)`` into ``out`` (C-contiguous): directly from the chunk files
+        when the array's layout allows, else one zarr-python read and a copy."""
+        layout = self.layout(name)
+        if layout is not None and out.flags.c_contiguous and out.dtype == layout.dtype:
+            read_rows_into(layout, name, start, stop, out, self.verifier, self._indexes)
+            if name in self._cf:
+                self._cf[name].apply_into(out, out)
+        else:
+            out[...] = self._read_zarr(name, start, stop)
+
+    def array(self, name: str) -> Any:
+        with self._lock:  # reader threads may open arrays concurrently
+            return self._array(name)
+
+    def _array(self, name: str) -> Any:
+        if name not in self._arrays:
+            if self._group is None:
+                self._group = open_group_readonly(self.fs, self.root)
+            try:
+                self._arrays[name] = self._group[self.manifest.arrays[name].path]
+            except KeyError as exc:
+                raise StoreError(
+                    f"array {name!r} is missing from the Zarr store {self.root}"
+                ) from exc
+        return self._arrays[name]
+
+    def read(self, name: str, start: int, stop: int) -> np.ndarray:
+        layout = self.layout(name)
+        if layout is not None and name not in self._cf:  # the same checked path as the loader's
+            info = self.manifest.arrays[name]
+            out = np.empty((max(0, stop - start), *info.row_shape), dtype=layout.dtype)
+            read_rows_into(layout, name, start, stop, out, self.verifier, self._indexes)
+            return out
+        return self._read_zarr(name, start, stop)
+
+    def _read_zarr(self, name: str, start: int, stop: int) -> np.ndarray:
+        try:
+            self.check_files(name, start, stop)
+            raw = np.asarray(self.array(name)[start:stop])
+        except StoreError:
+            raise
+        except Exception as exc:  # zarr raises many kinds for corrupt data
+            bounds = np.asarray(self.manifest.chunk_bounds)
+            first = int(np.searchsorted(bounds, start, side="right") - 1)
+            last = int(np.searchsorted(bounds, max(start, stop - 1), side="right") - 1)
+            raise ChunkReadError(
+                f"array {name!r}, chunk(s) {first}..{last} of store {self.root} could not be read: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        cf = self._cf.get(name)
+        return raw if cf is None else cf.apply(raw)
+
+    def checksum_units(self, name: str) -> int:
+        """Checksum units of array ``name``: its stored files (chunks, or shards)."""
+        objects = self.objects(name)
+        if objects is None:  # plain Zarr of another layout: its chunks are read instead
+            return self.manifest.num_chunks
+        return len(objects.units(0, self.manifest.length))
+
+    def check_unit(self, name: str, k: int) -> None:
+        """Check stored file ``k`` against its checksum, or, in a store without checksums,
+        read its rows (a missing chunk of plain Zarr data reads as its fill value)."""
+        objects = self.objects(name)
+        if objects is None:
+            self.read(name, *self.manifest.chunk_range(k))
+            return
+        if self.verifier.enabled:
+            what = "shard" if objects.rows != self.manifest.arrays[name].chunk_rows else "chunk"
+            verify_file(
+                self.verifier, name, k, objects.path(k), opener=self._opener(), what=f"{what} {k}"
+            )
+        else:
+            self.read(name, k * objects.rows, min((k + 1) * objects.rows, self.manifest.length))
+
+    def close(self) -> None:
+        self._arrays.clear()
+        self._layouts.clear()
+        self._objects.clear()
+        self._indexes.clear()
+        self._group = None
+
+
+def _cached(fs: Any) -> bool:
+    """A remote filesystem with a whole-file cache (each chunk a local file once fetched)."""
+    return getattr(getattr(fs, "spec", None), "cache_dir", None) is not None
+
+
+def _url(fs: Any, root: str) -> str:
+    return fs.unstrip_protocol(root) if hasattr(fs, "unstrip_protocol") else root
+
+
+def _so(fs: Any) -> dict[str, Any]:
+    return dict(getattr(fs, "storage_options", {}) or {})
+
+
+class ZarrRagged:
+    """The ragged arrays of a Zarr store: groups ``NAME`` of 1-D ``values`` and ``offsets``
+    (:class:`shardload.formats.ragged.read.RaggedSource`)."""
+
+    def __init__(self, fs: Any, root: str, manifest: Manifest) -> None:
+        self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
+        self.local = is_local(fs)
+        self._group: Any = None
+
+    def _where(self, name: str) -> str:
+        return f"{self.root}/{self.manifest.arrays[name].path}"
+
+    def offsets_path(self, name: str) -> str:
+        return f"{self._where(name)}/offsets"
+
+    def values_path(self, name: str, c: int) -> str:
+        return f"{self._where(name)}/values"
+
+    def read_offsets(self, name: str, n: int, *, what: str) -> np.ndarray:
+        return self._read(name, "offsets", 0, n, what=what, path=self.offsets_path(name))
+
+    def read_values(
+        self, name: str, c: int, v0: int, v1: int, *, dtype: np.dtype, what: str
+    ) -> np.ndarray:
+        return self._read(name, "values", v0, v1, what=what, path=self.values_path(name, c))
+
+    def _read(self, name: str, part: str, a: int, b: int, *, what: str, path: str) -> np.ndarray:
+        try:
+            if self._group is None:
+                self._group = open_group_readonly(self.fs, self.root)
+            arr = self._group[f"{name}/{part}"]
+            self._check_chunks(arr, name, part, a, b, what=what)
+            return np.asarray(arr[a:b])
+        except ShardloadError:
+            raise
+        except Exception as exc:
+            raise ChunkReadError(
+                f"{what} could not be read: {path}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _check_chunks(self, arr: Any, name: str, part: str, a: int, b: int, *, what: str) -> None:
+        """zarr-python serves a missing chunk as the fill value: a shardload store refuses it."""
+        if b <= a:
+            return
+        step = int(arr.chunks[0])
+        for k in range(a // step, (b - 1) // step + 1):
+            key = f"{self.root}/{name}/{part}/c/{k}"
+            exists = os.path.exists(key) if self.local else self.fs.exists(key)
+            if not exists:
+                raise ChunkReadError(f"{what} is missing a Zarr chunk: {key}")
+
+    def close(self) -> None:
+        self._group = None
+
+
+def open_ragged(fs: Any, root: str, manifest: Manifest) -> ZarrRagged:
+    return ZarrRagged(fs, root, manifest)
