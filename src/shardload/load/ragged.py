@@ -22,9 +22,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import PlanError
-from shardload.plan.buckets import Buckets
-from shardload.plan.epoch import EpochPlan, group_batches, iter_worker_groups
-from shardload.plan.spans import Segment
+from shardload.load.reader import read_segment
 from shardload.manifest.ragged import (
     LENGTH_SUFFIX,
     RaggedRows,
@@ -33,8 +31,10 @@ from shardload.manifest.ragged import (
     offsets_of,
     take_rows,
 )
+from shardload.plan.buckets import Buckets
+from shardload.plan.epoch import EpochPlan, group_batches, iter_worker_groups
+from shardload.plan.spans import Segment
 from shardload.store.core import Store
-from shardload.load.reader import read_segment
 
 log = logging.getLogger(__name__)
 

@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from shardload.util import procs
 from shardload.load.recycle import batch_views, plan_batch_layout
+from shardload.util import procs
 
 #: Fewest slots in a ring (virtual; only slots used at the same time ever hold memory).
 DEFAULT_SLOTS = 64

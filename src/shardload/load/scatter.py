@@ -40,12 +40,12 @@ import numpy as np
 
 from shardload.errors import ChunkReadError, PlanError
 from shardload.formats.base import RawChunk, RawChunks
-from shardload.plan.epoch import EpochPlan, group_batches, iter_worker_spans
-from shardload.plan.spans import Spans, spans_chunks, spans_rows
-from shardload.store.core import Store
 from shardload.load import uring
 from shardload.load.checks import check_indices
 from shardload.load.recycle import Allocate
+from shardload.plan.epoch import EpochPlan, group_batches, iter_worker_spans
+from shardload.plan.spans import Spans, spans_chunks, spans_rows
+from shardload.store.core import Store
 
 #: Linux's IOV_MAX: iovecs per ``preadv`` call.
 IOV_MAX = 1024

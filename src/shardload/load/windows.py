@@ -25,10 +25,10 @@ import numpy as np
 
 from shardload.errors import ChunkReadError, PlanError, ShardloadError, StoreError
 from shardload.formats.base import ArrayReader, RawChunk, RawChunks
+from shardload.load.recycle import Allocate
 from shardload.manifest.core import ArrayInfo, Manifest
 from shardload.plan.epoch import EpochPlan, iter_worker_batches
 from shardload.plan.windows import WindowGeometry, plan_window_runs, window_geometry
-from shardload.load.recycle import Allocate
 
 #: Memory maps of series chunks a reader keeps open (virtual memory; pages stay in the cache).
 MAPS_KEPT = 1024

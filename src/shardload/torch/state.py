@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from shardload.errors import StateError
-from shardload.load.batches import earlier_default_hint
+from shardload.load.spec import earlier_default_hint
 from shardload.plan.resume import EpochState
 
 STATE_VERSION = 1
