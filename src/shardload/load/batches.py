@@ -75,6 +75,9 @@ def iter_batches(
         Who is reading. ``num_workers=0`` means the same as 1 (reading in the main process).
     shuffle, seed, epoch, mode
         Chunk order and shuffle groups are seeded by ``(seed, epoch)``; see ``plan_epoch``.
+        ``shuffle`` names a shuffle of ``shardload.plan.shuffles.SHUFFLES``: ``True`` is
+        ``"pieces"`` (the default below), ``False`` is ``"none"``, ``"chunks"`` the earlier
+        default (groups of 4 pieces of at most 8 MiB: ``shuffle=True, shuffle_chunks=4``).
         ``shuffle="uniform"`` (raw rows in local files only: uncompressed Zarr, npy): an
         exact uniform permutation of all rows every epoch, each row read where it lies
         (a batch's rows sorted by file offset, runs coalesced into one ``preadv`` each); no

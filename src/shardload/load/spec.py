@@ -34,6 +34,7 @@ from shardload.plan.epoch import (
     plan_fingerprint,
 )
 from shardload.plan.resume import EpochState, plan_from_state
+from shardload.plan.shuffles import get_shuffle
 from shardload.store.core import Store, open_store
 
 __all__ = ["LoadSpec", "earlier_default_hint", "loader_selection", "plan_for"]
@@ -82,6 +83,10 @@ class LoadSpec:
     ) -> LoadSpec:
         """Open ``store`` (a path, URL or Store) and resolve the options of ``iter_batches``."""
         st = open_store(store, storage_options=storage_options, arrays=arrays)
+        named = get_shuffle(shuffle)  # a name becomes the key its plans carry
+        shuffle = named.key
+        if shuffle_chunks is None:
+            shuffle_chunks = named.group
         sel, piece, group = loader_selection(
             st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows,
             shuffle_chunks=shuffle_chunks, shuffle=shuffle, batch_size=batch_size,
