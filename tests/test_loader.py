@@ -156,14 +156,14 @@ def test_scatter_reads_coalesce_runs_of_each_chunk(npy, monkeypatch, shuffle, io
     a group in storage order reads each chunk with one call, whatever its pieces): a
     ``preadv``, or an io_uring entry (the calls of a task go to the kernel in one batch)."""
     from shardload.formats.npy.format import NpyReader
-    from shardload.load import scatter, uring
+    from shardload.load import runs, scatter, uring
     from shardload.plan.epoch import iter_worker_spans
 
     tasks, preadvs, batches = [], [], []
-    real, real_preadv, real_readv = scatter.read_runs, scatter._preadv(), uring.Ring.readv
+    real, real_preadv, real_readv = scatter.read_runs, runs._preadv(), uring.Ring.readv
     monkeypatch.setattr(scatter, "read_runs", lambda *a: (tasks.append(a[1]), real(*a))[1])
     monkeypatch.setattr(
-        scatter, "_preadv", lambda: lambda *a: (preadvs.append(a[2]), real_preadv(*a))[1]
+        runs, "_preadv", lambda: lambda *a: (preadvs.append(a[2]), real_preadv(*a))[1]
     )
     monkeypatch.setattr(
         uring.Ring, "readv", lambda self, *a: (batches.append(len(a[0])), real_readv(self, *a))[1]
@@ -528,9 +528,9 @@ def test_uniform_shuffle_needs_raw_local_chunks(stores):
 def test_loader_doctests():
     import doctest
 
-    from shardload.load import batches, scatter, select
+    from shardload.load import batches, files, runs, scatter, select, spec
 
-    for mod in (scatter, select, batches):
+    for mod in (scatter, runs, files, select, batches, spec):
         assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS).failed == 0, mod.__name__
 
 
