@@ -41,14 +41,14 @@ def test_default_threads_share_the_cpus_among_workers(
 def test_iter_batches_uses_the_default_threads(zstd, monkeypatch):
     """The reader of a worker of 2 on 2 CPUs runs one reader thread (it started 2 before)."""
     seen = []
-    real = gather_mod.read_groups
+    real = gather_mod.GatherReader
 
     def spy(*args, **kwargs):
         seen.append(kwargs["threads"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(options_mod, "_cores", lambda: 2)
-    monkeypatch.setattr(gather_mod, "read_groups", spy)
+    monkeypatch.setattr(gather_mod, "GatherReader", spy)
     for workers, want in ((0, 2), (2, 1)):
         seen.clear()
         out = [

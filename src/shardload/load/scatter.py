@@ -26,16 +26,17 @@ chunks, rounded up to whole groups), which is what the batches would cost anyway
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 
-from shardload.errors import PlanError
 from shardload.formats.base import RawChunk, RawChunks
 from shardload.load.checks import check_indices
 from shardload.load.files import OpenChunks, read_past_cache
+from shardload.load.loop import Batch, Flight, GroupReader, read_loop
+from shardload.load.pool import ReadPool
 from shardload.load.recycle import Allocate
 from shardload.load.runs import _preadv, plan_iovecs, read_runs
 from shardload.plan.epoch import EpochPlan, group_batches, iter_worker_spans
@@ -114,49 +115,70 @@ def batches_per_group(*, chunk_rows: int, shuffle_chunks: int, batch_size: int) 
     return -(-max(1, shuffle_chunks) * chunk_rows // max(1, batch_size)) + 1
 
 
-def scatter_batches(
-    store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-    raw: Callable[[str, int], RawChunk], prefetch: int, threads: int,
-    new_batch: Callable[[int], dict[str, np.ndarray]], index_key: str,
-    allocate: Allocate | None = None,
-) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
-    """The worker's batches, in plan order, read by scatter; ``index_key`` holds the global
-    rows. Batches come from ``allocate(n)`` (or ``new_batch(n)`` when it gives None).
+class ScatterReader(GroupReader):
+    """Rows read straight into their batches, ``index`` filled with the global rows.
 
     Groups are planned whole: the current one and ``ceil(prefetch / shuffle_chunks)`` ahead
     (more while a batch still straddles unread groups). Planning a group (allocating its
-    batches, writing their index rows, cutting the iovecs) takes a few ms, so it runs in a
-    planner thread of its own, off the path of the batch being yielded; the planner hands the
-    group's reads to ``threads`` reader threads. A batch is yielded once every group holding
-    some of its rows is read. Closing the iterator waits for the plans and reads in flight, so
-    no thread writes into a batch's memory after the caller reclaims it.
+    batches, writing their index rows, cutting the iovecs) takes a few ms, so it runs in the
+    ``plan`` lane (one thread), off the path of the batch being yielded; it hands the group's
+    reads to ``threads`` reader threads (the ``read`` lane). A batch is yielded once every
+    group holding some of its rows is read. Batches come from ``allocate(n)`` (or
+    ``new_batch(n)`` when it gives None).
     """
-    b = plan.batch_size
-    total = plan.workers[rank][worker].num_rows
-    num_batches = -(-total // b)
-    ahead = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks)
-    batches: dict[int, dict[str, np.ndarray]] = {}  # written by the planner, popped here
-    inflight: deque[tuple[int, int, Future[list[Future[None]]]]] = deque()
-    readers = max(1, threads)
-    pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="shardload-read")
-    store_bytes = sum(
-        store.manifest.arrays[a].row_bytes * int(store.manifest.chunk_bounds[-1]) for a in names
-    )
-    files = OpenChunks(direct=read_past_cache(store_bytes))  # closed once the readers stopped
-    planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardload-plan")
-    groups = iter_worker_spans(plan, rank, worker)
-    bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
-    at = 0  # stream position of the next group's first row (main thread only)
-    raws: dict[str, dict[int, RawChunk]] = {a: {} for a in names}  # planner thread only
 
-    def batch(k: int) -> dict[str, np.ndarray]:  # planner thread only
-        if k not in batches:
+    cover = True
+
+    def __init__(
+        self, store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
+        raw: Callable[[str, int], RawChunk], prefetch: int, threads: int,
+        new_batch: Callable[[int], Batch], index_key: str, allocate: Allocate | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(plan, rank, worker)
+        self.store, self.names, self.raw, self.index_key = store, names, raw, index_key
+        self.new_batch, self.allocate = new_batch, allocate
+        self.readers = max(1, threads)
+        self.lanes = {"plan": 1, "read": self.readers}
+        self.ahead = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks) - 1
+        arrays = store.manifest.arrays
+        store_bytes = sum(arrays[a].row_bytes * int(store.manifest.chunk_bounds[-1]) for a in names)
+        self.files = OpenChunks(direct=read_past_cache(store_bytes))  # closed in close()
+        self.bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
+        self.batches: dict[int, Batch] = {}  # written by the plan lane, popped by the loop
+        self.raws: dict[str, dict[int, RawChunk]] = {a: {} for a in names}  # plan lane only
+        self.row_bytes = {
+            a: int(np.prod(arrays[a].row_shape, dtype=np.int64))
+            * np.dtype(arrays[a].dtype).itemsize
+            for a in names
+        }
+
+    def units(self) -> Iterator[Any]:
+        return iter_worker_spans(self.plan, self.rank, self.worker)
+
+    def start(self, unit: Any, at: int, n: int, pool: ReadPool) -> Flight:
+        return Flight(at, n, futures=[pool.submit("plan", self._plan_group, *unit, at, n, pool)])
+
+    def wait(self, flight: Flight) -> None:
+        for f in flight.futures[0].result():
+            f.result()  # re-raises a plan or read error here, in the consuming thread
+
+    def finish(self, k: int, size: int) -> tuple[Batch, list[Future[Any]]]:
+        return self.batches.pop(k), []
+
+    def close(self) -> None:
+        self.files.close()
+
+    def _batch(self, k: int) -> Batch:  # plan lane only
+        if k not in self.batches:
+            b, total = self.plan.batch_size, self.plan.workers[self.rank][self.worker].num_rows
             size = min(b, total - k * b)
-            batches[k] = (allocate(size) if allocate else None) or new_batch(size)
-        return batches[k]
+            self.batches[k] = (self.allocate(size) if self.allocate else None) or self.new_batch(
+                size
+            )
+        return self.batches[k]
 
-    def raw_of(a: str) -> Callable[[int], RawChunk]:
-        cache = raws[a]
+    def _raw_of(self, a: str) -> Callable[[int], RawChunk]:
+        cache, raw = self.raws[a], self.raw
 
         def get(chunk: int) -> RawChunk:
             rc = cache.get(chunk)
@@ -166,21 +188,24 @@ def scatter_batches(
 
         return get
 
-    def plan_group(spans: Spans, order: np.ndarray, at: int, n: int) -> list[Future[None]]:
-        """Planner thread: allocate the group's batches, fill their index, submit its reads
-        (all of it vectorised over the group's rows: a group may hold thousands of pieces)."""
+    def _plan_group(
+        self, spans: Spans, order: np.ndarray, at: int, n: int, pool: ReadPool
+    ) -> list[Future[None]]:
+        """Plan lane: allocate the group's batches, fill their index, submit its reads (all of
+        it vectorised over the group's rows: a group may hold thousands of pieces)."""
         if n <= 0:
             return []
+        b, bounds = self.plan.batch_size, self.bounds
         want = order[:n]
-        where = f"worker {worker} of rank {rank}: a group's order"
+        where = f"worker {self.worker} of rank {self.rank}: a group's order"
         check_indices(want, int(spans.cum[-1]) if len(spans) else 0, where)
         rows = spans_rows(spans)[want]  # global rows, in stream order
         chunks = spans_chunks(spans)[want]
         cut = group_batches(at, n, b)
         k0 = int(cut[0, 0])
-        outs = [batch(int(k)) for k in cut[:, 0]]
+        outs = [self._batch(int(k)) for k in cut[:, 0]]
         for (_, dst, src, cnt), out in zip(cut.tolist(), outs, strict=True):
-            out[index_key][dst : dst + cnt] = rows[src : src + cnt]
+            out[self.index_key][dst : dst + cnt] = rows[src : src + cnt]
         srt, run_starts, run_chunk = plan_group_reads(chunks, rows - bounds[chunks])
         pos = (at + srt).astype(np.uint64)  # stream position of each sorted row
         file_rows = (rows - bounds[chunks])[srt]
@@ -197,51 +222,30 @@ def scatter_batches(
         # group, so its ring stays full for longer between the drains at a task's end (the
         # next group goes to another reader meanwhile): 1.12x the rows/s of one task per
         # reader thread, peak RSS 177 against 145 MiB (docs/benchmarks.md, session 10)
-        one_task = files.direct and DIRECT_ONE_TASK
-        parts = np.linspace(0, nruns, (1 if one_task else readers) + 1).astype(np.int64)
-        for a in names:
+        one_task = self.files.direct and DIRECT_ONE_TASK
+        parts = np.linspace(0, nruns, (1 if one_task else self.readers) + 1).astype(np.int64)
+        for a in self.names:
             bases = np.array([o[a].ctypes.data for o in outs], np.uint64)
-            rb = raws_row_bytes[a]
+            rb = self.row_bytes[a]
             ptrs = bases[k_of] + in_b * np.uint64(rb)
             iov, run_iov = plan_iovecs(ptrs, run_starts, rb)
             for p0, p1 in zip(parts[:-1].tolist(), parts[1:].tolist(), strict=True):
                 if p1 > p0:
                     futs.append(pool.submit(
-                        read_runs, raw_of(a), a, range(p0, p1), run_chunk, run_row, run_iov,
-                        iov, chunk_end, files,
+                        "read", read_runs, self._raw_of(a), a, range(p0, p1), run_chunk,
+                        run_row, run_iov, iov, chunk_end, self.files,
                     ))  # fmt: skip
         return futs
 
-    raws_row_bytes = {
-        a: int(np.prod(store.manifest.arrays[a].row_shape, dtype=np.int64))
-        * np.dtype(store.manifest.arrays[a].dtype).itemsize
-        for a in names
-    }
 
-    try:
-        exhausted = False
-        for k in range(num_batches):
-            end = min((k + 1) * b, total)
-            while not exhausted and (len(inflight) < ahead or at < end):
-                g = next(groups, None)
-                if g is None:
-                    exhausted = True
-                else:
-                    n = min(len(g[1]), total - at)
-                    inflight.append((at, at + n, planner.submit(plan_group, *g, at, n)))
-                    at += n
-            if at < end:
-                raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")
-            for start, _, planned in inflight:
-                if start >= end:
-                    break
-                for f in planned.result():
-                    f.result()  # re-raises a plan or read error here, in the consuming thread
-            out = batches.pop(k)
-            while inflight and inflight[0][1] <= end:
-                inflight.popleft()
-            yield out
-    finally:
-        planner.shutdown(wait=True, cancel_futures=True)
-        pool.shutdown(wait=True, cancel_futures=True)
-        files.close()
+def scatter_batches(
+    store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
+    raw: Callable[[str, int], RawChunk], prefetch: int, threads: int,
+    new_batch: Callable[[int], Batch], index_key: str, allocate: Allocate | None = None,
+) -> Iterator[Batch]:  # fmt: skip
+    """The worker's batches, in plan order, read by a :class:`ScatterReader` (see there)."""
+    reader = ScatterReader(
+        store, names, plan, rank, worker, raw=raw, prefetch=prefetch, threads=threads,
+        new_batch=new_batch, index_key=index_key, allocate=allocate,
+    )  # fmt: skip
+    return read_loop(reader)
