@@ -18,27 +18,21 @@ from shardload.load.spec import LoadSpec
 from shardload.plan.resume import EpochState
 from shardload.store.core import Store
 from shardload.torch.state import (
+    UNCOUNTED_STATE,
     Channel,
     check_state,
     dist_rank_world,
     env_rank_world,
+    epoch_state,
     main_rank_world,
     pass_epoch,
     rank_state,
+    worker_position,
     worker_state,
 )
 from shardload.torch.transport import _bundles, _RingBatch, _to_torch, plan_bundle
 
 __all__ = ["StreamingDataset"]
-
-#: What ``state_dict()`` in the main process says when workers iterated uncounted.
-UNCOUNTED_STATE = (
-    "this StreamingDataset was iterated by DataLoader workers, whose batches the main process "
-    "cannot count (each worker has its own copy of the dataset, and the DataLoader holds "
-    "prefetched batches): its state_dict() here would not say where your loop stands. Iterate "
-    "it with shardload.torch.StreamingDataLoader(ds, num_workers=...) and save "
-    "loader.state_dict(), or with torchdata's StatefulDataLoader and its state_dict()"
-)
 
 
 class StreamingDataset(IterableDataset):
@@ -330,15 +324,9 @@ class StreamingDataset(IterableDataset):
         if self._channel.uncounted:
             raise StateError(UNCOUNTED_STATE)
         _, world = self.rank_world()
-        readers, k = max(1, self.num_workers), self._consumed
-        history: tuple[tuple[int, int, int], ...] = ()
-        if self._leg is not None:
-            leg = EpochState.from_dict(self._leg)
-            if leg.world_size == world and max(1, leg.num_workers) == readers:
-                history, k = leg.history, leg.batches_consumed + k
-            else:
-                history = (*leg.history, (leg.world_size, leg.num_workers, leg.batches_consumed))
-        state = EpochState(self.epoch, k, world, self.num_workers, self.plan_fingerprint, history)
+        state = epoch_state(
+            self.epoch, self._consumed, world, self.num_workers, self.plan_fingerprint, self._leg
+        )
         return rank_state(self, state)
 
     def _worker_state(self) -> dict[str, Any]:
@@ -355,26 +343,8 @@ class StreamingDataset(IterableDataset):
 
     def _load_worker_state(self, state: dict[str, Any]) -> None:
         info = get_worker_info()
-        if info is None:
-            raise StateError(
-                "this is a DataLoader worker's state (from torchdata's StatefulDataLoader); load "
-                "it through StatefulDataLoader.load_state_dict, not into the dataset directly"
-            )
-        if (state["worker"], state["num_workers"]) != (info.id, info.num_workers):
-            raise StateError(
-                f"the state is worker {state['worker']} of {state['num_workers']}; this is worker "
-                f"{info.id} of {info.num_workers}"
-            )
-        rank_world = list(self._worker_rank_world())
-        if list(state["rank_world"]) != rank_world:
-            raise StateError(
-                f"the state was saved by rank/world {state['rank_world']}; this is {rank_world} "
-                "(StatefulDataLoader resumes on the same world shape only)"
-            )
-        self._worker_resume = {
-            k: state[k]
-            for k in ("epoch", "leg", "worker", "num_workers", "rank_world", "worker_batches")
-        }
+        rank_world = None if info is None else self._worker_rank_world()
+        self._worker_resume = worker_position(state, info, rank_world)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state`` on the next pass (any world shape: elastic re-plan); the pass
