@@ -18,12 +18,11 @@ import shardload.plan.shuffles as shuffles_mod
 import shardload.plan.spans as spans_mod
 from shardload.errors import PlanError, StateError
 from shardload.plan.chunks import chunk_sizes, plan_chunk_bounds
-from shardload.plan.epoch import (
-    EpochPlan,
+from shardload.plan.epoch import EpochPlan, plan_epoch
+from shardload.plan.groups import (
     iter_rank_batches,
     iter_worker_batches,
     iter_worker_groups,
-    plan_epoch,
     worker_rows,
 )
 from shardload.plan.resume import EpochState, plan_from_state, plan_resume, plan_state
@@ -377,7 +376,7 @@ def test_shuffle_order_spreads_the_pieces_of_each_chunk():
     """Pieces come in rounds of one piece per chunk: the order is a permutation, each round
     holds distinct chunks, it changes with the seed, and a shuffle group of pieces nearly
     always holds distinct chunks."""
-    from shardload.plan.epoch import iter_worker_groups
+    from shardload.plan.groups import iter_worker_groups
     from shardload.plan.shuffles import shuffle_order
 
     rng = np.random.default_rng(1)

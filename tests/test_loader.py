@@ -157,7 +157,7 @@ def test_scatter_reads_coalesce_runs_of_each_chunk(npy, monkeypatch, shuffle, io
     ``preadv``, or an io_uring entry (the calls of a task go to the kernel in one batch)."""
     from shardload.formats.npy.format import NpyReader
     from shardload.load import runs, scatter, uring
-    from shardload.plan.epoch import iter_worker_spans
+    from shardload.plan.groups import iter_worker_spans
 
     tasks, preadvs, batches = [], [], []
     real, real_preadv, real_readv = scatter.read_runs, runs._preadv(), uring.Ring.readv
@@ -354,7 +354,7 @@ def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes,
     from shardload.load.spec import plan_for
 
     monkeypatch.setattr(gather_mod, "INLINE_GATHER_BYTES", inline_bytes)
-    from shardload.plan.epoch import iter_worker_batches
+    from shardload.plan.groups import iter_worker_batches
 
     store = stores[fmt]
     sel, _, k = loader_selection(store, split="train")  # the defaults
@@ -488,7 +488,7 @@ def test_auto_pieces_only_for_raw_local_chunks(stores, fmt, monkeypatch):
 def test_uniform_shuffle_reads_rows_where_they_lie(stores, fmt):
     """``shuffle="uniform"`` yields the plan's uniform permutation with the right values, on
     every rank and worker; resumed (also on another world shape) it yields exactly the rest."""
-    from shardload.plan.epoch import iter_rank_batches
+    from shardload.plan.groups import iter_rank_batches
     from shardload.plan.resume import plan_state
 
     store = stores[fmt]
@@ -580,7 +580,7 @@ def test_default_pieces_are_no_longer_than_the_groups_batch_count(tmp_path, monk
 def test_elastic_resume_through_the_scatter_reader(stores, fmt, opts):
     """A state of 2 ranks x 2 workers resumed on 1 rank with 0 or 3 workers reads exactly
     the unseen rows with the right values (explicit-row segments through scatter reads)."""
-    from shardload.plan.epoch import iter_rank_batches
+    from shardload.plan.groups import iter_rank_batches
     from shardload.plan.resume import plan_state
 
     store = stores[fmt]

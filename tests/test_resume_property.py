@@ -25,7 +25,7 @@ from shardload.load import kinds as kinds_mod
 from shardload.load.scatter import raw_sources
 from shardload.load.select import store_fingerprint
 from shardload.load.spec import loader_selection, plan_for
-from shardload.plan.epoch import iter_worker_batches
+from shardload.plan.groups import iter_worker_batches
 from shardload.plan.resume import plan_state
 
 #: (store, read path): scatter reads exist for raw local chunks only (npy, uncompressed Zarr).

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from shardload.errors import PlanError
-from shardload.plan.epoch import plan_epoch, plan_fingerprint, worker_rows
+from shardload.plan.epoch import plan_epoch, plan_fingerprint
+from shardload.plan.groups import worker_rows
 from shardload.plan.shuffles import ALIASES, SHUFFLES, get_shuffle
 
 SIZES = [7, 7, 7, 3]

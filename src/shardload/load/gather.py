@@ -22,7 +22,8 @@ from shardload.load.loop import Batch, Flight, GroupReader, read_loop
 from shardload.load.pool import ReadPool
 from shardload.load.reader import BufferPool, Group, new_group, submit_segments
 from shardload.load.recycle import INDEX_KEY, Allocate, new_batch
-from shardload.plan.epoch import EpochPlan, iter_worker_groups
+from shardload.plan.epoch import EpochPlan
+from shardload.plan.groups import iter_worker_groups
 from shardload.store.core import Store
 
 #: Batch pieces smaller than this are gathered in the calling thread (no thread hop).

@@ -33,7 +33,8 @@ from shardload.manifest.ragged import (
     take_rows,
 )
 from shardload.plan.buckets import Buckets
-from shardload.plan.epoch import EpochPlan, iter_worker_groups
+from shardload.plan.epoch import EpochPlan
+from shardload.plan.groups import iter_worker_groups
 from shardload.plan.spans import Segment
 from shardload.store.core import Store
 

@@ -39,7 +39,8 @@ from shardload.load.loop import Batch, Flight, GroupReader, read_loop
 from shardload.load.pool import ReadPool
 from shardload.load.recycle import Allocate
 from shardload.load.runs import _preadv, plan_iovecs, read_runs
-from shardload.plan.epoch import EpochPlan, group_batches, iter_worker_spans
+from shardload.plan.epoch import EpochPlan
+from shardload.plan.groups import group_batches, iter_worker_spans
 from shardload.plan.spans import Spans, spans_chunks, spans_rows
 from shardload.store.core import Store
 

@@ -253,7 +253,7 @@ def earlier_default_hint(sel: Selection, opts: PlanOptions, fingerprint: str) ->
 def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
     """``plan`` with worker ``worker`` of ``rank`` starting after its first ``skip`` batches.
 
-    >>> from shardload.plan.epoch import iter_worker_batches
+    >>> from shardload.plan.groups import iter_worker_batches
     >>> plan = plan_epoch([3, 2], batch_size=2, num_workers=0, shuffle=False)
     >>> [b.tolist() for b in iter_worker_batches(skip_worker_batches(plan, 0, 0, 1), 0, 0)]
     [[2, 3], [4]]

@@ -30,7 +30,8 @@ from shardload.load.loop import Flight, GroupReader, read_loop
 from shardload.load.pool import ReadPool
 from shardload.load.recycle import Allocate
 from shardload.manifest.core import ArrayInfo, Manifest
-from shardload.plan.epoch import EpochPlan, iter_worker_batches
+from shardload.plan.epoch import EpochPlan
+from shardload.plan.groups import iter_worker_batches
 from shardload.plan.windows import WindowGeometry, plan_window_runs, window_geometry
 
 #: Memory maps of series chunks a reader keeps open (virtual memory; pages stay in the cache).

@@ -32,6 +32,7 @@ The shuffles by name (steps 1 and 4) live in :mod:`shardload.plan.shuffles`, rea
 worker's plan (its groups, their batches) in :mod:`shardload.plan.groups`, resume and the saved
 state (``plan_resume``, ``EpochState``) in :mod:`shardload.plan.resume`.
 
+>>> from shardload.plan.groups import iter_rank_batches, worker_rows
 >>> plan = plan_epoch([4, 4, 2], world_size=2, num_workers=2, batch_size=2, shuffle=False)
 >>> plan.batches_per_rank, plan.num_dropped, plan.num_padded
 (3, 0, 0)
@@ -51,14 +52,6 @@ from typing import Any, TypedDict
 import numpy as np
 
 from shardload.errors import PlanError
-from shardload.plan.groups import (
-    group_batches,
-    iter_rank_batches,
-    iter_worker_batches,
-    iter_worker_groups,
-    iter_worker_spans,
-    worker_rows,
-)
 from shardload.plan.shuffles import SHUFFLES, get_shuffle, shuffle_key
 from shardload.plan.spans import Segment, Spans, concat_spans
 
@@ -69,14 +62,8 @@ __all__ = [
     "PlanOptions",
     "Segment",
     "WorkerPlan",
-    "group_batches",
-    "iter_rank_batches",
-    "iter_worker_batches",
-    "iter_worker_groups",
-    "iter_worker_spans",
     "plan_epoch",
     "plan_fingerprint",
-    "worker_rows",
 ]
 
 MODES = ("drop", "pad")
@@ -249,6 +236,7 @@ def plan_epoch(
     PlanError
         For bad options, or when a rank would get no row (or, with ``drop_last``, no batch).
 
+    >>> from shardload.plan.groups import worker_rows
     >>> plan = plan_epoch([3, 3, 3, 1], world_size=3, num_workers=0, batch_size=2, shuffle=False)
     >>> [worker_rows(plan, r, 0).tolist() for r in range(3)], plan.num_dropped
     ([[0, 1, 2], [3, 4, 5], [6, 7, 8]], 1)
@@ -338,28 +326,8 @@ def _plan_sequence(
         reps = -(-pad // n)
         seq = concat_spans([seq] * (1 + reps), seq.explicit).take(0, n + pad)
     distinct = _rows_yielded(n, n_r, used, world, pad)
-    gen = len(history)  # an elastic resume shuffles its groups afresh
-    readers = max(1, num_workers)
-    nbw = nb // readers + (np.arange(readers) < nb % readers)
-    rows_w = nbw * b
-    if nb:
-        rows_w[(nb - 1) % readers] -= nb * b - used  # the partial batch: the rank's last one
-    offs = np.concatenate(([0], np.cumsum(rows_w)))
-    workers = tuple(
-        tuple(
-            WorkerPlan(
-                rank=r,
-                worker=w,
-                num_rows=int(rows_w[w]),
-                num_batches=int(nbw[w]),
-                skip_rows=0,
-                seed_key=(seed, epoch, 1 + gen, r, w),
-                spans=seq.take(r * n_r + int(offs[w]), r * n_r + int(offs[w + 1])),
-            )
-            for w in range(readers)
-        )
-        for r in range(world)
-    )
+    key = (seed, epoch, 1 + len(history))  # an elastic resume shuffles its groups afresh
+    workers = _worker_plans(seq, world, n_r, nb, b, used, num_workers, key)
     return EpochPlan(
         world_size=world,
         num_workers=num_workers,
@@ -377,6 +345,36 @@ def _plan_sequence(
         batches_per_rank=int(nb),
         fingerprint=fingerprint,
         history=history,
+    )
+
+
+def _worker_plans(
+    seq: Spans, world: int, n_r: int, nb: int, b: int, used: int, num_workers: int,
+    key: tuple[int, int, int],
+) -> tuple[tuple[WorkerPlan, ...], ...]:  # fmt: skip
+    """Each rank's part of ``seq`` (``n_r`` rows, ``used`` of them yielded in ``nb`` batches of
+    ``b``) cut over its readers: worker ``w`` gets batches ``w, w + W, ...`` as contiguous rows,
+    the partial batch (the rank's last) included; ``key`` starts their shuffle seeds."""
+    readers = max(1, num_workers)
+    nbw = nb // readers + (np.arange(readers) < nb % readers)
+    rows_w = nbw * b
+    if nb:
+        rows_w[(nb - 1) % readers] -= nb * b - used  # the partial batch: the rank's last one
+    offs = np.concatenate(([0], np.cumsum(rows_w)))
+    return tuple(
+        tuple(
+            WorkerPlan(
+                rank=r,
+                worker=w,
+                num_rows=int(rows_w[w]),
+                num_batches=int(nbw[w]),
+                skip_rows=0,
+                seed_key=(*key, r, w),
+                spans=seq.take(r * n_r + int(offs[w]), r * n_r + int(offs[w + 1])),
+            )
+            for w in range(readers)
+        )
+        for r in range(world)
     )
 
 
