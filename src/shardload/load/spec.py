@@ -119,6 +119,11 @@ class LoadSpec:
             return bucketed_fingerprint(fp)
         return fp
 
+    def resume_hint(self, fingerprint: str) -> str:
+        """For a refused resume state: how to resume it, if it was saved with the earlier
+        default groups (:func:`earlier_default_hint`); else ''."""
+        return earlier_default_hint(self.selection, self.options, fingerprint)
+
     # -- planning and reading ------------------------------------------------------------------
     def plan(
         self, *, world_size: int, num_workers: int, epoch: int,

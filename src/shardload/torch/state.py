@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 from shardload.errors import StateError
-from shardload.load.spec import earlier_default_hint
 from shardload.plan.resume import EpochState
 
 STATE_VERSION = 1
@@ -275,7 +274,7 @@ def check_state(ds: Any, state: Mapping[str, Any]) -> str:
             f"the state was saved with other loader options (seed={state.get('seed')}, "
             f"batch_size={state.get('batch_size')}); this dataset has seed={opts['seed']}, "
             f"batch_size={opts['batch_size']}, mode={opts['mode']!r}, shuffle={opts['shuffle']}"
-            + earlier_default_hint(ds.selection, opts, str(state.get("fingerprint")))
+            + ds.spec.resume_hint(str(state.get("fingerprint")))
         )
     kind = state.get("kind", "rank")
     if kind == "worker":
