@@ -52,6 +52,7 @@ class GatherReader(GroupReader):
         super().__init__(plan, rank, worker)
         self.store, self.names, self.prefetch, self.allocate = store, names, prefetch, allocate
         self.lanes = {"read": threads, "take": threads}
+        self.detach = ("read",)  # reads write group buffers only: a close need not wait
         self.lag = max(1, threads) + 1
         self.specs: dict[str, Any] = {a: store.manifest.arrays[a] for a in names}
         self.row_bytes = sum(s.row_bytes for s in self.specs.values()) + 8

@@ -55,12 +55,14 @@ class Flight:
 class GroupReader:
     """What the loop drives: read one unit of a worker's plan (a shuffle group, or a batch).
 
-    ``lanes``: the pool's lanes and their threads; ``ahead``: units in flight beside the one
+    ``lanes``: the pool's lanes and their threads (``detach``: lanes a close need not wait
+    for, :class:`~shardload.load.pool.ReadPool`); ``ahead``: units in flight beside the one
     waited on; ``cover``: also start units until the batch holding the current unit's last row
     is covered; ``lag``: completed batches held back while their own tasks (gathers) run.
     """
 
     lanes: dict[str, int]
+    detach: tuple[str, ...] = ()
     ahead: int = 1
     cover: bool = False
     lag: int = 0
@@ -119,7 +121,7 @@ def read_loop(reader: GroupReader) -> Iterator[Batch]:
     plan, rank, worker = reader.plan, reader.rank, reader.worker
     b, total = plan.batch_size, plan.workers[rank][worker].num_rows
     num_batches = -(-total // b)
-    pool = ReadPool(**reader.lanes)
+    pool = ReadPool(reader.lanes, detach=reader.detach)
     units = reader.units()
     inflight: deque[Flight] = deque()
     done: deque[tuple[Batch, list[Future[Any]]]] = deque()

@@ -18,9 +18,14 @@ from typing import Any
 
 
 class ReadPool:
-    """Threads in lanes: ``ReadPool(read=4, take=4)``; ``submit(lane, fn, *args)``."""
+    """Threads in lanes: ``ReadPool({"read": 4, "take": 4})``; ``submit(lane, fn, *args)``.
 
-    def __init__(self, **lanes: int) -> None:
+    ``detach``: lanes whose running tasks :meth:`shutdown` does not wait for (they write only
+    memory nobody else holds, e.g. group buffers: a slow remote read need not delay a close).
+    """
+
+    def __init__(self, lanes: dict[str, int], *, detach: tuple[str, ...] = ()) -> None:
+        self._detach = frozenset(detach)
         self._limit = {k: max(1, int(v)) for k, v in lanes.items()}
         self._lock = threading.Lock()
         self._wake = {k: threading.Condition(self._lock) for k in lanes}
@@ -45,7 +50,8 @@ class ReadPool:
                     name=f"shardload-{lane}_{self._started[lane]}",
                 )  # fmt: skip
                 self._started[lane] += 1
-                self._threads.append(t)
+                if lane not in self._detach:
+                    self._threads.append(t)
                 t.start()
             else:
                 self._wake[lane].notify()
@@ -73,7 +79,8 @@ class ReadPool:
             del fut, fn, args  # no reference to a batch past its task
 
     def shutdown(self) -> None:
-        """Cancel the tasks not started, wait for the running ones, stop every thread."""
+        """Cancel the tasks not started, wait for the running ones (but those of detached
+        lanes), stop every thread."""
         with self._lock:
             self._closed = True
             for queue in self._queue.values():
