@@ -457,7 +457,7 @@ def reference_records(work: Path, *, batch_size: int, seed: int) -> list[dict[st
     import numpy as np
 
     import shardload
-    from shardload.load.batches import DEFAULT_PREFETCH, resolve_shuffle
+    from shardload.load.options import DEFAULT_PREFETCH, resolve_shuffle
     from shardload.load.scatter import groups_in_flight
     from shardload.load.select import select_rows
     from shardload.plan.quality import quality, shuffle_buffer_batches, uniform_batches

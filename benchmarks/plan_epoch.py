@@ -10,7 +10,8 @@ import time
 
 import numpy as np
 
-from shardload.plan.epoch import iter_worker_groups, plan_epoch
+from shardload.plan.epoch import plan_epoch
+from shardload.plan.groups import iter_worker_groups
 from shardload.plan.resume import plan_resume
 
 

@@ -12,16 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardload.plan.epoch as epoch_mod
+import shardload.plan.groups as groups_mod
 import shardload.plan.resume as resume_mod
+import shardload.plan.shuffles as shuffles_mod
 import shardload.plan.spans as spans_mod
 from shardload.errors import PlanError, StateError
 from shardload.plan.chunks import chunk_sizes, plan_chunk_bounds
-from shardload.plan.epoch import (
-    EpochPlan,
+from shardload.plan.epoch import EpochPlan, plan_epoch
+from shardload.plan.groups import (
     iter_rank_batches,
     iter_worker_batches,
     iter_worker_groups,
-    plan_epoch,
     worker_rows,
 )
 from shardload.plan.resume import EpochState, plan_from_state, plan_resume, plan_state
@@ -245,7 +246,7 @@ def test_plan_errors():
 
 
 def test_doctests():
-    for mod in (epoch_mod, resume_mod, spans_mod):
+    for mod in (epoch_mod, groups_mod, shuffles_mod, resume_mod, spans_mod):
         assert doctest.testmod(mod).failed == 0
 
 
@@ -375,7 +376,8 @@ def test_shuffle_order_spreads_the_pieces_of_each_chunk():
     """Pieces come in rounds of one piece per chunk: the order is a permutation, each round
     holds distinct chunks, it changes with the seed, and a shuffle group of pieces nearly
     always holds distinct chunks."""
-    from shardload.plan.epoch import iter_worker_groups, shuffle_order
+    from shardload.plan.groups import iter_worker_groups
+    from shardload.plan.shuffles import shuffle_order
 
     rng = np.random.default_rng(1)
     for _ in range(50):
@@ -479,7 +481,7 @@ def test_deal_order_puts_a_segments_rows_in_different_batches(lengths, at, batch
     group's place in the stream; where the group's batches are whole, the rows of a segment
     are dealt round the batches (a batch gets at most ``ceil(rows / batches)`` of them: one,
     for a piece no longer than the batch count); and it is seeded."""
-    from shardload.plan.epoch import deal_order
+    from shardload.plan.shuffles import deal_order
 
     if sum(lengths) % batch and draw_whole:  # make the batches whole, for the check below
         lengths = [*lengths, batch - sum(lengths) % batch]

@@ -8,8 +8,12 @@ import pytest
 import shardload
 from _stores import check_values, make_store, split_rows
 from shardload.errors import ChunkReadError, PlanError, StateError, StoreError
-from shardload.load.batches import loader_selection, plan_for
+from shardload.load import gather as gather_mod
+from shardload.load import kinds as kinds_mod
+from shardload.load import options as options_mod
+from shardload.load import spec as spec_mod
 from shardload.load.select import select_rows
+from shardload.load.spec import loader_selection, plan_for
 from shardload.plan.resume import EpochState
 
 FORMATS = [("zarr", "none"), ("zarr", "zstd"), ("zarr", "lz4"), ("npy", "none"), ("hdf5", "none")]
@@ -115,10 +119,9 @@ def test_row_range_chunk_subset_and_arrays(npy):
 
 def test_one_read_per_array_per_segment(npy, monkeypatch):
     """The gather path (compressed or remote chunks): one read per array per chunk."""
-    from shardload.formats.npy.format import NpyReader
-    from shardload.load import batches as batches_mod
+    from shardload.formats.npy.read import NpyReader
 
-    monkeypatch.setattr(batches_mod, "raw_sources", lambda *a: None)
+    monkeypatch.setattr(kinds_mod, "raw_sources", lambda *a: None)
     calls = []
     real = NpyReader.read_into
     monkeypatch.setattr(
@@ -152,15 +155,15 @@ def test_scatter_reads_coalesce_runs_of_each_chunk(npy, monkeypatch, shuffle, io
     chunk file opened once per task, and one read call per run of consecutive file rows (so
     a group in storage order reads each chunk with one call, whatever its pieces): a
     ``preadv``, or an io_uring entry (the calls of a task go to the kernel in one batch)."""
-    from shardload.formats.npy.format import NpyReader
-    from shardload.load import scatter, uring
-    from shardload.plan.epoch import iter_worker_spans
+    from shardload.formats.npy.read import NpyReader
+    from shardload.load import runs, scatter, uring
+    from shardload.plan.groups import iter_worker_spans
 
     tasks, preadvs, batches = [], [], []
-    real, real_preadv, real_readv = scatter.read_runs, scatter._preadv(), uring.Ring.readv
+    real, real_preadv, real_readv = scatter.read_runs, runs._preadv(), uring.Ring.readv
     monkeypatch.setattr(scatter, "read_runs", lambda *a: (tasks.append(a[1]), real(*a))[1])
     monkeypatch.setattr(
-        scatter, "_preadv", lambda: lambda *a: (preadvs.append(a[2]), real_preadv(*a))[1]
+        runs, "_preadv", lambda: lambda *a: (preadvs.append(a[2]), real_preadv(*a))[1]
     )
     monkeypatch.setattr(
         uring.Ring, "readv", lambda self, *a: (batches.append(len(a[0])), real_readv(self, *a))[1]
@@ -217,7 +220,6 @@ def test_scatter_planner_errors_surface_and_close_stops_its_threads(npy):
 def test_scatter_and_gather_paths_agree(stores, fmt, consumed, monkeypatch):
     """Scatter reads give exactly the gather path's batches, fresh and resumed mid-group (a
     resumed group reads explicit rows: the bounding span, unwanted rows to scratch)."""
-    from shardload.load import batches as batches_mod
     from shardload.plan.epoch import plan_fingerprint
 
     store = stores[fmt]
@@ -231,7 +233,7 @@ def test_scatter_and_gather_paths_agree(stores, fmt, consumed, monkeypatch):
     runs = []
     for raw in (True, False):
         if not raw:
-            monkeypatch.setattr(batches_mod, "raw_sources", lambda *a: None)
+            monkeypatch.setattr(kinds_mod, "raw_sources", lambda *a: None)
         runs.append([
             collect(store, **kw, worker=w, epoch=1, **extra)
             for w in range(2) for extra in ({}, {"state": state}, {"skip_batches": 2})
@@ -349,11 +351,10 @@ def test_missing_or_corrupt_chunk(tmp_path, fmt, rel, keep, pattern, damage):
 def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes, monkeypatch):
     """Batches equal the pure plan's rows in order, for any thread count, prefetch, allocator
     and per-worker skip (gathers run ahead in threads but are yielded in plan order)."""
-    from shardload.load import batches as batches_mod
-    from shardload.load.batches import plan_for
+    from shardload.load.spec import plan_for
 
-    monkeypatch.setattr(batches_mod, "INLINE_GATHER_BYTES", inline_bytes)
-    from shardload.plan.epoch import iter_worker_batches
+    monkeypatch.setattr(gather_mod, "INLINE_GATHER_BYTES", inline_bytes)
+    from shardload.plan.groups import iter_worker_batches
 
     store = stores[fmt]
     sel, _, k = loader_selection(store, split="train")  # the defaults
@@ -441,11 +442,10 @@ def test_pieces_are_the_shuffle_unit(stores, fmt):
 def test_pieces_scatter_and_gather_agree_and_resume(stores, monkeypatch):
     """Scatter reads of pieces (which start inside chunks) equal the gather path's batches,
     fresh and resumed; a state saved with other pieces is refused, naming the options."""
-    from shardload.load import batches as batches_mod
     from shardload.plan.epoch import plan_fingerprint
 
     store = stores["zarr-none"]
-    sel, _, _ = batches_mod.loader_selection(store, split="train", piece_rows=4)
+    sel, _, _ = spec_mod.loader_selection(store, split="train", piece_rows=4)
     state = EpochState(0, 3, 1, 1, "", ()).to_dict()
     state["fingerprint"] = plan_fingerprint(
         sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=5, seed=2
@@ -454,7 +454,7 @@ def test_pieces_scatter_and_gather_agree_and_resume(stores, monkeypatch):
     runs = []
     for raw in (True, False):
         if not raw:
-            monkeypatch.setattr(batches_mod, "raw_sources", lambda *a: None)
+            monkeypatch.setattr(kinds_mod, "raw_sources", lambda *a: None)
         runs.append([collect(store, **kw), collect(store, **kw, state=state)])
     for got, want in zip(*runs, strict=True):
         assert [b["index"].tolist() for b in got] == [b["index"].tolist() for b in want]
@@ -470,12 +470,11 @@ def test_pieces_scatter_and_gather_agree_and_resume(stores, monkeypatch):
 def test_auto_pieces_only_for_raw_local_chunks(stores, fmt, monkeypatch):
     """``piece_rows=None`` cuts chunks into pieces of at most DEFAULT_PIECE_BYTES where rows are
     raw in local files (a piece of a compressed chunk would decode all of it)."""
-    from shardload.load import batches as batches_mod
 
-    monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # a row: x 16 B, y 8 B, index 8 B
+    monkeypatch.setattr(options_mod, "DEFAULT_PIECE_BYTES", 100)  # a row: x 16 B, y 8 B, index 8 B
     store = stores[fmt]
     whole = select_rows(store, split="train")
-    sel, _, _ = batches_mod.loader_selection(store, split="train", shuffle_chunks=4)
+    sel, _, _ = spec_mod.loader_selection(store, split="train", shuffle_chunks=4)
     if fmt in ("npy-none", "zarr-none"):
         assert sel.sizes.max() <= 3 and len(sel.sizes) > len(whole.sizes)
     else:
@@ -489,7 +488,7 @@ def test_auto_pieces_only_for_raw_local_chunks(stores, fmt, monkeypatch):
 def test_uniform_shuffle_reads_rows_where_they_lie(stores, fmt):
     """``shuffle="uniform"`` yields the plan's uniform permutation with the right values, on
     every rank and worker; resumed (also on another world shape) it yields exactly the rest."""
-    from shardload.plan.epoch import iter_rank_batches
+    from shardload.plan.groups import iter_rank_batches
     from shardload.plan.resume import plan_state
 
     store = stores[fmt]
@@ -529,9 +528,9 @@ def test_uniform_shuffle_needs_raw_local_chunks(stores):
 def test_loader_doctests():
     import doctest
 
-    from shardload.load import batches, scatter, select
+    from shardload.load import batches, files, runs, scatter, select, spec
 
-    for mod in (scatter, select, batches):
+    for mod in (scatter, runs, files, select, batches, spec):
         assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS).failed == 0, mod.__name__
 
 
@@ -540,17 +539,16 @@ def test_default_shuffle_is_small_pieces_on_raw_local_chunks(stores, fmt, monkey
     """The default cuts a group of the earlier default's rows (4 pieces of at most
     DEFAULT_PIECE_BYTES) into DEFAULT_GROUP_PIECES small pieces on raw local chunks; whole
     chunks elsewhere; and the batches still cover the split exactly."""
-    from shardload.load import batches as batches_mod
 
-    monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 100)  # 3-row pieces (32 B a row)
-    monkeypatch.setattr(batches_mod, "DEFAULT_GROUP_PIECES", 6)  # 12 rows -> 6 pieces of 2
+    monkeypatch.setattr(options_mod, "DEFAULT_PIECE_BYTES", 100)  # 3-row pieces (32 B a row)
+    monkeypatch.setattr(options_mod, "DEFAULT_GROUP_PIECES", 6)  # 12 rows -> 6 pieces of 2
     store = stores[fmt]
     whole = select_rows(store, split="train")
-    sel, piece, k = batches_mod.loader_selection(store, split="train")
+    sel, piece, k = spec_mod.loader_selection(store, split="train")
     if fmt in ("npy-none", "zarr-none"):
         assert (piece, k) == (2, 6) and sel.sizes.max() == 2
     else:  # whole chunks, groups by decoded bytes: these tiny chunks, the most chunks a group
-        assert (piece, k) == (0, batches_mod.MAX_GROUP_CHUNKS)
+        assert (piece, k) == (0, options_mod.MAX_GROUP_CHUNKS)
         np.testing.assert_array_equal(sel.sizes, whole.sizes)
     got = collect(store, batch_size=4, split="train", seed=3)
     idx = np.concatenate([b["index"] for b in got])
@@ -564,14 +562,13 @@ def test_default_pieces_are_no_longer_than_the_groups_batch_count(tmp_path, monk
     than the group has batches: the default pieces shrink with bigger batches (more pieces a
     group, up to MAX_GROUP_PIECES), never grow past DEFAULT_GROUP_PIECES' size, and the group
     keeps its rows."""
-    from shardload.load import batches as batches_mod
 
-    monkeypatch.setattr(batches_mod, "DEFAULT_PIECE_BYTES", 30 * 32)  # 30-row big pieces
-    monkeypatch.setattr(batches_mod, "DEFAULT_GROUP_PIECES", 10)  # 120 rows -> 12-row pieces
-    monkeypatch.setattr(batches_mod, "MAX_GROUP_PIECES", 40)  # ... at least 3-row pieces
+    monkeypatch.setattr(options_mod, "DEFAULT_PIECE_BYTES", 30 * 32)  # 30-row big pieces
+    monkeypatch.setattr(options_mod, "DEFAULT_GROUP_PIECES", 10)  # 120 rows -> 12-row pieces
+    monkeypatch.setattr(options_mod, "MAX_GROUP_PIECES", 40)  # ... at least 3-row pieces
     store = make_store(tmp_path / "s", fmt="zarr", n=480, chunk_rows=120)  # 32 B a row
     got = {
-        b: batches_mod.loader_selection(store, split="train", batch_size=b)[1:]
+        b: spec_mod.loader_selection(store, split="train", batch_size=b)[1:]
         for b in (None, 4, 10, 20, 30, 1000)
     }
     assert got == {None: (12, 10), 4: (12, 10), 10: (12, 10), 20: (6, 20), 30: (4, 30),
@@ -583,7 +580,7 @@ def test_default_pieces_are_no_longer_than_the_groups_batch_count(tmp_path, monk
 def test_elastic_resume_through_the_scatter_reader(stores, fmt, opts):
     """A state of 2 ranks x 2 workers resumed on 1 rank with 0 or 3 workers reads exactly
     the unseen rows with the right values (explicit-row segments through scatter reads)."""
-    from shardload.plan.epoch import iter_rank_batches
+    from shardload.plan.groups import iter_rank_batches
     from shardload.plan.resume import plan_state
 
     store = stores[fmt]

@@ -15,7 +15,8 @@ import pytest
 import shardload
 from _stores import check_values, make_store
 from shardload.errors import PlanError
-from shardload.load import batches as batches_mod
+from shardload.load import gather as gather_mod
+from shardload.load import kinds as kinds_mod
 from shardload.load import scatter as scatter_mod
 
 
@@ -50,7 +51,7 @@ def _bad(kind: str, n: int) -> dict[str, np.ndarray]:
 @pytest.fixture(params=["scatter", "gather"])
 def path(request, monkeypatch):
     if request.param == "gather":
-        monkeypatch.setattr(batches_mod, "raw_sources", lambda *a: None)
+        monkeypatch.setattr(kinds_mod, "raw_sources", lambda *a: None)
     return request.param
 
 
@@ -90,7 +91,7 @@ def test_good_allocate_arrays_are_used(npy, path):
 def test_a_group_index_out_of_range_raises(npy, path, monkeypatch, bad):
     """A planning bug that put an index outside its group is an error on both read paths (the
     gather clips and the scatter wraps negative indices: both served wrong rows silently)."""
-    real = batches_mod.iter_worker_groups
+    real = gather_mod.iter_worker_groups
 
     def broken(*args) -> Iterator:
         for segments, order in real(*args):
@@ -106,7 +107,7 @@ def test_a_group_index_out_of_range_raises(npy, path, monkeypatch, bad):
             order[len(order) // 2] = -1 if bad == -1 else int(spans.cum[-1])
             yield spans, order
 
-    monkeypatch.setattr(batches_mod, "iter_worker_groups", broken)
+    monkeypatch.setattr(gather_mod, "iter_worker_groups", broken)
     monkeypatch.setattr(scatter_mod, "iter_worker_spans", broken_spans)
     with pytest.raises(PlanError, match="group's order"):
         for _ in shardload.iter_batches(npy, batch_size=8):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import shardload.plan.quality as quality_mod
-from shardload.plan.epoch import iter_rank_batches, plan_epoch
+from shardload.plan.epoch import plan_epoch
+from shardload.plan.groups import iter_rank_batches
 from shardload.plan.quality import (
     ar1_series,
     chunks_per_batch,

@@ -413,7 +413,7 @@ def test_bucketed_resume_exact(tail_store, world, new_world, workers, new_worker
 
     full = [rank_batches(r, world, workers) for r in range(world)]
     assert len({len(f) for f in full}) == 1
-    from shardload.load.batches import loader_selection, plan_for
+    from shardload.load.spec import loader_selection, plan_for
 
     sel = loader_selection(st, shuffle_chunks=8)[0]
     plan = plan_for(

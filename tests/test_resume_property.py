@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 import shardload
 from _stores import make_store
-from shardload.load import batches as batches_mod
-from shardload.load.batches import loader_selection, plan_for
+from shardload.load import kinds as kinds_mod
 from shardload.load.scatter import raw_sources
 from shardload.load.select import store_fingerprint
-from shardload.plan.epoch import iter_worker_batches
+from shardload.load.spec import loader_selection, plan_for
+from shardload.plan.groups import iter_worker_batches
 from shardload.plan.resume import plan_state
 
 #: (store, read path): scatter reads exist for raw local chunks only (npy, uncompressed Zarr).
@@ -147,7 +147,7 @@ def check_resume(
         drop_last=drop_last, shuffle_chunks=shuffle_chunks, piece_rows=piece_rows,
     )  # fmt: skip
     opts = {k: kw[k] for k in ("batch_size", "seed", "epoch", "shuffle", "mode", "drop_last")}
-    gather = mock.patch.object(batches_mod, "raw_sources", lambda *a: None)
+    gather = mock.patch.object(kinds_mod, "raw_sources", lambda *a: None)
     world_shapes = [first] + [shape for shape, _ in resumes]
     fractions = [frac for _, frac in resumes] + [None]  # the last leg reads to the end
     yielded: list[np.ndarray] = []

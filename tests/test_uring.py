@@ -11,7 +11,8 @@ import pytest
 import shardload
 from _stores import make_store
 from shardload.errors import ChunkReadError
-from shardload.load import scatter, uring
+from shardload.load import files as files_mod
+from shardload.load import runs, uring
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,7 @@ def test_a_failed_ring_entry_is_read_again_and_named(npy, ring, monkeypatch):
     assert all((a["x"] == b["x"]).all() for a, b in zip(want, ref, strict=True))
     uring.reset_for_tests(None)
 
-    monkeypatch.setattr(scatter, "_preadv", lambda errno=False: lambda *a: -1)
+    monkeypatch.setattr(runs, "_preadv", lambda errno=False: lambda *a: -1)
     with pytest.raises(ChunkReadError, match=r"chunk \d+ of array .* could not be read"):
         _epoch(npy, shuffle=False)
 
@@ -158,7 +159,7 @@ def test_open_chunks_looks_up_many_chunks_at_once_and_checks_their_sizes(tmp_pat
     def raw(c: int) -> RawChunk:
         return RawChunk(paths[c], 16, 10)
 
-    files = scatter.OpenChunks(limit=2)
+    files = files_mod.OpenChunks(limit=2)
     chunks = np.array([4, 0, 4, 3, 0])
     fd, off, row, owned = files.lookup(raw, "x", chunks, chunks + 1)
     assert off.tolist() == [16] * 5 and row.tolist() == [10] * 5
@@ -342,30 +343,30 @@ def test_failed_direct_reads_are_read_again_and_named(npy, ring, monkeypatch):
         pytest.skip("this file system refuses O_DIRECT")
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_array_equal(a["x"], b["x"])
-    monkeypatch.setattr(scatter, "_preadv", lambda errno=False: lambda *a: -1)
+    monkeypatch.setattr(runs, "_preadv", lambda errno=False: lambda *a: -1)
     with pytest.raises(ChunkReadError, match=r"chunk \d+ of array 'x' could not be read .*npy"):
         _epoch(npy, shuffle="uniform")
 
 
 def test_direct_reads_are_chosen_for_stores_larger_than_memory(monkeypatch, ring):
     monkeypatch.delenv("SHARDLOAD_O_DIRECT", raising=False)
-    monkeypatch.setattr(scatter, "memory_bytes", lambda: 1000)
-    big = scatter.DIRECT_STORE_FACTOR * 1000
-    assert scatter.read_past_cache(big + 1) and not scatter.read_past_cache(big)
-    monkeypatch.setattr(scatter, "memory_bytes", lambda: None)
-    assert not scatter.read_past_cache(1 << 40)
+    monkeypatch.setattr(files_mod, "memory_bytes", lambda: 1000)
+    big = files_mod.DIRECT_STORE_FACTOR * 1000
+    assert files_mod.read_past_cache(big + 1) and not files_mod.read_past_cache(big)
+    monkeypatch.setattr(files_mod, "memory_bytes", lambda: None)
+    assert not files_mod.read_past_cache(1 << 40)
     monkeypatch.setenv("SHARDLOAD_O_DIRECT", "1")
-    assert scatter.read_past_cache(1)
+    assert files_mod.read_past_cache(1)
     monkeypatch.setenv("SHARDLOAD_O_DIRECT", "0")
-    monkeypatch.setattr(scatter, "memory_bytes", lambda: 1000)
-    assert not scatter.read_past_cache(1 << 40)
+    monkeypatch.setattr(files_mod, "memory_bytes", lambda: 1000)
+    assert not files_mod.read_past_cache(1 << 40)
     monkeypatch.delenv("SHARDLOAD_O_DIRECT")
     uring.reset_for_tests(False)  # no io_uring: the preadv path reads through the page cache
-    assert not scatter.read_past_cache(1 << 40)
+    assert not files_mod.read_past_cache(1 << 40)
 
 
 def test_memory_bytes_is_at_most_what_is_available():
-    got = scatter.memory_bytes()
+    got = files_mod.memory_bytes()
     if got is None:
         pytest.skip("no /proc/meminfo here")
     with open("/proc/meminfo") as f:

@@ -8,7 +8,7 @@ import pytest
 import shardload
 from _stores import check_values, make_store, split_rows
 from shardload.errors import StateError
-from shardload.load import batches as batches_mod
+from shardload.load import options as options_mod
 from shardload.load.select import select_rows
 from shardload.plan.epoch import plan_fingerprint
 from shardload.plan.resume import EpochState
@@ -37,31 +37,31 @@ def test_group_holds_the_decoded_bytes_of_four_default_chunks(zstd, hdf5_store, 
     """Chunks per group = max(4, WHOLE_CHUNK_GROUP_BYTES // decoded chunk bytes of the selected
     arrays), at most MAX_GROUP_CHUNKS; the default is 4 chunks of 16 MiB, so chunks of the
     default size keep 4 a group, as before."""
-    assert batches_mod.WHOLE_CHUNK_GROUP_BYTES == 4 * 16 * 2**20
+    assert options_mod.WHOLE_CHUNK_GROUP_BYTES == 4 * 16 * 2**20
     for store in (zstd, hdf5_store):
-        monkeypatch.setattr(batches_mod, "MAX_GROUP_CHUNKS", 4096)
+        monkeypatch.setattr(options_mod, "MAX_GROUP_CHUNKS", 4096)
         sel = select_rows(store)
         cb = chunk_bytes(store)
         for budget, want in ((cb * 4, 4), (cb, 4), (cb * 9 + cb // 2, 9), (cb * 30, 30)):
-            monkeypatch.setattr(batches_mod, "WHOLE_CHUNK_GROUP_BYTES", budget)
-            assert batches_mod.whole_chunk_group(store, sel) == want
-            assert batches_mod.resolve_shuffle(store, sel, None, None) == (0, want)
+            monkeypatch.setattr(options_mod, "WHOLE_CHUNK_GROUP_BYTES", budget)
+            assert options_mod.whole_chunk_group(store, sel) == want
+            assert options_mod.resolve_shuffle(store, sel, None, None) == (0, want)
             # given options win: shuffle_chunks as given, piece_rows alone keeps 4 a group
-            assert batches_mod.resolve_shuffle(store, sel, None, 6) == (0, 6)
-            assert batches_mod.resolve_shuffle(store, sel, 0, None) == (0, 4)
+            assert options_mod.resolve_shuffle(store, sel, None, 6) == (0, 6)
+            assert options_mod.resolve_shuffle(store, sel, 0, None) == (0, 4)
         # the selected arrays' bytes only: fewer arrays, more chunks in the same bytes
-        monkeypatch.setattr(batches_mod, "WHOLE_CHUNK_GROUP_BYTES", cb * 9)
+        monkeypatch.setattr(options_mod, "WHOLE_CHUNK_GROUP_BYTES", cb * 9)
         one = select_rows(store, arrays=["y"])
-        assert batches_mod.whole_chunk_group(store, one) == cb * 9 // chunk_bytes(store, ["y"])
-        monkeypatch.setattr(batches_mod, "MAX_GROUP_CHUNKS", 7)
-        assert batches_mod.whole_chunk_group(store, sel) == 7
+        assert options_mod.whole_chunk_group(store, one) == cb * 9 // chunk_bytes(store, ["y"])
+        monkeypatch.setattr(options_mod, "MAX_GROUP_CHUNKS", 7)
+        assert options_mod.whole_chunk_group(store, sel) == 7
 
 
 def test_raw_stores_keep_their_small_pieces(raw):
     sel = select_rows(raw)
-    piece, group = batches_mod.resolve_shuffle(raw, sel, None, None, batch_size=8)
+    piece, group = options_mod.resolve_shuffle(raw, sel, None, None, batch_size=8)
     assert 0 < piece < CHUNK or group > 4  # the raw default (pieces), not whole-chunk groups
-    assert batches_mod.resolve_prefetch(raw, sel, None, shuffle_chunks=group, piece_rows=piece) == 4
+    assert options_mod.resolve_prefetch(raw, sel, None, shuffle_chunks=group, piece_rows=piece) == 4
 
 
 def test_default_prefetch_is_a_group_of_small_chunks(zstd, monkeypatch):
@@ -69,13 +69,13 @@ def test_default_prefetch_is_a_group_of_small_chunks(zstd, monkeypatch):
     64 MiB decoded, as 4 chunks of 16 MiB), never fewer than 4; as given when given."""
     sel = select_rows(zstd)
     cb = chunk_bytes(zstd)
-    monkeypatch.setattr(batches_mod, "WHOLE_CHUNK_GROUP_BYTES", cb * 10)
-    prefetch = batches_mod.resolve_prefetch
+    monkeypatch.setattr(options_mod, "WHOLE_CHUNK_GROUP_BYTES", cb * 10)
+    prefetch = options_mod.resolve_prefetch
     assert prefetch(zstd, sel, None, shuffle_chunks=10, piece_rows=0) == 10
     assert prefetch(zstd, sel, None, shuffle_chunks=30, piece_rows=0) == 10  # 64 MiB at most
     assert prefetch(zstd, sel, None, shuffle_chunks=2, piece_rows=0) == 4
     assert prefetch(zstd, sel, 3, shuffle_chunks=10, piece_rows=0) == 3
-    monkeypatch.setattr(batches_mod, "WHOLE_CHUNK_GROUP_BYTES", cb)
+    monkeypatch.setattr(options_mod, "WHOLE_CHUNK_GROUP_BYTES", cb)
     assert prefetch(zstd, sel, None, shuffle_chunks=4, piece_rows=0) == 4
 
 
@@ -83,8 +83,8 @@ def test_default_groups_cover_the_epoch_whatever_the_threads(zstd, monkeypatch):
     """Several groups of whole chunks a worker: every row once per rank's share, the same
     batches for 1, 2 or 4 reader threads and any read-ahead, and two workers share the rows
     exactly."""
-    monkeypatch.setattr(batches_mod, "WHOLE_CHUNK_GROUP_BYTES", chunk_bytes(zstd) * 6)
-    assert batches_mod.whole_chunk_group(zstd, select_rows(zstd)) == 6
+    monkeypatch.setattr(options_mod, "WHOLE_CHUNK_GROUP_BYTES", chunk_bytes(zstd) * 6)
+    assert options_mod.whole_chunk_group(zstd, select_rows(zstd)) == 6
 
     def run(**kw):
         return [
@@ -117,7 +117,7 @@ def test_a_state_of_the_earlier_default_is_refused_saying_how_to_resume(zstd, mo
     """A resume state saved when whole-chunk stores had 4 chunks a group, whatever their size
     (as ``shuffle_chunks=4`` plans today), is refused by the new default with an error that
     names the old setting; passing it resumes the rest of that epoch exactly."""
-    monkeypatch.setattr(batches_mod, "WHOLE_CHUNK_GROUP_BYTES", chunk_bytes(zstd) * 6)
+    monkeypatch.setattr(options_mod, "WHOLE_CHUNK_GROUP_BYTES", chunk_bytes(zstd) * 6)
     old = [b["index"].tolist() for b in shardload.iter_batches(zstd, batch_size=8, seed=3,
                                                                shuffle_chunks=4)]  # fmt: skip
     state = _state(zstd, 3, 4)
@@ -138,7 +138,7 @@ def test_a_state_of_the_earlier_default_is_refused_saying_how_to_resume(zstd, mo
 def test_torch_state_of_the_earlier_default_is_refused_saying_how_to_resume(zstd, monkeypatch):
     from shardload.torch import StreamingDataset
 
-    monkeypatch.setattr(batches_mod, "WHOLE_CHUNK_GROUP_BYTES", chunk_bytes(zstd) * 6)
+    monkeypatch.setattr(options_mod, "WHOLE_CHUNK_GROUP_BYTES", chunk_bytes(zstd) * 6)
     old = StreamingDataset(zstd, batch_size=8, seed=3, shuffle_chunks=4, ring_slots=0)
     state = old.state_dict()
     new = StreamingDataset(zstd, batch_size=8, seed=3, ring_slots=0)

@@ -7,7 +7,8 @@ import pytest
 
 import shardload
 from _stores import check_values, make_store
-from shardload.load import batches as batches_mod
+from shardload.load import gather as gather_mod
+from shardload.load import options as options_mod
 
 ROWS, CHUNK = 96, 8
 
@@ -33,21 +34,21 @@ def zstd(tmp_path_factory):
 def test_default_threads_share_the_cpus_among_workers(
     monkeypatch, cpus, readers, local, prefetch, want
 ):
-    monkeypatch.setattr(batches_mod, "_cores", lambda: cpus)
-    assert batches_mod.default_threads(prefetch, readers, local=local) == want
+    monkeypatch.setattr(options_mod, "_cores", lambda: cpus)
+    assert options_mod.default_threads(prefetch, readers, local=local) == want
 
 
 def test_iter_batches_uses_the_default_threads(zstd, monkeypatch):
     """The reader of a worker of 2 on 2 CPUs runs one reader thread (it started 2 before)."""
     seen = []
-    real = batches_mod.read_groups
+    real = gather_mod.GatherReader
 
     def spy(*args, **kwargs):
         seen.append(kwargs["threads"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batches_mod, "_cores", lambda: 2)
-    monkeypatch.setattr(batches_mod, "read_groups", spy)
+    monkeypatch.setattr(options_mod, "_cores", lambda: 2)
+    monkeypatch.setattr(gather_mod, "GatherReader", spy)
     for workers, want in ((0, 2), (2, 1)):
         seen.clear()
         out = [
@@ -75,7 +76,7 @@ def test_workers_with_one_thread_each_yield_every_row_once(tmp_path, monkeypatch
         pytest.skip(f"no {ctx} start method here")
     from shardload.torch import StreamingDataLoader, StreamingDataset
 
-    monkeypatch.setattr(batches_mod, "_cores", lambda: 2)
+    monkeypatch.setattr(options_mod, "_cores", lambda: 2)
     store = make_store(tmp_path, fmt="zarr", compression=compression, n=ROWS, chunk_rows=CHUNK,
                        splits={"train": 1.0})  # fmt: skip
     rows = []

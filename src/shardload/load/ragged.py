@@ -4,7 +4,7 @@ longest row, and ``NAME_length`` (int64).
 The same epoch plan as fixed-shape stores (:mod:`shardload.plan.epoch`: shuffle groups,
 ``group_batches``, resume), so equal batches per rank, exact resume and the shuffle hold as
 they do there; only the reading differs: a group's segments are read whole (values sliced by
-the offsets, :class:`shardload.formats.ragged.format.RaggedReader`; fixed arrays as on the gather
+the offsets, :class:`shardload.formats.ragged.read.RaggedReader`; fixed arrays as on the gather
 path), and each batch is gathered, then padded. No shared-memory ring (a batch's width is
 known only once it is gathered): the torch layer hands such batches over the stock way.
 """
@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from shardload.errors import PlanError
+from shardload.load.loop import Batch, Flight, GroupReader, read_loop
+from shardload.load.pool import ReadPool
 from shardload.load.reader import read_segment
 from shardload.manifest.ragged import (
     LENGTH_SUFFIX,
@@ -32,7 +33,8 @@ from shardload.manifest.ragged import (
     take_rows,
 )
 from shardload.plan.buckets import Buckets
-from shardload.plan.epoch import EpochPlan, group_batches, iter_worker_groups
+from shardload.plan.epoch import EpochPlan
+from shardload.plan.groups import iter_worker_groups
 from shardload.plan.spans import Segment
 from shardload.store.core import Store
 
@@ -143,56 +145,50 @@ def _read_group(
     return _Group(order, rows, bufs, rag)
 
 
+class RaggedBatchReader(GroupReader):
+    """Fixed arrays as usual, each ragged ``NAME`` as a ``(rows, longest)`` zero-padded array
+    plus ``NAME_length``; ``index`` the global rows. A group is one task of the ``read`` lane
+    (``threads`` threads), ``2 + prefetch // shuffle_chunks`` groups ahead of the one placed;
+    each batch is gathered and padded once all its rows are read."""
+
+    def __init__(
+        self, store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
+        prefetch: int, threads: int, index_key: str, padding_stats: PaddingStats | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(plan, rank, worker)
+        self.store, self.index_key, self.stats = store, index_key, padding_stats
+        self.ragged = ragged_names(store, names)
+        self.fixed = [n for n in names if n not in self.ragged]
+        self.lanes = {"read": threads}
+        self.ahead = 2 + max(0, prefetch) // max(1, plan.shuffle_chunks)
+        self.pending: dict[int, list[tuple[_Group, np.ndarray]]] = {}
+
+    def units(self) -> Iterator[Any]:
+        return iter_worker_groups(self.plan, self.rank, self.worker)
+
+    def start(self, unit: Any, at: int, n: int, pool: ReadPool) -> Flight:
+        read = pool.submit("read", _read_group, self.store, self.fixed, self.ragged, *unit)
+        return Flight(at, n, futures=[read])
+
+    def place(self, flight: Flight, k: int, dst: int, src: int, take: int) -> None:
+        g: _Group = flight.futures[0].result()
+        self.pending.setdefault(k, []).append((g, g.order[src : src + take]))
+
+    def finish(self, k: int, size: int) -> tuple[Batch, list[Future[Any]]]:
+        pieces = self.pending.pop(k)
+        return _assemble(pieces, self.fixed, self.ragged, self.index_key, self.stats), []
+
+
 def ragged_batches(
-    store: Store,
-    names: Sequence[str],
-    plan: EpochPlan,
-    rank: int,
-    worker: int,
-    *,
-    prefetch: int,
-    threads: int,
-    index_key: str,
-    padding_stats: PaddingStats | None = None,
-) -> Iterator[dict[str, np.ndarray]]:
-    """The worker's batches: fixed arrays as usual, each ragged ``NAME`` as a ``(rows,
-    longest)`` zero-padded array plus ``NAME_length``; ``index`` the global rows. Groups are
-    read in ``threads`` background threads, ``1 + prefetch // shuffle_chunks`` ahead."""
-    ragged = ragged_names(store, names)
-    fixed = [n for n in names if n not in ragged]
-    b = plan.batch_size
-    total = plan.workers[rank][worker].num_rows
-    groups = iter_worker_groups(plan, rank, worker)
-    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-ragged")
-    ahead = 1 + max(0, prefetch) // max(1, plan.shuffle_chunks)
-    inflight: deque[Future[_Group]] = deque()
-    pending: dict[int, list[tuple[_Group, np.ndarray]]] = {}
-    at = 0
-
-    def fill() -> None:
-        while len(inflight) < ahead + 1:
-            nxt = next(groups, None)
-            if nxt is None:
-                return
-            inflight.append(pool.submit(_read_group, store, fixed, ragged, *nxt))
-
-    try:
-        fill()
-        while inflight:
-            g = inflight.popleft().result()
-            fill()
-            n = min(len(g.order), total - at)
-            for k, dst, src, take in group_batches(at, n, b).tolist():
-                pieces = pending.setdefault(k, [])
-                pieces.append((g, g.order[src : src + take]))
-                size = min(b, total - k * b)
-                if dst + take == size:
-                    yield _assemble(pending.pop(k), fixed, ragged, index_key, padding_stats)
-            at += n
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    if pending:  # cannot happen for a consistent plan; never yield a half-filled batch
-        raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")
+    store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
+    prefetch: int, threads: int, index_key: str, padding_stats: PaddingStats | None = None,
+) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
+    """The worker's batches, read by a :class:`RaggedBatchReader` (see there)."""
+    reader = RaggedBatchReader(
+        store, names, plan, rank, worker, prefetch=prefetch, threads=threads,
+        index_key=index_key, padding_stats=padding_stats,
+    )  # fmt: skip
+    return read_loop(reader)
 
 
 def _assemble(

@@ -1,17 +1,16 @@
-"""Background reads of a worker's shuffle groups, with a bounded read-ahead.
+"""Reading a shuffle group's segments into group buffers (the gather reader's reads).
 
-A group's segments are read into one buffer per array (each segment with one read per array
-over its row span, or over the bounding span of an explicit-row segment), by a small thread
-pool. While the caller uses the current group, the pool reads up to ``prefetch`` segments of
-the groups after it, so a worker holds about ``shuffle_chunks + prefetch`` chunks.
+A group's segments are read into one page-aligned buffer per array (each segment with one read
+per array over its row span, or over the bounding span of an explicit-row segment), in tasks
+of about ``TASK_BYTES`` (:func:`submit_segments`); :class:`BufferPool` reuses the buffers of
+groups the loader is done with.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -151,72 +150,22 @@ def read_segments(
 TASK_BYTES = 1 << 20
 
 
-def read_groups(
-    store: Store,
-    names: Sequence[str],
-    groups: Iterable[tuple[tuple[Segment, ...], np.ndarray]],
-    *,
-    prefetch: int,
-    threads: int,
-    buffers: BufferPool | None = None,
-) -> Iterator[Group]:
-    """Yield each group once all its segments are read; read ahead while the caller works.
-
-    ``prefetch`` counts segments (at most one chunk each) read beyond the current group.
-    With ``buffers``, new groups take their buffers from that pool; the caller gives a group's
-    buffers back (:meth:`Group.release`) once nothing reads them any more.
-    The pool's threads are stopped when the iterator is closed or garbage-collected.
-    """
-    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="shardload-read")
-    source = iter(groups)
-    pending: deque[Group] = deque()
-    exhausted = False
-    infos = store.manifest.arrays
-    row_bytes = max(1, sum(infos[a].row_bytes for a in names))
-
-    def submit(g: Group, most: int) -> int:
-        """Submit up to ``most`` of the group's next segments, as one task per array of about
-        ``TASK_BYTES``; how many were submitted."""
-        i = j = g.submitted
-        stop = min(len(g.segments), i + max(1, most))
-        rows = 0
-        while j < stop and (j == i or rows * row_bytes < TASK_BYTES):
-            rows += int(g.offsets[j + 1] - g.offsets[j])
-            j += 1
-        spans = [(int(g.offsets[k]), int(g.offsets[k + 1])) for k in range(i, j)]
-        for name in names:
-            buf = g.bufs[name]
-            outs = [buf[a:b] for a, b in spans]
-            g.futures.append(pool.submit(read_segments, store, name, g.segments[i:j], outs))
-        g.submitted = j
-        return j - i
-
-    try:
-        while True:
-            if not pending:
-                nxt = next(source, None)
-                if nxt is None:
-                    return
-                pending.append(new_group(store, names, *nxt, buffers))
-            current = pending[0]
-            while current.submitted < len(current.segments):
-                submit(current, len(current.segments))
-            budget = prefetch - sum(g.submitted for g in list(pending)[1:])
-            j = 1
-            while budget > 0:
-                if j == len(pending):
-                    nxt = None if exhausted else next(source, None)
-                    if nxt is None:
-                        exhausted = True
-                        break
-                    pending.append(new_group(store, names, *nxt, buffers))
-                g = pending[j]
-                if g.submitted == len(g.segments):
-                    j += 1
-                    continue
-                budget -= submit(g, budget)
-            current.wait()
-            yield current
-            pending.popleft()
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+def submit_segments(
+    submit: Callable[..., Future[None]], store: Store, names: Sequence[str], g: Group, most: int,
+    row_bytes: int,
+) -> int:  # fmt: skip
+    """Submit up to ``most`` of the group's next segments (at least one), as one task per array
+    of about ``TASK_BYTES``; how many were submitted."""
+    i = j = g.submitted
+    stop = min(len(g.segments), i + max(1, most))
+    rows = 0
+    while j < stop and (j == i or rows * row_bytes < TASK_BYTES):
+        rows += int(g.offsets[j + 1] - g.offsets[j])
+        j += 1
+    spans = [(int(g.offsets[k]), int(g.offsets[k + 1])) for k in range(i, j)]
+    for name in names:
+        buf = g.bufs[name]
+        outs = [buf[a:b] for a, b in spans]
+        g.futures.append(submit(read_segments, store, name, g.segments[i:j], outs))
+    g.submitted = j
+    return j - i

@@ -14,13 +14,34 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+
+from shardload.store.core import Store
 
 Specs = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 #: Where a batch of ``n`` rows goes (key -> array, keys as in a batch), or None for fresh arrays.
 Allocate = Callable[[int], "dict[str, np.ndarray] | None"]
+#: The batch key of the samples' global row numbers (int64).
+INDEX_KEY = "index"
+
+
+def batch_specs(store: Store, names: Sequence[str]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included."""
+    infos = store.manifest.arrays
+    specs = {a: (tuple(infos[a].row_shape), np.dtype(infos[a].dtype)) for a in names}
+    specs[INDEX_KEY] = ((), np.dtype(np.int64))
+    return specs
+
+
+def new_batch(specs: Mapping[str, Any], n: int) -> dict[str, np.ndarray]:
+    """Freshly allocated, contiguous, writable arrays for a batch of ``n`` rows (``specs``:
+    each array's manifest entry)."""
+    out = {a: np.empty((n, *s.row_shape), np.dtype(s.dtype)) for a, s in specs.items()}
+    out[INDEX_KEY] = np.empty(n, np.int64)
+    return out
 
 
 def plan_batch_layout(specs: Specs, batch_rows: int) -> tuple[dict[str, int], int]:

@@ -28,7 +28,7 @@ def bucket_order(
     batch slot are consecutive in length order. ``keys[i]`` is the length of the group's row
     ``i``; the group starts at stream position ``at``; slots are cut where
     :func:`shardload.plan.epoch.group_batches` cuts them. Ties keep ``order``'s (random) order."""
-    from shardload.plan.epoch import group_batches
+    from shardload.plan.groups import group_batches
 
     order = np.asarray(order, np.int64)
     n = len(order)

@@ -6,7 +6,7 @@ array of row offsets inside it), so a plan for 10**9 rows costs what its chunk l
 
 1. **Sequence.** The chunks in a permutation seeded by ``(seed, epoch)`` when ``shuffle``, in
    the given order otherwise. Where a chunk is cut into pieces (several entries with its id),
-   the permutation comes in rounds of one piece per chunk (:func:`shuffle_order`), so a
+   the permutation comes in rounds of one piece per chunk (``shuffles.shuffle_order``), so a
    chunk's pieces spread over the epoch and a shuffle group seldom holds two of them; with
    small pieces a group holds pieces of every chunk, on every rank.
    ``shuffle="uniform"``: every row is its own one-row segment, in a uniform permutation of all
@@ -24,13 +24,15 @@ array of row offsets inside it), so a plan for 10**9 rows costs what its chunk l
 4. **Shuffle groups.** A worker takes its segments ``shuffle_chunks`` at a time; a group's rows
    are shuffled together (seeded by seed, epoch, rank, worker, group), so batches mix chunks
    while a worker holds only about ``shuffle_chunks`` chunks in memory. The shuffle *deals*
-   (:func:`deal_order`): each segment's rows go to different batches of the group, so a batch
+   (``shuffles.deal_order``): each segment's rows go to different batches of the group, so a batch
    holds at most one row of a piece that is no longer than the group's batch count.
    ``shuffle="uniform"`` keeps the sequence's (already uniform) order.
 
-Resume and the saved state (:func:`plan_resume`, :class:`EpochState`) live in
-:mod:`shardload.plan.resume`.
+The shuffles by name (steps 1 and 4) live in :mod:`shardload.plan.shuffles`, reading a
+worker's plan (its groups, their batches) in :mod:`shardload.plan.groups`, resume and the saved
+state (``plan_resume``, ``EpochState``) in :mod:`shardload.plan.resume`.
 
+>>> from shardload.plan.groups import iter_rank_batches, worker_rows
 >>> plan = plan_epoch([4, 4, 2], world_size=2, num_workers=2, batch_size=2, shuffle=False)
 >>> plan.batches_per_rank, plan.num_dropped, plan.num_padded
 (3, 0, 0)
@@ -43,36 +45,31 @@ Resume and the saved state (:func:`plan_resume`, :class:`EpochState`) live in
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import numpy as np
 
 from shardload.errors import PlanError
-from shardload.plan.spans import Segment, Spans, concat_spans, spans_rows
+from shardload.plan.shuffles import SHUFFLES, get_shuffle, shuffle_key
+from shardload.plan.spans import Segment, Spans, concat_spans
 
 __all__ = [
     "DEFAULT_SHUFFLE_CHUNKS",
+    "SHUFFLES",
     "EpochPlan",
     "PlanOptions",
     "Segment",
     "WorkerPlan",
-    "group_batches",
-    "iter_rank_batches",
-    "iter_worker_batches",
-    "iter_worker_groups",
-    "iter_worker_spans",
     "plan_epoch",
     "plan_fingerprint",
-    "worker_rows",
 ]
 
 MODES = ("drop", "pad")
 #: Hashed into the fingerprint of shuffled plans: a state saved by a planner that ordered
 #: shuffle groups otherwise (a plain permutation, before ``deal_order``) is refused.
 GROUP_ORDER_VERSION = b"|groups-dealt"
-SHUFFLES = (False, True, "uniform")
 
 #: Chunks whose rows one worker permutes together. Memory per worker is about this many chunks
 #: (plus prefetch); 4 mixes enough chunks per batch to break the within-chunk correlation of
@@ -168,26 +165,6 @@ def _chunk_table(chunk_sizes, chunk_ids, chunk_starts) -> tuple[np.ndarray, ...]
     return sizes, ids.astype(np.int64), starts.astype(np.int64)
 
 
-def shuffle_order(ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A seeded permutation of chunk-table entries that spreads the pieces of each chunk: the
-    entries come in rounds, round ``k`` holding one piece of every chunk that has more than
-    ``k`` (which piece, and the order of chunks in a round, are random). With one entry per
-    chunk it is a plain random permutation (pure).
-
-    >>> ids = np.array([0, 0, 1, 1, 2, 2])
-    >>> ids[shuffle_order(ids, np.random.default_rng(0))].reshape(2, 3).tolist()
-    [[0, 2, 1], [2, 1, 0]]
-    """
-    n = len(ids)
-    pick, place = rng.random(n), rng.random(n)
-    by_chunk = np.lexsort((pick, ids))  # each chunk's entries together, in a random order
-    sorted_ids = ids[by_chunk]
-    first = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
-    round_ = np.empty(n, np.int64)
-    round_[by_chunk] = np.arange(n) - np.repeat(first, np.diff(np.append(first, n)))
-    return np.lexsort((place, round_))
-
-
 def plan_fingerprint(
     chunk_sizes,
     *,
@@ -210,7 +187,7 @@ def plan_fingerprint(
     for arr in (sizes, ids, starts):
         h.update(arr.astype("<i8").tobytes())
         h.update(b"|")
-    shuffle = _check_shuffle(shuffle)
+    shuffle = shuffle_key(shuffle)
     h.update(repr((batch_size, seed, mode, bool(drop_last), shuffle, shuffle_chunks)).encode())
     if shuffle:  # states saved before groups were dealt (``deal_order``) resume other rows
         h.update(GROUP_ORDER_VERSION)
@@ -246,8 +223,9 @@ def plan_epoch(
     batch_size, drop_last
         Rows per batch; with ``drop_last`` each rank's partial batch is dropped.
     seed, epoch, shuffle
-        Chunk order and shuffle groups are seeded by these. ``shuffle="uniform"``: a uniform
-        permutation of all rows, as one-row segments.
+        Chunk order and shuffle groups are seeded by these. ``shuffle`` names a shuffle of
+        ``plan.shuffles.SHUFFLES`` (``True``: ``"pieces"``, ``False``: ``"none"``);
+        ``"uniform"``: a uniform permutation of all rows, as one-row segments.
     mode
         ``"drop"`` the ``N mod world_size`` last rows or ``"pad"`` with repeats of the first.
     shuffle_chunks
@@ -258,6 +236,7 @@ def plan_epoch(
     PlanError
         For bad options, or when a rank would get no row (or, with ``drop_last``, no batch).
 
+    >>> from shardload.plan.groups import worker_rows
     >>> plan = plan_epoch([3, 3, 3, 1], world_size=3, num_workers=0, batch_size=2, shuffle=False)
     >>> [worker_rows(plan, r, 0).tolist() for r in range(3)], plan.num_dropped
     ([[0, 1, 2], [3, 4, 5], [6, 7, 8]], 1)
@@ -267,20 +246,9 @@ def plan_epoch(
     """
     sizes, ids, starts = _chunk_table(chunk_sizes, chunk_ids, chunk_starts)
     opts = _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chunks)
-    shuffle = _check_shuffle(shuffle)
-    if shuffle == "uniform":
-        seq = _uniform_sequence(sizes, ids, starts, np.random.default_rng((seed, epoch, 0)))
-    else:
-        order = np.arange(len(sizes))
-        if shuffle:
-            order = shuffle_order(ids, np.random.default_rng((seed, epoch, 0)))
-        seq = Spans(
-            ids[order],
-            starts[order],
-            _const(0, len(sizes)),
-            sizes[order],
-            _const(-1, len(sizes)),
-        )
+    named = get_shuffle(shuffle)
+    shuffle = named.key
+    seq = named.sequence(sizes, ids, starts, np.random.default_rng((seed, epoch, 0)))
     fp = plan_fingerprint(
         sizes,
         chunk_ids=ids,
@@ -301,32 +269,6 @@ def plan_epoch(
         history=(),
         allow_empty=False,
     )
-
-
-def _const(value: int, n: int) -> np.ndarray:
-    """``n`` int64 copies of ``value`` in no memory (a read-only broadcast view: a plan of
-    10**5 pieces or 10**9 one-row segments holds one such column per sequence)."""
-    return np.broadcast_to(np.int64(value), (n,))
-
-
-def _check_shuffle(shuffle: bool | str) -> bool | str:
-    if isinstance(shuffle, str):
-        if shuffle != "uniform":
-            raise PlanError(f"shuffle must be True, False or 'uniform', got {shuffle!r}")
-        return shuffle
-    return bool(shuffle)
-
-
-def _uniform_sequence(
-    sizes: np.ndarray, ids: np.ndarray, starts: np.ndarray, rng: np.random.Generator
-) -> Spans:
-    """Every row as a one-row segment, in a uniform random order (16 bytes x 5 per row)."""
-    n = int(sizes.sum())
-    perm = rng.permutation(n)
-    cum = np.concatenate(([0], np.cumsum(sizes)))
-    entry = np.searchsorted(cum, perm, "right") - 1
-    off = perm - cum[entry]
-    return Spans(ids[entry], starts[entry], off, off + 1, _const(-1, n))
 
 
 def _options(world_size, num_workers, batch_size, seed, epoch, mode, shuffle_chunks) -> dict:
@@ -384,28 +326,8 @@ def _plan_sequence(
         reps = -(-pad // n)
         seq = concat_spans([seq] * (1 + reps), seq.explicit).take(0, n + pad)
     distinct = _rows_yielded(n, n_r, used, world, pad)
-    gen = len(history)  # an elastic resume shuffles its groups afresh
-    readers = max(1, num_workers)
-    nbw = nb // readers + (np.arange(readers) < nb % readers)
-    rows_w = nbw * b
-    if nb:
-        rows_w[(nb - 1) % readers] -= nb * b - used  # the partial batch: the rank's last one
-    offs = np.concatenate(([0], np.cumsum(rows_w)))
-    workers = tuple(
-        tuple(
-            WorkerPlan(
-                rank=r,
-                worker=w,
-                num_rows=int(rows_w[w]),
-                num_batches=int(nbw[w]),
-                skip_rows=0,
-                seed_key=(seed, epoch, 1 + gen, r, w),
-                spans=seq.take(r * n_r + int(offs[w]), r * n_r + int(offs[w + 1])),
-            )
-            for w in range(readers)
-        )
-        for r in range(world)
-    )
+    key = (seed, epoch, 1 + len(history))  # an elastic resume shuffles its groups afresh
+    workers = _worker_plans(seq, world, n_r, nb, b, used, num_workers, key)
     return EpochPlan(
         world_size=world,
         num_workers=num_workers,
@@ -426,6 +348,36 @@ def _plan_sequence(
     )
 
 
+def _worker_plans(
+    seq: Spans, world: int, n_r: int, nb: int, b: int, used: int, num_workers: int,
+    key: tuple[int, int, int],
+) -> tuple[tuple[WorkerPlan, ...], ...]:  # fmt: skip
+    """Each rank's part of ``seq`` (``n_r`` rows, ``used`` of them yielded in ``nb`` batches of
+    ``b``) cut over its readers: worker ``w`` gets batches ``w, w + W, ...`` as contiguous rows,
+    the partial batch (the rank's last) included; ``key`` starts their shuffle seeds."""
+    readers = max(1, num_workers)
+    nbw = nb // readers + (np.arange(readers) < nb % readers)
+    rows_w = nbw * b
+    if nb:
+        rows_w[(nb - 1) % readers] -= nb * b - used  # the partial batch: the rank's last one
+    offs = np.concatenate(([0], np.cumsum(rows_w)))
+    return tuple(
+        tuple(
+            WorkerPlan(
+                rank=r,
+                worker=w,
+                num_rows=int(rows_w[w]),
+                num_batches=int(nbw[w]),
+                skip_rows=0,
+                seed_key=(*key, r, w),
+                spans=seq.take(r * n_r + int(offs[w]), r * n_r + int(offs[w + 1])),
+            )
+            for w in range(readers)
+        )
+        for r in range(world)
+    )
+
+
 def _rows_yielded(n: int, n_r: int, used: int, world: int, pad: int) -> int:
     """How many distinct positions ``< n`` of the sequence some rank yields.
 
@@ -438,177 +390,3 @@ def _rows_yielded(n: int, n_r: int, used: int, world: int, pad: int) -> int:
     main = int(np.clip(np.minimum(r0 + used, n) - r0, 0, None).sum())
     extra = {(j - n) % n for j in range(n, n + pad) if j % n_r < used}
     return main + sum(1 for o in extra if o % n_r >= used)
-
-
-# -- reading a worker's plan -------------------------------------------------------------------
-
-
-def _group_bounds(spans: Spans, k: int) -> np.ndarray:
-    """Row position where each shuffle group starts, and the total at the end."""
-    bounds = spans.cum[::k]
-    return np.append(bounds, spans.cum[-1]) if len(spans) % k else bounds
-
-
-def _group_order(
-    wp: WorkerPlan, g: int, spans: Spans, at: int, n: int, shuffle: bool | str, batch_size: int
-) -> np.ndarray:
-    """Group ``g``'s order: its rows dealt to its batches (:func:`deal_order`) when
-    ``shuffle=True``; as they come otherwise (``"uniform"``: the sequence is a uniform
-    permutation already). ``at``: the group's first stream position."""
-    if shuffle is not True:
-        return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng((*wp.seed_key, g))
-    return deal_order(spans.hi - spans.lo, at, n, batch_size, rng)
-
-
-def _small_int(n: int) -> type:
-    """The smallest unsigned type for values below ``n`` (numpy radix-sorts 8/16-bit keys)."""
-    return np.uint8 if n <= 1 << 8 else np.uint16 if n <= 1 << 16 else np.int64
-
-
-def deal_order(
-    lengths: np.ndarray, at: int, n: int, batch_size: int, rng: np.random.Generator
-) -> np.ndarray:
-    """A random order of a group's ``n`` rows (segments of ``lengths`` rows, concatenated)
-    that *deals* each segment's rows to different batches (pure).
-
-    The rows are listed segment by segment, segments in a random order and rows in a random
-    order within each; this list is then dealt like cards to the batches the group's stream
-    positions ``at .. at + n`` fall in: the first row to the first batch, the next to the
-    second, ... one row per batch per round (a batch with no place left is skipped). So the
-    rows of a segment of ``k`` rows land in ``k`` different batches when the group spans at
-    least ``k`` batches, where a uniform permutation puts two rows of a 16-row piece in one
-    batch of 16 with probability 1 - 16!/16**16 ~ 1. A batch's rows come in the random order
-    of their segments. With pieces of a storage-order feature (neighbouring rows correlated),
-    this is what keeps a batch as varied as a uniform shuffle's (docs/loading.md, "Shuffle
-    quality").
-
-    >>> order = deal_order(np.array([2, 2, 2, 2]), 0, 8, 4, np.random.default_rng(0))
-    >>> order.reshape(2, 4).tolist(), (order // 2).reshape(2, 4).tolist()  # rows, their segments
-    ([[4, 0, 2, 6], [5, 1, 3, 7]], [[2, 0, 1, 3], [2, 0, 1, 3]])
-    """
-    lengths = np.asarray(lengths, np.int64)
-    # rows in a random order, then (stable) by their segment's random rank: segment by segment
-    perm = rng.permutation(n)
-    rank: np.ndarray = rng.permutation(len(lengths)).astype(_small_int(len(lengths)))
-    seg_rank = rank[np.repeat(np.arange(len(lengths)), lengths)[perm]]
-    listed = perm[np.argsort(seg_rank, kind="stable")]
-    # each stream position's place in its batch; positions by (place, batch) take the list
-    b = int(batch_size)
-    first = min(n, b - at % b)
-    pos = np.arange(n, dtype=np.int64)
-    place: np.ndarray = np.where(pos < first, pos, (pos - first) % b).astype(_small_int(b))
-    order = np.empty(n, np.int64)
-    order[np.argsort(place, kind="stable")] = listed
-    return order
-
-
-def _iter_groups(
-    wp: WorkerPlan, k: int, shuffle: bool | str, batch_size: int, plan: EpochPlan | None = None
-) -> Iterator[tuple[int, Spans, np.ndarray, int]]:
-    """Per group from the one holding row ``skip_rows``: (index, spans, order, rows skipped)."""
-    bounds = _group_bounds(wp.spans, k)
-    first = int(np.searchsorted(bounds, wp.skip_rows, "right")) - 1
-    for g in range(first, len(bounds) - 1):
-        spans = wp.spans.seg(g * k, (g + 1) * k)
-        n = int(bounds[g + 1] - bounds[g])
-        order = _group_order(wp, g, spans, int(bounds[g]), n, shuffle, batch_size)
-        if plan is not None and plan.buckets is not None:
-            order = _bucketed(plan, wp, g, spans, order, int(bounds[g]))
-        yield g, spans, order, max(0, wp.skip_rows - int(bounds[g]))
-
-
-def _bucketed(
-    plan: EpochPlan, wp: WorkerPlan, g: int, spans: Spans, order: np.ndarray, at: int
-) -> np.ndarray:
-    """Group ``g``'s order with length-bucketed batches (``plan/buckets.py``)."""
-    key = (*wp.seed_key, g)
-    return plan.buckets.reorder(order, spans_rows(spans), at, plan.batch_size, key)  # type: ignore[no-any-return]
-
-
-def iter_worker_spans(
-    plan: EpochPlan, rank: int, worker: int
-) -> Iterator[tuple[Spans, np.ndarray]]:
-    """The shuffle groups of one worker as ``(spans, order)`` (the vectorised form of
-    :func:`iter_worker_groups`, for readers that plan a group's reads with numpy)."""
-    wp = plan.workers[rank][worker]
-    for _, spans, order, skip in _iter_groups(
-        wp, plan.shuffle_chunks, plan.shuffle, plan.batch_size, plan
-    ):
-        yield spans, order[skip:]
-
-
-def iter_worker_groups(
-    plan: EpochPlan, rank: int, worker: int
-) -> Iterator[tuple[tuple[Segment, ...], np.ndarray]]:
-    """The shuffle groups of one worker, in reading order.
-
-    Yields ``(segments, order)``: ``order`` indexes the concatenated rows of ``segments`` (the
-    worker reads those chunks' rows, then yields them in this order). Rows consumed before a
-    resume are left out of ``order``.
-
-    >>> plan = plan_epoch([2, 2, 2], batch_size=2, num_workers=0, shuffle=False, shuffle_chunks=2)
-    >>> [(len(s), o.tolist()) for s, o in iter_worker_groups(plan, 0, 0)]
-    [(2, [0, 1, 2, 3]), (1, [0, 1])]
-    """
-    for spans, order in iter_worker_spans(plan, rank, worker):
-        yield tuple(spans.segment(i) for i in range(len(spans))), order
-
-
-def group_batches(at: int, n: int, batch_size: int) -> np.ndarray:
-    """Where ``n`` rows of a worker's stream, from stream position ``at``, go: one row
-    ``(batch k, first row in batch k, first of the n rows, count)`` per batch they touch
-    (pure). Stream position ``p`` is row ``p % batch_size`` of batch ``p // batch_size``.
-
-    The one group-to-batch rule: the planner (:func:`iter_worker_batches`), the gather reader
-    and the scatter reader all cut a group's rows into batches with it.
-
-    >>> group_batches(250, 300, 256).tolist()
-    [[0, 250, 0, 6], [1, 0, 6, 256], [2, 0, 262, 38]]
-    """
-    b = int(batch_size)
-    if n <= 0:
-        return np.zeros((0, 4), np.int64)
-    ks = np.arange(at // b, -(-(at + n) // b), dtype=np.int64)
-    lo, hi = np.maximum(at, ks * b), np.minimum(at + n, (ks + 1) * b)
-    return np.stack([ks, lo - ks * b, lo - at, hi - lo], axis=1)
-
-
-def worker_rows(plan: EpochPlan, rank: int, worker: int) -> np.ndarray:
-    """The global rows one worker yields, in order (for tests and small data).
-
-    >>> plan = plan_epoch([3, 2], world_size=2, batch_size=1, num_workers=0, shuffle=False)
-    >>> worker_rows(plan, 1, 0).tolist(), plan.num_dropped
-    ([2, 3], 1)
-    """
-    parts = [spans_rows(spans)[order] for spans, order in iter_worker_spans(plan, rank, worker)]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
-def iter_worker_batches(plan: EpochPlan, rank: int, worker: int) -> Iterator[np.ndarray]:
-    """The worker's batches as arrays of global rows (a batch may span shuffle groups).
-
-    >>> plan = plan_epoch([3, 2], batch_size=2, num_workers=0, shuffle=False)
-    >>> [b.tolist() for b in iter_worker_batches(plan, 0, 0)]
-    [[0, 1], [2, 3], [4]]
-    """
-    b, total, at = plan.batch_size, plan.workers[rank][worker].num_rows, 0
-    pending: dict[int, np.ndarray] = {}
-    for spans, order in iter_worker_spans(plan, rank, worker):
-        rows = spans_rows(spans)[order]
-        for k, dst, src, cnt in group_batches(at, len(rows), b).tolist():
-            out = pending.setdefault(k, np.empty(min(b, total - k * b), np.int64))
-            out[dst : dst + cnt] = rows[src : src + cnt]
-            if dst + cnt == len(out):
-                yield pending.pop(k)
-        at += len(rows)
-    if pending:  # cannot happen for a consistent plan
-        raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")
-
-
-def iter_rank_batches(plan: EpochPlan, rank: int) -> Iterator[np.ndarray]:
-    """A rank's batches in the order a DataLoader yields them: batch ``k`` is worker ``k % W``'s
-    batch ``k // W`` (a simulation of its round robin, for tests and for ``num_workers=0``)."""
-    its = [iter_worker_batches(plan, rank, w) for w in range(len(plan.workers[rank]))]
-    for k in range(plan.batches_per_rank):
-        yield next(its[k % len(its)])

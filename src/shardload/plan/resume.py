@@ -30,14 +30,16 @@ from shardload.plan.epoch import (
     DEFAULT_SHUFFLE_CHUNKS,
     EpochPlan,
     WorkerPlan,
-    _bucketed,
     _check_int,
-    _group_bounds,
-    _group_order,
     _plan_sequence,
-    iter_rank_batches,  # noqa: F401 - used by the doctests
     plan_epoch,
     plan_fingerprint,
+)
+from shardload.plan.groups import (
+    _bucketed,
+    _group_bounds,
+    _group_order,
+    iter_rank_batches,  # noqa: F401 - used by the doctests
 )
 from shardload.plan.spans import Spans, concat_spans
 

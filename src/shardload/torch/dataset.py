@@ -5,69 +5,34 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardload.errors import StateError
-from shardload.load.batches import (
-    INDEX_KEY,
-    batch_specs,
-    iter_batches,
-    loader_selection,
-    plan_for,
-    resolve_prefetch,
-)
-from shardload.load.ragged import ragged_names, resolve_buckets
-from shardload.load.recycle import plan_batch_layout
-from shardload.load.ring import BatchRing, plan_ring_slots
-from shardload.load.scatter import batches_per_group, groups_in_flight
-from shardload.load.select import store_fingerprint
-from shardload.plan.buckets import bucketed_fingerprint
-from shardload.plan.epoch import PlanOptions, plan_fingerprint
+from shardload.load.batches import INDEX_KEY, read_batches
+from shardload.load.ring import BatchRing
+from shardload.load.spec import LoadSpec
 from shardload.plan.resume import EpochState
-from shardload.store.core import Store, open_store
+from shardload.store.core import Store
 from shardload.torch.state import (
+    UNCOUNTED_STATE,
     Channel,
     check_state,
     dist_rank_world,
     env_rank_world,
+    epoch_state,
     main_rank_world,
     pass_epoch,
     rank_state,
+    worker_position,
     worker_state,
 )
 from shardload.torch.transport import _bundles, _RingBatch, _to_torch, plan_bundle
 
 __all__ = ["StreamingDataset"]
-
-#: What ``state_dict()`` in the main process says when workers iterated uncounted.
-UNCOUNTED_STATE = (
-    "this StreamingDataset was iterated by DataLoader workers, whose batches the main process "
-    "cannot count (each worker has its own copy of the dataset, and the DataLoader holds "
-    "prefetched batches): its state_dict() here would not say where your loop stands. Iterate "
-    "it with shardload.torch.StreamingDataLoader(ds, num_workers=...) and save "
-    "loader.state_dict(), or with torchdata's StatefulDataLoader and its state_dict()"
-)
-
-
-class _SelectOptions(TypedDict):
-    """What a :class:`StreamingDataset` reads, as keyword arguments of ``iter_batches``."""
-
-    split: str | None
-    chunks: Sequence[int] | None
-    rows: tuple[int, int] | None
-    arrays: Sequence[str]
-    piece_rows: int
-
-
-class _ReadOptions(TypedDict):
-    """How a :class:`StreamingDataset` reads, as keyword arguments of ``iter_batches``."""
-
-    prefetch: int
-    threads: int | None
 
 
 class StreamingDataset(IterableDataset):
@@ -133,35 +98,20 @@ class StreamingDataset(IterableDataset):
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
-        self.store = open_store(store, storage_options=storage_options, arrays=arrays)
-        self.selection, resolved, shuffle_chunks = loader_selection(
-            self.store, split=split, chunks=chunks, rows=rows, arrays=arrays,
-            piece_rows=piece_rows, shuffle_chunks=shuffle_chunks, shuffle=shuffle,
-            batch_size=batch_size,
+        #: every option resolved once, against the store (workers take it as is)
+        self.spec = spec = LoadSpec.build(
+            store, batch_size=batch_size, split=split, chunks=chunks, rows=rows, arrays=arrays,
+            shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
+            shuffle_chunks=shuffle_chunks, piece_rows=piece_rows, prefetch=prefetch,
+            threads=threads, bucket=bucket, storage_options=storage_options,
         )  # fmt: skip
-        self.options: PlanOptions = dict(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
-            shuffle_chunks=shuffle_chunks,
-        )  # fmt: skip
-        prefetch = resolve_prefetch(  # here, so the ring is sized for it
-            self.store, self.selection, prefetch, shuffle_chunks=shuffle_chunks,
-            piece_rows=resolved,
-        )  # fmt: skip
-        self.read_options: _ReadOptions = dict(prefetch=prefetch, threads=threads)
-        self.split = split
-        self._select: _SelectOptions = dict(
-            split=split, chunks=chunks, rows=rows, arrays=self.selection.arrays,
-            piece_rows=resolved,  # workers take the pieces as resolved here
-        )  # fmt: skip
-        self.fingerprint = store_fingerprint(self.store, self.selection)
-        sel = self.selection
-        self.plan_fingerprint = plan_fingerprint(
-            sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **self.options
-        )
+        self.store, self.selection, self.split = spec.store, spec.selection, split
+        self.options = spec.options  # the epoch plan's (PlanOptions)
+        self.read_options = {"prefetch": spec.prefetch, "threads": threads}
+        self.fingerprint = spec.fingerprint
         #: length-bucketed batches of variable-length arrays (see iter_batches)
         self.bucket = bucket
-        if resolve_buckets(self.store, sel.arrays, bucket, shuffle) is not None:
-            self.plan_fingerprint = bucketed_fingerprint(self.plan_fingerprint)
+        self.plan_fingerprint = spec.plan_fingerprint  # checks ``bucket``
         self._explicit = (
             None if rank is None or world_size is None else (int(rank), int(world_size))
         )
@@ -180,42 +130,23 @@ class StreamingDataset(IterableDataset):
         self._worker_resume: dict[str, Any] | None = None  # a worker's own state (torchdata)
         self._worker_pos: dict[str, Any] | None = None  # where this worker stands
         self._ring: BatchRing | None = None
-        specs = batch_specs(self.store, sel.arrays)
-        batch_bytes = plan_batch_layout(specs, max(1, batch_size))[1]
+        batch_bytes = spec.batch_bytes()
         #: batches per worker item a StreamingDataLoader uses unless told (``plan_bundle``)
         self.default_bundle = plan_bundle(batch_bytes)
         # variable-length arrays: a batch's width is known once it is gathered, so no fixed
-        # ring slot fits it; their batches take the stock hand-off (loader/ragged.py)
-        if ring_slots != 0 and hasattr(os, "fork") and not ragged_names(self.store, sel.arrays):
-            slots = ring_slots or self._ring_slots(
-                batch_bytes, batch_size, shuffle_chunks, prefetch
+        # ring slot fits it; their batches take the stock hand-off (load/ragged.py)
+        if ring_slots != 0 and hasattr(os, "fork") and spec.kind != "ragged":
+            slots = ring_slots or spec.ring_slots(
+                workers=min(16, max(2, os.cpu_count() or 1)),
+                # bundles: the one being filled, prefetch_factor (2) queued, one being reordered
+                extra=8 + 4 * self.default_bundle,
             )
             try:
-                self._ring = BatchRing(specs, batch_size, slots=slots)
+                self._ring = BatchRing(spec.batch_specs(), batch_size, slots=slots)
             except OSError:  # no address space for it (strict overcommit): the stock hand-off
                 self._ring = None
         # Fail early on impossible shapes (e.g. a batch bigger than a rank's share).
         self._plan(*self.rank_world(), 0, None)
-
-    def _ring_slots(
-        self, batch_bytes: int, batch_size: int, shuffle_chunks: int, prefetch: int
-    ) -> int:
-        """Enough ring slots for the batches in flight of up to ``min(16, CPUs)`` workers
-        (a StreamingDataLoader's default bundles and ``prefetch_factor=2`` included)."""
-        sizes = self.selection.sizes
-        chunk_rows = int(sizes.max()) if len(sizes) else 1
-        if self.options["shuffle"] == "uniform":  # groups of one-row segments
-            chunk_rows = 1
-        return plan_ring_slots(
-            group_batches=batches_per_group(
-                chunk_rows=chunk_rows, shuffle_chunks=shuffle_chunks, batch_size=batch_size
-            ),
-            groups_in_flight=groups_in_flight(prefetch=prefetch, shuffle_chunks=shuffle_chunks),
-            workers=min(16, max(2, os.cpu_count() or 1)),
-            slot_bytes=batch_bytes,
-            # bundles: the one being filled, prefetch_factor (2) queued, one being reordered
-            extra=8 + 4 * self.default_bundle,
-        )
 
     # -- where this process stands -------------------------------------------------------------
     def rank_world(self) -> tuple[int, int]:
@@ -242,10 +173,9 @@ class StreamingDataset(IterableDataset):
         return found
 
     def _plan(self, rank: int, world: int, num_workers: int, state: Any) -> Any:
-        return plan_for(
-            self.store, self.selection, world_size=world, num_workers=num_workers,
-            epoch=self.epoch, state=state, bucket=self.bucket, **self.options,
-        )  # fmt: skip
+        return self.spec.plan(
+            world_size=world, num_workers=num_workers, epoch=self.epoch, state=state
+        )
 
     def _publish(self, epoch: int, state: dict[str, Any] | None) -> None:
         """Main process: the next pass is epoch ``epoch`` (resumed from ``state``)."""
@@ -319,14 +249,13 @@ class StreamingDataset(IterableDataset):
             self.epoch = epoch
         ring = self._ring if info is not None and self._ring is not None else None
         ring = ring if ring is not None and ring.usable else None
-        batches = iter_batches(
-            self.store, rank=rank, world_size=world, worker=worker, num_workers=workers,
+        batches = read_batches(
+            self.spec, rank=rank, world_size=world, worker=worker, num_workers=workers,
             epoch=epoch, state=state, skip_batches=skip,
             allocate=(
                 functools.partial(ring.allocate, part=(worker, workers)) if ring is not None
                 else None
             ),
-            bucket=self.bucket, **self._select, **self.options, **self.read_options,
         )  # fmt: skip
         pos = {"epoch": epoch, "leg": state, "worker": worker, "num_workers": workers,
                "rank_world": [rank, world], "worker_batches": skip}  # fmt: skip
@@ -395,15 +324,9 @@ class StreamingDataset(IterableDataset):
         if self._channel.uncounted:
             raise StateError(UNCOUNTED_STATE)
         _, world = self.rank_world()
-        readers, k = max(1, self.num_workers), self._consumed
-        history: tuple[tuple[int, int, int], ...] = ()
-        if self._leg is not None:
-            leg = EpochState.from_dict(self._leg)
-            if leg.world_size == world and max(1, leg.num_workers) == readers:
-                history, k = leg.history, leg.batches_consumed + k
-            else:
-                history = (*leg.history, (leg.world_size, leg.num_workers, leg.batches_consumed))
-        state = EpochState(self.epoch, k, world, self.num_workers, self.plan_fingerprint, history)
+        state = epoch_state(
+            self.epoch, self._consumed, world, self.num_workers, self.plan_fingerprint, self._leg
+        )
         return rank_state(self, state)
 
     def _worker_state(self) -> dict[str, Any]:
@@ -420,26 +343,8 @@ class StreamingDataset(IterableDataset):
 
     def _load_worker_state(self, state: dict[str, Any]) -> None:
         info = get_worker_info()
-        if info is None:
-            raise StateError(
-                "this is a DataLoader worker's state (from torchdata's StatefulDataLoader); load "
-                "it through StatefulDataLoader.load_state_dict, not into the dataset directly"
-            )
-        if (state["worker"], state["num_workers"]) != (info.id, info.num_workers):
-            raise StateError(
-                f"the state is worker {state['worker']} of {state['num_workers']}; this is worker "
-                f"{info.id} of {info.num_workers}"
-            )
-        rank_world = list(self._worker_rank_world())
-        if list(state["rank_world"]) != rank_world:
-            raise StateError(
-                f"the state was saved by rank/world {state['rank_world']}; this is {rank_world} "
-                "(StatefulDataLoader resumes on the same world shape only)"
-            )
-        self._worker_resume = {
-            k: state[k]
-            for k in ("epoch", "leg", "worker", "num_workers", "rank_world", "worker_batches")
-        }
+        rank_world = None if info is None else self._worker_rank_world()
+        self._worker_resume = worker_position(state, info, rank_world)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state`` on the next pass (any world shape: elastic re-plan); the pass

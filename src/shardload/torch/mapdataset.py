@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from shardload.errors import StoreError
-from shardload.load.batches import INDEX_KEY
+from shardload.load.recycle import INDEX_KEY
 from shardload.load.select import select_rows
 from shardload.store.core import Store, open_store
 

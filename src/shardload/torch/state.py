@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 from shardload.errors import StateError
-from shardload.load.batches import earlier_default_hint
 from shardload.plan.resume import EpochState
 
 STATE_VERSION = 1
@@ -184,6 +183,57 @@ def pass_epoch(spec: Mapping[str, Any], pass_no: int, shift: int) -> tuple[int, 
 
 
 # -- the resume state ---------------------------------------------------------------------------
+#: What ``state_dict()`` in the main process says when workers iterated uncounted.
+UNCOUNTED_STATE = (
+    "this StreamingDataset was iterated by DataLoader workers, whose batches the main process "
+    "cannot count (each worker has its own copy of the dataset, and the DataLoader holds "
+    "prefetched batches): its state_dict() here would not say where your loop stands. Iterate "
+    "it with shardload.torch.StreamingDataLoader(ds, num_workers=...) and save "
+    "loader.state_dict(), or with torchdata's StatefulDataLoader and its state_dict()"
+)
+
+
+def epoch_state(
+    epoch: int, consumed: int, world: int, num_workers: int, fingerprint: str,
+    leg: Mapping[str, Any] | None,
+) -> EpochState:  # fmt: skip
+    """Where a rank stands after ``consumed`` batches of a pass that resumed ``leg`` (None: a
+    fresh pass): a resume on the same shape adds up, one on another shape is history."""
+    readers, k = max(1, num_workers), consumed
+    history: tuple[tuple[int, int, int], ...] = ()
+    if leg is not None:
+        old = EpochState.from_dict(dict(leg))
+        if old.world_size == world and max(1, old.num_workers) == readers:
+            history, k = old.history, old.batches_consumed + k
+        else:
+            history = (*old.history, (old.world_size, old.num_workers, old.batches_consumed))
+    return EpochState(epoch, k, world, num_workers, fingerprint, history)
+
+
+def worker_position(
+    state: Mapping[str, Any], info: Any, rank_world: tuple[int, int] | None
+) -> dict[str, Any]:
+    """A DataLoader worker's saved position (torchdata's ``StatefulDataLoader``), checked
+    against this worker (``info``: ``get_worker_info()``) and its rank and world."""
+    if info is None:
+        raise StateError(
+            "this is a DataLoader worker's state (from torchdata's StatefulDataLoader); load "
+            "it through StatefulDataLoader.load_state_dict, not into the dataset directly"
+        )
+    if (state["worker"], state["num_workers"]) != (info.id, info.num_workers):
+        raise StateError(
+            f"the state is worker {state['worker']} of {state['num_workers']}; this is worker "
+            f"{info.id} of {info.num_workers}"
+        )
+    if list(state["rank_world"]) != list(rank_world or ()):
+        raise StateError(
+            f"the state was saved by rank/world {state['rank_world']}; this is "
+            f"{list(rank_world or ())} (StatefulDataLoader resumes on the same world shape only)"
+        )
+    keys = ("epoch", "leg", "worker", "num_workers", "rank_world", "worker_batches")
+    return {k: state[k] for k in keys}
+
+
 def _header(ds: Any, kind: str) -> dict[str, Any]:
     return {
         "version": STATE_VERSION, "kind": kind, "dataset": ds.fingerprint,
@@ -224,7 +274,7 @@ def check_state(ds: Any, state: Mapping[str, Any]) -> str:
             f"the state was saved with other loader options (seed={state.get('seed')}, "
             f"batch_size={state.get('batch_size')}); this dataset has seed={opts['seed']}, "
             f"batch_size={opts['batch_size']}, mode={opts['mode']!r}, shuffle={opts['shuffle']}"
-            + earlier_default_hint(ds.selection, opts, str(state.get("fingerprint")))
+            + ds.spec.resume_hint(str(state.get("fingerprint")))
         )
     kind = state.get("kind", "rank")
     if kind == "worker":

@@ -1,0 +1,203 @@
+"""The chunk files a scatter reader keeps open for an epoch, and whether it reads them past
+the page cache (``O_DIRECT``, for stores larger than the memory that could cache them)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from shardload.errors import ChunkReadError
+from shardload.formats.base import RawChunk
+from shardload.load import uring
+
+#: Direct reads when the store is more than this many times the memory that could cache it.
+#: Measured (docs/benchmarks.md, session 10): at 3.2x (6.2 KB rows) direct reads ran 1.3-1.55x
+#: the page cache's rate; at 1.4x (1 KB rows, most reads hitting the cache) 0.68x.
+DIRECT_STORE_FACTOR = 2
+_O_CLOEXEC, _O_DIRECT = getattr(os, "O_CLOEXEC", 0), getattr(os, "O_DIRECT", 0)
+
+
+class OpenChunks:
+    """The chunk files one scatter reader keeps open for an epoch, shared by its reader
+    threads: each opened and ``fstat``-ed once, where opening it for every group cost about 5%
+    of an epoch's CPU with 512 pieces a group. Per array, a table indexed by chunk id holds
+    each open chunk's descriptor, data offset, row size and file size, so a group's chunks
+    are looked up and checked with numpy (:meth:`lookup`). At most ``limit`` stay open
+    (default: a quarter of the soft ``RLIMIT_NOFILE``, at most 1,024); past that a reader
+    opens and closes its own. :meth:`close` once no reader uses them."""
+
+    def __init__(self, limit: int | None = None, *, direct: bool = False) -> None:
+        self.limit = _fd_budget() if limit is None else limit
+        #: whether small reads go through ``O_DIRECT`` descriptors (:meth:`direct_fds`)
+        self.direct = direct
+        self._tables: dict[str, np.ndarray] = {}  # name -> (4, chunks): fd, offset, row, size
+        self._direct: dict[str, np.ndarray] = {}  # name -> O_DIRECT fd per chunk (-2: refused)
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def direct_fds(
+        self, raw: Callable[[int], RawChunk], name: str, chunks: np.ndarray
+    ) -> np.ndarray:
+        """An ``O_DIRECT`` descriptor for each of ``chunks`` (after :meth:`lookup` checked
+        them), or -1 where there is none: the file system refuses ``O_DIRECT`` (the caller
+        reads through the page cache), or the descriptor budget is spent."""
+        with self._lock:
+            t = self._direct.get(name)
+            top = int(chunks.max(initial=-1)) + 1
+            if t is None or len(t) < top:
+                new = np.full(max(top, 2 * (0 if t is None else len(t))), -1, np.int64)
+                if t is not None:
+                    new[: len(t)] = t
+                t = self._direct[name] = new
+            for c in np.unique(chunks[t[chunks] == -1]).tolist():
+                if self._count >= self.limit:
+                    break
+                try:
+                    t[c] = os.open(raw(c).path, os.O_RDONLY | _O_CLOEXEC | _O_DIRECT)
+                    self._count += 1
+                except OSError:  # EINVAL: no O_DIRECT here; a vanished file: lookup names it
+                    t[c] = -2
+            return np.maximum(t[chunks], -1)
+
+    def _table(self, name: str, chunks: int) -> np.ndarray:  # under the lock
+        t = self._tables.get(name)
+        if t is None or t.shape[1] < chunks:
+            new = np.full((4, max(chunks, 2 * (0 if t is None else t.shape[1]))), -1, np.int64)
+            if t is not None:
+                new[:, : t.shape[1]] = t
+            t = self._tables[name] = new
+        return t
+
+    def lookup(
+        self, raw: Callable[[int], RawChunk], name: str, chunks: np.ndarray, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """``(fd, offset, row_bytes, owned)`` for each of ``chunks`` (chunk ids of ``name``,
+        repeats allowed), each chunk checked to hold ``rows`` rows (per entry); ``owned``: the
+        descriptors the caller closes (the cache was full)."""
+        with self._lock:
+            t = self._tables.get(name)
+            if t is None or t.shape[1] <= int(chunks.max(initial=-1)):
+                t = self._table(name, int(chunks.max()) + 1)
+            got = t[:, chunks]
+            miss = got[0] < 0
+            if miss.any():  # first use of these chunks this epoch
+                for c in np.unique(chunks[miss]).tolist():
+                    if self._count >= self.limit:
+                        break
+                    fd, rc, size = _open_sized(raw(c), name, c)
+                    t[:, c] = fd, rc.offset, rc.row_bytes, size
+                    self._count += 1
+                got = t[:, chunks]
+                miss = got[0] < 0
+        owned: list[int] = []
+        try:
+            if miss.any():  # over the limit: opened here, closed by the caller
+                for c in np.unique(chunks[miss]).tolist():
+                    fd, rc, size = _open_sized(raw(c), name, c)
+                    owned.append(fd)
+                    got[:, chunks == c] = np.array([fd, rc.offset, rc.row_bytes, size])[:, None]
+            fd, offset, row_bytes, size = got
+            short = size < offset + rows * row_bytes
+            if short.any():
+                i = int(np.flatnonzero(short)[0])
+                c, want = int(chunks[i]), int(offset[i] + rows[i] * row_bytes[i])
+                raise ChunkReadError(
+                    f"chunk {c} of array {name!r} is truncated or corrupt: {raw(c).path} has "
+                    f"{int(size[i])} bytes, rows up to {int(rows[i])} need {want}"
+                )
+        except BaseException:
+            for d in owned:
+                os.close(d)
+            raise
+        return fd, offset, row_bytes, owned
+
+    def close(self) -> None:
+        with self._lock:
+            fds = [int(fd) for t in self._tables.values() for fd in t[0] if fd >= 0]
+            fds += [int(fd) for t in self._direct.values() for fd in t if fd >= 0]
+            self._tables.clear()
+            self._direct.clear()
+            self._count = 0
+        for fd in fds:
+            os.close(fd)
+
+
+def _fd_budget() -> int:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 64
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(0, min(1024, int(soft) // 4))
+
+
+def _open_sized(rc: RawChunk, name: str, chunk: int) -> tuple[int, RawChunk, int]:
+    try:
+        fd = os.open(rc.path, os.O_RDONLY | _O_CLOEXEC)
+    except OSError as exc:
+        raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", name, rc.path) from exc
+    try:
+        size = os.fstat(fd).st_size
+    except OSError as exc:
+        os.close(fd)
+        raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", name, rc.path) from exc
+    return fd, rc, size
+
+
+def read_past_cache(store_bytes: int) -> bool:
+    """Whether this process reads a store of ``store_bytes`` with ``O_DIRECT`` small reads: the
+    store is more than ``DIRECT_STORE_FACTOR`` times the memory that could cache it
+    (:func:`memory_bytes`), so a small read mostly misses the page cache anyway, and going past
+    it reads aligned blocks once (a 6.2 KB row spans 2-3 pages; through the page cache, evicted
+    neighbours were fetched again) with no reclaim, at the device's higher direct random-read
+    rate (docs/benchmarks.md, session 10). Needs io_uring (:mod:`.uring`).
+    ``SHARDLOAD_O_DIRECT=0`` / ``1`` turns it off / on whatever the sizes."""
+    env = os.environ.get("SHARDLOAD_O_DIRECT", "auto").strip().lower()
+    if not _O_DIRECT or env in ("0", "false", "no", "off"):
+        return False
+    if env not in ("1", "true", "yes", "on"):
+        limit = memory_bytes()
+        if limit is None or store_bytes <= DIRECT_STORE_FACTOR * limit:
+            return False
+    return uring.usable()
+
+
+def memory_bytes() -> int | None:
+    """Memory this process's page cache may hold: ``MemAvailable`` (which counts the page
+    cache that can be reclaimed), or this cgroup's memory limit (v1 or v2) where lower; None
+    where unknown."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as f:
+            info = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in f if ln.strip()}
+        found.append(info["MemAvailable"])
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [ln.rstrip("\n").split(":", 2) for ln in f]
+    except OSError:
+        lines = []
+    for _, ctrl, path in (ln for ln in lines if len(ln) == 3):
+        if ctrl == "":  # v2: memory.max of this cgroup and its parents
+            base, name = "/sys/fs/cgroup", "memory.max"
+        elif "memory" in ctrl.split(","):
+            base, name = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for k in range(len(parts), -1, -1):
+            try:
+                with open(os.path.join(base, *parts[:k], name)) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < 1 << 60:  # "max" or ~2**63: no limit
+                found.append(int(text))
+    return min(found) if found else None

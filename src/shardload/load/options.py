@@ -1,0 +1,177 @@
+"""The loader's defaults, and the helpers that turn a user's options into checked values.
+
+Each depends on the store's manifest and the selection only (never on the platform), so every
+rank resolves the same pieces and groups; :class:`~shardload.load.spec.LoadSpec` calls them
+once. docs/loading.md ("Shuffle quality", "Memory") says why the defaults are what they are.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from shardload.errors import PlanError
+from shardload.load.kinds import reads_rows_in_place
+from shardload.load.ragged import ragged_names
+from shardload.load.scatter import raw_rows
+from shardload.load.select import Selection, plan_piece_rows
+from shardload.load.windows import WindowReader
+from shardload.plan.chunks import DEFAULT_TARGET_CHUNK_BYTES
+from shardload.plan.epoch import DEFAULT_SHUFFLE_CHUNKS
+from shardload.store.core import Store
+
+#: Segments (at most a chunk each) read ahead of the group being yielded.
+DEFAULT_PREFETCH = DEFAULT_SHUFFLE_CHUNKS
+#: ``piece_rows=None`` on raw local chunks: cut chunks into pieces of at most this many bytes
+#: (all selected arrays and the index), the loader's unit of shuffling and of memory.
+DEFAULT_PIECE_BYTES = 8 << 20
+#: ``piece_rows=None, shuffle_chunks=None`` on raw local chunks (the default): a shuffle group
+#: holds as many rows as ``DEFAULT_SHUFFLE_CHUNKS`` pieces of ``DEFAULT_PIECE_BYTES`` (the
+#: memory of the earlier default), cut into this many small pieces drawn from all chunks, so a
+#: batch mixes rows of as many chunks as a uniform shuffle's (see docs/loading.md, "Shuffle
+#: quality"). Scatter reads make a small piece cheap: one read of a few rows. The group deals
+#: a piece's rows to different batches (``plan.epoch.deal_order``), so a piece may hold as
+#: many rows as the group has batches; more pieces (up to ``MAX_GROUP_PIECES``) where batches
+#: are bigger (:func:`resolve_shuffle`).
+DEFAULT_GROUP_PIECES = 256
+#: The most pieces a default group is cut into (batches of more than group rows / 256).
+MAX_GROUP_PIECES = 512
+#: ``shuffle_chunks=None, piece_rows=None`` on stores read by whole chunks (compressed Zarr,
+#: HDF5, remote stores): a group holds as many decoded bytes as ``DEFAULT_SHUFFLE_CHUNKS``
+#: chunks of prepare's default chunk size (``plan.chunks.DEFAULT_TARGET_CHUNK_BYTES``), and at
+#: least ``DEFAULT_SHUFFLE_CHUNKS`` chunks: stores of default chunks plan as before, and a store
+#: of small chunks mixes rows of many more chunks in the same memory (docs/loading.md).
+WHOLE_CHUNK_GROUP_BYTES = DEFAULT_SHUFFLE_CHUNKS * DEFAULT_TARGET_CHUNK_BYTES
+#: The most chunks a default whole-chunk group holds (each chunk read is a task of its own).
+MAX_GROUP_CHUNKS = 4096
+
+
+def resolve_shuffle(
+    store: Store,
+    sel: Selection,
+    piece_rows: int | None,
+    shuffle_chunks: int | None,
+    shuffle: bool | str = True,
+    *,
+    batch_size: int | None = None,
+) -> tuple[int, int]:
+    """``(piece_rows, shuffle_chunks)`` checked, with the defaults filled in. Depends on the
+    store and the batch size only, never on the platform, so every rank plans the same pieces.
+
+    - Raw rows in local files (uncompressed Zarr, npy), both None (the default): a group holds
+      the rows of ``DEFAULT_SHUFFLE_CHUNKS`` pieces of at most ``DEFAULT_PIECE_BYTES`` (the
+      earlier default's memory), as ``DEFAULT_GROUP_PIECES`` small pieces, or more (at most
+      ``MAX_GROUP_PIECES``) so that a piece has no more rows than the group has batches of
+      ``batch_size`` (its rows are dealt to different batches).
+    - Only ``shuffle_chunks`` given: pieces of at most ``DEFAULT_PIECE_BYTES`` (raw local
+      chunks) or whole chunks, as before small pieces were the default
+      (``shuffle_chunks=4`` is that earlier default).
+    - Any other store (read by whole chunks: a piece of a compressed chunk would decode the
+      whole chunk), both None: groups of :func:`whole_chunk_group` chunks, as many as hold
+      ``WHOLE_CHUNK_GROUP_BYTES`` (64 MiB) decoded, at least ``DEFAULT_SHUFFLE_CHUNKS``; only
+      ``piece_rows`` given: ``DEFAULT_SHUFFLE_CHUNKS`` per group.
+    - ``shuffle="uniform"`` (raw local chunks only): whole chunks (the planner cuts rows
+      itself) and groups of as many rows as the default.
+    """
+    raw = reads_rows_in_place(store, sel.arrays)
+    if shuffle_chunks is not None:
+        shuffle_chunks = check_int1("shuffle_chunks", shuffle_chunks)
+    if piece_rows is not None:
+        piece_rows = check_nonneg("piece_rows", piece_rows)
+    infos = store.manifest.arrays
+    row_bytes = sum(infos[a].row_bytes for a in sel.arrays) + 8
+    chunk_rows = int(np.diff(np.asarray(store.manifest.chunk_bounds)).max())
+    big_piece = plan_piece_rows(chunk_rows, row_bytes, DEFAULT_PIECE_BYTES)
+    group_rows = DEFAULT_SHUFFLE_CHUNKS * big_piece  # the earlier default's resident rows
+    if shuffle == "uniform":
+        if ragged_names(store, sel.arrays):
+            raise PlanError(
+                f"shuffle='uniform' is not available for variable-length arrays "
+                f"{ragged_names(store, sel.arrays)} of {store.url}: they are read by whole "
+                "chunks (use shuffle=True)"
+            )
+        if not raw:
+            raise PlanError(
+                f"shuffle='uniform' reads rows where they lie and needs raw rows in local files "
+                f"(uncompressed Zarr or npy on a local disk); {store.url} arrays "
+                f"{list(sel.arrays)} are not (use shuffle=True)"
+            )
+        return 0, shuffle_chunks or group_rows
+    if piece_rows is None:
+        if not raw:
+            piece_rows = 0
+            if shuffle_chunks is None:
+                shuffle_chunks = whole_chunk_group(store, sel)
+        elif shuffle_chunks is not None:
+            piece_rows = big_piece
+        else:
+            per_batch = group_rows // max(1, batch_size or 1)  # the group's batches
+            piece_rows = max(
+                group_rows // MAX_GROUP_PIECES, min(group_rows // DEFAULT_GROUP_PIECES, per_batch)
+            )
+            piece_rows = max(1, piece_rows)
+            shuffle_chunks = max(1, group_rows // piece_rows)
+    return piece_rows, shuffle_chunks or DEFAULT_SHUFFLE_CHUNKS
+
+
+def whole_chunk_group(store: Store, sel: Selection) -> int:
+    """Chunks per default shuffle group of a store read by whole chunks: as many as hold
+    ``WHOLE_CHUNK_GROUP_BYTES`` decoded bytes of the selected arrays, at least
+    ``DEFAULT_SHUFFLE_CHUNKS``, at most ``MAX_GROUP_CHUNKS`` (pure: the manifest only). Stores
+    with variable-length arrays keep ``DEFAULT_SHUFFLE_CHUNKS`` (their decoded size varies)."""
+    if ragged_names(store, sel.arrays) or not len(store.manifest.chunk_bounds) > 1:
+        return DEFAULT_SHUFFLE_CHUNKS
+    infos = store.manifest.arrays
+    chunk_rows = int(np.diff(np.asarray(store.manifest.chunk_bounds)).max())
+    chunk_bytes = max(1, chunk_rows * sum(infos[a].row_bytes for a in sel.arrays))
+    return int(
+        min(MAX_GROUP_CHUNKS, max(DEFAULT_SHUFFLE_CHUNKS, WHOLE_CHUNK_GROUP_BYTES // chunk_bytes))
+    )
+
+
+def resolve_prefetch(
+    store: Store, sel: Selection, prefetch: int | None, *, shuffle_chunks: int, piece_rows: int
+) -> int:
+    """``prefetch`` checked, or its default: for stores read by whole chunks (``piece_rows``
+    0) a group's worth of chunks ahead when default groups are larger than
+    ``DEFAULT_SHUFFLE_CHUNKS`` (:func:`whole_chunk_group`: small chunks, so at most
+    ``WHOLE_CHUNK_GROUP_BYTES`` decoded ahead, as ``DEFAULT_PREFETCH`` chunks of the default
+    size), else ``DEFAULT_PREFETCH`` segments. Decides no row order (not in the plan)."""
+    if prefetch is not None:
+        return check_nonneg("prefetch", prefetch)
+    if piece_rows or isinstance(store.reader, WindowReader) or raw_rows(store, sel.arrays):
+        return DEFAULT_PREFETCH
+    return max(DEFAULT_PREFETCH, min(shuffle_chunks, whole_chunk_group(store, sel)))
+
+
+def default_threads(prefetch: int, readers: int, *, local: bool) -> int:
+    """Reader threads of one reader by default: ``min(4, prefetch, CPUs)``; for a local store
+    at most ``CPUs // readers`` (``readers``: the DataLoader workers reading the same rank),
+    since its reads are CPU work (decoding, copies from the page cache) and more threads than
+    CPUs only contend: 2 workers of 1 thread each on 2 CPUs load a zstd store as fast as 2
+    workers of 2, with the first batch sooner and 8-12% less memory (docs/benchmarks.md,
+    session 11). A remote store's threads wait on the network, so they keep the CPU count."""
+    cpus = _cores()
+    if local:
+        cpus = max(1, cpus // max(1, readers))
+    return min(4, max(1, prefetch), cpus)
+
+
+def _cores() -> int:
+    """CPUs this process may run on (more reader threads than that only contend)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def check_int1(name: str, value: int) -> int:
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise PlanError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def check_nonneg(name: str, value: int) -> int:
+    if isinstance(value, bool) or int(value) != value or value < 0:
+        raise PlanError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)

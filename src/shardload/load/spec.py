@@ -1,0 +1,279 @@
+"""``LoadSpec``: a loader's options resolved once, against one store.
+
+As dask's ``normalize_chunks`` turns every way of writing chunks into one canonical value, a
+``LoadSpec`` turns what a user passes to ``iter_batches`` or ``shardload.torch`` into one frozen
+value: the selection cut into pieces, the read kind (:mod:`.kinds`), the epoch plan options,
+the read-ahead, the fingerprints a resume state is checked against. Every later step reads it;
+none asks the store again what kind it is. It pickles (the store without open handles), so a
+DataLoader worker takes the one its main process resolved.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from shardload.errors import PlanError, StateError
+from shardload.load.kinds import ReadKind, read_kind
+from shardload.load.options import default_threads, resolve_prefetch, resolve_shuffle
+from shardload.load.ragged import ragged_names, resolve_buckets
+from shardload.load.recycle import Specs, batch_specs, plan_batch_layout
+from shardload.load.ring import plan_ring_slots
+from shardload.load.scatter import batches_per_group, groups_in_flight
+from shardload.load.select import Selection, select_rows, split_pieces, store_fingerprint
+from shardload.manifest.ragged import LENGTH_SUFFIX
+from shardload.plan.buckets import bucketed_fingerprint
+from shardload.plan.epoch import (
+    DEFAULT_SHUFFLE_CHUNKS,
+    EpochPlan,
+    PlanOptions,
+    plan_epoch,
+    plan_fingerprint,
+)
+from shardload.plan.resume import EpochState, plan_from_state
+from shardload.plan.shuffles import get_shuffle
+from shardload.store.core import Store, open_store
+
+__all__ = ["LoadSpec", "earlier_default_hint", "loader_selection", "plan_for"]
+
+
+@dataclass(frozen=True, eq=False)
+class LoadSpec:
+    """What one loader reads and how, resolved once (:meth:`build`).
+
+    ``selection`` is cut into pieces of ``piece_rows`` rows (0: whole chunks); ``options`` are
+    the epoch plan's (``shuffle_chunks`` included: the pieces per shuffle group); ``kind`` picks
+    the group reader; ``prefetch`` counts the segments read ahead; ``threads`` is the user's
+    (None: :meth:`reader_threads` picks per reader). ``split`` and ``bucket`` as given.
+    """
+
+    store: Store
+    selection: Selection
+    kind: ReadKind
+    piece_rows: int
+    options: PlanOptions
+    prefetch: int
+    threads: int | None
+    split: str | None = None
+    bucket: bool | str = False
+
+    @classmethod
+    def build(
+        cls,
+        store: str | os.PathLike[str] | Store,
+        *,
+        batch_size: int,
+        split: str | None = None,
+        chunks: Sequence[int] | None = None,
+        rows: tuple[int, int] | None = None,
+        arrays: Sequence[str] | None = None,
+        shuffle: bool | str = True,
+        seed: int = 0,
+        mode: str = "drop",
+        drop_last: bool = False,
+        shuffle_chunks: int | None = None,
+        piece_rows: int | None = None,
+        prefetch: int | None = None,
+        threads: int | None = None,
+        bucket: bool | str = False,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> LoadSpec:
+        """Open ``store`` (a path, URL or Store) and resolve the options of ``iter_batches``."""
+        st = open_store(store, storage_options=storage_options, arrays=arrays)
+        named = get_shuffle(shuffle)  # a name becomes the key its plans carry
+        shuffle = named.key
+        if shuffle_chunks is None:
+            shuffle_chunks = named.group
+        sel, piece, group = loader_selection(
+            st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows,
+            shuffle_chunks=shuffle_chunks, shuffle=shuffle, batch_size=batch_size,
+        )  # fmt: skip
+        options: PlanOptions = dict(
+            batch_size=batch_size, seed=seed, mode=mode, drop_last=drop_last, shuffle=shuffle,
+            shuffle_chunks=group,
+        )  # fmt: skip
+        ahead = resolve_prefetch(st, sel, prefetch, shuffle_chunks=group, piece_rows=piece)
+        return cls(
+            store=st, selection=sel, kind=read_kind(st, sel.arrays), piece_rows=piece,
+            options=options, prefetch=ahead, threads=threads, split=split, bucket=bucket,
+        )  # fmt: skip
+
+    # -- what a resume state is checked against ------------------------------------------------
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """The data's (layout, arrays, statistics) and the selection's: ``store_fingerprint``."""
+        return store_fingerprint(self.store, self.selection)
+
+    @functools.cached_property
+    def plan_fingerprint(self) -> str:
+        """The epoch plan's (chunks and the options a resume must keep), bucketed or not."""
+        sel = self.selection
+        fp = plan_fingerprint(sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **self.options)
+        if (
+            resolve_buckets(self.store, sel.arrays, self.bucket, self.options["shuffle"])
+            is not None
+        ):
+            return bucketed_fingerprint(fp)
+        return fp
+
+    def resume_hint(self, fingerprint: str) -> str:
+        """For a refused resume state: how to resume it, if it was saved with the earlier
+        default groups (:func:`earlier_default_hint`); else ''."""
+        return earlier_default_hint(self.selection, self.options, fingerprint)
+
+    # -- planning and reading ------------------------------------------------------------------
+    def plan(
+        self, *, world_size: int, num_workers: int, epoch: int,
+        state: EpochState | Mapping[str, Any] | None = None,
+    ) -> EpochPlan:  # fmt: skip
+        """The epoch plan, fresh or resumed from ``state`` (:func:`plan_for`)."""
+        return plan_for(
+            self.store, self.selection, world_size=world_size, num_workers=num_workers,
+            epoch=epoch, state=state, bucket=self.bucket, **self.options,
+        )  # fmt: skip
+
+    def reader_threads(self, readers: int) -> int:
+        """Reader threads of one of ``readers`` readers of a rank (``threads``, or the default
+        share of this machine's CPUs: :func:`~shardload.load.options.default_threads`)."""
+        if self.threads is None:
+            return default_threads(self.prefetch, readers, local=self.store.is_local)
+        return max(1, int(self.threads))
+
+    @property
+    def ragged(self) -> list[str]:
+        """The variable-length arrays selected."""
+        return ragged_names(self.store, self.selection.arrays)
+
+    def batch_specs(self) -> Specs:
+        """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included."""
+        return batch_specs(self.store, self.selection.arrays)
+
+    def batch_bytes(self) -> int:
+        """Bytes of one full batch laid out in one buffer (a ring slot)."""
+        return plan_batch_layout(self.batch_specs(), max(1, self.options["batch_size"]))[1]
+
+    def ring_slots(self, *, workers: int, extra: int) -> int:
+        """Ring slots for the batches in flight of ``workers`` readers, plus ``extra`` each."""
+        sizes, group = self.selection.sizes, self.options["shuffle_chunks"]
+        chunk_rows = int(sizes.max()) if len(sizes) else 1
+        if self.options["shuffle"] == "uniform":  # groups of one-row segments
+            chunk_rows = 1
+        return plan_ring_slots(
+            group_batches=batches_per_group(
+                chunk_rows=chunk_rows, shuffle_chunks=group,
+                batch_size=self.options["batch_size"],
+            ),
+            groups_in_flight=groups_in_flight(prefetch=self.prefetch, shuffle_chunks=group),
+            workers=workers, slot_bytes=self.batch_bytes(), extra=extra,
+        )  # fmt: skip
+
+
+def loader_selection(
+    store: Store,
+    *,
+    split: str | None = None,
+    chunks: Sequence[int] | None = None,
+    rows: tuple[int, int] | None = None,
+    arrays: Sequence[str] | None = None,
+    piece_rows: int | None = None,
+    shuffle_chunks: int | None = None,
+    shuffle: bool | str = True,
+    batch_size: int | None = None,
+) -> tuple[Selection, int, int]:
+    """The selection a loader plans over: :func:`select_rows` cut into pieces, the rows per
+    piece it was cut with and the pieces per shuffle group (:func:`resolve_shuffle`)."""
+    sel = select_rows(store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+    for name in ragged_names(store, sel.arrays):
+        if name + LENGTH_SUFFIX in store.manifest.arrays:
+            raise PlanError(
+                f"variable-length array {name!r} of {store.url}: its batches carry its lengths "
+                f"as {name + LENGTH_SUFFIX!r}, which is also an array of the store; rename one"
+            )
+    piece, group = resolve_shuffle(
+        store, sel, piece_rows, shuffle_chunks, shuffle, batch_size=batch_size
+    )
+    return split_pieces(sel, piece), piece, group
+
+
+def plan_for(
+    store: Store, sel: Selection, *, batch_size: int, world_size: int, num_workers: int,
+    shuffle: bool | str, seed: int, epoch: int, mode: str, drop_last: bool, shuffle_chunks: int,
+    state: EpochState | Mapping[str, Any] | None = None, bucket: bool | str = False,
+) -> EpochPlan:  # fmt: skip
+    """The epoch plan of a selection, fresh or resumed from ``state``."""
+    opts: PlanOptions = dict(
+        batch_size=batch_size, seed=seed, mode=mode, drop_last=drop_last, shuffle=shuffle,
+        shuffle_chunks=shuffle_chunks,
+    )  # fmt: skip
+    buckets = resolve_buckets(store, sel.arrays, bucket, shuffle)
+    if state is None:
+        plan = plan_epoch(
+            sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
+            world_size=world_size, num_workers=num_workers, epoch=epoch,
+        )  # fmt: skip
+        if buckets is None:
+            return plan
+        return replace(plan, buckets=buckets, fingerprint=bucketed_fingerprint(plan.fingerprint))
+    if isinstance(state, Mapping):
+        data = state.get("dataset")
+        if data is not None and data != store_fingerprint(store, sel):
+            raise StateError(
+                f"the resume state was saved for other data (dataset fingerprint {data}); this "
+                f"is {store.url} with arrays {list(sel.arrays)} and {len(sel.sizes)} chunks "
+                f"(fingerprint {store_fingerprint(store, sel)})"
+            )
+        state = EpochState.from_dict(dict(state))
+    try:
+        return plan_from_state(
+            state, sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
+            world_size=world_size, num_workers=num_workers, buckets=buckets,
+        )  # fmt: skip
+    except StateError as exc:
+        hint = earlier_default_hint(sel, opts, state.fingerprint)
+        if not hint:
+            raise
+        raise StateError(f"{exc}{hint}") from exc
+
+
+def earlier_default_hint(sel: Selection, opts: PlanOptions, fingerprint: str) -> str:
+    """For a refused resume state: a sentence saying it was planned with ``shuffle_chunks=4``
+    (``DEFAULT_SHUFFLE_CHUNKS``, the default of every store read by whole chunks before groups
+    were sized by decoded bytes, :func:`whole_chunk_group`) and how to resume it; else ''."""
+    if opts["shuffle_chunks"] == DEFAULT_SHUFFLE_CHUNKS:
+        return ""
+    old: PlanOptions = {**opts, "shuffle_chunks": DEFAULT_SHUFFLE_CHUNKS}
+    fp = plan_fingerprint(sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **old)
+    if fingerprint not in (fp, bucketed_fingerprint(fp)):
+        return ""
+    return (
+        f"; it was saved with shuffle_chunks={DEFAULT_SHUFFLE_CHUNKS} (the default for stores "
+        f"read by whole chunks before default groups were sized by decoded bytes; this one's is "
+        f"now {opts['shuffle_chunks']}): pass shuffle_chunks={DEFAULT_SHUFFLE_CHUNKS} to resume it"
+    )
+
+
+def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
+    """``plan`` with worker ``worker`` of ``rank`` starting after its first ``skip`` batches.
+
+    >>> from shardload.plan.groups import iter_worker_batches
+    >>> plan = plan_epoch([3, 2], batch_size=2, num_workers=0, shuffle=False)
+    >>> [b.tolist() for b in iter_worker_batches(skip_worker_batches(plan, 0, 0, 1), 0, 0)]
+    [[2, 3], [4]]
+    """
+    wp = plan.workers[rank][worker]
+    if skip > wp.num_batches:
+        raise StateError(
+            f"cannot skip {skip} batches of worker {worker} of rank {rank}: it has "
+            f"{wp.num_batches} in this plan"
+        )
+    rows = min(skip * plan.batch_size, wp.num_rows)
+    wp = replace(
+        wp, num_rows=wp.num_rows - rows, num_batches=wp.num_batches - skip,
+        skip_rows=wp.skip_rows + rows,
+    )  # fmt: skip
+    ranks = list(plan.workers)
+    ranks[rank] = (*plan.workers[rank][:worker], wp, *plan.workers[rank][worker + 1 :])
+    return replace(plan, workers=tuple(ranks))
