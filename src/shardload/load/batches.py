@@ -155,24 +155,50 @@ def iter_batches(
     ...     x, y, idx = batch["x"], batch["y"], batch["index"]
     """
     spec = LoadSpec.build(
-        store, batch_size=batch_size, split=split, chunks=chunks, rows=rows, arrays=arrays,
-        shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
-        shuffle_chunks=shuffle_chunks, piece_rows=piece_rows, prefetch=prefetch,
-        threads=threads, bucket=bucket, storage_options=storage_options,
-    )  # fmt: skip
+        store,
+        batch_size=batch_size,
+        split=split,
+        chunks=chunks,
+        rows=rows,
+        arrays=arrays,
+        shuffle=shuffle,
+        seed=seed,
+        mode=mode,
+        drop_last=drop_last,
+        shuffle_chunks=shuffle_chunks,
+        piece_rows=piece_rows,
+        prefetch=prefetch,
+        threads=threads,
+        bucket=bucket,
+        storage_options=storage_options,
+    )
     return read_batches(
-        spec, rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
-        epoch=epoch, state=state, skip_batches=skip_batches, allocate=allocate,
+        spec,
+        rank=rank,
+        world_size=world_size,
+        worker=worker,
+        num_workers=num_workers,
+        epoch=epoch,
+        state=state,
+        skip_batches=skip_batches,
+        allocate=allocate,
         padding_stats=padding_stats,
-    )  # fmt: skip
+    )
 
 
 def read_batches(
-    spec: LoadSpec, *, rank: int = 0, world_size: int = 1, worker: int = 0,
-    num_workers: int = 1, epoch: int = 0, state: EpochState | Mapping[str, Any] | None = None,
-    skip_batches: int = 0, allocate: Allocate | None = None,
+    spec: LoadSpec,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    epoch: int = 0,
+    state: EpochState | Mapping[str, Any] | None = None,
+    skip_batches: int = 0,
+    allocate: Allocate | None = None,
     padding_stats: PaddingStats | None = None,
-) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
+) -> Iterator[dict[str, np.ndarray]]:
     """The batches of one worker of one rank of ``spec``'s store (:func:`iter_batches` after
     its options are resolved): the epoch is planned, and checked, before this returns."""
     plan = spec.plan(world_size=world_size, num_workers=num_workers, epoch=epoch, state=state)
@@ -189,17 +215,29 @@ def read_batches(
 
 
 def _read(
-    spec: LoadSpec, plan: EpochPlan, rank: int, worker: int, threads: int,
-    allocate: Allocate | None, padding_stats: PaddingStats | None,
-) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
+    spec: LoadSpec,
+    plan: EpochPlan,
+    rank: int,
+    worker: int,
+    threads: int,
+    allocate: Allocate | None,
+    padding_stats: PaddingStats | None,
+) -> Iterator[dict[str, np.ndarray]]:
     """Run the group reader of ``spec.kind`` (a generator: nothing runs before the first
     batch is asked for)."""
     st, names, prefetch = spec.store, spec.selection.arrays, spec.prefetch
     if spec.kind == "ragged":
         yield from ragged_batches(
-            st, names, plan, rank, worker, prefetch=prefetch, threads=threads,
-            index_key=INDEX_KEY, padding_stats=padding_stats,
-        )  # fmt: skip
+            st,
+            names,
+            plan,
+            rank,
+            worker,
+            prefetch=prefetch,
+            threads=threads,
+            index_key=INDEX_KEY,
+            padding_stats=padding_stats,
+        )
         return
     if allocate is None:  # reuse the memory of batches the caller has dropped
         spans = plan.workers[rank][worker].spans
@@ -211,14 +249,31 @@ def _read(
     raw = raw_sources(st, names) if spec.kind == "scatter" else None
     if spec.kind == "window":  # windows cut at load time (load/windows.py)
         yield from window_batches(
-            st, names, plan, rank, worker, prefetch=prefetch, threads=threads,
-            new_batch=lambda n: new_batch(specs, n), index_key=INDEX_KEY, allocate=allocate,
-        )  # fmt: skip
+            st,
+            names,
+            plan,
+            rank,
+            worker,
+            prefetch=prefetch,
+            threads=threads,
+            new_batch=lambda n: new_batch(specs, n),
+            index_key=INDEX_KEY,
+            allocate=allocate,
+        )
     elif raw is not None:  # raw local chunks: straight into the batches (load/scatter.py)
         yield from scatter_batches(
-            st, names, plan, rank, worker, raw=raw, prefetch=prefetch, threads=threads,
-            new_batch=lambda n: new_batch(specs, n), index_key=INDEX_KEY, allocate=allocate,
-        )  # fmt: skip
+            st,
+            names,
+            plan,
+            rank,
+            worker,
+            raw=raw,
+            prefetch=prefetch,
+            threads=threads,
+            new_batch=lambda n: new_batch(specs, n),
+            index_key=INDEX_KEY,
+            allocate=allocate,
+        )
     else:
         yield from gather_batches(
             st, names, plan, rank, worker, prefetch=prefetch, threads=threads, allocate=allocate

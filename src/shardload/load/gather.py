@@ -46,9 +46,17 @@ class GatherReader(GroupReader):
     buffers, not three)."""
 
     def __init__(
-        self, store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-        prefetch: int, threads: int, allocate: Allocate,
-    ) -> None:  # fmt: skip
+        self,
+        store: Store,
+        names: Sequence[str],
+        plan: EpochPlan,
+        rank: int,
+        worker: int,
+        *,
+        prefetch: int,
+        threads: int,
+        allocate: Allocate,
+    ) -> None:
         super().__init__(plan, rank, worker)
         self.store, self.names, self.prefetch, self.allocate = store, names, prefetch, allocate
         self.lanes = {"read": threads, "take": threads}
@@ -74,16 +82,23 @@ class GatherReader(GroupReader):
 
     def _submit(self, fl: Flight, most: int, pool: ReadPool) -> int:
         got = submit_segments(
-            lambda *a: pool.submit("read", *a), self.store, self.names, fl.data, most,
+            lambda *a: pool.submit("read", *a),
+            self.store,
+            self.names,
+            fl.data,
+            most,
             self.read_bytes,
-        )  # fmt: skip
+        )
         fl.submitted = fl.data.submitted
         return got
 
     def schedule(
-        self, current: Flight, others: deque[Flight], start_next: Callable[[], Flight | None],
+        self,
+        current: Flight,
+        others: deque[Flight],
+        start_next: Callable[[], Flight | None],
         pool: ReadPool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The current group whole, and up to ``prefetch`` segments of the groups after it."""
         while current.submitted < current.segments:
             self._submit(current, current.segments, pool)
@@ -130,9 +145,16 @@ class GatherReader(GroupReader):
 
 
 def gather_batches(
-    store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-    prefetch: int, threads: int, allocate: Allocate,
-) -> Iterator[Batch]:  # fmt: skip
+    store: Store,
+    names: Sequence[str],
+    plan: EpochPlan,
+    rank: int,
+    worker: int,
+    *,
+    prefetch: int,
+    threads: int,
+    allocate: Allocate,
+) -> Iterator[Batch]:
     """The worker's batches, read by a :class:`GatherReader` (see there)."""
     reader = GatherReader(
         store, names, plan, rank, worker, prefetch=prefetch, threads=threads, allocate=allocate

@@ -83,9 +83,12 @@ class GroupReader:
         raise NotImplementedError
 
     def schedule(
-        self, current: Flight, others: deque[Flight], start_next: Callable[[], Flight | None],
+        self,
+        current: Flight,
+        others: deque[Flight],
+        start_next: Callable[[], Flight | None],
         pool: ReadPool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Keep reads ahead before the loop waits on ``current``: by default ``ahead`` units
         (more with ``cover``)."""
         b, total = self.plan.batch_size, self.plan.workers[self.rank][self.worker].num_rows

@@ -46,9 +46,11 @@ class ReadPool:
             self._queue[lane].append((fut, fn, args))
             if self._idle[lane] == 0 and self._started[lane] < self._limit[lane]:
                 t = threading.Thread(
-                    target=self._work, args=(lane,), daemon=True,
+                    target=self._work,
+                    args=(lane,),
+                    daemon=True,
                     name=f"shardload-{lane}_{self._started[lane]}",
-                )  # fmt: skip
+                )
                 self._started[lane] += 1
                 if lane not in self._detach:
                     self._threads.append(t)

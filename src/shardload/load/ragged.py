@@ -124,9 +124,12 @@ def _read_ragged_segment(store: Store, name: str, seg: Segment) -> RaggedRows:
 
 
 def _read_group(
-    store: Store, fixed: Sequence[str], ragged: Sequence[str], segments: tuple[Segment, ...],
+    store: Store,
+    fixed: Sequence[str],
+    ragged: Sequence[str],
+    segments: tuple[Segment, ...],
     order: np.ndarray,
-) -> _Group:  # fmt: skip
+) -> _Group:
     lens = np.array([len(s) for s in segments], dtype=np.int64)
     cut = np.concatenate(([0], np.cumsum(lens)))
     n = int(cut[-1])
@@ -152,9 +155,18 @@ class RaggedBatchReader(GroupReader):
     each batch is gathered and padded once all its rows are read."""
 
     def __init__(
-        self, store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-        prefetch: int, threads: int, index_key: str, padding_stats: PaddingStats | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        store: Store,
+        names: Sequence[str],
+        plan: EpochPlan,
+        rank: int,
+        worker: int,
+        *,
+        prefetch: int,
+        threads: int,
+        index_key: str,
+        padding_stats: PaddingStats | None = None,
+    ) -> None:
         super().__init__(plan, rank, worker)
         self.store, self.index_key, self.stats = store, index_key, padding_stats
         self.ragged = ragged_names(store, names)
@@ -180,21 +192,39 @@ class RaggedBatchReader(GroupReader):
 
 
 def ragged_batches(
-    store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-    prefetch: int, threads: int, index_key: str, padding_stats: PaddingStats | None = None,
-) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
+    store: Store,
+    names: Sequence[str],
+    plan: EpochPlan,
+    rank: int,
+    worker: int,
+    *,
+    prefetch: int,
+    threads: int,
+    index_key: str,
+    padding_stats: PaddingStats | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
     """The worker's batches, read by a :class:`RaggedBatchReader` (see there)."""
     reader = RaggedBatchReader(
-        store, names, plan, rank, worker, prefetch=prefetch, threads=threads,
-        index_key=index_key, padding_stats=padding_stats,
-    )  # fmt: skip
+        store,
+        names,
+        plan,
+        rank,
+        worker,
+        prefetch=prefetch,
+        threads=threads,
+        index_key=index_key,
+        padding_stats=padding_stats,
+    )
     return read_loop(reader)
 
 
 def _assemble(
-    pieces: list[tuple[_Group, np.ndarray]], fixed: Sequence[str], ragged: Sequence[str],
-    index_key: str, stats: PaddingStats | None,
-) -> dict[str, np.ndarray]:  # fmt: skip
+    pieces: list[tuple[_Group, np.ndarray]],
+    fixed: Sequence[str],
+    ragged: Sequence[str],
+    index_key: str,
+    stats: PaddingStats | None,
+) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for a in fixed:
         out[a] = np.concatenate([np.take(g.fixed[a], sel, axis=0) for g, sel in pieces])

@@ -151,9 +151,13 @@ TASK_BYTES = 1 << 20
 
 
 def submit_segments(
-    submit: Callable[..., Future[None]], store: Store, names: Sequence[str], g: Group, most: int,
+    submit: Callable[..., Future[None]],
+    store: Store,
+    names: Sequence[str],
+    g: Group,
+    most: int,
     row_bytes: int,
-) -> int:  # fmt: skip
+) -> int:
     """Submit up to ``most`` of the group's next segments (at least one), as one task per array
     of about ``TASK_BYTES``; how many were submitted."""
     i = j = g.submitted

@@ -208,9 +208,10 @@ class BatchRing:
             with contextlib.suppress(OSError, ValueError):
                 if _MADV_POPULATE_WRITE:
                     self._mm.madvise(
-                        _MADV_POPULATE_WRITE, self.header_bytes + slot * self.slot_bytes,
+                        _MADV_POPULATE_WRITE,
+                        self.header_bytes + slot * self.slot_bytes,
                         self.slot_bytes,
-                    )  # fmt: skip
+                    )
         raw = self._slot(slot)
         cell = [False, False]  # this claim's: (sent or freed, handed out by slot_of)
         self._live[slot] = cell

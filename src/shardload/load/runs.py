@@ -49,9 +49,13 @@ def _preadv(errno: bool = False) -> Any:
             try:
                 lib = ctypes.util.find_library("c") or "libc.so.6"
                 proto = ctypes.CFUNCTYPE(
-                    ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                    ctypes.c_int64, use_errno=errno,
-                )  # fmt: skip
+                    ctypes.c_ssize_t,
+                    ctypes.c_int,
+                    ctypes.c_void_p,
+                    ctypes.c_int,
+                    ctypes.c_int64,
+                    use_errno=errno,
+                )
                 fn = proto(("preadv", ctypes.CDLL(lib, use_errno=errno)))
             except (OSError, AttributeError):
                 fn = None
@@ -121,10 +125,16 @@ def plan_direct_spans(offsets: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
 
 
 def read_runs(
-    raw: Callable[[int], RawChunk], name: str, runs: range, run_chunk: np.ndarray,
-    run_row: np.ndarray, run_iov: np.ndarray, iov: np.ndarray, chunk_end: np.ndarray,
+    raw: Callable[[int], RawChunk],
+    name: str,
+    runs: range,
+    run_chunk: np.ndarray,
+    run_row: np.ndarray,
+    run_iov: np.ndarray,
+    iov: np.ndarray,
+    chunk_end: np.ndarray,
     files: OpenChunks | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Reader thread: read runs ``runs`` of one array (run ``r``: file rows from
     ``run_row[r]`` of chunk ``run_chunk[r]`` into iovecs ``run_iov[r]:run_iov[r + 1]``).
 
@@ -175,9 +185,13 @@ def read_runs(
             bad = list(range(len(run)))  # every call through preadv, below
         preadv = _preadv()
         calls = zip(
-            run[bad].tolist(), ptrs[bad].tolist(), cnt[bad].tolist(), off[bad].tolist(),
-            want[bad].tolist(), strict=True,
-        )  # fmt: skip
+            run[bad].tolist(),
+            ptrs[bad].tolist(),
+            cnt[bad].tolist(),
+            off[bad].tolist(),
+            want[bad].tolist(),
+            strict=True,
+        )
         for r, ptr, m, o, w in calls:  # io_uring's failures again, to name the error
             fd = int(fds[r])
             got1 = preadv(fd, ptr, m, o)

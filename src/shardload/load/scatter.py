@@ -131,10 +131,20 @@ class ScatterReader(GroupReader):
     cover = True
 
     def __init__(
-        self, store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-        raw: Callable[[str, int], RawChunk], prefetch: int, threads: int,
-        new_batch: Callable[[int], Batch], index_key: str, allocate: Allocate | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        store: Store,
+        names: Sequence[str],
+        plan: EpochPlan,
+        rank: int,
+        worker: int,
+        *,
+        raw: Callable[[str, int], RawChunk],
+        prefetch: int,
+        threads: int,
+        new_batch: Callable[[int], Batch],
+        index_key: str,
+        allocate: Allocate | None = None,
+    ) -> None:
         super().__init__(plan, rank, worker)
         self.store, self.names, self.raw, self.index_key = store, names, raw, index_key
         self.new_batch, self.allocate = new_batch, allocate
@@ -232,21 +242,50 @@ class ScatterReader(GroupReader):
             iov, run_iov = plan_iovecs(ptrs, run_starts, rb)
             for p0, p1 in zip(parts[:-1].tolist(), parts[1:].tolist(), strict=True):
                 if p1 > p0:
-                    futs.append(pool.submit(
-                        "read", read_runs, self._raw_of(a), a, range(p0, p1), run_chunk,
-                        run_row, run_iov, iov, chunk_end, self.files,
-                    ))  # fmt: skip
+                    futs.append(
+                        pool.submit(
+                            "read",
+                            read_runs,
+                            self._raw_of(a),
+                            a,
+                            range(p0, p1),
+                            run_chunk,
+                            run_row,
+                            run_iov,
+                            iov,
+                            chunk_end,
+                            self.files,
+                        )
+                    )
         return futs
 
 
 def scatter_batches(
-    store: Store, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-    raw: Callable[[str, int], RawChunk], prefetch: int, threads: int,
-    new_batch: Callable[[int], Batch], index_key: str, allocate: Allocate | None = None,
-) -> Iterator[Batch]:  # fmt: skip
+    store: Store,
+    names: Sequence[str],
+    plan: EpochPlan,
+    rank: int,
+    worker: int,
+    *,
+    raw: Callable[[str, int], RawChunk],
+    prefetch: int,
+    threads: int,
+    new_batch: Callable[[int], Batch],
+    index_key: str,
+    allocate: Allocate | None = None,
+) -> Iterator[Batch]:
     """The worker's batches, in plan order, read by a :class:`ScatterReader` (see there)."""
     reader = ScatterReader(
-        store, names, plan, rank, worker, raw=raw, prefetch=prefetch, threads=threads,
-        new_batch=new_batch, index_key=index_key, allocate=allocate,
-    )  # fmt: skip
+        store,
+        names,
+        plan,
+        rank,
+        worker,
+        raw=raw,
+        prefetch=prefetch,
+        threads=threads,
+        new_batch=new_batch,
+        index_key=index_key,
+        allocate=allocate,
+    )
     return read_loop(reader)

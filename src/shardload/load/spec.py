@@ -88,18 +88,36 @@ class LoadSpec:
         if shuffle_chunks is None:
             shuffle_chunks = named.group
         sel, piece, group = loader_selection(
-            st, split=split, chunks=chunks, rows=rows, arrays=arrays, piece_rows=piece_rows,
-            shuffle_chunks=shuffle_chunks, shuffle=shuffle, batch_size=batch_size,
-        )  # fmt: skip
+            st,
+            split=split,
+            chunks=chunks,
+            rows=rows,
+            arrays=arrays,
+            piece_rows=piece_rows,
+            shuffle_chunks=shuffle_chunks,
+            shuffle=shuffle,
+            batch_size=batch_size,
+        )
         options: PlanOptions = dict(
-            batch_size=batch_size, seed=seed, mode=mode, drop_last=drop_last, shuffle=shuffle,
+            batch_size=batch_size,
+            seed=seed,
+            mode=mode,
+            drop_last=drop_last,
+            shuffle=shuffle,
             shuffle_chunks=group,
-        )  # fmt: skip
+        )
         ahead = resolve_prefetch(st, sel, prefetch, shuffle_chunks=group, piece_rows=piece)
         return cls(
-            store=st, selection=sel, kind=read_kind(st, sel.arrays), piece_rows=piece,
-            options=options, prefetch=ahead, threads=threads, split=split, bucket=bucket,
-        )  # fmt: skip
+            store=st,
+            selection=sel,
+            kind=read_kind(st, sel.arrays),
+            piece_rows=piece,
+            options=options,
+            prefetch=ahead,
+            threads=threads,
+            split=split,
+            bucket=bucket,
+        )
 
     # -- what a resume state is checked against ------------------------------------------------
     @functools.cached_property
@@ -126,14 +144,24 @@ class LoadSpec:
 
     # -- planning and reading ------------------------------------------------------------------
     def plan(
-        self, *, world_size: int, num_workers: int, epoch: int,
+        self,
+        *,
+        world_size: int,
+        num_workers: int,
+        epoch: int,
         state: EpochState | Mapping[str, Any] | None = None,
-    ) -> EpochPlan:  # fmt: skip
+    ) -> EpochPlan:
         """The epoch plan, fresh or resumed from ``state`` (:func:`plan_for`)."""
         return plan_for(
-            self.store, self.selection, world_size=world_size, num_workers=num_workers,
-            epoch=epoch, state=state, bucket=self.bucket, **self.options,
-        )  # fmt: skip
+            self.store,
+            self.selection,
+            world_size=world_size,
+            num_workers=num_workers,
+            epoch=epoch,
+            state=state,
+            bucket=self.bucket,
+            **self.options,
+        )
 
     def reader_threads(self, readers: int) -> int:
         """Reader threads of one of ``readers`` readers of a rank (``threads``, or the default
@@ -163,12 +191,15 @@ class LoadSpec:
             chunk_rows = 1
         return plan_ring_slots(
             group_batches=batches_per_group(
-                chunk_rows=chunk_rows, shuffle_chunks=group,
+                chunk_rows=chunk_rows,
+                shuffle_chunks=group,
                 batch_size=self.options["batch_size"],
             ),
             groups_in_flight=groups_in_flight(prefetch=self.prefetch, shuffle_chunks=group),
-            workers=workers, slot_bytes=self.batch_bytes(), extra=extra,
-        )  # fmt: skip
+            workers=workers,
+            slot_bytes=self.batch_bytes(),
+            extra=extra,
+        )
 
 
 def loader_selection(
@@ -199,21 +230,41 @@ def loader_selection(
 
 
 def plan_for(
-    store: Store, sel: Selection, *, batch_size: int, world_size: int, num_workers: int,
-    shuffle: bool | str, seed: int, epoch: int, mode: str, drop_last: bool, shuffle_chunks: int,
-    state: EpochState | Mapping[str, Any] | None = None, bucket: bool | str = False,
-) -> EpochPlan:  # fmt: skip
+    store: Store,
+    sel: Selection,
+    *,
+    batch_size: int,
+    world_size: int,
+    num_workers: int,
+    shuffle: bool | str,
+    seed: int,
+    epoch: int,
+    mode: str,
+    drop_last: bool,
+    shuffle_chunks: int,
+    state: EpochState | Mapping[str, Any] | None = None,
+    bucket: bool | str = False,
+) -> EpochPlan:
     """The epoch plan of a selection, fresh or resumed from ``state``."""
     opts: PlanOptions = dict(
-        batch_size=batch_size, seed=seed, mode=mode, drop_last=drop_last, shuffle=shuffle,
+        batch_size=batch_size,
+        seed=seed,
+        mode=mode,
+        drop_last=drop_last,
+        shuffle=shuffle,
         shuffle_chunks=shuffle_chunks,
-    )  # fmt: skip
+    )
     buckets = resolve_buckets(store, sel.arrays, bucket, shuffle)
     if state is None:
         plan = plan_epoch(
-            sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
-            world_size=world_size, num_workers=num_workers, epoch=epoch,
-        )  # fmt: skip
+            sel.sizes,
+            chunk_ids=sel.ids,
+            chunk_starts=sel.starts,
+            **opts,
+            world_size=world_size,
+            num_workers=num_workers,
+            epoch=epoch,
+        )
         if buckets is None:
             return plan
         return replace(plan, buckets=buckets, fingerprint=bucketed_fingerprint(plan.fingerprint))
@@ -228,9 +279,15 @@ def plan_for(
         state = EpochState.from_dict(dict(state))
     try:
         return plan_from_state(
-            state, sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **opts,
-            world_size=world_size, num_workers=num_workers, buckets=buckets,
-        )  # fmt: skip
+            state,
+            sel.sizes,
+            chunk_ids=sel.ids,
+            chunk_starts=sel.starts,
+            **opts,
+            world_size=world_size,
+            num_workers=num_workers,
+            buckets=buckets,
+        )
     except StateError as exc:
         hint = earlier_default_hint(sel, opts, state.fingerprint)
         if not hint:
@@ -271,9 +328,11 @@ def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> E
         )
     rows = min(skip * plan.batch_size, wp.num_rows)
     wp = replace(
-        wp, num_rows=wp.num_rows - rows, num_batches=wp.num_batches - skip,
+        wp,
+        num_rows=wp.num_rows - rows,
+        num_batches=wp.num_batches - skip,
         skip_rows=wp.skip_rows + rows,
-    )  # fmt: skip
+    )
     ranks = list(plan.workers)
     ranks[rank] = (*plan.workers[rank][:worker], wp, *plan.workers[rank][worker + 1 :])
     return replace(plan, workers=tuple(ranks))

@@ -48,11 +48,23 @@ _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 RING_ENTRIES = (1024, 256)
 
 SQE = np.dtype(
-    [("opcode", "u1"), ("flags", "u1"), ("ioprio", "<u2"), ("fd", "<i4"), ("off", "<u8"),
-     ("addr", "<u8"), ("len", "<u4"), ("rw_flags", "<u4"), ("user_data", "<u8"),
-     ("buf_index", "<u2"), ("personality", "<u2"), ("splice_fd_in", "<i4"), ("addr3", "<u8"),
-     ("pad", "<u8")]
-)  # fmt: skip
+    [
+        ("opcode", "u1"),
+        ("flags", "u1"),
+        ("ioprio", "<u2"),
+        ("fd", "<i4"),
+        ("off", "<u8"),
+        ("addr", "<u8"),
+        ("len", "<u4"),
+        ("rw_flags", "<u4"),
+        ("user_data", "<u8"),
+        ("buf_index", "<u2"),
+        ("personality", "<u2"),
+        ("splice_fd_in", "<i4"),
+        ("addr3", "<u8"),
+        ("pad", "<u8"),
+    ]
+)
 CQE = np.dtype([("user_data", "<u8"), ("res", "<i4"), ("flags", "<u4")])
 
 _SYSCALL: list[Any] = []
@@ -105,8 +117,9 @@ class Ring:
             raise
 
     def _map(self, size: int, offset: int) -> mmap.mmap:
-        m = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
-                      offset=offset)  # fmt: skip
+        m = mmap.mmap(
+            self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
+        )
         self._maps.append(m)
         return m
 
@@ -127,9 +140,15 @@ class Ring:
             self.close()
 
     def readv(
-        self, fds: np.ndarray, iovs: np.ndarray, counts: np.ndarray, offsets: np.ndarray,
-        single: tuple[np.ndarray, np.ndarray] | None = None, *, depth: int | None = None,
-    ) -> np.ndarray:  # fmt: skip
+        self,
+        fds: np.ndarray,
+        iovs: np.ndarray,
+        counts: np.ndarray,
+        offsets: np.ndarray,
+        single: tuple[np.ndarray, np.ndarray] | None = None,
+        *,
+        depth: int | None = None,
+    ) -> np.ndarray:
         """``preadv(fds[i], iovs[i], counts[i], offsets[i])`` for every ``i``, with up to
         ``depth`` (default and at most :attr:`depth`) in flight. Returns each read's result
         (bytes, or ``-errno``); the results do not depend on ``depth``.
@@ -168,9 +187,16 @@ class Ring:
         return res
 
     def read_direct(
-        self, fds: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray, iov_ptrs: np.ndarray,
-        counts: np.ndarray, *, depth: int | None = None, first: np.ndarray | None = None,
-    ) -> np.ndarray:  # fmt: skip
+        self,
+        fds: np.ndarray,
+        offsets: np.ndarray,
+        nbytes: np.ndarray,
+        iov_ptrs: np.ndarray,
+        counts: np.ndarray,
+        *,
+        depth: int | None = None,
+        first: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Read ``nbytes[i]`` bytes at ``offsets[i]`` of ``fds[i]`` (opened with ``O_DIRECT``)
         into the ``counts[i]`` iovecs at ``iov_ptrs[i]``: the kernel reads the aligned span of
         ``DIRECT_ALIGN``-byte blocks holding them into a bounce slot, the wanted bytes are
@@ -240,10 +266,12 @@ class Ring:
         return res
 
     def _run(
-        self, todo: np.ndarray, depth: int | None,
+        self,
+        todo: np.ndarray,
+        depth: int | None,
         fill: Callable[[np.ndarray, np.ndarray], None] | None,
         done: Callable[[np.ndarray, np.ndarray], None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Submit the entries ``todo`` (their ``user_data``: their index) with up to ``depth``
         in flight, continuously: each ``io_uring_enter`` submits what completions made room for
         and waits for about ``depth / 8`` more. ``fill(idx, sqes)`` may finish the entries

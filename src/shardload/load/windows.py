@@ -24,10 +24,19 @@ class WindowBatchReader(GroupReader):
     ``read`` lane, up to ``prefetch + 1`` batches ahead of the one yielded."""
 
     def __init__(
-        self, store: Any, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-        prefetch: int, threads: int, new_batch: Callable[[int], dict[str, np.ndarray]],
-        index_key: str, allocate: Allocate | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        store: Any,
+        names: Sequence[str],
+        plan: EpochPlan,
+        rank: int,
+        worker: int,
+        *,
+        prefetch: int,
+        threads: int,
+        new_batch: Callable[[int], dict[str, np.ndarray]],
+        index_key: str,
+        allocate: Allocate | None = None,
+    ) -> None:
         super().__init__(plan, rank, worker)
         reader = store.reader
         if not isinstance(reader, WindowReader):
@@ -60,14 +69,30 @@ class WindowBatchReader(GroupReader):
 
 
 def window_batches(
-    store: Any, names: Sequence[str], plan: EpochPlan, rank: int, worker: int, *,
-    prefetch: int, threads: int, new_batch: Callable[[int], dict[str, np.ndarray]],
-    index_key: str, allocate: Allocate | None = None,
-) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
+    store: Any,
+    names: Sequence[str],
+    plan: EpochPlan,
+    rank: int,
+    worker: int,
+    *,
+    prefetch: int,
+    threads: int,
+    new_batch: Callable[[int], dict[str, np.ndarray]],
+    index_key: str,
+    allocate: Allocate | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
     """The worker's batches of an ``at_load`` store, in plan order, read by a
     :class:`WindowBatchReader` (see there)."""
     reader = WindowBatchReader(
-        store, names, plan, rank, worker, prefetch=prefetch, threads=threads,
-        new_batch=new_batch, index_key=index_key, allocate=allocate,
-    )  # fmt: skip
+        store,
+        names,
+        plan,
+        rank,
+        worker,
+        prefetch=prefetch,
+        threads=threads,
+        new_batch=new_batch,
+        index_key=index_key,
+        allocate=allocate,
+    )
     return read_loop(reader)

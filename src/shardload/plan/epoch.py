@@ -349,9 +349,15 @@ def _plan_sequence(
 
 
 def _worker_plans(
-    seq: Spans, world: int, n_r: int, nb: int, b: int, used: int, num_workers: int,
+    seq: Spans,
+    world: int,
+    n_r: int,
+    nb: int,
+    b: int,
+    used: int,
+    num_workers: int,
     key: tuple[int, int, int],
-) -> tuple[tuple[WorkerPlan, ...], ...]:  # fmt: skip
+) -> tuple[tuple[WorkerPlan, ...], ...]:
     """Each rank's part of ``seq`` (``n_r`` rows, ``used`` of them yielded in ``nb`` batches of
     ``b``) cut over its readers: worker ``w`` gets batches ``w, w + W, ...`` as contiguous rows,
     the partial batch (the rank's last) included; ``key`` starts their shuffle seeds."""

@@ -120,10 +120,15 @@ def window_geometry(static: Mapping[str, Any]) -> WindowGeometry | None:
             for name, spec in series["columns"].items()
         }
         g = WindowGeometry(
-            lookback=int(w["lookback"]), stride=int(w["stride"]), horizon=int(w["horizon"]),
-            space=int(w["space"]), steps=int(w["steps"]), num_windows=int(w["num_windows"]),
-            chunk_rows=int(series["chunk_rows"]), columns=columns,
-        )  # fmt: skip
+            lookback=int(w["lookback"]),
+            stride=int(w["stride"]),
+            horizon=int(w["horizon"]),
+            space=int(w["space"]),
+            steps=int(w["steps"]),
+            num_windows=int(w["num_windows"]),
+            chunk_rows=int(series["chunk_rows"]),
+            columns=columns,
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(
             f"malformed window geometry in the manifest (static.window): {exc!r}"
@@ -143,13 +148,18 @@ def geometry_dict(
     series arrays (ArrayInfo dicts by name)."""
     g = geometry
     return {
-        "at_load": True, "space": g.space, "steps": g.steps, "num_windows": g.num_windows,
+        "at_load": True,
+        "space": g.space,
+        "steps": g.steps,
+        "num_windows": g.num_windows,
         "series": {
-            "order": "space-major", "length": g.series_length, "chunk_rows": g.chunk_rows,
+            "order": "space-major",
+            "length": g.series_length,
+            "chunk_rows": g.chunk_rows,
             "arrays": {k: dict(v) for k, v in series_arrays.items()},
             "columns": {
                 name: {"target": t, "columns": [[c.series, c.col0, c.col1] for c in cols]}
                 for name, (t, cols) in (g.columns or {}).items()
             },
         },
-    }  # fmt: skip
+    }

@@ -38,9 +38,13 @@ class StreamingDataLoader(DataLoader):
     """
 
     def __init__(
-        self, dataset: StreamingDataset, *, batch_size: int | None = None,
-        bundle: int | None = None, **kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        dataset: StreamingDataset,
+        *,
+        batch_size: int | None = None,
+        bundle: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(dataset, StreamingDataset):
             raise TypeError(
                 f"StreamingDataLoader needs a StreamingDataset, got {type(dataset).__name__}"

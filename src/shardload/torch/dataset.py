@@ -100,11 +100,23 @@ class StreamingDataset(IterableDataset):
             raise ValueError("pass both rank= and world_size=, or neither")
         #: every option resolved once, against the store (workers take it as is)
         self.spec = spec = LoadSpec.build(
-            store, batch_size=batch_size, split=split, chunks=chunks, rows=rows, arrays=arrays,
-            shuffle=shuffle, seed=seed, mode=mode, drop_last=drop_last,
-            shuffle_chunks=shuffle_chunks, piece_rows=piece_rows, prefetch=prefetch,
-            threads=threads, bucket=bucket, storage_options=storage_options,
-        )  # fmt: skip
+            store,
+            batch_size=batch_size,
+            split=split,
+            chunks=chunks,
+            rows=rows,
+            arrays=arrays,
+            shuffle=shuffle,
+            seed=seed,
+            mode=mode,
+            drop_last=drop_last,
+            shuffle_chunks=shuffle_chunks,
+            piece_rows=piece_rows,
+            prefetch=prefetch,
+            threads=threads,
+            bucket=bucket,
+            storage_options=storage_options,
+        )
         self.store, self.selection, self.split = spec.store, spec.selection, split
         self.options = spec.options  # the epoch plan's (PlanOptions)
         self.read_options = {"prefetch": spec.prefetch, "threads": threads}
@@ -192,9 +204,11 @@ class StreamingDataset(IterableDataset):
         """
         ch = self._channel
         if (
-            self._main_pass is not None and self._main_pass == ch.current_pass()
-            and self._consumed == 0 and self._has_batches(num_workers)
-        ):  # fmt: skip
+            self._main_pass is not None
+            and self._main_pass == ch.current_pass()
+            and self._consumed == 0
+            and self._has_batches(num_workers)
+        ):
             pass_no, shift = self._main_pass, ch.shift
         else:
             pass_no, shift = ch.start_pass(None, counted=True)
@@ -250,15 +264,28 @@ class StreamingDataset(IterableDataset):
         ring = self._ring if info is not None and self._ring is not None else None
         ring = ring if ring is not None and ring.usable else None
         batches = read_batches(
-            self.spec, rank=rank, world_size=world, worker=worker, num_workers=workers,
-            epoch=epoch, state=state, skip_batches=skip,
+            self.spec,
+            rank=rank,
+            world_size=world,
+            worker=worker,
+            num_workers=workers,
+            epoch=epoch,
+            state=state,
+            skip_batches=skip,
             allocate=(
-                functools.partial(ring.allocate, part=(worker, workers)) if ring is not None
+                functools.partial(ring.allocate, part=(worker, workers))
+                if ring is not None
                 else None
             ),
-        )  # fmt: skip
-        pos = {"epoch": epoch, "leg": state, "worker": worker, "num_workers": workers,
-               "rank_world": [rank, world], "worker_batches": skip}  # fmt: skip
+        )
+        pos = {
+            "epoch": epoch,
+            "leg": state,
+            "worker": worker,
+            "num_workers": workers,
+            "rank_world": [rank, world],
+            "worker_batches": skip,
+        }
         self._worker_pos = pos
         out = self._yield(batches, ring, pos, count=info is None and not self._counted_by_loader)
         if info is not None and self._bundle > 0:
@@ -266,9 +293,13 @@ class StreamingDataset(IterableDataset):
         return out
 
     def _yield(
-        self, batches: Iterator[dict[str, np.ndarray]], ring: BatchRing | None,
-        pos: dict[str, Any], *, count: bool,
-    ) -> Iterator[dict[str, torch.Tensor]]:  # fmt: skip
+        self,
+        batches: Iterator[dict[str, np.ndarray]],
+        ring: BatchRing | None,
+        pos: dict[str, Any],
+        *,
+        count: bool,
+    ) -> Iterator[dict[str, torch.Tensor]]:
         try:
             for batch in batches:
                 if count:
@@ -335,9 +366,14 @@ class StreamingDataset(IterableDataset):
         if pos is None and info is not None:  # not started: the coming pass, from its start
             pass_no, shift = self._channel.next_pass()
             epoch, leg = pass_epoch(self._channel.read(), pass_no, shift)
-            pos = {"epoch": epoch, "leg": leg, "worker": info.id,
-                   "num_workers": info.num_workers, "rank_world": list(self._worker_rank_world()),
-                   "worker_batches": 0}  # fmt: skip
+            pos = {
+                "epoch": epoch,
+                "leg": leg,
+                "worker": info.id,
+                "num_workers": info.num_workers,
+                "rank_world": list(self._worker_rank_world()),
+                "worker_batches": 0,
+            }
         assert pos is not None  # only called in a worker
         return worker_state(self, pos)
 

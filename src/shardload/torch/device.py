@@ -69,9 +69,13 @@ class DevicePrefetcher:
     """
 
     def __init__(
-        self, loader: Iterable[Any], device: str | torch.device, *, depth: int = 2,
+        self,
+        loader: Iterable[Any],
+        device: str | torch.device,
+        *,
+        depth: int = 2,
         pin: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.loader = loader
         self.device = torch.device(device)
         self.slots = plan_pinned_slots(depth)

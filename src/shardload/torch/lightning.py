@@ -172,9 +172,14 @@ class ShardloadDataModule(pl.LightningDataModule):
         if not shuffle:  # length buckets re-deal shuffled groups: the train loader's only
             opts.pop("bucket", None)
         return StreamingDataset(
-            self.store, batch_size=self.batch_size, split=split, shuffle=shuffle,
-            seed=self.seed, mode=mode, **opts,
-        )  # fmt: skip
+            self.store,
+            batch_size=self.batch_size,
+            split=split,
+            shuffle=shuffle,
+            seed=self.seed,
+            mode=mode,
+            **opts,
+        )
 
     def _loader_options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"num_workers": self.num_workers}

@@ -55,9 +55,10 @@ class MapDataset(Dataset):
         self._bounds = np.asarray(self.store.manifest.chunk_bounds, dtype=np.int64)
         self._cache: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._mmap = (
-            self.store.manifest.format == "npy" and self.store.is_local
+            self.store.manifest.format == "npy"
+            and self.store.is_local
             and hasattr(self.store.reader, "mmap_chunk")  # not windows cut at load time
-        )  # fmt: skip
+        )
 
     def __len__(self) -> int:
         return int(self._cum[-1])

@@ -194,9 +194,13 @@ UNCOUNTED_STATE = (
 
 
 def epoch_state(
-    epoch: int, consumed: int, world: int, num_workers: int, fingerprint: str,
+    epoch: int,
+    consumed: int,
+    world: int,
+    num_workers: int,
+    fingerprint: str,
     leg: Mapping[str, Any] | None,
-) -> EpochState:  # fmt: skip
+) -> EpochState:
     """Where a rank stands after ``consumed`` batches of a pass that resumed ``leg`` (None: a
     fresh pass): a resume on the same shape adds up, one on another shape is history."""
     readers, k = max(1, num_workers), consumed
@@ -236,10 +240,13 @@ def worker_position(
 
 def _header(ds: Any, kind: str) -> dict[str, Any]:
     return {
-        "version": STATE_VERSION, "kind": kind, "dataset": ds.fingerprint,
-        "fingerprint": ds.plan_fingerprint, "seed": ds.options["seed"],
+        "version": STATE_VERSION,
+        "kind": kind,
+        "dataset": ds.fingerprint,
+        "fingerprint": ds.plan_fingerprint,
+        "seed": ds.options["seed"],
         "batch_size": ds.options["batch_size"],
-    }  # fmt: skip
+    }
 
 
 def rank_state(ds: Any, epoch_state: EpochState) -> dict[str, Any]:
