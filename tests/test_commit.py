@@ -11,7 +11,8 @@ import pytest
 
 from shardload.errors import StoreExistsError, StoreLockedError
 from shardload.formats.base import get_format
-from shardload.prep.commit import BlockCommit, OutputLock, write_block_durably
+from shardload.prep.commit import BlockCommit, write_block_durably
+from shardload.prep.lock import OutputLock
 
 
 def make(out: Path, fp: str = "fp1", n: int = 4, **kw) -> BlockCommit:

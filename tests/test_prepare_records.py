@@ -18,6 +18,7 @@ from shardload.formats.npy import format as npy
 from shardload.prep import commit as commit_mod
 from shardload.prep import driver as pipeline
 from shardload.prep.config import load_config
+from shardload.prep.recorder import DurableRecorder
 
 
 def conf(src: Path, out: Path, **kw) -> dict:
@@ -146,7 +147,7 @@ def test_recorder_raises_a_failed_fsync_and_records_nothing_after_it(tmp_path):
     c = commit_mod.BlockCommit(tmp_path / "o", fingerprint="f", num_blocks=3)
     ok = tmp_path / "ok.bin"
     ok.write_bytes(b"x")
-    rec = commit_mod.DurableRecorder(c, done.append)
+    rec = DurableRecorder(c, done.append)
     rec.put([str(ok)], 0)
     rec.put([str(tmp_path / "missing.bin")], 1)
     rec.put([str(ok)], 2)

@@ -51,14 +51,10 @@ from shardload.formats.base import FormatOptions
 from shardload.formats.checksums import ALGORITHM, encode_checksums
 from shardload.layout import CHECKSUMS_NAME
 from shardload.manifest.core import ArrayInfo, Manifest
-from shardload.prep.commit import (
-    BlockCommit,
-    merge_checksums,
-    partial_path,
-    record_checksums,
-    write_block_durably,
-)
+from shardload.prep.commit import BlockCommit, write_block_durably
+from shardload.prep.disk import partial_path
 from shardload.prep.executor import default_workers, open_executor, run_windowed
+from shardload.prep.recorder import merge_checksums, record_checksums
 from shardload.prep.stats import Partial as StatPartial
 from shardload.prep.stats import finalize, merge_all, partial
 from shardload.util.imports import import_function

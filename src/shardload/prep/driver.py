@@ -25,19 +25,16 @@ from shardload.formats.checksums import ALGORITHM, encode_checksums
 from shardload.layout import CHECKSUMS_NAME, METADATA_NAME
 from shardload.manifest.core import ArrayInfo, ArraySpec, Manifest
 from shardload.plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
-from shardload.prep.commit import (
-    THROTTLE_ENV,
-    BlockCommit,
+from shardload.prep.commit import THROTTLE_ENV, BlockCommit, write_block_durably
+from shardload.prep.config import PrepareConfig, load_config
+from shardload.prep.disk import disk_full_error, is_disk_full
+from shardload.prep.executor import open_executor, run_windowed
+from shardload.prep.recorder import (
     DurableRecorder,
     checksum_field,
-    disk_full_error,
-    is_disk_full,
     merge_checksums,
     record_checksums,
-    write_block_durably,
 )
-from shardload.prep.config import PrepareConfig, load_config
-from shardload.prep.executor import open_executor, run_windowed
 from shardload.prep.stats import OrderedMerge, Partial, partial
 from shardload.prep.views.base import View
 from shardload.prep.views.window_series import WindowSeriesView, window_manifest
