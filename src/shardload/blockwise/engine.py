@@ -55,13 +55,12 @@ from shardload.prep.commit import BlockCommit, write_block_durably
 from shardload.prep.disk import partial_path
 from shardload.prep.executor import default_workers, open_executor, run_windowed
 from shardload.prep.recorder import merge_checksums, record_checksums
+from shardload.prep.stats import STAT_FIELDS, finalize, merge_all, partial
 from shardload.prep.stats import Partial as StatPartial
-from shardload.prep.stats import finalize, merge_all, partial
 from shardload.util.imports import import_function
 from shardload.version import __version__
 
 log = logging.getLogger(__name__)
-STAT_FIELDS = ("count", "mean", "m2", "min", "max", "nan_count")
 #: Bytes of working memory per window element a function allocates, when it does not say
 #: (``func.work_bytes_per_element``): one float64 temporary.
 DEFAULT_WORK_BYTES = 8

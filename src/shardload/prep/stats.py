@@ -19,6 +19,9 @@ import numpy as np
 
 from shardload.manifest.features import FeatureStats, exact_q
 
+#: The fields of a statistics partial that every partial has (besides the exact sums).
+STAT_FIELDS = ("count", "mean", "m2", "min", "max", "nan_count")
+
 
 @dataclass(frozen=True)
 class Partial:
