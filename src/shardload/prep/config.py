@@ -116,7 +116,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     (``true`` is a boolean, ``'"true"'`` a string) and validated strictly afterwards."""
     from shardload.prep import config_models as models
 
-    shorthands = {"source": models._source, "view": models._view, "execution": models._execution}
+    shorthands = {
+        "source": models.source_shorthand,
+        "view": models.view_shorthand,
+        "execution": models.execution_shorthand,
+    }
     out = dict(raw)
     for item in overrides:
         if "=" not in item:
