@@ -70,8 +70,39 @@ def pack(
     StoreExistsError
         ``image_path`` exists and ``overwrite`` is false.
     """
-    store = Path(store_path).expanduser()
     image = Path(image_path).expanduser().resolve()
+    store = _check_pack(Path(store_path).expanduser(), image, compression, block_size, overwrite)
+    tool = require_program("mksquashfs", "pack", store, "squashfs-tools")
+    image.parent.mkdir(parents=True, exist_ok=True)
+    tmp = image.with_name(f".{image.name}.tmp-{os.getpid()}")
+    cmd = [tool, str(store), str(tmp), "-noappend", "-no-progress", "-quiet", "-b", str(block_size)]
+    cmd += ["-noI", "-noD", "-noF", "-noX"] if compression == "none" else ["-comp", compression]
+    if processors:
+        cmd += ["-processors", str(int(processors))]
+    files, nbytes = _tree_size(store)
+    t0 = time.monotonic()
+    _run_mksquashfs(cmd, store, image, tmp)
+    size = image.stat().st_size
+    log.info(
+        "packed %s (%d files, %.1f MB) into %s (%.1f MB, %s compression, %.2f of the store's "
+        "bytes) in %.1f s",
+        store,
+        files,
+        nbytes / 1e6,
+        image,
+        size / 1e6,
+        compression,
+        size / max(nbytes, 1),
+        time.monotonic() - t0,
+    )
+    return image
+
+
+def _check_pack(
+    store: Path, image: Path, compression: str, block_size: int, overwrite: bool
+) -> Path:
+    """Refuse bad options, a store that is not complete, an image inside the store or an
+    existing image (without ``overwrite``); the store, resolved."""
     if compression not in COMPRESSIONS:
         raise ImageError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
     if block_size < 4096 or block_size > 1 << 20 or block_size & (block_size - 1):
@@ -89,15 +120,12 @@ def pack(
         raise ImageError(f"the image {image} must not be inside the store {store}")
     if image.exists() and not overwrite:
         raise StoreExistsError(f"{image} exists; pass overwrite=True (--overwrite) to replace it")
-    tool = require_program("mksquashfs", "pack", store, "squashfs-tools")
-    image.parent.mkdir(parents=True, exist_ok=True)
-    tmp = image.with_name(f".{image.name}.tmp-{os.getpid()}")
-    cmd = [tool, str(store), str(tmp), "-noappend", "-no-progress", "-quiet", "-b", str(block_size)]
-    cmd += ["-noI", "-noD", "-noF", "-noX"] if compression == "none" else ["-comp", compression]
-    if processors:
-        cmd += ["-processors", str(int(processors))]
-    files, nbytes = _tree_size(store)
-    t0 = time.monotonic()
+    return store
+
+
+def _run_mksquashfs(cmd: list[str], store: Path, image: Path, tmp: Path) -> None:
+    """Write the image under ``tmp``, fsync it and rename it into place (``tmp`` removed on
+    failure)."""
     try:
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
@@ -112,20 +140,6 @@ def pack(
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    size = image.stat().st_size
-    log.info(
-        "packed %s (%d files, %.1f MB) into %s (%.1f MB, %s compression, %.2f of the store's "
-        "bytes) in %.1f s",
-        store,
-        files,
-        nbytes / 1e6,
-        image,
-        size / 1e6,
-        compression,
-        size / max(nbytes, 1),
-        time.monotonic() - t0,
-    )
-    return image
 
 
 def _tree_size(root: Path) -> tuple[int, int]:
