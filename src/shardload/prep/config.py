@@ -95,7 +95,8 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def _resolve(p: str, base: Path) -> str:
+def resolve_path(p: str, base: Path) -> str:
+    """``p`` as written in a config: URLs and absolute paths as they are, others under ``base``."""
     if "://" in p or os.path.isabs(os.path.expanduser(p)):
         return os.path.expanduser(p)
     return str(base / p)
@@ -219,9 +220,9 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
     m = models.validate_input(raw, where=where)
     src = m.source
     source = SourceConfig(
-        paths=tuple(_resolve(p, base) for p in src.paths),
+        paths=tuple(resolve_path(p, base) for p in src.paths),
         kind=src.kind,
-        outputs=tuple(_resolve(p, base) for p in src.outputs),
+        outputs=tuple(resolve_path(p, base) for p in src.outputs),
         engine=src.engine,
         combine=src.combine,
         concat_dim=src.concat_dim,
@@ -241,7 +242,7 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
     compression = m.compression or ("none" if m.format == "npy" else DEFAULT_COMPRESSION)
     return PrepareConfig(
         source=source,
-        out=_resolve(m.out, base),
+        out=resolve_path(m.out, base),
         sample_dims=tuple(m.sample_dims),
         view=m.view.name,
         view_options=view_options,
