@@ -228,7 +228,7 @@ def grid_case(work: Path, args: argparse.Namespace) -> Callable[[], dict[str, fl
     import xarray as xr
 
     from shardload.prep.config import load_config
-    from shardload.prep.driver import build
+    from shardload.prep.tasks import build
 
     src = work / "grid.h5"
     if not src.exists():

@@ -23,8 +23,9 @@ pytest.importorskip("webdataset")
 
 from shardload.bench import format_epoch as fe
 from shardload.bench import format_io as fio
+from shardload.bench.format_cases import select_cases
 from shardload.bench.format_data import make_data, plan_lengths
-from shardload.bench.formats import run_formats, select_cases
+from shardload.bench.format_run import run_formats
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = {
@@ -49,7 +50,7 @@ MMAP_FORMATS = {"npy-dir", "npy-stack", "hdf5", "arrow", "parquet"}
 
 
 def _squashfs_expected() -> bool:
-    from shardload.bench.formats import squashfs_unavailable
+    from shardload.bench.format_squashfs import squashfs_unavailable
 
     return squashfs_unavailable() is None
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from _stores import make_store
-from shardload.bench.loaders import PEERS, probe_peers, summarize
+from shardload.bench.loaders import PEERS, probe_peers
+from shardload.bench.loaders_report import summarize
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(300)

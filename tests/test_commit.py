@@ -11,7 +11,8 @@ import pytest
 
 from shardload.errors import StoreExistsError, StoreLockedError
 from shardload.formats.registry import get_writer
-from shardload.prep.commit import BlockCommit, OutputLock, write_block_durably
+from shardload.prep.commit import BlockCommit, write_block_durably
+from shardload.prep.lock import OutputLock
 
 
 def make(out: Path, fp: str = "fp1", n: int = 4, **kw) -> BlockCommit:
@@ -138,7 +139,7 @@ def test_every_block_is_fsynced_before_its_record(tmp_path, small_nc, monkeypatc
     thread, and tasks go on meanwhile)."""
     import shardload
     from shardload.prep import commit as commit_mod
-    from shardload.prep import driver as pipeline
+    from shardload.prep import tasks as pipeline
 
     synced: set[tuple[int, int]] = set()  # inodes (a file may be renamed after its fsync)
     real_fsync, real_record = os.fsync, commit_mod.BlockCommit.record

@@ -378,8 +378,9 @@ def test_kill_9_and_rerun_gives_the_same_store(tmp_path: Path, cube: np.ndarray)
 
 def test_pad_window_slice_copies_equal_a_gather() -> None:
     """The padded block built from slice pieces equals the direct gather, for any index map."""
-    from shardload.blockwise.engine import AttributePlan, pad_window
+    from shardload.blockwise.job import AttributePlan
     from shardload.blockwise.plan import AxisWindow
+    from shardload.blockwise.window import pad_window
 
     rng = np.random.default_rng(5)
     buf = rng.standard_normal((6, 7, 5)).astype(np.float32)

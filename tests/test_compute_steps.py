@@ -98,7 +98,7 @@ def test_steps_resume_with_the_saved_centres(tmp_path: Path) -> None:
             raise RuntimeError("injected in pass 2")
         return real(*a)
 
-    import shardload.blockwise.engine as engine
+    import shardload.blockwise.tasks as engine
 
     engine.apply_step = failing  # type: ignore[assignment]
     try:
@@ -152,7 +152,7 @@ def test_memory_bound_covers_the_steps(tmp_path: Path) -> None:
     """Pass 2 holds a slab of each input and output plus one batch of vectors and distances."""
     pytest.importorskip("dask_ml")
     from shardload.blockwise.config import load_compute_config
-    from shardload.blockwise.engine import estimate_memory, plan_job
+    from shardload.blockwise.job import estimate_memory, plan_job
     from shardload.blockwise.source import SourceInfo
     from shardload.blockwise.steps import FIT_ROWS
 

@@ -15,8 +15,8 @@ import xarray as xr
 
 import shardload
 from shardload.prep.config import load_config
-from shardload.prep.driver import build
 from shardload.prep.sources.h5_rows import H5Rows, h5_rows
+from shardload.prep.tasks import build
 from shardload.prep.views.rows import read_many, sample_major
 
 

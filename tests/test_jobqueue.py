@@ -213,10 +213,10 @@ def test_importing_dask_jobqueue_keeps_ctrl_c_an_interrupt():
     """dask_jobqueue's runner module sets a SIGINT handler that calls sys.exit() (status 0)."""
     code = (
         "import signal\n"
-        "from shardload.prep.jobqueue.jobs import _classes\n"
+        "from shardload.prep.jobqueue.jobs import cluster_classes\n"
         "from shardload.prep.jobqueue import signals_unwind\n"
         "before = signal.getsignal(signal.SIGINT)\n"
-        "_classes('slurm')\n"
+        "cluster_classes('slurm')\n"
         "assert signal.getsignal(signal.SIGINT) is before, signal.getsignal(signal.SIGINT)\n"
         "import dask_jobqueue.runner as r\n"
         "signal.signal(signal.SIGINT, lambda *_: __import__('sys').exit())\n"

@@ -487,7 +487,7 @@ def test_disk_full_during_the_hdf5_merge_then_resume(tmp_path, small_nc, monkeyp
     assert len(list(progress.glob("block-*.npz"))) == 8  # every block recorded and staged
     assert len(list((tmp_path / "s.partial" / "_staged").glob("*.npy"))) == 16
     monkeypatch.setattr(hdf5.Hdf5Writer, "write_block", real)
-    from shardload.prep import driver as pipeline
+    from shardload.prep import tasks as pipeline
 
     monkeypatch.setattr(pipeline, "run_block", lambda *a: pytest.fail("a block was rewritten"))
     s = shardload.prepare(c)

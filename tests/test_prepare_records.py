@@ -16,8 +16,10 @@ import shardload
 from shardload.errors import StoreError
 from shardload.formats.npy import write as npy
 from shardload.prep import commit as commit_mod
-from shardload.prep import driver as pipeline
+from shardload.prep import run as prep_run
+from shardload.prep import tasks as pipeline
 from shardload.prep.config import load_config
+from shardload.prep.recorder import DurableRecorder
 
 
 def conf(src: Path, out: Path, **kw) -> dict:
@@ -90,8 +92,8 @@ def test_resumed_statistics_equal_a_clean_run_bit_for_bit(tmp_path, monkeypatch,
     make_dataset(300, seed=3).to_netcdf(src)
     ref = shardload.prepare(conf(src, tmp_path / "ref"))
     if saved:  # save after every block
-        monkeypatch.setattr(pipeline, "STATS_SAVE_BYTES", 0)
-        monkeypatch.setattr(pipeline, "STATS_SAVE_FACTOR", 0)
+        monkeypatch.setattr(prep_run, "STATS_SAVE_BYTES", 0)
+        monkeypatch.setattr(prep_run, "STATS_SAVE_FACTOR", 0)
     c = conf(src, tmp_path / "s", execution={"scheduler": "threads", "num_workers": 2})
     _fail_at(monkeypatch, 30)
     with pytest.raises(StoreError, match="chunk 30"):
@@ -134,9 +136,9 @@ def test_write_tasks_leave_their_fsyncs_to_the_recorder(tmp_path, small_nc, monk
 
 def test_workers_elsewhere_fsync_their_own_files(tmp_path, small_nc):
     c = lambda ex: load_config(conf(small_nc, tmp_path / "s", execution=ex))  # noqa: E731
-    assert pipeline.workers_share_disk_cache(c({"scheduler": "threads"}))
-    assert pipeline.workers_share_disk_cache(c({"scheduler": "processes"}))
-    assert not pipeline.workers_share_disk_cache(
+    assert prep_run.workers_share_disk_cache(c({"scheduler": "threads"}))
+    assert prep_run.workers_share_disk_cache(c({"scheduler": "processes"}))
+    assert not prep_run.workers_share_disk_cache(
         c({"scheduler": "distributed", "address": "tcp://127.0.0.1:1"})
     )
 
@@ -146,7 +148,7 @@ def test_recorder_raises_a_failed_fsync_and_records_nothing_after_it(tmp_path):
     c = commit_mod.BlockCommit(tmp_path / "o", fingerprint="f", num_blocks=3)
     ok = tmp_path / "ok.bin"
     ok.write_bytes(b"x")
-    rec = commit_mod.DurableRecorder(c, done.append)
+    rec = DurableRecorder(c, done.append)
     rec.put([str(ok)], 0)
     rec.put([str(tmp_path / "missing.bin")], 1)
     rec.put([str(ok)], 2)

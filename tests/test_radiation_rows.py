@@ -79,7 +79,7 @@ def test_urls_and_other_shapes_fall_back_to_dask(radiation_sample):
 @pytest.mark.parametrize("view", ["flat", "graph"])
 def test_views_read_the_same_with_and_without_the_row_reader(radiation_sample, view):
     from shardload.prep.config import load_config
-    from shardload.prep.driver import build
+    from shardload.prep.tasks import build
     from shardload.prep.views import build_view
 
     inputs, outputs = _pairs(radiation_sample)

@@ -279,7 +279,7 @@ def test_uniform_shuffle_refused(npy):
 
 
 def test_resume_of_an_interrupted_prepare(tmp_path, monkeypatch):
-    from shardload.prep import driver as pipeline
+    from shardload.prep import tasks as pipeline
 
     real = pipeline.run_block
 

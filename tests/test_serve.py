@@ -17,7 +17,8 @@ import pytest
 import requests
 
 from conftest import spawn
-from shardload.move.serve import PathRefused, is_loopback, resolve_request_path, serving
+from shardload.move.serve import is_loopback, serving
+from shardload.move.serve_app import PathRefused, resolve_request_path
 
 T = 10  # seconds; every request is bounded
 

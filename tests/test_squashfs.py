@@ -21,7 +21,8 @@ import pytest
 import shardload
 from _stores import check_values, make_store
 from shardload.errors import ImageError, IncompleteStoreError, StoreError, StoreExistsError
-from shardload.move import squashfs
+from shardload.move import mount as squashfs
+from shardload.move.pack import pack
 
 pytestmark = pytest.mark.timeout(120)
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -60,7 +61,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def image(store, tools, tmp_path_factory) -> Path:
-    return squashfs.pack(store.url, tmp_path_factory.mktemp("img") / "store.sqfs")
+    return pack(store.url, tmp_path_factory.mktemp("img") / "store.sqfs")
 
 
 def mounts_at(path: Path | str) -> int:
@@ -104,10 +105,10 @@ def test_pack_and_read_back_value_for_value(store, image):
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_pack_options(store, tools, tmp_path, compression):
-    img = squashfs.pack(store.url, tmp_path / "x.sqfs", compression=compression, block_size=16384)
+    img = pack(store.url, tmp_path / "x.sqfs", compression=compression, block_size=16384)
     with pytest.raises(StoreExistsError, match=r"x\.sqfs exists"):
-        squashfs.pack(store.url, img, compression=compression)
-    squashfs.pack(store.url, img, compression=compression, overwrite=True)
+        pack(store.url, img, compression=compression)
+    pack(store.url, img, compression=compression, overwrite=True)
     assert not list(tmp_path.glob(".x.sqfs.tmp-*"))
     st = shardload.open_store(img)
     np.testing.assert_array_equal(st.read("x"), store.read("x"))
@@ -224,7 +225,7 @@ def test_missing_tools_are_named(store, image, tmp_path, monkeypatch):
     with pytest.raises(
         ImageError, match=r"cannot pack .*'mksquashfs' program is not on PATH.*squashfs-tools"
     ):
-        squashfs.pack(store.url, tmp_path / "y.sqfs")
+        pack(store.url, tmp_path / "y.sqfs")
     with pytest.raises(
         ImageError, match=rf"cannot mount {image}: the 'squashfuse' program is not on PATH"
     ):
@@ -240,18 +241,18 @@ def test_missing_fuse_device_is_named(image, monkeypatch):
 def test_incomplete_store_and_non_store_are_refused(store, tmp_path):
     with pytest.raises(StoreError, match=r"cannot pack .*not a shardload store"):
         (tmp_path / "empty").mkdir()
-        squashfs.pack(tmp_path / "empty", tmp_path / "e.sqfs")
+        pack(tmp_path / "empty", tmp_path / "e.sqfs")
     with pytest.raises(StoreError, match="does not exist"):
-        squashfs.pack(tmp_path / "nothing", tmp_path / "e.sqfs")
+        pack(tmp_path / "nothing", tmp_path / "e.sqfs")
     copy = tmp_path / "copy"
     shutil.copytree(store.url, copy)
     manifest = copy / "shardload.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "complete": False}))
     with pytest.raises(IncompleteStoreError, match=r"cannot pack .*not complete"):
-        squashfs.pack(copy, tmp_path / "c.sqfs")
+        pack(copy, tmp_path / "c.sqfs")
     os.rename(copy, tmp_path / "copy.partial")  # a prepare interrupted: only OUT.partial exists
     with pytest.raises(IncompleteStoreError, match=r"cannot pack .*not complete"):
-        squashfs.pack(copy, tmp_path / "c.sqfs")
+        pack(copy, tmp_path / "c.sqfs")
     assert not list(tmp_path.glob("*.sqfs"))
 
 
@@ -297,7 +298,7 @@ def test_a_killed_squashfuse_leaves_no_mount(image):
 def test_a_store_handed_to_another_process_refuses_a_changed_image(store, tools, tmp_path):
     import pickle
 
-    img = squashfs.pack(store.url, tmp_path / "h.sqfs")
+    img = pack(store.url, tmp_path / "h.sqfs")
     st = shardload.open_store(img)
     blob = pickle.dumps(st)
     assert pickle.loads(blob).root == st.root  # unpickling takes a use of the same mount

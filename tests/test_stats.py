@@ -56,7 +56,7 @@ def test_infinities_take_the_general_path():
 def test_float32_blocks_larger_than_one_cache_slab(monkeypatch, bad):
     """The float32 path reduces a few rows at a time: many slabs give numpy's figures, and a
     NaN or infinity in any slab falls back to the general path."""
-    import shardload.prep.stats as stats
+    import shardload.prep.stats.block as stats
 
     monkeypatch.setattr(stats, "_CACHE_BYTES", 64)  # 4 rows of 4 features per slab
     rng = np.random.default_rng(3)
@@ -80,7 +80,7 @@ def test_float32_blocks_larger_than_one_cache_slab(monkeypatch, bad):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int64", "float64", "bool"])
 def test_other_dtypes_give_numpys_figures(monkeypatch, dtype):
-    import shardload.prep.stats as stats
+    import shardload.prep.stats.block as stats
 
     monkeypatch.setattr(stats, "_CACHE_BYTES", 64)
     rng = np.random.default_rng(5)
@@ -150,7 +150,7 @@ def test_ordered_merge_in_place_equals_merge_bit_for_bit(monkeypatch, dtype, siz
     and max in the data's type) gives :func:`merge`'s results bit for bit, whatever the arrival
     order, resumed from a saved prefix too; finalized, numpy's figures. One-row blocks of
     uint8 only: exact sums, the exactly rounded mean and std."""
-    import shardload.prep.stats as stats
+    import shardload.prep.stats.ordered as stats
     from shardload.prep.stats import OrderedMerge
 
     monkeypatch.setattr(stats, "_SLAB", 1000)
@@ -200,7 +200,7 @@ def test_exact_sums_of_integer_rows_until_they_could_overflow(monkeypatch, dtype
     """One-row integer blocks: exact sums while ``(n * largest magnitude)**2`` stays below the
     limit, then mean and M2 (Chan) from there on; a resumed run (whose saved prefix gives the
     largest magnitude back through min and max) gives the same figures bit for bit."""
-    import shardload.prep.stats as stats
+    import shardload.prep.stats.ordered as stats
 
     monkeypatch.setattr(stats, "_EXACT_LIMIT", limit**2)
     rng = np.random.default_rng(4)

@@ -14,7 +14,7 @@ from shardload.manifest.core import ArraySpec
 from shardload.plan import chunks as chunks_mod
 from shardload.plan.chunks import RegularBounds, block_span, plan_blocks, plan_chunk_bounds
 from shardload.prep.config import PrepareConfig, SourceConfig
-from shardload.prep.driver import PrepareJob
+from shardload.prep.tasks import PrepareJob
 
 
 def job(num_chunks: int, chunk_rows: int = 3, per_block: int = 1) -> PrepareJob:
@@ -105,7 +105,7 @@ def test_tasks_do_not_carry_feature_names(tmp_path, monkeypatch):
     import xarray as xr
 
     import shardload
-    from shardload.prep import driver as pipeline
+    from shardload.prep import tasks as pipeline
 
     xr.Dataset({"v": (("sample", "f"), np.zeros((20, 3000), "f4"))}).to_netcdf(tmp_path / "w.nc")
     sizes = []

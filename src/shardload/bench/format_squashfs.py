@@ -1,8 +1,8 @@
 """The ``squashfs`` format of ``shardload bench formats``: the npy stack in a SquashFS image,
-mounted read-only with squashfuse (:func:`shardload.move.squashfs.mount`) and read through the mount
+mounted read-only with squashfuse (:func:`shardload.move.mount.mount`) and read through the mount
 with the npy stack's reader.
 
-The image is made by ``mksquashfs`` called here, not by :func:`shardload.move.squashfs.pack`: that
+The image is made by ``mksquashfs`` called here, not by :func:`shardload.move.pack.pack`: that
 packs *stores* (it refuses a folder ``open_store`` cannot open), and the npy stack of the
 benchmark is a plain folder of ``.npy`` files. The options are those ``pack`` passes.
 """
@@ -25,8 +25,8 @@ BLOCK_BYTES = 131072  # pack's default
 
 def squashfs_unavailable() -> str | None:
     """Why the squashfs format cannot run here, or ``None`` when it can."""
-    if importlib.util.find_spec("shardload.move.squashfs") is None:
-        return "shardload.move.squashfs (mounting images) is not in this version"
+    if importlib.util.find_spec("shardload.move.mount") is None:
+        return "shardload.move.mount (mounting images) is not in this version"
     missing = [t for t in ("mksquashfs", "squashfuse") if shutil.which(t) is None]
     if shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
         missing.append("fusermount")
@@ -69,13 +69,13 @@ def write_squashfs(data: BenchData, image: Path, *, group_rows: int) -> None:
 
 def mount_image(image: Path) -> Path:
     """The folder the image shows, mounted read-only for as long as this process lives."""
-    from shardload.move.squashfs import mount
+    from shardload.move.mount import mount
 
     return mount(image)
 
 
 def unmount_image(image: Path) -> None:
     """End this process's use of the mount (unmounted once no process uses it)."""
-    from shardload.move.squashfs import unmount
+    from shardload.move.mount import unmount
 
     unmount(image)

@@ -21,11 +21,11 @@ from shardload.errors import ConfigError
 from shardload.prep.config import (
     ExecutionConfig,
     SourceConfig,
-    _resolve,
     apply_overrides,
     execution_config,
     parse_size,
     read_yaml_mapping,
+    resolve_path,
 )
 from shardload.prep.sources.segy import VARIABLE as SEGY_VARIABLE
 from shardload.prep.sources.segy import is_segy
@@ -152,7 +152,7 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
     paths = [paths] if isinstance(paths, str) else list(paths)
     variable = str(src["variable"])
     source = SourceConfig(
-        paths=tuple(_resolve(str(p), base) for p in paths),
+        paths=tuple(resolve_path(str(p), base) for p in paths),
         engine=src.get("engine"),
         combine=src.get("combine", "by_coords"),
         concat_dim=src.get("concat_dim"),
@@ -195,7 +195,7 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
         variable=variable,
         attributes=attributes,
         steps=steps,
-        out=_resolve(str(raw["out"]), base),
+        out=resolve_path(str(raw["out"]), base),
         chunks={int(k): v for k, v in chunks.items()} if chunks is not None else None,
         execution=execution,
         memory_limit=parse_size(limit, "memory_limit") if limit is not None else None,

@@ -1,11 +1,11 @@
-"""``shardload pack``: a store folder into one SquashFS image (see :mod:`shardload.move.squashfs`)."""
+"""``shardload pack``: a store folder into one SquashFS image (see :mod:`shardload.move.pack`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from shardload.move.squashfs import COMPRESSIONS
+from shardload.move.pack import COMPRESSIONS
 
 PACK_HELP = """\
 Pack a finished store folder into one read-only SquashFS image file (mksquashfs).
@@ -90,7 +90,7 @@ def _size(text: str) -> int:
 
 
 def run_pack(args: argparse.Namespace) -> int:
-    from shardload.move.squashfs import pack
+    from shardload.move.pack import pack
 
     image = pack(
         args.store,

@@ -132,7 +132,8 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     from pathlib import Path
 
     from shardload.plan.chunks import plan_blocks, plan_chunk_bounds
-    from shardload.prep.driver import build, plan_rows, plan_splits_for
+    from shardload.prep.driver import plan_rows, plan_splits_for
+    from shardload.prep.tasks import build
 
     view = build(cfg)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)

@@ -17,13 +17,14 @@ the file's URL: a store re-prepared under the same URL needs a fresh cache folde
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+
+from shardload.util.locks import locked
 
 log = logging.getLogger("shardload.remote")
 
@@ -34,16 +35,6 @@ TMP_MARK = ".tmp-"
 def cache_name(cache_dir: str | os.PathLike, url: str) -> str:
     """The cache file of ``url`` (a hash of it, inside ``cache_dir``)."""
     return os.path.join(cache_dir, hashlib.sha256(url.encode()).hexdigest()[:40])
-
-
-@contextlib.contextmanager
-def _locked(local: str) -> Iterator[None]:
-    fd = os.open(local + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _touch(local: str) -> None:
@@ -83,7 +74,7 @@ def open_cached(
         _touch(local)
         return fd
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    with _locked(local):
+    with locked(local + LOCK_SUFFIX):
         try:
             fd = os.open(local, os.O_RDONLY)  # another process downloaded it meanwhile
         except FileNotFoundError:

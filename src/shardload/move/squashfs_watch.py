@@ -1,4 +1,4 @@
-"""The watcher of one SquashFS mount (run as a script by :mod:`shardload.move.squashfs`; stdlib only).
+"""The watcher of one SquashFS mount (run as a script by :mod:`shardload.move.mount`; stdlib only).
 
 One watcher per mounted image and node. It runs ``squashfuse -f`` as its child and unmounts as
 soon as no process uses the mount: every using process holds a *shared* ``flock`` on the
@@ -70,6 +70,8 @@ def _unescape(field: bytes) -> bytes:
     return bytes(out)
 
 
+# Its own flock helper, not shardload.util.locks: this file runs as a script by path
+# (``python -I squashfs_watch.py``), with the standard library only.
 def try_lock(path: str, how: int) -> int | None:
     """An fd holding ``flock(how | LOCK_NB)`` on ``path``, or None if someone else holds it.
     The file must still be the one at ``path`` (a remover unlinks it under the lock)."""

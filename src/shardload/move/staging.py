@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -43,6 +42,7 @@ from pathlib import Path
 from shardload.errors import StagingError
 from shardload.move import staging_copy
 from shardload.util import procs
+from shardload.util.locks import locked
 
 log = logging.getLogger("shardload.staging")
 
@@ -119,7 +119,7 @@ def _stage(src, to_dir, *, keep: bool, storage_options) -> tuple[Path, str]:
     token = f"{os.getpid()}-{start if start is not None else 'x'}-{uuid.uuid4().hex[:8]}"
     _register_atexit()
     fingerprint = staging_copy.source_fingerprint(src, kind, storage_options)
-    with _locked(use.lock):
+    with locked(use.lock, poll_s=POLL_S):
         for leftover in to_dir.glob(f".{stem}.tmp-*"):
             log.info("removing %s, left by a killed staging run", leftover)
             shutil.rmtree(leftover, ignore_errors=True)
@@ -182,7 +182,7 @@ def _release(token: str) -> None:
         with _GUARD:
             _ACTIVE.pop(token, None)
         return
-    with _locked(use.lock):
+    with locked(use.lock, poll_s=POLL_S):
         state = _read_users(use.users)
         if token in state["users"]:
             state["users"].remove(token)
@@ -229,34 +229,6 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path``, waited for in short polls so signals get through."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    time.sleep(POLL_S)
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same = False
-        except BaseException:
-            os.close(fd)
-            raise
-        if same:
-            break
-        os.close(fd)  # the previous holder removed this lock file: take the new one
-    try:
-        yield
-    finally:
-        os.close(fd)
 
 
 def _unlink(*paths: Path) -> None:

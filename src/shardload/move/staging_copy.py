@@ -16,7 +16,8 @@ from typing import Any
 
 from shardload.errors import RemoteNotFoundError, StagingError
 from shardload.layout import MANIFEST_NAME
-from shardload.move.remote import call_with_retries, is_url, open_fs, read_bytes
+from shardload.move.remote import is_url, open_fs, read_bytes
+from shardload.move.retries import call_with_retries
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 STORE_MARKERS = (MANIFEST_NAME, "zarr.json", ".zgroup")

@@ -31,17 +31,11 @@ The rules (docs/design.md, "Writing a store"):
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import io
 import json
 import logging
 import os
-import queue
 import shutil
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -49,118 +43,22 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from shardload.errors import DiskFullError, StoreError, StoreExistsError, StoreLockedError
+from shardload.errors import StoreError, StoreExistsError
 from shardload.layout import (
     JOB_FILE,
-    LOCK_SUFFIX,
     MERGED_FILE,
-    PARTIAL_SUFFIX,
     PROGRESS_DIR,
     RECORD_NAME,
     STAGED_DIR,
 )
-from shardload.util.durable import fsync_dir, fsync_path, fsync_tree, write_atomic
+from shardload.prep.disk import os_error, partial_path
+from shardload.prep.lock import OutputLock
+from shardload.util.durable import fsync_dir, fsync_tree, write_atomic
 
 log = logging.getLogger(__name__)
 
 #: Testing aid: seconds to sleep per block in write tasks and in the staging merge.
 THROTTLE_ENV = "SHARDLOAD_THROTTLE_S"
-
-
-def partial_path(out: Path) -> Path:
-    return out.with_name(out.name + PARTIAL_SUFFIX)
-
-
-# -- the lock -----------------------------------------------------------------------------------
-class OutputLock:
-    """An exclusive ``flock`` on ``OUT.partial.lock``, with the holder written inside.
-
-    The file is removed on release, while still locked; a process that opened the old file
-    before that finds, once it holds the lock, that the path names another file (or none) and
-    tries again, so two processes never both believe they hold the lock.
-    """
-
-    def __init__(self, out: Path) -> None:
-        self.out = Path(out)
-        self.path = out.with_name(out.name + LOCK_SUFFIX)
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        for _ in range(100):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
-                raise _os_error(exc, f"cannot create the lock file {self.path}") from exc
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_holder(fd)
-                os.close(fd)
-                raise StoreLockedError(
-                    f"another prepare is writing {self.out} ({holder}; lock file {self.path}); "
-                    "wait for it to finish, or stop it and re-run"
-                ) from None
-            except OSError as exc:
-                os.close(fd)
-                raise StoreError(
-                    f"cannot lock {self.path}: {exc} (the filesystem must support flock)"
-                ) from exc
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:  # released and removed by its holder after we opened it: retry
-                os.close(fd)
-                continue
-            info = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(info).encode(), 0)
-            self._fd = fd
-            return
-        raise StoreError(f"cannot lock {self.path}: it keeps being replaced")  # pragma: no cover
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-        os.close(self._fd)  # closing drops the flock
-        self._fd = None
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return f"pid {info['pid']} on host {info['host']}, started {info['started']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "holder not yet recorded"
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def _os_error(exc: OSError, what: str) -> StoreError:
-    if is_disk_full(exc):
-        return DiskFullError(f"{what}: the disk is full")
-    return StoreError(f"{what}: {exc}")
-
-
-def disk_full_error(out: Path, needed_bytes: int, detail: str) -> DiskFullError:
-    """The error for a full disk: names the output, the bytes still to write and the free space."""
-    try:
-        free = f"{shutil.disk_usage(out.parent).free:,} bytes free"
-    except OSError:
-        free = "free space unknown"
-    return DiskFullError(
-        f"the disk holding {out} is full ({detail}); about {needed_bytes:,} more bytes "
-        f"(uncompressed) are needed to finish, {free}. The store stays incomplete in "
-        f"{partial_path(out)}: free space and re-run the same command to resume."
-    )
 
 
 # -- writing one block --------------------------------------------------------------------------
@@ -272,7 +170,7 @@ class BlockCommit:
                 ).encode(),
             )
         except OSError as exc:
-            raise _os_error(exc, f"cannot create {self.root}") from exc
+            raise os_error(exc, f"cannot create {self.root}") from exc
         fsync_dir(self.root)
         self.done = frozenset()
         return self.done
@@ -395,108 +293,3 @@ class BlockCommit:
         shutil.rmtree(self.out / PROGRESS_DIR, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-
-
-class DurableRecorder:
-    """Records finished blocks from one background thread, each once the files its task wrote
-    are fsynced: for tasks that deferred their fsyncs (:func:`~shardload.util.durable.collect_written`
-    with ``defer=True``), so a block is still durable before its record.
-
-    :meth:`put` hands over a finished task: its files are fsynced in order of arrival, then
-    ``on_durable(item)`` runs in the recorder's thread (it writes the block's record). At most
-    ``maxsize`` tasks wait; :meth:`put` blocks beyond that (the writers then wait for the disk).
-    An error in the thread is raised by the next :meth:`put` or by :meth:`close`; what was queued
-    after it is never recorded. Leaving the ``with`` block on an error (a task failed) still
-    records the finished tasks queued (a resumed run need not redo them); on an interrupt
-    (``KeyboardInterrupt``, ``SystemExit``) the queue is dropped.
-    """
-
-    def __init__(
-        self, commit: BlockCommit, on_durable: Callable[[Any], None], *, maxsize: int = 8
-    ) -> None:
-        self.commit = commit
-        self.on_durable = on_durable
-        self._queue: queue.Queue[tuple[Sequence[str], Any] | None] = queue.Queue(maxsize)
-        self._error: BaseException | None = None
-        self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="shardload-fsync", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            got = self._queue.get()
-            if got is None:
-                return
-            if self._error is not None or self._stop:
-                continue  # drain: nothing after an error is recorded
-            paths, item = got
-            try:
-                for path in dict.fromkeys(paths):
-                    fsync_path(path)
-                self.commit.synced.update(paths)
-                self.on_durable(item)
-            except BaseException as exc:  # re-raised in the driver
-                self._error = exc
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def put(self, paths: Sequence[str], item: Any) -> None:
-        self._raise()
-        self._queue.put((list(paths), item))
-
-    def close(self) -> None:
-        """Wait until every task handed over is recorded; raise the thread's error, if any."""
-        self._queue.put(None)
-        self._thread.join()
-        self._raise()
-
-    def __enter__(self) -> DurableRecorder:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        if isinstance(exc_type, type) and issubclass(exc_type, Exception):
-            try:
-                self.close()
-            except Exception as late:  # the task's error is the one to report
-                log.warning("recording the blocks finished before the error failed: %s", late)
-            return
-        self._stop = True
-        self._queue.put(None)
-        self._thread.join()
-
-
-# -- checksums in progress records ---------------------------------------------------------------
-#: Progress-record field of an array's checksums: ``[[unit, ...], [digest, ...]]``.
-CHECKSUM_KEY = "checksum:"
-
-
-def checksum_field(name: str, sums: Mapping[int, int]) -> dict[str, np.ndarray]:
-    """The progress-record field holding array ``name``'s checksums by unit."""
-    return {f"{CHECKSUM_KEY}{name}": np.array([list(sums), list(sums.values())], np.uint64)}
-
-
-def record_checksums(record: dict[str, Any], name: str, sums: Mapping[int, int]) -> None:
-    record.update(checksum_field(name, sums))
-
-
-def merge_checksums(records: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, Any]:
-    """Every array's checksums by unit, from the blocks' records; {} when a record has none
-    (written by a version without checksums: the store then has none)."""
-    units: dict[str, dict[int, int]] = {n: {} for n in names}
-    for r in records:
-        for n in names:
-            if f"{CHECKSUM_KEY}{n}" not in r:
-                return {}
-            k, v = r[f"{CHECKSUM_KEY}{n}"]
-            units[n].update(zip(k.tolist(), v.tolist(), strict=True))
-    out = {}
-    for n, d in units.items():
-        if sorted(d) != list(range(len(d))):
-            raise StoreError(f"checksums of array {n!r} do not cover its chunks: {sorted(d)[:10]}")
-        out[n] = np.array([d[k] for k in range(len(d))], dtype=np.uint64)
-    return out

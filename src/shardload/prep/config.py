@@ -96,7 +96,8 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def _resolve(p: str, base: Path) -> str:
+def resolve_path(p: str, base: Path) -> str:
+    """``p`` as written in a config: URLs and absolute paths as they are, others under ``base``."""
     if "://" in p or os.path.isabs(os.path.expanduser(p)):
         return os.path.expanduser(p)
     return str(base / p)
@@ -117,7 +118,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     (``true`` is a boolean, ``'"true"'`` a string) and validated strictly afterwards."""
     from shardload.prep import config_models as models
 
-    shorthands = {"source": models._source, "view": models._view, "execution": models._execution}
+    shorthands = {
+        "source": models.source_shorthand,
+        "view": models.view_shorthand,
+        "execution": models.execution_shorthand,
+    }
     out = dict(raw)
     for item in overrides:
         if "=" not in item:
@@ -216,9 +221,9 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
     m = models.validate_input(raw, where=where)
     src = m.source
     source = SourceConfig(
-        paths=tuple(_resolve(p, base) for p in src.paths),
+        paths=tuple(resolve_path(p, base) for p in src.paths),
         kind=src.kind,
-        outputs=tuple(_resolve(p, base) for p in src.outputs),
+        outputs=tuple(resolve_path(p, base) for p in src.outputs),
         engine=src.engine,
         combine=src.combine,
         concat_dim=src.concat_dim,
@@ -238,7 +243,7 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
     compression = m.compression or format_entry(m.format).default_compression
     return PrepareConfig(
         source=source,
-        out=_resolve(m.out, base),
+        out=resolve_path(m.out, base),
         sample_dims=tuple(m.sample_dims),
         view=m.view.name,
         view_options=view_options,

@@ -215,7 +215,7 @@ def open_store(
     path_or_url
         A local folder, a SquashFS image made by ``shardload pack`` (mounted read-only with
         squashfuse, once per node, unmounted when the last process using it ends; see
-        :mod:`shardload.move.squashfs`), an fsspec URL (``http://``, ``s3://``, ...), or an fsspec mapper
+        :mod:`shardload.move.mount`), an fsspec URL (``http://``, ``s3://``, ...), or an fsspec mapper
         (``fsspec.get_mapper(url, **options)``, what xarray and zarr users hold), whose
         filesystem is used as is (the remote options below do not apply to it).
     storage_options
@@ -261,7 +261,7 @@ def open_store(
         return _open_at(fs, root, fs.unstrip_protocol(root), arrays=arrays, verify=verify)
     url = os.fspath(path_or_url)
     if "://" not in url and os.path.isfile(url) and _is_image(url):  # from `shardload pack`
-        from shardload.move.squashfs import open_image
+        from shardload.move.mount import open_image
 
         mounted, hold = open_image(url)
         if stage_to is None:
@@ -288,7 +288,7 @@ def open_store(
 
 
 def _is_image(path: str) -> bool:
-    from shardload.move.squashfs import is_image
+    from shardload.move.mount import is_image
 
     return is_image(path)
 

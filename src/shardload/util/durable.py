@@ -5,7 +5,7 @@ A write task runs inside :func:`collect_written`; every format calls :func:`file
 it used to ``fsync`` a file it wrote. Outside a collection, or in one with ``defer=False``, that
 fsyncs at once. With ``defer=True`` it only starts the kernel's writeback of the file
 (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, asynchronous) and lists the path: the caller must
-fsync every listed path before anything records the block as done (:class:`~shardload.prep.commit.
+fsync every listed path before anything records the block as done (:class:`~shardload.prep.recorder.
 DurableRecorder` does). Either way the caller learns which files were written, so the final pass
 before publishing does not sync them again.
 

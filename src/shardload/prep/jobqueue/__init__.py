@@ -28,12 +28,8 @@ from shardload.prep.jobqueue.jobs import (
     job_states,
     split_options,
 )
-from shardload.prep.jobqueue.run import (
-    DEFAULT_TIMEOUT_S,
-    JobqueueRun,
-    open_jobqueue,
-    signals_unwind,
-)
+from shardload.prep.jobqueue.run import DEFAULT_TIMEOUT_S, JobqueueRun, open_jobqueue
+from shardload.prep.jobqueue.signals import signals_unwind
 
 __all__ = [
     "CLUSTER_CLASSES",

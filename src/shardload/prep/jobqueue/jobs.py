@@ -68,11 +68,11 @@ def _import_dask_jobqueue() -> Any:
     return jq
 
 
-def _sigint_is_dask_jobqueues() -> bool:
+def sigint_is_dask_jobqueues() -> bool:
     return getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "dask_jobqueue.runner"
 
 
-def _classes(kind: str) -> tuple[Any, Any]:
+def cluster_classes(kind: str) -> tuple[Any, Any]:
     jq = _import_dask_jobqueue()
     cluster_cls = getattr(jq, CLUSTER_CLASSES[kind])
     return cluster_cls, cluster_cls.job_cls
@@ -82,7 +82,7 @@ def job_script(cluster: Mapping[str, Any]) -> str:
     """The batch script dask-jobqueue would submit for one job of ``cluster`` (with a
     placeholder scheduler address). Starts nothing, submits nothing, writes nothing."""
     kind, _, opts = split_options(cluster)
-    _, job_cls = _classes(kind)
+    _, job_cls = cluster_classes(kind)
     job_opts = {k: v for k, v in opts.items() if k not in CLUSTER_ONLY}
     try:
         job = job_cls(scheduler=DRY_RUN_ADDRESS, name="<worker-name>", **job_opts)
@@ -100,7 +100,7 @@ def dry_run_text(execution: Any) -> str:
             "job script of scheduler: jobqueue (set execution.cluster too)"
         )
     kind = split_options(execution.cluster)[0]
-    cluster_cls, job_cls = _classes(kind)
+    cluster_cls, job_cls = cluster_classes(kind)
     script = job_script(execution.cluster)
     jobs, processes, threads = job_shape(execution.cluster)
     return (
@@ -116,13 +116,13 @@ def dry_run_text(execution: Any) -> str:
 def job_shape(cluster: Mapping[str, Any]) -> tuple[int, int, int]:
     """``(jobs, worker processes per job, threads per worker process)`` of ``cluster``."""
     kind, jobs, opts = split_options(cluster)
-    _, job_cls = _classes(kind)
+    _, job_cls = cluster_classes(kind)
     job_opts = {k: v for k, v in opts.items() if k not in CLUSTER_ONLY}
     job = job_cls(scheduler=DRY_RUN_ADDRESS, name="<worker-name>", **job_opts)
     return jobs, int(job.worker_processes), int(job.worker_process_threads)
 
 
-def _recording_job_class(base: type, errors: list[str], job_ids: list[str]) -> type:
+def recording_job_class(base: type, errors: list[str], job_ids: list[str]) -> type:
     """``base`` whose ``start`` records the batch system's error of a failed submission (which
     dask-jobqueue only logs) and the id of every job it submitted."""
 
@@ -200,7 +200,7 @@ def job_states(kind: str, job_ids: list[str], *, timeout_s: float = 15) -> dict[
     return states
 
 
-def _describe_jobs(job_ids: list[str], states: dict[str, str] | None) -> str:
+def describe_jobs(job_ids: list[str], states: dict[str, str] | None) -> str:
     job_ids = sorted(set(job_ids), key=lambda j: (len(j), j))  # numeric order for numeric ids
     if not job_ids:
         return "no job submitted yet"

@@ -6,90 +6,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from typing import Any
 
 from shardload.errors import ClusterError, ConfigError, require
+from shardload.prep.jobqueue.executor import CHATTY_LOGGERS, FailingExecutor, QuietSubmissionErrors
 from shardload.prep.jobqueue.jobs import (
-    _classes,
-    _describe_jobs,
-    _recording_job_class,
-    _sigint_is_dask_jobqueues,
+    cluster_classes,
+    describe_jobs,
     job_states,
+    recording_job_class,
     split_options,
 )
+from shardload.prep.jobqueue.signals import signals_unwind
 
 log = logging.getLogger("shardload.jobqueue")
 
 DEFAULT_TIMEOUT_S = 300.0
-
-
-# -- the run -------------------------------------------------------------------------------------
-class _QuietSubmissionErrors(logging.Filter):
-    """Drops the traceback tornado logs for a failed submission (dask-jobqueue raises it in a
-    callback nobody awaits): the run reports the same error once, as a ClusterError."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(exc, RuntimeError) and "Command exited with non-zero" in str(exc))
-
-
-#: distributed's INFO chatter (scheduler start, client connections, worker retirement) drowns
-#: the progress line; kept at WARNING during a run unless shardload logs at DEBUG (-vv)
-_CHATTY = ("distributed.scheduler", "distributed.core", "distributed.http.proxy")
-
-
-class _FailingExecutor(Executor):
-    """The client's executor, with futures a watchdog can fail (so the driver never waits on a
-    task no worker will ever run)."""
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-        self.outstanding: set[Future[Any]] = set()
-        self.lock = threading.Lock()
-        self.failure: BaseException | None = None
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        outer: Future[Any] = Future()
-        with self.lock:
-            if self.failure is not None:
-                outer.set_exception(self.failure)
-                return outer
-            self.outstanding.add(outer)
-        inner = self.inner.submit(fn, *args, **kwargs)
-
-        def done(f: Future[Any]) -> None:
-            with self.lock:
-                self.outstanding.discard(outer)
-            if outer.done():
-                return
-            if f.cancelled():
-                outer.cancel()
-            elif f.exception() is not None:
-                outer.set_exception(f.exception())
-            else:
-                outer.set_result(f.result())
-
-        inner.add_done_callback(done)
-        return outer
-
-    def fail(self, exc: BaseException) -> None:
-        with self.lock:
-            self.failure = exc
-            pending = list(self.outstanding)
-            self.outstanding.clear()
-        for f in pending:
-            if not f.done():
-                with contextlib.suppress(Exception):
-                    f.set_exception(exc)
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 class JobqueueRun:
@@ -112,25 +49,25 @@ class JobqueueRun:
         self.job_ids: list[str] = []
         self.cluster: Any = None
         self.client: Any = None
-        self.executor: _FailingExecutor | None = None
+        self.executor: FailingExecutor | None = None
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self.timings: dict[str, float] = {}
-        self._filter = _QuietSubmissionErrors()
+        self._filter = QuietSubmissionErrors()
         self._levels: dict[str, int] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         distributed = require("distributed", "hpc")
-        cluster_cls, job_cls = _classes(self.kind)
+        cluster_cls, job_cls = cluster_classes(self.kind)
         t0 = time.perf_counter()
         logging.getLogger("tornado.application").addFilter(self._filter)
         if not logging.getLogger("shardload").isEnabledFor(logging.DEBUG):
-            for name in _CHATTY:
+            for name in CHATTY_LOGGERS:
                 lg = logging.getLogger(name)
                 self._levels[name] = lg.level
                 lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
-        recording = _recording_job_class(job_cls, self.errors, self.job_ids)
+        recording = recording_job_class(job_cls, self.errors, self.job_ids)
         try:
             self.cluster = cluster_cls(job_cls=recording, **self.opts)
         except (TypeError, ValueError) as exc:
@@ -207,7 +144,7 @@ class JobqueueRun:
                 ended_polls = 0
             line = (
                 f"jobqueue: {n}/{self.expected_workers} workers up, "
-                f"{_describe_jobs(list(self.job_ids), states)}"
+                f"{describe_jobs(list(self.job_ids), states)}"
             )
             now = time.monotonic()
             if line != last_line or now - last_time >= 30:
@@ -218,7 +155,7 @@ class JobqueueRun:
             time.sleep(self.poll_s)
         self._raise_submission_error()
         states = job_states(self.kind, list(self.job_ids))
-        what = _describe_jobs(list(self.job_ids), states)
+        what = describe_jobs(list(self.job_ids), states)
         if n > 0:
             log.warning(
                 "jobqueue: only %d/%d workers up after %.0f s (%s); going on with them, the "
@@ -269,8 +206,8 @@ class JobqueueRun:
             "lsf": "set log_directory to keep it",
         }.get(self.kind, "the batch system's default output file")
 
-    def open_executor(self) -> _FailingExecutor:
-        self.executor = _FailingExecutor(self.client.get_executor())
+    def open_executor(self) -> FailingExecutor:
+        self.executor = FailingExecutor(self.client.get_executor())
         self._watcher = threading.Thread(target=self._watch, name="shardload-jobqueue", daemon=True)
         self._watcher.start()
         return self.executor
@@ -310,7 +247,7 @@ class JobqueueRun:
                     ClusterError(
                         f"execution.cluster ({self.kind}): every worker left and none came back "
                         f"within execution.timeout_s = {self.timeout_s:g} s "
-                        f"({_describe_jobs(list(self.job_ids), job_states(self.kind, list(self.job_ids)))}); "
+                        f"({describe_jobs(list(self.job_ids), job_states(self.kind, list(self.job_ids)))}); "
                         "the finished blocks are kept: run again to resume"
                     )
                 )
@@ -374,35 +311,6 @@ class JobqueueRun:
             log.warning(
                 "jobqueue: `%s %s` failed: %s", cancel, " ".join(ids), r.stderr.strip()[-500:]
             )
-
-
-@contextlib.contextmanager
-def signals_unwind() -> Iterator[None]:
-    """While inside, SIGTERM raises ``SystemExit(143)`` in the main thread so that ``finally``
-    blocks run (and cancel the jobs), and Ctrl-C raises ``KeyboardInterrupt`` (not the
-    ``sys.exit()`` of status 0 that importing dask_jobqueue installs); the previous handlers
-    are put back on exit. Outside the main thread (no handlers there) it does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous_int = signal.getsignal(signal.SIGINT)
-    if _sigint_is_dask_jobqueues():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_sigterm(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
-        raise SystemExit(128 + signum)
-
-    if previous is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        if previous is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, previous)
-        if previous_int is not None:
-            signal.signal(signal.SIGINT, previous_int)
 
 
 @contextlib.contextmanager

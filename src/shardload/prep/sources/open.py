@@ -83,20 +83,7 @@ def open_source(cfg: SourceConfig, *, sample_chunks: dict[str, int] | None = Non
         require("h5netcdf", "remote")
         engine = engine or "h5netcdf"
     if engine == "segy":
-        from shardload.prep.sources.segy import open_segy_dataset
-
-        ds = open_segy_dataset(
-            paths, dict(cfg.open_kwargs), inline_chunks=(sample_chunks or {}).get("inline")
-        )
-        if cfg.variables:
-            missing = [v for v in cfg.variables if v not in ds.variables]
-            if missing:
-                raise SourceError(
-                    f"variable(s) {missing} not found in SEG-Y file {paths[0]}; its volume is "
-                    f"{sorted(map(str, ds.data_vars))}"
-                )
-            ds = ds[list(cfg.variables)]
-        return ds
+        return _open_segy(cfg, paths, sample_chunks)
     kw = open_kwargs(cfg, engine)
     if sample_chunks and "chunks" not in cfg.open_kwargs:
         kw["chunks"] = dict(sample_chunks)
@@ -131,23 +118,50 @@ def open_source(cfg: SourceConfig, *, sample_chunks: dict[str, int] | None = Non
                 f"{groups}: set source.group (e.g. group: {groups[0]})"
             )
     if cfg.variables:
-        missing = [v for v in cfg.variables if v not in ds.variables]
-        if missing:
-            hint = ""
-            if any(v in skipped for v in missing):
-                v = next(v for v in missing if v in skipped)
-                hint = f"; cfgrib skipped {v!r} ({skipped[v]}): select it with source.filter"
-            else:
-                groups = list_groups(paths[0], engine)
-                if groups:
-                    hint = f"; the file has groups {groups}: is source.group what is missing?"
-            raise SourceError(
-                f"variable(s) {missing} not found in {paths[0]}{_in_group(cfg)}; it has "
-                f"{sorted(map(str, ds.data_vars))}{hint}"
-            )
-        ds = ds[list(cfg.variables)]
+        ds = _select_variables(ds, cfg, paths, engine, skipped)
     log.info("opened %d file(s) lazily: %s", len(paths), dict(ds.sizes))
     return ds
+
+
+def _open_segy(
+    cfg: SourceConfig, paths: list[str], sample_chunks: dict[str, int] | None
+) -> xr.Dataset:
+    from shardload.prep.sources.segy import open_segy_dataset
+
+    ds = open_segy_dataset(
+        paths, dict(cfg.open_kwargs), inline_chunks=(sample_chunks or {}).get("inline")
+    )
+    if cfg.variables:
+        missing = [v for v in cfg.variables if v not in ds.variables]
+        if missing:
+            raise SourceError(
+                f"variable(s) {missing} not found in SEG-Y file {paths[0]}; its volume is "
+                f"{sorted(map(str, ds.data_vars))}"
+            )
+        ds = ds[list(cfg.variables)]
+    return ds
+
+
+def _select_variables(
+    ds: xr.Dataset, cfg: SourceConfig, paths: list[str], engine: str | None, skipped: dict[str, str]
+) -> xr.Dataset:
+    """``ds`` reduced to ``source.variables``; a missing one is named, with why it may be."""
+    variables = list(cfg.variables or ())
+    missing = [v for v in variables if v not in ds.variables]
+    if missing:
+        hint = ""
+        if any(v in skipped for v in missing):
+            v = next(v for v in missing if v in skipped)
+            hint = f"; cfgrib skipped {v!r} ({skipped[v]}): select it with source.filter"
+        else:
+            groups = list_groups(paths[0], engine)
+            if groups:
+                hint = f"; the file has groups {groups}: is source.group what is missing?"
+        raise SourceError(
+            f"variable(s) {missing} not found in {paths[0]}{_in_group(cfg)}; it has "
+            f"{sorted(map(str, ds.data_vars))}{hint}"
+        )
+    return ds[variables]
 
 
 def _in_group(cfg: SourceConfig) -> str:

@@ -42,7 +42,9 @@ SECONDS_PER_DAY = 86400.0
 #: Columns per dask chunk by default (one chunk is ~70 MB of inputs at 4096 columns).
 DEFAULT_CHUNK_COLUMNS = 4096
 
-_SCA = [
+#: the input variables by shape: per column (with the band dim of each, if any), per level,
+#: per half level (the rows of a radiation store are built from these lists)
+SURFACE_VARIABLES = [
     ("skin_temperature", None),
     ("cos_solar_zenith_angle", None),
     ("sw_albedo", "sw_albedo_band"),
@@ -51,12 +53,17 @@ _SCA = [
     ("solar_irradiance", None),
 ]
 _GASES = ["q", "o3_mmr", "co2_vmr", "n2o_vmr", "ch4_vmr", "o2_vmr", "cfc11_vmr", "cfc12_vmr"]
-_COL = [*_GASES, "hcfc22_vmr", "ccl4_vmr", "cloud_fraction", "aerosol_mmr"]
-_COL += ["q_liquid", "q_ice", "re_liquid", "re_ice"]
-_HL = ["temperature_hl", "pressure_hl"]
+COLUMN_VARIABLES = [*_GASES, "hcfc22_vmr", "ccl4_vmr", "cloud_fraction", "aerosol_mmr"]
+COLUMN_VARIABLES += ["q_liquid", "q_ice", "re_liquid", "re_ice"]
+HALF_LEVEL_VARIABLES = ["temperature_hl", "pressure_hl"]
 _INTER = ["overlap_param"]
 FLUX_VARIABLES = ("flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw")
-INPUT_VARIABLES = (*(name for name, _ in _SCA), *_COL, *_HL, *_INTER)
+INPUT_VARIABLES = (
+    *(name for name, _ in SURFACE_VARIABLES),
+    *COLUMN_VARIABLES,
+    *HALF_LEVEL_VARIABLES,
+    *_INTER,
+)
 
 _LONG_NAMES = {
     "sca_inputs": "Surface and top-of-atmosphere inputs, one value per column",
@@ -131,7 +138,9 @@ def pack_radiation(
     _require(raw, INPUT_VARIABLES, where)
     f32 = {name: raw[name].astype(np.float32) for name in INPUT_VARIABLES}
     f32["solar_irradiance"] = f32["solar_irradiance"].broadcast_like(f32["skin_temperature"])
-    sca_parts = [_features(f32[name], "sca_feature", band, name) for name, band in _SCA]
+    sca_parts = [
+        _features(f32[name], "sca_feature", band, name) for name, band in SURFACE_VARIABLES
+    ]
     col_parts = [
         _features(
             f32[name].transpose("column", "level", "aerosol_type"),
@@ -141,12 +150,14 @@ def pack_radiation(
         )
         if name == "aerosol_mmr"
         else _features(f32[name], "col_feature", None, name)
-        for name in _COL
+        for name in COLUMN_VARIABLES
     ]
     out = {
         "sca_inputs": _concat(sca_parts, "sca_feature"),
         "col_inputs": _concat(col_parts, "col_feature"),
-        "hl_inputs": _concat([_features(f32[n], "hl_feature", None, n) for n in _HL], "hl_feature"),
+        "hl_inputs": _concat(
+            [_features(f32[n], "hl_feature", None, n) for n in HALF_LEVEL_VARIABLES], "hl_feature"
+        ),
         "inter_inputs": _features(f32["overlap_param"], "inter_feature", None, "overlap_param"),
         "pressure_hl": _features(f32["pressure_hl"], "pressure_feature", None, "pressure_hl"),
     }

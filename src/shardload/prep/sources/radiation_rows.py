@@ -25,13 +25,13 @@ import numpy as np
 
 from shardload.errors import SourceError
 from shardload.prep.sources.radiation import (
-    _COL,
-    _HL,
-    _SCA,
+    COLUMN_VARIABLES,
     FLUX_VARIABLES,
     GRAVITY,
+    HALF_LEVEL_VARIABLES,
     HEAT_CAPACITY,
     SECONDS_PER_DAY,
+    SURFACE_VARIABLES,
 )
 
 _DECODE_ATTRS = ("scale_factor", "add_offset", "missing_value", "valid_min", "valid_max")
@@ -59,17 +59,17 @@ class _Place:
 def _places() -> list[_Place]:
     out: list[_Place] = []
     k = 0
-    for name, band in _SCA:
+    for name, band in SURFACE_VARIABLES:
         width = {"sw_albedo_band": 6, "lw_emissivity_band": 2}.get(band or "", 1)
         out.append(_Place(name, "sca_inputs", slice(k, k + width), band))
         k += width
-    for k, name in enumerate(_COL[: _COL.index("aerosol_mmr")]):
+    for k, name in enumerate(COLUMN_VARIABLES[: COLUMN_VARIABLES.index("aerosol_mmr")]):
         out.append(_Place(name, "col_inputs", slice(k, k + 1), None))
-    k = _COL.index("aerosol_mmr")
+    k = COLUMN_VARIABLES.index("aerosol_mmr")
     out.append(_Place("aerosol_mmr", "col_inputs", slice(k, k + 12), "aerosol_type"))
-    for j, name in enumerate(_COL[k + 1 :]):
+    for j, name in enumerate(COLUMN_VARIABLES[k + 1 :]):
         out.append(_Place(name, "col_inputs", slice(k + 12 + j, k + 13 + j), None))
-    for k, name in enumerate(_HL):
+    for k, name in enumerate(HALF_LEVEL_VARIABLES):
         out.append(_Place(name, "hl_inputs", slice(k, k + 1), None))
     out.append(_Place("overlap_param", "inter_inputs", slice(0, 1), None))
     out.append(_Place("pressure_hl", "pressure_hl", slice(0, 1), None))

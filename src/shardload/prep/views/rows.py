@@ -140,7 +140,7 @@ def _slab(
     return da.isel(sel), (start - offset, stop - offset)
 
 
-def _load(da: xr.DataArray) -> np.ndarray:
+def load_values(da: xr.DataArray) -> np.ndarray:
     # Inside a write task we are already parallel: compute dask pieces synchronously.
     with dask.config.set(scheduler="synchronous"):
         return np.asarray(da.values)

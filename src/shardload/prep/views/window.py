@@ -20,7 +20,7 @@ from shardload.errors import ViewError
 from shardload.manifest.core import ArraySpec
 from shardload.prep.views.base import check_numeric
 from shardload.prep.views.flat import feature_names
-from shardload.prep.views.rows import _load
+from shardload.prep.views.rows import load_values
 
 
 class WindowView:
@@ -133,7 +133,7 @@ class WindowView:
             spec = self._specs[name]
             parts = []
             for da in das:
-                slab = _load(da.isel({self.time_dim: slice(t0, t1)}))
+                slab = load_values(da.isel({self.time_dim: slice(t0, t1)}))
                 slab = slab.reshape(slab.shape[0], self.S, -1)  # (time, space, features)
                 if is_target:
                     t = w * self.stride + self.lookback - 1 + self.horizon - t0

@@ -1,8 +1,5 @@
-"""SquashFS images of stores: pack a store into one file, mount it read-only to read it.
-
-A store of many files becomes one image file (``mksquashfs``), which a slow metadata file
-system (Lustre, GPFS, NFS) serves with one open instead of one per chunk; ``squashfuse`` mounts
-it in user space, read-only, and the store is read through the mount like a folder.
+"""Mounting SquashFS images of stores (:mod:`shardload.move.pack` makes them): ``squashfuse``
+mounts an image in user space, read-only, and the store is read through the mount like a folder.
 
 Mounts are shared per node and image: the first process that opens an image starts a watcher
 (:mod:`shardload.move.squashfs_watch`) that runs ``squashfuse``; every process using the mount
@@ -22,27 +19,25 @@ file descriptor closes, at the latest when the process ends.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import select
-import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardload.errors import ImageError, IncompleteStoreError, StoreError, StoreExistsError
-from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX, PROGRESS_DIR
+from shardload.errors import ImageError, StoreError
+from shardload.move.programs import find_fusermount, require_program
 from shardload.move.squashfs_watch import mounted
 from shardload.util import procs
+from shardload.util.locks import locked, try_lock
 
 log = logging.getLogger("shardload.squashfs")
 
@@ -50,7 +45,6 @@ log = logging.getLogger("shardload.squashfs")
 MAGIC = b"hsqs"
 MOUNT_DIR_ENV = "SHARDLOAD_MOUNT_DIR"
 FUSE_DEVICE = "/dev/fuse"
-COMPRESSIONS = ("zstd", "gzip", "xz", "lz4", "lzo", "none")
 POLL_S = 0.02
 READY_TIMEOUT_S = 90.0
 _WATCHER = str(Path(__file__).with_name("squashfs_watch.py"))
@@ -64,131 +58,6 @@ class _Use:
     fd: int  # holds the shared flock; closing it (or dying) ends the use
     mountpoint: Path
     identity: str
-
-
-# -- packing ---------------------------------------------------------------------------------------
-def pack(
-    store_path: str | os.PathLike[str],
-    image_path: str | os.PathLike[str],
-    *,
-    compression: str = "zstd",
-    block_size: int = 131072,
-    processors: int | None = None,
-    overwrite: bool = False,
-) -> Path:
-    """Pack a complete store folder into a SquashFS image with ``mksquashfs``.
-
-    The image holds the store's files at its root; :func:`mount` (and ``open_store`` given
-    the image) serve them read-only. The image is written under a temporary name beside
-    ``image_path`` and renamed into place once complete.
-
-    Parameters
-    ----------
-    store_path
-        A local store folder that ``open_store`` opens: a finished shardload store (or plain
-        Zarr data). Partial stores (``STORE.partial``, ``complete: false``) are refused.
-    image_path
-        The image file to write, e.g. ``era5.sqfs``.
-    compression
-        ``"zstd"`` (default), ``"gzip"``, ``"xz"``, ``"lz4"``, ``"lzo"`` (as built into
-        ``mksquashfs``) or ``"none"`` (nothing compressed: reads cost a copy only).
-    block_size
-        The SquashFS block size in bytes (4 KiB to 1 MiB, a power of two): a read decodes
-        whole blocks, so smaller blocks cost less for small random reads, larger ones compress
-        better.
-    processors
-        Threads ``mksquashfs`` uses (default: all).
-    overwrite
-        Replace an existing image.
-
-    Returns
-    -------
-    Path
-        The image.
-
-    Raises
-    ------
-    ImageError
-        ``mksquashfs`` is missing or failed, or an option is bad.
-    StoreError, IncompleteStoreError
-        ``store_path`` is not a complete store.
-    StoreExistsError
-        ``image_path`` exists and ``overwrite`` is false.
-    """
-    store = Path(store_path).expanduser()
-    image = Path(image_path).expanduser().resolve()
-    if compression not in COMPRESSIONS:
-        raise ImageError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
-    if block_size < 4096 or block_size > 1 << 20 or block_size & (block_size - 1):
-        raise ImageError(f"block_size {block_size} must be a power of two from 4096 to 1048576")
-    partial = store.with_name(store.name + PARTIAL_SUFFIX)
-    if not store.is_dir() and not partial.exists():
-        what = "does not exist" if not store.exists() else "is not a folder"
-        raise StoreError(f"cannot pack {store}: it {what} (pack takes a store folder)")
-    try:
-        _check_complete(store)
-    except StoreError as exc:
-        raise type(exc)(f"cannot pack {store}: {exc}") from exc
-    store = store.resolve()
-    if image == store or store in image.parents:
-        raise ImageError(f"the image {image} must not be inside the store {store}")
-    if image.exists() and not overwrite:
-        raise StoreExistsError(f"{image} exists; pass overwrite=True (--overwrite) to replace it")
-    tool = _tool("mksquashfs", "pack", store, "squashfs-tools")
-    image.parent.mkdir(parents=True, exist_ok=True)
-    tmp = image.with_name(f".{image.name}.tmp-{os.getpid()}")
-    cmd = [tool, str(store), str(tmp), "-noappend", "-no-progress", "-quiet", "-b", str(block_size)]
-    cmd += ["-noI", "-noD", "-noF", "-noX"] if compression == "none" else ["-comp", compression]
-    if processors:
-        cmd += ["-processors", str(int(processors))]
-    files, nbytes = _tree_size(store)
-    t0 = time.monotonic()
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise ImageError(
-                f"mksquashfs failed packing {store} into {image} (status {res.returncode}): "
-                f"{(res.stderr or res.stdout).strip()[-2000:]}"
-            )
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, image)
-        _fsync_dir(image.parent)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    size = image.stat().st_size
-    log.info(
-        "packed %s (%d files, %.1f MB) into %s (%.1f MB, %s compression, %.2f of the store's "
-        "bytes) in %.1f s",
-        store,
-        files,
-        nbytes / 1e6,
-        image,
-        size / 1e6,
-        compression,
-        size / max(nbytes, 1),
-        time.monotonic() - t0,
-    )
-    return image
-
-
-def _tree_size(root: Path) -> tuple[int, int]:
-    files = nbytes = 0
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            files += 1
-            with contextlib.suppress(OSError):
-                nbytes += os.lstat(os.path.join(dirpath, name)).st_size
-    return files, nbytes
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- mounting --------------------------------------------------------------------------------------
@@ -232,8 +101,8 @@ def mount(image_path: str | os.PathLike[str]) -> Path:
         if use is not None:  # the mount died under us (watcher or squashfuse killed)
             _USES.pop(stem)
             os.close(use.fd)
-        squashfuse = _tool("squashfuse", "mount", image, "squashfuse")
-        fusermount = _fusermount(image)
+        squashfuse = require_program("squashfuse", "mount", image, "squashfuse")
+        fusermount = find_fusermount(image)
         if not os.access(FUSE_DEVICE, os.R_OK | os.W_OK):
             why = "is missing" if not os.path.exists(FUSE_DEVICE) else "is not usable by this user"
             raise ImageError(
@@ -242,7 +111,7 @@ def mount(image_path: str | os.PathLike[str]) -> Path:
             )
         registry = _registry()
         base = registry / stem
-        with _locked(f"{base}.setup"):
+        with locked(f"{base}.setup", poll_s=POLL_S):
             fd = _share(f"{base}.lock")
             try:
                 if not _healthy(base):
@@ -273,27 +142,6 @@ def _identity(image: Path) -> str:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "image"
-
-
-def _tool(name: str, action: str, target: object, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise ImageError(
-            f"cannot {action} {target}: the '{name}' program is not on PATH "
-            f"(install the '{package}' package, e.g. apt-get install {package})"
-        )
-    return path
-
-
-def _fusermount(image: Path) -> str:
-    for name in ("fusermount3", "fusermount"):
-        path = shutil.which(name)
-        if path:
-            return path
-    raise ImageError(
-        f"cannot mount {image}: neither 'fusermount3' nor 'fusermount' is on PATH "
-        "(install the 'fuse3' package, e.g. apt-get install fuse3)"
-    )
 
 
 def _registry() -> Path:
@@ -402,30 +250,12 @@ def _start_watcher(image: Path, base: Path, squashfuse: str, fusermount: str) ->
     log.info("mounted %s read-only at %s", image, base)
 
 
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path``, waited for in short polls (signals get through)."""
-    from shardload.move.squashfs_watch import try_lock
-
-    while True:
-        fd = try_lock(path, fcntl.LOCK_EX)
-        if fd is not None:
-            break
-        time.sleep(POLL_S)
-    try:
-        yield
-    finally:
-        os.close(fd)
-
-
 def _share(path: str) -> int:
     """A shared ``flock`` on ``path`` (called under the setup lock, when the watcher never
     holds its exclusive lock)."""
-    from shardload.move.squashfs_watch import try_lock
-
     deadline = time.monotonic() + 10
     while True:
-        fd = try_lock(path, fcntl.LOCK_SH)
+        fd = try_lock(path, shared=True)
         if fd is not None:
             return fd
         if time.monotonic() > deadline:
@@ -463,30 +293,3 @@ def open_image(image_path: str | os.PathLike[str]) -> tuple[Path, MountHold]:
     image = Path(image_path).expanduser().resolve()
     root = mount(image)
     return root, MountHold(image, _identity(image))
-
-
-def _check_complete(store: Path) -> None:
-    """Refuse a partial store or a folder that is no store, naming why (as ``open_store`` would;
-    the manifest alone tells, so packing needs no reader of the store)."""
-    partial = store.with_name(store.name + PARTIAL_SUFFIX)
-    try:
-        text = (store / MANIFEST_NAME).read_bytes()
-    except FileNotFoundError:
-        if partial.exists() or (store / PROGRESS_DIR).exists():
-            raise IncompleteStoreError(
-                f"{store} is not complete: a prepare was interrupted or is still running "
-                f"(found {partial}); re-run 'shardload prepare' to resume"
-            ) from None
-        if any((store / m).exists() for m in ("zarr.json", ".zgroup", ".zarray")):
-            return  # plain Zarr data, which open_store reads too
-        raise StoreError(
-            f"{store} is not a shardload store: no {MANIFEST_NAME} and no Zarr metadata"
-        ) from None
-    try:
-        complete = json.loads(text).get("complete", False)
-    except (ValueError, AttributeError) as exc:
-        raise StoreError(f"{store / MANIFEST_NAME} is not a manifest: {exc}") from None
-    if complete is not True:
-        raise IncompleteStoreError(
-            f"{store} is not complete ({MANIFEST_NAME} says complete: false)"
-        )

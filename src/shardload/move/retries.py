@@ -1,0 +1,119 @@
+"""Retries of remote reads: which errors are transient, exponential backoff with jitter, and
+the read options' defaults (``SHARDLOAD_RETRIES``, ``SHARDLOAD_RETRY_BACKOFF_S``,
+``SHARDLOAD_TIMEOUT_S``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from shardload.errors import RemoteError, RemoteNotFoundError
+
+log = logging.getLogger("shardload.remote")
+
+T = TypeVar("T")
+_DEFAULTS = {"retries": 5, "backoff_s": 0.25, "timeout_s": 30.0}
+_ENV = {
+    "retries": "SHARDLOAD_RETRIES",
+    "backoff_s": "SHARDLOAD_RETRY_BACKOFF_S",
+    "timeout_s": "SHARDLOAD_TIMEOUT_S",
+}
+
+
+def default_option(name: str) -> float:
+    """A read option's default: its environment variable, else the built-in value."""
+    raw = os.environ.get(_ENV[name])
+    if raw is None or raw.strip() == "":
+        return _DEFAULTS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        from shardload.errors import ConfigError
+
+        raise ConfigError(f"{_ENV[name]}={raw!r} is not a number") from None
+    return int(value) if name == "retries" else value
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth retrying: connection problems, timeouts, 5xx/408/429, other OSErrors."""
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - aiohttp is only needed for HTTP
+        aiohttp = None  # type: ignore[assignment]
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError):
+        return exc.status >= 500 or exc.status in (408, 429)
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
+        return True
+    return isinstance(exc, (OSError, TimeoutError, ConnectionError))
+
+
+def _unmask(exc: Exception) -> Exception:
+    """The transient error behind a FileNotFoundError (fsspec's HTTP ``info`` turns a refused
+    connection into FileNotFoundError: that is not a missing file)."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, FileNotFoundError) and isinstance(cause, Exception) and is_transient(cause):
+        return cause
+    return exc
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _describe(url: str, what: str) -> str:
+    return f"{what} ({url})" if what else url
+
+
+def call_with_retries(
+    func: Callable[[], T],
+    *,
+    url: str,
+    what: str = "",
+    retries: int = 5,
+    backoff_s: float = 0.25,
+    on_error: Callable[[], None] | None = None,
+) -> T:
+    """Call ``func()``, retrying transient errors with exponential backoff and jitter.
+
+    Raises
+    ------
+    RemoteNotFoundError
+        At once, when the file does not exist.
+    RemoteError
+        When a non-transient error occurs, or the last retry failed; names ``url`` and ``what``.
+    """
+    for attempt in range(retries + 1):
+        try:
+            return func()
+        except Exception as exc:
+            if on_error is not None:
+                on_error()
+            if isinstance(exc, RemoteError):
+                raise  # already described (a nested read)
+            exc = _unmask(exc)
+            status = getattr(exc, "status", None)
+            if isinstance(exc, FileNotFoundError) or status == 404:
+                raise RemoteNotFoundError(f"{_describe(url, what)}: not found") from exc
+            if not is_transient(exc):
+                raise RemoteError(f"cannot read {_describe(url, what)}: {_short(exc)}") from exc
+            if attempt == retries:
+                raise RemoteError(
+                    f"cannot read {_describe(url, what)} after {retries + 1} attempts: {_short(exc)}"
+                ) from exc
+            delay = backoff_s * 2**attempt * (0.5 + random.random())
+            log.warning(
+                "reading %s failed (%s); retry %d/%d in %.2fs",
+                _describe(url, what),
+                _short(exc),
+                attempt + 1,
+                retries,
+                delay,
+            )
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,123 @@
+"""What goes into a block's progress record besides its data being durable: the background
+recorder that fsyncs deferred files before each record, and the checksum fields of a record."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardload.errors import StoreError
+from shardload.prep.commit import BlockCommit
+from shardload.util.durable import fsync_path
+
+log = logging.getLogger("shardload.prep.commit")
+
+
+class DurableRecorder:
+    """Records finished blocks from one background thread, each once the files its task wrote
+    are fsynced: for tasks that deferred their fsyncs (:func:`~shardload.util.durable.collect_written`
+    with ``defer=True``), so a block is still durable before its record.
+
+    :meth:`put` hands over a finished task: its files are fsynced in order of arrival, then
+    ``on_durable(item)`` runs in the recorder's thread (it writes the block's record). At most
+    ``maxsize`` tasks wait; :meth:`put` blocks beyond that (the writers then wait for the disk).
+    An error in the thread is raised by the next :meth:`put` or by :meth:`close`; what was queued
+    after it is never recorded. Leaving the ``with`` block on an error (a task failed) still
+    records the finished tasks queued (a resumed run need not redo them); on an interrupt
+    (``KeyboardInterrupt``, ``SystemExit``) the queue is dropped.
+    """
+
+    def __init__(
+        self, commit: BlockCommit, on_durable: Callable[[Any], None], *, maxsize: int = 8
+    ) -> None:
+        self.commit = commit
+        self.on_durable = on_durable
+        self._queue: queue.Queue[tuple[Sequence[str], Any] | None] = queue.Queue(maxsize)
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="shardload-fsync", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            got = self._queue.get()
+            if got is None:
+                return
+            if self._error is not None or self._stop:
+                continue  # drain: nothing after an error is recorded
+            paths, item = got
+            try:
+                for path in dict.fromkeys(paths):
+                    fsync_path(path)
+                self.commit.synced.update(paths)
+                self.on_durable(item)
+            except BaseException as exc:  # re-raised in the driver
+                self._error = exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def put(self, paths: Sequence[str], item: Any) -> None:
+        self._raise()
+        self._queue.put((list(paths), item))
+
+    def close(self) -> None:
+        """Wait until every task handed over is recorded; raise the thread's error, if any."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+
+    def __enter__(self) -> DurableRecorder:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        if isinstance(exc_type, type) and issubclass(exc_type, Exception):
+            try:
+                self.close()
+            except Exception as late:  # the task's error is the one to report
+                log.warning("recording the blocks finished before the error failed: %s", late)
+            return
+        self._stop = True
+        self._queue.put(None)
+        self._thread.join()
+
+
+# -- checksums in progress records ---------------------------------------------------------------
+#: Progress-record field of an array's checksums: ``[[unit, ...], [digest, ...]]``.
+CHECKSUM_KEY = "checksum:"
+
+
+def checksum_field(name: str, sums: Mapping[int, int]) -> dict[str, np.ndarray]:
+    """The progress-record field holding array ``name``'s checksums by unit."""
+    return {f"{CHECKSUM_KEY}{name}": np.array([list(sums), list(sums.values())], np.uint64)}
+
+
+def record_checksums(record: dict[str, Any], name: str, sums: Mapping[int, int]) -> None:
+    record.update(checksum_field(name, sums))
+
+
+def merge_checksums(records: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, Any]:
+    """Every array's checksums by unit, from the blocks' records; {} when a record has none
+    (written by a version without checksums: the store then has none)."""
+    units: dict[str, dict[int, int]] = {n: {} for n in names}
+    for r in records:
+        for n in names:
+            if f"{CHECKSUM_KEY}{n}" not in r:
+                return {}
+            k, v = r[f"{CHECKSUM_KEY}{n}"]
+            units[n].update(zip(k.tolist(), v.tolist(), strict=True))
+    out = {}
+    for n, d in units.items():
+        if sorted(d) != list(range(len(d))):
+            raise StoreError(f"checksums of array {n!r} do not cover its chunks: {sorted(d)[:10]}")
+        out[n] = np.array([d[k] for k in range(len(d))], dtype=np.uint64)
+    return out

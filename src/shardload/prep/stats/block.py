@@ -1,0 +1,209 @@
+"""Per-feature statistics computed block by block and merged exactly.
+
+Features are the last axis of arrays with ndim >= 2 (reduced over rows and every other axis) and
+the single value of 1-D arrays. Partials hold count, mean, M2 (sum of squared deviations), min,
+max and NaN count per feature: counts int64 (a read-only broadcast constant where it is the
+same for every feature), mean and M2 float64 (a one-row block's mean is the row itself), min
+and max float64 or, exactly, in the block's type; :func:`merge` is Chan et al.'s parallel
+update, so the result equals a single pass over all data up to round-off, whatever the block
+order. :func:`finalize` gives float64 / int64 :class:`FeatureStats` whatever the partials held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: The fields of a statistics partial that every partial has (besides the exact sums).
+STAT_FIELDS = ("count", "mean", "m2", "min", "max", "nan_count")
+
+
+@dataclass(frozen=True)
+class Partial:
+    count: np.ndarray  # int64 per feature (non-NaN values); may be a broadcast constant
+    mean: np.ndarray  # float64, or a one-row block's row in its own type
+    m2: np.ndarray  # float64; may be a broadcast constant
+    min: np.ndarray  # float64 or the block's type (exact)
+    max: np.ndarray
+    nan_count: np.ndarray  # int64; may be a broadcast constant
+    #: exact integer sums of the values and of their squares (int64), or None: see
+    #: :class:`~shardload.prep.stats.ordered._Running` (mean and M2 are then ``s1 / n`` and ``(n * s2 - s1**2) / n / n``)
+    s1: np.ndarray | None = None
+    s2: np.ndarray | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v.tolist() for k, v in self.fields().items()}
+
+    def fields(self) -> dict[str, np.ndarray]:
+        """The arrays (the sums only where there are)."""
+        keys = ("count", "mean", "m2", "min", "max", "nan_count", "s1", "s2")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Partial:
+        f = lambda k, t: np.asarray(d[k], dtype=t)  # noqa: E731
+        sums = (f("s1", np.int64), f("s2", np.int64)) if "s1" in d and "s2" in d else (None, None)
+        return cls(
+            f("count", np.int64),
+            f("mean", np.float64),
+            f("m2", np.float64),
+            f("min", np.float64),
+            f("max", np.float64),
+            f("nan_count", np.int64),
+            *sums,
+        )
+
+
+def as_features(block: np.ndarray) -> np.ndarray:
+    """View a block as (values, features)."""
+    if block.ndim <= 1:
+        return block.reshape(-1, 1)
+    return block.reshape(-1, block.shape[-1])
+
+
+_CACHE_BYTES = 1 << 18  # rows reduced at a time: about this much, so they stay in cache
+
+
+def _add_rows(acc: np.ndarray, rows: np.ndarray) -> None:
+    """``acc += rows.sum(axis=0)`` in float64. A few wide rows are added one by one: numpy's
+    casting reduction over a short axis is many times slower than plain vector adds there."""
+    if len(rows) < 16:
+        for row in rows:
+            np.add(acc, row, out=acc)
+    else:
+        acc += np.add.reduce(rows, axis=0, dtype=np.float64)
+
+
+def _partial_slabs(v: np.ndarray) -> Partial | None:
+    """The common case: numbers without NaN or infinity (float32 blocks whose sums are finite,
+    and every integer or boolean block), float64 accumulators, no float64 copy of the block,
+    and no NaN scan unless a feature's sum says there is a NaN or an infinity (then None: the
+    general path).
+
+    Rows are reduced a cache-sized slab at a time, in two passes over memory (sums, min and
+    max; then deviations from the mean, rounded to the working type -- float32 for float32
+    data, else float64 -- whose sum corrects that rounding): whole-block reductions would stream
+    the block from memory once per operation and allocate block-sized temporaries (page
+    faults, and a float64 copy of integer blocks), which cost more than writing the block.
+    """
+    n, nf = v.shape
+    if v.dtype.kind == "b":
+        v = v.view(np.uint8)
+    work = np.float32 if v.dtype == np.float32 else np.float64
+    step = max(1, _CACHE_BYTES // max(1, nf * np.dtype(work).itemsize))
+    s1 = np.zeros(nf)
+    mn: np.ndarray | None = None
+    mx: np.ndarray | None = None
+    for r in range(0, n, step):
+        blk = v[r : r + step]
+        _add_rows(s1, blk)
+        lo, hi = np.minimum.reduce(blk, axis=0), np.maximum.reduce(blk, axis=0)
+        mn = lo if mn is None else np.minimum(mn, lo)
+        mx = hi if mx is None else np.maximum(mx, hi)
+    if not np.isfinite(s1).all() or mn is None or mx is None:
+        return None
+    mean = s1 / n
+    center = mean.astype(work)
+    sd = np.zeros(nf)
+    sq = np.zeros(nf)
+    buf = np.empty((min(step, n), nf), work)
+    for r in range(0, n, step):
+        blk = v[r : r + step]
+        d = buf[: len(blk)]
+        np.subtract(blk, center, out=d)
+        _add_rows(sd, d)
+        np.multiply(d, d, out=d)
+        _add_rows(sq, d)
+    m2 = sq - sd * sd / n  # fixes the rounded mean
+    # counts as broadcast constants (one number for every feature), min and max in the
+    # block's type: exact, and 8x smaller than float64 for bytes
+    return Partial(
+        np.broadcast_to(np.int64(n), (nf,)),
+        mean,
+        np.maximum(m2, 0.0),
+        mn,
+        mx,
+        np.broadcast_to(np.int64(0), (nf,)),
+    )
+
+
+def partial(block: np.ndarray) -> Partial:
+    """Statistics of one block of rows."""
+    v = as_features(block)
+    nf = v.shape[1]
+    n = v.shape[0]
+    # float64 blocks: measured no faster than the general path. Integers and booleans have no
+    # NaN: the general path's float64 copy of the block and its reductions over a short row
+    # axis cost seconds per block of a wide grid (9.3 M uint8 features, one row per block)
+    if n == 1 and v.dtype.kind in "iuf":  # one wide row (a grid per sample): itself, exactly
+        row = v[0]
+        if v.dtype.kind != "f" or np.isfinite(row).all():
+            # read-only views: the row itself (in its own dtype; merge and finalize compute in
+            # float64) for mean, min and max, broadcast constants for the rest: fresh 74 MB
+            # arrays per field cost more than the rest of a 9.3 M-feature block
+            def const(x: Any) -> np.ndarray:
+                return np.broadcast_to(x, (nf,))
+
+            return Partial(const(np.int64(1)), row, const(0.0), row, row, const(np.int64(0)))
+    if n and (v.dtype == np.float32 or v.dtype.kind in "biu"):
+        fast = _partial_slabs(v)
+        if fast is not None:
+            return fast
+    if v.dtype.kind == "f":
+        nan = np.isnan(v)
+        nan_count = nan.sum(axis=0).astype(np.int64)
+        has_nan = bool(nan_count.any())
+    else:
+        nan_count = np.zeros(nf, np.int64)
+        has_nan = False
+    count = (n - nan_count).astype(np.int64)
+    if n == 0:
+        empty = np.full(nf, np.nan)
+        return Partial(count, np.zeros(nf), np.zeros(nf), empty, empty.copy(), nan_count)
+    x = v.astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if has_nan:
+            s = np.nansum(x, axis=0)
+            mean = np.where(count > 0, s / np.maximum(count, 1), 0.0)
+            m2 = np.nansum((x - mean) ** 2, axis=0)
+            mn = np.where(count > 0, np.nanmin(np.where(nan, np.inf, x), axis=0), np.nan)
+            mx = np.where(count > 0, np.nanmax(np.where(nan, -np.inf, x), axis=0), np.nan)
+        else:
+            mean = x.mean(axis=0)
+            m2 = ((x - mean) ** 2).sum(axis=0)
+            mn = x.min(axis=0)
+            mx = x.max(axis=0)
+    return Partial(count, mean, m2, mn.astype(np.float64), mx.astype(np.float64), nan_count)
+
+
+def merge(a: Partial, b: Partial) -> Partial:
+    """Combine two partials (Chan et al. 1979)."""
+    n = a.count + b.count
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delta = np.subtract(b.mean, a.mean, dtype=np.float64)  # means may be a row's dtype
+        frac = np.where(n > 0, b.count / np.maximum(n, 1), 0.0)
+        mean = a.mean + delta * frac
+        m2 = a.m2 + b.m2 + delta**2 * a.count * frac
+    f8 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    return Partial(
+        n, mean, m2, np.fmin(f8(a.min), b.min), np.fmax(f8(a.max), b.max), a.nan_count + b.nan_count
+    )
+
+
+def merge_all(parts: Iterable[Partial]) -> Partial | None:
+    out: Partial | None = None
+    for p in parts:
+        out = p if out is None else merge(out, p)
+    return out
+
+
+def broadcast_value(x: np.ndarray) -> Any:
+    """The value of a broadcast constant (``np.broadcast_to`` of one value: stride 0), else
+    None. Partials of one-row blocks hold their counts, NaN counts and M2 so; checking the
+    stride costs nothing, where scanning 9.3 M values would cost a pass over memory."""
+    if x.ndim == 1 and x.size and x.strides == (0,):
+        return x[0]
+    return None

@@ -1,0 +1,244 @@
+"""One write task of ``prepare``: read one block's rows through the view, check them, compute
+their statistics partials and write them into ``OUT.partial`` (durably, or deferring the
+fsyncs to the driver's recorder). Tasks run in any worker; :class:`PrepareJob` is all they get.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardload.errors import DiskFullError, NaNError, ShardloadError, StoreError
+from shardload.formats.registry import get_writer
+from shardload.manifest.core import ArraySpec
+from shardload.plan.chunks import RegularBounds
+from shardload.prep.commit import THROTTLE_ENV, write_block_durably
+from shardload.prep.config import PrepareConfig
+from shardload.prep.disk import is_disk_full
+from shardload.prep.recorder import checksum_field, record_checksums
+from shardload.prep.stats import Partial, partial
+from shardload.prep.views.base import View
+from shardload.util.durable import collect_written
+
+log = logging.getLogger("shardload.prep.driver")  # the name users' logs have always shown
+
+
+@dataclass(frozen=True)
+class PrepareJob:
+    """Everything a write task needs, and small enough to ship to any worker: its size does
+    not grow with the number of chunks (boundaries are computed, not listed)."""
+
+    config: PrepareConfig
+    partial_dir: str
+    length: int
+    chunk_rows: int
+    chunks_per_block: int  # write block = this many chunks (a Zarr shard; 1 otherwise)
+    specs: Mapping[str, ArraySpec]
+    fingerprint: str
+    dataset: Any = None  # prepare(config, dataset=ds): the caller's lazy xarray.Dataset
+    defer_fsync: bool = False  # tasks leave fsyncs to the driver (workers on its machine)
+
+    @property
+    def bounds(self) -> RegularBounds:
+        return RegularBounds(self.length, self.chunk_rows)
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.length // (self.chunk_rows * self.chunks_per_block))
+
+    def block(self, i: int) -> tuple[int, int, int]:
+        """``(first chunk, first row, stop row)`` of write block ``i``, in O(1)
+        (:func:`~shardload.plan.chunks.block_span` on regular boundaries)."""
+        chunk = i * self.chunks_per_block
+        if not 0 <= i < self.num_blocks:
+            raise IndexError(f"write block {i} out of range ({self.num_blocks} blocks)")
+        rows = self.chunk_rows * self.chunks_per_block
+        return chunk, i * rows, min((i + 1) * rows, self.length)
+
+
+# -- per-process cache: a worker opens the source and builds the view once ----------------------
+_VIEWS: dict[str, View] = {}
+
+
+def build(cfg: PrepareConfig, chunk_rows: int | None = None, dataset: Any = None) -> View:
+    """Open the source and build the view; with ``chunk_rows``, dask chunks along a single
+    sample dim match the store's chunks (each task then reads only its own rows). A
+    ``dataset`` (the caller's lazy ``xarray.Dataset``) replaces the source, chunks as they are."""
+    from shardload.prep.sources.open import open_rows, open_source
+    from shardload.prep.views import build_view
+
+    if dataset is not None:
+        if cfg.source.variables:
+            dataset = dataset[list(cfg.source.variables)]
+        return build_view(dataset, cfg)
+
+    sample_chunks = None
+    if (
+        chunk_rows
+        and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation")
+        and cfg.view != "window"
+    ):
+        sample_chunks = {(cfg.sample_dims or ("column",))[0]: chunk_rows}
+    ds = open_source(cfg.source, sample_chunks=sample_chunks)
+    rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in ("flat", "graph") else None
+    return build_view(ds, cfg, rows=rows)
+
+
+def share_view(fingerprint: str, view: View) -> None:
+    """Make ``view`` the one tasks of ``fingerprint`` use in this process (threads share it)."""
+    _VIEWS.clear()
+    _VIEWS[fingerprint] = view
+
+
+def _view(job: PrepareJob) -> View:
+    if job.fingerprint not in _VIEWS:
+        _VIEWS.clear()
+        _VIEWS[job.fingerprint] = build(job.config, job.chunk_rows, job.dataset)
+    return _VIEWS[job.fingerprint]
+
+
+def _read_block(job: PrepareJob, block: int) -> tuple[dict[str, Any], dict[str, Partial]]:
+    """The rows of one block, as the store's arrays (:class:`~shardload.manifest.ragged.RaggedRows` for
+    variable-length ones), and their statistics partials."""
+    chunk, a, b = job.block(block)
+    data = _view(job).read(a, b)
+    arrays: dict[str, Any] = {}
+    stats: dict[str, Partial] = {}
+    for name, spec in job.specs.items():
+        if spec.ragged:
+            arrays[name], stats[name] = _ragged_rows(job, name, spec, data[name], chunk, a, b)
+            continue
+        arr = data[name]
+        want = (b - a, *spec.shape[1:])
+        if arr.shape != want:
+            raise StoreError(
+                f"view returned shape {arr.shape} for array {name!r} rows {a}:{b}, expected {want}"
+            )
+        arrays[name] = arr = np.ascontiguousarray(arr, dtype=spec.dtype)
+        stats[name] = p = partial(arr)
+        if job.config.nan == "fail" and p.nan_count.any():
+            feat = int(np.argmax(p.nan_count > 0))
+            names = _view(job).specs[name].features
+            label = names[feat] if names and feat < len(names) else f"feature {feat}"
+            raise NaNError(
+                f"NaN values in array {name!r} ({label}) in chunk {chunk} (rows {a}:{b}): "
+                f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
+            )
+    return arrays, stats
+
+
+def block_stats(job: PrepareJob, block: int) -> dict[str, Any]:
+    """The statistics of a block written (and recorded) by an earlier, interrupted run, from
+    the source again: a progress record carries no statistics (see :func:`prepare`)."""
+    return {"block": block, "stats": _read_block(job, block)[1], "paths": []}
+
+
+def run_task(job: PrepareJob, item: int) -> dict[str, Any]:
+    """``item >= 0``: write block ``item`` (:func:`run_block`); ``item < 0``: only the
+    statistics of block ``-item - 1`` (:func:`block_stats`)."""
+    return run_block(job, item) if item >= 0 else block_stats(job, -item - 1)
+
+
+def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
+    """Read the rows of one block from the source, compute their stats, write them.
+
+    Returns ``{"block": i, "record": fields, "stats": partials, "paths": files}``: the named
+    arrays of the block's progress record (the checksums of what it wrote), the statistics
+    partials of each array, and the files written. With ``job.defer_fsync`` these files are not
+    fsynced yet: the driver fsyncs them before it writes the record.
+    """
+    throttle_s = float(os.environ.get(THROTTLE_ENV) or 0)
+    time.sleep(throttle_s / 2)
+    arrays, stats = _read_block(job, block)
+    fmt = get_writer(job.config.format)
+    record: dict[str, np.ndarray] = {}
+    with collect_written(defer=job.defer_fsync) as paths:
+        for k, (name, arr) in enumerate(arrays.items()):
+            if k:  # between two arrays' writes
+                time.sleep(throttle_s / 2)
+            if job.specs[name].ragged:
+                record.update(_write_ragged(job, block, name, arr))
+            else:
+                _write_array(job, fmt, block, name, arr, record)
+    return {"block": block, "record": record, "stats": stats, "paths": paths}
+
+
+def _write_error(
+    job: PrepareJob, name: str, chunk: int, a: int, b: int, exc: OSError
+) -> ShardloadError:
+    """The error for a failed write of one chunk of array ``name``: disk full (resume after
+    freeing space) or another OS error; either way the store stays incomplete."""
+    where = f"chunk {chunk} (rows {a}:{b}) of array {name!r}"
+    if is_disk_full(exc):
+        return DiskFullError(f"writing {where} to {job.partial_dir}: {exc}")
+    return StoreError(
+        f"writing {where} to {job.partial_dir} failed: {exc}. "
+        "The store stays incomplete; re-run to resume."
+    )
+
+
+def _write_array(
+    job: PrepareJob, fmt: Any, block: int, name: str, arr: np.ndarray, record: dict[str, Any]
+) -> None:
+    chunk, a, b = job.block(block)
+    try:
+        sums = write_block_durably(
+            fmt, job.partial_dir, block, name, chunk, a, arr, bounds=job.bounds
+        )
+    except OSError as exc:
+        raise _write_error(job, name, chunk, a, b, exc) from exc
+    if sums is None:  # a staged block (HDF5): its checksums are over the rows themselves
+        sums = fmt.row_checksums(chunk, arr, bounds=job.bounds)
+    record_checksums(record, name, sums)
+
+
+#: Progress-record field of a variable-length array's row lengths (int64, the block's rows).
+LENGTHS_KEY = "ragged:"
+
+
+def _ragged_rows(
+    job: PrepareJob, name: str, spec: ArraySpec, data: Any, chunk: int, a: int, b: int
+) -> tuple[Any, Partial]:
+    """A block of a variable-length array as the view returned it, checked: its rows (values
+    in the store's dtype) and the statistics partial of its values."""
+    from shardload.manifest.ragged import RaggedRows
+
+    if not isinstance(data, RaggedRows) or len(data.lengths) != b - a:
+        got = len(data.lengths) if isinstance(data, RaggedRows) else type(data).__name__
+        raise StoreError(
+            f"view returned {got} rows for variable-length array {name!r} rows {a}:{b}, "
+            f"expected {b - a}"
+        )
+    values = np.ascontiguousarray(data.values, dtype=spec.dtype)
+    p = partial(values)
+    if job.config.nan == "fail" and p.nan_count.any():
+        raise NaNError(
+            f"NaN values in array {name!r} in chunk {chunk} (rows {a}:{b}): "
+            f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
+        )
+    return RaggedRows(values, np.asarray(data.lengths, np.int64)), p
+
+
+def _write_ragged(job: PrepareJob, block: int, name: str, rows: Any) -> dict[str, np.ndarray]:
+    """One block of a variable-length array: its values per sample chunk, durably
+    (:mod:`shardload.formats.ragged.write`); the record fields (checksums, row lengths)."""
+    from shardload.formats.ragged.write import write_ragged_block
+
+    chunk, a, b = job.block(block)
+    try:
+        sums = write_ragged_block(
+            job.config.format, Path(job.partial_dir), name, chunk, rows, bounds=job.bounds
+        )
+    except OSError as exc:
+        raise _write_error(job, name, chunk, a, b, exc) from exc
+    return {
+        **checksum_field(name, sums),
+        f"{LENGTHS_KEY}{name}": rows.lengths,
+    }
