@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=None)
     args = ap.parse_args()
-    from shardload.move import squashfs
+    from shardload.move.pack import pack
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pack-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -86,7 +86,7 @@ def main() -> None:
     report: dict = {"rows": args.rows, "files": files, "store_bytes": nbytes, "pack": {}}
     for comp in ("none", "zstd"):
         t0 = time.perf_counter()
-        img = squashfs.pack(store, work / f"store-{comp}.sqfs", compression=comp, overwrite=True)
+        img = pack(store, work / f"store-{comp}.sqfs", compression=comp, overwrite=True)
         report["pack"][comp] = {"seconds": time.perf_counter() - t0, "bytes": img.stat().st_size}
         targets[f"image-{comp}"] = str(img)
     times: dict[str, list[dict]] = {k: [] for k in targets}

@@ -30,3 +30,31 @@ def test_import_contracts_are_kept(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "0 broken" in res.stdout
+
+
+def _sources() -> list[Path]:
+    return sorted((REPO / "src" / "shardload").rglob("*.py"))
+
+
+def test_modules_stay_small():
+    """One concept a module: none over 400 lines (docs/design.md, "Packages and modules")."""
+    big = {
+        str(p.relative_to(REPO)): n
+        for p in _sources()
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert big == {}
+
+
+def test_few_long_functions():
+    """Functions under ~80 lines; the few longer ones are public entry points whose length is
+    their numpydoc docstring (iter_batches, open_store, StreamingDataset.__init__)."""
+    import ast
+
+    long = []
+    for p in _sources():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > 80:
+                    long.append(f"{p.relative_to(REPO)}:{node.name}")
+    assert len(long) <= 5, long
