@@ -25,9 +25,11 @@ Batch = dict[str, np.ndarray]
 def rank_batches(store: Any, *, rank: int, world: int, workers: int, **kw: Any) -> list[Batch]:
     """A rank's batches as a DataLoader yields them: batch ``j`` is worker ``j % W``'s next."""
     its: list[Iterator[Batch]] = [
-        shardload.iter_batches(store, rank=rank, world_size=world, worker=w, num_workers=workers, **kw)
+        shardload.iter_batches(
+            store, rank=rank, world_size=world, worker=w, num_workers=workers, **kw
+        )
         for w in range(max(1, workers))
-    ]  # fmt: skip
+    ]
     out: list[Batch] = []
     while (b := next(its[len(out) % len(its)], None)) is not None:  # short workers come last
         out.append(b)
@@ -43,9 +45,14 @@ def assert_same_batches(got: Sequence[Batch], want: Sequence[Batch]) -> None:
 
 
 def assert_resumes_exactly(
-    store: Any, *, world: int = 2, workers: int = 2, consumed: Sequence[int] = (1, 3),
-    epoch: int = 1, **kw: Any,
-) -> None:  # fmt: skip
+    store: Any,
+    *,
+    world: int = 2,
+    workers: int = 2,
+    consumed: Sequence[int] = (1, 3),
+    epoch: int = 1,
+    **kw: Any,
+) -> None:
     """Resuming after ``k`` batches (each of ``consumed``) yields exactly the rest of the epoch,
     per rank from a saved state and per worker with ``skip_batches``; ``kw`` go to
     ``iter_batches`` (``batch_size`` is needed)."""
@@ -65,8 +72,16 @@ def assert_resumes_exactly(
         for w in range(readers):  # a worker's own position (torchdata restores workers so)
             mine = fresh[w::readers]
             for skip in (1, len(mine) - 1):
-                got = list(shardload.iter_batches(
-                    store, rank=rank, world_size=world, worker=w, num_workers=workers,
-                    epoch=epoch, skip_batches=skip, **kw,
-                ))  # fmt: skip
+                got = list(
+                    shardload.iter_batches(
+                        store,
+                        rank=rank,
+                        world_size=world,
+                        worker=w,
+                        num_workers=workers,
+                        epoch=epoch,
+                        skip_batches=skip,
+                        **kw,
+                    )
+                )
                 assert_same_batches(got, mine[skip:])

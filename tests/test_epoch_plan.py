@@ -397,9 +397,13 @@ def test_shuffle_order_spreads_the_pieces_of_each_chunk():
     a, b = (shuffle_order(ids, np.random.default_rng(s)) for s in (0, 1))
     assert not np.array_equal(a, b)
     plan = plan_epoch(
-        np.full(256, 1024), chunk_ids=ids, chunk_starts=np.arange(256) * 1024,
-        batch_size=256, num_workers=2, seed=3,
-    )  # fmt: skip
+        np.full(256, 1024),
+        chunk_ids=ids,
+        chunk_starts=np.arange(256) * 1024,
+        batch_size=256,
+        num_workers=2,
+        seed=3,
+    )
     groups = [
         [s.chunk for s in segs] for w in range(2) for segs, _ in iter_worker_groups(plan, 0, w)
     ]
@@ -445,10 +449,14 @@ def test_small_pieces_and_uniform_keep_every_guarantee(cfg, data):
     world, workers = data.draw(st.integers(1, 16)), data.draw(st.integers(0, 8))
     new = check_resume(plan, k, world, workers)
     rebuilt = plan_from_state(
-        plan_state(plan, k), sizes, chunk_ids=ids, chunk_starts=starts, world_size=world,
+        plan_state(plan, k),
+        sizes,
+        chunk_ids=ids,
+        chunk_starts=starts,
+        world_size=world,
         num_workers=workers,
         **{o: v for o, v in opts.items() if o not in ("world_size", "num_workers", "epoch")},
-    )  # fmt: skip
+    )
     for a, b in zip(rank_batches(new), rank_batches(rebuilt), strict=True):
         assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
@@ -473,9 +481,12 @@ def test_uniform_shuffle_is_a_uniform_permutation_of_rows():
 
 @settings(max_examples=100, deadline=None)
 @given(
-    st.lists(st.integers(1, 40), min_size=1, max_size=60), st.integers(0, 10_000),
-    st.integers(1, 64), st.integers(0, 2**32 - 1), st.booleans(),
-)  # fmt: skip
+    st.lists(st.integers(1, 40), min_size=1, max_size=60),
+    st.integers(0, 10_000),
+    st.integers(1, 64),
+    st.integers(0, 2**32 - 1),
+    st.booleans(),
+)
 def test_deal_order_puts_a_segments_rows_in_different_batches(lengths, at, batch, seed, draw_whole):
     """A shuffle group's order (``deal_order``) is a permutation of its rows, whatever the
     group's place in the stream; where the group's batches are whole, the rows of a segment

@@ -173,9 +173,18 @@ def test_scatter_reads_coalesce_runs_of_each_chunk(npy, monkeypatch, shuffle, io
     monkeypatch.undo()
     sel, _, k = loader_selection(npy, split="train")
     plan = plan_for(
-        npy, sel, batch_size=8, world_size=1, num_workers=1, shuffle=shuffle, seed=0, epoch=0,
-        mode="drop", drop_last=False, shuffle_chunks=k,
-    )  # fmt: skip
+        npy,
+        sel,
+        batch_size=8,
+        world_size=1,
+        num_workers=1,
+        shuffle=shuffle,
+        seed=0,
+        epoch=0,
+        mode="drop",
+        drop_last=False,
+        shuffle_chunks=k,
+    )
     groups = list(iter_worker_spans(plan, 0, 0))
     assert len(tasks) <= 2 * 2 * len(groups)
     calls = preadvs if io_path == "preadv" else [1] * sum(batches)
@@ -226,18 +235,25 @@ def test_scatter_and_gather_paths_agree(stores, fmt, consumed, monkeypatch):
     sel = select_rows(store, split="train")
     state = EpochState(1, consumed, 1, 2, "", ()).to_dict()
     state["fingerprint"] = plan_fingerprint(
-        sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=5, seed=2,
+        sel.sizes,
+        chunk_ids=sel.ids,
+        chunk_starts=sel.starts,
+        batch_size=5,
+        seed=2,
         shuffle_chunks=3,
-    )  # fmt: skip
+    )
     kw = dict(batch_size=5, split="train", seed=2, num_workers=2, shuffle_chunks=3)
     runs = []
     for raw in (True, False):
         if not raw:
             monkeypatch.setattr(kinds_mod, "raw_sources", lambda *a: None)
-        runs.append([
-            collect(store, **kw, worker=w, epoch=1, **extra)
-            for w in range(2) for extra in ({}, {"state": state}, {"skip_batches": 2})
-        ])  # fmt: skip
+        runs.append(
+            [
+                collect(store, **kw, worker=w, epoch=1, **extra)
+                for w in range(2)
+                for extra in ({}, {"state": state}, {"skip_batches": 2})
+            ]
+        )
     scatter_runs, gather_runs = runs
     for got, want in zip(scatter_runs, gather_runs, strict=True):
         assert [b["index"].tolist() for b in got] == [b["index"].tolist() for b in want]
@@ -267,9 +283,13 @@ def test_resume_state_gives_the_rest(npy):
 
     sel, _, k = loader_selection(npy, split="train")
     state["fingerprint"] = plan_fingerprint(
-        sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=8, seed=4,
+        sel.sizes,
+        chunk_ids=sel.ids,
+        chunk_starts=sel.starts,
+        batch_size=8,
+        seed=4,
         shuffle_chunks=k,
-    )  # fmt: skip
+    )
     rest = collect(npy, batch_size=8, split="train", world_size=2, rank=1, seed=4, state=state)
     assert [b["index"].tolist() for b in rest] == [b["index"].tolist() for b in full[3:]]
     with pytest.raises(StateError):
@@ -360,9 +380,18 @@ def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes,
     sel, _, k = loader_selection(store, split="train")  # the defaults
     kw = dict(batch_size=6, split="train", seed=4, epoch=2, num_workers=2, worker=1)
     plan = plan_for(
-        store, sel, batch_size=6, world_size=1, num_workers=2, shuffle=True, seed=4, epoch=2,
-        mode="drop", drop_last=False, shuffle_chunks=k,
-    )  # fmt: skip
+        store,
+        sel,
+        batch_size=6,
+        world_size=1,
+        num_workers=2,
+        shuffle=True,
+        seed=4,
+        epoch=2,
+        mode="drop",
+        drop_last=False,
+        shuffle_chunks=k,
+    )
     want = [b.tolist() for b in iter_worker_batches(plan, 0, 1)]
     slots: list[dict] = []
 
@@ -371,9 +400,10 @@ def test_batches_follow_the_plan_whatever_the_threads(stores, fmt, inline_bytes,
             slots.append({})
             return None  # every other batch: fresh arrays
         out = {
-            "x": np.empty((n, 4), "f4"), "y": np.empty((n, 1), "i8"),
+            "x": np.empty((n, 4), "f4"),
+            "y": np.empty((n, 1), "i8"),
             "index": np.empty(n, "i8"),
-        }  # fmt: skip
+        }
         slots.append(out)
         return out
 
@@ -423,10 +453,20 @@ def test_pieces_are_the_shuffle_unit(stores, fmt):
     seen, counts = [], []
     for rank in range(2):
         got = [
-            collect(store, batch_size=4, split="train", rank=rank, world_size=2, worker=w,
-                    num_workers=2, seed=1, piece_rows=3, shuffle_chunks=3)
+            collect(
+                store,
+                batch_size=4,
+                split="train",
+                rank=rank,
+                world_size=2,
+                worker=w,
+                num_workers=2,
+                seed=1,
+                piece_rows=3,
+                shuffle_chunks=3,
+            )
             for w in range(2)
-        ]  # fmt: skip
+        ]
         counts.append(sum(len(g) for g in got))
         for b in (b for g in got for b in g):
             check_values(store, b)
@@ -495,9 +535,18 @@ def test_uniform_shuffle_reads_rows_where_they_lie(stores, fmt):
     kw = dict(batch_size=5, split="train", seed=3, shuffle="uniform", epoch=1)
     sel, _, k = loader_selection(store, split="train", shuffle="uniform")
     plan = plan_for(
-        store, sel, batch_size=5, world_size=2, num_workers=2, shuffle="uniform", seed=3,
-        epoch=1, mode="drop", drop_last=False, shuffle_chunks=k,
-    )  # fmt: skip
+        store,
+        sel,
+        batch_size=5,
+        world_size=2,
+        num_workers=2,
+        shuffle="uniform",
+        seed=3,
+        epoch=1,
+        mode="drop",
+        drop_last=False,
+        shuffle_chunks=k,
+    )
     for r in range(2):
         got = [
             collect(store, **kw, rank=r, world_size=2, worker=w, num_workers=2) for w in range(2)
@@ -509,8 +558,10 @@ def test_uniform_shuffle_reads_rows_where_they_lie(stores, fmt):
             check_values(store, b)
     state = {**plan_state(plan, 3).to_dict(), "dataset": None}
     del state["dataset"]
-    rest = [collect(store, **kw, rank=0, world_size=1, worker=w, num_workers=3, state=state)
-            for w in range(3)]  # fmt: skip
+    rest = [
+        collect(store, **kw, rank=0, world_size=1, worker=w, num_workers=3, state=state)
+        for w in range(3)
+    ]
     seen = {i for r in range(2) for b in list(iter_rank_batches(plan, r))[:3] for i in b.tolist()}
     left = {i for r in range(2) for b in list(iter_rank_batches(plan, r))[3:] for i in b.tolist()}
     got = [i for g in rest for b in g for i in b["index"].tolist()]
@@ -571,8 +622,14 @@ def test_default_pieces_are_no_longer_than_the_groups_batch_count(tmp_path, monk
         b: spec_mod.loader_selection(store, split="train", batch_size=b)[1:]
         for b in (None, 4, 10, 20, 30, 1000)
     }
-    assert got == {None: (12, 10), 4: (12, 10), 10: (12, 10), 20: (6, 20), 30: (4, 30),
-                   1000: (3, 40)}  # fmt: skip
+    assert got == {
+        None: (12, 10),
+        4: (12, 10),
+        10: (12, 10),
+        20: (6, 20),
+        30: (4, 30),
+        1000: (3, 40),
+    }
 
 
 @pytest.mark.parametrize("fmt", ["npy-none", "zarr-none"])
@@ -586,9 +643,18 @@ def test_elastic_resume_through_the_scatter_reader(stores, fmt, opts):
     store = stores[fmt]
     sel, _, k = loader_selection(store, split="train", **opts)
     plan = plan_for(
-        store, sel, batch_size=4, world_size=2, num_workers=2, shuffle=True, seed=1, epoch=0,
-        mode="drop", drop_last=False, shuffle_chunks=k,
-    )  # fmt: skip
+        store,
+        sel,
+        batch_size=4,
+        world_size=2,
+        num_workers=2,
+        shuffle=True,
+        seed=1,
+        epoch=0,
+        mode="drop",
+        drop_last=False,
+        shuffle_chunks=k,
+    )
     for consumed in (1, plan.batches_per_rank - 1):
         state = plan_state(plan, consumed).to_dict()
         ranks = [list(iter_rank_batches(plan, r)) for r in range(2)]
@@ -597,9 +663,15 @@ def test_elastic_resume_through_the_scatter_reader(stores, fmt, opts):
             got = []
             for w in range(max(1, workers)):
                 for b in shardload.iter_batches(
-                    store, batch_size=4, split="train", seed=1, state=state, worker=w,
-                    num_workers=workers, **opts,
-                ):  # fmt: skip
+                    store,
+                    batch_size=4,
+                    split="train",
+                    seed=1,
+                    state=state,
+                    worker=w,
+                    num_workers=workers,
+                    **opts,
+                ):
                     check_values(store, b)
                     got += b["index"].tolist()
             assert len(got) == len(set(got)) and set(got) == left
@@ -616,13 +688,19 @@ def test_store_fingerprint_sees_every_feature_statistic() -> None:
     def fingerprint(mean: np.ndarray) -> str:
         n = len(mean)
         stats = FeatureStats(
-            count=10, mean=mean, std=np.ones(n), min=np.zeros(n), max=np.ones(n),
+            count=10,
+            mean=mean,
+            std=np.ones(n),
+            min=np.zeros(n),
+            max=np.ones(n),
             nan_count=np.zeros(n, "i8"),
-        )  # fmt: skip
+        )
         manifest = SimpleNamespace(
-            length=10, chunk_bounds=[0, 10],
-            arrays={"x": SimpleNamespace(shape=(10, n), dtype="float32")}, stats={"x": stats},
-        )  # fmt: skip
+            length=10,
+            chunk_bounds=[0, 10],
+            arrays={"x": SimpleNamespace(shape=(10, n), dtype="float32")},
+            stats={"x": stats},
+        )
         sel = SimpleNamespace(arrays=("x",), sizes=[10], ids=[0], starts=[0])
         return store_fingerprint(SimpleNamespace(manifest=manifest), sel)
 

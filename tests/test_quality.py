@@ -116,15 +116,21 @@ def test_small_pieces_from_every_chunk_mix_like_uniform_at_any_world_size(world)
                 for r in range(world)
                 for b in iter_rank_batches(
                     plan_epoch(
-                        np.full(len(s), piece), chunk_ids=s // chunk, chunk_starts=s,
-                        batch_size=B, world_size=world, num_workers=2, epoch=e,
-                        shuffle_chunks=group, seed=5,
+                        np.full(len(s), piece),
+                        chunk_ids=s // chunk,
+                        chunk_starts=s,
+                        batch_size=B,
+                        world_size=world,
+                        num_workers=2,
+                        epoch=e,
+                        shuffle_chunks=group,
+                        seed=5,
                     ),
                     r,
                 )
             ]
             for e in (0, 1)
-        ]  # fmt: skip
+        ]
 
     assert len(ids) == n // p
     q = quality(epochs(p, 4096 // p), chunk_of)

@@ -26,11 +26,12 @@ def stores(tmp_path_factory):
     out = {
         "npy": make_store(root / "npy", fmt="npy", n=150, chunk_rows=8),
         "zarr-none": make_store(root / "zarr-none", fmt="zarr", n=150, chunk_rows=8),
-        "zarr-zstd": make_store(root / "zarr-zstd", fmt="zarr", compression="zstd", n=150,
-                                chunk_rows=8),
+        "zarr-zstd": make_store(
+            root / "zarr-zstd", fmt="zarr", compression="zstd", n=150, chunk_rows=8
+        ),
         "ragged-npy": test_ragged.make(root, "npy", "none", None),
         "ragged-zstd": test_ragged.make(root, "zarr", "zstd", 2),
-    }  # fmt: skip
+    }
     src = win._source(root)
     out["window-npy"] = win._prepare(src, root / "win-npy", at_load=True)
     out["window-zstd"] = win._prepare(
@@ -59,8 +60,10 @@ def test_mid_epoch_resume_yields_exactly_the_rest(stores, name, kind, opts):
     store = stores[name]
     batch = 3 if kind == "ragged" else 5
     force_gather = kind == "gather" and name == "npy"
-    with mock.patch.object(kinds_mod, "raw_sources", lambda *a: None) if force_gather else (
-        mock.patch.dict({})
-    ):  # fmt: skip
+    with (
+        mock.patch.object(kinds_mod, "raw_sources", lambda *a: None)
+        if force_gather
+        else (mock.patch.dict({}))
+    ):
         assert LoadSpec.build(store, batch_size=batch, **opts).kind == kind
         assert_resumes_exactly(store, batch_size=batch, seed=7, **opts)

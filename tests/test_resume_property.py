@@ -129,23 +129,43 @@ def test_elastic_resume_sweep(stores, store_name, path, **case):
 
 
 def check_resume(
-    stores, store_name, path, *, first, resumes, batch_size, shuffle_chunks, piece_rows, seed,
-    shuffle, mode_last,
-):  # fmt: skip
+    stores,
+    store_name,
+    path,
+    *,
+    first,
+    resumes,
+    batch_size,
+    shuffle_chunks,
+    piece_rows,
+    seed,
+    shuffle,
+    mode_last,
+):
     """Read ``first`` (ranks, workers) for a fraction of the epoch, resume on each shape of
     ``resumes`` in turn (chained states), the last to the end; check rows and values."""
     store, full = stores[store_name]
     mode, drop_last = mode_last
     sel, _, group = loader_selection(
-        store, split="train", piece_rows=piece_rows, shuffle_chunks=shuffle_chunks,
+        store,
+        split="train",
+        piece_rows=piece_rows,
+        shuffle_chunks=shuffle_chunks,
         shuffle=shuffle,
-    )  # fmt: skip
+    )
     raw = raw_sources(store, sel.arrays) is not None
     assert raw == (store_name in ("npy", "zarr-none"))  # where scatter reads exist; else gather
     kw = dict(
-        batch_size=batch_size, split="train", seed=seed, epoch=2, shuffle=shuffle, mode=mode,
-        drop_last=drop_last, shuffle_chunks=shuffle_chunks, piece_rows=piece_rows,
-    )  # fmt: skip
+        batch_size=batch_size,
+        split="train",
+        seed=seed,
+        epoch=2,
+        shuffle=shuffle,
+        mode=mode,
+        drop_last=drop_last,
+        shuffle_chunks=shuffle_chunks,
+        piece_rows=piece_rows,
+    )
     opts = {k: kw[k] for k in ("batch_size", "seed", "epoch", "shuffle", "mode", "drop_last")}
     gather = mock.patch.object(kinds_mod, "raw_sources", lambda *a: None)
     world_shapes = [first] + [shape for shape, _ in resumes]
@@ -156,9 +176,14 @@ def check_resume(
     with gather if path == "gather" else nullcontext():
         for (world, workers), frac in zip(world_shapes, fractions, strict=True):
             plan = plan_for(
-                store, sel, world_size=world, num_workers=workers, state=state,
-                shuffle_chunks=group, **opts,
-            )  # fmt: skip
+                store,
+                sel,
+                world_size=world,
+                num_workers=workers,
+                state=state,
+                shuffle_chunks=group,
+                **opts,
+            )
             take = None if frac is None else int(frac * plan.batches_per_rank)
             dropped, padded = dropped + plan.num_dropped, padded + plan.num_padded
             for rank in range(world):
@@ -201,8 +226,9 @@ def test_resume_after_49_batches_on_2x2(big_raw, new):
     assert raw_sources(store, store.arrays) is not None  # the scatter path
     # shuffle_chunks=4: the default when the crash was reported (8 MiB pieces, 4 per group)
     kw = dict(batch_size=8, split="train", seed=3, epoch=0, shuffle_chunks=4)
-    opts = dict(batch_size=8, seed=3, epoch=0, shuffle=True, mode="drop", drop_last=False,
-                shuffle_chunks=4)  # fmt: skip
+    opts = dict(
+        batch_size=8, seed=3, epoch=0, shuffle=True, mode="drop", drop_last=False, shuffle_chunks=4
+    )
     sel, _, _ = loader_selection(store, split="train", shuffle_chunks=4)
     plan = plan_for(store, sel, world_size=2, num_workers=2, **opts)
     seen = []

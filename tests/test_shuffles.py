@@ -19,9 +19,16 @@ SIZES = [7, 7, 7, 3]
 def test_every_shuffle_plans_each_row_once_and_repeats_with_the_seed(name, world, workers):
     def rows(seed: int, epoch: int) -> list[int]:
         plan = plan_epoch(
-            SIZES, batch_size=3, shuffle=name, seed=seed, epoch=epoch, world_size=world,
-            num_workers=workers, mode="pad", shuffle_chunks=2,
-        )  # fmt: skip
+            SIZES,
+            batch_size=3,
+            shuffle=name,
+            seed=seed,
+            epoch=epoch,
+            world_size=world,
+            num_workers=workers,
+            mode="pad",
+            shuffle_chunks=2,
+        )
         readers = max(1, workers)
         parts = [worker_rows(plan, r, w) for r in range(world) for w in range(readers)]
         return np.concatenate(parts).tolist()

@@ -82,8 +82,9 @@ def test_each_pass_is_the_next_epoch_unless_set_epoch(store):
     ds.set_epoch(7)
     assert indices(persistent) == epoch_of(store, 7, 2)
     assert indices(DataLoader(ds, batch_size=None, num_workers=0)) == epoch_of(store, 8, 0)
-    sdl = StreamingDataLoader(StreamingDataset(store, batch_size=8, split="train", seed=1),
-                              num_workers=2)  # fmt: skip
+    sdl = StreamingDataLoader(
+        StreamingDataset(store, batch_size=8, split="train", seed=1), num_workers=2
+    )
     first, second = indices(sdl), indices(sdl)
     assert first == epoch_of(store, 0, 2) and second == epoch_of(store, 1, 2)
     assert sorted(flat(first)) == sorted(flat(second)) and first != second

@@ -84,8 +84,9 @@ def test_one_iovec_entries_go_as_plain_reads(tmp_path, ring, monkeypatch, read_o
         dst = np.concatenate(([0], np.cumsum(lens)[:-1])).reshape(n, 2)
         iov = np.stack([out.ctypes.data + dst.ravel(), lens.ravel()], axis=1).astype(np.uint64)
         ptrs = (iov.ctypes.data + 32 * np.arange(n)).astype(np.uint64)
-        res = ring.readv(np.full(n, fd), ptrs, counts, offs.astype(np.uint64),
-                         (iov[::2, 0], iov[::2, 1]))  # fmt: skip
+        res = ring.readv(
+            np.full(n, fd), ptrs, counts, offs.astype(np.uint64), (iov[::2, 0], iov[::2, 1])
+        )
         want = np.where(counts == 1, lens[:, 0], lens.sum(axis=1))
         assert (res == want).all()
         for i in range(n):
@@ -94,8 +95,13 @@ def test_one_iovec_entries_go_as_plain_reads(tmp_path, ring, monkeypatch, read_o
             )
             assert (got == data[offs[i] : offs[i] + want[i]]).all()
         m = min(100, ring.depth)  # entries that go into the ring in one slice
-        ring.readv(np.full(m, fd), ptrs[:m], counts[:m], offs[:m].astype(np.uint64),
-                   (iov[: 2 * m : 2, 0], iov[: 2 * m : 2, 1]))  # fmt: skip
+        ring.readv(
+            np.full(m, fd),
+            ptrs[:m],
+            counts[:m],
+            offs[:m].astype(np.uint64),
+            (iov[: 2 * m : 2, 0], iov[: 2 * m : 2, 1]),
+        )
         expect = np.where(counts[:m] == 1, 22, 1) if read_op else 1
         assert (ring.sqes["opcode"][:m] == expect).all()
     finally:
@@ -181,11 +187,18 @@ def test_open_chunks_looks_up_many_chunks_at_once_and_checks_their_sizes(tmp_pat
 
 def _read_rows(ring, fds, offs, nbytes, **kw):
     out = np.zeros((len(fds), nbytes), np.uint8)
-    iov = np.stack([out.ctypes.data + nbytes * np.arange(len(fds)),
-                    np.full(len(fds), nbytes)], axis=1).astype(np.uint64)  # fmt: skip
+    iov = np.stack(
+        [out.ctypes.data + nbytes * np.arange(len(fds)), np.full(len(fds), nbytes)], axis=1
+    ).astype(np.uint64)
     ptrs = (iov.ctypes.data + 16 * np.arange(len(fds))).astype(np.uint64)
-    res = ring.readv(np.asarray(fds), ptrs, np.ones(len(fds), np.uint32),
-                     np.asarray(offs, np.uint64), (iov[:, 0], iov[:, 1]), **kw)  # fmt: skip
+    res = ring.readv(
+        np.asarray(fds),
+        ptrs,
+        np.ones(len(fds), np.uint32),
+        np.asarray(offs, np.uint64),
+        (iov[:, 0], iov[:, 1]),
+        **kw,
+    )
     return res, out
 
 
@@ -240,8 +253,9 @@ def test_a_slow_read_does_not_hold_up_the_others(tmp_path, ring):
         iov = np.stack([out.ctypes.data + 8 * np.arange(n), np.full(n, 8)], axis=1)
         iov = iov.astype(np.uint64)
         ptrs = (iov.ctypes.data + 16 * np.arange(n)).astype(np.uint64)
-        res = ring.readv(fds, ptrs, np.ones(n, np.uint32), offs.astype(np.uint64),
-                         (iov[:, 0], iov[:, 1]))  # fmt: skip
+        res = ring.readv(
+            fds, ptrs, np.ones(n, np.uint32), offs.astype(np.uint64), (iov[:, 0], iov[:, 1])
+        )
     finally:
         t.join()
         for f in (fd, rfd, wfd):
@@ -279,8 +293,9 @@ def test_direct_reads_deliver_what_preadv_reads(tmp_path, ring):
         ptrs = (iov.ctypes.data + 32 * np.arange(n)).astype(np.uint64)
         for depth, first in ((1, None), (5, iov[::2, 0]), (None, None)):
             out[:] = 0
-            res = ring.read_direct(np.full(n, fd), offs, total, ptrs, counts, depth=depth,
-                                   first=first)  # fmt: skip
+            res = ring.read_direct(
+                np.full(n, fd), offs, total, ptrs, counts, depth=depth, first=first
+            )
             assert res[-1] == 10  # the 10 bytes there are
             assert (res[:-1] == total[:-1]).all()
             for i in range(n - 1):
@@ -303,8 +318,9 @@ def spy_direct(monkeypatch):
     return calls
 
 
-def test_uniform_reads_past_the_page_cache_give_the_same_batches(npy, ring, monkeypatch,
-                                                                 spy_direct):  # fmt: skip
+def test_uniform_reads_past_the_page_cache_give_the_same_batches(
+    npy, ring, monkeypatch, spy_direct
+):
     """``SHARDLOAD_O_DIRECT=1`` (what a store larger than memory gets): a uniform epoch's rows
     go through ``O_DIRECT`` reads, and its batches equal those read through the page cache,
     with io_uring or with ``preadv``."""
@@ -382,8 +398,9 @@ def _uniform_digest(store, direct: str, **kw):
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_direct_reads_resume_and_run_in_worker_processes(npy, ring, monkeypatch, spy_direct,
-                                                         method):  # fmt: skip
+def test_direct_reads_resume_and_run_in_worker_processes(
+    npy, ring, monkeypatch, spy_direct, method
+):
     """With ``O_DIRECT`` reads the batches do not depend on the thread count, a resumed epoch
     (``skip_batches``) gives the rest of them, and a forked child (this process's rings set
     up before the fork) or a spawned one reads the same: each process sets up its own rings

@@ -18,14 +18,26 @@ ROWS, CHUNK = 160, 4  # 40 chunks
 
 @pytest.fixture(scope="module")
 def zstd(tmp_path_factory):
-    return make_store(tmp_path_factory.mktemp("zstd"), fmt="zarr", compression="zstd", n=ROWS,
-                      chunk_rows=CHUNK, splits={"train": 1.0})  # fmt: skip
+    return make_store(
+        tmp_path_factory.mktemp("zstd"),
+        fmt="zarr",
+        compression="zstd",
+        n=ROWS,
+        chunk_rows=CHUNK,
+        splits={"train": 1.0},
+    )
 
 
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory):
-    return make_store(tmp_path_factory.mktemp("raw"), fmt="zarr", compression="none", n=ROWS,
-                      chunk_rows=CHUNK, splits={"train": 1.0})  # fmt: skip
+    return make_store(
+        tmp_path_factory.mktemp("raw"),
+        fmt="zarr",
+        compression="none",
+        n=ROWS,
+        chunk_rows=CHUNK,
+        splits={"train": 1.0},
+    )
 
 
 def chunk_bytes(store, arrays=None) -> int:
@@ -108,8 +120,14 @@ def test_default_groups_cover_the_epoch_whatever_the_threads(zstd, monkeypatch):
 
 def _state(store, consumed: int, shuffle_chunks: int, seed: int = 3) -> dict:
     sel = select_rows(store)
-    fp = plan_fingerprint(sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, batch_size=8,
-                          seed=seed, shuffle_chunks=shuffle_chunks)  # fmt: skip
+    fp = plan_fingerprint(
+        sel.sizes,
+        chunk_ids=sel.ids,
+        chunk_starts=sel.starts,
+        batch_size=8,
+        seed=seed,
+        shuffle_chunks=shuffle_chunks,
+    )
     return EpochState(0, consumed, 1, 1, fp, ()).to_dict()
 
 
@@ -118,8 +136,10 @@ def test_a_state_of_the_earlier_default_is_refused_saying_how_to_resume(zstd, mo
     (as ``shuffle_chunks=4`` plans today), is refused by the new default with an error that
     names the old setting; passing it resumes the rest of that epoch exactly."""
     monkeypatch.setattr(options_mod, "WHOLE_CHUNK_GROUP_BYTES", chunk_bytes(zstd) * 6)
-    old = [b["index"].tolist() for b in shardload.iter_batches(zstd, batch_size=8, seed=3,
-                                                               shuffle_chunks=4)]  # fmt: skip
+    old = [
+        b["index"].tolist()
+        for b in shardload.iter_batches(zstd, batch_size=8, seed=3, shuffle_chunks=4)
+    ]
     state = _state(zstd, 3, 4)
     with pytest.raises(StateError, match=r"saved with shuffle_chunks=4.*pass shuffle_chunks=4"):
         shardload.iter_batches(zstd, batch_size=8, seed=3, state=state)
@@ -150,5 +170,6 @@ def test_torch_state_of_the_earlier_default_is_refused_saying_how_to_resume(zstd
 
 @pytest.fixture(scope="module")
 def hdf5_store(tmp_path_factory):
-    return make_store(tmp_path_factory.mktemp("h5"), fmt="hdf5", n=ROWS, chunk_rows=CHUNK,
-                      splits={"train": 1.0})  # fmt: skip
+    return make_store(
+        tmp_path_factory.mktemp("h5"), fmt="hdf5", n=ROWS, chunk_rows=CHUNK, splits={"train": 1.0}
+    )

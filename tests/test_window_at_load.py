@@ -18,8 +18,14 @@ pytestmark = pytest.mark.timeout(180)
 
 T, LAT, LON = 60, 3, 4
 S = LAT * LON
-VIEW = {"name": "window", "time_dim": "time", "lookback": 4, "stride": 1, "horizon": 1,
-        "targets": {"y": ["t"]}}  # fmt: skip
+VIEW = {
+    "name": "window",
+    "time_dim": "time",
+    "lookback": 4,
+    "stride": 1,
+    "horizon": 1,
+    "targets": {"y": ["t"]},
+}
 
 
 def _source(tmp: Path, steps: int = T, lat: int = LAT, lon: int = LON) -> Path:
@@ -42,11 +48,17 @@ def _source(tmp: Path, steps: int = T, lat: int = LAT, lon: int = LON) -> Path:
 def _prepare(src: Path, out: Path, *, at_load: bool, view=VIEW, **kw):
     prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
     cfg = {
-        "source": {"paths": [str(src)]}, "sample_dims": ["lat", "lon"],
+        "source": {"paths": [str(src)]},
+        "sample_dims": ["lat", "lon"],
         "view": {**view, **({"at_load": True} if at_load else {})},
-        "arrays": {"x": ["t", "z"]}, "chunk_rows": 40, "format": "npy", "compression": "none",
-        "splits": {"train": 0.6, "val": 0.2, "test": 0.2}, "out": str(out), **kw,
-    }  # fmt: skip
+        "arrays": {"x": ["t", "z"]},
+        "chunk_rows": 40,
+        "format": "npy",
+        "compression": "none",
+        "splits": {"train": 0.6, "val": 0.2, "test": 0.2},
+        "out": str(out),
+        **kw,
+    }
     return prepare(cfg)
 
 
@@ -97,9 +109,17 @@ def test_iter_batches_every_split_rank_and_worker(stores, name):
                 n = 0
                 for w in range(max(1, workers)):
                     for batch in shardload.iter_batches(
-                        s, batch_size=7, split=split, seed=1, epoch=2, rank=rank,
-                        world_size=world, worker=w, num_workers=workers, mode="pad",
-                    ):  # fmt: skip
+                        s,
+                        batch_size=7,
+                        split=split,
+                        seed=1,
+                        epoch=2,
+                        rank=rank,
+                        world_size=world,
+                        worker=w,
+                        num_workers=workers,
+                        mode="pad",
+                    ):
                         _check(batch, full)
                         seen.extend(batch["index"].tolist())
                         n += 1
@@ -127,8 +147,10 @@ def test_default_shuffle_mixes_the_whole_split(stores):
     few neighbouring windows."""
     s = stores["npy"]
     a, b = s.manifest.split_rows["train"]
-    first = [next(iter(shardload.iter_batches(s, batch_size=32, split="train", epoch=e)))
-             for e in range(4)]  # fmt: skip
+    first = [
+        next(iter(shardload.iter_batches(s, batch_size=32, split="train", epoch=e)))
+        for e in range(4)
+    ]
     for batch in first:
         w = batch["index"] // S
         assert len(np.unique(w)) >= 16  # 32 draws over 31 windows: ~20 distinct
@@ -153,16 +175,28 @@ def test_elastic_resume_reads_each_row_once(stores):
     from test_resume_property import check_resume
 
     # (names other than check_resume's raw-row stores: windows never take the scatter path)
-    both = {"window-npy": (stores["npy"], stores["full"]),
-            "window-zarr-zstd": (stores["zarr-zstd"], stores["full"])}  # fmt: skip
+    both = {
+        "window-npy": (stores["npy"], stores["full"]),
+        "window-zarr-zstd": (stores["zarr-zstd"], stores["full"]),
+    }
     for name in both:
-        for first, resumes, shuffle in (((2, 2), [((1, 0), 0.4)], True),
-                                        ((1, 3), [((3, 1), 0.3), ((2, 0), 0.5)], "uniform")):  # fmt: skip
+        for first, resumes, shuffle in (
+            ((2, 2), [((1, 0), 0.4)], True),
+            ((1, 3), [((3, 1), 0.3), ((2, 0), 0.5)], "uniform"),
+        ):
             check_resume(
-                both, name, "scatter", first=first, resumes=resumes, batch_size=5,
-                shuffle_chunks=None, piece_rows=None, seed=2, shuffle=shuffle,
+                both,
+                name,
+                "scatter",
+                first=first,
+                resumes=resumes,
+                batch_size=5,
+                shuffle_chunks=None,
+                piece_rows=None,
+                seed=2,
+                shuffle=shuffle,
                 mode_last=("drop", False),
-            )  # fmt: skip
+            )
 
 
 def test_size_on_disk_is_the_series_once(tmp_path):

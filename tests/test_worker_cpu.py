@@ -15,8 +15,14 @@ ROWS, CHUNK = 96, 8
 
 @pytest.fixture(scope="module")
 def zstd(tmp_path_factory):
-    return make_store(tmp_path_factory.mktemp("zstd"), fmt="zarr", compression="zstd", n=ROWS,
-                      chunk_rows=CHUNK, splits={"train": 1.0})  # fmt: skip
+    return make_store(
+        tmp_path_factory.mktemp("zstd"),
+        fmt="zarr",
+        compression="zstd",
+        n=ROWS,
+        chunk_rows=CHUNK,
+        splits={"train": 1.0},
+    )
 
 
 @pytest.mark.parametrize(
@@ -77,8 +83,14 @@ def test_workers_with_one_thread_each_yield_every_row_once(tmp_path, monkeypatch
     from shardload.torch import StreamingDataLoader, StreamingDataset
 
     monkeypatch.setattr(options_mod, "_cores", lambda: 2)
-    store = make_store(tmp_path, fmt="zarr", compression=compression, n=ROWS, chunk_rows=CHUNK,
-                       splits={"train": 1.0})  # fmt: skip
+    store = make_store(
+        tmp_path,
+        fmt="zarr",
+        compression=compression,
+        n=ROWS,
+        chunk_rows=CHUNK,
+        splits={"train": 1.0},
+    )
     rows = []
     ds = StreamingDataset(store, batch_size=8, seed=2)
     for b in StreamingDataLoader(ds, num_workers=2, multiprocessing_context=ctx):
