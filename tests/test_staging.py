@@ -117,7 +117,7 @@ WORKER = textwrap.dedent(
     import logging, sys, time
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     from pathlib import Path
-    from shardload import staging_copy
+    from shardload.move import staging_copy
     from shardload.move.staging import exit_on_sigterm, staged
     exit_on_sigterm()  # a program that wants cleanup on SIGTERM says so (the library does not)
     slow = float(sys.argv[3])
