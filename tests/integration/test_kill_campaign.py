@@ -1,7 +1,7 @@
 """Kill campaign: prepare killed (SIGKILL / SIGTERM) at many moments, for every format and
 scheduler, then resumed: the store published at the end equals a clean run value for value.
 
-The campaign is slow-marked (12 combinations x 10 kill points); the smoke test (HDF5, the
+The campaign is slow-marked (12 combinations x 8 kill points); the smoke test (HDF5, the
 format whose blocks used to be lost, 2 kill points) runs by default.
 """
 
@@ -33,19 +33,19 @@ SCHEDULERS = {
     "processes": {"scheduler": "processes", "num_workers": 2},
     "distributed": {"scheduler": "distributed", "num_workers": 1, "threads_per_worker": 2},
 }
-#: 10 kill points: right after creation, after a few more records (SIGKILL and SIGTERM), at a
-#: time after launch (anywhere: start-up, writing), and once every block is recorded (merge,
-#: manifest, publish).
+#: 8 kill points, each (signal, trigger) once: right after creation, after a few more records
+#: (SIGKILL and SIGTERM, in the first run and in resumed ones), at a time after launch (anywhere:
+#: start-up, writing), and once every block is recorded (merge, manifest, publish). Each point
+#: costs a process start (most of a point's time); the list once held ("KILL", 1) and
+#: ("KILL", 2) twice more, in the same phase (writing, resumed), so they added time, not cases.
 KILL_POINTS: list[tuple[str, object]] = [
     ("KILL", "job"),
     ("KILL", 1),
     ("TERM", 2),
-    ("KILL", 1),
     ("KILL", 3),
     ("TERM", 1),
     ("KILL", 2),
     ("KILL", 1.5),
-    ("KILL", 2),
     ("KILL", "all"),
 ]
 
@@ -80,7 +80,7 @@ def test_kill_campaign(tmp_path, fmt, scheduler):
         pytest.importorskip("distributed")
     conf = config(tmp_path, fmt, SCHEDULERS[scheduler], n=600)  # blocks enough for every point
     log = campaign(tmp_path, conf, KILL_POINTS, throttle_s=0.04)
-    assert sum("finished" not in line for line in log) >= 9, log
+    assert sum("finished" not in line for line in log) >= len(KILL_POINTS) - 1, log
 
 
 @pytest.mark.slow
@@ -94,4 +94,4 @@ def test_kill_campaign_ragged(tmp_path, fmt, monkeypatch):
     conf.pop("arrays")
     conf["view"] = "userfuncs:ragged_from_b"
     log = campaign(tmp_path, conf, KILL_POINTS, throttle_s=0.04)
-    assert sum("finished" not in line for line in log) >= 8, log
+    assert sum("finished" not in line for line in log) >= len(KILL_POINTS) - 2, log
