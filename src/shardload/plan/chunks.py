@@ -5,7 +5,6 @@ Chunks are plain data, as in dask: a tuple of boundaries ``(0, b1, b2, ..., leng
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, overload
 
@@ -327,13 +326,3 @@ def plan_store_splits(
         )
         rows = plan_row_splits(length, fractions, group_rows=group_rows, gap_groups=gap_groups)
     return {n: chunks_of_rows(bounds, a, b) for n, (a, b) in rows.items()}, rows, why
-
-
-def rows_of_chunks(bounds: Sequence[int], chunk_ids: Sequence[int]) -> int:
-    """Total rows of the given chunks."""
-    sizes = chunk_sizes(bounds)
-    return int(sizes[list(chunk_ids)].sum()) if len(chunk_ids) else 0
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b) if b else math.inf  # type: ignore[return-value]
