@@ -13,6 +13,7 @@ import numpy as np
 from shardload.errors import ChunkReadError, ShardloadError, StoreError, require
 from shardload.formats.base import is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest
+from shardload.formats.ragged.read import GroupedRagged
 from shardload.manifest.core import Manifest
 
 FILE_NAME = "data.h5"
@@ -116,30 +117,13 @@ class Hdf5Reader:
         return d
 
 
-class Hdf5Ragged:
+class Hdf5Ragged(GroupedRagged):
     """The ragged arrays of an HDF5 store, in ``ragged.h5``
     (:class:`shardload.formats.ragged.read.RaggedSource`)."""
 
     def __init__(self, fs: Any, root: str, manifest: Manifest) -> None:
-        self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
+        super().__init__(fs, root, manifest)
         self._file: Any = None
-
-    def _where(self, name: str) -> str:
-        return f"{self.root}/{self.manifest.arrays[name].path}"
-
-    def offsets_path(self, name: str) -> str:
-        return f"{self._where(name)}/offsets"
-
-    def values_path(self, name: str, c: int) -> str:
-        return f"{self._where(name)}/values"
-
-    def read_offsets(self, name: str, n: int, *, what: str) -> np.ndarray:
-        return self._read(name, "offsets", 0, n, what=what, path=self.offsets_path(name))
-
-    def read_values(
-        self, name: str, c: int, v0: int, v1: int, *, dtype: np.dtype, what: str
-    ) -> np.ndarray:
-        return self._read(name, "values", v0, v1, what=what, path=self.values_path(name, c))
 
     def _open(self) -> Any:
         import h5py

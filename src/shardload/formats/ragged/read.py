@@ -47,6 +47,34 @@ class RaggedSource(Protocol):
     def close(self) -> None: ...
 
 
+class GroupedRagged:
+    """A :class:`RaggedSource` keeping each ragged array as a group ``NAME`` of two 1-D arrays,
+    ``values`` (every chunk's) and ``offsets`` (Zarr, HDF5): subclasses read a range of one."""
+
+    def __init__(self, fs: Any, root: str, manifest: Manifest) -> None:
+        self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
+
+    def _where(self, name: str) -> str:
+        return f"{self.root}/{self.manifest.arrays[name].path}"
+
+    def offsets_path(self, name: str) -> str:
+        return f"{self._where(name)}/offsets"
+
+    def values_path(self, name: str, c: int) -> str:
+        return f"{self._where(name)}/values"
+
+    def read_offsets(self, name: str, n: int, *, what: str) -> np.ndarray:
+        return self._read(name, "offsets", 0, n, what=what, path=self.offsets_path(name))
+
+    def read_values(
+        self, name: str, c: int, v0: int, v1: int, *, dtype: np.dtype, what: str
+    ) -> np.ndarray:
+        return self._read(name, "values", v0, v1, what=what, path=self.values_path(name, c))
+
+    def _read(self, name: str, part: str, a: int, b: int, *, what: str, path: str) -> np.ndarray:
+        raise NotImplementedError
+
+
 def read_npy_file(
     fs: Any, path: str, what: str, *, shape: tuple[int, ...], dtype: np.dtype
 ) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 from shardload.errors import ChunkReadError, ShardloadError, StoreError
 from shardload.formats.base import RawChunk, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier
+from shardload.formats.ragged.read import GroupedRagged
 from shardload.formats.zarr.cf import CFDecoding
 from shardload.formats.zarr.chunks import (
     ChunkLayout,
@@ -263,31 +264,14 @@ def _so(fs: Any) -> dict[str, Any]:
     return dict(getattr(fs, "storage_options", {}) or {})
 
 
-class ZarrRagged:
+class ZarrRagged(GroupedRagged):
     """The ragged arrays of a Zarr store: groups ``NAME`` of 1-D ``values`` and ``offsets``
     (:class:`shardload.formats.ragged.read.RaggedSource`)."""
 
     def __init__(self, fs: Any, root: str, manifest: Manifest) -> None:
-        self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
+        super().__init__(fs, root, manifest)
         self.local = is_local(fs)
         self._group: Any = None
-
-    def _where(self, name: str) -> str:
-        return f"{self.root}/{self.manifest.arrays[name].path}"
-
-    def offsets_path(self, name: str) -> str:
-        return f"{self._where(name)}/offsets"
-
-    def values_path(self, name: str, c: int) -> str:
-        return f"{self._where(name)}/values"
-
-    def read_offsets(self, name: str, n: int, *, what: str) -> np.ndarray:
-        return self._read(name, "offsets", 0, n, what=what, path=self.offsets_path(name))
-
-    def read_values(
-        self, name: str, c: int, v0: int, v1: int, *, dtype: np.dtype, what: str
-    ) -> np.ndarray:
-        return self._read(name, "values", v0, v1, what=what, path=self.values_path(name, c))
 
     def _read(self, name: str, part: str, a: int, b: int, *, what: str, path: str) -> np.ndarray:
         try:
