@@ -16,6 +16,7 @@ from pathlib import Path
 from shardload.errors import ImageError, IncompleteStoreError, StoreError, StoreExistsError
 from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX, PROGRESS_DIR
 from shardload.move.programs import require_program
+from shardload.util.durable import fsync_path
 
 log = logging.getLogger("shardload.squashfs")
 
@@ -136,7 +137,7 @@ def _run_mksquashfs(cmd: list[str], store: Path, image: Path, tmp: Path) -> None
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, image)
-        _fsync_dir(image.parent)
+        fsync_path(image.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -150,14 +151,6 @@ def _tree_size(root: Path) -> tuple[int, int]:
             with contextlib.suppress(OSError):
                 nbytes += os.lstat(os.path.join(dirpath, name)).st_size
     return files, nbytes
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_complete(store: Path) -> None:

@@ -79,6 +79,7 @@ def file_written(fd: int, path: str | os.PathLike[str]) -> None:
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync one file or folder now (errors raise)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -119,19 +120,11 @@ def fsync_tree(root: Path, *, skip: Container[str] = ()) -> None:
         for name in files:
             path = os.path.join(folder, name)
             if path not in skip:
-                _fsync(Path(path))
+                fsync_path(path)
         fsync_dir(Path(folder))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:
     """fsync a folder where the filesystem allows it (some refuse: ignored)."""
     with contextlib.suppress(OSError):
-        _fsync(path)
+        fsync_path(path)
