@@ -43,6 +43,22 @@ PLAIN_VERSION = 2
 #: the version of a store with variable-length arrays (inline)
 RAGGED_VERSION = 3
 
+#: the dtypes a store's fixed arrays may have (a config's ``dtype``, every format's)
+NUMERIC_DTYPES = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
+
 
 @dataclass(frozen=True)
 class ArraySpec:

@@ -24,13 +24,10 @@ import pytest
 import shardload
 from shardload.errors import ChunkReadError, ShardloadError, StoreError
 from shardload.formats.registry import format_entry
+from shardload.manifest.core import NUMERIC_DTYPES
 
 N, CHUNK_ROWS = 50, 7
-DTYPES = (
-    *("bool", "int8", "int16", "int32", "int64"),
-    *("uint8", "uint16", "uint32", "uint64"),
-    *("float16", "float32", "float64"),
-)
+DTYPES = NUMERIC_DTYPES
 RAGGED_N, RAGGED_MAXLEN = 61, 13
 
 

@@ -36,25 +36,11 @@ from shardload.errors import StoreError
 from shardload.formats.base import FormatOptions
 from shardload.formats.checksums import digest
 from shardload.formats.parquet.read import chunk_path
+from shardload.manifest.core import NUMERIC_DTYPES
 from shardload.util.durable import file_written, write_atomic
 
-#: the numpy dtypes Parquet stores as themselves (complex has no Parquet type)
-DTYPES = frozenset(
-    {
-        "bool",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    }
-)
+#: the numpy dtypes Parquet stores as themselves: every dtype a store may have
+DTYPES = frozenset(NUMERIC_DTYPES)
 _CODECS = {"none": "NONE", "zstd": "ZSTD", "lz4": "LZ4"}
 OPTIONS_FILE = "_parquet.json"
 

@@ -18,6 +18,7 @@ from pydantic import (
 
 from shardload.errors import ConfigError
 from shardload.formats.registry import FORMAT_NAMES
+from shardload.manifest.core import NUMERIC_DTYPES
 
 DEFAULT_TARGET_CHUNK_BYTES_TEXT = "16MiB"
 FORMATS = FORMAT_NAMES
@@ -28,20 +29,6 @@ else:  # the registry's names: the JSON schema's enum
 COMPRESSION_NAMES = ("none", "zstd", "lz4")
 VIEW_NAMES = ("flat", "graph", "window", "function")
 SCHEDULERS = ("auto", "threads", "processes", "distributed", "jobqueue", "sync")
-NUMERIC_DTYPES = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-)
 #: keys people write that are not (or no longer) keys, with what to write instead
 HINTS = {
     "view_options": "put view options in the view mapping, e.g. view: {name: window, lookback: 2}",
