@@ -272,6 +272,31 @@ def test_streaming_dataloader_workers_and_mid_epoch_resume(stores, context):
     assert sorted(seen) == list(range(a, b)) and len(seen) == len(set(seen))
 
 
+@pytest.mark.slow
+def test_spawned_workers_stopped_mid_epoch_leave_without_aborting(stores, capfd):
+    """A DataLoader stopped mid-epoch shuts its spawned workers down while their queue feeder
+    threads may still pickle batches into shared memory; interpreter finalization used to end
+    such a thread by unwinding it through C++, aborting the worker ("terminate called without
+    an active exception"; in the main process "worker ... is killed by signal: Aborted", about
+    one stop in three). Each worker must leave cleanly."""
+    import gc
+    import warnings
+
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    for _ in range(6):
+        ds = StreamingDataset(stores["npy"], batch_size=8, split="train", seed=4)
+        loader = StreamingDataLoader(ds, num_workers=2, multiprocessing_context="spawn")
+        it = iter(loader)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an error in the iterator's __del__ shows as one
+            [next(it) for _ in range(5)]
+            del it
+            gc.collect()
+    err = capfd.readouterr().err
+    assert "terminate called" not in err and "killed by signal" not in err, err
+
+
 def test_datamodule_serves_windows_cut_at_load_time(stores):
     pytest.importorskip("lightning")
     from types import SimpleNamespace

@@ -24,7 +24,13 @@ from shardload.torch.state import (
     main_rank_world,
     pass_epoch,
 )
-from shardload.torch.transport import _bundles, _RingBatch, _to_torch, plan_bundle
+from shardload.torch.transport import (
+    _bundles,
+    _RingBatch,
+    _to_torch,
+    guard_worker_exit,
+    plan_bundle,
+)
 
 __all__ = ["StreamingDataset"]
 
@@ -248,6 +254,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             worker, workers = 0, 0
             epoch, state = self.epoch, self._leg
         else:
+            guard_worker_exit()
             rank, world = self._worker_rank_world()
             worker, workers = info.id, info.num_workers
             resume, self._worker_resume = self._worker_resume, None

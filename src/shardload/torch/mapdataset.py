@@ -15,6 +15,7 @@ from shardload.errors import StoreError
 from shardload.load.recycle import INDEX_KEY
 from shardload.load.select import select_rows
 from shardload.store.core import Store, open_store
+from shardload.torch.transport import guard_worker_exit
 
 __all__ = ["MapDataset"]
 
@@ -87,6 +88,7 @@ class MapDataset(Dataset):
         return arr
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        guard_worker_exit()
         g = self.global_row(i)
         c = int(np.searchsorted(self._bounds, g, "right")) - 1
         out = {

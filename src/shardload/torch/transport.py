@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from shardload.load.ring import RINGS, BatchRing
 
@@ -166,3 +167,46 @@ def _unbundle(items: Iterator[Any], counts: Sequence[int], bundle: int) -> Itera
             rnd, who = next(rounds, (-1, []))
     for key in sorted(held, key=lambda k: (k[1], k[0])):  # not in the plan: in arrival order
         yield from held.pop(key)
+
+
+_EXIT_GUARDED = False
+
+
+def guard_worker_exit(wait_s: float = 1.0) -> None:
+    """In a spawned (or forkserver) DataLoader worker, leave the way a forked one does.
+
+    A forked worker ends with ``os._exit``; a spawned one finalizes the interpreter. If the
+    DataLoader shuts its workers down mid-epoch, a worker's queue feeder thread may still be
+    pickling a batch into shared memory (``THPStorage_shareFd``, C++); finalization then ends
+    that daemon thread by unwinding through the C++ frame, which aborts the worker (SIGABRT,
+    "terminate called without an active exception") and the main process reports "DataLoader
+    worker ... is killed by signal: Aborted". At exit, this waits up to ``wait_s`` for the
+    feeder threads, and if one is still busy, flushes stdio and leaves with ``os._exit(0)``.
+    Called by the datasets in each worker, once per process (forked workers never run it).
+    """
+    global _EXIT_GUARDED
+    if _EXIT_GUARDED or get_worker_info() is None:
+        return  # once per worker; never in the main process, whose exit must stay its own
+    _EXIT_GUARDED = True
+    import atexit
+
+    # A forked worker never runs atexit handlers (it ends with os._exit): registering is harmless
+    atexit.register(_leave_if_feeding, wait_s)
+
+
+def _leave_if_feeding(wait_s: float) -> None:
+    import contextlib
+    import os
+    import sys
+    import threading
+    import time
+
+    deadline = time.monotonic() + wait_s
+    for t in threading.enumerate():
+        if t.name == "QueueFeederThread" and t.is_alive():
+            t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.name == "QueueFeederThread" and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed stream must not stop the exit
+                stream.flush()
+        os._exit(0)
