@@ -101,10 +101,13 @@ def test_resumed_statistics_equal_a_clean_run_bit_for_bit(tmp_path, monkeypatch,
     monkeypatch.undo()
     progress = tmp_path / "s.partial" / "_progress"
     recorded = {int(p.stem[6:]) for p in progress.glob("block-*.npz")}
-    assert len(recorded) >= 28 and 30 not in recorded
+    # blocks still in flight when block 30 failed (a window of 2 x 2 workers) may be missing
+    assert len(recorded) >= 26 and 30 not in recorded
     assert (progress / "stats.npz").exists() == saved
     prefix = int(np.load(progress / "stats.npz")["blocks"]) if saved else 0
-    assert saved <= (prefix >= 28)
+    # saved after every block: the prefix is every recorded block up to the first gap
+    contiguous = min(set(range(31)) - recorded)
+    assert prefix == (contiguous if saved else 0)
     again = []
     real_stats = pipeline.block_stats
     monkeypatch.setattr(pipeline, "block_stats", lambda j, b: again.append(b) or real_stats(j, b))

@@ -137,6 +137,11 @@ class BatchRing:
         self._idle = np.zeros(n, dtype=np.int64)  # main process: sweeps each slot went unused
         RINGS[self.token] = self
 
+    @staticmethod
+    def find(token: str) -> BatchRing | None:
+        """This process's ring of ``token`` (None: not mapped here)."""
+        return RINGS.get(token)
+
     @property
     def usable(self) -> bool:
         """True in a process forked from the ring's creator (a DataLoader worker)."""

@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import Dataset
 
 from shardload.errors import StoreError
-from shardload.load.recycle import INDEX_KEY
-from shardload.load.select import select_rows
-from shardload.store.core import Store, open_store
+from shardload.load.batches import INDEX_KEY
+from shardload.load.spec import LoadSpec
+from shardload.store.core import Store
 from shardload.torch.transport import guard_worker_exit
 
 __all__ = ["MapDataset"]
@@ -40,11 +40,19 @@ class MapDataset(Dataset):
         cache_chunks: int = 8,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.store = open_store(store, storage_options=storage_options, arrays=arrays)
-        self.selection = select_rows(
-            self.store, split=split, chunks=chunks, rows=rows, arrays=arrays
+        # the rows and arrays resolved as iter_batches resolves them, in row order
+        spec = LoadSpec.build(
+            store,
+            batch_size=1,
+            split=split,
+            chunks=chunks,
+            rows=rows,
+            arrays=arrays,
+            shuffle=False,
+            storage_options=storage_options,
         )
-        ragged = [a for a in self.selection.arrays if self.store.manifest.arrays[a].is_ragged]
+        self.store, self.selection = spec.store, spec.selection
+        ragged = spec.ragged
         if ragged:  # a row of one has no fixed shape: default collation cannot stack it
             raise StoreError(
                 f"MapDataset serves fixed-shape arrays; {ragged} of {self.store.url} are "

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from shardload.load.ring import RINGS, BatchRing
+from shardload.load.ring import BatchRing
 
 
 def _to_torch(batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -75,7 +75,7 @@ class _RingBatch(dict):  # type: ignore[type-arg]
 def _batch_from_ring(token: str, slot: int, rows: int) -> dict[str, torch.Tensor]:
     """Main process: tensors over a batch's ring slot (no copy); the slot is freed when they,
     and every view of them, are garbage."""
-    ring = RINGS.get(token)
+    ring = BatchRing.find(token)
     if ring is None:
         raise RuntimeError(
             "a shardload batch arrived from a DataLoader worker but its shared-memory ring is "
