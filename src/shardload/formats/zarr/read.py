@@ -36,12 +36,15 @@ def open_reader(
     return ZarrReader(fs, root, manifest, verify=verify)
 
 
-def open_group_readonly(fs: Any, root: str) -> Any:
+def open_group_readonly(fs: Any, root: str, *, strict: bool = False) -> Any:
     """The Zarr group at ``root``, read-only.
 
     A remote store is read through the same filesystem as the other formats
     (:class:`shardload.move.remote.RemoteFileSystem`: retries, errors naming the URL, the optional
     bounded cache), handed to zarr's async core with fsspec's ``AsyncFileSystemWrapper``.
+    ``strict`` (a shardload store): a chunk missing there raises
+    :class:`~shardload.errors.ChunkReadError` instead of reading as the fill value
+    (:mod:`.strict`; local chunks are checked before each read, :meth:`ZarrReader.check_files`).
     """
     import zarr
     import zarr.errors
@@ -56,7 +59,9 @@ def open_group_readonly(fs: Any, root: str) -> Any:
 
         if not isinstance(fs, RemoteFileSystem):  # a plain fsspec filesystem
             fs, root = open_fs(_url(fs, root), storage_options=_so(fs))
-        store = FsspecStore(
+        from shardload.formats.zarr.strict import StrictFsspecStore
+
+        store = (StrictFsspecStore if strict else FsspecStore)(
             AsyncFileSystemWrapper(fs, asynchronous=True), read_only=True, path=root
         )
         # Zarr v3 first: one request (zarr.json) instead of also probing the three v2 keys
@@ -186,7 +191,7 @@ class ZarrReader:
     def _array(self, name: str) -> Any:
         if name not in self._arrays:
             if self._group is None:
-                self._group = open_group_readonly(self.fs, self.root)
+                self._group = open_group_readonly(self.fs, self.root, strict=self.strict)
             try:
                 self._arrays[name] = self._group[self.manifest.arrays[name].path]
             except KeyError as exc:
