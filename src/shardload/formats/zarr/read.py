@@ -7,6 +7,7 @@ buffer (:mod:`.chunks`, :mod:`.shards`, :mod:`.rows`); everything else through z
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Any
@@ -25,6 +26,7 @@ from shardload.formats.zarr.chunks import (
     load_stored_objects,
     verify_file,
 )
+from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.rows import read_rows_into
 from shardload.formats.zarr.shards import ShardIndexCache
 from shardload.manifest.core import Manifest
@@ -117,6 +119,27 @@ class ZarrReader:
             folder = f"{self.root.rstrip('/')}/{info.path}"
             self._objects[name] = load_stored_objects(folder, opener=self._opener())
         return self._objects[name]
+
+    def check_metadata(self, where: str) -> None:
+        """Each fixed array's ``zarr.json`` against the manifest ``where`` (data type, shape,
+        chunk grid): one small read per array, when the store is opened. Plain Zarr data has
+        no manifest of its own to disagree with."""
+        if not self.strict:
+            return
+        for name, info in self.manifest.arrays.items():
+            if info.is_ragged:
+                continue
+            path = f"{self.root.rstrip('/')}/{info.path}/zarr.json"
+            try:
+                opener = self._opener()
+                with opener(path) if opener is not None else open(path, "rb") as f:
+                    meta = json.loads(f.read())
+            except FileNotFoundError as exc:
+                raise StoreError(f"array {name!r} of {where} has no {path}") from exc
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"array {name!r}: {path} cannot be read: {exc}") from exc
+            shards = self.manifest.options.get("shard_chunks")
+            check_zarr_meta(meta, info, path=path, where=where, shard_chunks=shards)
 
     def check_files(self, name: str, start: int, stop: int) -> None:
         """Before zarr-python reads rows ``[start, stop)`` of a shardload array: each stored
