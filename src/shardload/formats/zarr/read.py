@@ -131,15 +131,22 @@ class ZarrReader:
                 continue
             path = f"{self.root.rstrip('/')}/{info.path}/zarr.json"
             try:
-                opener = self._opener()
-                with opener(path) if opener is not None else open(path, "rb") as f:
-                    meta = json.loads(f.read())
+                meta = json.loads(self._read_small(path, what=f"zarr.json of array {name!r}"))
             except FileNotFoundError as exc:
                 raise StoreError(f"array {name!r} of {where} has no {path}") from exc
             except (OSError, ValueError) as exc:
                 raise StoreError(f"array {name!r}: {path} cannot be read: {exc}") from exc
             shards = self.manifest.options.get("shard_chunks")
             check_zarr_meta(meta, info, path=path, where=where, shard_chunks=shards)
+
+    def _read_small(self, path: str, *, what: str) -> bytes:
+        """A small file whole: one read, or one request by URL (retried, cached if asked)."""
+        if is_local(self.fs):
+            with open(path, "rb") as f:
+                return f.read()
+        from shardload.move.remote import read_bytes
+
+        return read_bytes(self.fs, path, what=what)
 
     def check_files(self, name: str, start: int, stop: int) -> None:
         """Before zarr-python reads rows ``[start, stop)`` of a shardload array: each stored
