@@ -47,6 +47,17 @@ class ReadsInto(Protocol):
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None: ...
 
 
+@runtime_checkable
+class ChecksMetadata(Protocol):
+    """Optional capability: check each fixed-shape array's own metadata (a Zarr array's
+    ``zarr.json``, an npy chunk's header, an HDF5 dataset) against the manifest, with one small
+    read per array; called when a store is opened, before any buffer is sized from the
+    manifest. Raises :class:`~shardload.errors.StoreError` naming ``where`` (the manifest)
+    and the file that disagrees."""
+
+    def check_metadata(self, where: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class RawChunk:
     """Where a chunk's rows lie, uncompressed and C-ordered, in a local file: row ``r`` is the

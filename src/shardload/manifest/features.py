@@ -20,6 +20,7 @@ import numpy as np
 from shardload.errors import StoreError
 from shardload.layout import FEATURES_DIR
 from shardload.manifest.names import GridNames
+from shardload.util.npy_header import npy_header_lock
 
 STATS_FIELDS = ("mean", "std", "min", "max", "nan_count")
 #: Slab size of the exact integer moments (no full-size temporaries).
@@ -250,7 +251,9 @@ def decode_features(data: bytes, *, where: str) -> tuple[Sequence[str] | None, F
     """What :func:`encode_features` wrote (either format): names (a
     :class:`~shardload.manifest.names.GridNames` for a grid's rule, else a tuple) and statistics."""
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        # numpy parses each member's header with ast, not thread-safe here (util/npy_header.py):
+        # a DataLoader worker's reader threads parse chunk headers meanwhile
+        with npy_header_lock(), np.load(io.BytesIO(data), allow_pickle=False) as z:
             fmt = int(z["format"]) if "format" in z else 1
             if fmt > FEATURES_FORMAT:
                 raise StoreError(

@@ -1,7 +1,9 @@
 """``open_store``: a handle on a prepared store (or plain Zarr data), local or by URL.
 
-Opening reads one file, the manifest; arrays open lazily on first read, in the process that
-reads (handles are dropped when a Store is pickled into DataLoader workers).
+Opening reads the manifest, checks that it agrees with itself and with each array's own
+metadata (a Zarr array's ``zarr.json``, an npy array's last chunk header, the HDF5 datasets:
+one small read per array); arrays open for reading lazily, in the process that reads
+(handles are dropped when a Store is pickled into DataLoader workers).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import IncompleteStoreError, StoreError
-from shardload.formats.base import ArrayReader, is_local
+from shardload.formats.base import ArrayReader, ChecksMetadata, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, VERIFY_ENV, check_verify
 from shardload.formats.registry import open_reader as open_format_reader
 from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX
+from shardload.manifest.consistency import check_manifest_consistent
 from shardload.manifest.core import Manifest
 
 
@@ -315,12 +318,16 @@ def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, veri
         if not _exists(fs, root):
             raise StoreError(f"no store at {url}: the path does not exist")
         raise StoreError(f"{url} is not a shardload store: no {MANIFEST_NAME} and no Zarr metadata")
-    manifest = Manifest.from_json(
-        text, where=f"{url}/{MANIFEST_NAME}", read=StoreFiles(fs, root, url=url)
-    )
+    where = f"{url}/{MANIFEST_NAME}"
+    manifest = Manifest.from_json(text, where=where, read=StoreFiles(fs, root, url=url))
     if not manifest.complete:
         raise IncompleteStoreError(f"{url} is not complete ({MANIFEST_NAME} says complete: false)")
-    return Store(manifest, fs, root, url=url, verify=verify)
+    # a manifest that lies (edited, damaged) is refused here, before any buffer is sized from it
+    check_manifest_consistent(manifest, where=where)
+    store = Store(manifest, fs, root, url=url, verify=verify)
+    if isinstance(store.reader, ChecksMetadata):  # each array's own metadata, one read each
+        store.reader.check_metadata(where)
+    return store
 
 
 def _open_fs(url: str, remote: dict[str, Any]) -> tuple[Any, str]:

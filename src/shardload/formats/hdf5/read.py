@@ -57,6 +57,36 @@ class Hdf5Reader:
             self._pid = os.getpid()
         return self._file
 
+    def check_metadata(self, where: str) -> None:
+        """Each fixed array's dataset (dtype, shape) against the manifest ``where``, when the
+        store is opened; the file is closed again (h5py handles do not survive fork). A missing
+        file is left to the read that needs it."""
+        fixed = [k for k, a in self.manifest.arrays.items() if not a.is_ragged]
+        if not fixed:
+            return
+        opened = self._file is None
+        try:
+            try:
+                f = self.file()
+            except StoreError as exc:
+                if isinstance(exc.__cause__, FileNotFoundError):
+                    return  # left to the read that needs it (as a missing npy chunk file)
+                raise
+            for name in fixed:
+                info = self.manifest.arrays[name]
+                ds = f.get(name)
+                if ds is None:
+                    raise StoreError(f"array {name!r} of {where} is not in {self.root}/{FILE_NAME}")
+                if ds.dtype != np.dtype(info.dtype) or tuple(ds.shape) != tuple(info.shape):
+                    raise StoreError(
+                        f"{where} and {self.root}/{FILE_NAME} disagree: dataset {name!r} is "
+                        f"{ds.dtype} {tuple(ds.shape)}, the manifest says {info.dtype} "
+                        f"{tuple(info.shape)}"
+                    )
+        finally:
+            if opened:
+                self.close()
+
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
         if stop <= start:
             return self._read(name, start, start)

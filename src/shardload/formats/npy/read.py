@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from shardload.errors import ChunkReadError
+from shardload.errors import ChunkReadError, StoreError
 from shardload.formats.base import RawChunk, is_local, readinto_full
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest, file_digest
 from shardload.formats.ragged.read import read_npy_file
@@ -62,6 +62,23 @@ class NpyReader:
         except OSError as exc:
             raise ChunkReadError.from_os_error(exc, f"chunk {i}", name, path) from exc
         self.verifier.check(name, i, got, path=path, what=f"chunk {i}")
+
+    def check_metadata(self, where: str) -> None:
+        """The header of each fixed array's last chunk file (dtype, row shape, its rows)
+        against the manifest ``where``, when the store is opened (every other chunk's header
+        is checked at its first read). A missing file is left to the read that needs it."""
+        n = self.manifest.num_chunks
+        for name, info in self.manifest.arrays.items():
+            if info.is_ragged or n == 0:
+                continue
+            try:
+                self._data_offset(name, n - 1)
+            except ChunkReadError as exc:
+                if isinstance(exc.__cause__, FileNotFoundError):
+                    continue
+                raise StoreError(
+                    f"{where} and the files of array {name!r} disagree: {exc}"
+                ) from exc
 
     def path(self, name: str, i: int) -> str:
         return f"{self.root}/{chunk_path(self.manifest.arrays[name].path, i)}"

@@ -7,6 +7,7 @@ buffer (:mod:`.chunks`, :mod:`.shards`, :mod:`.rows`); everything else through z
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Any
@@ -25,6 +26,7 @@ from shardload.formats.zarr.chunks import (
     load_stored_objects,
     verify_file,
 )
+from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.rows import read_rows_into
 from shardload.formats.zarr.shards import ShardIndexCache
 from shardload.manifest.core import Manifest
@@ -36,12 +38,15 @@ def open_reader(
     return ZarrReader(fs, root, manifest, verify=verify)
 
 
-def open_group_readonly(fs: Any, root: str) -> Any:
+def open_group_readonly(fs: Any, root: str, *, strict: bool = False) -> Any:
     """The Zarr group at ``root``, read-only.
 
     A remote store is read through the same filesystem as the other formats
     (:class:`shardload.move.remote.RemoteFileSystem`: retries, errors naming the URL, the optional
     bounded cache), handed to zarr's async core with fsspec's ``AsyncFileSystemWrapper``.
+    ``strict`` (a shardload store): a chunk missing there raises
+    :class:`~shardload.errors.ChunkReadError` instead of reading as the fill value
+    (:mod:`.strict`; local chunks are checked before each read, :meth:`ZarrReader.check_files`).
     """
     import zarr
     import zarr.errors
@@ -56,7 +61,9 @@ def open_group_readonly(fs: Any, root: str) -> Any:
 
         if not isinstance(fs, RemoteFileSystem):  # a plain fsspec filesystem
             fs, root = open_fs(_url(fs, root), storage_options=_so(fs))
-        store = FsspecStore(
+        from shardload.formats.zarr.strict import StrictFsspecStore
+
+        store = (StrictFsspecStore if strict else FsspecStore)(
             AsyncFileSystemWrapper(fs, asynchronous=True), read_only=True, path=root
         )
         # Zarr v3 first: one request (zarr.json) instead of also probing the three v2 keys
@@ -112,6 +119,34 @@ class ZarrReader:
             folder = f"{self.root.rstrip('/')}/{info.path}"
             self._objects[name] = load_stored_objects(folder, opener=self._opener())
         return self._objects[name]
+
+    def check_metadata(self, where: str) -> None:
+        """Each fixed array's ``zarr.json`` against the manifest ``where`` (data type, shape,
+        chunk grid): one small read per array, when the store is opened. Plain Zarr data has
+        no manifest of its own to disagree with."""
+        if not self.strict:
+            return
+        for name, info in self.manifest.arrays.items():
+            if info.is_ragged:
+                continue
+            path = f"{self.root.rstrip('/')}/{info.path}/zarr.json"
+            try:
+                meta = json.loads(self._read_small(path, what=f"zarr.json of array {name!r}"))
+            except FileNotFoundError as exc:
+                raise StoreError(f"array {name!r} of {where} has no {path}") from exc
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"array {name!r}: {path} cannot be read: {exc}") from exc
+            shards = self.manifest.options.get("shard_chunks")
+            check_zarr_meta(meta, info, path=path, where=where, shard_chunks=shards)
+
+    def _read_small(self, path: str, *, what: str) -> bytes:
+        """A small file whole: one read, or one request by URL (retried, cached if asked)."""
+        if is_local(self.fs):
+            with open(path, "rb") as f:
+                return f.read()
+        from shardload.move.remote import read_bytes
+
+        return read_bytes(self.fs, path, what=what)
 
     def check_files(self, name: str, start: int, stop: int) -> None:
         """Before zarr-python reads rows ``[start, stop)`` of a shardload array: each stored
@@ -186,7 +221,7 @@ class ZarrReader:
     def _array(self, name: str) -> Any:
         if name not in self._arrays:
             if self._group is None:
-                self._group = open_group_readonly(self.fs, self.root)
+                self._group = open_group_readonly(self.fs, self.root, strict=self.strict)
             try:
                 self._arrays[name] = self._group[self.manifest.arrays[name].path]
             except KeyError as exc:
