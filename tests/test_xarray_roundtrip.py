@@ -80,3 +80,21 @@ def test_open_zarr_of_a_store_local_and_served_has_named_dims_and_no_warnings(
         warnings.simplefilter("error")
         with xr.open_zarr(f"{url.rstrip('/')}/s-zarr") as ds:
             _check(ds, store)
+
+
+def test_zarr_metadata_written_again_when_a_publish_resumes(tmp_path: Path) -> None:
+    """A run killed after the coordinates were written and before the manifest publishes them
+    writes them again when it resumes."""
+    from shardload.manifest.core import ArraySpec
+    from shardload.prep.coords import write_zarr_metadata
+
+    store = _prepare(tmp_path, "zarr")
+    info = store.manifest.arrays["x"]
+    spec = ArraySpec("x", tuple(info.shape), np.dtype(info.dtype), info.features)
+    stacked = _source().stack(sample=["number", "time"])
+    coords = {"number": stacked["number"].values, "time": stacked["time"].values}
+    write_zarr_metadata(store.root, {"x": spec}, coords, chunk_rows=8)  # the store has them
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with xr.open_zarr(store.root) as ds:
+            _check(ds, store)

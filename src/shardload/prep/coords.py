@@ -92,6 +92,10 @@ def write_zarr_metadata(
         # Zarr v3 specification, and that the manifest and other files are not Zarr nodes
         warnings.simplefilter("ignore")
         if variables:
+            group = zarr.open_group(str(root), mode="a", zarr_format=3)
+            for name in variables:  # a resumed publish writes them again
+                if name in group:
+                    del group[name]
             xr.Dataset(coords=variables).to_zarr(
                 str(root), mode="a", consolidated=False, zarr_format=3, encoding=encoding
             )
