@@ -98,3 +98,15 @@ def test_zarr_metadata_written_again_when_a_publish_resumes(tmp_path: Path) -> N
         warnings.simplefilter("error")
         with xr.open_zarr(store.root) as ds:
             _check(ds, store)
+
+
+def test_an_array_named_as_a_sample_dim_keeps_its_name(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    cfg = {"sample_dims": ["number", "time"], "arrays": {"time": ["q"]}, "out": str(out)}
+    shardload.prepare(cfg, dataset=_source())
+    store = shardload.open_store(out)
+    ds = store.to_xarray()
+    assert list(ds.data_vars) == ["time"] and "number" in ds.coords
+    np.testing.assert_array_equal(ds["time"].values, store.read("time"))
+    with xr.open_zarr(out) as z:
+        np.testing.assert_array_equal(z["time"].values, store.read("time"))

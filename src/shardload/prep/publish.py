@@ -98,6 +98,7 @@ def publish_store(
             manifest, view, view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
         )
     coords = _sample_coords(view, cfg.sample_dims, manifest.length)
+    coords = {k: v for k, v in coords.items() if k not in specs}  # an array's name wins
     if coords:
         manifest = replace(manifest, options={**manifest.options, "sample_coords": list(coords)})
     if cfg.format == "zarr":  # before the manifest: xr.open_zarr finds named dims and coords
