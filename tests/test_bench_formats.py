@@ -214,3 +214,34 @@ def test_bad_options_are_refused_by_name(
     assert main(["bench", "formats", "--out", str(tmp_path), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()
+
+
+def test_findings_lead_with_in_process_figures_and_give_the_workers_beside() -> None:
+    from shardload.bench.format_report import findings
+
+    def row(fmt: str, workers: int, rate: float) -> dict:
+        return {
+            "format": fmt,
+            "variant": "",
+            "mmap": "n/a",
+            "fixed_length": True,
+            "shuffle": False,
+            "workers": workers,
+            "samples_per_s": rate,
+            "ratio_to_read_limit": rate / 100_000,
+            "capped": False,
+        }
+
+    # at small sizes worker start-up makes 2 workers ~10x slower than in-process
+    rows = [
+        row("npy", 0, 80_000),
+        row("npy", 2, 8_000),
+        row("hdf5", 0, 40_000),
+        row("hdf5", 2, 9_000),
+    ]
+    lead = findings(rows)[0]
+    assert lead == (
+        "- Fixed length, sequential, in-process (0 workers): fastest npy at 0.80 of the read "
+        "limit (80,000 samples/s; 2 workers: 8,000 samples/s, 0.08 of the limit), slowest hdf5 "
+        "at 0.40 (40,000 samples/s; 2 workers: 9,000 samples/s, 0.09 of the limit)."
+    )

@@ -328,17 +328,12 @@ def test_zarr_chunks_written_directly_read_back_by_plain_zarr(tmp_path, small_nc
     )
 
 
-# zarr notes that the manifest (shardload.json), the feature files (_features/) and the
-# checksums (checksums.npz) beside the arrays are not Zarr nodes: harmless
-@pytest.mark.filterwarnings("ignore:Object at shardload.json is not recognized:UserWarning")
-@pytest.mark.filterwarnings("ignore:Object at _features is not recognized:UserWarning")
-@pytest.mark.filterwarnings("ignore:Object at checksums.npz is not recognized:UserWarning")
-@pytest.mark.filterwarnings("ignore:Object at metadata.json is not recognized:UserWarning")
 def test_zarr_store_opens_in_xarray(tmp_path, small_nc):
-    """Named dims: xarray users open a shardload Zarr store as a dataset, rows on 'sample'."""
+    """Named dims: xarray users open a shardload Zarr store as a dataset, rows on 'sample';
+    consolidated metadata, so zarr does not list the non-Zarr files beside the arrays."""
     store = shardload.prepare(cfg(small_nc, tmp_path / "s", format="zarr", compression="zstd"))
-    ds = xr.open_zarr(tmp_path / "s", consolidated=False)
-    assert ds["x"].dims == ("sample", "x_dim1") and ds.sizes["sample"] == len(store)
+    ds = xr.open_zarr(tmp_path / "s")
+    assert ds["x"].dims == ("sample", "x_feature") and ds.sizes["sample"] == len(store)
     np.testing.assert_array_equal(ds["x"].values, store.read("x"))
 
 

@@ -23,6 +23,7 @@ MANIFEST_NAME = "shardload.json"
 CHECKSUMS_NAME = "checksums.npz"
 METADATA_NAME = "metadata.json"
 FEATURES_DIR = "_features"
+COORDS_NAME = "_coords.npz"  # the sample coordinates (number, time, ...), prep/coords.py
 
 PARTIAL_SUFFIX = ".partial"
 LOCK_SUFFIX = ".partial.lock"
@@ -34,6 +35,7 @@ RECORD_NAME = "block-{:06d}.npz"
 
 __all__ = [
     "CHECKSUMS_NAME",
+    "COORDS_NAME",
     "FEATURES_DIR",
     "JOB_FILE",
     "LOCK_SUFFIX",

@@ -116,14 +116,15 @@ def findings(rows: list[Row]) -> list[str]:
     """Sentences computed from the rows (medians of within-run ratios)."""
     out: list[str] = []
     workers = sorted({r["workers"] for r in rows})
+    # lead with the fewest workers (in-process when 0 is measured): worker start-up dominates
+    # small epochs, so a worker figure alone understates every format; it is given beside
+    lead, other = workers[0], workers[-1]
     for fixed in (True, False):
         for shuffle in (False, True):
             sel = [
                 r
                 for r in rows
-                if r["fixed_length"] == fixed
-                and r["shuffle"] == shuffle
-                and r["workers"] == workers[-1]
+                if r["fixed_length"] == fixed and r["shuffle"] == shuffle and r["workers"] == lead
             ]
             if not sel:
                 continue
@@ -131,10 +132,11 @@ def findings(rows: list[Row]) -> list[str]:
             worst = min(sel, key=lambda r: r["samples_per_s"])
             out.append(
                 f"- {'Fixed' if fixed else 'Variable'} length, "
-                f"{'shuffled' if shuffle else 'sequential'}, {workers[-1]} workers: fastest "
+                f"{'shuffled' if shuffle else 'sequential'}, {_workers_label(lead)}: fastest "
                 f"{case_label(best)} at {_ratio(best['ratio_to_read_limit'])} of the read limit "
-                f"({best['samples_per_s']:,.0f} samples/s), slowest {case_label(worst)} at "
-                f"{_ratio(worst['ratio_to_read_limit'])} ({worst['samples_per_s']:,.0f} samples/s)."
+                f"({best['samples_per_s']:,.0f} samples/s{_beside(rows, best, other)}), slowest "
+                f"{case_label(worst)} at {_ratio(worst['ratio_to_read_limit'])} "
+                f"({worst['samples_per_s']:,.0f} samples/s{_beside(rows, worst, other)})."
             )
     shuffled = _ratio_of(rows, "shuffle", False, True)
     if shuffled:
@@ -304,6 +306,24 @@ def write_report(rows: list[Row], meta: dict[str, Any], out: Path) -> list[Path]
     ]
     (out / "report.md").write_text("\n".join(lines))
     return pngs
+
+
+def _workers_label(workers: int) -> str:
+    return "in-process (0 workers)" if workers == 0 else f"{workers} workers"
+
+
+def _beside(rows: list[Row], row: Row, workers: int) -> str:
+    """``; 2 workers: N samples/s (R of the limit)`` for the same case with ``workers``."""
+    if workers == row["workers"]:
+        return ""
+    keys = ("format", "variant", "mmap", "fixed_length", "shuffle")
+    for r in rows:
+        if r["workers"] == workers and all(r[k] == row[k] for k in keys):
+            return (
+                f"; {workers} workers: {r['samples_per_s']:,.0f} samples/s, "
+                f"{_ratio(r['ratio_to_read_limit'])} of the limit"
+            )
+    return ""
 
 
 def _load(avg: list[float]) -> str:

@@ -10,6 +10,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,12 @@ from shardload.errors import StoreError
 from shardload.formats.base import FormatOptions
 from shardload.formats.checksums import ALGORITHM, encode_checksums
 from shardload.formats.registry import get_writer
-from shardload.layout import CHECKSUMS_NAME, METADATA_NAME
+from shardload.layout import CHECKSUMS_NAME, COORDS_NAME, METADATA_NAME
 from shardload.manifest.core import ArrayInfo, ArraySpec, Manifest
 from shardload.plan.chunks import RegularBounds
 from shardload.prep.commit import BlockCommit
 from shardload.prep.config import PrepareConfig
+from shardload.prep.coords import encode_coords, plan_sample_coords, write_zarr_metadata
 from shardload.prep.recorder import merge_checksums
 from shardload.prep.stats import OrderedMerge
 from shardload.prep.tasks import LENGTHS_KEY, PrepareJob
@@ -95,10 +97,26 @@ def publish_store(
         manifest = window_manifest(
             manifest, view, view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
         )
+    coords = _sample_coords(view, cfg.sample_dims, manifest.length)
+    coords = {k: v for k, v in coords.items() if k not in specs}  # an array's name wins
+    if coords:
+        manifest = replace(manifest, options={**manifest.options, "sample_coords": list(coords)})
+    if cfg.format == "zarr":  # before the manifest: xr.open_zarr finds named dims and coords
+        write_zarr_metadata(commit.root, specs, coords, chunk_rows=job.chunk_rows)
     files = {METADATA_NAME: split_metadata(manifest, cfg), **manifest.file_writers()}
+    if coords:
+        files = {COORDS_NAME: encode_coords(coords), **files}
     if sums:  # before the manifest, which publish writes last
         files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
     commit.publish(files)  # feature files first, the manifest last
+
+
+def _sample_coords(view: View, sample_dims: Any, length: int) -> dict[str, np.ndarray]:
+    from shardload.prep.views.flat import FlatView
+
+    if not isinstance(view, FlatView):  # other views' samples are not the stacked dims
+        return {}
+    return plan_sample_coords(view.sample_source, sample_dims, length)
 
 
 def split_metadata(manifest: Manifest, cfg: PrepareConfig) -> bytes:

@@ -59,7 +59,38 @@ def store_to_xarray(store: Store, names: Sequence[str] | None = None) -> xr.Data
         data_vars[name] = xr.Variable(dims, lazy, attrs=dict(info.attrs))
         for d, c in coords.items():
             data_vars[d] = xr.Variable((d,), c)
-    return xr.Dataset(data_vars, attrs={"shardload_store": store.url})
+    ds = xr.Dataset(data_vars, attrs={"shardload_store": store.url})
+    if "sample" in ds.dims:
+        ds = ds.assign_coords(_sample_coords(store))
+    return ds
+
+
+def _sample_coords(store: Store) -> dict[str, xr.Variable]:
+    """The sample dims' coordinates along ``sample`` (``_coords.npz``, written by prepare)."""
+    import io
+
+    from shardload.layout import COORDS_NAME
+
+    names = store.manifest.options.get("sample_coords") or []
+    if not names:
+        return {}
+    path = f"{store.root}/{COORDS_NAME}"
+    if store.is_local:
+        with open(path, "rb") as f:
+            raw = f.read()
+    else:
+        from shardload.move.remote import read_bytes
+
+        raw = read_bytes(store.fs, path, what=f"{COORDS_NAME} of {store.url}")
+    with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+        coords = {str(n): xr.Variable(("sample",), npz[n]) for n in names}
+    for n, v in coords.items():
+        if v.shape != (len(store),):
+            raise StoreError(
+                f"{COORDS_NAME} of {store.url}: coordinate {n!r} has {v.shape[0]} values "
+                f"for {len(store)} samples"
+            )
+    return coords
 
 
 def _digest(text: str) -> str:

@@ -62,7 +62,10 @@ def _dimension_names(name: str, spec: Any) -> tuple[str, ...]:
     dims = (getattr(spec, "attrs", None) or {}).get("dims")
     if dims is not None and len(dims) == len(spec.shape):
         return tuple(str(d) for d in dims)
-    return ("sample", *(f"{name}_dim{i}" for i in range(1, len(spec.shape))))
+    dims = ["sample", *(f"{name}_dim{i}" for i in range(1, len(spec.shape)))]
+    if getattr(spec, "features", None) and len(dims) > 1:  # as Store.to_xarray names it
+        dims[-1] = f"{name}_feature"
+    return tuple(dims)
 
 
 class ZarrWriter:

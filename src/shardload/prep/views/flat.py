@@ -102,6 +102,11 @@ class FlatView:
     def static(self) -> Mapping[str, Any]:
         return {}
 
+    @property
+    def sample_source(self) -> xr.DataArray:
+        """A source variable, sample-major: its coords hold the sample dims' coordinates."""
+        return next(iter(self._vars.values()))[0]
+
     def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         n = stop - start
