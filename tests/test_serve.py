@@ -478,3 +478,26 @@ def test_stores_being_written_are_neither_served_nor_listed(stores: Path) -> Non
     with pytest.raises(IncompleteStoreError, match="incomplete") as err:
         shardload.open_store(stores / "beta.partial")
     assert "partial.partial" not in str(err.value) and "beta.partial" in str(err.value)
+
+
+def test_a_malformed_request_is_one_log_line_not_a_traceback(stores: Path, caplog) -> None:
+    import socket
+
+    bad = [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"GET /\x00 HTTP/1.1\r\n\r\n",
+    ]
+    caplog.set_level(logging.INFO)
+    with serving(stores) as url:
+        port = urlparse(url).port
+        for payload in bad:
+            with socket.create_connection(("127.0.0.1", port), timeout=T) as s:
+                s.sendall(payload)
+                s.recv(1000)  # the 400 answer
+        time.sleep(0.3)
+    records = [r for r in caplog.records if "serving" not in r.getMessage()]
+    assert not [r for r in records if r.exc_info], [r.getMessage() for r in records]
+    assert len(records) == len(bad), [r.getMessage() for r in records]
+    assert all(" 400 " in r.getMessage() for r in records)
