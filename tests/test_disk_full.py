@@ -1,5 +1,7 @@
-"""A real full disk (a small tmpfs; needs root): HDF5 staging and merge, and compute, end in
-one clean DiskFullError and resume to the right values once space is freed (issue #26 row 4)."""
+"""A real full or read-only disk (a small tmpfs; needs root): HDF5 staging and merge, and
+compute, end in one clean DiskFullError and resume to the right values once space is freed
+(issue #26 row 4); pack and stage into a read-only folder, and stage into a disk that fills
+while copying, give one clear error naming the folder (rows 7 and 9)."""
 
 from __future__ import annotations
 
@@ -22,11 +24,12 @@ ROWS, FEATURES = 50_000, 8  # 1.6 MB of float32
 
 
 @contextlib.contextmanager
-def small_disk(path: Path, size: str) -> Iterator[Path]:
+def small_disk(path: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
     """A tmpfs of ``size`` mounted at ``path`` (skips the test when mounting is not allowed)."""
     path.mkdir()
+    ro = ",ro" if read_only else ""
     r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}{ro}", "tmpfs", str(path)],
         capture_output=True,
         text=True,
     )
@@ -131,3 +134,42 @@ def test_compute_on_a_full_disk_is_a_disk_full_error_and_resumes(tmp_path: Path)
         shardload.compute(cfg)
         store = shardload.open_store(disk / "attrs")
         assert store.read("a", 0, 40).shape[0] == 40
+
+
+def test_pack_and_stage_into_a_read_only_folder_name_it(tmp_path: Path) -> None:
+    import shutil as sh
+
+    from conftest import make_store
+    from shardload.errors import ImageError, StagingError
+    from shardload.move.pack import pack
+    from shardload.move.staging import stage
+
+    src = make_store(tmp_path / "store")
+    with small_disk(tmp_path / "ro", "1m", read_only=True) as ro:
+        if sh.which("mksquashfs"):
+            for image in (ro / "x.sqfs", ro / "sub" / "x.sqfs"):
+                with pytest.raises(ImageError, match=rf"cannot write the image {image}"):
+                    pack(src, image)
+        for to in (ro, ro / "sub"):
+            with pytest.raises(StagingError, match=rf"cannot stage {src} into {to}: .*Read-only"):
+                stage(src, to)
+
+
+def test_a_disk_that_fills_while_staging_is_a_staging_error(tmp_path: Path, monkeypatch) -> None:
+    """Two stores staged at once into room for one both pass the free-space check; the one
+    that runs out of space while copying says so (it was a raw OSError traceback)."""
+    import shutil as sh
+    from collections import namedtuple
+
+    from shardload.errors import StagingError
+    from shardload.move.staging import stage
+
+    src = tmp_path / "big"
+    src.mkdir()
+    (src / "blob.bin").write_bytes(np.random.default_rng(0).bytes(3 << 20))
+    with small_disk(tmp_path / "small", "1m") as disk:
+        usage = namedtuple("usage", "total used free")
+        monkeypatch.setattr(sh, "disk_usage", lambda _: usage(10**9, 0, 10**9))  # the other
+        with pytest.raises(StagingError, match=rf"not enough space in {disk} to stage {src}"):
+            stage(src, disk)
+        assert not [p for p in disk.iterdir() if p.name.startswith(("big-", ".big-"))]

@@ -74,7 +74,14 @@ def pack(
     image = Path(image_path).expanduser().resolve()
     store = _check_pack(Path(store_path).expanduser(), image, compression, block_size, overwrite)
     tool = require_program("mksquashfs", "pack", store, "squashfs-tools")
-    image.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        image.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ImageError(f"cannot write the image {image}: {exc}") from exc
+    if not os.access(image.parent, os.W_OK):
+        raise ImageError(
+            f"cannot write the image {image}: the folder {image.parent} is not writable"
+        )
     tmp = image.with_name(f".{image.name}.tmp-{os.getpid()}")
     cmd = [tool, str(store), str(tmp), "-noappend", "-no-progress", "-quiet", "-b", str(block_size)]
     cmd += ["-noI", "-noD", "-noF", "-noX"] if compression == "none" else ["-comp", compression]
@@ -138,8 +145,10 @@ def _run_mksquashfs(cmd: list[str], store: Path, image: Path, tmp: Path) -> None
             os.fsync(f.fileno())
         os.replace(tmp, image)
         fsync_path(image.parent)
+    except OSError as exc:
+        raise ImageError(f"writing the image {image} failed: {exc}") from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # never mask the error above
             tmp.unlink()
 
 
