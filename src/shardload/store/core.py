@@ -348,6 +348,8 @@ def _read_manifest(fs: Any, root: str) -> bytes | None:
             return Path(path).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:  # EIO: a damaged disk or SquashFS image
+            raise StoreError(f"the manifest {path} could not be read: {exc}") from exc
     from shardload.move.remote import read_bytes
 
     try:
