@@ -67,3 +67,26 @@ def test_a_collection_on_the_event_loop_does_not_wedge_hdf5_reads(
     assert injected and not handles
     np.testing.assert_array_equal(got, local.read("x", 0, 3000))
     assert elapsed < 2, f"the read took {elapsed:.1f} s"
+
+
+def test_cycles_are_still_collected_while_remote_reads_overlap() -> None:
+    import weakref
+
+    from shardload.formats.hdf5.read import no_cyclic_gc
+
+    class Node:
+        pass
+
+    assert gc.isenabled()
+    with no_cyclic_gc(True):  # a read that never ends (reader threads taking turns)
+        assert not gc.isenabled()
+        node = Node()
+        node.self = node
+        ref = weakref.ref(node)
+        del node
+        kept = []
+        for _ in range(50):
+            with no_cyclic_gc(True):  # the next reads, each allocating
+                kept.append([[i] for i in range(1000)])
+        assert ref() is None
+    assert gc.isenabled()

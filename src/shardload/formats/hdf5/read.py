@@ -38,11 +38,16 @@ def no_cyclic_gc(remote: bool) -> Iterator[None]:
     (any cycle holding one, e.g. an exception's frames) waits for the same lock: the loop is
     stuck, every request then times out and the read fails after all its retries, even when the
     server is back (issue #26 row 3: 383 s, then ChunkReadError). Collections are allowed again
-    once no thread is inside such a read.
+    once no thread is inside such a read; while reads overlap without end (several reader
+    threads), each read starts with the collection the interpreter would have made, in the
+    reading thread, before h5py takes its lock (there, freeing an h5py object only waits for
+    the other reads), so cycles are still collected.
     """
     if not remote:
         yield
         return
+    if _gc_state["holders"] and _gc_state["was_enabled"]:
+        _collect_when_due()
     with _GC_LOCK:
         if _gc_state["holders"] == 0:
             _gc_state["was_enabled"] = gc.isenabled()
@@ -55,6 +60,14 @@ def no_cyclic_gc(remote: bool) -> Iterator[None]:
             _gc_state["holders"] -= 1
             if _gc_state["holders"] == 0 and _gc_state["was_enabled"]:
                 gc.enable()
+
+
+def _collect_when_due() -> None:
+    """The generation the interpreter's automatic collection would collect now, if any."""
+    t0, t1, t2 = gc.get_threshold()
+    c0, c1, c2 = gc.get_count()
+    if t0 and c0 > t0:
+        gc.collect(2 if c2 > t2 else 1 if c1 > t1 else 0)
 
 
 def open_reader(
