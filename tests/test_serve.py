@@ -436,3 +436,68 @@ def test_hundreds_of_idle_clients_never_block_a_server_with_few_descriptors(stor
         proc.terminate()
         _, err = proc.communicate(timeout=T)
     assert "out of system resource" not in err and err.count("refused") <= 2
+
+
+def _killed_prepare(root: Path) -> Path:
+    """What a prepare killed just before its last rename leaves: ``beta.partial`` (whose
+    manifest already says complete) with its progress records, and ``beta.partial.lock``."""
+    import shutil
+
+    partial = root / "beta.partial"
+    shutil.copytree(root / "alpha", partial)
+    (partial / "_progress").mkdir()
+    (partial / "_progress" / "job.json").write_text('{"fingerprint": "f"}')
+    (root / "beta.partial.lock").write_text("pid 123 host h start 0")
+    (root / "alpha" / "link.partial").symlink_to(partial, target_is_directory=True)
+    return partial
+
+
+def test_stores_being_written_are_neither_served_nor_listed(stores: Path) -> None:
+    import shardload
+    from shardload.errors import IncompleteStoreError
+
+    _killed_prepare(stores)
+    with serving(stores) as url:
+        names = {s["name"] for s in requests.get(url, timeout=T).json()["stores"]}
+        assert "beta.partial" not in names and "alpha" in names
+        for target in (
+            "beta.partial/",
+            "beta.partial/shardload.json",
+            "beta.partial/_progress/job.json",
+            "beta.partial/x/000000.npy",
+            "beta.partial.lock",
+            "alpha/link.partial/shardload.json",
+        ):
+            assert requests.get(url + target, timeout=T).status_code == 404, target
+        listing = requests.get(url + "alpha/?format=json", timeout=T).json()["entries"]
+        assert "link.partial" not in {e["name"] for e in listing}
+        assert requests.get(url + "alpha/shardload.json", timeout=T).status_code == 200
+        with pytest.raises(IncompleteStoreError, match="incomplete") as err:
+            shardload.open_store(url + "beta.partial")
+        assert "partial.partial" not in str(err.value)
+    with pytest.raises(IncompleteStoreError, match="incomplete") as err:
+        shardload.open_store(stores / "beta.partial")
+    assert "partial.partial" not in str(err.value) and "beta.partial" in str(err.value)
+
+
+def test_a_malformed_request_is_one_log_line_not_a_traceback(stores: Path, caplog) -> None:
+    import socket
+
+    bad = [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"GET /\x00 HTTP/1.1\r\n\r\n",
+    ]
+    caplog.set_level(logging.INFO)
+    with serving(stores) as url:
+        port = urlparse(url).port
+        for payload in bad:
+            with socket.create_connection(("127.0.0.1", port), timeout=T) as s:
+                s.sendall(payload)
+                s.recv(1000)  # the 400 answer
+        time.sleep(0.3)
+    records = [r for r in caplog.records if "serving" not in r.getMessage()]
+    assert not [r for r in records if r.exc_info], [r.getMessage() for r in records]
+    assert len(records) == len(bad), [r.getMessage() for r in records]
+    assert all(" 400 " in r.getMessage() for r in records)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -360,3 +361,43 @@ def test_processes_opening_at_once_make_one_mount(store, image):
         p.communicate("\n", timeout=30)
         assert p.returncode == 0
     wait_unmounted(root)
+
+
+def test_a_later_pack_removes_a_killed_packs_leftover(store, tools, tmp_path):
+    from shardload.util import procs
+
+    dead = next(p for p in range(4_000_000, 4_100_000) if not procs.alive(p, None))
+    killed = tmp_path / f".x.sqfs.tmp-{dead}"
+    killed.write_bytes(b"half an image")
+    running = tmp_path / f".x.sqfs.tmp-{os.getppid()}"  # a pack still running: kept
+    running.write_bytes(b"being written")
+    pack(store.url, tmp_path / "x.sqfs")
+    assert not killed.exists() and running.exists()
+
+
+def test_a_failed_mount_leaves_no_lock_files(tools, tmp_path):
+    bad = tmp_path / "bad.sqfs"
+    bad.write_bytes(b"hsqs" + b"\x30" * 4000)  # the magic, then garbage
+    with pytest.raises(ImageError, match=r"cannot mount .*bad\.sqfs"):
+        shardload.open_store(bad)
+    registry = tmp_path / "mounts"
+    assert not [p.name for p in registry.iterdir() if p.suffix in (".setup", ".lock")]
+
+
+@pytest.mark.parametrize("where", [0.3, 0.5, 0.7])
+def test_garbage_inside_an_image_is_an_error_naming_the_file(tools, tmp_path, where):
+    """Damaged compressed blocks read as EIO through squashfuse: the error names the chunk and
+    file (or the manifest), never a bare OSError."""
+    from shardload.errors import ShardloadError
+
+    s = make_store(tmp_path, fmt="npy", n=20000, chunk_rows=1000, name="s")
+    img = pack(s.url, tmp_path / "s.sqfs", compression="gzip")
+    data = bytearray(img.read_bytes())
+    at = int(len(data) * where)
+    data[at : at + 64] = bytes(b ^ 0xFF for b in data[at : at + 64])
+    img.write_bytes(bytes(data))
+    with pytest.raises(ShardloadError) as err:
+        st = shardload.open_store(img)
+        for k in range(20):
+            st.read("x", k * 1000, k * 1000 + 1000)
+    assert re.search(r"chunk \d+ of array 'x'.*\.npy|shardload\.json|\.sqfs", str(err.value))

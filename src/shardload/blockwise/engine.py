@@ -18,18 +18,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from shardload.blockwise.config import ComputeConfig, load_compute_config
 from shardload.blockwise.job import ComputeJob, estimate_memory, plan_job
 from shardload.blockwise.publish import compute_manifest, fit_steps, merge_stats, plan_arrays
 from shardload.blockwise.source import SourceArray
 from shardload.blockwise.tasks import run_block, run_slab
-from shardload.errors import ConfigError, ShardloadError
+from shardload.errors import ConfigError, ShardloadError, StoreError
 from shardload.formats.base import FormatOptions
 from shardload.formats.checksums import encode_checksums
 from shardload.layout import CHECKSUMS_NAME
 from shardload.manifest.core import Manifest
 from shardload.prep.commit import BlockCommit
-from shardload.prep.disk import partial_path
+from shardload.prep.disk import disk_full_error, is_disk_full, partial_path
 from shardload.prep.executor import default_workers, open_executor, run_windowed
 from shardload.prep.recorder import merge_checksums
 
@@ -67,25 +69,41 @@ def compute(
         FORMAT.create(root, specs, bounds, options)
 
     with commit:
-        done = commit.start(create)
-        if done:
-            log.info(
-                "resuming %s: %d of %d slab(s) already written",
-                commit.root,
-                len(done),
-                job.num_slabs,
-            )
-        job, stats, sums = _run_passes(job, commit, tasks, progress)
-        commit.finish_format(FORMAT, create, [], list(specs), bounds=bounds)
-        manifest = compute_manifest(job, stats, sums, options)
-        files = manifest.to_files()
-        if sums:  # before the manifest, which publish writes last
-            files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
-        commit.publish(files)
+        try:
+            done = commit.start(create)
+            if done:
+                log.info(
+                    "resuming %s: %d of %d slab(s) already written",
+                    commit.root,
+                    len(done),
+                    job.num_slabs,
+                )
+            job, stats, sums = _run_passes(job, commit, tasks, progress)
+            commit.finish_format(FORMAT, create, [], list(specs), bounds=bounds)
+            manifest = compute_manifest(job, stats, sums, options)
+            files = manifest.to_files()
+            if sums:  # before the manifest, which publish writes last
+                files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
+            commit.publish(files)
+        except OSError as exc:
+            raise _write_failed(commit, specs, exc) from exc
     log.info(
         "computed %d attribute(s) into %s in %.1f s", len(specs), out, time.perf_counter() - t0
     )
     return manifest
+
+
+def _write_failed(commit: BlockCommit, specs: Mapping[str, Any], exc: OSError) -> StoreError:
+    """A full disk (DiskFullError, with the bytes of the slabs not recorded) or another OS
+    error; either way the store stays incomplete in ``OUT.partial`` and a re-run resumes."""
+    if is_disk_full(exc):
+        total = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in specs.values())
+        left = commit.num_blocks - len(commit.recorded())
+        return disk_full_error(commit.out, total * left // max(1, commit.num_blocks), str(exc))
+    return StoreError(
+        f"writing {commit.out} failed: {exc}; the store stays incomplete in {commit.root}, "
+        "re-run the same command to resume"
+    )
 
 
 def _check_memory(job: ComputeJob, tasks: int, out: Path) -> None:

@@ -61,6 +61,10 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
     if verbose < 2:
+        # distributed sets its loggers' levels from dask's config when it is imported (later,
+        # and again in its worker processes, which inherit the environment): INFO by default
+        # (-q: errors only; a Ctrl-C makes each worker warn about its cancelled tasks)
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error" if quiet else "warning")
         for noisy in ("distributed", "asyncio", "fsspec", "numcodecs", "urllib3", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -119,6 +119,7 @@ def mount(image_path: str | os.PathLike[str]) -> Path:
                     _start_watcher(image, base, squashfuse, fusermount)
             except BaseException:
                 os.close(fd)
+                _forget(base)
                 raise
         _USES[stem] = _Use(fd, base, identity)
         return base
@@ -212,6 +213,21 @@ def _clear(base: Path, fusermount: str) -> None:
     if base.is_dir() and not mounted(str(base)):
         with contextlib.suppress(OSError):
             base.rmdir()  # recreated 0700 by the watcher
+
+
+def _forget(base: Path) -> None:
+    """After a failed mount, under the setup lock: remove the lock files of ``base`` that no
+    process uses (a failed mount left ``STEM.setup`` and ``STEM.lock`` for good). Removing a
+    lock file its holder holds is safe: :func:`~shardload.util.locks.locked` re-checks it."""
+    fd = try_lock(f"{base}.lock")
+    if fd is not None:
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{base}.lock")
+        finally:
+            os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(f"{base}.setup")
 
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:

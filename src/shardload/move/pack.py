@@ -16,6 +16,7 @@ from pathlib import Path
 from shardload.errors import ImageError, IncompleteStoreError, StoreError, StoreExistsError
 from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX, PROGRESS_DIR
 from shardload.move.programs import require_program
+from shardload.util import procs
 from shardload.util.durable import fsync_path
 
 log = logging.getLogger("shardload.squashfs")
@@ -74,7 +75,15 @@ def pack(
     image = Path(image_path).expanduser().resolve()
     store = _check_pack(Path(store_path).expanduser(), image, compression, block_size, overwrite)
     tool = require_program("mksquashfs", "pack", store, "squashfs-tools")
-    image.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        image.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ImageError(f"cannot write the image {image}: {exc}") from exc
+    if not os.access(image.parent, os.W_OK):
+        raise ImageError(
+            f"cannot write the image {image}: the folder {image.parent} is not writable"
+        )
+    _remove_dead_leftovers(image)
     tmp = image.with_name(f".{image.name}.tmp-{os.getpid()}")
     cmd = [tool, str(store), str(tmp), "-noappend", "-no-progress", "-quiet", "-b", str(block_size)]
     cmd += ["-noI", "-noD", "-noF", "-noX"] if compression == "none" else ["-comp", compression]
@@ -138,9 +147,22 @@ def _run_mksquashfs(cmd: list[str], store: Path, image: Path, tmp: Path) -> None
             os.fsync(f.fileno())
         os.replace(tmp, image)
         fsync_path(image.parent)
+    except OSError as exc:
+        raise ImageError(f"writing the image {image} failed: {exc}") from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # never mask the error above
             tmp.unlink()
+
+
+def _remove_dead_leftovers(image: Path) -> None:
+    """Remove ``.IMAGE.tmp-PID`` files of packs that were killed (their PID is gone); a pack
+    still running (its PID alive) keeps its file."""
+    for leftover in image.parent.glob(f".{image.name}.tmp-*"):
+        pid = leftover.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not procs.alive(int(pid), None):
+            log.info("removing %s, left by a killed pack", leftover)
+            with contextlib.suppress(OSError):
+                leftover.unlink()
 
 
 def _tree_size(root: Path) -> tuple[int, int]:

@@ -103,6 +103,7 @@ async def _run(
             root,
             host,
         )
+    logging.getLogger("aiohttp.server").addFilter(_quiet_bad_requests)
     runner = web.AppRunner(
         make_app(root),
         access_log_class=access_logger_class(),
@@ -128,6 +129,16 @@ async def _run(
         if server is not None:
             server.close()  # stop accepting; runner.cleanup closes the open connections
         await runner.cleanup()
+
+
+def _quiet_bad_requests(record: logging.LogRecord) -> bool:
+    """Drop aiohttp's "Error handling request" record (a full traceback) for a malformed
+    request: the access log already has its one line (``UNKNOWN / 400``), and any client could
+    otherwise write a dozen lines to the log per request. Other errors keep their traceback."""
+    from aiohttp.http_exceptions import HttpProcessingError
+
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, HttpProcessingError)
 
 
 def serve(

@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from shardload.errors import require
+from shardload.move.serve_index import is_hidden
 
 
 class PathRefused(Exception):
@@ -28,7 +29,8 @@ def resolve_request_path(root: Path, raw_path: str) -> Path | None:
     Returns
     -------
     Path or None
-        The resolved path inside ``root``, or None when nothing exists there.
+        The resolved path inside ``root``, or None when nothing exists there or the path is
+        in a store being written (``OUT.partial/``, ``OUT.partial.lock``).
 
     Raises
     ------
@@ -56,6 +58,8 @@ def resolve_request_path(root: Path, raw_path: str) -> Path | None:
         return None
     if real != root and root not in real.parents:
         raise PathRefused(raw_path)  # a symlink pointing out of the served folder
+    if any(is_hidden(p) for p in (*parts, *real.relative_to(root).parts)):
+        return None  # a store being written, or its lock: not found, as if absent
     return real
 
 

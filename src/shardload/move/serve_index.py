@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from shardload.layout import MANIFEST_NAME
+from shardload.layout import LOCK_SUFFIX, MANIFEST_NAME, PARTIAL_SUFFIX
+
+
+def is_hidden(name: str) -> bool:
+    """True for what a writer leaves beside a store while it runs (``OUT.partial/``,
+    ``OUT.partial.lock``): never served nor listed, since it is not a store yet (a killed
+    prepare's folder may even hold a manifest saying ``complete: true``, written just before
+    the rename that never came)."""
+    return name.endswith(PARTIAL_SUFFIX) or name.endswith(LOCK_SUFFIX)
 
 
 def _inside(root: Path, entry: os.DirEntry) -> bool:
@@ -57,10 +65,13 @@ def describe_store(folder: Path) -> dict[str, Any] | None:
 
 
 def list_stores(root: Path) -> list[dict[str, Any]]:
-    """Every store directly under ``root``, sorted by name (see :func:`describe_store`)."""
+    """Every store directly under ``root``, sorted by name (see :func:`describe_store`);
+    stores being written (``OUT.partial``, :func:`is_hidden`) are left out."""
     stores = []
     with os.scandir(root) as it:
         for entry in it:
+            if is_hidden(entry.name):
+                continue
             if entry.is_dir() and _inside(root, entry):
                 desc = describe_store(Path(entry.path))
                 if desc is not None:
@@ -69,11 +80,12 @@ def list_stores(root: Path) -> list[dict[str, Any]]:
 
 
 def list_folder(root: Path, folder: Path) -> list[dict[str, Any]]:
-    """The files and sub-folders of ``folder`` (symlinks leading out of ``root`` left out)."""
+    """The files and sub-folders of ``folder`` (symlinks leading out of ``root`` and
+    :func:`is_hidden` names left out)."""
     entries = []
     with os.scandir(folder) as it:
         for entry in it:
-            if not _inside(root, entry):
+            if is_hidden(entry.name) or not _inside(root, entry):
                 continue
             try:
                 is_dir = entry.is_dir()

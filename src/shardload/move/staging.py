@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -109,6 +110,22 @@ def staged(
 
 
 def _stage(src, to_dir, *, keep: bool, storage_options) -> tuple[Path, str]:
+    """:func:`_stage_once`, its OS errors as a StagingError naming the folder (a read-only or
+    full ``to_dir``: two stores copied at once into room for one both pass the free-space
+    check, and one of them runs out of space while copying)."""
+    try:
+        return _stage_once(src, to_dir, keep=keep, storage_options=storage_options)
+    except OSError as exc:
+        where = Path(to_dir).expanduser()
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StagingError(
+                f"not enough space in {where} to stage {src}: the disk filled up while copying "
+                f"(another copy into the same folder?): {exc}"
+            ) from exc
+        raise StagingError(f"cannot stage {src} into {where}: {exc}") from exc
+
+
+def _stage_once(src, to_dir, *, keep: bool, storage_options) -> tuple[Path, str]:
     kind = staging_copy.source_kind(src)
     to_dir = Path(to_dir).expanduser().resolve()
     to_dir.mkdir(parents=True, exist_ok=True)

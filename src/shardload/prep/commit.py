@@ -87,11 +87,17 @@ def write_block_durably(
         return fmt.write_block(Path(root), name, chunk, start, data, bounds=bounds)  # type: ignore[no-any-return]
     array = np.ascontiguousarray(data)
     write_atomic(
-        staged_path(Path(root), block, name),
-        lambda f: np.lib.format.write_array(f, array, allow_pickle=False),
-        deferrable=True,
+        staged_path(Path(root), block, name), lambda f: _write_npy(f, array), deferrable=True
     )
     return None
+
+
+def _write_npy(f: Any, array: np.ndarray) -> None:
+    """``np.save`` of a C-contiguous array through the file's own ``write``: numpy's
+    ``tofile`` turns a full disk into ``OSError: N requested and M written`` (no errno), where
+    ``write`` raises ``ENOSPC``, which the run reports as a full disk (DiskFullError)."""
+    np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(array))
+    f.write(array.reshape(-1).view(np.uint8).data)
 
 
 # -- the protocol -------------------------------------------------------------------------------

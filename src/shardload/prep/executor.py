@@ -91,20 +91,26 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
             client, cluster, own = active_client(), None, False
             log.info("using the active dask.distributed client %s", client)
         else:
-            cluster = distributed.LocalCluster(
-                n_workers=n,
-                threads_per_worker=cfg.threads_per_worker,
-                processes=True,
-                dashboard_address=None,
-                silence_logs=logging.WARNING,
-            )
-            client = distributed.Client(cluster)
+            with _no_sigint():  # the workers it starts ignore Ctrl-C: this process stops them
+                cluster = distributed.LocalCluster(
+                    n_workers=n,
+                    threads_per_worker=cfg.threads_per_worker,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.WARNING,
+                )
+                client = distributed.Client(cluster)
         try:
             info = client.scheduler_info().get("workers", {})
             workers = len(info) or n
             threads = sum(int(w.get("nthreads", 0)) for w in info.values())
             log.info("dask.distributed: %s with %d worker(s)", client.scheduler.address, workers)
             yield client.get_executor(), (threads or workers * cfg.threads_per_worker)
+        except KeyboardInterrupt:
+            # the workers are stopped below: their nanny's "still alive after 4 s, killing"
+            # warnings are not news after a Ctrl-C
+            logging.getLogger("distributed").setLevel(logging.ERROR)
+            raise
         finally:
             if own:
                 client.close()
@@ -117,6 +123,24 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
             yield ex, threads
     else:  # validated in config, kept for direct callers
         raise ConfigError(f"execution.scheduler: unknown {scheduler!r}")
+
+
+@contextmanager
+def _no_sigint() -> Iterator[None]:
+    """SIGINT ignored for the block (in the main thread): processes started meanwhile inherit
+    it, so a Ctrl-C reaches this process alone (once) instead of also every dask worker, each
+    printing its traceback (issue #26 row 8)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def run_windowed(

@@ -303,6 +303,13 @@ def _is_mapper(obj: Any) -> bool:
 
 
 def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, verify: str) -> Store:
+    if root.rstrip("/").endswith(PARTIAL_SUFFIX):
+        done = url.rstrip("/")[: -len(PARTIAL_SUFFIX)]
+        raise IncompleteStoreError(
+            f"{url} is not a store but one being written (or left by an interrupted prepare): "
+            f"the store is incomplete; open {done} once 'shardload prepare' has finished, or "
+            "re-run it to resume"
+        )
     text = _read_manifest(fs, root)
     if text is None:
         if _exists(fs, f"{root}{PARTIAL_SUFFIX}") or _exists(fs, f"{root}/_progress"):
@@ -348,6 +355,8 @@ def _read_manifest(fs: Any, root: str) -> bytes | None:
             return Path(path).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:  # EIO: a damaged disk or SquashFS image
+            raise StoreError(f"the manifest {path} could not be read: {exc}") from exc
     from shardload.move.remote import read_bytes
 
     try:

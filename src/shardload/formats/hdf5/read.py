@@ -5,7 +5,11 @@ process that reads (h5py handles do not survive fork).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +23,51 @@ from shardload.manifest.core import Manifest
 FILE_NAME = "data.h5"
 #: the file of the ragged arrays: a group ``NAME`` per array, datasets ``values`` and ``offsets``
 RAGGED_FILE = "ragged.h5"
+
+
+_GC_LOCK = threading.Lock()
+_gc_state = {"holders": 0, "was_enabled": False}
+
+
+@contextlib.contextmanager
+def no_cyclic_gc(remote: bool) -> Iterator[None]:
+    """No automatic garbage collection while h5py reads a remote file (``remote``).
+
+    h5py holds its global lock while it calls the file object, whose reads wait on fsspec's
+    event-loop thread. A garbage collection that runs in that thread and frees an h5py object
+    (any cycle holding one, e.g. an exception's frames) waits for the same lock: the loop is
+    stuck, every request then times out and the read fails after all its retries, even when the
+    server is back (issue #26 row 3: 383 s, then ChunkReadError). Collections are allowed again
+    once no thread is inside such a read; while reads overlap without end (several reader
+    threads), each read starts with the collection the interpreter would have made, in the
+    reading thread, before h5py takes its lock (there, freeing an h5py object only waits for
+    the other reads), so cycles are still collected.
+    """
+    if not remote:
+        yield
+        return
+    if _gc_state["holders"] and _gc_state["was_enabled"]:
+        _collect_when_due()
+    with _GC_LOCK:
+        if _gc_state["holders"] == 0:
+            _gc_state["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _gc_state["holders"] += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _gc_state["holders"] -= 1
+            if _gc_state["holders"] == 0 and _gc_state["was_enabled"]:
+                gc.enable()
+
+
+def _collect_when_due() -> None:
+    """The generation the interpreter's automatic collection would collect now, if any."""
+    t0, t1, t2 = gc.get_threshold()
+    c0, c1, c2 = gc.get_count()
+    if t0 and c0 > t0:
+        gc.collect(2 if c2 > t2 else 1 if c1 > t1 else 0)
 
 
 def open_reader(
@@ -51,7 +100,8 @@ class Hdf5Reader:
                 if is_local(self.fs):
                     self._file = h5py.File(path, "r")
                 else:
-                    self._file = h5py.File(self.fs.open(path, "rb"), "r")
+                    with no_cyclic_gc(True):
+                        self._file = h5py.File(self.fs.open(path, "rb"), "r")
             except (OSError, FileNotFoundError) as exc:
                 raise StoreError(f"cannot open HDF5 file {path}: {exc}") from exc
             self._pid = os.getpid()
@@ -112,15 +162,16 @@ class Hdf5Reader:
 
     def _read(self, name: str, start: int, stop: int) -> np.ndarray:
         try:
-            ds = self.file()[name]
-            info = self.manifest.arrays[name]
-            if ds.dtype != np.dtype(info.dtype) or tuple(ds.shape) != tuple(info.shape):
-                raise ChunkReadError(
-                    f"dataset {name!r} in {self.root}/{FILE_NAME} does not match the manifest: "
-                    f"it is {ds.dtype} {tuple(ds.shape)}, the store says {info.dtype} "
-                    f"{tuple(info.shape)}"
-                )
-            return np.asarray(ds[start:stop])
+            with no_cyclic_gc(not is_local(self.fs)):
+                ds = self.file()[name]
+                info = self.manifest.arrays[name]
+                if ds.dtype != np.dtype(info.dtype) or tuple(ds.shape) != tuple(info.shape):
+                    raise ChunkReadError(
+                        f"dataset {name!r} in {self.root}/{FILE_NAME} does not match the "
+                        f"manifest: it is {ds.dtype} {tuple(ds.shape)}, the store says "
+                        f"{info.dtype} {tuple(info.shape)}"
+                    )
+                return np.asarray(ds[start:stop])
         except StoreError:
             raise
         except Exception as exc:
@@ -173,7 +224,8 @@ class Hdf5Ragged(GroupedRagged):
 
     def _read(self, name: str, part: str, a: int, b: int, *, what: str, path: str) -> np.ndarray:
         try:
-            return np.asarray(self._open()[f"{name}/{part}"][a:b])
+            with no_cyclic_gc(not is_local(self.fs)):
+                return np.asarray(self._open()[f"{name}/{part}"][a:b])
         except ShardloadError:
             raise
         except Exception as exc:

@@ -14,7 +14,10 @@ either fails in h5py or changes the decoded rows.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +35,19 @@ from shardload.formats.ragged.write import value_chunk
 #: attribute is limited to 64 KiB (object header), i.e. a few thousand names.
 FEATURES_GROUP = "_features"
 _LOCK = threading.Lock()
+#: how HDF5 names a full disk or quota in its error text (h5py's errors carry no errno)
+_DISK_FULL_TEXT = ("errno = 28", "errno = 122", "No space left on device", "Disk quota exceeded")
+
+
+def _write_error(exc: Exception, path: Path) -> Exception:
+    """A full disk as ``OSError(ENOSPC)`` naming ``path`` (which the run reports as a
+    DiskFullError); other errors as they are."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return exc
+    if any(t in str(exc) for t in _DISK_FULL_TEXT):
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return OSError(errno.ENOSPC, f"No space left on device writing {path} ({first})")
+    return exc
 
 
 def _write_features(f: Any, name: str, features: Sequence[str]) -> None:
@@ -66,6 +82,10 @@ class Hdf5Writer:
 
     def __init__(self) -> None:
         self._files: dict[str, Any] = {}
+        # open datasets by file: a Dataset dropped after each write would close (and flush)
+        # in its __dealloc__, where HDF5's errors (a full disk) are printed and ignored
+        self._datasets: dict[str, dict[str, Any]] = {}
+        self._failed: set[str] = set()
 
     def create(
         self, root: Path, specs: Mapping[str, Any], bounds: Sequence[int], options: FormatOptions
@@ -116,7 +136,17 @@ class Hdf5Writer:
         bounds: Sequence[int],
     ) -> dict[int, int]:
         with _LOCK:
-            self._file(root)[name][start : start + len(data)] = data
+            key = f"{os.getpid()}:{root}"
+            datasets = self._datasets.setdefault(key, {})
+            try:
+                if name not in datasets:
+                    datasets[name] = self._file(root)[name]
+                ds = datasets[name]
+                ds[start : start + len(data)] = data
+                ds.flush()  # errors here, where they can be raised, not in a later close
+            except (OSError, RuntimeError) as exc:
+                self._failed.add(key)
+                raise _write_error(exc, Path(root) / FILE_NAME) from exc
         return self.row_checksums(chunk_index, data, bounds=bounds)
 
     def row_checksums(
@@ -135,10 +165,20 @@ class Hdf5Writer:
     def finish(self, root: Path) -> None:
         with _LOCK:
             key = f"{os.getpid()}:{root}"
+            datasets = self._datasets.pop(key, {})
             f = self._files.pop(key, None)
-            if f is not None:
-                f.flush()
-                f.close()
+            path = Path(root) / FILE_NAME
+            if key in self._failed:
+                self._failed.discard(key)
+                _abandon(f, datasets, path)
+            elif f is not None:
+                try:
+                    datasets.clear()
+                    f.flush()
+                    f.close()
+                except (OSError, RuntimeError) as exc:
+                    _abandon(f, datasets, path)
+                    raise _write_error(exc, path) from exc
 
     def array_path(self, name: str, *, ragged: bool = False) -> str:
         return f"{RAGGED_FILE if ragged else FILE_NAME}/{name}"
@@ -183,6 +223,30 @@ class Hdf5Writer:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+
+
+def _abandon(f: Any, datasets: dict[str, Any], path: Path) -> None:
+    """Close a file whose writes failed; it is garbage, rebuilt from the staged blocks on resume.
+
+    HDF5 keeps the writes that failed in its caches and retries them at every close: on a
+    full disk each close fails again, the file stays open in the library, and the process
+    crashes at exit (a segmentation fault in HDF5's own clean-up). Emptying the file first
+    frees its blocks, so the retried writes (a few chunks, landing in a sparse file) fit and
+    the close succeeds. Errors of this close are not news: one was raised already."""
+    with contextlib.suppress(OSError):
+        os.truncate(path, 0)
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        datasets.clear()  # their close retries the failed writes too
+        with contextlib.suppress(Exception):
+            if f is not None:
+                f.close()
+        import gc
+
+        gc.collect()  # the closed file's objects, while the hook is quiet
+    finally:
+        sys.unraisablehook = hook
 
 
 WRITER = Hdf5Writer()

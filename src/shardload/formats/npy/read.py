@@ -101,6 +101,10 @@ class NpyReader:
                         self._offsets[key] = _header_len(f, path, want, f"chunk {i} of {name!r}")
             except FileNotFoundError as exc:
                 raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
+            except OSError as exc:  # EIO: a damaged disk or SquashFS image
+                raise ChunkReadError(
+                    f"chunk {i} of array {name!r} could not be read: {path}: {exc}"
+                ) from exc
         return self._offsets[key]
 
     def read(self, name: str, start: int, stop: int) -> np.ndarray:

@@ -1,0 +1,73 @@
+"""``shardload -q prepare`` with ``scheduler: distributed``: quiet, and a Ctrl-C is one line
+(issue #26 row 8: 33 INFO lines; 5-6 tracebacks from the dask workers on Ctrl-C)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import python_env
+
+pytest.importorskip("distributed")
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.distributed]
+
+
+def _config(tmp_path: Path) -> Path:
+    src = tmp_path / "src.nc"
+    values = np.random.default_rng(0).standard_normal((20_000, 8)).astype("f4")
+    xr.Dataset({"a": (("sample", "f"), values)}).to_netcdf(src)
+    cfg = {
+        "source": {"paths": [str(src)]},
+        "sample_dims": ["sample"],
+        "view": "flat",
+        "arrays": {"x": ["a"]},
+        "chunk_rows": 1000,
+        "format": "npy",
+        "compression": "none",
+        "out": str(tmp_path / "out"),
+        "execution": {"scheduler": "distributed", "num_workers": 2},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _start(cfg: Path, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "shardload", "-q", "prepare", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**python_env(), "SHARDLOAD_LOG": "off", **env},
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+
+
+def test_quiet_prints_nothing(tmp_path: Path) -> None:
+    proc = _start(_config(tmp_path))
+    _out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert err == "", err
+
+
+def test_ctrl_c_is_one_line(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    proc = _start(cfg, SHARDLOAD_THROTTLE_S="0.5")  # 20 blocks: still running when stopped
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "out.partial" / "_progress").glob("block-*")):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.splitlines() == ["shardload prepare: interrupted"], err
