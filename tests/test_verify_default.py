@@ -230,3 +230,32 @@ def test_ledger_compacts_to_the_latest_record_of_each_file(tmp_path, monkeypatch
     assert not other.trusted("/store/x/0", _fake_stat(0), 0)  # type: ignore[arg-type]
     led.record("/store/x/9", _fake_stat(9), 9)  # type: ignore[arg-type]
     assert Ledger(path, "/store").trusted("/store/x/9", _fake_stat(9), 9)  # type: ignore[arg-type]
+
+
+def test_default_refuses_a_flipped_bit_in_an_npy_squashfs_image(pristine, tmp_path, monkeypatch):
+    """A byte garbled inside a SquashFS image (uncompressed, so the filesystem cannot notice)
+    is caught by the chunk's checksum when the image is read with the defaults."""
+    from test_squashfs import _fuse_problem, wait_unmounted
+
+    from shardload.move import mount as squashfs
+    from shardload.move.pack import pack
+
+    problem = _fuse_problem()
+    if problem:
+        pytest.skip(f"SquashFS tests need the real tools: {problem}")
+    monkeypatch.setenv(squashfs.MOUNT_DIR_ENV, str(tmp_path / "mounts"))
+    img = pack(pristine["npy-none"], tmp_path / "store.sqfs", compression="none")
+    chunk = chunk_file(pristine["npy-none"], "npy-none").read_bytes()
+    tail = chunk[-64:]  # the chunk's last row and a half: found once in the image
+    data = bytearray(img.read_bytes())
+    assert data.count(tail) == 1
+    data[data.index(tail) + 61] ^= 0x10
+    img.write_bytes(bytes(data))
+    s = shardload.open_store(img)
+    try:
+        with pytest.raises(ChunkReadError, match="corrupt") as err:
+            s.read("x")
+        assert f"{BAD:06d}.npy" in str(err.value)
+    finally:
+        squashfs.unmount(img)
+        wait_unmounted(s.root)
