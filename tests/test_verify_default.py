@@ -149,6 +149,19 @@ def test_a_touched_chunk_is_hashed_again(pristine, tmp_path):
     assert s.reader.verifier.hashed == 1  # type: ignore[attr-defined]
 
 
+def test_a_store_prepared_again_in_place_is_hashed_again(pristine, tmp_path):
+    """The ledger belongs to one version of the store's checksum file."""
+    root = copy_store(pristine, "npy-none", tmp_path / "store")
+    shardload.open_store(root).read("x")
+    sums = root / "checksums.npz"
+    data = sums.read_bytes()
+    sums.unlink()
+    sums.write_bytes(data)
+    s = shardload.open_store(root)
+    s.read("x")
+    assert s.reader.verifier.hashed == NUM_CHUNKS  # type: ignore[attr-defined]
+
+
 def test_ledger_off_checks_once_per_process(pristine, tmp_path, monkeypatch):
     monkeypatch.setenv(ledger_mod.LEDGER_ENV, "off")
     root = copy_store(pristine, "npy-none", tmp_path / "store")
@@ -189,7 +202,7 @@ for i in range(n):
     st = SimpleNamespace(st_size=1000 + k, st_mtime_ns=10**18 + k, st_ino=k, st_dev=7)
     led.record(f"{root}/x/{k}", st, k * 31)
     if i % 50 == 0:
-        led.trusted(f"{root}/x/{k}", st, k * 31)  # reads while others append
+        led.trusted(f"{root}/x/{k}", st)  # reads while others append
 """
 
 
@@ -212,8 +225,9 @@ def test_concurrent_ledger_writers_keep_every_record(tmp_path, monkeypatch):
     assert len(got) == procs * n
     led = Ledger(path, "/store")
     for k in range(procs * n):
-        assert led.trusted(f"/store/x/{k}", _fake_stat(k), k * 31)  # type: ignore[arg-type]
-        assert not led.trusted(f"/store/x/{k}", _fake_stat(k), k * 31 + 1)  # type: ignore[arg-type]
+        assert got[led.key(f"/store/x/{k}")][4] == k * 31
+        assert led.trusted(f"/store/x/{k}", _fake_stat(k))  # type: ignore[arg-type]
+        assert not led.trusted(f"/store/x/{k}", _fake_stat(k + 1))  # type: ignore[arg-type]
 
 
 def test_ledger_compacts_to_the_latest_record_of_each_file(tmp_path, monkeypatch):
@@ -225,20 +239,19 @@ def test_ledger_compacts_to_the_latest_record_of_each_file(tmp_path, monkeypatch
             led.record(f"/store/x/{k}", _fake_stat(k + rep), k)  # type: ignore[arg-type]
     assert path.stat().st_size == 50 * RECORD.itemsize
     other = Ledger(path, "/store")  # a reader finds 50 records for 5 files: compacts
-    assert other.trusted("/store/x/0", _fake_stat(9), 0)  # type: ignore[arg-type]
+    assert other.trusted("/store/x/0", _fake_stat(9))  # type: ignore[arg-type]
     assert path.stat().st_size == 5 * RECORD.itemsize
-    assert not other.trusted("/store/x/0", _fake_stat(0), 0)  # type: ignore[arg-type]
+    assert not other.trusted("/store/x/0", _fake_stat(0))  # type: ignore[arg-type]
     led.record("/store/x/9", _fake_stat(9), 9)  # type: ignore[arg-type]
-    assert Ledger(path, "/store").trusted("/store/x/9", _fake_stat(9), 9)  # type: ignore[arg-type]
+    assert Ledger(path, "/store").trusted("/store/x/9", _fake_stat(9))  # type: ignore[arg-type]
 
 
 def test_default_refuses_a_flipped_bit_in_an_npy_squashfs_image(pristine, tmp_path, monkeypatch):
     """A byte garbled inside a SquashFS image (uncompressed, so the filesystem cannot notice)
     is caught by the chunk's checksum when the image is read with the defaults."""
-    from test_squashfs import _fuse_problem, wait_unmounted
-
     from shardload.move import mount as squashfs
     from shardload.move.pack import pack
+    from test_squashfs import _fuse_problem, wait_unmounted
 
     problem = _fuse_problem()
     if problem:

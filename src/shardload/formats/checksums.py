@@ -173,10 +173,9 @@ class Verifier:
             assert path is not None
             try:
                 st = os.stat(path)
-                want = self._want(name, unit, path, f"unit {unit}")
-            except (OSError, ShardloadError):
+            except OSError:
                 return True  # the check itself reports it, naming the chunk
-            if ledger.trusted(path, st, want):
+            if ledger.trusted(path, st):
                 self._done.add((name, unit))
                 return False
             self._pending[(name, unit)] = st

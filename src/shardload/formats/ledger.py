@@ -16,8 +16,10 @@ reads it. ``shardload verify`` (or ``verify="always"``) re-hashes everything.
 
 Where: ``$SHARDLOAD_VERIFY_LEDGER`` (a folder; ``off`` disables the ledger), else
 ``$XDG_CACHE_HOME/shardload/verified`` (``~/.cache/...``); one file per node and store,
-``HOST-HASH.v1`` (the host name in it keeps a shared home's ledgers per node). Where no
-ledger can be written, checks fall back to once per process.
+``HOST-HASH.v1`` (the host name in it keeps a shared home's ledgers per node; the hash is of
+the store's real path and of its ``checksums.npz``'s version, so a store prepared again in
+place starts a new ledger). Where no ledger can be written, checks fall back to once per
+process.
 
 The file is an append-only log of fixed-size records (:data:`RECORD`: a key, the file
 version, the checksum it matched, the record's own XXH3), appended under an ``flock`` on
@@ -33,14 +35,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
-from shardload.util.durable import write_atomic
+from shardload.layout import CHECKSUMS_NAME
 from shardload.util.locks import locked
 
 log = logging.getLogger("shardload.verify")
@@ -77,13 +78,21 @@ def ledger_dir() -> Path | None:
 
 
 def open_ledger(root: str) -> Ledger | None:
-    """The ledger of the local store at ``root`` on this node, or None (disabled, or its
-    folder cannot be created: then each process checks each chunk once)."""
+    """The ledger of the local store at ``root`` on this node, or None (disabled, no checksum
+    file, or the folder cannot be created: then each process checks each chunk once).
+
+    Its name holds the host, the store's real path and its checksum file's version: a store
+    prepared again at the same path starts a new ledger."""
     folder = ledger_dir()
     if folder is None:
         return None
     real = os.path.realpath(root)
-    name = f"{socket.gethostname()}-{xxhash.xxh3_64_hexdigest(real.encode())}.v1"
+    try:
+        sums = os.stat(os.path.join(real, CHECKSUMS_NAME))
+    except OSError:
+        return None  # the check itself reports a missing checksum file
+    ident = f"{real}\0{file_version(sums)}".encode()
+    name = f"{os.uname().nodename}-{xxhash.xxh3_64_hexdigest(ident)}.v1"
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -112,14 +121,15 @@ class Ledger:
         rel = path[len(self.root) + 1 :] if path.startswith(self.root + "/") else path
         return int(xxhash.xxh3_64_intdigest(rel.encode()))
 
-    def trusted(self, path: str, st: os.stat_result, digest: int) -> bool:
-        """Whether this version of file ``path`` (``st``) was found to match ``digest``."""
-        key, want = self.key(path), (*file_version(st), digest & _M64)
+    def trusted(self, path: str, st: os.stat_result) -> bool:
+        """Whether this version of file ``path`` (``st``) was found to match its checksum."""
+        key, want = self.key(path), file_version(st)
         with self._lock:
-            if self._seen.get(key) == want:
-                return True
-            self._refresh()  # another process may have checked it meanwhile
-            return self._seen.get(key) == want
+            got = self._seen.get(key)
+            if got is None or got[:4] != want:
+                self._refresh()  # another process may have checked it meanwhile
+                got = self._seen.get(key)
+            return got is not None and got[:4] == want
 
     def record(self, path: str, st: os.stat_result, digest: int) -> None:
         """Note that version ``st`` of file ``path`` matched ``digest`` (for every process)."""
@@ -171,6 +181,8 @@ class Ledger:
         with contextlib.suppress(OSError), locked(f"{self.path}.lock"):
             with open(self.path, "rb") as f:
                 latest = parse_records(f.read())
+            from shardload.util.durable import write_atomic  # its import looks up libc: lazily
+
             write_atomic(self.path, encode_records(latest))
             self._seen.update(latest)
             self._ino = os.stat(self.path).st_ino
