@@ -162,8 +162,12 @@ def test_a_store_prepared_again_in_place_is_hashed_again(pristine, tmp_path):
     assert s.reader.verifier.hashed == NUM_CHUNKS  # type: ignore[attr-defined]
 
 
-def test_ledger_off_checks_once_per_process(pristine, tmp_path, monkeypatch):
-    monkeypatch.setenv(ledger_mod.LEDGER_ENV, "off")
+@pytest.mark.parametrize("where", ["off", "a file"])
+def test_no_ledger_checks_once_per_process(pristine, tmp_path, monkeypatch, where):
+    """Ledger off, or its folder impossible to create: every process checks every chunk."""
+    if where == "a file":
+        (tmp_path / "f").write_text("not a folder")
+    monkeypatch.setenv(ledger_mod.LEDGER_ENV, "off" if where == "off" else str(tmp_path / "f"))
     root = copy_store(pristine, "npy-none", tmp_path / "store")
     for _ in range(2):
         s = shardload.open_store(root)

@@ -158,7 +158,7 @@ class Ledger:
         replaced by a compaction); compact when due."""
         try:
             fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+        except OSError:  # none yet, or not ours to read: vouches for nothing
             return
         try:
             st = os.fstat(fd)
