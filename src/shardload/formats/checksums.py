@@ -28,6 +28,7 @@ import numpy as np
 import xxhash
 
 from shardload.errors import ChunkReadError, ConfigError, ShardloadError, StoreError
+from shardload.formats.ledger import file_version, open_ledger
 from shardload.layout import CHECKSUMS_NAME
 from shardload.util.npy_header import npy_header_lock
 
@@ -154,8 +155,6 @@ class Verifier:
         """The node's ledger of this store, or None (not ``"auto"`` on local files, or none
         can be written here)."""
         if self._ledger is None:
-            from shardload.formats.ledger import open_ledger
-
             self._ledger = (open_ledger(self.root) if self.node else None) or False
         return self._ledger or None
 
@@ -209,8 +208,6 @@ class Verifier:
         before = self._pending.pop((name, unit), None)
         ledger = self.ledger() if before is not None else None
         if ledger is not None and before is not None:
-            from shardload.formats.ledger import file_version
-
             try:
                 after = os.stat(path)
             except OSError:
