@@ -182,4 +182,7 @@ def _workspace_of_the_tests(tmp_path_factory):
     ``~/.shardload`` (subprocess tests set ``SHARDLOAD_HOME`` themselves)."""
     if "SHARDLOAD_HOME" not in os.environ:
         os.environ["SHARDLOAD_HOME"] = str(tmp_path_factory.mktemp("shardload-home"))
+    # the node's ledger of verified chunks (formats/ledger.py): the tests', not the user's
+    if "SHARDLOAD_VERIFY_LEDGER" not in os.environ:
+        os.environ["SHARDLOAD_VERIFY_LEDGER"] = str(tmp_path_factory.mktemp("verified"))
     yield

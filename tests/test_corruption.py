@@ -6,10 +6,8 @@ Zarr zstd, sharded Zarr, HDF5) x (Store.read, iter_batches, StreamingDataLoader 
 MapDataset). Every batch or row served before the error is checked against the data as
 written. A representative subset runs by default; the whole matrix is marked ``slow``.
 
-Each cell runs with the default ``verify="auto"``, except where only a checksum can tell
-(same-size damage to raw rows: npy and uncompressed Zarr, which ``"auto"`` does not hash, see
-docs/design.md "Checksums"): those run with ``SHARDLOAD_VERIFY=first-epoch``, set in the
-environment so that DataLoader workers see it as a user's setting.
+Each cell runs with the default ``verify="auto"``, which checks every chunk before its rows are
+used (raw rows too: once per node, see shardload/formats/ledger.py), set in no environment.
 
 HDF5 keeps every chunk inside ``data.h5``, so "deleted" deletes that file and "truncated" cuts
 it at the damaged chunk; a dataset's dtype is one for all its chunks, so "wrong dtype" (which
@@ -53,10 +51,6 @@ FAST = {
 FAST_DATALOADER = {("zarr-sharded", "deleted")}
 #: an error, never a hang: generous, a 2-worker DataLoader shuts down slowly under load
 LIMIT_S = 60.0
-#: (format, damage) that only a checksum reveals on raw rows, which verify="auto" trusts
-NEEDS_CHECKSUM = {(f, k) for f in ("npy", "zarr-none") for k in ("garbage", "bitflip")} | {
-    ("zarr-none", "dtype")  # int32 rows in place of float32 ones: same bytes count, no header
-}
 
 
 def _prepare(out: Path, src: Path, options: dict) -> None:
@@ -250,8 +244,6 @@ def test_corrupt_chunk_is_an_error_naming_its_file(
     shutil.copytree(pristine[fmt], root)
     expected = _expected(root)
     bad_file = corrupt(fmt, kind, root, expected["x"])
-    if (fmt, kind) in NEEDS_CHECKSUM:
-        monkeypatch.setenv("SHARDLOAD_VERIFY", "first-epoch")
     if path == "iter_batches_gather":
         from shardload.load import scatter
 
@@ -306,18 +298,21 @@ def test_fortran_order_npy_chunk_is_refused(pristine, tmp_path):
         assert str(path) in str(err.value)
 
 
-def test_auto_verifies_compressed_chunks_and_trusts_raw_rows(pristine, tmp_path):
-    """``verify="auto"`` (the default) hashes chunks it decodes anyway, not raw rows."""
-    for fmt, hashed in [
+def test_auto_verifies_every_format(pristine, tmp_path):
+    """``verify="auto"`` (the default) checks every format's chunks: local chunk files once per
+    node (the ledger), HDF5 chunks once per process."""
+    for fmt, node in [
         ("zarr-zstd", True),
         ("zarr-sharded", True),
-        ("hdf5", True),
-        ("npy", False),
-        ("zarr-none", False),
+        ("hdf5", False),
+        ("npy", True),
+        ("zarr-none", True),
     ]:
         s = shardload.open_store(pristine[fmt])
         assert s.verify == "auto"
-        assert s.reader.verifier.mode == ("first-epoch" if hashed else "never"), fmt  # type: ignore[attr-defined]
+        verifier = s.reader.verifier  # type: ignore[attr-defined]
+        assert verifier.enabled and verifier.mode == "first-epoch", fmt
+        assert verifier.node == node, fmt
 
 
 def test_verify_never_still_refuses_structural_damage(pristine, tmp_path):

@@ -20,6 +20,7 @@ that reads: :class:`Verifier` holds the digests and which units this process alr
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np
 import xxhash
 
 from shardload.errors import ChunkReadError, ConfigError, ShardloadError, StoreError
+from shardload.formats.ledger import file_version, open_ledger
 from shardload.layout import CHECKSUMS_NAME
 from shardload.util.npy_header import npy_header_lock
 
@@ -34,11 +36,11 @@ ALGORITHM = "xxh3_64"
 VERIFY_MODES = ("auto", "always", "first-epoch", "never")
 #: The default of ``open_store(verify=None)`` when set (e.g. to measure, or to trust a store).
 VERIFY_ENV = "SHARDLOAD_VERIFY"
-#: ``"first-epoch"`` where a chunk's bytes pass through memory anyway to be decoded (Blosc
-#: Zarr chunks, shards, HDF5), where hashing them costs little; ``"never"`` for raw rows (npy
-#: stacks, uncompressed Zarr), which the loader copies straight from the page cache into
-#: batches: hashing them is one more pass over every byte, measured at about +30% of an
-#: epoch's CPU (docs/design.md, "Checksums"), over the 5% a default may cost.
+#: Every chunk is checked before its rows are used: a local chunk file (npy, Zarr chunk or
+#: shard) once per node and file version (:mod:`.ledger`: raw rows are copied straight from
+#: the page cache into batches, and hashing them in every process, every epoch, would add about
+#: 30% to an epoch's CPU); anything else, and every file read by URL, the first time each
+#: process reads it ("first-epoch"). docs/loading.md ("Integrity") has the measured cost.
 DEFAULT_VERIFY = "auto"
 
 
@@ -120,35 +122,65 @@ def read_checksums(fs: Any, root: str) -> dict[str, np.ndarray]:
 
 
 class Verifier:
-    """One reader's checksum state: the store's digests (loaded on first use) and the units
-    this process already verified (``first-epoch``)."""
+    """One reader's checksum state: the store's digests (loaded on first use), the units this
+    process already verified, and, for ``"auto"`` on local chunk files, the node's
+    :class:`~shardload.formats.ledger.Ledger` of verified file versions."""
 
-    def __init__(self, fs: Any, root: str, manifest: Any, mode: str, *, raw_rows: bool) -> None:
-        """``raw_rows``: the reader copies rows straight from uncompressed files (``"auto"``
-        then means ``"never"``; else ``"first-epoch"``)."""
+    def __init__(self, fs: Any, root: str, manifest: Any, mode: str, *, files: bool) -> None:
+        """``files``: the units are whole stored files the reader passes by path (npy chunks,
+        Zarr chunks and shards); ``"auto"`` then checks local ones once per node, else it means
+        ``"first-epoch"``."""
+        from shardload.formats.base import is_local
+
         self.fs, self.root = fs, root
         mode = check_verify(mode)
+        self.node = mode == "auto" and files and is_local(fs)
         if mode == "auto":
-            mode = "never" if raw_rows else "first-epoch"
+            mode = "first-epoch"
         self.mode = mode
         # stores written before checksums existed, and plain Zarr data, have none to check
         self.enabled = mode != "never" and bool(getattr(manifest, "checksums", None))
         self._sums: dict[str, np.ndarray] | None = None
         self._done: set[tuple[str, int]] = set()
+        self._ledger: Any = None  # opened on first use (False: none on this node)
+        self._pending: dict[tuple[str, int], os.stat_result] = {}
+        self.hashed = 0  # digests this process computed and compared (tests, benchmarks)
 
     def sums(self) -> dict[str, np.ndarray]:
         if self._sums is None:
             self._sums = read_checksums(self.fs, self.root)
         return self._sums
 
-    def needed(self, name: str, unit: int) -> bool:
-        """Whether unit ``unit`` of array ``name`` must be checked before it is trusted."""
+    def ledger(self) -> Any:
+        """The node's ledger of this store, or None (not ``"auto"`` on local files, or none
+        can be written here)."""
+        if self._ledger is None:
+            self._ledger = (open_ledger(self.root) if self.node else None) or False
+        return self._ledger or None
+
+    def needed(self, name: str, unit: int, path: str | None = None) -> bool:
+        """Whether unit ``unit`` of array ``name`` must be checked before it is trusted;
+        ``path``: the local file that is the unit (then the node's ledger may vouch for it)."""
         if not self.enabled:
             return False
-        return self.mode == "always" or (name, unit) not in self._done
+        if self.mode == "always":
+            return True
+        if (name, unit) in self._done:
+            return False
+        ledger = self.ledger() if path is not None else None
+        if ledger is not None:
+            assert path is not None
+            try:
+                st = os.stat(path)
+            except OSError:
+                return True  # the check itself reports it, naming the chunk
+            if ledger.trusted(path, st):
+                self._done.add((name, unit))
+                return False
+            self._pending[(name, unit)] = st
+        return True
 
-    def check(self, name: str, unit: int, got: int, *, path: str, what: str) -> None:
-        """Compare a computed digest with the recorded one; raise naming the file if they differ."""
+    def _want(self, name: str, unit: int, path: str, what: str) -> int:
         try:
             sums = self.sums()
         except ShardloadError as exc:
@@ -160,10 +192,25 @@ class Verifier:
                 f"checksum file {self.root}/{CHECKSUMS_NAME} has no entry for {what} of array "
                 f"{name!r} ({path})"
             )
-        want = int(sums[name][unit])
+        return int(sums[name][unit])
+
+    def check(self, name: str, unit: int, got: int, *, path: str, what: str) -> None:
+        """Compare a computed digest with the recorded one; raise naming the file if they differ."""
+        want = self._want(name, unit, path, what)
+        self.hashed += 1
         if got != want:
+            self._pending.pop((name, unit), None)
             raise ChunkReadError(
                 f"{what} of array {name!r} is corrupt: {path} has checksum {got:016x}, the store "
                 f"recorded {want:016x} ({ALGORITHM}) when it was written"
             )
         self._done.add((name, unit))
+        before = self._pending.pop((name, unit), None)
+        ledger = self.ledger() if before is not None else None
+        if ledger is not None and before is not None:
+            try:
+                after = os.stat(path)
+            except OSError:
+                return
+            if file_version(after) == file_version(before):  # not rewritten while hashed
+                ledger.record(path, after, want)

@@ -242,10 +242,12 @@ def open_store(
     verify
         Check chunks against the checksums recorded when the store was written:
         ``"first-epoch"`` the first time each process reads a chunk, ``"always"`` on every
-        read, ``"never"``; ``"auto"`` is ``"first-epoch"`` for compressed Zarr and HDF5 and
-        ``"never"`` for raw rows (npy, uncompressed Zarr), where hashing would cost the loader
-        about 30% of its CPU. Default: the environment variable ``SHARDLOAD_VERIFY``, else
-        ``"auto"``. A mismatch raises :class:`ChunkReadError` naming the file; missing,
+        read, ``"never"``; ``"auto"`` checks every chunk before its rows are used: a local
+        chunk file (npy, Zarr chunk or shard) once per node and file version (a ledger in
+        ``$SHARDLOAD_VERIFY_LEDGER``, default ``~/.cache/shardload/verified``), HDF5 chunks
+        and chunks read by URL the first time each process reads them. Default: the
+        environment variable ``SHARDLOAD_VERIFY``, else ``"auto"``. A mismatch raises
+        :class:`ChunkReadError` naming the file; missing,
         truncated or mis-typed chunks are errors in every mode. Every loader reading this ``Store`` (``iter_batches``, ``StreamingDataset``,
         ``MapDataset``, their DataLoader workers) uses its setting. Plain Zarr data has no
         checksums. See docs/loading.md ("Integrity").

@@ -85,7 +85,7 @@ class Hdf5Reader:
         self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
         self._file: Any = None
         self._pid = -1
-        self.verifier = Verifier(fs, self.root, manifest, verify, raw_rows=False)
+        self.verifier = Verifier(fs, self.root, manifest, verify, files=False)
         self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
 
     def file(self) -> Any:

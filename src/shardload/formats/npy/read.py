@@ -44,24 +44,28 @@ class NpyReader:
         self.local = is_local(fs)
         self._offsets: dict[tuple[str, int], int] = {}
         self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
-        self.verifier = Verifier(fs, self.root, manifest, verify, raw_rows=True)
+        self.verifier = Verifier(fs, self.root, manifest, verify, files=True)
 
-    def verify_chunk(self, name: str, i: int) -> None:
+    def verify_chunk(self, name: str, i: int) -> bytes | None:
         """Check chunk ``i`` of ``name`` against its checksum when ``verify`` asks for it (the
-        whole file: local files through mmap, from the page cache)."""
-        if not self.verifier.needed(name, i):
-            return
+        whole file: local files through mmap, from the page cache). By URL, returns the file's
+        bytes it fetched and checked (the caller serves its rows from them: one transfer)."""
         path = self.path(name, i)
+        if not self.verifier.needed(name, i, path if self.local else None):
+            return None
+        whole = None
         try:
             if self.local:
                 got = file_digest(path)
             else:
                 from shardload.move.remote import read_bytes
 
-                got = digest(read_bytes(self.fs, path, what=f"chunk {i} of array {name!r}"))
+                whole = read_bytes(self.fs, path, what=f"chunk {i} of array {name!r}")
+                got = digest(whole)
         except OSError as exc:
             raise ChunkReadError.from_os_error(exc, f"chunk {i}", name, path) from exc
         self.verifier.check(name, i, got, path=path, what=f"chunk {i}")
+        return whole
 
     def check_metadata(self, where: str) -> None:
         """The header of each fixed array's last chunk file (dtype, row shape, its rows)
@@ -126,7 +130,7 @@ class NpyReader:
             c0, c1 = int(self.bounds[i]), int(self.bounds[i + 1])
             a, b = pos - c0, min(stop, c1) - c0
             off = self._data_offset(name, i) + a * row_bytes
-            self.verify_chunk(name, i)
+            whole = self.verify_chunk(name, i)
             nbytes = (b - a) * row_bytes
             path = self.path(name, i)
             dst = dst_bytes[(pos - start) * row_bytes : (pos - start) * row_bytes + nbytes]
@@ -138,8 +142,12 @@ class NpyReader:
                 else:
                     from shardload.move.remote import read_bytes
 
-                    raw = read_bytes(
-                        self.fs, path, off, off + nbytes, what=f"chunk {i} of array {name!r}"
+                    raw = (
+                        whole[off : off + nbytes]
+                        if whole is not None
+                        else read_bytes(
+                            self.fs, path, off, off + nbytes, what=f"chunk {i} of array {name!r}"
+                        )
                     )
                     got = len(raw)
                     dst[:got] = raw[:nbytes]

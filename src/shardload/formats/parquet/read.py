@@ -48,7 +48,7 @@ class ParquetReader:
         self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
         self.local = is_local(fs)
         self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
-        self.verifier = Verifier(fs, self.root, manifest, verify, raw_rows=False)
+        self.verifier = Verifier(fs, self.root, manifest, verify, files=False)
         self._last: dict[str, tuple[int, np.ndarray]] = {}
         self._lock = threading.Lock()
 

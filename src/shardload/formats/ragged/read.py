@@ -107,7 +107,7 @@ class RaggedReader:
         self, fs: Any, root: str, manifest: Manifest, *, verify: str = DEFAULT_VERIFY
     ) -> None:
         self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
-        self.verifier = Verifier(fs, self.root, manifest, verify, raw_rows=False)
+        self.verifier = Verifier(fs, self.root, manifest, verify, files=False)
         self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
         self._offsets: dict[str, np.ndarray] = {}
         self._source: RaggedSource | None = None

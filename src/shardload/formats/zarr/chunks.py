@@ -237,7 +237,7 @@ def verify_file(
     verifier: Verifier, name: str, unit: int, path: str, *, opener: Any = None, what: str
 ) -> None:
     """Check one stored file (a chunk or a shard) against its checksum, if ``verifier`` asks."""
-    if not verifier.needed(name, unit):
+    if not verifier.needed(name, unit, path if opener is None else None):
         return
     try:
         got = file_digest(path, opener=opener)

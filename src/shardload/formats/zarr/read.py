@@ -101,13 +101,7 @@ class ZarrReader:
             if "cf" in a.attrs
         }
         self.strict = manifest.provenance.get("source") != "plain zarr"
-        # "auto" hashes chunks whose bytes this process holds anyway to decode them; not raw
-        # rows, nor URLs read by zarr-python without a cache (hashing would fetch them twice)
-        raw = manifest.options.get("compression", "none") == "none" and not manifest.options.get(
-            "shard_chunks"
-        )
-        raw = raw or not (is_local(fs) or _cached(fs))
-        self.verifier = Verifier(fs, root, manifest, verify, raw_rows=raw)
+        self.verifier = Verifier(fs, root, manifest, verify, files=True)
 
     def _opener(self) -> Any:
         return None if is_local(self.fs) else (lambda p: self.fs.open(p, "rb"))

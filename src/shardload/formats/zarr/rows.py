@@ -55,7 +55,8 @@ def _read_chunk_part(
 ) -> None:
     path = layout.chunk_path(i)
     rb = layout.row_bytes
-    check = verifier is not None and verifier.needed(name, i)
+    local = path if layout.opener is None else None
+    check = verifier is not None and verifier.needed(name, i, local)
     try:
         with layout.open(path) as f:
             if not layout.blosc:
