@@ -109,12 +109,12 @@ def test_values_are_plausible(fields):
         assert np.all(np.isfinite(value)), name
 
 
-def test_outputs_are_small_signed_differences(fields):
+def test_outputs_are_small_differences(fields):
     f, out = fields
     for name in ("flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw"):
         v = out[name]
         assert v.dtype == np.float32 and v.shape == f["pressure_hl"].shape
-        assert v.min() < 0 < v.max() and np.abs(v).max() < 100, name
+        assert np.abs(v).max() > 0.1 and np.abs(v).max() < 100, name
     night = f["cos_solar_zenith_angle"] == 0
     assert np.all(out["flux_dn_sw"][night] == 0) and np.all(out["flux_up_sw"][night] == 0)
     clear = f["cloud_fraction"].max(axis=1) == 0
@@ -198,3 +198,14 @@ def test_cli(tmp_path, capsys):
         main(["sample", "radiation", "--help"])
     assert "3dcorrection_outputs" in capsys.readouterr().out
     assert main(["sample", "radiation", "--out", str(out), "--timesteps", "7"]) == 2
+
+
+def test_outputs_are_a_function_of_the_inputs():
+    """The targets are learnable: the same input columns give the same fluxes, whatever the
+    random stream (they once carried a random per-column sign and size)."""
+    inputs = generate_inputs(np.random.default_rng(1), 300, date="20200101", timestep=0, patch=5)
+    a = generate_outputs(np.random.default_rng(2), inputs)
+    b = generate_outputs(np.random.default_rng(3), inputs)
+    for name in ("flux_dn_sw", "flux_up_sw", "flux_dn_lw", "flux_up_lw"):
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+        assert np.abs(a[name]).max() > 0, name

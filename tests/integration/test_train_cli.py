@@ -4,6 +4,7 @@ then the three outputs (metrics.csv with a row per epoch, the model, the loss pl
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -138,7 +139,10 @@ def _check_outputs(out: Path, *, epochs: int, radiation: bool) -> None:
             assert np.isfinite(float(r[k])) and float(r[k]) > 0, (k, r)
         if radiation:
             assert 0 < float(r["hr_rmse_sw"]) < 1e4 and 0 < float(r["hr_rmse_lw"]) < 1e4, r
-    assert list(out.glob("*.ckpt")) or list(out.glob("*.pt"))
+    assert (out / "last.ckpt").is_file() and (out / "model.ckpt").is_file()
+    got = json.loads((out / "metrics.json").read_text())
+    assert got["val_loss"] == pytest.approx(float(rows[-1]["val_loss"]), rel=1e-5)
+    assert np.isfinite(got["val_loss_mean_predictor"]) and got["val_loss_mean_predictor"] > 0
     png = list(out.glob("*.png"))
     assert png and png[0].read_bytes()[:4] == b"\x89PNG"
 
@@ -184,3 +188,64 @@ def test_train_lstm_on_windows_cut_at_load_time(tmp_path):
     res = _train("lstm", store, tmp_path / "out", "--out", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr[-3000:]
     _check_outputs(tmp_path / "out", epochs=1, radiation=False)
+
+
+def _metrics(out: Path) -> dict:
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_max_steps_cut_epoch_is_validated(radiation_raw, tmp_path):
+    """--max-steps past the first epoch cuts the second one; it gets a validation too."""
+    store = _radiation_store(radiation_raw, tmp_path / "flat", "flat")
+    out = tmp_path / "out"
+    # 144 train rows / 16 = 9 steps an epoch: 11 steps end 2 steps into the second epoch
+    res = _train("mlp", store, out, "--out", str(out), "--max-steps", "11")
+    assert res.returncode == 0, res.stderr[-3000:]
+    with open(out / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    assert all(np.isfinite(float(r["val_loss"])) for r in rows), rows
+    assert "epoch 2/2" in res.stderr  # one line per epoch without a terminal
+    assert res.stderr.count("GPU available") <= 1  # Lightning's lines once, not twice
+
+
+def test_existing_out_refused_without_overwrite(radiation_raw, tmp_path):
+    store = _radiation_store(radiation_raw, tmp_path / "flat", "flat")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.csv").write_text("an earlier run\n")
+    res = _train("mlp", store, out, "--out", str(out))
+    assert res.returncode == 2 and "--overwrite" in res.stderr, res.stderr[-2000:]
+    assert (out / "metrics.csv").read_text() == "an earlier run\n"
+    res = _train("mlp", store, out, "--out", str(out), "--overwrite")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (out / "metrics.csv").read_text().startswith("epoch,")
+
+
+def test_resume_mid_epoch_is_exact(radiation_raw, tmp_path):
+    """A run stopped 4 steps into its second epoch and resumed ends where an uninterrupted
+    run ends: the same last validation loss and the same weights."""
+    import torch
+
+    store = _radiation_store(radiation_raw, tmp_path / "flat", "flat")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    args = ("--max-steps", "18", "--checkpoint-every", "5")  # 2 epochs of 9 steps
+    res = _train("mlp", store, whole, "--out", str(whole), *args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = _train("mlp", store, cut, "--out", str(cut), "--max-steps", "13")
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = _train("mlp", store, cut, "--out", str(cut), "--resume", *args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _metrics(cut)["val_loss"] == _metrics(whole)["val_loss"]
+    a = torch.load(whole / "model.ckpt", weights_only=False)["state_dict"]
+    b = torch.load(cut / "model.ckpt", weights_only=False)["state_dict"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    with open(cut / "metrics.csv") as f:
+        assert [int(r["epoch"]) for r in csv.DictReader(f)] == [0, 1]
+
+
+def test_resume_needs_a_checkpoint(tmp_path):
+    store = _window_store(tmp_path)
+    res = _train("lstm", store, tmp_path / "out", "--out", str(tmp_path / "out"), "--resume")
+    assert res.returncode == 2 and "last.ckpt" in res.stderr, res.stderr[-2000:]

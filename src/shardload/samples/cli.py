@@ -78,6 +78,7 @@ def register(subparsers) -> None:
     )
     rad.set_defaults(func=run_radiation)
     add_seismic_parser(kinds)
+    add_era5_parser(kinds)
 
 
 def run_radiation(args: argparse.Namespace) -> int:
@@ -136,4 +137,33 @@ def run_seismic(args: argparse.Namespace) -> int:
     )
     var = "data" if segy else "amp"
     print(f"wrote {out} (variable {var!r}, shape {tuple(args.shape)}, float32)")
+    return 0
+
+
+def add_era5_parser(kinds) -> None:
+    """``shardload sample era5 --out DIR``: a longer ERA5-like series for window stores."""
+    p = kinds.add_parser(
+        "era5",
+        help="an ERA5-like series (t, z on 2 pressure levels) for look-back windows (LSTM)",
+        description="Write DIR/era5-levels-members.nc in the schema of cfgrib's ERA5 sample "
+        "(z, t on number, time, isobaricInhPa, latitude, longitude) with more 12-hourly time "
+        "steps: a zonal climate plus travelling planetary waves and noise, reproducible from "
+        "--seed. configs/era5-window.yaml cuts it into look-back windows.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
+    p.add_argument("--members", type=int, default=2, metavar="N", help="ensemble members")
+    p.add_argument("--times", type=int, default=32, metavar="T", help="12-hourly time steps")
+    p.add_argument("--grid-deg", type=float, default=3.0, metavar="D", help="grid spacing")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_era5)
+
+
+def run_era5(args: argparse.Namespace) -> int:
+    from shardload.samples.era5 import write_era5_sample
+
+    out = write_era5_sample(
+        args.out, members=args.members, times=args.times, seed=args.seed, grid_deg=args.grid_deg
+    )
+    print(f"wrote {out} (z, t: {args.members} members x {args.times} times)")
     return 0

@@ -6,8 +6,9 @@ The schema (names, dims, dtypes, units, long names) is that of the raw MAELSTROM
 
 The fields are cheap caricatures of the atmosphere, not physics: pressure follows a fixed
 L137-like profile scaled by a surface pressure, temperature a lapse rate / tropopause /
-stratosphere profile, clouds a few random layers, and the 3D flux corrections are
-proportional to the cumulated broken-cloud amount ``cf * (1 - cf)``. Every value stays inside
+stratosphere profile, clouds a few random layers, and the 3D flux corrections are a
+deterministic function of the profiles (as ecRad's are): the cumulated broken-cloud amount
+``cf * (1 - cf)`` times a column factor from the sun, the albedo and the temperatures. Every value stays inside
 the per-feature maxima that the MAELSTROM normalisation uses.
 """
 
@@ -218,26 +219,46 @@ def generate_inputs(
     return {name: _cast(name, value) for name, value in out.items()}
 
 
+#: levels over which the broken-cloud amount is spread (either side) before it is cumulated
+SPREAD_LEVELS = 6
+
+
 def generate_outputs(
     rng: np.random.Generator, inputs: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """3D-correction outputs (SPARTACUS minus Tripleclouds fluxes) for these input columns.
 
-    Differences grow with the broken-cloud amount ``cf * (1 - cf)`` cumulated from the top (down
-    fluxes) or from the surface (up fluxes), with a random per-column sign and size; clear
-    columns have no 3D effect (exact zeros), and night columns no shortwave one.
+    A function of the input profiles alone (as the real outputs are; ``rng`` draws nothing):
+    differences grow with the broken-cloud amount ``cf * (1 - cf)``, spread over a few levels,
+    cumulated from the top (down fluxes) or from the surface (up fluxes). Their size follows
+    the column: the shortwave ones scale with the incoming sunlight ``S * mu``, more at low sun
+    (cloud sides catch it), the upward one with the surface albedo; the longwave ones with the
+    cloud-weighted temperature (down) and the skin temperature (up). Clear columns have no 3D effect (exact zeros), and
+    night columns no shortwave one.
     """
+    del rng  # kept in the signature: the streams of the inputs stay those of earlier versions
     cf = inputs["cloud_fraction"].astype(np.float64)
     n = cf.shape[0]
-    broken = np.concatenate([np.zeros((n, 1)), np.cumsum(4 * cf * (1 - cf), axis=1)], axis=1)
+    # light scattered off cloud sides reaches a few levels around a cloud: the broken-cloud
+    # amount is spread over SPREAD_LEVELS levels before it is cumulated (smooth profiles)
+    edges = np.cumsum(np.pad(4 * cf * (1 - cf), ((0, 0), (SPREAD_LEVELS, SPREAD_LEVELS))), axis=1)
+    spread = (edges[:, 2 * SPREAD_LEVELS :] - edges[:, : -2 * SPREAD_LEVELS]) / (2 * SPREAD_LEVELS)
+    broken = np.concatenate([np.zeros((n, 1)), np.cumsum(spread, axis=1)], axis=1)
     from_top = np.tanh(broken)
     from_bottom = np.tanh(broken[:, -1:] - broken)
-    sw_scale = float(inputs["solar_irradiance"]) * inputs["cos_solar_zenith_angle"][:, None]
+    mu = inputs["cos_solar_zenith_angle"].astype(np.float64)[:, None]
+    sw_in = float(inputs["solar_irradiance"]) * mu
+    albedo = inputs["sw_albedo"].astype(np.float64).mean(axis=1)[:, None]
+    t_hl = inputs["temperature_hl"].astype(np.float64)
+    t_full = 0.5 * (t_hl[:, 1:] + t_hl[:, :-1])
+    weight = cf.sum(axis=1, keepdims=True)
+    t_cloud = (cf * t_full).sum(axis=1, keepdims=True) / np.maximum(weight, 1e-12)
+    skin = inputs["skin_temperature"].astype(np.float64)[:, None]
     fluxes = {
-        "flux_dn_sw": sw_scale * rng.normal(0, 0.012, (n, 1)) * from_top,
-        "flux_up_sw": sw_scale * rng.normal(0, 0.004, (n, 1)) * from_bottom,
-        "flux_dn_lw": rng.normal(0, 2.0, (n, 1)) * from_top,
-        "flux_up_lw": rng.normal(0, 1.0, (n, 1)) * from_bottom,
+        "flux_dn_sw": sw_in * 0.02 * (1.2 - mu) * from_top,
+        "flux_up_sw": -sw_in * 0.02 * (0.2 + albedo) * from_bottom,
+        "flux_dn_lw": 0.02 * (t_cloud - 180.0) * from_top,
+        "flux_up_lw": -0.02 * (skin - 180.0) * from_bottom,
     }
     out = {"pressure_hl": inputs["pressure_hl"], **fluxes}
     return {name: np.asarray(value, dtype=np.float32) for name, value in out.items()}

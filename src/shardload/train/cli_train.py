@@ -1,15 +1,20 @@
 """``shardload train {mlp,gnn,lstm} STORE``: train an example model with Lightning.
 
-Trains on the store's ``train`` split, validates on ``val`` each epoch, and writes into ``--out``
-(default ``$SHARDLOAD_HOME/artifacts/<model>-<time>``): ``metrics.csv`` (a row per epoch),
-``model.ckpt`` (a Lightning checkpoint) and ``loss.png``.
+Trains on the store's ``train`` split, validates on ``val`` each epoch (also an epoch cut by
+``--max-steps``), and writes into ``--out`` (default ``$SHARDLOAD_HOME/artifacts/<model>-<time>``):
+``metrics.csv`` (a row per epoch), ``metrics.json`` (the last ``val_loss`` and the mean
+predictor's ``val_loss_mean_predictor``), ``last.ckpt`` (kept current atomically: every
+``--checkpoint-every`` steps and every epoch; ``--resume`` continues from it, mid-epoch
+included), ``model.ckpt`` (the final one) and ``loss.png`` (when matplotlib is installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -22,6 +27,8 @@ log = logging.getLogger("shardload.train")
 #: carries the output folder to the processes Lightning's DDP launcher starts (same command
 #: line, so a default folder named by the time would differ per rank)
 OUT_ENV = "SHARDLOAD_TRAIN_OUT"
+#: the files a run writes into --out (what --overwrite replaces)
+OUTPUTS = ("metrics.csv", "metrics.json", "last.ckpt", "model.ckpt", "loss.png")
 
 
 def register(sub: Any) -> None:
@@ -29,7 +36,9 @@ def register(sub: Any) -> None:
         "train",
         help="train an example model (mlp, gnn, lstm) on a store with PyTorch Lightning",
         description="Train on the store's train split, validate on its val split each epoch, and "
-        "write metrics.csv (a row per epoch), model.ckpt and loss.png into --out. mlp reads a "
+        "write metrics.csv (a row per epoch), metrics.json (last val_loss and the mean "
+        "predictor's), last.ckpt (every --checkpoint-every steps and every epoch; --resume "
+        "continues from it), model.ckpt and loss.png into --out. mlp reads a "
         "flat store (x, y), gnn a radiation graph store (x, edge_attr, y; needs the 'gnn' "
         "extra), lstm a window store (x (samples, lookback, features), y).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -42,7 +51,7 @@ def register(sub: Any) -> None:
         type=int,
         default=None,
         metavar="S",
-        help="stop after S optimizer steps in all (each epoch is also cut to at most S steps)",
+        help="stop after S optimizer steps in all; the epoch it cuts is validated",
     )
     p.add_argument(
         "--batch-size", type=int, default=256, metavar="B", help="rows per batch per rank"
@@ -56,7 +65,27 @@ def register(sub: Any) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="output folder (default $SHARDLOAD_HOME/artifacts/<model>-<time>)",
+        help="output folder (default $SHARDLOAD_HOME/artifacts/<model>-<time>); an existing "
+        "one is refused unless --overwrite or --resume",
+    )
+    again = p.add_mutually_exclusive_group()
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace the outputs of an earlier run in --out ({', '.join(OUTPUTS)})",
+    )
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last.ckpt (exactly: the same batches, also "
+        "mid-epoch); give the same options, --epochs / --max-steps may grow",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=200,
+        metavar="S",
+        help="also save last.ckpt every S optimizer steps (0: only at the end of each epoch)",
     )
     p.add_argument(
         "--normalize",
@@ -75,6 +104,8 @@ def _out_dir(args: argparse.Namespace) -> Path:
     elif os.environ.get(OUT_ENV):
         out = Path(os.environ[OUT_ENV])
     else:
+        if args.resume:
+            raise ShardloadError("--resume needs --out DIR: the folder of the run to continue")
         from shardload.util.home import ensure_home
 
         out = ensure_home() / "artifacts" / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -88,22 +119,95 @@ def _check(args: argparse.Namespace) -> None:
             raise ShardloadError(
                 f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
             )
-    if args.num_workers < 0:
-        raise ShardloadError(f"--num-workers must be >= 0, got {args.num_workers}")
+    for name in ("num_workers", "checkpoint_every"):
+        if getattr(args, name) < 0:
+            raise ShardloadError(
+                f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
+            )
     if args.max_steps is not None and args.max_steps < 1:
         raise ShardloadError(f"--max-steps must be >= 1, got {args.max_steps}")
 
 
+def check_dependencies(model: str) -> bool:
+    """Raise before any work when a needed package is missing; False (with a warning) when
+    only matplotlib, for the loss plot, is."""
+    need = [("lightning", "shardload[train]"), ("torch", "shardload[train]")]
+    if model == "gnn":
+        need.append(("torch_geometric", "shardload[gnn]"))
+    missing = [(m, extra) for m, extra in need if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ShardloadError(
+            f"shardload train {model} needs "
+            + ", ".join(m for m, _ in missing)
+            + ": pip install "
+            + " ".join(sorted({f"'{e}'" for _, e in missing}))
+        )
+    if importlib.util.find_spec("matplotlib") is None:
+        log.warning("matplotlib is not installed: no loss.png (pip install 'shardload[train]')")
+        return False
+    return True
+
+
+def prepare_out(out: Path, *, overwrite: bool, resume: bool) -> None:
+    """Refuse an earlier run's folder unless --overwrite (its outputs are removed) or --resume
+    (its last.ckpt must exist)."""
+    from shardload.train.callbacks import CHECKPOINT_NAME
+
+    if resume:
+        if not (out / CHECKPOINT_NAME).is_file():
+            raise ShardloadError(f"--resume: {out / CHECKPOINT_NAME} does not exist")
+        return
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not overwrite:
+            raise ShardloadError(
+                f"--out {out} exists and is not empty; pass --overwrite to replace an earlier "
+                "run's outputs, --resume to continue it, or another --out"
+            )
+        if not out.is_dir():
+            raise ShardloadError(f"--out {out} is a file, not a folder")
+        for name in OUTPUTS:
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _quiet_lightning() -> None:
+    """One copy of each Lightning message: its loggers propagate to ours instead of printing
+    through handlers of their own too; its tips and notices below warnings are dropped."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        lg = logging.getLogger(name)
+        lg.handlers.clear()
+        lg.setLevel(logging.WARNING)
+        lg.propagate = True
+    warnings.filterwarnings("ignore", message=".*`srun` command is available.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
+    # our loaders' __len__ is exact with workers (the plan gives each worker its own rows)
+    warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
+
+
+def _set_threads(args: argparse.Namespace) -> None:
+    """PyTorch's threads: the cores each rank has left beside its DataLoader workers. Its
+    default (every core) on top of the workers oversubscribes the cores, and OpenMP's busy
+    waits then slow message passing down several times (the GNN example: 18 against 134
+    samples/s on a 2-core machine). ``OMP_NUM_THREADS`` set by the user wins."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // args.devices - args.num_workers)
+    torch.set_num_threads(threads)
+    log.debug("torch threads per rank: %d", threads)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     _check(args)
-    try:
-        import lightning.pytorch as pl
-    except ImportError as exc:
-        raise ShardloadError(
-            "shardload train needs PyTorch Lightning: pip install 'shardload[train]'"
-        ) from exc
+    plot = check_dependencies(args.model)
+    import lightning.pytorch as pl
+
+    _quiet_lightning()
     from shardload.store.core import open_store
     from shardload.torch.lightning import ShardloadDataModule
+    from shardload.train.callbacks import CHECKPOINT_NAME, AtomicCheckpoint, StepLimit, save_atomic
     from shardload.train.task import ExampleTask
     from shardload.train.transforms import Normalize
 
@@ -116,7 +220,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                 "prepare it with splits: {train: ..., val: ..., test: ...}"
             )
     out = _out_dir(args)
-    out.mkdir(parents=True, exist_ok=True)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and os.environ.get("NODE_RANK", "0") == "0":
+        prepare_out(out, overwrite=args.overwrite, resume=args.resume)
+    _set_threads(args)
     pl.seed_everything(args.seed, verbose=False)
     arrays = {"mlp": ("x", "y"), "lstm": ("x", "y"), "gnn": ("x", "edge_attr", "y")}[args.model]
     norm = None
@@ -132,47 +238,83 @@ def cmd_train(args: argparse.Namespace) -> int:
         transform=norm,
         arrays=[a for a in arrays if a in m.arrays],
     )
-    limit: int | float = 1.0 if args.max_steps is None else args.max_steps
+    ckpt = AtomicCheckpoint(out, every_n_steps=args.checkpoint_every, max_steps=args.max_steps)
+    task.epoch_end = ckpt.save
+    callbacks: list[Any] = [ckpt]
+    if args.max_steps is not None:
+        callbacks.insert(0, StepLimit(args.max_steps))
+    bar = sys.stderr.isatty()
+    if bar:
+        callbacks.append(pl.callbacks.TQDMProgressBar())
     trainer = pl.Trainer(
         max_epochs=args.epochs,
-        max_steps=-1 if args.max_steps is None else args.max_steps,
-        limit_train_batches=limit,
         devices=args.devices,
         accelerator="cpu",
         strategy="ddp" if args.devices > 1 else "auto",
         logger=False,
+        callbacks=callbacks,
         enable_checkpointing=False,
-        enable_progress_bar=False,
+        enable_progress_bar=bar,
+        enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=str(out),
     )
-    with warnings.catch_warnings():
-        # our loaders' __len__ is exact with workers (the plan gives each worker its own rows)
-        warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
-        trainer.fit(task, datamodule=dm)
-    trainer.save_checkpoint(out / "model.ckpt")
+    trainer.fit(task, datamodule=dm, ckpt_path=str(out / CHECKPOINT_NAME) if args.resume else None)
+    save_atomic(trainer, out / "model.ckpt")
     if trainer.is_global_zero:
-        plot_losses(task.rows, out / "loss.png", title=f"{args.model} on {store.url}")
-        last = task.rows[-1] if task.rows else {}
-        print(
-            f"trained {args.model}: {len(task.rows)} epochs, "
-            + ", ".join(f"{k} {float(v):.4g}" for k, v in last.items() if k != "epoch")
-        )
-        print(f"wrote {out / 'metrics.csv'}, {out / 'model.ckpt'}, {out / 'loss.png'}")
+        _report(args, task.rows, out, store, norm, plot=plot)
     return 0
+
+
+def _report(
+    args: argparse.Namespace,
+    rows: list[dict[str, float]],
+    out: Path,
+    store: Any,
+    norm: Any,
+    *,
+    plot: bool,
+) -> None:
+    """metrics.json (the last val_loss beside the mean predictor's), loss.png, a summary."""
+    from shardload.train.baseline import mean_predictor_loss, write_metrics_json
+    from shardload.train.callbacks import CHECKPOINT_NAME
+
+    scale = None if norm is None else norm.params["y"][1]
+    baseline = mean_predictor_loss(store, scale=scale)
+    last = rows[-1] if rows else {}
+    val = float(last.get("val_loss", float("nan")))
+    write_metrics_json(
+        out / "metrics.json",
+        {
+            "model": args.model,
+            "store": store.url,
+            "epochs": len(rows),
+            "val_loss": val,
+            "val_loss_mean_predictor": baseline,
+            "val_loss_ratio": val / baseline if baseline else float("nan"),
+            "train_loss": float(last.get("train_loss", float("nan"))),
+            "hr_rmse_sw": float(last.get("hr_rmse_sw", float("nan"))),
+            "hr_rmse_lw": float(last.get("hr_rmse_lw", float("nan"))),
+        },
+    )
+    wrote = [out / "metrics.csv", out / "metrics.json", out / "model.ckpt", out / CHECKPOINT_NAME]
+    if plot:
+        plot_losses(rows, out / "loss.png", title=f"{args.model} on {store.url}")
+        wrote.append(out / "loss.png")
+    print(
+        f"trained {args.model}: {len(rows)} epochs, val_loss {val:.4g} "
+        f"(mean predictor {baseline:.4g}, ratio {val / baseline:.3g})"
+    )
+    print("wrote " + ", ".join(str(p) for p in wrote))
 
 
 def plot_losses(rows: list[dict[str, float]], path: Path, *, title: str = "") -> None:
     """Train and validation loss per epoch (matplotlib, Agg backend)."""
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ShardloadError(
-            "the loss plot needs matplotlib: pip install 'shardload[train]'"
-        ) from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     epochs = [int(r["epoch"]) for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(epochs, [r["train_loss"] for r in rows], "o-", label="train")

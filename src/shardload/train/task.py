@@ -10,7 +10,9 @@ level of every validation column, per band, summed over ranks before the square 
 from __future__ import annotations
 
 import csv
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,11 @@ from shardload.train.graph import GraphBatcher
 from shardload.train.models import GNN, MLP, LSTMRegressor
 from shardload.train.transforms import Normalize
 
+log = logging.getLogger("shardload.train")
+
 KINDS = ("mlp", "gnn", "lstm")
+#: normalised inputs are clipped to +-INPUT_CLIP standard deviations (see ExampleTask._clip)
+INPUT_CLIP = 5.0
 BANDS = ("sw", "lw")
 COLUMNS = (
     "epoch",
@@ -141,14 +147,26 @@ class ExampleTask(pl.LightningModule):
         self.hr = plan_heating_rate_columns(kind, manifest)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.rows: list[dict[str, float]] = []
+        #: called with the trainer after a whole epoch's row is written (the checkpoint)
+        self.epoch_end: Callable[[Any], None] | None = None
+        self._restored: tuple[np.ndarray, np.ndarray, float] | None = None
+        self._epoch_done = False
         self._reset_epoch()
 
     # -- steps -------------------------------------------------------------------------------------
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = self._clip(batch["x"])
         if self.kind == "gnn":
-            graph = self.graphs(batch["x"], batch["edge_attr"], directed_edge_attr=False)
+            edges = self._clip(batch["edge_attr"])
+            graph = self.graphs(x, edges, directed_edge_attr=False)
             return self.model(graph).reshape(batch["y"].shape)
-        return self.model(batch["x"]).reshape(batch["y"].shape)
+        return self.model(x).reshape(batch["y"].shape)
+
+    def _clip(self, t: torch.Tensor) -> torch.Tensor:
+        # normalised inputs can hold rare values hundreds of standard deviations out (a feature
+        # that is nearly constant, e.g. a trace gas at the model top): they swamp the first
+        # layer and the model learns only the mean; beyond INPUT_CLIP they are held at it
+        return t.clamp(-INPUT_CLIP, INPUT_CLIP) if self.normalize is not None else t
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = nn.functional.mse_loss(self(batch), batch["y"])
@@ -202,11 +220,41 @@ class ExampleTask(pl.LightningModule):
         self._train_s: float | None = None
 
     def on_train_epoch_start(self) -> None:
+        self._epoch_done = False
+        if self._restored is not None:  # resumed mid-epoch: keep the epoch's sums so far
+            self._sums, self._hr, elapsed = self._restored
+            self._t0 = time.perf_counter() - elapsed
+            self._train_s, self._restored = None, None
+            return
         self._reset_epoch()
 
     def on_validation_epoch_start(self) -> None:
         if self.trainer.training and self._train_s is None:
             self._train_s = time.perf_counter() - self._t0
+        self._sums[2:] = 0  # a cut epoch validated again after a resume counts once
+        self._hr[:] = 0
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        elapsed = self._train_s if self._train_s is not None else time.perf_counter() - self._t0
+        checkpoint["shardload_train"] = {
+            "rows": [{k: float(v) for k, v in r.items()} for r in self.rows],
+            "sums": self._sums.tolist(),
+            "hr": self._hr.tolist(),
+            "train_seconds": elapsed,
+            "mid_epoch": not self._epoch_done,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("shardload_train")
+        if state is None:
+            return
+        self.rows = [dict(r) for r in state["rows"]]
+        if state["mid_epoch"]:
+            self._restored = (
+                np.asarray(state["sums"], dtype=np.float64),
+                np.asarray(state["hr"], dtype=np.float64),
+                float(state["train_seconds"]),
+            )
 
     def _reduce(self, values: np.ndarray) -> np.ndarray:
         t = torch.as_tensor(values, dtype=torch.float64, device=self.device)
@@ -227,11 +275,27 @@ class ExampleTask(pl.LightningModule):
             "samples_per_s": sums[1] / seconds if seconds > 0 else float("nan"),
             "train_seconds": seconds,
         }
-        self.rows.append(row)
+        # a row per epoch: an epoch cut by --max-steps and finished after --resume is replaced
+        self.rows = [r for r in self.rows if int(r["epoch"]) != self.current_epoch] + [row]
         # the same on every rank (reduced above); sync_dist keeps Lightning's DDP check quiet
         self.log_dict({k: float(v) for k, v in row.items() if k != "epoch"}, sync_dist=True)
-        if self.out_dir is not None and self.trainer.is_global_zero:
-            write_metrics(self.out_dir / "metrics.csv", self.rows)
+        if self.trainer.is_global_zero:
+            if self.out_dir is not None:
+                write_metrics(self.out_dir / "metrics.csv", self.rows)
+            log.info(
+                "epoch %d/%d: %s",
+                self.current_epoch + 1,
+                self.trainer.max_epochs,
+                ", ".join(f"{k} {float(v):.4g}" for k, v in row.items() if k != "epoch"),
+            )
+        self._epoch_done = True
+        if (
+            self.epoch_end is not None
+            and self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        ):
+            self.epoch_end(
+                self.trainer
+            )  # a whole epoch: checkpoint (a cut one was saved at its cut)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)

@@ -1,0 +1,55 @@
+"""``shardload train``'s checks before any work: dependencies, and an earlier run's --out."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import pytest
+
+from shardload.errors import ShardloadError
+from shardload.train import cli_train
+
+
+def _without(monkeypatch, *names: str) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        cli_train.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in names else real(name, *a),
+    )
+
+
+def test_missing_matplotlib_warns_and_the_run_goes_on(monkeypatch, caplog):
+    _without(monkeypatch, "matplotlib")
+    with caplog.at_level(logging.WARNING, logger="shardload.train"):
+        assert cli_train.check_dependencies("mlp") is False
+    assert "no loss.png" in caplog.text
+
+
+def test_missing_torch_geometric_refused_before_any_work(monkeypatch):
+    _without(monkeypatch, "torch_geometric")
+    assert cli_train.check_dependencies("mlp") in (True, False)
+    with pytest.raises(ShardloadError, match=r"torch_geometric.*shardload\[gnn\]"):
+        cli_train.check_dependencies("gnn")
+
+
+def test_earlier_out_refused_then_replaced_with_overwrite(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.csv").write_text("old")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ShardloadError, match="--overwrite"):
+        cli_train.prepare_out(out, overwrite=False, resume=False)
+    cli_train.prepare_out(out, overwrite=True, resume=False)
+    assert not (out / "metrics.csv").exists()
+    assert (out / "notes.txt").read_text() == "mine"  # only a run's own outputs are removed
+    cli_train.prepare_out(tmp_path / "new", overwrite=False, resume=False)
+    assert (tmp_path / "new").is_dir()
+
+
+def test_resume_needs_last_checkpoint(tmp_path):
+    with pytest.raises(ShardloadError, match=r"last\.ckpt"):
+        cli_train.prepare_out(tmp_path, overwrite=False, resume=True)
+    (tmp_path / "last.ckpt").write_bytes(b"x")
+    cli_train.prepare_out(tmp_path, overwrite=False, resume=True)
