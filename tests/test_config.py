@@ -207,9 +207,10 @@ def test_example_configs_validate(path):
 
 def test_readme_config_validates():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    text = readme.split("cat > era5.yaml <<'EOF'\n", 1)[1].split("\nEOF", 1)[0]
+    text = readme.split("cat > radiation.yaml <<'EOF'\n", 1)[1].split("\nEOF", 1)[0]
     cfg = load_config(yaml.safe_load(text), base_dir="/x")
-    assert cfg.arrays == {"x": ("t", "z")} and cfg.out == "/x/era5-store"
+    assert cfg.arrays == {"x": ("skin_temperature", "temperature_hl", "pressure_hl")}
+    assert cfg.out == "/x/rad-store" and cfg.source.combine == "nested"
 
 
 def test_cluster_keys_are_dask_jobqueue_names():

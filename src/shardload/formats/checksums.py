@@ -30,7 +30,7 @@ import xxhash
 from shardload.errors import ChunkReadError, ConfigError, ShardloadError, StoreError
 from shardload.formats.ledger import file_version, open_ledger
 from shardload.layout import CHECKSUMS_NAME
-from shardload.util.npy_header import npy_header_lock
+from shardload.util.npy_header import load_npz
 
 ALGORITHM = "xxh3_64"
 VERIFY_MODES = ("auto", "always", "first-epoch", "never")
@@ -92,11 +92,10 @@ def encode_checksums(sums: Mapping[str, np.ndarray]) -> bytes:
 
 
 def decode_checksums(data: bytes, *, where: str) -> dict[str, np.ndarray]:
-    # reader threads load this file concurrently: under the lock that guards every npy header
-    # parse of the read side (util.npy_header; no I/O here: data is in memory)
+    # reader threads load this file concurrently: parsed without ast (util.npy_header)
     try:
-        with npy_header_lock(), np.load(io.BytesIO(data), allow_pickle=False) as z:
-            return {k: np.asarray(z[k], dtype=np.uint64) for k in z.files}
+        z = load_npz(data)
+        return {k: np.asarray(z[k], dtype=np.uint64) for k in z}
     except Exception as exc:
         raise StoreError(f"checksum file {where} is not readable: {exc}") from exc
 

@@ -20,7 +20,7 @@ import numpy as np
 from shardload.errors import StoreError
 from shardload.layout import FEATURES_DIR
 from shardload.manifest.names import GridNames
-from shardload.util.npy_header import npy_header_lock
+from shardload.util.npy_header import load_npz
 
 STATS_FIELDS = ("mean", "std", "min", "max", "nan_count")
 #: Slab size of the exact integer moments (no full-size temporaries).
@@ -251,46 +251,46 @@ def decode_features(data: bytes, *, where: str) -> tuple[Sequence[str] | None, F
     """What :func:`encode_features` wrote (either format): names (a
     :class:`~shardload.manifest.names.GridNames` for a grid's rule, else a tuple) and statistics."""
     try:
-        # numpy parses each member's header with ast, not thread-safe here (util/npy_header.py):
-        # a DataLoader worker's reader threads parse chunk headers meanwhile
-        with npy_header_lock(), np.load(io.BytesIO(data), allow_pickle=False) as z:
-            fmt = int(z["format"]) if "format" in z else 1
-            if fmt > FEATURES_FORMAT:
-                raise StoreError(
-                    f"feature file {where} has format {fmt}, newer than this shardload reads "
-                    f"({FEATURES_FORMAT}): upgrade shardload"
-                )
-            names: Sequence[str] | None = None
-            if "num_names" in z:
-                n = int(z["num_names"])
-                if "names_grid" in z:
-                    names = GridNames.from_rule(z["names_grid"].tobytes())
-                else:
-                    names = tuple(z["names"].tobytes().decode("utf-8").split("\0")) if n else ()
-                if len(names) != n:
-                    raise ValueError(f"{len(names)} names, expected {n}")
-            stats = None
-            if "count" in z:
-                if "mean_sum" in z:  # integer sums (format 2, integer data)
-                    n = int(z["count"])
-                    mean = z["mean_sum"].astype(np.float64) / np.float64(n)
-                    std = np.sqrt(z["var_sum"].astype(np.float64) / np.float64(n * n))
-                else:
-                    mean, std = z["mean"], z["std"]
-                if "nan_count" in z or fmt == 1:
-                    nan_count = z["nan_count"]
-                else:  # format 2 leaves out all-zero counts
-                    nan_count = np.zeros(mean.shape, np.int64)
-                stats = FeatureStats.of_arrays(
-                    int(z["count"]),
-                    mean=mean,
-                    std=std,
-                    min=z["min"],
-                    max=z["max"],
-                    nan_count=nan_count,
-                )
-                if not all(len(getattr(stats, f)) == len(stats.mean) for f in STATS_FIELDS):
-                    raise ValueError("statistics of different lengths")
+        # numpy would parse each member's header with ast, not thread-safe here
+        # (util/npy_header.py): a DataLoader worker's reader threads parse chunk headers meanwhile
+        z = load_npz(data)
+        fmt = int(z["format"]) if "format" in z else 1
+        if fmt > FEATURES_FORMAT:
+            raise StoreError(
+                f"feature file {where} has format {fmt}, newer than this shardload reads "
+                f"({FEATURES_FORMAT}): upgrade shardload"
+            )
+        names: Sequence[str] | None = None
+        if "num_names" in z:
+            n = int(z["num_names"])
+            if "names_grid" in z:
+                names = GridNames.from_rule(z["names_grid"].tobytes())
+            else:
+                names = tuple(z["names"].tobytes().decode("utf-8").split("\0")) if n else ()
+            if len(names) != n:
+                raise ValueError(f"{len(names)} names, expected {n}")
+        stats = None
+        if "count" in z:
+            if "mean_sum" in z:  # integer sums (format 2, integer data)
+                n = int(z["count"])
+                mean = z["mean_sum"].astype(np.float64) / np.float64(n)
+                std = np.sqrt(z["var_sum"].astype(np.float64) / np.float64(n * n))
+            else:
+                mean, std = z["mean"], z["std"]
+            if "nan_count" in z or fmt == 1:
+                nan_count = z["nan_count"]
+            else:  # format 2 leaves out all-zero counts
+                nan_count = np.zeros(mean.shape, np.int64)
+            stats = FeatureStats.of_arrays(
+                int(z["count"]),
+                mean=mean,
+                std=std,
+                min=z["min"],
+                max=z["max"],
+                nan_count=nan_count,
+            )
+            if not all(len(getattr(stats, f)) == len(stats.mean) for f in STATS_FIELDS):
+                raise ValueError("statistics of different lengths")
     except (OSError, ValueError, KeyError, UnicodeDecodeError, EOFError) as exc:
         raise StoreError(f"feature file {where} is corrupt: {exc}") from exc
     return names, stats

@@ -97,7 +97,8 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
                     threads_per_worker=cfg.threads_per_worker,
                     processes=True,
                     dashboard_address=None,
-                    silence_logs=logging.WARNING,
+                    # the workers' log level: `shardload -q` asks for errors only (cli/app.py)
+                    silence_logs=_worker_log_level(),
                 )
                 client = distributed.Client(cluster)
         try:
@@ -175,3 +176,11 @@ def run_windowed(
         for f in pending:
             f.cancel()
         raise
+
+
+def _worker_log_level() -> int:
+    """Level of the LocalCluster workers' ``distributed`` loggers: ``DASK_LOGGING__DISTRIBUTED``
+    (``shardload -q`` sets ``error``), at least WARNING (their INFO lines are not news)."""
+    name = os.environ.get("DASK_LOGGING__DISTRIBUTED", "warning").strip().upper()
+    level = logging.getLevelName(name)
+    return max(logging.WARNING, level) if isinstance(level, int) else logging.WARNING

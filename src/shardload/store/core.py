@@ -39,6 +39,9 @@ class Store:
         self._ragged: Any = None
         self._pid = os.getpid()
         self.hold: Any = None  # keeps what the store is read through alive (a SquashFS mount)
+        #: the manifest to check each array's own metadata against at the reader's first use
+        #: (a store opened by URL: opening costs one request; see :func:`open_store`)
+        self.check_metadata_of: str | None = None
 
     # -- description ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -90,6 +93,9 @@ class Store:
                 reader = open_window_reader(self.manifest, open_reader)
             self._reader = reader or open_reader(self.manifest)
             self._pid = os.getpid()
+            where, self.check_metadata_of = self.check_metadata_of, None
+            if where is not None and isinstance(self._reader, ChecksMetadata):
+                self._reader.check_metadata(where)
         return self._reader
 
     @property
@@ -334,8 +340,12 @@ def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, veri
     # a manifest that lies (edited, damaged) is refused here, before any buffer is sized from it
     check_manifest_consistent(manifest, where=where)
     store = Store(manifest, fs, root, url=url, verify=verify)
-    if isinstance(store.reader, ChecksMetadata):  # each array's own metadata, one read each
-        store.reader.check_metadata(where)
+    # each array's own metadata against the manifest, one small read each: on open for a local
+    # store; by URL at the reader's first use (before any read is sized), so that opening a
+    # store costs one request (many ranks open it at once)
+    store.check_metadata_of = where
+    if store.is_local:
+        _ = store.reader
     return store
 
 

@@ -18,7 +18,7 @@ from shardload.formats.base import RawChunk, is_local, readinto_full
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest, file_digest
 from shardload.formats.ragged.read import read_npy_file
 from shardload.manifest.core import Manifest
-from shardload.util.npy_header import npy_header_lock
+from shardload.util.npy_header import parse_npy
 
 CHUNK_NAME = "{:06d}.npy"
 
@@ -224,13 +224,7 @@ def _header_len(
         version = np.lib.format.read_magic(io.BytesIO(prefix))
         size_field = f.read(2 if version == (1, 0) else 4)
         header = f.read(int.from_bytes(size_field, "little"))
-        raw = io.BytesIO(prefix + size_field + header)
-        with npy_header_lock():
-            np.lib.format.read_magic(raw)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(raw)
-            else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(raw)
+        shape, fortran, dtype, _ = parse_npy(prefix + size_field + header)  # no ast: threads
     except ValueError as exc:
         raise ChunkReadError(f"not a valid .npy chunk file: {path}: {exc}") from exc
     if want is not None and (np.dtype(dtype), bool(fortran), tuple(shape)) != want:
