@@ -101,6 +101,9 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
                     silence_logs=_worker_log_level(),
                 )
                 client = distributed.Client(cluster)
+                # set in each worker process too: its loggers' levels come from more places
+                # (config it was sent, silence_logs) than the environment it inherited
+                client.run(_set_distributed_log_level, _worker_log_level())
         try:
             info = client.scheduler_info().get("workers", {})
             workers = len(info) or n
@@ -184,3 +187,10 @@ def _worker_log_level() -> int:
     name = os.environ.get("DASK_LOGGING__DISTRIBUTED", "warning").strip().upper()
     level = logging.getLevelName(name)
     return max(logging.WARNING, level) if isinstance(level, int) else logging.WARNING
+
+
+def _set_distributed_log_level(level: int) -> None:
+    """In a dask worker process: ``distributed`` and each of its loggers at ``level``."""
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("distributed")]
+    for name in ["distributed", *names]:
+        logging.getLogger(name).setLevel(level)
