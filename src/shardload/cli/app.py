@@ -63,8 +63,12 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     if verbose < 2:
         # distributed sets its loggers' levels from dask's config when it is imported (later,
         # and again in its worker processes, which inherit the environment): INFO by default
-        # (-q: errors only; a Ctrl-C makes each worker warn about its cancelled tasks)
-        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error" if quiet else "warning")
+        # (-q: errors only, whatever the environment says: a Ctrl-C makes each worker warn
+        # about its cancelled tasks; without -q a level the user set is kept)
+        if quiet:
+            os.environ["DASK_LOGGING__DISTRIBUTED"] = "error"
+        else:
+            os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
         for noisy in ("distributed", "asyncio", "fsspec", "numcodecs", "urllib3", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
