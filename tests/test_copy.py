@@ -202,7 +202,7 @@ def test_planned_chunks_shrink_to_keep_the_splits(sources, tmp_path):
 
 @pytest.mark.parametrize(
     "bad",
-    ["missing", "empty-folder", "a-file", "a-partial", "url-missing"],
+    ["missing", "empty-folder", "a-file", "a-partial.partial", "url-missing"],
 )
 def test_bad_source_is_an_error_naming_it_before_writing(sources, tmp_path, bad):
     (tmp_path / "empty-folder").mkdir()
@@ -236,6 +236,8 @@ def test_existing_dst_refused_then_overwritten_and_src_never_the_dst(sources, tm
         shardload.copy(tmp_path / "dst", tmp_path / "dst", overwrite=True)
     with pytest.raises(ConfigError, match="overlaps the source store"):
         shardload.copy(tmp_path / "dst", tmp_path / "dst" / "inner")
+    with pytest.raises(ConfigError, match="overlaps the source store"):
+        shardload.copy(tmp_path / "dst", tmp_path, overwrite=True)
     assert_same_store(
         shardload.open_store(sources / "zarr"), shardload.open_store(tmp_path / "dst")
     )
