@@ -175,6 +175,38 @@ def test_cli_chunk_rows_and_layout_options_honoured_and_verify_passes(sources, t
     assert shardload.open_store(tmp_path / "q").manifest.format == "npy"
 
 
+@pytest.mark.parametrize(
+    ("name", "layout"),
+    [
+        ("zarr-sharded", {"format": "hdf5", "compression": "lz4"}),
+        ("hdf5", {"format": "npy", "scheduler": "processes"}),
+    ],
+)
+def test_copy_into_other_formats_and_from_worker_processes(sources, name, layout, tmp_path):
+    """HDF5 (blocks staged, then merged) as the copy's format; write tasks in other processes
+    (each reopens the source from its path: a task carries no chunk list)."""
+    layout = dict(layout)
+    scheduler = layout.pop("scheduler", None)
+    execution = {"scheduler": scheduler, "num_workers": 2} if scheduler else None
+    dst = shardload.copy(
+        sources / name, tmp_path / "dst", execution=execution, progress=False, **layout
+    )
+    assert dst.manifest.format == layout["format"]
+    assert_same_store(shardload.open_store(sources / name), dst)
+
+
+def test_copy_origin_pickles_without_its_store(sources):
+    import pickle
+
+    from shardload.prep.copy.origin import StoreOrigin
+
+    origin = StoreOrigin(shardload.open_store(sources / "npy"), str(sources / "npy"))
+    blob = pickle.dumps(origin)
+    assert b"chunk_bounds" not in blob and len(blob) < 1000
+    again = pickle.loads(blob)
+    np.testing.assert_array_equal(again.open_view().read(3, 9)["x"], origin.store.read("x", 3, 9))
+
+
 def test_coarser_chunks_when_the_splits_allow_them(sources, tmp_path):
     """Without splits any chunk rows go; the source's 7-row chunks become 50-row ones."""
     nc = sources.parent / "src.nc"

@@ -68,12 +68,27 @@ class StoreView:
 
 class StoreOrigin:
     """The rows of an opened store, for :func:`~shardload.prep.driver.write_store`
-    (a :class:`~shardload.prep.origin.RowOrigin`). Pickles with its store (whose readers
-    reopen in the process that reads)."""
+    (a :class:`~shardload.prep.origin.RowOrigin`). Pickled (into a write task for another
+    process) it keeps only where the store is, so a task's size does not grow with the
+    source's chunks; the store reopens once per process, at its first read."""
 
-    def __init__(self, store: Store, src: str) -> None:
-        self.store = store
+    def __init__(
+        self, store: Store, src: str, *, storage_options: Mapping[str, Any] | None = None
+    ) -> None:
+        self._store: Store | None = store
         self.src = src
+        self.storage_options = dict(storage_options or {})
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            from shardload.store.core import open_store
+
+            self._store = open_store(self.src, storage_options=self.storage_options or None)
+        return self._store
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_store": None}
 
     @property
     def manifest(self) -> Manifest:
