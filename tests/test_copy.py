@@ -78,6 +78,17 @@ def sources(tmp_path_factory) -> Path:
     return root / "stores"
 
 
+def _split_rows(store: shardload.Store, split: str) -> np.ndarray:
+    """The rows of a split: its row range (``split_rows``; inside the chunks it lists), or
+    the rows of its chunks."""
+    rows = split_rows(store, split)
+    if split in store.manifest.split_rows:
+        a, b = store.manifest.split_rows[split]
+        assert rows[0] <= a and b <= rows[-1] + 1, (split, a, b)
+        return np.arange(a, b)
+    return rows
+
+
 def assert_same_store(src: shardload.Store, dst: shardload.Store) -> None:
     """Every array, row, dtype, attr, feature name, split, statistic, static value and sample
     coordinate of ``src`` in ``dst``."""
@@ -98,7 +109,7 @@ def assert_same_store(src: shardload.Store, dst: shardload.Store) -> None:
         assert b.stats[name] == a.stats[name], name
     assert sorted(b.splits) == sorted(a.splits)
     for split in a.splits:
-        np.testing.assert_array_equal(split_rows(dst, split), split_rows(src, split))
+        np.testing.assert_array_equal(_split_rows(dst, split), _split_rows(src, split))
     assert dict(b.static) == dict(a.static)
     assert b.options.get("sample_coords") == a.options.get("sample_coords")
     if a.options.get("sample_coords"):
@@ -111,6 +122,10 @@ def assert_same_store(src: shardload.Store, dst: shardload.Store) -> None:
 def test_copy_of_every_format_into_the_default_layout_is_equal(sources, name, tmp_path):
     src = shardload.open_store(sources / name)
     dst = shardload.copy(sources / name, tmp_path / "dst", progress=False)
+    # what assert_same_store compares is there to compare
+    assert src.manifest.options["sample_coords"] == ["number", "time"]
+    assert list(src.manifest.arrays["x"].features or []) == ["a", "b[850]", "b[500]", "b[250]"]
+    assert len(src.manifest.splits) == 3 and np.isnan(src.read("x")).any()
     assert_same_store(src, dst)
     default = shardload.prepare(  # prepare's default layout, from the same netCDF
         {
@@ -297,6 +312,27 @@ def test_plain_zarr_data_is_copied(tmp_path):
     dst = shardload.copy(tmp_path / "plain.zarr", tmp_path / "dst", progress=False)
     np.testing.assert_array_equal(dst.read("v"), ds.v.values)
     np.testing.assert_array_equal(dst.read("v"), src.read("v"))
+
+
+def test_window_stores_row_range_splits_kept_and_windows_at_load_refused(tmp_path):
+    """A written window store's splits are time ranges with gaps (``split_rows``): they keep
+    their rows on other chunks. A store whose windows are cut at load time is refused."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_window_at_load import _prepare as prepare_windows
+    from test_window_at_load import _source
+
+    nc = _source(tmp_path)
+    written = prepare_windows(nc, tmp_path / "written", at_load=False)
+    assert written.manifest.split_rows
+    dst = shardload.copy(written.url, tmp_path / "dst", chunk_rows=13, progress=False)
+    assert dst.manifest.chunk_rows == 13
+    assert dict(dst.manifest.split_rows) == dict(written.manifest.split_rows)
+    assert_same_store(written, dst)
+    at_load = prepare_windows(nc, tmp_path / "at-load", at_load=True)
+    with pytest.raises(ShardloadError, match="at load time") as err:
+        shardload.copy(at_load.url, tmp_path / "dst2")
+    assert at_load.url in str(err.value)
+    assert not (tmp_path / "dst2").exists() and not (tmp_path / "dst2.partial").exists()
 
 
 def test_variable_length_arrays_are_copied(tmp_path):
