@@ -60,6 +60,8 @@ def prepare(
     cfg = config if isinstance(config, PrepareConfig) else load_config(config, overrides)
     t0 = time.perf_counter()
     view = build(cfg, dataset=dataset)
+    # the layout (chunks, shards, compression) is planned in write_store and the config's
+    # defaults, never here: ``shardload copy`` shares them by calling write_store
     return write_store(cfg, view, progress=progress, dataset=dataset, t0=t0)
 
 
