@@ -431,3 +431,38 @@ def test_a_second_copy_into_the_same_dst_is_refused_by_the_lock(sources, tmp_pat
     # the lock dies with its holder: the next copy resumes and finishes
     dst_store = shardload.copy(sources / "npy", dst, chunk_rows=7, format="npy", progress=False)
     assert_same_store(shardload.open_store(sources / "npy"), dst_store)
+
+
+# -- the pure planner (plan/rechunk.py) --------------------------------------------------------
+def test_rechunk_doctests():
+    import doctest
+
+    from shardload.plan import rechunk
+
+    assert doctest.testmod(rechunk).failed == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_planned_chunks_keep_every_split_row_for_row(seed):
+    """Any regular source chunking, splits over its chunks (shuffled, some chunks in none),
+    any planned chunk rows: the kept chunk rows divide every boundary, are at most the planned
+    ones, and each split holds exactly its rows on the new chunks."""
+    from shardload.plan.chunks import plan_chunk_bounds
+    from shardload.plan.rechunk import plan_kept_chunk_rows, plan_kept_splits, split_boundaries
+
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(1, 500))
+    old = plan_chunk_bounds(length, int(rng.integers(1, 40)))
+    labels = rng.integers(0, 4, len(old) - 1)  # 3: in no split
+    splits = {n: tuple(np.flatnonzero(labels == k).tolist()) for k, n in enumerate("abc")}
+    planned = int(rng.integers(1, 2 * length + 2))
+    rows = plan_kept_chunk_rows(planned, split_boundaries(old, splits), given=False)
+    assert 1 <= rows <= planned
+    new = plan_chunk_bounds(length, rows)
+    kept = plan_kept_splits(new, old, splits)
+
+    def rows_of(bounds, chunks):
+        return set().union(*(range(bounds[i], bounds[i + 1]) for i in chunks))
+
+    for name, chunks in splits.items():
+        assert rows_of(new, kept[name]) == rows_of(old, chunks), name
