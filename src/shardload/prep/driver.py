@@ -81,7 +81,7 @@ def write_store(
     t0 = time.perf_counter() if t0 is None else t0
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
     if origin is not None:
-        chunk_rows = origin.plan_chunk_rows(chunk_rows, given=cfg.chunk_rows is not None)
+        chunk_rows = origin.plan_chunk_rows(chunk_rows)
     bounds = RegularBounds(length, chunk_rows)
     splits, split_rows = (  # before any file is written
         origin.plan_splits(bounds) if origin is not None else plan_splits_for(cfg, view, bounds)

@@ -36,8 +36,9 @@ class RowOrigin(Protocol):
         """What the rows were read from, for the manifest's provenance."""
         ...
 
-    def plan_chunk_rows(self, chunk_rows: int, *, given: bool) -> int:
-        """The rows per chunk to write, from those prepare planned (``given``: set by the user)."""
+    def plan_chunk_rows(self, chunk_rows: int) -> int:
+        """The rows per chunk to write, from those prepare's layout gives (planned by default,
+        or the user's: the origin knows which)."""
         ...
 
     def plan_splits(

@@ -73,10 +73,17 @@ class StoreOrigin:
     source's chunks; the store reopens once per process, at its first read."""
 
     def __init__(
-        self, store: Store, src: str, *, storage_options: Mapping[str, Any] | None = None
+        self,
+        store: Store,
+        src: str,
+        *,
+        chunk_rows_given: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._store: Store | None = store
         self.src = src
+        #: the user gave the chunk rows: refuse to change them (planned ones shrink to fit)
+        self.chunk_rows_given = chunk_rows_given
         self.storage_options = dict(storage_options or {})
 
     @property
@@ -112,11 +119,10 @@ class StoreOrigin:
             _manifest_digest(self.store),
         ]
 
-    def plan_chunk_rows(self, chunk_rows: int, *, given: bool) -> int:
+    def plan_chunk_rows(self, chunk_rows: int) -> int:
         m = self.manifest
-        kept = plan_kept_chunk_rows(
-            chunk_rows, split_boundaries(m.chunk_bounds, m.splits, m.split_rows), given=given
-        )
+        boundaries = split_boundaries(m.chunk_bounds, m.splits, m.split_rows)
+        kept = plan_kept_chunk_rows(chunk_rows, boundaries, given=self.chunk_rows_given)
         if kept != chunk_rows:
             log.info(
                 "chunks of %d rows (planned: %d) keep every split boundary of %s",

@@ -84,7 +84,12 @@ def copy_store(
             "copying such a store is not supported: prepare it again with the new layout"
         )
     cfg = dataclasses.replace(cfg, **_split_labels(store))
-    origin = StoreOrigin(store, src_s, storage_options=storage_options)
+    origin = StoreOrigin(
+        store,
+        src_s,
+        chunk_rows_given=layout.get("chunk_rows") is not None,
+        storage_options=storage_options,
+    )
     from shardload.prep.driver import write_store
 
     return write_store(cfg, origin.open_view(), progress=progress, origin=origin)
