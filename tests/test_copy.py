@@ -306,6 +306,29 @@ def test_help_names_every_option(capsys):
     assert "copy" in out
 
 
+def test_an_old_store_gets_todays_layout(sources, tmp_path):
+    """A store as an early shardload wrote it (manifest version 1: feature names and statistics
+    inline, no checksums) copies into a store of today's manifest, with checksums."""
+    import shutil
+
+    from shardload.layout import CHECKSUMS_NAME, FEATURES_DIR, MANIFEST_NAME
+    from shardload.manifest.core import MANIFEST_VERSION
+
+    old = tmp_path / "old"
+    shutil.copytree(sources / "npy", old)
+    d = json.loads(shardload.open_store(old).manifest.to_json())  # everything inline
+    d.update(version=1, checksums="")
+    (old / MANIFEST_NAME).write_text(json.dumps(d))
+    shutil.rmtree(old / FEATURES_DIR)
+    (old / CHECKSUMS_NAME).unlink()
+    src = shardload.open_store(old)
+    assert src.manifest.version == 1 and not src.manifest.checksums
+    dst = shardload.copy(old, tmp_path / "dst", progress=False)
+    assert dst.manifest.version == MANIFEST_VERSION and dst.manifest.checksums == "xxh3_64"
+    assert_same_store(src, dst)
+    assert_same_store(shardload.open_store(sources / "npy"), dst)
+
+
 def test_plain_zarr_data_is_copied(tmp_path):
     """Zarr data shardload did not write (xarray's to_zarr) opens as a store and copies."""
     rng = np.random.default_rng(1)
