@@ -19,6 +19,13 @@ Like prepare, the copy writes DST.partial (locked: a second copy into the same D
 refused), records each block with its checksums, and publishes DST when complete. An
 interrupted copy resumes when run again with the same options. SRC is read with its
 checksums verified.
+
+Examples:
+  shardload copy old-store new-store                  # prepare's default layout
+  shardload copy http://host:8000/era5 era5 --chunk-rows 256 --compression zstd --shard-chunks 64
+  shardload copy era5 era5-npy --format npy           # raw npy chunks (compression none)
+
+In Python: shardload.copy(src, dst, chunk_rows=..., ...). More: docs/moving.md.
 """
 
 
