@@ -329,6 +329,13 @@ def test_an_old_store_gets_todays_layout(sources, tmp_path):
     assert_same_store(shardload.open_store(sources / "npy"), dst)
 
 
+def test_python_api_is_exported_with_the_others():
+    from shardload.prep.copy import copy_store
+
+    assert "copy" in shardload.__all__ and "copy" in dir(shardload)
+    assert shardload.copy is copy_store
+
+
 def test_plain_zarr_data_is_copied(tmp_path):
     """Zarr data shardload did not write (xarray's to_zarr) opens as a store and copies."""
     rng = np.random.default_rng(1)
