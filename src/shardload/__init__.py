@@ -5,6 +5,7 @@ Public API::
     shardload.prepare(config)            # raw files -> sharded store (see docs/config.md)
     shardload.prepare(config, dataset=ds)  # ... or a lazy xarray.Dataset you already hold
     shardload.compute(config)            # attributes block by block (see docs/compute.md)
+    shardload.copy(src, dst)             # any store -> prepare's layout, values equal
     shardload.open_store(path_or_url)    # a store handle: len(store), store.read(name, a, b)
     store.to_xarray()                    # the store as a lazy xarray.Dataset
     shardload.iter_batches(store, ...)   # numpy batches for any framework
@@ -17,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from shardload.version import __version__
 
-__all__ = ["__version__", "compute", "iter_batches", "open_store", "prepare"]
+__all__ = ["__version__", "compute", "copy", "iter_batches", "open_store", "prepare"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardload.blockwise import compute
     from shardload.load.batches import iter_batches
+    from shardload.prep.copy import copy_store as copy
     from shardload.prep.driver import prepare
     from shardload.store.core import open_store
 
@@ -37,6 +39,10 @@ def __getattr__(name: str) -> Any:
         from shardload.prep.driver import prepare
 
         return prepare
+    if name == "copy":
+        from shardload.prep.copy import copy_store
+
+        return copy_store
     if name == "compute":
         from shardload.blockwise import compute
 

@@ -19,6 +19,7 @@ from shardload.version import __version__
 COMMAND_MODULES = (
     "shardload.samples.cli",
     "shardload.cli.prepare",
+    "shardload.cli.copy",
     "shardload.cli.demo",
     "shardload.cli.move",
     "shardload.cli.pack",

@@ -26,6 +26,7 @@ from shardload.plan.chunks import RegularBounds, plan_chunk_rows, plan_store_spl
 from shardload.prep.commit import BlockCommit
 from shardload.prep.config import PrepareConfig, load_config
 from shardload.prep.disk import disk_full_error, is_disk_full
+from shardload.prep.origin import RowOrigin
 from shardload.prep.publish import publish_store
 from shardload.prep.run import run_blocks, workers_share_disk_cache
 from shardload.prep.tasks import PrepareJob, build, share_view
@@ -57,13 +58,35 @@ def prepare(
     if dataset is not None:
         config = _with_dataset_source(config, dataset)
     cfg = config if isinstance(config, PrepareConfig) else load_config(config, overrides)
-    out = Path(cfg.out)
     t0 = time.perf_counter()
     view = build(cfg, dataset=dataset)
+    # the layout (chunks, shards, compression) is planned in write_store and the config's
+    # defaults, never here: ``shardload copy`` shares them by calling write_store
+    return write_store(cfg, view, progress=progress, dataset=dataset, t0=t0)
+
+
+def write_store(
+    cfg: PrepareConfig,
+    view: View,
+    *,
+    progress: bool | None = None,
+    dataset: Any = None,
+    origin: RowOrigin | None = None,
+    t0: float | None = None,
+) -> Store:
+    """Write the rows of ``view`` as the store ``cfg`` describes (its layout, out, overwrite,
+    execution) and open it: the run behind :func:`prepare`, and behind ``shardload copy`` with
+    an ``origin`` (:class:`~shardload.prep.origin.RowOrigin`) in place of the config's source."""
+    out = Path(cfg.out)
+    t0 = time.perf_counter() if t0 is None else t0
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
+    if origin is not None:
+        chunk_rows = origin.plan_chunk_rows(chunk_rows)
     bounds = RegularBounds(length, chunk_rows)
-    splits, split_rows = plan_splits_for(cfg, view, bounds)  # before any file is written
-    fingerprint = _fingerprint(cfg, specs, bounds, dataset)
+    splits, split_rows = (  # before any file is written
+        origin.plan_splits(bounds) if origin is not None else plan_splits_for(cfg, view, bounds)
+    )
+    fingerprint = _fingerprint(cfg, specs, bounds, dataset, origin)
     fmt = get_writer(cfg.format)
     options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
     commit = BlockCommit(
@@ -73,7 +96,7 @@ def prepare(
         overwrite=cfg.overwrite,
         describe={"config": cfg.to_dict()},
     )
-    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset)
+    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset, origin)
     _share_view(job, view)
     num_blocks = job.num_blocks
     _log_plan(job, len(specs), row_bytes)
@@ -101,6 +124,7 @@ def prepare(
                 options=options,
                 splits=splits,
                 split_rows=split_rows,
+                origin=origin,
             )
         except DiskFullError as exc:
             raise _disk_full(commit, job, fmt, row_bytes, exc) from exc
@@ -172,6 +196,7 @@ def _plan_job(
     bounds: RegularBounds,
     fingerprint: str,
     dataset: Any,
+    origin: RowOrigin | None = None,
 ) -> PrepareJob:
     # feature names stay out of the task (millions of names for wide arrays, shipped per task);
     # a worker reads them from its own view when an error needs one
@@ -186,6 +211,7 @@ def _plan_job(
         fingerprint,
         dataset,
         defer_fsync=workers_share_disk_cache(cfg),
+        origin=origin,
     )
 
 
@@ -196,6 +222,7 @@ def _share_view(job: PrepareJob, view: View) -> None:
     cfg = job.config
     if (
         job.dataset is None
+        and job.origin is None
         and cfg.view != "window"
         and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation")
         and getattr(view, "rows", None) is None
@@ -286,16 +313,20 @@ def _fingerprint(
     specs: Mapping[str, ArraySpec],
     bounds: RegularBounds,
     dataset: Any = None,
+    origin: RowOrigin | None = None,
 ) -> str:
     """What the written arrays depend on: config (less what only runs or labels them: execution,
-    overwrite, splits), source files (size, mtime), array specs, chunking."""
+    overwrite, splits), source files (size, mtime) or the origin's identity, array specs,
+    chunking."""
     from shardload.prep.sources.paths import expand_paths, is_url
 
     d = cfg.to_dict()
     for k in ("execution", "overwrite", "base_dir", "splits", "split_seed", "split_shuffle"):
         d.pop(k, None)
     files: list[list[Any]] = []
-    if dataset is not None:
+    if origin is not None:
+        files.append(["origin", *origin.identity()])
+    elif dataset is not None:
         from dask.base import tokenize
 
         # dask's token: deterministic for dask-backed and in-memory data (a resume), random

@@ -26,6 +26,7 @@ from shardload.plan.chunks import RegularBounds
 from shardload.prep.commit import BlockCommit
 from shardload.prep.config import PrepareConfig
 from shardload.prep.coords import encode_coords, plan_sample_coords, write_zarr_metadata
+from shardload.prep.origin import RowOrigin
 from shardload.prep.recorder import merge_checksums
 from shardload.prep.stats import OrderedMerge
 from shardload.prep.tasks import LENGTHS_KEY, PrepareJob
@@ -48,10 +49,12 @@ def publish_store(
     options: FormatOptions,
     splits: dict[str, tuple[int, ...]],
     split_rows: dict[str, tuple[int, int]],
+    origin: RowOrigin | None = None,
 ) -> None:
     """Finish every recorded block into a complete store and publish it (``OUT.partial`` ->
     ``OUT``): the format's staged blocks merged, statistics, checksums, the variable-length
-    arrays' offsets, ``metadata.json`` and the manifest, last."""
+    arrays' offsets, ``metadata.json`` and the manifest, last. An ``origin`` gives the sample
+    coordinates and amends the manifest (``shardload copy``)."""
     cfg, bounds, num_blocks = job.config, job.bounds, job.num_blocks
     fixed = [n for n, s in specs.items() if not s.ragged]
     ragged = [n for n, s in specs.items() if s.ragged]
@@ -97,7 +100,13 @@ def publish_store(
         manifest = window_manifest(
             manifest, view, view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
         )
-    coords = _sample_coords(view, cfg.sample_dims, manifest.length)
+    if origin is not None:
+        manifest = origin.amend(manifest)
+    coords = (
+        origin.sample_coords()
+        if origin is not None
+        else _sample_coords(view, cfg.sample_dims, manifest.length)
+    )
     coords = {k: v for k, v in coords.items() if k not in specs}  # an array's name wins
     if coords:
         manifest = replace(manifest, options={**manifest.options, "sample_coords": list(coords)})

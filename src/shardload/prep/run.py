@@ -55,7 +55,7 @@ def run_blocks(
         total=job.num_blocks,
         initial=len(done),
         unit="chunk",
-        desc="prepare",
+        desc="prepare" if job.origin is None else "copy",
         disable=(not progress) if progress is not None else None,
     )
 

@@ -44,6 +44,7 @@ class PrepareJob:
     fingerprint: str
     dataset: Any = None  # prepare(config, dataset=ds): the caller's lazy xarray.Dataset
     defer_fsync: bool = False  # tasks leave fsyncs to the driver (workers on its machine)
+    origin: Any = None  # a RowOrigin (prep/origin.py): the rows come from it, not from source
 
     @property
     def bounds(self) -> RegularBounds:
@@ -100,7 +101,11 @@ def share_view(fingerprint: str, view: View) -> None:
 def _view(job: PrepareJob) -> View:
     if job.fingerprint not in _VIEWS:
         _VIEWS.clear()
-        _VIEWS[job.fingerprint] = build(job.config, job.chunk_rows, job.dataset)
+        _VIEWS[job.fingerprint] = (
+            job.origin.open_view()
+            if job.origin is not None
+            else build(job.config, job.chunk_rows, job.dataset)
+        )
     return _VIEWS[job.fingerprint]
 
 
