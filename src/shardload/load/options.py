@@ -38,7 +38,7 @@ DEFAULT_GROUP_PIECES = 256
 #: The most pieces a default group is cut into (batches of more than group rows / 256).
 MAX_GROUP_PIECES = 512
 #: ``shuffle_chunks=None, piece_rows=None`` on stores read by whole chunks (compressed Zarr,
-#: HDF5, remote stores): a group holds as many decoded bytes as ``DEFAULT_SHUFFLE_CHUNKS``
+#: sharded, HDF5): a group holds as many decoded bytes as ``DEFAULT_SHUFFLE_CHUNKS``
 #: chunks of prepare's default chunk size (``plan.chunks.DEFAULT_TARGET_CHUNK_BYTES``), and at
 #: least ``DEFAULT_SHUFFLE_CHUNKS`` chunks: stores of default chunks plan as before, and a store
 #: of small chunks mixes rows of many more chunks in the same memory (docs/loading.md).
