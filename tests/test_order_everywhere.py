@@ -251,3 +251,20 @@ def test_raw_rows_are_read_from_the_manifest_alone(root):
     cf = replace(m.arrays["x"], attrs={"cf": {}})
     assert not stores_raw_rows(replace(m, arrays={**m.arrays, "x": cf}), ["x", "y"])
     assert stores_raw_rows(replace(m, arrays={**m.arrays, "x": cf}), ["y"])
+
+
+def test_dataloader_workers_by_url_yield_the_local_batches(root, url):
+    """``StreamingDataLoader`` with 2 worker processes, rank 1 of 2: the same batches from the
+    folder and by URL."""
+    pytest.importorskip("torch")
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    def batches(store: str) -> list[dict[str, np.ndarray]]:
+        ds = StreamingDataset(store, batch_size=8, split="train", seed=3, rank=1, world_size=2)
+        ds.set_epoch(1)
+        loader = StreamingDataLoader(ds, num_workers=2)
+        return [{k: np.array(v) for k, v in b.items()} for b in loader]
+
+    local = batches(str(root / "zarr-none"))
+    assert len(local) > 3
+    assert_same_batches(batches(url + "zarr-none"), local)
