@@ -579,9 +579,9 @@ def test_uniform_shuffle_needs_raw_local_chunks(stores):
 def test_loader_doctests():
     import doctest
 
-    from shardload.load import batches, files, runs, scatter, select, spec
+    from shardload.load import batches, files, kinds, runs, scatter, select, spec
 
-    for mod in (scatter, runs, files, select, batches, spec):
+    for mod in (scatter, runs, files, select, batches, spec, kinds):
         assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS).failed == 0, mod.__name__
 
 

@@ -8,8 +8,13 @@
   into group buffers, batches gathered out of them.
 
 :func:`reads_rows_in_place` is the *layout* fact the planner's defaults depend on (small
-pieces are cheap to read); it depends on the store only, never on the platform, so every rank
-plans the same pieces. :func:`read_kind` adds the platform (``preadv``).
+pieces are cheap to read). It reads the manifest only (the arrays' format and codecs as
+``shardload.json`` records them), never where the store lives or the platform: the same store
+read from its folder, by URL, staged or from its SquashFS image plans the same pieces and
+groups, so it yields the same batches for the same seed, epoch and world. :func:`read_kind`
+picks the fastest reader of those pieces here (``preadv`` scatter reads of local files; the
+gather reader, with a ranged request per piece by URL, elsewhere); every reader yields the
+same batches for the same plan.
 """
 
 from __future__ import annotations
@@ -18,20 +23,45 @@ from collections.abc import Sequence
 from typing import Literal
 
 from shardload.load.ragged import ragged_names
-from shardload.load.scatter import raw_rows, raw_sources
+from shardload.load.scatter import raw_sources
 from shardload.load.windows import WindowReader
+from shardload.manifest.core import Manifest
 from shardload.store.core import Store
 
 ReadKind = Literal["gather", "scatter", "ragged", "window"]
 READ_KINDS: tuple[ReadKind, ...] = ("gather", "scatter", "ragged", "window")
 
 
-def reads_rows_in_place(store: Store, names: Sequence[str]) -> bool:
-    """Whether a piece of a chunk costs no more per row than the whole chunk: raw rows in local
-    files (never variable-length arrays, read by whole chunks), or windows cut at load time."""
-    if isinstance(store.reader, WindowReader):
+def stores_raw_rows(manifest: Manifest, names: Sequence[str]) -> bool:
+    """Whether the manifest says every array in ``names`` is stored as raw rows: an npy stack,
+    or a Zarr store shardload wrote without compression and without shards (each chunk a file
+    of C-ordered rows, a row at ``row * row_bytes``); never variable-length or CF-encoded
+    arrays (pure: the manifest only).
+
+    >>> m = Manifest(format="npy", length=4, chunk_bounds=(0, 4), arrays={})
+    >>> stores_raw_rows(m, []), stores_raw_rows(m, ["x"])
+    (False, False)
+    """
+    arrays = manifest.arrays
+    if not names or any(n not in arrays for n in names):
+        return False
+    if any(arrays[n].is_ragged or "cf" in arrays[n].attrs for n in names):
+        return False
+    if manifest.format == "npy":
         return True
-    return not ragged_names(store, names) and raw_rows(store, names)
+    if manifest.format != "zarr" or manifest.provenance.get("source") == "plain zarr":
+        return False
+    opts = manifest.options
+    return opts.get("compression") == "none" and not opts.get("shard_chunks")
+
+
+def reads_rows_in_place(store: Store, names: Sequence[str]) -> bool:
+    """Whether a piece of a chunk costs no more per row than the whole chunk: raw rows
+    (:func:`stores_raw_rows`: locally a ``preadv`` of its rows, by URL one ranged request), or
+    windows cut at load time. The manifest only, so every copy of a store plans alike."""
+    if "window" in store.manifest.static:  # windows cut at load time (a WindowReader)
+        return True
+    return stores_raw_rows(store.manifest, names)
 
 
 def read_kind(store: Store, names: Sequence[str]) -> ReadKind:

@@ -38,7 +38,7 @@ DEFAULT_GROUP_PIECES = 256
 #: The most pieces a default group is cut into (batches of more than group rows / 256).
 MAX_GROUP_PIECES = 512
 #: ``shuffle_chunks=None, piece_rows=None`` on stores read by whole chunks (compressed Zarr,
-#: HDF5, remote stores): a group holds as many decoded bytes as ``DEFAULT_SHUFFLE_CHUNKS``
+#: sharded, HDF5): a group holds as many decoded bytes as ``DEFAULT_SHUFFLE_CHUNKS``
 #: chunks of prepare's default chunk size (``plan.chunks.DEFAULT_TARGET_CHUNK_BYTES``), and at
 #: least ``DEFAULT_SHUFFLE_CHUNKS`` chunks: stores of default chunks plan as before, and a store
 #: of small chunks mixes rows of many more chunks in the same memory (docs/loading.md).
@@ -57,21 +57,23 @@ def resolve_shuffle(
     batch_size: int | None = None,
 ) -> tuple[int, int]:
     """``(piece_rows, shuffle_chunks)`` checked, with the defaults filled in. Depends on the
-    store and the batch size only, never on the platform, so every rank plans the same pieces.
+    store's manifest and the batch size only, never on the platform or where the store lives
+    (:func:`~shardload.load.kinds.reads_rows_in_place`), so every rank, and every copy of the
+    store (local, by URL, staged, a SquashFS image), plans the same pieces.
 
-    - Raw rows in local files (uncompressed Zarr, npy), both None (the default): a group holds
+    - Raw rows (uncompressed Zarr, npy), both None (the default): a group holds
       the rows of ``DEFAULT_SHUFFLE_CHUNKS`` pieces of at most ``DEFAULT_PIECE_BYTES`` (the
       earlier default's memory), as ``DEFAULT_GROUP_PIECES`` small pieces, or more (at most
       ``MAX_GROUP_PIECES``) so that a piece has no more rows than the group has batches of
       ``batch_size`` (its rows are dealt to different batches).
-    - Only ``shuffle_chunks`` given: pieces of at most ``DEFAULT_PIECE_BYTES`` (raw local
-      chunks) or whole chunks, as before small pieces were the default
+    - Only ``shuffle_chunks`` given: pieces of at most ``DEFAULT_PIECE_BYTES`` (raw rows)
+      or whole chunks, as before small pieces were the default
       (``shuffle_chunks=4`` is that earlier default).
     - Any other store (read by whole chunks: a piece of a compressed chunk would decode the
       whole chunk), both None: groups of :func:`whole_chunk_group` chunks, as many as hold
       ``WHOLE_CHUNK_GROUP_BYTES`` (64 MiB) decoded, at least ``DEFAULT_SHUFFLE_CHUNKS``; only
       ``piece_rows`` given: ``DEFAULT_SHUFFLE_CHUNKS`` per group.
-    - ``shuffle="uniform"`` (raw local chunks only): whole chunks (the planner cuts rows
+    - ``shuffle="uniform"`` (raw rows only): whole chunks (the planner cuts rows
       itself) and groups of as many rows as the default.
     """
     raw = reads_rows_in_place(store, sel.arrays)
@@ -93,8 +95,8 @@ def resolve_shuffle(
             )
         if not raw:
             raise PlanError(
-                f"shuffle='uniform' reads rows where they lie and needs raw rows in local files "
-                f"(uncompressed Zarr or npy on a local disk); {store.url} arrays "
+                f"shuffle='uniform' reads rows where they lie and needs raw rows (npy, or Zarr "
+                f"prepared with compression 'none' and no shards); {store.url} arrays "
                 f"{list(sel.arrays)} are not (use shuffle=True)"
             )
         return 0, shuffle_chunks or group_rows

@@ -24,9 +24,11 @@ from shardload.formats.zarr.chunks import (
     StoredObjects,
     load_chunk_layout,
     load_stored_objects,
+    plan_chunk_layout,
     verify_file,
 )
 from shardload.formats.zarr.meta import check_zarr_meta
+from shardload.formats.zarr.ranges import fetch_rows_into
 from shardload.formats.zarr.rows import read_rows_into
 from shardload.formats.zarr.shards import ShardIndexCache
 from shardload.manifest.core import Manifest
@@ -91,6 +93,7 @@ class ZarrReader:
         self._group: Any = None
         self._arrays: dict[str, Any] = {}
         self._layouts: dict[str, ChunkLayout | None] = {}
+        self._ranged: dict[str, ChunkLayout | None] = {}
         self._objects: dict[str, StoredObjects | None] = {}
         self._indexes = ShardIndexCache()  # parsed shard indexes (sharded arrays)
         self._lock = threading.Lock()
@@ -183,6 +186,38 @@ class ZarrReader:
             self._layouts[name] = layout
         return self._layouts[name]
 
+    def ranged(self, name: str) -> ChunkLayout | None:
+        """By URL (without a whole-file cache), the layout of a raw array (a shardload array
+        without compression or shards): its rows are read with one ranged request per chunk
+        they touch (:mod:`.ranges`), so a piece of a chunk costs its own bytes; else None."""
+        if name not in self._ranged:
+            layout = None
+            if not is_local(self.fs) and not _cached(self.fs) and self.strict:
+                layout = self._raw_layout(name)
+            self._ranged[name] = layout
+        return self._ranged[name]
+
+    def _raw_layout(self, name: str) -> ChunkLayout | None:
+        info = self.manifest.arrays[name]
+        if name in self._cf or info.is_ragged:
+            return None
+        folder = f"{self.root.rstrip('/')}/{info.path}"
+        try:
+            meta = json.loads(self._read_small(f"{folder}/zarr.json", what=f"array {name!r}"))
+        except (FileNotFoundError, ValueError):  # zarr-python's read reports it, naming it
+            return None
+        if not isinstance(meta, dict):
+            return None
+        layout = plan_chunk_layout(
+            meta,
+            folder=folder,
+            dtype=np.dtype(info.dtype),
+            shape=tuple(info.shape),
+            chunk_bounds=self.manifest.chunk_bounds,
+            strict=True,
+        )
+        return None if layout is None or layout.blosc else layout
+
     def raw_chunk(self, name: str, i: int) -> RawChunk | None:
         """Chunk ``i`` of ``name`` as raw rows in a local file (uncompressed shardload arrays)."""
         layout = self.layout(name)
@@ -205,6 +240,10 @@ class ZarrReader:
             read_rows_into(layout, name, start, stop, out, self.verifier, self._indexes)
             if name in self._cf:
                 self._cf[name].apply_into(out, out)
+            return
+        ranged = self.ranged(name)
+        if ranged is not None and out.flags.c_contiguous and out.dtype == ranged.dtype:
+            fetch_rows_into(self.fs, ranged, name, start, stop, out, self.verifier)
         else:
             out[...] = self._read_zarr(name, start, stop)
 
@@ -230,6 +269,12 @@ class ZarrReader:
             info = self.manifest.arrays[name]
             out = np.empty((max(0, stop - start), *info.row_shape), dtype=layout.dtype)
             read_rows_into(layout, name, start, stop, out, self.verifier, self._indexes)
+            return out
+        ranged = self.ranged(name)
+        if ranged is not None:
+            info = self.manifest.arrays[name]
+            out = np.empty((max(0, stop - start), *info.row_shape), dtype=ranged.dtype)
+            fetch_rows_into(self.fs, ranged, name, start, stop, out, self.verifier)
             return out
         return self._read_zarr(name, start, stop)
 
@@ -275,6 +320,7 @@ class ZarrReader:
     def close(self) -> None:
         self._arrays.clear()
         self._layouts.clear()
+        self._ranged.clear()
         self._objects.clear()
         self._indexes.clear()
         self._group = None
