@@ -159,8 +159,9 @@ def warn_unmixed(store: Store, sel: Selection, *, shuffle_chunks: int, batch_siz
         f"group holds only {shuffle_chunks} of them, so a batch of {batch_size} rows draws from "
         f"at most {shuffle_chunks} chunks where a uniform shuffle draws from about {batch_size}: "
         f"rows stored together stay together. Rewrite it in the default layout (small chunks "
-        f"in shard files): `shardload copy {store.url} NEW_STORE`, or prepare it again without "
-        "chunk_rows / target_chunk_bytes / shard_chunks (docs/loading.md, 'Shuffle quality')"
+        f"in shard files): `shardload copy {store.url} NEW_STORE`, or prepare it again as Zarr "
+        "(the default format) without chunk_rows / target_chunk_bytes / shard_chunks "
+        "(docs/loading.md, 'Default quality, per format')"
     )
     warnings.warn(msg, ShuffleQualityWarning, stacklevel=2)
 
