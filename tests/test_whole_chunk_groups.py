@@ -13,6 +13,10 @@ from shardload.load.select import select_rows
 from shardload.plan.epoch import plan_fingerprint
 from shardload.plan.resume import EpochState
 
+# these tests shrink the group budget to a few chunks on purpose: the warning that such a
+# group cannot mix well (tests/test_default_layout.py) is expected here, not checked
+pytestmark = pytest.mark.filterwarnings("ignore::shardload.errors.ShuffleQualityWarning")
+
 ROWS, CHUNK = 160, 4  # 40 chunks
 
 

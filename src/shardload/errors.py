@@ -98,3 +98,8 @@ def require(module: str, extra: str):
         raise MissingDependencyError(
             f"{module!r} is needed for this feature: pip install 'shardload[{extra}]'"
         ) from exc
+
+
+class ShuffleQualityWarning(UserWarning):
+    """The default load of a store cannot mix its rows well (its chunks are too big for a
+    shuffle group); the message names the store and the fix. Once per store and process."""

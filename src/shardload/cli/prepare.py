@@ -132,10 +132,11 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     from pathlib import Path
 
     from shardload.plan.chunks import plan_blocks, plan_chunk_bounds
-    from shardload.prep.driver import plan_rows, plan_splits_for
+    from shardload.prep.driver import plan_rows, plan_splits_for, resolve_layout
     from shardload.prep.tasks import build
 
     view = build(cfg)
+    cfg = resolve_layout(cfg, view)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
     bounds = plan_chunk_bounds(length, chunk_rows)
     blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds

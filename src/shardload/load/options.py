@@ -8,10 +8,11 @@ once. docs/loading.md ("Shuffle quality", "Memory") says why the defaults are wh
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
-from shardload.errors import PlanError
+from shardload.errors import PlanError, ShuffleQualityWarning
 from shardload.load.kinds import reads_rows_in_place
 from shardload.load.ragged import ragged_names
 from shardload.load.scatter import raw_rows
@@ -45,6 +46,12 @@ MAX_GROUP_PIECES = 512
 WHOLE_CHUNK_GROUP_BYTES = DEFAULT_SHUFFLE_CHUNKS * DEFAULT_TARGET_CHUNK_BYTES
 #: The most chunks a default whole-chunk group holds (each chunk read is a task of its own).
 MAX_GROUP_CHUNKS = 4096
+#: A store read by whole chunks whose default group holds fewer chunks than this (and than a
+#: batch has rows), and fewer than the selection has, cannot mix well at the default: a batch
+#: draws its rows from at most that many chunks (:func:`warn_unmixed`).
+WELL_MIXED_CHUNKS = 256
+
+_WARNED: set[str] = set()  # stores already warned about in this process (forks inherit it)
 
 
 def resolve_shuffle(
@@ -130,6 +137,35 @@ def whole_chunk_group(store: Store, sel: Selection) -> int:
     return int(
         min(MAX_GROUP_CHUNKS, max(DEFAULT_SHUFFLE_CHUNKS, WHOLE_CHUNK_GROUP_BYTES // chunk_bytes))
     )
+
+
+def warn_unmixed(store: Store, sel: Selection, *, shuffle_chunks: int, batch_size: int) -> None:
+    """Warn once per store and process when the default load of ``store`` cannot mix well: it
+    is read by whole chunks, its default group holds ``shuffle_chunks`` chunks, fewer than
+    ``WELL_MIXED_CHUNKS`` and than a batch has rows, and the selection has more chunks than a
+    group (a store smaller than one group mixes as a uniform shuffle does). The caller checks
+    that the defaults are in use. Says the fix: the store rewritten in the default layout."""
+    if (
+        store.url in _WARNED
+        or reads_rows_in_place(store, sel.arrays)
+        or ragged_names(store, sel.arrays)
+        or isinstance(store.reader, WindowReader)
+        or shuffle_chunks >= min(WELL_MIXED_CHUNKS, batch_size)
+        or len(np.unique(sel.ids)) <= shuffle_chunks
+    ):
+        return
+    _WARNED.add(store.url)
+    chunk_rows = int(np.diff(np.asarray(store.manifest.chunk_bounds)).max())
+    msg = (
+        f"{store.url}: its chunks of {chunk_rows} rows are decoded whole, and a default shuffle "
+        f"group holds only {shuffle_chunks} of them, so a batch of {batch_size} rows draws from "
+        f"at most {shuffle_chunks} chunks where a uniform shuffle draws from about {batch_size}: "
+        f"rows stored together stay together. Rewrite it in the default layout (small chunks "
+        f"in shard files): `shardload copy {store.url} NEW_STORE`, or prepare it again as Zarr "
+        "(the default format) without chunk_rows / target_chunk_bytes / shard_chunks "
+        "(docs/loading.md, 'Default quality, per format')"
+    )
+    warnings.warn(msg, ShuffleQualityWarning, stacklevel=2)
 
 
 def resolve_prefetch(

@@ -18,7 +18,12 @@ from typing import Any
 
 from shardload.errors import PlanError, StateError
 from shardload.load.kinds import ReadKind, read_kind
-from shardload.load.options import default_threads, resolve_prefetch, resolve_shuffle
+from shardload.load.options import (
+    default_threads,
+    resolve_prefetch,
+    resolve_shuffle,
+    warn_unmixed,
+)
 from shardload.load.ragged import ragged_names, resolve_buckets
 from shardload.load.recycle import Specs, batch_specs, plan_batch_layout
 from shardload.load.ring import plan_ring_slots
@@ -85,6 +90,7 @@ class LoadSpec:
         st = open_store(store, storage_options=storage_options, arrays=arrays)
         named = get_shuffle(shuffle)  # a name becomes the key its plans carry
         shuffle = named.key
+        defaults = shuffle_chunks is None and piece_rows is None and shuffle is True
         if shuffle_chunks is None:
             shuffle_chunks = named.group
         sel, piece, group = loader_selection(
@@ -107,6 +113,8 @@ class LoadSpec:
             shuffle_chunks=group,
         )
         ahead = resolve_prefetch(st, sel, prefetch, shuffle_chunks=group, piece_rows=piece)
+        if defaults:
+            warn_unmixed(st, sel, shuffle_chunks=group, batch_size=batch_size)
         return cls(
             store=st,
             selection=sel,

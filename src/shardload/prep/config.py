@@ -27,6 +27,9 @@ from shardload.formats.base import DEFAULT_COMPRESSION
 from shardload.formats.registry import format_entry
 from shardload.plan.chunks import DEFAULT_TARGET_CHUNK_BYTES
 
+#: The keys that choose a store's layout; a config with none of them gets the default layout.
+LAYOUT_KEYS = frozenset({"chunk_rows", "target_chunk_bytes", "shard_chunks"})
+
 
 @dataclass(frozen=True)
 class SourceConfig:
@@ -74,6 +77,9 @@ class PrepareConfig:
     compression: str = DEFAULT_COMPRESSION
     compression_level: int | None = None
     shard_chunks: int | None = None
+    #: No layout key given (chunk_rows, target_chunk_bytes, shard_chunks): prepare picks the
+    #: layout from the row size (:func:`shardload.prep.driver.resolve_layout`).
+    default_layout: bool = True
     splits: Mapping[str, float] = field(
         default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1}
     )
@@ -255,6 +261,7 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
         compression=compression,
         compression_level=m.compression_level,
         shard_chunks=m.shard_chunks,
+        default_layout=not LAYOUT_KEYS & m.model_fields_set,
         splits=dict(m.splits),
         split_seed=m.split_seed,
         split_shuffle=m.split_shuffle,

@@ -22,7 +22,12 @@ from shardload.errors import ConfigError, DiskFullError, ShardloadError, StoreEr
 from shardload.formats.base import FormatOptions
 from shardload.formats.registry import get_writer
 from shardload.manifest.core import ArraySpec
-from shardload.plan.chunks import RegularBounds, plan_chunk_rows, plan_store_splits
+from shardload.plan.chunks import (
+    RegularBounds,
+    plan_chunk_rows,
+    plan_default_layout,
+    plan_store_splits,
+)
 from shardload.prep.commit import BlockCommit
 from shardload.prep.config import PrepareConfig, load_config
 from shardload.prep.disk import disk_full_error, is_disk_full
@@ -79,6 +84,7 @@ def write_store(
     an ``origin`` (:class:`~shardload.prep.origin.RowOrigin`) in place of the config's source."""
     out = Path(cfg.out)
     t0 = time.perf_counter() if t0 is None else t0
+    cfg = resolve_layout(cfg, view)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
     if origin is not None:
         chunk_rows = origin.plan_chunk_rows(chunk_rows)
@@ -241,6 +247,27 @@ def _log_written(out: Path, total: int, length: int, dt: float) -> None:
         dt,
         total / 2**20 / max(dt, 1e-9),
     )
+
+
+def resolve_layout(cfg: PrepareConfig, view: View) -> PrepareConfig:
+    """``cfg`` with the default layout filled in when it gives no layout key
+    (``cfg.default_layout``) and writes compressed Zarr of fixed-size rows (no windows cut at
+    load): ``chunk_rows`` and ``shard_chunks`` from the row size, small inner chunks in big
+    shards (:func:`~shardload.plan.chunks.plan_default_layout`, docs/design.md "The default
+    layout"); any other ``cfg`` as it is (pure; prepare and ``prepare --check`` call it)."""
+    specs = view.specs
+    if (
+        not cfg.default_layout
+        or cfg.format != "zarr"
+        or cfg.compression == "none"  # raw rows are read in place, in small pieces already
+        or isinstance(view, WindowSeriesView)
+        or any(s.ragged for s in specs.values())
+        or int(view.length) == 0
+    ):
+        return cfg
+    row_bytes = sum(s.row_bytes for s in specs.values())
+    chunk_rows, shard_chunks = plan_default_layout(row_bytes, length=int(view.length))
+    return dataclasses.replace(cfg, chunk_rows=chunk_rows, shard_chunks=shard_chunks)
 
 
 def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int, int, int]:

@@ -30,7 +30,7 @@ from shardload.formats.zarr.chunks import (
 from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.ranges import fetch_rows_into
 from shardload.formats.zarr.rows import read_rows_into
-from shardload.formats.zarr.shards import ShardIndexCache
+from shardload.formats.zarr.shards import RangeFile, ShardIndexCache
 from shardload.manifest.core import Manifest
 
 
@@ -171,18 +171,22 @@ class ZarrReader:
             layout = None
             # local files, or a URL whose whole-file cache makes each chunk a local file once
             # fetched (without a cache, zarr-python's concurrent range requests serve better)
-            if is_local(self.fs) or _cached(self.fs):
-                info = self.manifest.arrays[name]
-                cf = self._cf.get(name)
-                layout = load_chunk_layout(
-                    f"{self.root.rstrip('/')}/{info.path}",
-                    dtype=np.dtype(cf.stored if cf is not None else info.dtype),
-                    shape=tuple(info.shape),
-                    chunk_bounds=self.manifest.chunk_bounds,
-                    strict=self.strict,
-                    opener=self._opener(),
-                    shards=True,
-                )
+            # shards by URL too: each inner chunk one exact range request (zarr-python reads
+            # the shard's index again for every call), the index once per shard and reader
+            info = self.manifest.arrays[name]
+            cf = self._cf.get(name)
+            ranged = not (is_local(self.fs) or _cached(self.fs))
+            layout = load_chunk_layout(
+                f"{self.root.rstrip('/')}/{info.path}",
+                dtype=np.dtype(cf.stored if cf is not None else info.dtype),
+                shape=tuple(info.shape),
+                chunk_bounds=self.manifest.chunk_bounds,
+                strict=self.strict,
+                opener=(lambda p: RangeFile(self.fs, p)) if ranged else self._opener(),
+                shards=True,
+            )
+            if ranged and layout is not None and layout.shard is None:
+                layout = None
             self._layouts[name] = layout
         return self._layouts[name]
 

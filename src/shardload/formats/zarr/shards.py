@@ -245,6 +245,53 @@ def _read_inner_chunks(
             decode_into(layout, raw, lo, hi, part, name=name, what=what, path=path)
 
 
+class RangeFile:
+    """A remote file read with exact range requests (each retried: ``move.remote.read_bytes``),
+    for shards by URL: an fsspec file would ask the server for the size on opening and read
+    ahead a block of megabytes for each inner chunk of a few kilobytes. ``read()`` with no size
+    gets the whole file in one request (a shard's checksum)."""
+
+    def __init__(self, fs: Any, path: str) -> None:
+        self.fs, self.path, self._pos = fs, path, 0
+        self._size: int | None = None
+
+    @property
+    def size(self) -> int:
+        if self._size is None:
+            self._size = int(self.fs.size(self.path))
+        return self._size
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        self._pos = pos if whence == os.SEEK_SET else self.size + pos
+        return self._pos
+
+    def _get(self, start: int | None, end: int | None) -> bytes:
+        from shardload.move.remote import read_bytes
+
+        return read_bytes(self.fs, self.path, start, end, what=os.path.basename(self.path))
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            data = self._get(self._pos or None, None)
+        else:
+            data = self._get(self._pos, self._pos + n) if n else b""
+        self._pos += len(data)
+        return data
+
+    def readinto(self, dst: Any) -> int:
+        view = memoryview(dst).cast("B")
+        data = self._get(self._pos, self._pos + len(view)) if len(view) else b""
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def __enter__(self) -> RangeFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 def _fileno(f: Any) -> int | None:
     try:
         return int(f.fileno())
