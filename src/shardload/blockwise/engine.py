@@ -1,11 +1,13 @@
 """The block-wise compute engine: ``shardload.compute(config)``.
 
 Each task owns one slab of blocks along axis 0 (one chunk of the output store). For every block
-of the slab it reads the block plus the widest halo straight from the source (one windowed read;
-two or more only where a periodic boundary wraps around), pads it locally exactly as dask's
+of the slab it reads the block plus the widest halo from the source (one windowed read, two or
+more only where a periodic boundary wraps around; the parts of source chunks that other blocks
+read too come from a bounded cache of decoded chunks shared by the threads, so that each chunk
+is decoded once: :mod:`shardload.blockwise.cache`), pads it locally exactly as dask's
 ``map_overlap`` pads the whole array, applies every attribute's function, trims the halo, and
 writes one chunk per attribute through the commit protocol (:mod:`shardload.prep.commit`). Memory is
-bounded by construction: nothing but the tasks in flight holds data (docs/compute.md).
+bounded by construction: nothing but the tasks in flight and the cache holds data (docs/compute.md).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from shardload.blockwise.config import ComputeConfig, load_compute_config
 from shardload.blockwise.job import ComputeJob, estimate_memory, plan_job
 from shardload.blockwise.publish import compute_manifest, fit_steps, merge_stats, plan_arrays
 from shardload.blockwise.source import SourceArray
-from shardload.blockwise.tasks import run_block, run_slab
+from shardload.blockwise.tasks import run_block, run_slab, shared_chunk_cache
 from shardload.errors import ConfigError, ShardloadError, StoreError
 from shardload.formats.base import FormatOptions
 from shardload.formats.checksums import encode_checksums
@@ -32,7 +34,12 @@ from shardload.layout import CHECKSUMS_NAME
 from shardload.manifest.core import Manifest
 from shardload.prep.commit import BlockCommit
 from shardload.prep.disk import disk_full_error, is_disk_full, partial_path
-from shardload.prep.executor import default_workers, open_executor, run_windowed
+from shardload.prep.executor import (
+    default_workers,
+    open_executor,
+    resolve_scheduler,
+    run_windowed,
+)
 from shardload.prep.recorder import merge_checksums
 
 log = logging.getLogger(__name__)
@@ -126,7 +133,11 @@ def _run_passes(
     on pass 1's output); the job with its fitted models, the statistics and the checksums."""
     todo = commit.todo()
     first = [i for i in todo if i < job.num_slabs]
-    _run(job, commit, first, job.num_slabs - len(first), progress)
+    if resolve_scheduler(job.config.execution) in ("threads", "sync"):
+        with shared_chunk_cache(job, first, tasks):  # one cache of decoded source chunks
+            _run(job, commit, first, job.num_slabs - len(first), progress)
+    else:  # each task keeps the chunks its own blocks read again
+        _run(job, commit, first, job.num_slabs - len(first), progress)
     records = [commit.read_record(i) for i in range(job.num_slabs)]
     stats = merge_stats(records, [a.name for a in job.attributes])
     sums = merge_checksums(records, [a.name for a in job.attributes])

@@ -21,6 +21,7 @@ from shardload.blockwise.plan import (
     plan_memory,
     plan_overlap_chunks,
 )
+from shardload.blockwise.reuse import ReusePlan, plan_reuse
 from shardload.blockwise.source import SourceInfo
 from shardload.blockwise.steps import (
     FIT_ROWS,
@@ -113,6 +114,13 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
     for a in job.attributes:
         func = import_function(a.function, f"attributes.{a.name}.function")
         works.append(float(getattr(func, "work_bytes_per_element", DEFAULT_WORK_BYTES)))
+    from shardload.prep.executor import resolve_scheduler
+
+    shared = resolve_scheduler(job.config.execution) in ("threads", "sync")
+    cache = job_cache_bytes(job, tasks, shared=shared) * (1 if shared else tasks)
+    # decoding one source chunk holds its encoded bytes and a decoded copy besides the result
+    largest = int(np.prod([max(c) for c in job.info.chunks], dtype=np.int64))
+    decode = 2 * largest * job_itemsize(job) if job.info.decodes_chunks else 0
     est = plan_memory(
         job.chunks,
         [a.depth for a in job.attributes],
@@ -120,6 +128,8 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
         out_itemsizes=[np.dtype(a.dtype).itemsize for a in job.attributes],
         work_bytes_per_element=works,
         tasks=tasks,
+        cache_bytes=cache,
+        decode_bytes=decode,
     )
     if job.steps:  # pass 2: a slab of each input and output, one batch of vectors + distances
         dtypes = {a.name: np.dtype(a.dtype).itemsize for a in job.attributes}
@@ -141,6 +151,29 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
                 total_bytes=est.total_bytes + (tasks + 1) * (per_task - est.per_task_bytes),
             )
     return est
+
+
+def job_itemsize(job: ComputeJob) -> int:
+    return int(np.dtype(job.info.dtype).itemsize)
+
+
+def plan_job_reuse(job: ComputeJob, order: Sequence[int] | None = None) -> ReusePlan:
+    """The reuse plan of the job's blocks over the source's chunks (slabs ``order``)."""
+    return plan_reuse(
+        job.info.chunks,
+        job.chunks,
+        [a.depth for a in job.attributes],
+        [a.boundary for a in job.attributes],
+        order,
+    )
+
+
+def job_cache_bytes(job: ComputeJob, tasks: int, *, shared: bool) -> int:
+    """Bytes of decoded source chunks one cache holds: shared by ``tasks`` threads, the chunks
+    any ``tasks`` consecutive slabs read twice or more; one slab's otherwise (a process's)."""
+    if not job.info.decodes_chunks:
+        return 0
+    return plan_job_reuse(job).cache_bytes(itemsize=job_itemsize(job), tasks=tasks if shared else 1)
 
 
 def _fingerprint(cfg: ComputeConfig, info: SourceInfo, chunks: Sequence[Sequence[int]]) -> str:
