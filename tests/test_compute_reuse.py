@@ -234,3 +234,31 @@ def test_block_grid_order_is_the_plans_inner_order() -> None:
     e = [_edges(c) for c in chunks[1:]]
     for bx, pos in zip(boxes, product(range(3), range(2)), strict=True):
         assert bx[1:] == tuple((int(e[k][p]), int(e[k][p + 1])) for k, p in enumerate(pos))
+
+
+def test_memory_limit_below_the_planned_cache_shrinks_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A memory_limit the run fits only with a smaller cache: the cache is cut to fit (logged),
+    the bound logged is within the limit, and the values equal an unlimited run's."""
+    import logging
+
+    from shardload.blockwise.config import load_compute_config
+    from shardload.blockwise.job import estimate_memory, plan_job
+
+    src = _seismic_like(tmp_path)
+    cfg = _config(src, tmp_path / "limited")
+    info = SourceArray(load_compute_config(cfg).source, "amp").info
+    est = estimate_memory(plan_job(load_compute_config(cfg), info, "x"), 2)
+    assert est.cache_bytes > 0
+    cfg["memory_limit"] = est.total_bytes - est.cache_bytes // 2
+    with caplog.at_level(logging.INFO, logger="shardload.blockwise.engine"):
+        shardload.compute(cfg, progress=False)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("decoded-chunk cache cut from" in m for m in lines), lines
+    bound = next(m for m in lines if "memory bound" in m)
+    assert float(bound.rsplit("= ", 1)[1].split()[0]) * 2**20 <= cfg["memory_limit"] + 2**20
+    shardload.compute(_config(src, tmp_path / "free"), progress=False)
+    a = shardload.open_store(str(tmp_path / "limited")).read("b", 0, 64)
+    b = shardload.open_store(str(tmp_path / "free")).read("b", 0, 64)
+    assert a.tobytes() == b.tobytes()

@@ -60,7 +60,7 @@ def compute(
     info = SourceArray(cfg.source, cfg.variable).info
     job = plan_job(cfg, info, str(partial_path(out)))
     tasks = int(cfg.execution.num_workers or default_workers())
-    _check_memory(job, tasks, out)
+    job = _check_memory(job, tasks, out)
     commit = BlockCommit(
         out,
         fingerprint=job.fingerprint,
@@ -113,17 +113,34 @@ def _write_failed(commit: BlockCommit, specs: Mapping[str, Any], exc: OSError) -
     )
 
 
-def _check_memory(job: ComputeJob, tasks: int, out: Path) -> None:
-    """Log the run's memory bound; refuse a run whose bound is above ``memory_limit``."""
+def _check_memory(job: ComputeJob, tasks: int, out: Path) -> ComputeJob:
+    """Log the run's memory bound; above ``memory_limit``, shrink the cache of decoded source
+    chunks to fit (chunks are then decoded more than once) or, if that is not enough, refuse."""
     cfg = job.config
     est = estimate_memory(job, tasks)
+    limit = cfg.memory_limit
+    if limit is not None and est.total_bytes > limit and est.cache_bytes:
+        slack = limit - (est.total_bytes - est.cache_bytes)
+        if slack >= 0:
+            shared = resolve_scheduler(cfg.execution) in ("threads", "sync")
+            job = dataclasses.replace(job, cache_limit_bytes=slack if shared else slack // tasks)
+            log.info(
+                "compute %s: memory_limit %.1f MiB: decoded-chunk cache cut from %.1f to %.1f "
+                "MiB (source chunks may be decoded more than once)",
+                out,
+                limit / 2**20,
+                est.cache_bytes / 2**20,
+                slack / 2**20,
+            )
+            est = estimate_memory(job, tasks)
     log.info("compute %s: memory bound %s", out, est.describe())
-    if cfg.memory_limit is not None and est.total_bytes > cfg.memory_limit:
+    if limit is not None and est.total_bytes > limit:
         raise ConfigError(
-            f"memory_limit: {cfg.memory_limit / 2**20:.1f} MiB is below the run's bound "
+            f"memory_limit: {limit / 2**20:.1f} MiB is below the run's bound "
             f"{est.describe()}; use smaller blocks (option 'chunks'), fewer workers "
             "(execution.num_workers) or raise memory_limit"
         )
+    return job
 
 
 def _run_passes(

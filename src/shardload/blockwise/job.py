@@ -59,6 +59,9 @@ class ComputeJob:
     #: standardisation / k-means steps (pass 2) and, once fitted, their models
     steps: tuple[StepConfig, ...] = ()
     models: Mapping[str, StepModel] = field(default_factory=dict)
+    #: at most this many bytes per decoded-chunk cache (``memory_limit`` below the planned
+    #: cache: chunks are then decoded more than once); None: the planned size
+    cache_limit_bytes: int | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -118,9 +121,13 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
 
     shared = resolve_scheduler(job.config.execution) in ("threads", "sync")
     cache = job_cache_bytes(job, tasks, shared=shared) * (1 if shared else tasks)
-    # decoding one source chunk holds its encoded bytes and a decoded copy besides the result
-    largest = int(np.prod([max(c) for c in job.info.chunks], dtype=np.int64))
-    decode = 2 * largest * job_itemsize(job) if job.info.decodes_chunks else 0
+    # decoding holds each chunk's encoded bytes and a decoded copy besides the result: one
+    # chunk at a time through the cache, every chunk of the window in a direct read
+    decode = 0
+    if job.info.decodes_chunks:
+        largest = int(np.prod([max(c) for c in job.info.chunks], dtype=np.int64))
+        direct = plan_job_reuse(job).direct_read_bytes(itemsize=job_itemsize(job))
+        decode = 2 * max(largest * job_itemsize(job), direct)
     est = plan_memory(
         job.chunks,
         [a.depth for a in job.attributes],
@@ -173,7 +180,10 @@ def job_cache_bytes(job: ComputeJob, tasks: int, *, shared: bool) -> int:
     any ``tasks`` consecutive slabs read twice or more; one slab's otherwise (a process's)."""
     if not job.info.decodes_chunks:
         return 0
-    return plan_job_reuse(job).cache_bytes(itemsize=job_itemsize(job), tasks=tasks if shared else 1)
+    planned = plan_job_reuse(job).cache_bytes(
+        itemsize=job_itemsize(job), tasks=tasks if shared else 1
+    )
+    return planned if job.cache_limit_bytes is None else min(planned, job.cache_limit_bytes)
 
 
 def _fingerprint(cfg: ComputeConfig, info: SourceInfo, chunks: Sequence[Sequence[int]]) -> str:

@@ -16,6 +16,10 @@ blocks along axis 0, one task each) run in ``order``; blocks inside a slab in C 
 (3, 3, (1, 0))
 >>> p.cache_bytes(itemsize=4, tasks=2) // 2**10   # two chunks of 64 x 512 float32
 256
+>>> p.direct_read_bytes(itemsize=4)   # every window reads a chunk other blocks read too
+0
+>>> plan_reuse(((4, 4),), ((4, 4),), [(0,)], [("reflect",)]).direct_read_bytes(itemsize=4)
+16
 """
 
 from __future__ import annotations
@@ -104,6 +108,26 @@ class ReusePlan:
                 total += int(self.source_chunks[0][c0]) * int(sizes[reused].sum())
             best = max(best, total)
         return best * itemsize
+
+    def direct_read_bytes(self, *, itemsize: int) -> int:
+        """The most bytes of source chunks one window decodes in a single read: the windows all
+        of whose chunks are read once (by that block alone) are read straight from the source,
+        decoding every chunk they overlap at once; 0 when there are none."""
+        if not self.order:
+            return 0
+        most = 1
+        for k, (reads, readers) in enumerate(zip(self.reads, self.readers, strict=True)):
+            run = self.order if k == 0 else range(len(reads))
+            sizes = self.source_chunks[k]
+            boxes = [
+                sum(sizes[c] for c in reads[j])
+                for j in run
+                if all((self.slab_reads(c) if k == 0 else len(readers[c])) == 1 for c in reads[j])
+            ]
+            if not boxes:
+                return 0
+            most *= max(boxes)
+        return most * itemsize
 
 
 def plan_reuse(

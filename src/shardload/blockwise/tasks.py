@@ -71,7 +71,10 @@ def _chunk_cache(job: ComputeJob, slab: int) -> ChunkCache | None:
     if not src.decodes_chunks:
         return None
     plan = plan_job_reuse(job, (slab,))
-    return ChunkCache(plan, plan.cache_bytes(itemsize=job_itemsize(job), tasks=1), src.read)
+    capacity = plan.cache_bytes(itemsize=job_itemsize(job), tasks=1)
+    if job.cache_limit_bytes is not None:
+        capacity = min(capacity, job.cache_limit_bytes)
+    return ChunkCache(plan, capacity, src.read)
 
 
 def apply_attribute(
