@@ -90,24 +90,25 @@ class ReusePlan:
         return (min(slabs), *(self.readers[k][chunk[k]][0] for k in range(1, len(chunk))))
 
     def cache_bytes(self, *, itemsize: int, tasks: int) -> int:
-        """Bytes of the decoded chunks read more than once by any ``tasks`` consecutive slabs of
-        ``order`` (the slabs in flight): enough to decode each chunk once when slabs start in
-        order."""
+        """Bytes of the decoded chunks that any ``tasks`` slabs in flight read more than once:
+        the ``tasks`` largest slabs' chunks, at most every such chunk of the run. Slabs start
+        in order, but a slow one may lag any number of slabs behind the others, so the bound
+        does not assume the slabs in flight are neighbours."""
         sizes = np.ones((), dtype=np.int64)  # elements of each inner chunk (c1, c2, ...)
         counts = np.ones((), dtype=np.int64)  # inner blocks reading it
         for s, rd in zip(self.source_chunks[1:], self.readers[1:], strict=True):
             sizes = np.multiply.outer(sizes, np.asarray(s, dtype=np.int64))
             counts = np.multiply.outer(counts, np.asarray([len(r) for r in rd], dtype=np.int64))
-        k = max(1, min(tasks, len(self.order)))
-        best = 0
-        for i in range(max(1, len(self.order) - k + 1)):
-            rows = {c for s in self.order[i : i + k] for c in self.reads[0][s]}
-            total = 0
-            for c0 in rows:
-                reused = counts * self.slab_reads(c0) > 1
-                total += int(self.source_chunks[0][c0]) * int(sizes[reused].sum())
-            best = max(best, total)
-        return best * itemsize
+        every = int(sizes.sum())  # a row read by two slabs: each of its chunks read twice
+        shared = int(sizes[counts > 1].sum())  # else: the chunks two inner blocks read
+
+        def row_bytes(c0: int) -> int:
+            return int(self.source_chunks[0][c0]) * (every if self.slab_reads(c0) > 1 else shared)
+
+        per_slab = sorted(sum(row_bytes(c) for c in self.reads[0][s]) for s in self.order)
+        rows = {c for s in self.order for c in self.reads[0][s]}
+        largest = sum(per_slab[-max(1, tasks) :])
+        return min(largest, sum(row_bytes(c) for c in rows)) * itemsize
 
     def direct_read_bytes(self, *, itemsize: int) -> int:
         """The most bytes of source chunks one window decodes in a single read: the windows all
