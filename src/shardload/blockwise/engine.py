@@ -1,11 +1,13 @@
 """The block-wise compute engine: ``shardload.compute(config)``.
 
 Each task owns one slab of blocks along axis 0 (one chunk of the output store). For every block
-of the slab it reads the block plus the widest halo straight from the source (one windowed read;
-two or more only where a periodic boundary wraps around), pads it locally exactly as dask's
+of the slab it reads the block plus the widest halo from the source (one windowed read, two or
+more only where a periodic boundary wraps around; the parts of source chunks that other blocks
+read too come from a bounded cache of decoded chunks shared by the threads, so that each chunk
+is decoded once: :mod:`shardload.blockwise.cache`), pads it locally exactly as dask's
 ``map_overlap`` pads the whole array, applies every attribute's function, trims the halo, and
 writes one chunk per attribute through the commit protocol (:mod:`shardload.prep.commit`). Memory is
-bounded by construction: nothing but the tasks in flight holds data (docs/compute.md).
+bounded by construction: nothing but the tasks in flight and the cache holds data (docs/compute.md).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from shardload.blockwise.config import ComputeConfig, load_compute_config
 from shardload.blockwise.job import ComputeJob, estimate_memory, plan_job
 from shardload.blockwise.publish import compute_manifest, fit_steps, merge_stats, plan_arrays
 from shardload.blockwise.source import SourceArray
-from shardload.blockwise.tasks import run_block, run_slab
+from shardload.blockwise.tasks import run_block, run_slab, shared_chunk_cache
 from shardload.errors import ConfigError, ShardloadError, StoreError
 from shardload.formats.base import FormatOptions
 from shardload.formats.checksums import encode_checksums
@@ -32,7 +34,12 @@ from shardload.layout import CHECKSUMS_NAME
 from shardload.manifest.core import Manifest
 from shardload.prep.commit import BlockCommit
 from shardload.prep.disk import disk_full_error, is_disk_full, partial_path
-from shardload.prep.executor import default_workers, open_executor, run_windowed
+from shardload.prep.executor import (
+    default_workers,
+    open_executor,
+    resolve_scheduler,
+    run_windowed,
+)
 from shardload.prep.recorder import merge_checksums
 
 log = logging.getLogger(__name__)
@@ -53,7 +60,7 @@ def compute(
     info = SourceArray(cfg.source, cfg.variable).info
     job = plan_job(cfg, info, str(partial_path(out)))
     tasks = int(cfg.execution.num_workers or default_workers())
-    _check_memory(job, tasks, out)
+    job = _check_memory(job, tasks, out)
     commit = BlockCommit(
         out,
         fingerprint=job.fingerprint,
@@ -106,17 +113,34 @@ def _write_failed(commit: BlockCommit, specs: Mapping[str, Any], exc: OSError) -
     )
 
 
-def _check_memory(job: ComputeJob, tasks: int, out: Path) -> None:
-    """Log the run's memory bound; refuse a run whose bound is above ``memory_limit``."""
+def _check_memory(job: ComputeJob, tasks: int, out: Path) -> ComputeJob:
+    """Log the run's memory bound; above ``memory_limit``, shrink the cache of decoded source
+    chunks to fit (chunks are then decoded more than once) or, if that is not enough, refuse."""
     cfg = job.config
     est = estimate_memory(job, tasks)
+    limit = cfg.memory_limit
+    if limit is not None and est.total_bytes > limit and est.cache_bytes:
+        slack = limit - (est.total_bytes - est.cache_bytes)
+        if slack >= 0:
+            shared = resolve_scheduler(cfg.execution) in ("threads", "sync")
+            job = dataclasses.replace(job, cache_limit_bytes=slack if shared else slack // tasks)
+            log.info(
+                "compute %s: memory_limit %.1f MiB: decoded-chunk cache cut from %.1f to %.1f "
+                "MiB (source chunks may be decoded more than once)",
+                out,
+                limit / 2**20,
+                est.cache_bytes / 2**20,
+                slack / 2**20,
+            )
+            est = estimate_memory(job, tasks)
     log.info("compute %s: memory bound %s", out, est.describe())
-    if cfg.memory_limit is not None and est.total_bytes > cfg.memory_limit:
+    if limit is not None and est.total_bytes > limit:
         raise ConfigError(
-            f"memory_limit: {cfg.memory_limit / 2**20:.1f} MiB is below the run's bound "
+            f"memory_limit: {limit / 2**20:.1f} MiB is below the run's bound "
             f"{est.describe()}; use smaller blocks (option 'chunks'), fewer workers "
             "(execution.num_workers) or raise memory_limit"
         )
+    return job
 
 
 def _run_passes(
@@ -126,7 +150,11 @@ def _run_passes(
     on pass 1's output); the job with its fitted models, the statistics and the checksums."""
     todo = commit.todo()
     first = [i for i in todo if i < job.num_slabs]
-    _run(job, commit, first, job.num_slabs - len(first), progress)
+    if resolve_scheduler(job.config.execution) in ("threads", "sync"):
+        with shared_chunk_cache(job, first, tasks):  # one cache of decoded source chunks
+            _run(job, commit, first, job.num_slabs - len(first), progress)
+    else:  # each task keeps the chunks its own blocks read again
+        _run(job, commit, first, job.num_slabs - len(first), progress)
     records = [commit.read_record(i) for i in range(job.num_slabs)]
     stats = merge_stats(records, [a.name for a in job.attributes])
     sums = merge_checksums(records, [a.name for a in job.attributes])

@@ -21,6 +21,7 @@ from shardload.blockwise.plan import (
     plan_memory,
     plan_overlap_chunks,
 )
+from shardload.blockwise.reuse import ReusePlan, plan_reuse
 from shardload.blockwise.source import SourceInfo
 from shardload.blockwise.steps import (
     FIT_ROWS,
@@ -58,6 +59,9 @@ class ComputeJob:
     #: standardisation / k-means steps (pass 2) and, once fitted, their models
     steps: tuple[StepConfig, ...] = ()
     models: Mapping[str, StepModel] = field(default_factory=dict)
+    #: at most this many bytes per decoded-chunk cache (``memory_limit`` below the planned
+    #: cache: chunks are then decoded more than once); None: the planned size
+    cache_limit_bytes: int | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -113,6 +117,17 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
     for a in job.attributes:
         func = import_function(a.function, f"attributes.{a.name}.function")
         works.append(float(getattr(func, "work_bytes_per_element", DEFAULT_WORK_BYTES)))
+    from shardload.prep.executor import resolve_scheduler
+
+    shared = resolve_scheduler(job.config.execution) in ("threads", "sync")
+    cache = job_cache_bytes(job, tasks, shared=shared) * (1 if shared else tasks)
+    # decoding holds each chunk's encoded bytes and a decoded copy besides the result: one
+    # chunk at a time through the cache, every chunk of the window in a direct read
+    decode = 0
+    if job.info.decodes_chunks:
+        largest = int(np.prod([max(c) for c in job.info.chunks], dtype=np.int64))
+        direct = plan_job_reuse(job).direct_read_bytes(itemsize=job_itemsize(job))
+        decode = 2 * max(largest * job_itemsize(job), direct)
     est = plan_memory(
         job.chunks,
         [a.depth for a in job.attributes],
@@ -120,6 +135,8 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
         out_itemsizes=[np.dtype(a.dtype).itemsize for a in job.attributes],
         work_bytes_per_element=works,
         tasks=tasks,
+        cache_bytes=cache,
+        decode_bytes=decode,
     )
     if job.steps:  # pass 2: a slab of each input and output, one batch of vectors + distances
         dtypes = {a.name: np.dtype(a.dtype).itemsize for a in job.attributes}
@@ -141,6 +158,32 @@ def estimate_memory(job: ComputeJob, tasks: int) -> MemoryEstimate:
                 total_bytes=est.total_bytes + (tasks + 1) * (per_task - est.per_task_bytes),
             )
     return est
+
+
+def job_itemsize(job: ComputeJob) -> int:
+    return int(np.dtype(job.info.dtype).itemsize)
+
+
+def plan_job_reuse(job: ComputeJob, order: Sequence[int] | None = None) -> ReusePlan:
+    """The reuse plan of the job's blocks over the source's chunks (slabs ``order``)."""
+    return plan_reuse(
+        job.info.chunks,
+        job.chunks,
+        [a.depth for a in job.attributes],
+        [a.boundary for a in job.attributes],
+        order,
+    )
+
+
+def job_cache_bytes(job: ComputeJob, tasks: int, *, shared: bool) -> int:
+    """Bytes of decoded source chunks one cache holds: shared by ``tasks`` threads, the chunks
+    any ``tasks`` consecutive slabs read twice or more; one slab's otherwise (a process's)."""
+    if not job.info.decodes_chunks:
+        return 0
+    planned = plan_job_reuse(job).cache_bytes(
+        itemsize=job_itemsize(job), tasks=tasks if shared else 1
+    )
+    return planned if job.cache_limit_bytes is None else min(planned, job.cache_limit_bytes)
 
 
 def _fingerprint(cfg: ComputeConfig, info: SourceInfo, chunks: Sequence[Sequence[int]]) -> str:

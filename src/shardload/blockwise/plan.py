@@ -264,11 +264,19 @@ class MemoryEstimate:
     window_bytes: int  # the largest block with its (widest) halo, source dtype
     per_task_bytes: int
     total_bytes: int
+    cache_bytes: int = 0  # decoded source chunks kept for the blocks that read them again
+    decode_bytes: int = 0  # per task: what decoding one source chunk holds besides the result
 
     def describe(self) -> str:
+        chunks = ""
+        if self.cache_bytes or self.decode_bytes:
+            chunks = (
+                f"decoded-chunk cache {self.cache_bytes / 2**20:.1f} MiB + {self.tasks} x "
+                f"{self.decode_bytes / 2**20:.1f} MiB decoding + "
+            )
         return (
             f"({self.tasks} concurrent task(s) + 1) x {self.per_task_bytes / 2**20:.1f} MiB "
-            f"(block window {self.window_bytes / 2**20:.1f} MiB with halo) + "
+            f"(block window {self.window_bytes / 2**20:.1f} MiB with halo) + {chunks}"
             f"{BASE_BYTES / 2**20:.0f} MiB = {self.total_bytes / 2**20:.1f} MiB"
         )
 
@@ -281,14 +289,18 @@ def plan_memory(
     out_itemsizes: Sequence[int],
     work_bytes_per_element: Sequence[float],
     tasks: int,
+    cache_bytes: int = 0,
+    decode_bytes: int = 0,
 ) -> MemoryEstimate:
-    """Peak memory: ``(tasks + 1) x per_task + BASE_BYTES``.
+    """Peak memory: ``(tasks + 1) x per_task + cache_bytes + tasks x decode_bytes + BASE_BYTES``.
 
     A task holds the window it read (block + widest halo), one padded copy of it (edge blocks),
     one attribute's function output and working memory at a time (``work_bytes_per_element`` per
     window element: what the function allocates), and the output of every attribute for the
     axis-0 slab of blocks it writes (one store chunk per attribute). The ``+ 1`` is the
-    encoded/decoded copies held by the codecs on read and write.
+    encoded/decoded copies held by the codecs on read and write. ``cache_bytes``: the decoded
+    source chunks kept for blocks that read them again (:mod:`shardload.blockwise.cache`);
+    ``decode_bytes``: what a task decoding one source chunk holds besides the decoded chunk.
     """
     ndim = len(chunks)
     widest = [max((d[a] for d in depths), default=0) for a in range(ndim)]
@@ -303,5 +315,5 @@ def plan_memory(
         default=0,
     )
     per_task = 2 * window + work + slab_elems * int(sum(out_itemsizes))
-    total = (tasks + 1) * per_task + BASE_BYTES
-    return MemoryEstimate(tasks, window, per_task, total)
+    total = (tasks + 1) * per_task + cache_bytes + tasks * decode_bytes + BASE_BYTES
+    return MemoryEstimate(tasks, window, per_task, total, cache_bytes, decode_bytes)

@@ -24,6 +24,8 @@ class SourceInfo:
     dtype: str
     chunks: tuple[tuple[int, ...], ...]  # the source's own blocks per axis
     dims: tuple[str, ...]
+    #: a read decodes whole source chunks (Zarr, netCDF/HDF5 through dask); SEG-Y reads traces
+    decodes_chunks: bool = True
 
 
 class SourceArray:
@@ -54,6 +56,7 @@ class SourceArray:
                 vol.dtype.name,
                 (tuple(min(ci, n - s) for s in range(0, n, ci)), (vol.shape[1],), (vol.shape[2],)),
                 DIMS,
+                decodes_chunks=False,
             )
         elif len(paths) == 1 and not is_url(paths[0]) and engine == "zarr":
             import zarr
@@ -103,6 +106,10 @@ class SourceArray:
                 tuple(tuple(int(c) for c in ax) for ax in chunks),
                 tuple(map(str, var.dims)),
             )
+
+    @property
+    def decodes_chunks(self) -> bool:
+        return self.info.decodes_chunks
 
     def read(self, box: Sequence[tuple[int, int]]) -> np.ndarray:
         if self._segy is not None:
