@@ -28,7 +28,8 @@ from shardload.prep.config import PrepareConfig, load_config
 from shardload.prep.disk import disk_full_error, is_disk_full
 from shardload.prep.publish import publish_store
 from shardload.prep.run import run_blocks, workers_share_disk_cache
-from shardload.prep.tasks import PrepareJob, build, share_view
+from shardload.prep.sources.layout import ReadPlan
+from shardload.prep.tasks import PrepareJob, build, build_source, share_view
 from shardload.prep.views.base import View
 from shardload.prep.views.window_series import WindowSeriesView
 from shardload.store.core import Store, open_store
@@ -59,8 +60,10 @@ def prepare(
     cfg = config if isinstance(config, PrepareConfig) else load_config(config, overrides)
     out = Path(cfg.out)
     t0 = time.perf_counter()
-    view = build(cfg, dataset=dataset)
+    view, source = build_source(cfg, dataset=dataset)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
+    reads = plan_source_reads(cfg, view, source, chunk_rows=chunk_rows, dataset=dataset)
+    chunk_rows = reads.chunk_rows
     bounds = RegularBounds(length, chunk_rows)
     splits, split_rows = plan_splits_for(cfg, view, bounds)  # before any file is written
     fingerprint = _fingerprint(cfg, specs, bounds, dataset)
@@ -73,7 +76,7 @@ def prepare(
         overwrite=cfg.overwrite,
         describe={"config": cfg.to_dict()},
     )
-    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset)
+    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset, reads)
     _share_view(job, view)
     num_blocks = job.num_blocks
     _log_plan(job, len(specs), row_bytes)
@@ -172,6 +175,7 @@ def _plan_job(
     bounds: RegularBounds,
     fingerprint: str,
     dataset: Any,
+    reads: ReadPlan,
 ) -> PrepareJob:
     # feature names stay out of the task (millions of names for wide arrays, shipped per task);
     # a worker reads them from its own view when an error needs one
@@ -186,6 +190,8 @@ def _plan_job(
         fingerprint,
         dataset,
         defer_fsync=workers_share_disk_cache(cfg),
+        blocks_per_read=reads.blocks_per_read,
+        read_chunks=reads.chunks,
     )
 
 
@@ -194,7 +200,9 @@ def _share_view(job: PrepareJob, view: View) -> None:
     rows not read by the view itself) the source re-opened with dask chunks aligned to the
     store's chunks; threads here share it."""
     cfg = job.config
-    if (
+    if job.read_chunks:  # the source again, in dask chunks of whole source units
+        share_view(job.fingerprint, build(cfg, read_chunks=job.read_chunks))
+    elif (
         job.dataset is None
         and cfg.view != "window"
         and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation")
@@ -230,6 +238,32 @@ def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int
         row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
     )
     return specs, length, row_bytes, chunk_rows
+
+
+def plan_source_reads(
+    cfg: PrepareConfig, view: View, source: Any, *, chunk_rows: int, dataset: Any = None
+) -> ReadPlan:
+    """How the write tasks read ``source`` (:mod:`shardload.prep.sources.layout`): the store's
+    default ``chunk_rows`` rounded to whole source units, the blocks one task reads at once and
+    the dask chunks to open the source with. Sources with readers of their own (radiation,
+    SEG-Y, a caller's dataset) and window views keep theirs."""
+    from shardload.prep.sources.layout import plan_reads
+
+    if dataset is not None or cfg.view == "window" or cfg.source.kind == "radiation":
+        return ReadPlan(chunk_rows)
+    if not cfg.sample_dims or source is None:
+        return ReadPlan(chunk_rows)
+    names = [str(n) for n in source.data_vars]
+    return plan_reads(
+        source,
+        names,
+        cfg.sample_dims,
+        chunk_rows=chunk_rows,
+        chunks_per_block=cfg.shard_chunks or 1,
+        row_bytes=sum(s.row_bytes for s in view.specs.values()),
+        length=int(view.length),
+        align=cfg.chunk_rows is None,
+    )
 
 
 def plan_splits_for(
