@@ -7,8 +7,10 @@ Cases (``--cases``, default all):
   grib        a generated GRIB2 file of 21 messages (``t`` on 21 pressure levels) on an
               octahedral reduced Gaussian grid of 4,498,560 points (O1056), 16-bit simple
               packing; flat view with the grid points as samples (``sample_dims: [values]``).
-  nc4         a generated netCDF-4 file: one float32 (2160, 4320) field in 64x64 gzip chunks;
-              flat view with the grid points as samples (``sample_dims: [lat, lon]``).
+  nc4         a generated netCDF-4 file: one (2160, 4320) field in 64x64 gzip chunks, int16
+              with scale_factor and _FillValue (as OISST); flat view with the grid points as
+              samples (``sample_dims: [lat, lon]``).
+  nc4-plain   the same field as plain float32 (no CF encoding).
   era5-nc, era5-grib
               the ERA5 sample files of the cfgrib sdist that the real-data tests use
               (``z`` and ``t``, samples ``[number, time]``; fetched by the tests into
@@ -43,7 +45,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SHARDLOAD_TEST_CACHE", Path.home() / ".cache" / "shardload-tests"))
-SHARED = REPO.parent / "shared" / "data"
+SHARED = Path(os.environ.get("SHARDLOAD_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 # -- generated layouts -------------------------------------------------------------------------
@@ -79,9 +81,17 @@ def write_grib_levels(path: Path, *, n: int = 1056, levels: int = 21, seed: int 
 
 
 def write_nc4_small_chunks(
-    path: Path, *, shape: tuple[int, int] = (2160, 4320), chunk: int = 64, seed: int = 0
+    path: Path,
+    *,
+    shape: tuple[int, int] = (2160, 4320),
+    chunk: int = 64,
+    seed: int = 0,
+    packed: bool = True,
 ) -> None:
-    """One float32 field ``sst`` on (lat, lon) in ``chunk x chunk`` gzip chunks (netCDF-4)."""
+    """One field ``sst`` on (lat, lon) in ``chunk x chunk`` gzip chunks (netCDF-4). ``packed``
+    (as OISST and most CF files): int16 with ``scale_factor`` 0.01 and ``_FillValue`` -999
+    over a fifth of the grid ("land"), which xarray decodes to float32 with NaN; else plain
+    float32 (which shardload reads with h5py directly)."""
     import h5netcdf
 
     ny, nx = shape
@@ -96,10 +106,23 @@ def write_nc4_small_chunks(
         f.dimensions = {"lat": ny, "lon": nx}
         f.create_variable("lat", ("lat",), data=lat)
         f.create_variable("lon", ("lon",), data=lon)
-        v = f.create_variable(
-            "sst", ("lat", "lon"), dtype="f4", chunks=(chunk, chunk), compression="gzip"
-        )
-        v[...] = field.astype("f4")
+        if not packed:
+            v = f.create_variable(
+                "sst", ("lat", "lon"), dtype="f4", chunks=(chunk, chunk), compression="gzip"
+            )
+            v[...] = field.astype("f4")
+        else:
+            land = (np.sin(np.deg2rad(lat * 3))[:, None] * np.cos(np.deg2rad(lon * 2))) > 0.4
+            v = f.create_variable(
+                "sst",
+                ("lat", "lon"),
+                dtype="i2",
+                chunks=(chunk, chunk),
+                compression="gzip",
+                fillvalue=np.int16(-999),
+            )
+            v.attrs["scale_factor"] = np.float32(0.01)
+            v[...] = np.where(land, -999, np.round(field / 0.01)).astype("i2")
     tmp.replace(path)
 
 
@@ -116,10 +139,18 @@ def cases(work: Path) -> dict[str, dict[str, Any]]:
             "label": "GRIB2, 21 messages, O1056 reduced Gaussian (4.5 M points), samples [values]",
         },
         "nc4": {
-            "path": work / "sst_64chunks.nc",
+            "path": work / "sst_packed_64chunks.nc",
             "variables": ["sst"],
             "sample_dims": ["lat", "lon"],
             "make": lambda p: write_nc4_small_chunks(p),
+            "label": "netCDF-4 (2160, 4320) int16 + scale_factor/_FillValue, 64x64 gzip "
+            "chunks, samples [lat, lon]",
+        },
+        "nc4-plain": {
+            "path": work / "sst_64chunks.nc",
+            "variables": ["sst"],
+            "sample_dims": ["lat", "lon"],
+            "make": lambda p: write_nc4_small_chunks(p, packed=False),
             "label": "netCDF-4 (2160, 4320) float32, 64x64 gzip chunks, samples [lat, lon]",
         },
         "era5-nc": {
@@ -243,7 +274,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--cases", default="grib,nc4,era5-nc,era5-grib,ecrad")
+    ap.add_argument("--cases", default="grib,nc4,nc4-plain,era5-nc,era5-grib,ecrad")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--imports", action="store_true", help="also print import times")

@@ -168,3 +168,15 @@ def test_user_chunk_rows_are_kept_and_values_still_equal(tmp_path):
     assert store.manifest.chunk_rows == 10_000
     ref = xr.open_dataset(path)["sst"].values.reshape(-1)
     np.testing.assert_array_equal(store.read("x")[:, 0], ref)
+
+
+def test_sample_coords_of_stacked_dims_are_each_rows_own():
+    from shardload.prep.coords import plan_sample_coords
+
+    ds = xr.Dataset(
+        coords={"a": [10, 20, 30], "b": np.arange(4) * 0.5, "c": np.array(list("vwxyz"))}
+    )
+    got = plan_sample_coords(ds, ["a", "b", "c"], 60)
+    which = np.unravel_index(np.arange(60), (3, 4, 5))
+    for k, d in enumerate("abc"):
+        np.testing.assert_array_equal(got[d], ds[d].values[which[k]])
