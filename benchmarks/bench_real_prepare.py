@@ -28,6 +28,8 @@ Each is the best of ``--repeats`` runs. ``--imports`` also prints ``python -X im
 cumulative import time of ``shardload.prep.driver`` and what prepare imports before any work.
 
 Usage: python benchmarks/bench_real_prepare.py [--cases grib,nc4] [--repeats 3] [--workdir DIR]
+(``SHARDLOAD_BENCH_SRC=OTHER/src`` times another checkout's prepare; ``SHARDLOAD_SHARED_DATA``:
+where ../shared/data is, for a worktree elsewhere)
 """
 
 from __future__ import annotations
@@ -211,8 +213,12 @@ print(json.dumps({"prepare_s": best, "length": len(store)}))
 """
 
 
+#: the shardload sources the children import (another checkout's ``src`` to compare)
+SRC = os.environ.get("SHARDLOAD_BENCH_SRC", str(REPO / "src"))
+
+
 def _child(code: str, *args: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env = {**os.environ, "PYTHONPATH": SRC}
     res = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=1800
     )
