@@ -180,3 +180,108 @@ def test_sample_coords_of_stacked_dims_are_each_rows_own():
     which = np.unravel_index(np.arange(60), (3, 4, 5))
     for k, d in enumerate("abc"):
         np.testing.assert_array_equal(got[d], ds[d].values[which[k]])
+
+
+def test_era5_grib_with_the_grid_as_samples_decodes_each_message_once(
+    tmp_path, era5_dir, monkeypatch
+):
+    """A regular lat/lon GRIB (two grid dims) with its grid points as samples: 160 messages
+    (z and t, 10 members x 4 times x 2 levels), each decoded once over many output chunks."""
+    path = era5_dir / "era5-levels-members.grib"
+    decodes = _count_grib_decodes(monkeypatch)
+    store = shardload.prepare(
+        {
+            "source": {"paths": [str(path)]},
+            "sample_dims": ["latitude", "longitude"],
+            "arrays": {"x": ["z", "t"]},
+            "target_chunk_bytes": 65536,
+            "out": str(tmp_path / "s"),
+        }
+    )
+    assert store.manifest.num_chunks > 5
+    assert decodes[0] == 160
+    ref = xr.open_dataset(path, engine="cfgrib", backend_kwargs={"indexpath": ""})
+    want = np.concatenate(
+        [ref[v].transpose("latitude", "longitude", ...).values.reshape(61 * 120, -1) for v in "zt"],
+        axis=1,
+    )
+    np.testing.assert_array_equal(store.read("x"), want)
+
+
+def test_zarr_variables_chunked_differently_along_the_samples(tmp_path):
+    """Two variables whose internal chunks differ along the sample dim (6 and 4 rows): reads
+    of whole chunks of both (12 rows), no warning about split chunks, xarray's values."""
+    n = 100
+    rng = np.random.default_rng(2)
+    ds = xr.Dataset(
+        {
+            "a": (("s", "f"), rng.standard_normal((n, 3)).astype("f4")),
+            "b": (("s",), rng.standard_normal(n).astype("f8")),
+        }
+    )
+    ds.to_zarr(tmp_path / "src.zarr", encoding={"a": {"chunks": (6, 3)}, "b": {"chunks": (4,)}})
+    store = shardload.prepare(
+        {
+            "source": {"paths": [str(tmp_path / "src.zarr")]},
+            "sample_dims": ["s"],
+            "arrays": {"x": ["a", "b"]},
+            "target_chunk_bytes": 20 * 20,  # 20 rows of 20 bytes: rounded to 12
+            "out": str(tmp_path / "s"),
+        }
+    )
+    assert store.manifest.chunk_rows == 12
+    ref = xr.open_zarr(tmp_path / "src.zarr")
+    want = np.concatenate([ref.a.values, ref.b.values[:, None]], axis=1).astype("f8")
+    np.testing.assert_array_equal(store.read("x"), want)
+
+
+def test_netcdf4_chunks_larger_than_a_block_are_read_once_per_group(tmp_path, monkeypatch):
+    """Internal chunks of 400 rows, output chunks of 64 rows, CF-packed (the lazy path): blocks
+    are read in groups of whole chunks, once each, and a crash midway resumes to xarray's
+    values."""
+    import h5netcdf
+
+    from shardload.prep import tasks
+
+    path = tmp_path / "big_chunks.nc"
+    rng = np.random.default_rng(3)
+    with h5netcdf.File(path, "w") as f:
+        f.dimensions = {"s": 1000, "k": 4}
+        v = f.create_variable("v", ("s", "k"), dtype="i2", chunks=(400, 4), compression="gzip")
+        v.attrs["scale_factor"] = np.float32(0.5)
+        v[...] = rng.integers(-100, 100, size=(1000, 4)).astype("i2")
+    reads: list[tuple] = []
+    real_get = h5py.Dataset.__getitem__
+
+    def counting(self, key, *a, **k):
+        if self.name == "/v":
+            reads.append(key)
+        return real_get(self, key, *a, **k)
+
+    cfg = {
+        "source": {"paths": [str(path)]},
+        "sample_dims": ["s"],
+        "arrays": {"x": ["v"]},
+        "target_chunk_bytes": 64 * 16,
+        "execution": {"scheduler": "sync"},
+        "out": str(tmp_path / "s"),
+    }
+    real = tasks.run_block
+    calls = [0]
+
+    def crash_after_nine(job, block):
+        calls[0] += 1
+        if calls[0] > 9:
+            raise RuntimeError("killed")
+        return real(job, block)
+
+    monkeypatch.setattr(tasks, "run_block", crash_after_nine)
+    with pytest.raises(RuntimeError, match="killed"):
+        shardload.prepare(cfg)
+    monkeypatch.setattr(tasks, "run_block", real)
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", counting)
+    store = shardload.prepare(cfg)
+    assert 400 % store.manifest.chunk_rows == 0  # an equal share of a chunk
+    assert len(reads) <= 3  # the groups still to write, one read each (not one per block)
+    ref = xr.open_dataset(path)["v"].values
+    np.testing.assert_array_equal(store.read("x"), ref)
