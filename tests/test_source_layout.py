@@ -285,3 +285,34 @@ def test_netcdf4_chunks_larger_than_a_block_are_read_once_per_group(tmp_path, mo
     assert len(reads) <= 3  # the groups still to write, one read each (not one per block)
     ref = xr.open_dataset(path)["v"].values
     np.testing.assert_array_equal(store.read("x"), ref)
+
+
+def test_shared_reads_load_once_for_concurrent_takers_and_drop_after_the_last():
+    import threading
+    import time
+
+    from shardload.prep.shared_reads import SharedReads
+
+    shared = SharedReads(max_bytes=1 << 20)
+    loads = []
+
+    def load():
+        loads.append(1)
+        time.sleep(0.05)  # the other takers arrive while it reads
+        return {"x": np.arange(10.0)}
+
+    got = []
+    threads = [
+        threading.Thread(target=lambda: got.append(shared.take("g", load, uses=4)))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(loads) == 1 and len(got) == 4
+    assert all(g["x"] is got[0]["x"] for g in got)
+    assert not shared._items  # dropped after its 4th take
+    for k in range(3):  # never more than two groups held
+        shared.take(k, load, uses=2)
+    assert list(shared._items) == [1, 2]

@@ -247,6 +247,8 @@ def plan_source_reads(
     default ``chunk_rows`` rounded to whole source units, the blocks one task reads at once and
     the dask chunks to open the source with. Sources with readers of their own (radiation,
     SEG-Y, a caller's dataset) and window views keep theirs."""
+    from shardload.plan.reads import READ_BUDGET_BYTES
+    from shardload.prep.executor import default_workers, resolve_scheduler
     from shardload.prep.sources.layout import plan_reads
 
     if dataset is not None or cfg.view == "window" or cfg.source.kind == "radiation":
@@ -254,6 +256,9 @@ def plan_source_reads(
     if not cfg.sample_dims or source is None:
         return ReadPlan(chunk_rows)
     names = [str(n) for n in source.data_vars]
+    budget = READ_BUDGET_BYTES  # threads share one process's read groups
+    if resolve_scheduler(cfg.execution) not in ("threads", "sync"):  # one budget per process
+        budget //= max(1, int(cfg.execution.num_workers or default_workers()))
     return plan_reads(
         source,
         names,
@@ -263,6 +268,7 @@ def plan_source_reads(
         row_bytes=sum(s.row_bytes for s in view.specs.values()),
         length=int(view.length),
         align=cfg.chunk_rows is None,
+        budget_bytes=budget,
     )
 
 

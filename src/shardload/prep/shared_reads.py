@@ -4,7 +4,8 @@ Where one decode of the source yields the rows of several write blocks (a GRIB m
 every grid point), the first task of such a *read group* reads the rows of all its blocks and
 the other tasks of the group, in any thread of the process, wait for it and take their slice.
 A group is dropped once each of its blocks has taken its rows, or (resumed runs, tasks spread
-over processes) when the groups held pass a byte budget, least recently used first.
+over processes) when more than two groups or more than a byte budget are held, least recently
+used first (a block whose group was dropped reads it again: more decodes, never other rows).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import numpy as np
 class SharedReads:
     """Read groups by key, shared by the threads of a process."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_groups: int = 2) -> None:
         self.max_bytes = max_bytes
+        self.max_groups = max_groups
         self._lock = threading.Lock()
         self._items: OrderedDict[Hashable, _Group] = OrderedDict()
 
@@ -59,7 +61,9 @@ class SharedReads:
 
     def _evict(self) -> None:
         total = sum(g.nbytes for g in self._items.values())
-        while total > self.max_bytes and len(self._items) > 1:
+        while (total > self.max_bytes or len(self._items) > self.max_groups) and len(
+            self._items
+        ) > 1:
             _, old = self._items.popitem(last=False)
             total -= old.nbytes
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardload.plan.reads import (
+    READ_BUDGET_BYTES,
     plan_aligned_chunk_rows,
     plan_blocks_per_read,
     plan_read_chunks,
@@ -79,9 +80,11 @@ def plan_reads(
     row_bytes: int,
     length: int,
     align: bool,
+    budget_bytes: int = READ_BUDGET_BYTES,
 ) -> ReadPlan:
     """The :class:`ReadPlan` of variables ``names`` of ``ds`` (opened lazily) read along
-    ``sample_dims``. ``align``: the store's ``chunk_rows`` is ours to round (not the user's)."""
+    ``sample_dims``. ``align``: the store's ``chunk_rows`` is ours to round (not the user's).
+    ``budget_bytes``: decoded rows one process may hold for read groups."""
     das = [ds[n] for n in names if n in ds.variables]
     das = [d for d in das if all(s in d.dims for s in sample_dims)]
     if not das or not sample_dims:
@@ -100,7 +103,11 @@ def plan_reads(
     block_rows = chunk_rows * max(1, chunks_per_block)
     num_blocks = -(-length // block_rows)
     per_read = plan_blocks_per_read(
-        num_blocks=num_blocks, block_rows=block_rows, row_bytes=row_bytes, unit_rows=unit_rows
+        num_blocks=num_blocks,
+        block_rows=block_rows,
+        row_bytes=row_bytes,
+        unit_rows=unit_rows,
+        budget_bytes=budget_bytes,
     )
     read = plan_read_chunks(sizes, units, per_read * block_rows)
     chunks = dict(zip(sample_dims, read, strict=True))
