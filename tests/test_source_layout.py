@@ -316,3 +316,30 @@ def test_shared_reads_load_once_for_concurrent_takers_and_drop_after_the_last():
     for k in range(3):  # never more than two groups held
         shared.take(k, load, uses=2)
     assert list(shared._items) == [1, 2]
+
+
+def test_netcdf_converted_from_grib_is_read_by_its_own_chunks(tmp_path):
+    """A netCDF-4 file written from cfgrib's dataset keeps the GRIB_* attributes; its units
+    are its internal chunks, not GRIB messages."""
+    from shardload.prep.sources.layout import unit_extents
+
+    path = tmp_path / "sst.nc"
+    _packed_nc4(path)
+    with h5py.File(path, "a") as f:
+        f["sst"].attrs["GRIB_gridType"] = "regular_ll"
+    ds = xr.open_dataset(path, engine="h5netcdf", chunks={})
+    assert unit_extents(ds["sst"]) == {"lat": 16, "lon": 16}
+    store = shardload.prepare(
+        {
+            "source": {"paths": [str(path)]},
+            "sample_dims": ["lat", "lon"],
+            "arrays": {"x": ["sst"]},
+            "target_chunk_bytes": 65536,
+            "nan": "warn",
+            "out": str(tmp_path / "s"),
+        }
+    )
+    assert store.manifest.chunk_rows % (16 * 432) == 0
+    np.testing.assert_array_equal(
+        store.read("x")[:, 0], xr.open_dataset(path)["sst"].values.ravel()
+    )

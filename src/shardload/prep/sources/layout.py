@@ -40,10 +40,17 @@ _GRIB_2D = frozenset(
 )
 
 
+def is_grib(da: Any) -> bool:
+    """Whether ``da`` was opened from GRIB by cfgrib (its encoding names the message filter;
+    a netCDF file converted from GRIB keeps the ``GRIB_*`` attributes, not that)."""
+    enc = getattr(da, "encoding", {}) or {}
+    return "GRIB_gridType" in getattr(da, "attrs", {}) and "filter_by_keys" in enc
+
+
 def unit_extents(da: Any) -> dict[str, int]:
     """``{dim: extent}`` of one variable's decode unit (dims it has no unit along: absent)."""
     attrs = getattr(da, "attrs", {})
-    if "GRIB_gridType" in attrs:
+    if is_grib(da):
         geo = 2 if attrs["GRIB_gridType"] in _GRIB_2D else 1
         dims = list(da.dims)
         grid = set(dims[len(dims) - geo :])
@@ -114,7 +121,7 @@ def plan_reads(
     for da in das:  # dims that are not sample dims: read whole, GRIB fields one at a time
         for dim in da.dims:
             if dim not in chunks:
-                grib = "GRIB_gridType" in da.attrs
+                grib = is_grib(da)
                 chunks[str(dim)] = per_dim.get(str(dim), 1) if grib else int(da.sizes[dim])
     for dim, unit in per_dim.items():  # a whole number of units, or the whole dim
         size = int(ds.sizes[dim])
