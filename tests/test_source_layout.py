@@ -67,6 +67,12 @@ def test_grib_grid_points_as_samples_decode_each_message_once(tmp_path, grib_lev
     np.testing.assert_array_equal(store.read("x"), want)
     # the chunks hold whole shares of the field: no chunk straddles two reads
     assert 3168 % store.manifest.chunk_rows == 0
+    # and `prepare --check` shows the chunking prepare writes
+    from shardload.cli.prepare import check_plan
+    from shardload.prep.config import load_config
+
+    plan = check_plan(load_config(_grib_cfg(grib_levels, tmp_path / "t")))
+    assert plan["chunk_rows"] == store.manifest.chunk_rows
 
 
 def test_grib_read_groups_resume_after_a_crash(tmp_path, grib_levels, monkeypatch):
