@@ -132,12 +132,18 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     from pathlib import Path
 
     from shardload.plan.chunks import plan_blocks, plan_chunk_bounds
-    from shardload.prep.driver import plan_rows, plan_splits_for, resolve_layout
-    from shardload.prep.tasks import build
+    from shardload.prep.driver import (
+        plan_rows,
+        plan_source_reads,
+        plan_splits_for,
+        resolve_layout,
+    )
+    from shardload.prep.tasks import build_source
 
-    view = build(cfg)
+    view, source = build_source(cfg)
     cfg = resolve_layout(cfg, view)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
+    chunk_rows = plan_source_reads(cfg, view, source, chunk_rows=chunk_rows).chunk_rows
     bounds = plan_chunk_bounds(length, chunk_rows)
     blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
     splits, split_rows = plan_splits_for(cfg, view, bounds)  # exactly as prepare plans them

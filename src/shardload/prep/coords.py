@@ -44,7 +44,6 @@ def plan_sample_coords(
         return {}
     if int(np.prod(shape, dtype=np.int64)) != length:
         return {}
-    which = np.unravel_index(np.arange(length, dtype=np.int64), shape)
     out: dict[str, np.ndarray] = {}
     for k, d in enumerate(sample_dims):
         if d not in dataset.coords or dataset[d].dims != (d,):
@@ -52,7 +51,11 @@ def plan_sample_coords(
         values = np.asarray(dataset[d].values)
         if values.dtype.kind not in "biufcMmU":  # objects (cftime, mixed) stay out
             continue
-        out[str(d)] = values[which[k]]
+        # row i holds values[(i // inner) % size]: one broadcast copy, no index arrays
+        outer = int(np.prod(shape[:k], dtype=np.int64))
+        inner = int(np.prod(shape[k + 1 :], dtype=np.int64))
+        grid = np.broadcast_to(values.reshape(1, shape[k], 1), (outer, shape[k], inner))
+        out[str(d)] = grid.reshape(-1)
     return out
 
 

@@ -34,7 +34,8 @@ from shardload.prep.disk import disk_full_error, is_disk_full
 from shardload.prep.origin import RowOrigin
 from shardload.prep.publish import publish_store
 from shardload.prep.run import run_blocks, workers_share_disk_cache
-from shardload.prep.tasks import PrepareJob, build, share_view
+from shardload.prep.sources.layout import ReadPlan
+from shardload.prep.tasks import PrepareJob, build, build_source, share_view
 from shardload.prep.views.base import View
 from shardload.prep.views.window_series import WindowSeriesView
 from shardload.store.core import Store, open_store
@@ -64,10 +65,10 @@ def prepare(
         config = _with_dataset_source(config, dataset)
     cfg = config if isinstance(config, PrepareConfig) else load_config(config, overrides)
     t0 = time.perf_counter()
-    view = build(cfg, dataset=dataset)
+    view, source = build_source(cfg, dataset=dataset)
     # the layout (chunks, shards, compression) is planned in write_store and the config's
     # defaults, never here: ``shardload copy`` shares them by calling write_store
-    return write_store(cfg, view, progress=progress, dataset=dataset, t0=t0)
+    return write_store(cfg, view, progress=progress, dataset=dataset, t0=t0, source=source)
 
 
 def write_store(
@@ -78,16 +79,20 @@ def write_store(
     dataset: Any = None,
     origin: RowOrigin | None = None,
     t0: float | None = None,
+    source: Any = None,
 ) -> Store:
     """Write the rows of ``view`` as the store ``cfg`` describes (its layout, out, overwrite,
     execution) and open it: the run behind :func:`prepare`, and behind ``shardload copy`` with
-    an ``origin`` (:class:`~shardload.prep.origin.RowOrigin`) in place of the config's source."""
+    an ``origin`` (:class:`~shardload.prep.origin.RowOrigin`) in place of the config's source.
+    ``source``: the opened source dataset (``build_source``), to plan reads in its own units."""
     out = Path(cfg.out)
     t0 = time.perf_counter() if t0 is None else t0
     cfg = resolve_layout(cfg, view)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
     if origin is not None:
         chunk_rows = origin.plan_chunk_rows(chunk_rows)
+    reads = plan_source_reads(cfg, view, source, chunk_rows=chunk_rows, dataset=dataset)
+    chunk_rows = reads.chunk_rows
     bounds = RegularBounds(length, chunk_rows)
     splits, split_rows = (  # before any file is written
         origin.plan_splits(bounds) if origin is not None else plan_splits_for(cfg, view, bounds)
@@ -102,7 +107,7 @@ def write_store(
         overwrite=cfg.overwrite,
         describe={"config": cfg.to_dict()},
     )
-    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset, origin)
+    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset, reads, origin)
     _share_view(job, view)
     num_blocks = job.num_blocks
     _log_plan(job, len(specs), row_bytes)
@@ -202,6 +207,7 @@ def _plan_job(
     bounds: RegularBounds,
     fingerprint: str,
     dataset: Any,
+    reads: ReadPlan,
     origin: RowOrigin | None = None,
 ) -> PrepareJob:
     # feature names stay out of the task (millions of names for wide arrays, shipped per task);
@@ -218,6 +224,8 @@ def _plan_job(
         dataset,
         defer_fsync=workers_share_disk_cache(cfg),
         origin=origin,
+        blocks_per_read=reads.blocks_per_read,
+        read_chunks=reads.chunks,
     )
 
 
@@ -226,7 +234,9 @@ def _share_view(job: PrepareJob, view: View) -> None:
     rows not read by the view itself) the source re-opened with dask chunks aligned to the
     store's chunks; threads here share it."""
     cfg = job.config
-    if (
+    if job.read_chunks:  # the source again, in dask chunks of whole source units
+        share_view(job.fingerprint, build(cfg, read_chunks=job.read_chunks))
+    elif (
         job.dataset is None
         and job.origin is None
         and cfg.view != "window"
@@ -284,6 +294,38 @@ def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int
         row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
     )
     return specs, length, row_bytes, chunk_rows
+
+
+def plan_source_reads(
+    cfg: PrepareConfig, view: View, source: Any, *, chunk_rows: int, dataset: Any = None
+) -> ReadPlan:
+    """How the write tasks read ``source`` (:mod:`shardload.prep.sources.layout`): the store's
+    default ``chunk_rows`` rounded to whole source units, the blocks one task reads at once and
+    the dask chunks to open the source with. Sources with readers of their own (radiation,
+    SEG-Y, a caller's dataset) and window views keep theirs."""
+    from shardload.plan.reads import READ_BUDGET_BYTES
+    from shardload.prep.executor import default_workers, resolve_scheduler
+    from shardload.prep.sources.layout import plan_reads
+
+    if dataset is not None or cfg.view == "window" or cfg.source.kind == "radiation":
+        return ReadPlan(chunk_rows)
+    if not cfg.sample_dims or source is None:
+        return ReadPlan(chunk_rows)
+    names = [str(n) for n in source.data_vars]
+    budget = READ_BUDGET_BYTES  # threads share one process's read groups
+    if resolve_scheduler(cfg.execution) not in ("threads", "sync"):  # one budget per process
+        budget //= max(1, int(cfg.execution.num_workers or default_workers()))
+    return plan_reads(
+        source,
+        names,
+        cfg.sample_dims,
+        chunk_rows=chunk_rows,
+        chunks_per_block=cfg.shard_chunks or 1,
+        row_bytes=sum(s.row_bytes for s in view.specs.values()),
+        length=int(view.length),
+        align=cfg.chunk_rows is None,
+        budget_bytes=budget,
+    )
 
 
 def plan_splits_for(

@@ -19,10 +19,12 @@ from shardload.errors import DiskFullError, NaNError, ShardloadError, StoreError
 from shardload.formats.registry import get_writer
 from shardload.manifest.core import ArraySpec
 from shardload.plan.chunks import RegularBounds
+from shardload.plan.reads import READ_BUDGET_BYTES
 from shardload.prep.commit import THROTTLE_ENV, write_block_durably
 from shardload.prep.config import PrepareConfig
 from shardload.prep.disk import is_disk_full
 from shardload.prep.recorder import checksum_field, record_checksums
+from shardload.prep.shared_reads import SharedReads, slice_rows
 from shardload.prep.stats import Partial, partial
 from shardload.prep.views.base import View
 from shardload.util.durable import collect_written
@@ -45,6 +47,11 @@ class PrepareJob:
     dataset: Any = None  # prepare(config, dataset=ds): the caller's lazy xarray.Dataset
     defer_fsync: bool = False  # tasks leave fsyncs to the driver (workers on its machine)
     origin: Any = None  # a RowOrigin (prep/origin.py): the rows come from it, not from source
+    # how tasks read the source (shardload.prep.sources.layout.ReadPlan): consecutive blocks
+    # whose rows the first of their tasks in a process reads for all (shared_reads), and the
+    # dask chunks (whole source units) to open it with
+    blocks_per_read: int = 1
+    read_chunks: tuple[tuple[str, int], ...] | None = None
 
     @property
     def bounds(self) -> RegularBounds:
@@ -66,19 +73,41 @@ class PrepareJob:
 
 # -- per-process cache: a worker opens the source and builds the view once ----------------------
 _VIEWS: dict[str, View] = {}
+#: rows of read groups (several blocks read at once), shared by the process's tasks
+_SHARED = SharedReads(READ_BUDGET_BYTES)
 
 
-def build(cfg: PrepareConfig, chunk_rows: int | None = None, dataset: Any = None) -> View:
+def build(
+    cfg: PrepareConfig,
+    chunk_rows: int | None = None,
+    dataset: Any = None,
+    read_chunks: tuple[tuple[str, int], ...] | None = None,
+) -> View:
     """Open the source and build the view; with ``chunk_rows``, dask chunks along a single
-    sample dim match the store's chunks (each task then reads only its own rows). A
+    sample dim match the store's chunks (each task then reads only its own rows); with
+    ``read_chunks``, the source is opened with these dask chunks (whole source units). A
     ``dataset`` (the caller's lazy ``xarray.Dataset``) replaces the source, chunks as they are."""
+    return build_source(cfg, chunk_rows, dataset, read_chunks)[0]
+
+
+def build_source(
+    cfg: PrepareConfig,
+    chunk_rows: int | None = None,
+    dataset: Any = None,
+    read_chunks: tuple[tuple[str, int], ...] | None = None,
+) -> tuple[View, Any]:
+    """:func:`build`, and the lazy dataset the view reads."""
     from shardload.prep.sources.open import open_rows, open_source
     from shardload.prep.views import build_view
 
     if dataset is not None:
         if cfg.source.variables:
             dataset = dataset[list(cfg.source.variables)]
-        return build_view(dataset, cfg)
+        return build_view(dataset, cfg), dataset
+    if read_chunks:
+        ds = open_source(cfg.source, chunks=dict(read_chunks))
+        rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in ("flat", "graph") else None
+        return build_view(ds, cfg, rows=rows), ds
 
     sample_chunks = None
     if (
@@ -89,11 +118,12 @@ def build(cfg: PrepareConfig, chunk_rows: int | None = None, dataset: Any = None
         sample_chunks = {(cfg.sample_dims or ("column",))[0]: chunk_rows}
     ds = open_source(cfg.source, sample_chunks=sample_chunks)
     rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in ("flat", "graph") else None
-    return build_view(ds, cfg, rows=rows)
+    return build_view(ds, cfg, rows=rows), ds
 
 
 def share_view(fingerprint: str, view: View) -> None:
     """Make ``view`` the one tasks of ``fingerprint`` use in this process (threads share it)."""
+    _SHARED.clear()
     _VIEWS.clear()
     _VIEWS[fingerprint] = view
 
@@ -104,16 +134,32 @@ def _view(job: PrepareJob) -> View:
         _VIEWS[job.fingerprint] = (
             job.origin.open_view()
             if job.origin is not None
-            else build(job.config, job.chunk_rows, job.dataset)
+            else build(job.config, job.chunk_rows, job.dataset, job.read_chunks)
         )
     return _VIEWS[job.fingerprint]
+
+
+def _read_rows(job: PrepareJob, block: int) -> Mapping[str, Any]:
+    """The view's rows of one block: read alone, or sliced from the rows of its read group
+    (``job.blocks_per_read`` consecutive blocks, read once per process: :mod:`shared_reads`)."""
+    _, a, b = job.block(block)
+    per = job.blocks_per_read
+    if per <= 1:
+        return _view(job).read(a, b)
+    group = block // per
+    first, last = group * per, min((group + 1) * per, job.num_blocks) - 1
+    start, stop = job.block(first)[1], job.block(last)[2]
+    rows = _SHARED.take(
+        (job.fingerprint, group), lambda: _view(job).read(start, stop), uses=last - first + 1
+    )
+    return {k: slice_rows(v, a - start, b - start) for k, v in rows.items()}
 
 
 def _read_block(job: PrepareJob, block: int) -> tuple[dict[str, Any], dict[str, Partial]]:
     """The rows of one block, as the store's arrays (:class:`~shardload.manifest.ragged.RaggedRows` for
     variable-length ones), and their statistics partials."""
     chunk, a, b = job.block(block)
-    data = _view(job).read(a, b)
+    data = _read_rows(job, block)
     arrays: dict[str, Any] = {}
     stats: dict[str, Partial] = {}
     for name, spec in job.specs.items():

@@ -62,8 +62,17 @@ def _open_one_target(path: str, engine: str | None, cfg: SourceConfig) -> Any:
     return fsspec.open(path, "rb", **so).open()
 
 
-def open_source(cfg: SourceConfig, *, sample_chunks: dict[str, int] | None = None) -> xr.Dataset:
+def open_source(
+    cfg: SourceConfig,
+    *,
+    sample_chunks: dict[str, int] | None = None,
+    chunks: dict[str, int] | None = None,
+) -> xr.Dataset:
     """Open the configured inputs as one lazy dataset.
+
+    ``chunks`` (dask chunks of whole source units, from
+    :func:`~shardload.prep.sources.layout.plan_reads`) takes the place of ``sample_chunks``
+    for files opened through xarray.
 
     ``sample_chunks`` aligns dask chunks with the store's chunks along the sample dim (e.g.
     ``{"column": 846}``): a write task then reads only its rows from the files, where the
@@ -85,8 +94,8 @@ def open_source(cfg: SourceConfig, *, sample_chunks: dict[str, int] | None = Non
     if engine == "segy":
         return _open_segy(cfg, paths, sample_chunks)
     kw = open_kwargs(cfg, engine)
-    if sample_chunks and "chunks" not in cfg.open_kwargs:
-        kw["chunks"] = dict(sample_chunks)
+    if (chunks or sample_chunks) and "chunks" not in cfg.open_kwargs:
+        kw["chunks"] = dict(chunks or sample_chunks or {})
     if cfg.combine == "nested" and len(paths) > 1 and not cfg.concat_dim:
         raise SourceError("source.concat_dim is needed with combine: nested")
     where = paths[0] if len(paths) == 1 else f"{len(paths)} files ({paths[0]} ...)"

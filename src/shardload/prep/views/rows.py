@@ -62,7 +62,8 @@ def read_vars(
         res = [got[n] if s else None for n, s in zip(names, served, strict=True)]
     lazy = [d for d, s in zip(das, served, strict=True) if not s]
     if lazy:
-        it = iter(read_many(lazy, sample_dims, start, stop))
+        dests = [o for o, s in zip(out or [None] * len(das), served, strict=True) if not s]
+        it = iter(read_many(lazy, sample_dims, start, stop, out=dests))
         res = [next(it) if r is None else r for r in res]
     return [r for r in res if r is not None]
 
@@ -92,26 +93,92 @@ def read_rows(da: xr.DataArray, sample_dims: Sequence[str], start: int, stop: in
 
 
 def read_many(
-    das: Sequence[xr.DataArray], sample_dims: Sequence[str], start: int, stop: int
+    das: Sequence[xr.DataArray],
+    sample_dims: Sequence[str],
+    start: int,
+    stop: int,
+    *,
+    out: Sequence[np.ndarray | None] | None = None,
 ) -> list[np.ndarray]:
-    """:func:`read_rows` for several variables in one dask computation (one graph, one pass)."""
+    """:func:`read_rows` for several variables in one dask computation (one graph, one pass).
+
+    ``out``: destinations ``(rows, *rest)`` per variable (or None); a variable read in several
+    dask chunks whose slab is exactly its rows is stored chunk by chunk into its destination
+    (no concatenated copy: a read of 21 GRIB messages stays one pass over memory)."""
     slabs, cuts = [], []
     for da in das:
         slab, cut = _slab(da, sample_dims, start, stop)
         slabs.append(slab)
         cuts.append(cut)
     lazy = [s.data for s in slabs]
+    dests = list(out or [None] * len(das))
+    into = [_store_target(s, c, d) for s, c, d in zip(lazy, cuts, dests, strict=True)]
+    if any(t is not None for t in into):
+        for s, t in zip(lazy, into, strict=True):
+            if t is not None:
+                _store_striped(s, t)
+        left = [i for i, t in enumerate(into) if t is None]
+        got = read_many([das[i] for i in left], sample_dims, start, stop) if left else []
+        it = iter(got)
+        return [np.asarray(dests[i]) if t is not None else next(it) for i, t in enumerate(into)]
     with dask.config.set(scheduler="synchronous"):
         values = (
             dask.compute(*lazy)
             if any(isinstance(v, dask.array.Array) for v in lazy)
             else [np.asarray(s.values) for s in slabs]
         )
-    out = []
+    rows = []
     for v, s, (lo, hi) in zip(values, slabs, cuts, strict=True):
         rest = tuple(s.shape[len(sample_dims) :])
-        out.append(np.asarray(v).reshape(-1, *rest)[lo:hi])
-    return out
+        rows.append(np.asarray(v).reshape(-1, *rest)[lo:hi])
+    return rows
+
+
+#: bytes of a destination's rows that :func:`_store_striped` fills from every chunk at once
+STRIPE_BYTES = 1 << 20
+
+
+def _store_striped(lazy: dask.array.Array, target: np.ndarray) -> None:
+    """Compute ``lazy``'s chunks and copy them into ``target`` (same shape) stripe by stripe of
+    rows: chunks split along the feature axes (GRIB: one message per level) fill a stripe of
+    whole rows while it is in cache, where storing each chunk in turn writes strided columns
+    over the whole destination once per chunk (10x slower for 21 messages)."""
+    with dask.config.set(scheduler="synchronous"):
+        flat = lazy.to_delayed().ravel().tolist()
+        parts = dask.compute(*flat)
+    index = list(np.ndindex(*lazy.numblocks))
+    offsets = [np.cumsum([0, *c]).tolist() for c in lazy.chunks]
+    row_bytes = max(1, target.nbytes // max(1, target.shape[0]))
+    step = max(1, STRIPE_BYTES // row_bytes)
+    by_row: dict[int, list[tuple[tuple[int, ...], np.ndarray]]] = {}
+    for idx, part in zip(index, parts, strict=True):
+        by_row.setdefault(idx[0], []).append((idx, np.asarray(part)))
+    for j, group in by_row.items():
+        lo, hi = offsets[0][j], offsets[0][j + 1]
+        for a in range(lo, hi, step):
+            b = min(a + step, hi)
+            for idx, part in group:
+                where = tuple(
+                    slice(offsets[d][idx[d]], offsets[d][idx[d] + 1]) for d in range(1, part.ndim)
+                )
+                target[(slice(a, b), *where)] = part[a - lo : b - lo]
+
+
+def _store_target(lazy: object, cut: tuple[int, int], dest: np.ndarray | None) -> np.ndarray | None:
+    """``dest`` seen with the slab's shape, where the slab is a dask array of several chunks
+    that holds exactly the rows of ``dest`` (else None: computed and cut as usual)."""
+    if dest is None or not isinstance(lazy, dask.array.Array) or lazy.npartitions < 2:
+        return None
+    shape = tuple(int(n) for n in lazy.shape)
+    rows = int(np.prod(shape[: lazy.ndim - (dest.ndim - 1)], dtype=np.int64))
+    if cut != (0, rows) or dest.shape[0] != rows or lazy.dtype != dest.dtype:
+        return None
+    try:
+        v = dest.view()
+        v.shape = shape  # raises rather than copying
+    except (AttributeError, ValueError):
+        return None
+    return v
 
 
 def _slab(
