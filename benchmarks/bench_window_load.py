@@ -88,7 +88,7 @@ def prepare_all(workdir: Path, src: Path, nvars: int, lookback: int, written: bo
             **base,
             "sample_dims": ["lat", "lon"],
             "arrays": {"x": names},
-            "view": window,
+            "view": {**window, "at_load": False},  # at_load is the default
             "out": str(workdir / f"written-{lookback}"),
         }
     out = {}

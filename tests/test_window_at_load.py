@@ -50,7 +50,7 @@ def _prepare(src: Path, out: Path, *, at_load: bool, view=VIEW, **kw):
     cfg = {
         "source": {"paths": [str(src)]},
         "sample_dims": ["lat", "lon"],
-        "view": {**view, **({"at_load": True} if at_load else {})},
+        "view": {**view, "at_load": at_load},
         "arrays": {"x": ["t", "z"]},
         "chunk_rows": 40,
         "format": "npy",

@@ -1,8 +1,8 @@
 """Built-in attributes for ``shardload compute`` (``function: "shardload.attributes:NAME"``).
 
 Every function takes a block with its halo (a numpy array) and keyword options, returns an array
-of the same shape and dtype (float dtypes; integers come back as float64: declare
-``dtype: float64``), and is vectorised over the whole block. The halo each needs for results
+of the same shape and dtype (float dtypes; integers come back as float64, and the engine
+writes float64 for them without a ``dtype:`` option), and is vectorised over the whole block. The halo each needs for results
 identical to a computation on the whole array is given per function; use ``boundary: none`` to
 get the whole array's own edge handling at the array's edges.
 
@@ -41,6 +41,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _work(nbytes: int) -> Callable[[F], F]:
     def deco(func: F) -> F:
         func.work_bytes_per_element = nbytes  # type: ignore[attr-defined]
+        # what it returns for integer input (the engine's default dtype for it, docs/compute.md)
+        func.integer_output_dtype = "float64"  # type: ignore[attr-defined]
         return func
 
     return deco

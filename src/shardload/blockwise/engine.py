@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -94,10 +95,21 @@ def compute(
             commit.publish(files)
         except OSError as exc:
             raise _write_failed(commit, specs, exc) from exc
+        except ConfigError:  # refused (a dtype, a shape): the config must change first
+            _drop_if_empty(commit)
+            raise
     log.info(
         "computed %d attribute(s) into %s in %.1f s", len(specs), out, time.perf_counter() - t0
     )
     return manifest
+
+
+def _drop_if_empty(commit: BlockCommit) -> None:
+    """Remove ``OUT.partial`` when a refused run recorded no block: there is nothing to resume,
+    and a folder left there reads as an interrupted run to ``open_store``."""
+    if commit.root.exists() and not commit.recorded():
+        shutil.rmtree(commit.root, ignore_errors=True)
+        log.info("removed %s: the run was refused before any slab was written", commit.root)
 
 
 def _write_failed(commit: BlockCommit, specs: Mapping[str, Any], exc: OSError) -> StoreError:

@@ -77,6 +77,15 @@ class ComputeJob:
         return len(self.chunks[0])
 
 
+def _dtype(name: str, att: Any, info: Any) -> str:
+    """An attribute's output dtype when its config gives none: the source's, or for a
+    built-in on integer input the float dtype it returns (``integer_output_dtype``)."""
+    if np.dtype(info.dtype).kind in "fc":
+        return str(info.dtype)
+    fn = import_function(att.function, f"attributes.{name}.function")
+    return str(getattr(fn, "integer_output_dtype", None) or info.dtype)
+
+
 def plan_job(cfg: ComputeConfig, info: SourceInfo, root: str) -> ComputeJob:
     """Blocks, attributes and fingerprint; every config error surfaces here, before any read."""
     ndim = len(info.shape)
@@ -98,7 +107,9 @@ def plan_job(cfg: ComputeConfig, info: SourceInfo, root: str) -> ComputeJob:
     for name, a in cfg.attributes.items():
         depth, boundary = a.resolved(ndim)
         attrs.append(
-            AttributePlan(name, a.function, dict(a.kwargs), depth, boundary, a.dtype or info.dtype)
+            AttributePlan(
+                name, a.function, dict(a.kwargs), depth, boundary, a.dtype or _dtype(name, a, info)
+            )
         )
     chunks = plan_overlap_chunks(chunks, {a.name: a.depth for a in attrs})
     return ComputeJob(

@@ -377,3 +377,26 @@ def plan_store_splits(
         )
         rows = plan_row_splits(length, fractions, group_rows=group_rows, gap_groups=gap_groups)
     return {n: chunks_of_rows(bounds, a, b) for n, (a, b) in rows.items()}, rows, why
+
+
+def describe_split_shortfall(
+    rows: Mapping[str, tuple[int, int]], fractions: Mapping[str, float], length: int
+) -> str:
+    """What the row splits ``rows`` give against the ``fractions`` asked, when they fall well
+    short (a split under 75% of its fraction, or over 10% of the samples in no split beyond
+    what the fractions leave out); ``""`` otherwise (pure).
+
+    >>> describe_split_shortfall({"train": (0, 44), "test": (88, 100)}, {"train": 0.8, "test": 0.2}, 100)
+    'train 44.0% (asked 80.0%), test 12.0% (asked 20.0%); 44.0% of the samples in no split'
+    >>> describe_split_shortfall({"train": (0, 79), "test": (81, 100)}, {"train": 0.8, "test": 0.2}, 100)
+    ''
+    """
+    if length <= 0 or not rows:
+        return ""
+    got = {n: (b - a) / length for n, (a, b) in rows.items()}
+    lost = 1.0 - sum(got.values())
+    short = [n for n, f in fractions.items() if f > 0 and got.get(n, 0.0) < 0.75 * f]
+    if not short and lost - (1.0 - sum(fractions.values())) <= 0.10:
+        return ""
+    parts = ", ".join(f"{n} {got.get(n, 0.0):.1%} (asked {f:.1%})" for n, f in fractions.items())
+    return f"{parts}; {lost:.1%} of the samples in no split"

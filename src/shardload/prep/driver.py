@@ -24,6 +24,7 @@ from shardload.formats.registry import get_writer
 from shardload.manifest.core import ArraySpec
 from shardload.plan.chunks import (
     RegularBounds,
+    describe_split_shortfall,
     plan_chunk_rows,
     plan_default_layout,
     plan_store_splits,
@@ -354,6 +355,18 @@ def plan_splits_for(
     if why:
         ranges = ", ".join(f"{k} rows {a}:{b}" for k, (a, b) in rows.items())
         (log.info if cfg.view == "window" else log.warning)("splits: %s (%s)", why, ranges)
+    short = describe_split_shortfall(rows, cfg.splits, int(bounds[-1]))
+    if short and cfg.view == "window":
+        log.warning(
+            "splits: on %d window(s) with %d window(s) left out between two splits (so that no "
+            "two splits share a time step) the splits get %s; use more time steps, fewer "
+            "splits, a smaller lookback + horizon or a larger stride",
+            int(bounds[-1]) // max(1, group_rows or 1),
+            gap,
+            short,
+        )
+    elif short:
+        log.warning("splits: the splits get %s; use more data or fewer splits", short)
     return chunks, rows
 
 

@@ -22,6 +22,7 @@ from shardload.formats.registry import open_reader as open_format_reader
 from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX
 from shardload.manifest.consistency import check_manifest_consistent
 from shardload.manifest.core import Manifest
+from shardload.store.incomplete import interrupted_error, partial_error
 
 
 class Store:
@@ -312,19 +313,11 @@ def _is_mapper(obj: Any) -> bool:
 
 def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, verify: str) -> Store:
     if root.rstrip("/").endswith(PARTIAL_SUFFIX):
-        done = url.rstrip("/")[: -len(PARTIAL_SUFFIX)]
-        raise IncompleteStoreError(
-            f"{url} is not a store but one being written (or left by an interrupted prepare): "
-            f"the store is incomplete; open {done} once 'shardload prepare' has finished, or "
-            "re-run it to resume"
-        )
+        raise partial_error(fs, root, url)
     text = _read_manifest(fs, root)
     if text is None:
         if _exists(fs, f"{root}{PARTIAL_SUFFIX}") or _exists(fs, f"{root}/_progress"):
-            raise IncompleteStoreError(
-                f"{url} is not complete: a prepare was interrupted or is still running "
-                f"(found {root}{PARTIAL_SUFFIX}); re-run 'shardload prepare' to resume"
-            )
+            raise interrupted_error(fs, root, url)
         if any(_exists(fs, f"{root}/{m}") for m in ("zarr.json", ".zgroup", ".zarray")):
             from shardload.formats.zarr.plain import manifest_from_zarr
 

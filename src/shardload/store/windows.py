@@ -6,8 +6,11 @@ consecutive rows of a series array (one per source variable), and its target one
 rows in local files (npy, uncompressed Zarr) each series chunk file is memory-mapped once per
 process and a batch's runs in it are one numpy gather: runs are small (a few hundred bytes),
 and one ``preadv`` per run measured 4.3x slower (a syscall and a ctypes call per run, against
-one vectorised copy per chunk). Elsewhere (compressed chunks, URLs) the rows a batch needs
-from each chunk are read with the format's reader, then gathered.
+one vectorised copy per chunk). Elsewhere (compressed chunks, HDF5, URLs) each series chunk is
+read whole with the format's reader (decoded once) and kept in a bounded cache of decoded chunks
+per reader (:data:`DECODED_BYTES_KEPT`, least recently used out; concurrent askers of one chunk
+wait for its first reader), and a batch's runs in it are the same numpy gather: a batch's
+windows cost no decode of a chunk another batch already decoded.
 
 The epoch plan is the one of every store (:mod:`shardload.plan.epoch`), over the window
 samples: splits, ranks, workers, resume and elastic resume are shared with written windows.
@@ -30,6 +33,8 @@ from shardload.plan.windows import WindowGeometry, plan_window_runs, window_geom
 
 #: Memory maps of series chunks a reader keeps open (virtual memory; pages stay in the cache).
 MAPS_KEPT = 1024
+#: Bytes of decoded series chunks a reader keeps (compressed or remote chunks; per process).
+DECODED_BYTES_KEPT = 256 * 2**20
 
 
 def series_manifest(manifest: Manifest, geometry: WindowGeometry) -> Manifest:
@@ -60,6 +65,9 @@ class WindowReader:
         self.manifest, self.geometry, self.series = manifest, geometry, series
         self._raw: dict[tuple[str, int], RawChunk] = {}
         self._maps: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._decoded: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._decoded_bytes = 0
+        self._decoding: dict[tuple[str, int], threading.Event] = {}
         self._lock = threading.Lock()
         self.series_info = series_manifest(manifest, geometry).arrays
 
@@ -115,13 +123,59 @@ class WindowReader:
         chunk, file_row, pos, per = plan_window_runs(self.geometry, name, samples)
         futs: list[Future[None]] = []
         for c in cols:
-            if self.raw(c.series, int(chunk[0])) is None:  # not raw local rows: gather
-                gather: tuple[Any, ...] = (_gather_runs, self, c, chunk, file_row, pos, per, out)
-                futs.append(submit(*gather) if submit else _done(*gather))
-                continue
-            job: tuple[Any, ...] = (_map_runs, self, c, chunk, file_row, pos, per, out)
+            # raw local rows: memory maps; otherwise decoded chunks (cached)
+            rows_of = self.mapped if self.raw(c.series, int(chunk[0])) is not None else self.decoded
+            job: tuple[Any, ...] = (_gather_runs, rows_of, c, chunk, file_row, pos, per, out)
             futs.append(submit(*job) if submit else _done(*job))
         return futs
+
+    def decoded(self, series: str, chunk: int) -> np.ndarray:
+        """Chunk ``chunk`` of series array ``series`` decoded by the format's reader, read-only,
+        from the reader's cache (at most :data:`DECODED_BYTES_KEPT` bytes, least recently used
+        out); a chunk another thread is decoding is waited for, not decoded twice."""
+        key = (series, chunk)
+        with self._lock:
+            got = self._decoded.get(key)
+            if got is not None:
+                self._decoded.move_to_end(key)
+                return got
+            event = self._decoding.get(key)
+            mine = event is None
+            if event is None:
+                event = self._decoding[key] = threading.Event()
+        if not mine:
+            event.wait()
+            with self._lock:
+                got = self._decoded.get(key)
+            return got if got is not None else self._read_chunk(series, chunk)  # failed / out
+        try:
+            rows = self._read_chunk(series, chunk)
+            rows.flags.writeable = False
+            with self._lock:
+                self._decoded[key] = rows
+                self._decoded_bytes += rows.nbytes
+                while self._decoded_bytes > DECODED_BYTES_KEPT and len(self._decoded) > 1:
+                    _, old = self._decoded.popitem(last=False)
+                    self._decoded_bytes -= old.nbytes
+            return rows
+        finally:
+            with self._lock:
+                self._decoding.pop(key, None)
+            event.set()
+
+    def _read_chunk(self, series: str, chunk: int) -> np.ndarray:
+        """Every row of chunk ``chunk`` of series array ``series``, through the format's reader."""
+        g0 = chunk * self.geometry.chunk_rows
+        g1 = min(g0 + self.geometry.chunk_rows, self.geometry.series_length)
+        try:
+            return self.series.read(series, g0, g1)
+        except ShardloadError:
+            raise
+        except Exception as exc:
+            raise ChunkReadError(
+                f"chunk {chunk} of series array {series!r} could not be read: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def mapped(self, series: str, chunk: int) -> np.ndarray:
         """Chunk ``chunk`` of series array ``series`` as a read-only memory map of its raw
@@ -163,6 +217,9 @@ class WindowReader:
     def close(self) -> None:
         self._raw.clear()
         self._maps.clear()
+        with self._lock:
+            self._decoded.clear()
+            self._decoded_bytes = 0
         self.series.close()
 
 
@@ -177,8 +234,8 @@ def _done(fn: Callable[..., None], *args: Any) -> Future[None]:
     return f
 
 
-def _map_runs(
-    reader: WindowReader,
+def _gather_runs(
+    rows_of: Callable[[str, int], np.ndarray],
     c: Any,
     chunk: np.ndarray,
     file_row: np.ndarray,
@@ -186,54 +243,22 @@ def _map_runs(
     per: int,
     out: np.ndarray,
 ) -> None:
-    """Samples' runs of series ``c.series`` from memory maps of its raw chunk files: per chunk,
-    one gather of the runs' rows (numpy, no syscall per run) into their places in ``out``."""
+    """Samples' runs of series ``c.series``: per chunk (``rows_of(series, chunk)``: a memory
+    map of raw rows or a decoded chunk), one gather of the runs' rows (numpy, no call per run)
+    into their places in ``out``."""
     starts = np.flatnonzero(np.append(True, chunk[1:] != chunk[:-1]))
     stops = np.append(starts[1:], len(chunk))
     steps = np.arange(per, dtype=np.int64)
     dst = out.reshape(len(out), per, -1)
     whole = c.col0 == 0 and c.col1 == dst.shape[-1]
     for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
-        mm = reader.mapped(c.series, int(chunk[a]))
-        idx = file_row[a:b, None] + steps[None, :]
+        rows = rows_of(c.series, int(chunk[a]))
+        # np.take: 8x faster than rows[idx] on a (50, 12) index (measured 2026-11-27)
+        vals = np.take(rows, file_row[a:b, None] + steps[None, :], axis=0)
         if whole:
-            dst[pos[a:b]] = mm[idx]
+            dst[pos[a:b]] = vals
         else:
-            dst[pos[a:b], :, c.col0 : c.col1] = mm[idx]
-
-
-def _gather_runs(
-    reader: WindowReader,
-    c: Any,
-    chunk: np.ndarray,
-    file_row: np.ndarray,
-    pos: np.ndarray,
-    per: int,
-    out: np.ndarray,
-) -> None:
-    """Samples' runs of series ``c.series`` through the format's reader: per chunk, the rows
-    from the first run's start to the last run's end, then a gather."""
-    rows_per_chunk = reader.geometry.chunk_rows
-    starts = np.flatnonzero(np.append(True, chunk[1:] != chunk[:-1]))
-    stops = np.append(starts[1:], len(chunk))
-    steps = np.arange(per, dtype=np.int64)
-    for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
-        k = int(chunk[a])
-        lo, hi = int(file_row[a]), int(file_row[b - 1]) + per
-        g0 = k * rows_per_chunk
-        try:
-            block = reader.series.read(c.series, g0 + lo, g0 + hi)
-        except ShardloadError:
-            raise
-        except Exception as exc:
-            raise ChunkReadError(
-                f"chunk {k} of series array {c.series!r} could not be read: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        idx = (file_row[a:b] - lo)[:, None] + steps[None, :]
-        vals = block[idx.reshape(-1)].reshape(b - a, per, -1)
-        dst = out.reshape(len(out), per, -1)
-        dst[pos[a:b], :, c.col0 : c.col1] = vals
+            dst[pos[a:b], :, c.col0 : c.col1] = vals
 
 
 def open_window_reader(

@@ -111,16 +111,31 @@ def _pick_auto(described: Mapping[str, _Member], root: str) -> tuple[list[str], 
         reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise StoreError(f"Zarr store {root} has no array shardload can read ({reasons})")
     if skipped:
-        # a data variable along the samples left out is a surprise; coordinates are not
+        # a data variable along the samples left out is a surprise (a warning, short, once per
+        # store and process: a DataLoader opens it in every worker); coordinates, their
+        # bounds and the rest are not (every reason at INFO)
         data_vars = [k for k in skipped if described[k].data_var and described[k].aligned]
-        log.log(
-            logging.WARNING if data_vars else logging.INFO,
+        log.info(
             "%s: reading %s; left out %s",
             root,
             picked,
             "; ".join(f"{k!r} ({v})" for k, v in skipped.items()),
         )
+        if data_vars and root not in _WARNED:
+            _WARNED.add(root)
+            others = len(skipped) - len(data_vars)
+            log.warning(
+                "%s: left out data variable(s) %s%s; why: store.manifest.provenance['skipped'] "
+                "(or this logger at INFO)",
+                root,
+                data_vars,
+                f" and {others} other array(s)" if others else "",
+            )
     return picked, skipped
+
+
+#: stores whose left-out data variables were warned about in this process
+_WARNED: set[str] = set()
 
 
 def _array_info(d: _Member) -> ArrayInfo:
@@ -150,6 +165,7 @@ class _Member:
     dtype: np.dtype
     dims: tuple[str, ...] | None  # Zarr v3 dimension names / v2 _ARRAY_DIMENSIONS
     coordinates: tuple[str, ...]  # its CF "coordinates" attribute
+    bounds: tuple[str, ...] = ()  # its CF "bounds" attribute (a coordinate's cell bounds)
     decoding: CFDecoding | None = None
     problem: StoreError | None = None  # why it cannot be served (CF decoding refused)
     data_var: bool = True
@@ -174,6 +190,7 @@ def _describe(name: str, m: Any) -> _Member:
         dtype=np.dtype(m.dtype),
         dims=dims,
         coordinates=tuple(coords.split()) if isinstance(coords, str) else (),
+        bounds=(attrs["bounds"],) if isinstance(attrs.get("bounds"), str) else (),
     )
     if dims is not None:  # named dimensions: written by xarray or a CF-aware tool
         try:
@@ -190,7 +207,7 @@ def _describe(name: str, m: Any) -> _Member:
 def _pick_sample_arrays(described: Mapping[str, _Member]) -> tuple[list[str], dict[str, str]]:
     """The sample-aligned arrays and, for every other array, why it was left out (pure)."""
     dim_names = {n for d in described.values() for n in (d.dims or ())}
-    coord_names = {c for d in described.values() for c in d.coordinates}
+    coord_names = {c for d in described.values() for c in (*d.coordinates, *d.bounds)}
     for d in described.values():
         d.data_var = d.name not in dim_names and d.name not in coord_names
     ranked = [d for d in described.values() if d.shape]

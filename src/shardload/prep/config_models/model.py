@@ -35,6 +35,7 @@ from shardload.prep.config_models.views import (
     FlatViewModel,
     FunctionViewModel,
     ViewModel,
+    WindowViewModel,
     view_shorthand,
 )
 
@@ -125,6 +126,19 @@ def cross_checks(model: PrepareModel, skip: frozenset[str] = frozenset()) -> lis
             (
                 "arrays",
                 f"the {view.name!r} view needs at least one array, e.g. arrays: {{x: [t, z]}}",
+            )
+        )
+    if (
+        rule("view", "sample_dims")
+        and isinstance(view, WindowViewModel)
+        and view.time_dim in model.sample_dims
+    ):
+        problems.append(
+            (
+                "sample_dims",
+                f"{view.time_dim!r} is the window view's time_dim: windows run along it, so it "
+                f"cannot also be a sample dimension; remove it from sample_dims "
+                f"{list(model.sample_dims)} (or set view.time_dim to another dimension)",
             )
         )
     if rule("view", "sample_dims") and view.name == "flat" and not model.sample_dims:

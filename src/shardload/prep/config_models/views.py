@@ -40,8 +40,9 @@ class WindowViewModel(StrictModel):
     stride: PositiveInt = 1
     horizon: NonNegativeInt = 0
     targets: dict[str, StrList] | None = None
-    #: store the series once and cut the windows at load time (docs/design.md)
-    at_load: bool = False
+    #: store the series once and cut the windows at load time (the default, docs/design.md);
+    #: false writes every window (lookback + 1 times the data)
+    at_load: bool = True
 
 
 def _function(v: Any) -> Any:

@@ -19,7 +19,13 @@ import xarray as xr
 
 from shardload.errors import SourceError, require
 from shardload.prep.config import SourceConfig
-from shardload.prep.sources.paths import expand_paths, guess_engine, is_url, is_zarr_dir
+from shardload.prep.sources.paths import (
+    expand_paths,
+    grib_offset,
+    guess_engine,
+    is_url,
+    is_zarr_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +201,10 @@ def _open_error(
             f"source.filter, one of: {'; '.join(filters)} (cfgrib: {text.splitlines()[0]})"
         )
     msg = f"cannot open {where} (engine={engine}): {type(exc).__name__}: {exc}"
+    if engine != "cfgrib":
+        at = grib_offset(paths[0], 1 << 20) if paths else None  # ecCodes' way: 'GRIB' anywhere
+        if at is not None:
+            msg += f"; {paths[0]} holds GRIB data ('GRIB' at byte {at}): set source.engine: cfgrib"
     if cfg.group is not None:
         groups = list_groups(paths[0], engine)
         if groups:

@@ -71,10 +71,31 @@ def guess_engine(path: str) -> str | None:
             return "h5netcdf"
         if magic.startswith(b"CDF\x01") or magic.startswith(b"CDF\x02"):
             return "scipy"
-        if magic.startswith(b"GRIB"):  # GRIB editions 1 and 2, whatever the file is called
+        # GRIB editions 1 and 2, whatever the file is called, also behind a WMO bulletin
+        # header (``\x01\r\r\nNNN\r\r\nTTAAii CCCC YYGGgg\r\r\n`` before ``GRIB``): ecCodes
+        # skips such bytes, as it does here
+        if grib_offset(path, GRIB_HEADER_BYTES) is not None:
             require("cfgrib", "grib")
             return "cfgrib"
     return None
+
+
+#: how far into a file ``guess_engine`` looks for ``GRIB`` (WMO headers are ~30-100 bytes)
+GRIB_HEADER_BYTES = 4096
+
+
+def grib_offset(path: str, nbytes: int) -> int | None:
+    """Where ``GRIB`` (a GRIB message's start) first occurs in the first ``nbytes`` bytes of
+    local file ``path`` (None: not there, or not a readable local file)."""
+    if is_url(path) or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(nbytes)
+    except OSError:
+        return None
+    at = head.find(b"GRIB")
+    return None if at < 0 else at
 
 
 def is_zarr_dir(path: str) -> bool:

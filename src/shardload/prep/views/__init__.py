@@ -8,7 +8,7 @@ import xarray as xr
 
 from shardload.errors import ConfigError
 from shardload.manifest.core import ArraySpec
-from shardload.prep.views.base import View
+from shardload.prep.views.base import View, check_rows_not_empty
 from shardload.prep.views.rows import RowReader
 
 if TYPE_CHECKING:
@@ -21,6 +21,12 @@ __all__ = ["VIEWS", "ArraySpec", "View", "build_view"]
 
 def build_view(ds: xr.Dataset, cfg: PrepareConfig, *, rows: RowReader | None = None) -> View:
     """The configured view of ``ds``; ``rows`` (optional) reads its rows faster than dask."""
+    view = _build_view(ds, cfg, rows=rows)
+    check_rows_not_empty(view.specs)
+    return view
+
+
+def _build_view(ds: xr.Dataset, cfg: PrepareConfig, *, rows: RowReader | None = None) -> View:
     opts = dict(cfg.view_options)
     if cfg.view == "flat":
         from shardload.prep.views.flat import FlatView

@@ -57,3 +57,24 @@ def check_lengths(lengths: Mapping[str, int]) -> int:
         detail = ", ".join(f"{k}={v}" for k, v in lengths.items())
         raise ViewError(f"mismatched sample lengths between arrays: {detail}")
     return values.pop() if values else 0
+
+
+def check_features(name: str, sizes: Mapping[Any, int], sample_dims: Any, *, where: str) -> None:
+    """Refuse a variable with no values per sample (a feature dim of length 0): a store row
+    cannot be empty, and the chunk planner would divide by a 0-byte row."""
+    empty = [str(d) for d, n in sizes.items() if d not in sample_dims and n == 0]
+    if empty:
+        raise ViewError(
+            f"variable {name!r} in {where} has no values per sample: its dim(s) {empty} have "
+            "length 0; drop it from the config (or select a source where it is not empty)"
+        )
+
+
+def check_rows_not_empty(specs: Mapping[str, ArraySpec]) -> None:
+    """Refuse an array whose rows hold no values (any view, a function view's included)."""
+    for k, s in specs.items():
+        if not s.ragged and int(np.prod(s.shape[1:], dtype=np.int64)) == 0:
+            raise ViewError(
+                f"array {k!r} has rows of shape {tuple(s.shape[1:])}: no values per sample "
+                "(a feature axis of length 0); drop the variable(s) that make it empty"
+            )

@@ -13,7 +13,7 @@ import xarray as xr
 from shardload.errors import ViewError
 from shardload.manifest.core import ArraySpec
 from shardload.manifest.names import ChainedNames, GridNames
-from shardload.prep.views.base import check_lengths, check_numeric
+from shardload.prep.views.base import check_features, check_lengths, check_numeric
 from shardload.prep.views.rows import RowReader, read_vars, sample_length, sample_major
 
 
@@ -68,6 +68,7 @@ class FlatView:
                     )
                 da = ds[v]
                 check_numeric(v, da.dtype, where=f"arrays.{out}")
+                check_features(v, da.sizes, self.sample_dims, where=f"arrays.{out}")
                 lengths[f"{out}.{v}"] = sample_length(da, self.sample_dims)
                 das.append(sample_major(da, self.sample_dims))
             self._vars[out] = das

@@ -18,7 +18,7 @@ import xarray as xr
 
 from shardload.errors import ViewError
 from shardload.manifest.core import ArraySpec
-from shardload.prep.views.base import check_numeric
+from shardload.prep.views.base import check_features, check_numeric
 from shardload.prep.views.flat import feature_names
 from shardload.prep.views.rows import load_values
 
@@ -48,6 +48,11 @@ class WindowView:
             horizon,
         )
         self.sample_dims = tuple(sample_dims)
+        if time_dim in self.sample_dims:  # the config checks this too; a view built directly
+            raise ViewError(
+                f"window: time_dim {time_dim!r} is also in sample_dims {list(self.sample_dims)}; "
+                "windows run along time_dim, so remove it from sample_dims"
+            )
         groups = {
             **{k: (v, False) for k, v in arrays.items()},
             **{k: (v, True) for k, v in (targets or {}).items()},
@@ -64,6 +69,7 @@ class WindowView:
                     )
                 da = ds[v]
                 check_numeric(v, da.dtype, where=f"window array {out!r}")
+                check_features(v, da.sizes, (time_dim, *self.sample_dims), where=f"arrays.{out}")
                 missing = [d for d in (time_dim, *self.sample_dims) if d not in da.dims]
                 if missing:
                     raise ViewError(
