@@ -347,9 +347,9 @@ def test_plain_zarr_data_is_copied(tmp_path):
     np.testing.assert_array_equal(dst.read("v"), src.read("v"))
 
 
-def test_window_stores_row_range_splits_kept_and_windows_at_load_refused(tmp_path):
+def test_window_stores_row_range_splits_kept(tmp_path):
     """A written window store's splits are time ranges with gaps (``split_rows``): they keep
-    their rows on other chunks. A store whose windows are cut at load time is refused."""
+    their rows on other chunks."""
     sys.path.insert(0, str(Path(__file__).parent))
     from test_window_at_load import _prepare as prepare_windows
     from test_window_at_load import _source
@@ -361,11 +361,108 @@ def test_window_stores_row_range_splits_kept_and_windows_at_load_refused(tmp_pat
     assert dst.manifest.chunk_rows == 13
     assert dict(dst.manifest.split_rows) == dict(written.manifest.split_rows)
     assert_same_store(written, dst)
-    at_load = prepare_windows(nc, tmp_path / "at-load", at_load=True)
-    with pytest.raises(ShardloadError, match="at load time") as err:
-        shardload.copy(at_load.url, tmp_path / "dst2")
-    assert at_load.url in str(err.value)
-    assert not (tmp_path / "dst2").exists() and not (tmp_path / "dst2.partial").exists()
+
+
+@pytest.fixture(scope="module")
+def at_load(tmp_path_factory) -> shardload.Store:
+    """A window store as prepare writes window views by default: the series stored once,
+    windows cut at load time (npy, 40-sample chunks, three time-range splits)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_window_at_load import _prepare as prepare_windows
+    from test_window_at_load import _source
+
+    tmp = tmp_path_factory.mktemp("at-load")
+    store = prepare_windows(_source(tmp), tmp / "src", at_load=True)
+    assert store.manifest.static["window"]["at_load"] and store.manifest.split_rows
+    return store
+
+
+def assert_same_windows(src: shardload.Store, dst: shardload.Store) -> None:
+    """Every window ``dst`` yields equals ``src``'s: whole arrays, every split's batches in
+    order (``iter_batches`` with the index), statistics, splits, the window options."""
+    a, b = src.manifest, dst.manifest
+    assert len(dst) == len(src) and list(b.arrays) == list(a.arrays)
+    for name, info in a.arrays.items():
+        got = b.arrays[name]
+        assert (got.shape, got.dtype, dict(got.attrs)) == (info.shape, info.dtype, dict(info.attrs))
+        assert list(got.features or []) == list(info.features or [])
+        np.testing.assert_array_equal(dst.read(name), src.read(name))
+        np.testing.assert_array_equal(dst.read(name, 17, 53), src.read(name, 17, 53))
+        assert b.stats[name] == a.stats[name], name
+    assert dict(b.split_rows) == dict(a.split_rows) and sorted(b.splits) == sorted(a.splits)
+    for split in a.splits:
+        mine, theirs = (
+            list(shardload.iter_batches(s, batch_size=16, split=split, shuffle=False))
+            for s in (dst, src)
+        )
+        assert len(mine) == len(theirs) > 0, split
+        for x, y in zip(mine, theirs, strict=True):
+            np.testing.assert_array_equal(np.asarray(x["index"]), np.asarray(y["index"]))
+            for name in a.arrays:
+                np.testing.assert_array_equal(np.asarray(x[name]), np.asarray(y[name]))
+
+    def options(m):
+        return {k: v for k, v in m.static["window"].items() if k != "series"}
+
+    assert options(b) == options(a)
+    assert b.options["view"] == a.options["view"]
+
+
+def test_windows_at_load_copied_into_the_default_layout(at_load, tmp_path, capsys):
+    """The default window store (series once, windows cut at load time) copies: its series
+    arrays re-chunked as prepare chunks them, every window equal, ``verify`` passes."""
+    dst = shardload.copy(at_load.url, tmp_path / "dst", progress=False)
+    assert_same_windows(at_load, dst)
+    w = dst.manifest.static["window"]
+    assert w["at_load"] is True and dst.manifest.format == "zarr"
+    steps = w["steps"]
+    assert w["series"]["chunk_rows"] % steps == 0  # whole space points
+    assert sorted(w["series"]["arrays"]) == sorted(
+        at_load.manifest.static["window"]["series"]["arrays"]
+    )
+    from shardload.store.windows import WindowReader
+
+    assert isinstance(dst.reader, WindowReader)
+    rc, out, err = _cli(capsys, "verify", str(tmp_path / "dst"))
+    assert rc == 0, out + err
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr"])
+def test_windows_at_load_copied_by_url_into_other_chunks(at_load, fmt, tmp_path):
+    """By URL, into series chunks of one space point and 13-sample chunks: equal windows."""
+    root = Path(at_load.url).parent
+    with serving(root, port=0) as url:
+        src_url = f"{url.rstrip('/')}/{Path(at_load.url).name}"
+        dst = shardload.copy(
+            src_url,
+            tmp_path / "dst",
+            progress=False,
+            format=fmt,
+            chunk_rows=13,
+            target_chunk_bytes=1,
+        )
+    w = dst.manifest.static["window"]
+    assert w["series"]["chunk_rows"] == w["steps"]  # one space point a chunk
+    assert dst.manifest.chunk_rows == 13 and dst.manifest.format == fmt
+    assert_same_windows(at_load, dst)
+
+
+def test_shrunk_default_chunks_keep_the_default_shard_bytes(sources, tmp_path):
+    """The default layout's inner chunks shrink to the source's 8-row split boundaries; its
+    shards keep the rows (so the bytes) the default layout planned, up to the whole store."""
+    from shardload.plan.chunks import plan_default_layout
+
+    src = shardload.open_store(sources / "zarr-sharded")
+    row_bytes = sum(
+        int(np.prod(a.row_shape)) * np.dtype(a.dtype).itemsize for a in src.manifest.arrays.values()
+    )
+    rows, per_shard = plan_default_layout(row_bytes, length=len(src))
+    dst = shardload.copy(sources / "zarr-sharded", tmp_path / "dst", progress=False)
+    m = dst.manifest
+    assert 8 % m.chunk_rows == 0 and m.chunk_rows < rows  # shrunk
+    shard_rows = m.chunk_rows * m.options["shard_chunks"]
+    assert shard_rows >= min(rows * per_shard, len(src))
+    assert_same_store(src, dst)
 
 
 def test_variable_length_arrays_are_copied(tmp_path):

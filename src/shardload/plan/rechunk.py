@@ -123,3 +123,23 @@ def plan_kept_splits(
             ]
         out[name] = tuple(keep)
     return out
+
+
+def plan_kept_shard_chunks(chunk_rows: int, shard_chunks: int, kept_rows: int, length: int) -> int:
+    """Inner chunks per shard once planned chunks of ``chunk_rows`` rows shrank to ``kept_rows``
+    (to keep the splits): shards of the rows (so the bytes) the default layout planned, at
+    least one chunk and at most the store's chunks.
+
+    >>> plan_kept_shard_chunks(21, 515, 7, 10**7)    # 3x smaller chunks, 3x more per shard
+    1545
+    >>> plan_kept_shard_chunks(8, 1353, 8, 65_536)   # not shrunk: as planned
+    1353
+    >>> plan_kept_shard_chunks(1000, 4, 8, 1000)     # never more chunks than the store has
+    125
+    """
+    if kept_rows <= 0 or chunk_rows <= 0 or shard_chunks <= 0:
+        raise ConfigError(
+            f"bad chunking: {chunk_rows} rows shrunk to {kept_rows}, {shard_chunks} per shard"
+        )
+    per_shard = max(1, (chunk_rows * shard_chunks) // kept_rows)
+    return int(min(per_shard, max(1, -(-length // kept_rows))))

@@ -38,7 +38,7 @@ from shardload.prep.run import run_blocks, workers_share_disk_cache
 from shardload.prep.sources.layout import ReadPlan
 from shardload.prep.tasks import PrepareJob, build, build_source, share_view
 from shardload.prep.views.base import View
-from shardload.prep.views.window_series import WindowSeriesView
+from shardload.prep.views.window_series import SeriesLayout
 from shardload.store.core import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -91,13 +91,17 @@ def write_store(
     cfg = resolve_layout(cfg, view)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
     if origin is not None:
-        chunk_rows = origin.plan_chunk_rows(chunk_rows)
+        cfg, chunk_rows = _kept_rows(cfg, chunk_rows, origin.plan_chunk_rows(chunk_rows), length)
     reads = plan_source_reads(cfg, view, source, chunk_rows=chunk_rows, dataset=dataset)
     chunk_rows = reads.chunk_rows
     bounds = RegularBounds(length, chunk_rows)
-    splits, split_rows = (  # before any file is written
-        origin.plan_splits(bounds) if origin is not None else plan_splits_for(cfg, view, bounds)
-    )
+    if origin is None:  # before any file is written
+        splits, split_rows = plan_splits_for(cfg, view, bounds)
+    else:  # windows cut at load time: the splits are over the window samples' chunks
+        split_bounds: Sequence[int] = bounds
+        if isinstance(view, SeriesLayout):
+            split_bounds = view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
+        splits, split_rows = origin.plan_splits(split_bounds)
     fingerprint = _fingerprint(cfg, specs, bounds, dataset, origin)
     fmt = get_writer(cfg.format)
     options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
@@ -151,6 +155,20 @@ def write_store(
             ) from exc
     _log_written(out, length * row_bytes, length, time.perf_counter() - t0)
     return open_store(out)
+
+
+def _kept_rows(
+    cfg: PrepareConfig, planned: int, kept: int, length: int
+) -> tuple[PrepareConfig, int]:
+    """``(cfg, chunk rows)`` once an origin shrank the planned chunk rows to ``kept`` (a copy
+    keeping its splits): the default layout's shards keep their planned bytes."""
+    if kept == planned or not cfg.default_layout or not cfg.shard_chunks:
+        return cfg, kept
+    from shardload.plan.rechunk import plan_kept_shard_chunks
+
+    shard = plan_kept_shard_chunks(planned, cfg.shard_chunks, kept, length)
+    log.info("%d chunk(s) per shard (planned: %d of %d rows)", shard, cfg.shard_chunks, planned)
+    return dataclasses.replace(cfg, chunk_rows=kept, shard_chunks=shard), kept
 
 
 def _create_store(
@@ -271,7 +289,7 @@ def resolve_layout(cfg: PrepareConfig, view: View) -> PrepareConfig:
         not cfg.default_layout
         or cfg.format != "zarr"
         or cfg.compression == "none"  # raw rows are read in place, in small pieces already
-        or isinstance(view, WindowSeriesView)
+        or isinstance(view, SeriesLayout)
         or any(s.ragged for s in specs.values())
         or int(view.length) == 0
     ):
@@ -289,7 +307,7 @@ def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int
     if length == 0:
         raise ShardloadError("the view has no samples (length 0): check sample_dims and the source")
     row_bytes = sum(s.row_bytes for s in specs.values())
-    if isinstance(view, WindowSeriesView):  # series chunks of whole space points
+    if isinstance(view, SeriesLayout):  # series chunks of whole space points
         return specs, length, row_bytes, view.plan_series_chunk_rows(cfg.target_chunk_bytes)
     chunk_rows = cfg.chunk_rows or plan_chunk_rows(
         row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
@@ -338,7 +356,7 @@ def plan_splits_for(
     lookback + horizon)``, so consecutive splits keep ``ceil((lookback + horizon) / stride) - 1``
     windows apart."""
     group_rows, gap = None, 0
-    if isinstance(view, WindowSeriesView):  # windows at load time: split the samples
+    if isinstance(view, SeriesLayout):  # windows at load time: split the samples
         bounds = view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
     if cfg.view == "window":
         span = int(view.lookback) + int(view.horizon)  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ from shardload.prep.recorder import merge_checksums
 from shardload.prep.stats import OrderedMerge
 from shardload.prep.tasks import LENGTHS_KEY, PrepareJob
 from shardload.prep.views.base import View
-from shardload.prep.views.window_series import WindowSeriesView, window_manifest
+from shardload.prep.views.window_series import SeriesLayout, window_manifest
 from shardload.version import __version__
 
 log = logging.getLogger("shardload.prep.driver")  # the name users' logs have always shown
@@ -96,7 +96,7 @@ def publish_store(
         shardload_version=__version__,
         checksums=ALGORITHM if sums else "",
     )
-    if isinstance(view, WindowSeriesView):  # the window arrays over the series
+    if isinstance(view, SeriesLayout):  # the window arrays over the series
         manifest = window_manifest(
             manifest, view, view.sample_bounds(cfg.chunk_rows, cfg.target_chunk_bytes)
         )

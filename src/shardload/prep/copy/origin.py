@@ -22,6 +22,7 @@ from shardload.layout import COORDS_NAME, MANIFEST_NAME
 from shardload.manifest.core import ArraySpec, Manifest
 from shardload.manifest.features import FeatureStats
 from shardload.plan.rechunk import plan_kept_chunk_rows, plan_kept_splits, split_boundaries
+from shardload.prep.copy.series import StoreSeriesView
 from shardload.store.core import Store
 
 log = logging.getLogger("shardload.prep.copy")
@@ -101,8 +102,14 @@ class StoreOrigin:
     def manifest(self) -> Manifest:
         return self.store.manifest
 
-    def open_view(self) -> StoreView:
-        return StoreView(self.store)
+    @property
+    def at_load(self) -> bool:
+        """The source cuts its windows at load time: the copy writes its series arrays."""
+        w = self.manifest.static.get("window")
+        return isinstance(w, Mapping) and bool(w.get("at_load")) and "series" in w
+
+    def open_view(self) -> StoreView | StoreSeriesView:
+        return StoreSeriesView(self.store) if self.at_load else StoreView(self.store)
 
     def files(self) -> list[str]:
         return [self.src]
@@ -121,6 +128,8 @@ class StoreOrigin:
 
     def plan_chunk_rows(self, chunk_rows: int) -> int:
         m = self.manifest
+        if self.at_load:  # series chunks: the splits are kept on the samples' chunks
+            return chunk_rows
         boundaries = split_boundaries(m.chunk_bounds, m.splits, m.split_rows)
         kept = plan_kept_chunk_rows(chunk_rows, boundaries, given=self.chunk_rows_given)
         if kept != chunk_rows:

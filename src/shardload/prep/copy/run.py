@@ -77,12 +77,6 @@ def copy_store(
     if execution is not None:
         raw["execution"] = execution
     cfg = validate(raw, Path.cwd(), where="copy options")  # prepare's keys, checks, defaults
-    window = store.manifest.static.get("window")
-    if isinstance(window, Mapping) and "series" in window:  # store/windows.py reads these
-        raise StoreError(
-            f"copy: {src_s} cuts its windows at load time (view window, at_load: true); "
-            "copying such a store is not supported: prepare it again with the new layout"
-        )
     cfg = dataclasses.replace(cfg, **_split_labels(store))
     origin = StoreOrigin(
         store,

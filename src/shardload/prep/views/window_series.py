@@ -31,7 +31,74 @@ from shardload.prep.views.window import WindowView
 SERIES_NAME = "series-{:02d}"
 
 
-class WindowSeriesView:
+class SeriesLayout:
+    """What a run plans for a view that writes window series (see the module docstring): the
+    series chunks (whole space points), the window samples' chunks and the geometry.
+    Subclasses set the window options, ``S`` (space points), ``steps``, ``columns``, the
+    series specs (``_specs``) and the window arrays (``window_specs``, ``num_windows``,
+    ``static``)."""
+
+    lookback: int
+    stride: int
+    horizon: int
+    S: int
+    steps: int
+    columns: dict[str, tuple[bool, tuple[SeriesColumns, ...]]]
+    _specs: dict[str, ArraySpec]
+
+    @property
+    def num_windows(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def window_specs(self) -> Mapping[str, ArraySpec]:
+        raise NotImplementedError
+
+    @property
+    def static(self) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def num_samples(self) -> int:
+        return self.num_windows * self.S
+
+    @property
+    def length(self) -> int:
+        return self.S * self.steps
+
+    @property
+    def specs(self) -> Mapping[str, ArraySpec]:
+        return self._specs
+
+    def plan_series_chunk_rows(self, target_bytes: int) -> int:
+        """Series rows per chunk: whole space points, about ``target_bytes`` of all series
+        arrays (at least one space point)."""
+        point_bytes = self.steps * sum(s.row_bytes for s in self._specs.values())
+        return self.steps * plan_chunk_rows(point_bytes, length=self.S, target_bytes=target_bytes)
+
+    def sample_bounds(self, chunk_rows: int | None, target_bytes: int) -> RegularBounds:
+        """Chunks of the window samples: those a written window store of the same config
+        would have (so its splits are the same)."""
+        row_bytes = sum(s.row_bytes for s in self.window_specs.values())
+        rows = chunk_rows or plan_chunk_rows(
+            row_bytes, length=self.num_samples, target_bytes=target_bytes
+        )
+        return RegularBounds(self.num_samples, rows)
+
+    def geometry(self, series_chunk_rows: int) -> WindowGeometry:
+        return WindowGeometry(
+            lookback=self.lookback,
+            stride=self.stride,
+            horizon=self.horizon,
+            space=self.S,
+            steps=self.steps,
+            num_windows=self.num_windows,
+            chunk_rows=series_chunk_rows,
+            columns=self.columns,
+        )
+
+
+class WindowSeriesView(SeriesLayout):
     """Writes the series of a window view once; see the module docstring."""
 
     def __init__(
@@ -96,20 +163,8 @@ class WindowSeriesView:
         return self.windows.num_windows
 
     @property
-    def num_samples(self) -> int:
-        return self.windows.length
-
-    @property
     def window_specs(self) -> Mapping[str, ArraySpec]:
         return self.windows.specs
-
-    @property
-    def length(self) -> int:
-        return self.S * self.steps
-
-    @property
-    def specs(self) -> Mapping[str, ArraySpec]:
-        return self._specs
 
     @property
     def static(self) -> Mapping[str, Any]:
@@ -132,37 +187,8 @@ class WindowSeriesView:
             out[k] = np.ascontiguousarray(rows, dtype=self._specs[k].dtype)
         return out
 
-    def plan_series_chunk_rows(self, target_bytes: int) -> int:
-        """Series rows per chunk: whole space points, about ``target_bytes`` of all series
-        arrays (at least one space point)."""
-        point_bytes = self.steps * sum(s.row_bytes for s in self._specs.values())
-        return self.steps * plan_chunk_rows(point_bytes, length=self.S, target_bytes=target_bytes)
 
-    def sample_bounds(self, chunk_rows: int | None, target_bytes: int) -> RegularBounds:
-        """Chunks of the window samples: those a written window store of the same config
-        would have (so its splits are the same)."""
-        row_bytes = sum(s.row_bytes for s in self.window_specs.values())
-        rows = chunk_rows or plan_chunk_rows(
-            row_bytes, length=self.num_samples, target_bytes=target_bytes
-        )
-        return RegularBounds(self.num_samples, rows)
-
-    def geometry(self, series_chunk_rows: int) -> WindowGeometry:
-        return WindowGeometry(
-            lookback=self.lookback,
-            stride=self.stride,
-            horizon=self.horizon,
-            space=self.S,
-            steps=self.steps,
-            num_windows=self.num_windows,
-            chunk_rows=series_chunk_rows,
-            columns=self.columns,
-        )
-
-
-def window_manifest(
-    series: Manifest, view: WindowSeriesView, sample_bounds: RegularBounds
-) -> Manifest:
+def window_manifest(series: Manifest, view: SeriesLayout, sample_bounds: RegularBounds) -> Manifest:
     """The manifest of an ``at_load`` store: the window arrays over the samples (chunks
     ``sample_bounds``; the splits ``series`` carries were planned on them), the series arrays
     and the geometry in ``static["window"]``.
