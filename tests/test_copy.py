@@ -447,6 +447,21 @@ def test_windows_at_load_copied_by_url_into_other_chunks(at_load, fmt, tmp_path)
     assert_same_windows(at_load, dst)
 
 
+def test_windows_at_load_copied_from_worker_processes(at_load, tmp_path):
+    """Write tasks in other processes reopen the source and read its series arrays."""
+    dst = shardload.copy(
+        at_load.url,
+        tmp_path / "dst",
+        progress=False,
+        execution={"scheduler": "processes", "num_workers": 2},
+        target_chunk_bytes=1,
+        format="npy",
+        compression="none",
+    )
+    assert len(dst.manifest.options["blocks"]) > 2  # more than one block per worker
+    assert_same_windows(at_load, dst)
+
+
 def test_shrunk_default_chunks_keep_the_default_shard_bytes(sources, tmp_path):
     """The default layout's inner chunks shrink to the source's 8-row split boundaries; its
     shards keep the rows (so the bytes) the default layout planned, up to the whole store."""

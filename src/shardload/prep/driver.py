@@ -32,7 +32,7 @@ from shardload.plan.chunks import (
 from shardload.prep.commit import BlockCommit
 from shardload.prep.config import PrepareConfig, load_config
 from shardload.prep.disk import disk_full_error, is_disk_full
-from shardload.prep.origin import RowOrigin
+from shardload.prep.origin import RowOrigin, kept_rows
 from shardload.prep.publish import publish_store
 from shardload.prep.run import run_blocks, workers_share_disk_cache
 from shardload.prep.sources.layout import ReadPlan
@@ -91,7 +91,7 @@ def write_store(
     cfg = resolve_layout(cfg, view)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
     if origin is not None:
-        cfg, chunk_rows = _kept_rows(cfg, chunk_rows, origin.plan_chunk_rows(chunk_rows), length)
+        cfg, chunk_rows = kept_rows(cfg, chunk_rows, origin.plan_chunk_rows(chunk_rows), length)
     reads = plan_source_reads(cfg, view, source, chunk_rows=chunk_rows, dataset=dataset)
     chunk_rows = reads.chunk_rows
     bounds = RegularBounds(length, chunk_rows)
@@ -155,20 +155,6 @@ def write_store(
             ) from exc
     _log_written(out, length * row_bytes, length, time.perf_counter() - t0)
     return open_store(out)
-
-
-def _kept_rows(
-    cfg: PrepareConfig, planned: int, kept: int, length: int
-) -> tuple[PrepareConfig, int]:
-    """``(cfg, chunk rows)`` once an origin shrank the planned chunk rows to ``kept`` (a copy
-    keeping its splits): the default layout's shards keep their planned bytes."""
-    if kept == planned or not cfg.default_layout or not cfg.shard_chunks:
-        return cfg, kept
-    from shardload.plan.rechunk import plan_kept_shard_chunks
-
-    shard = plan_kept_shard_chunks(planned, cfg.shard_chunks, kept, length)
-    log.info("%d chunk(s) per shard (planned: %d of %d rows)", shard, cfg.shard_chunks, planned)
-    return dataclasses.replace(cfg, chunk_rows=kept, shard_chunks=shard), kept
 
 
 def _create_store(

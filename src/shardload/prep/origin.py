@@ -10,13 +10,21 @@ compression, chunks, shards) to the same code as ``prepare``'s.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from shardload.manifest.core import Manifest
+from shardload.plan.rechunk import plan_kept_shard_chunks
 from shardload.prep.views.base import View
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("shardload.prep.driver")
 
 
 @runtime_checkable
@@ -54,3 +62,13 @@ class RowOrigin(Protocol):
     def amend(self, manifest: Manifest) -> Manifest:
         """The manifest to publish, from the one prepare built (before its files are written)."""
         ...
+
+
+def kept_rows(cfg: Any, planned: int, kept: int, length: int) -> tuple[Any, int]:
+    """``(cfg, chunk rows)`` once an origin shrank the planned chunk rows to ``kept`` (a copy
+    keeping its splits): the default layout's shards keep their planned bytes."""
+    if kept == planned or not cfg.default_layout or not cfg.shard_chunks:
+        return cfg, kept
+    shard = plan_kept_shard_chunks(planned, cfg.shard_chunks, kept, length)
+    log.info("%d chunk(s) per shard (planned: %d of %d rows)", shard, cfg.shard_chunks, planned)
+    return dataclasses.replace(cfg, chunk_rows=kept, shard_chunks=shard), kept
