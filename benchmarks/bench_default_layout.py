@@ -2,7 +2,7 @@
 ``prepare`` writes with no layout option (issue 25), against today's default before it.
 
 Stores (under ``--workdir``, kept for a later run; ``--stores`` picks): ``default`` (no layout
-key: compressed Zarr v3 shards of small inner chunks, ``plan.chunks.plan_default_layout``),
+key: compressed Zarr v3 shards of small inner chunks, ``plan.default_layout.plan_default_layout``),
 ``chunks16`` (``target_chunk_bytes: 16MiB``, one lz4 file per chunk: the Zarr default before),
 ``npy`` and ``hdf5`` (``format`` only: their defaults). All hold the same values
 (``loadbench_data:make``, rows x features float32, rounded so that lz4 has something to

@@ -465,7 +465,7 @@ def test_windows_at_load_copied_from_worker_processes(at_load, tmp_path):
 def test_shrunk_default_chunks_keep_the_default_shard_bytes(sources, tmp_path):
     """The default layout's inner chunks shrink to the source's 8-row split boundaries; its
     shards keep the rows (so the bytes) the default layout planned, up to the whole store."""
-    from shardload.plan.chunks import plan_default_layout
+    from shardload.plan.default_layout import plan_default_layout
 
     src = shardload.open_store(sources / "zarr-sharded")
     row_bytes = sum(

@@ -21,7 +21,7 @@ import xarray as xr
 import shardload
 from shardload.errors import ShuffleQualityWarning
 from shardload.load import options as load_options
-from shardload.plan.chunks import (
+from shardload.plan.default_layout import (
     DEFAULT_INNER_CHUNK_BYTES,
     DEFAULT_MIN_CHUNKS,
     DEFAULT_SHARD_BYTES,
@@ -29,7 +29,7 @@ from shardload.plan.chunks import (
 )
 from shardload.plan.quality import quality
 from shardload.prep.config import load_config
-from shardload.prep.driver import resolve_layout
+from shardload.prep.planning import resolve_layout
 
 N, F, B = 20_000, 1024, 256  # rows, float32 per row, batch size
 GOALS = {"chunks_per_batch_ratio": 0.9, "vif_pos": 1.5, "vif_ar": 2.0, "recurrence": 1.5}
@@ -265,3 +265,13 @@ def test_the_default_store_and_explicit_options_do_not_warn(stores, monkeypatch)
         # the user chose the group: no advice
         list(shardload.iter_batches(stores["chunks16"], batch_size=B, shuffle_chunks=2))
         list(shardload.iter_batches(stores["chunks16"], batch_size=B, shuffle=False))
+
+
+def test_default_layout_doctests():
+    import doctest
+
+    import shardload.plan.chunks as chunks_mod
+    import shardload.plan.default_layout as layout_mod
+
+    for mod in (layout_mod, chunks_mod):
+        assert doctest.testmod(mod).attempted > 0 and doctest.testmod(mod).failed == 0

@@ -357,7 +357,7 @@ def test_grib_default_layout_shards_decode_each_message_once(tmp_path, grib_leve
     still decoded once. Shards shrunk to ~8 KiB so that the small grid makes many of them."""
     import functools
 
-    import shardload.prep.driver as driver
+    import shardload.prep.planning as driver
 
     monkeypatch.setattr(
         driver,

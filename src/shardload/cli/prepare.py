@@ -131,22 +131,16 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     """
     from pathlib import Path
 
-    from shardload.plan.chunks import plan_blocks, plan_chunk_bounds
-    from shardload.prep.driver import (
-        plan_rows,
-        plan_source_reads,
-        plan_splits_for,
-        resolve_layout,
-    )
+    from shardload.plan.chunks import plan_blocks
+    from shardload.prep.planning import plan_store_rows
     from shardload.prep.tasks import build_source
 
     view, source = build_source(cfg)
-    cfg = resolve_layout(cfg, view)
-    specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
-    chunk_rows = plan_source_reads(cfg, view, source, chunk_rows=chunk_rows).chunk_rows
-    bounds = plan_chunk_bounds(length, chunk_rows)
+    plan = plan_store_rows(cfg, view, source=source)  # exactly as prepare plans it
+    cfg, specs, length, row_bytes, bounds = plan[:5]
+    chunk_rows = bounds.chunk_rows
     blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
-    splits, split_rows = plan_splits_for(cfg, view, bounds)  # exactly as prepare plans them
+    splits, split_rows = plan.splits, plan.split_rows
     out = Path(cfg.out)
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     return {

@@ -78,7 +78,7 @@ class PrepareConfig:
     compression_level: int | None = None
     shard_chunks: int | None = None
     #: No layout key given (chunk_rows, target_chunk_bytes, shard_chunks): prepare picks the
-    #: layout from the row size (:func:`shardload.prep.driver.resolve_layout`).
+    #: layout from the row size (:func:`shardload.prep.planning.resolve_layout`).
     default_layout: bool = True
     splits: Mapping[str, float] = field(
         default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1}

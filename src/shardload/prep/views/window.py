@@ -61,23 +61,8 @@ class WindowView:
         self._specs: dict[str, ArraySpec] = {}
         T = None
         for out, (names, is_target) in groups.items():
-            das = []
-            for v in names:
-                if v not in ds.variables:
-                    raise ViewError(
-                        f"window array {out!r}: variable {v!r} not found; the source has {sorted(map(str, ds.data_vars))}"
-                    )
-                da = ds[v]
-                check_numeric(v, da.dtype, where=f"window array {out!r}")
-                check_features(v, da.sizes, (time_dim, *self.sample_dims), where=f"arrays.{out}")
-                missing = [d for d in (time_dim, *self.sample_dims) if d not in da.dims]
-                if missing:
-                    raise ViewError(
-                        f"variable {v!r} lacks dim(s) {missing} (dims: {list(da.dims)}); window needs time_dim and sample_dims"
-                    )
-                rest = [d for d in da.dims if d not in (time_dim, *self.sample_dims)]
-                das.append(da.transpose(time_dim, *self.sample_dims, *rest))
-                T = da.sizes[time_dim]
+            das = [self._variable(ds, v, out) for v in names]
+            T = das[-1].sizes[time_dim] if das else T
             self._vars[out] = (das, is_target)
             dt = np.dtype(dtype) if dtype else np.result_type(*[d.dtype for d in das])
             feats = sum((feature_names(d, (time_dim, *self.sample_dims)) for d in das), ())
@@ -106,6 +91,24 @@ class WindowView:
             )
             for k, s in self._specs.items()
         }
+
+    def _variable(self, ds: xr.Dataset, v: str, out: str) -> xr.DataArray:
+        """Variable ``v`` of window array ``out``, checked, as (time, *sample dims, *rest)."""
+        time_dim = self.time_dim
+        if v not in ds.variables:
+            raise ViewError(
+                f"window array {out!r}: variable {v!r} not found; the source has {sorted(map(str, ds.data_vars))}"
+            )
+        da = ds[v]
+        check_numeric(v, da.dtype, where=f"window array {out!r}")
+        check_features(v, da.sizes, (time_dim, *self.sample_dims), where=f"arrays.{out}")
+        missing = [d for d in (time_dim, *self.sample_dims) if d not in da.dims]
+        if missing:
+            raise ViewError(
+                f"variable {v!r} lacks dim(s) {missing} (dims: {list(da.dims)}); window needs time_dim and sample_dims"
+            )
+        rest = [d for d in da.dims if d not in (time_dim, *self.sample_dims)]
+        return da.transpose(time_dim, *self.sample_dims, *rest)
 
     @property
     def length(self) -> int:
