@@ -95,9 +95,11 @@ def new_group(
     arrays = store.manifest.arrays
     pool = pool or BufferPool(keep=0)
     bufs = {a: pool.take(a, (n, *arrays[a].row_shape), np.dtype(arrays[a].dtype)) for a in names}
-    rows = (
-        np.concatenate([s.global_rows() for s in segments]) if segments else np.zeros(0, np.int64)
-    )
+    if all(s.rows is None for s in segments):  # ranges (vectorised: thousands of small chunks)
+        firsts = np.fromiter((s.chunk_start + s.start for s in segments), np.int64, len(lens))
+        rows = np.arange(n, dtype=np.int64) + np.repeat(firsts - offsets[:-1], lens)
+    else:
+        rows = np.concatenate([s.global_rows() for s in segments])
     return Group(segments, order, bufs, rows, offsets)
 
 
