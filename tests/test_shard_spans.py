@@ -128,3 +128,17 @@ def test_damage_is_named_by_a_spans_read(sharded, tmp_path, damage):
         assert "truncated" in msg
     if damage == "deleted":
         assert "missing" in msg
+
+
+def test_an_unexpected_error_in_a_spans_read_names_the_chunks(sharded, monkeypatch):
+    from shardload.formats.zarr.read import ZarrReader
+
+    def boom(self, name, spans, outs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ZarrReader, "read_spans_into", boom)
+    store = shardload.open_store(sharded)
+    with pytest.raises(ChunkReadError) as err:
+        list(shardload.iter_batches(store, batch_size=16, seed=5))
+    msg = str(err.value)
+    assert "boom" in msg and "one of chunks 0, 1, 2" in msg and "(29 chunks)" in msg, msg

@@ -151,9 +151,10 @@ def read_segments(
         except ShardloadError:
             raise
         except Exception as exc:
-            first, last = segments[0].chunk, segments[-1].chunk
+            chunks = sorted({s.chunk for s in segments})
+            listed = ", ".join(map(str, chunks[:8])) + (", ..." if len(chunks) > 8 else "")
             raise ChunkReadError(
-                f"chunks {first}..{last} ({len(segments)} chunks) of array {name!r} in "
+                f"one of chunks {listed} ({len(chunks)} chunks) of array {name!r} in "
                 f"{store.url} could not be read: {type(exc).__name__}: {exc}"
             ) from exc
         return
