@@ -48,6 +48,16 @@ class ReadsInto(Protocol):
 
 
 @runtime_checkable
+class ReadsSpansInto(Protocol):
+    """Optional capability: read several row spans of one array, each into its own buffer, in
+    one call (a reader pays its per-file costs once per call: a shard opened once)."""
+
+    def read_spans_into(
+        self, name: str, spans: Sequence[tuple[int, int]], outs: Sequence[np.ndarray]
+    ) -> None: ...
+
+
+@runtime_checkable
 class ChecksMetadata(Protocol):
     """Optional capability: check each fixed-shape array's own metadata (a Zarr array's
     ``zarr.json``, an npy chunk's header, an HDF5 dataset) against the manifest, with one small

@@ -88,6 +88,7 @@ class GatherReader(GroupReader):
             fl.data,
             most,
             self.read_bytes,
+            threads=self.lanes["read"],
         )
         fl.submitted = fl.data.submitted
         return got

@@ -17,7 +17,7 @@ from typing import cast
 import numpy as np
 
 from shardload.errors import ChunkReadError, ShardloadError
-from shardload.formats.base import READ_ALIGN, ReadsInto
+from shardload.formats.base import READ_ALIGN, ReadsInto, ReadsSpansInto
 from shardload.plan.spans import Segment
 from shardload.store.core import Store
 
@@ -95,9 +95,11 @@ def new_group(
     arrays = store.manifest.arrays
     pool = pool or BufferPool(keep=0)
     bufs = {a: pool.take(a, (n, *arrays[a].row_shape), np.dtype(arrays[a].dtype)) for a in names}
-    rows = (
-        np.concatenate([s.global_rows() for s in segments]) if segments else np.zeros(0, np.int64)
-    )
+    if all(s.rows is None for s in segments):  # ranges (vectorised: thousands of small chunks)
+        firsts = np.fromiter((s.chunk_start + s.start for s in segments), np.int64, len(lens))
+        rows = np.arange(n, dtype=np.int64) + np.repeat(firsts - offsets[:-1], lens)
+    else:
+        rows = np.concatenate([s.global_rows() for s in segments])
     return Group(segments, order, bufs, rows, offsets)
 
 
@@ -139,15 +141,50 @@ def read_segments(
     store: Store, name: str, segments: Sequence[Segment], outs: Sequence[np.ndarray]
 ) -> None:
     """Read several segments of one array (one pool task: small chunks cost one task each
-    otherwise), each into its slice of the group buffer."""
+    otherwise), each into its slice of the group buffer: in one call where the reader takes
+    several spans at once (a sharded Zarr array: each shard opened once per task)."""
+    reader = store.reader
+    if len(segments) > 1 and _reads_spans(reader) and all(s.rows is None for s in segments):
+        spans = [(s.chunk_start + s.start, s.chunk_start + s.stop) for s in segments]
+        try:
+            cast(ReadsSpansInto, reader).read_spans_into(name, spans, outs)
+        except ShardloadError:
+            raise
+        except Exception as exc:
+            chunks = sorted({s.chunk for s in segments})
+            listed = ", ".join(map(str, chunks[:8])) + (", ..." if len(chunks) > 8 else "")
+            raise ChunkReadError(
+                f"one of chunks {listed} ({len(chunks)} chunks) of array {name!r} in "
+                f"{store.url} could not be read: {type(exc).__name__}: {exc}"
+            ) from exc
+        return
     for seg, out in zip(segments, outs, strict=True):
         read_segment(store, name, seg, out)
+
+
+_READS_SPANS: dict[type, bool] = {}
+
+
+def _reads_spans(reader: object) -> bool:
+    """``isinstance(reader, ReadsSpansInto)``, once per reader class (as :func:`_reads_into`)."""
+    cls = type(reader)
+    got = _READS_SPANS.get(cls)
+    if got is None:
+        got = _READS_SPANS[cls] = isinstance(reader, ReadsSpansInto)
+    return got
 
 
 #: A pool task reads segments of about this many decoded bytes (whole segments, at least one):
 #: a task per small chunk costs a future and a thread wake-up each (tens of microseconds
 #: against a few hundred to decode a 200 KB chunk).
 TASK_BYTES = 1 << 20
+
+#: A reader that takes several spans per call (sharded Zarr: a shard opened once per call and
+#: shard) gets tasks of up to this many bytes, but at least two per reader thread in a group:
+#: a group's inner chunks lie all over a few shards, so a larger task opens each shard once
+#: for more chunks (16 MiB tasks: 0.55-0.67 CPU s an epoch, 1 MiB: 0.68-1.01, in-process on
+#: the 406 MB default store of benchmarks/bench_default_layout.py, 2026-11-27).
+SPAN_TASK_BYTES = 16 << 20
 
 
 def submit_segments(
@@ -157,13 +194,19 @@ def submit_segments(
     g: Group,
     most: int,
     row_bytes: int,
+    threads: int = 1,
 ) -> int:
     """Submit up to ``most`` of the group's next segments (at least one), as one task per array
-    of about ``TASK_BYTES``; how many were submitted."""
+    of about ``TASK_BYTES`` (``SPAN_TASK_BYTES`` at most, and a group in at least two tasks per
+    one of the ``threads``, for readers of several spans per call); how many were submitted."""
     i = j = g.submitted
     stop = min(len(g.segments), i + max(1, most))
+    task = TASK_BYTES
+    if _reads_spans(store.reader):
+        share = int(g.offsets[-1]) * row_bytes // (2 * max(1, threads))
+        task = max(TASK_BYTES, min(SPAN_TASK_BYTES, share))
     rows = 0
-    while j < stop and (j == i or rows * row_bytes < TASK_BYTES):
+    while j < stop and (j == i or rows * row_bytes < task):
         rows += int(g.offsets[j + 1] - g.offsets[j])
         j += 1
     spans = [(int(g.offsets[k]), int(g.offsets[k + 1])) for k in range(i, j)]

@@ -110,7 +110,7 @@ def iter_worker_groups(
     [(2, [0, 1, 2, 3]), (1, [0, 1])]
     """
     for spans, order in iter_worker_spans(plan, rank, worker):
-        yield tuple(spans.segment(i) for i in range(len(spans))), order
+        yield spans.segments(), order
 
 
 def group_batches(at: int, n: int, batch_size: int) -> np.ndarray:

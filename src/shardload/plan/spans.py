@@ -104,6 +104,20 @@ class Spans:
             return np.arange(lo, hi, dtype=np.int64)
         return self.explicit[ex][lo:hi]
 
+    def segments(self) -> tuple[Segment, ...]:
+        """Every segment, as :meth:`segment` gives them (converted once per array: a group of
+        the default load holds over a thousand whole inner chunks).
+
+        >>> s = Spans(*(np.array(v) for v in ([0, 1], [0, 10], [2, 1], [4, 3], [-1, 0])), (np.array([5, 7, 8]),))
+        >>> [(g.chunk, g.start, g.stop, g.chunk_start, g.global_rows().tolist()) for g in s.segments()]
+        [(0, 2, 4, 0, [2, 3]), (1, 7, 9, 10, [17, 18])]
+        """
+        chunk, base, lo, hi = (a.tolist() for a in (self.chunk, self.base, self.lo, self.hi))
+        return tuple(
+            Segment(chunk[i], lo[i], hi[i], None, base[i]) if e < 0 else self.segment(i)
+            for i, e in enumerate(self.ex.tolist())
+        )
+
     def segment(self, i: int) -> Segment:
         chunk, base = int(self.chunk[i]), int(self.base[i])
         if self.ex[i] < 0:

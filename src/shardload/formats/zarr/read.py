@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from shardload.formats.zarr.chunks import (
 from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.ranges import fetch_rows_into
 from shardload.formats.zarr.rows import read_rows_into
+from shardload.formats.zarr.shard_spans import read_spans_into
 from shardload.formats.zarr.shards import RangeFile, ShardIndexCache
 from shardload.manifest.core import Manifest
 
@@ -250,6 +252,19 @@ class ZarrReader:
             fetch_rows_into(self.fs, ranged, name, start, stop, out, self.verifier)
         else:
             out[...] = self._read_zarr(name, start, stop)
+
+    def read_spans_into(
+        self, name: str, spans: Sequence[tuple[int, int]], outs: Sequence[np.ndarray]
+    ) -> None:
+        """Several spans, each into its ``out``: a sharded array's shards opened once per call
+        (:mod:`.shard_spans`); otherwise span by span, as :meth:`read_into`."""
+        layout = self.layout(name)
+        dt = layout.dtype if layout is not None and name not in self._cf else None
+        if layout is None or not all(o.flags.c_contiguous and o.dtype == dt for o in outs):
+            for (start, stop), out in zip(spans, outs, strict=True):
+                self.read_into(name, start, stop, out)
+        else:
+            read_spans_into(layout, name, spans, outs, self.verifier, self._indexes)
 
     def array(self, name: str) -> Any:
         with self._lock:  # reader threads may open arrays concurrently

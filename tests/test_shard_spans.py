@@ -1,0 +1,144 @@
+"""Several spans of a sharded array in one call (formats/zarr/shard_spans.py): the values of
+span-by-span reads, each shard file opened once per call, and damage still named."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardload
+from _stores import check_values, make_store
+from shardload.errors import ChunkReadError
+from shardload.formats.zarr.chunks import ChunkLayout
+
+pytest.importorskip("zarr")
+
+ROWS, PER_SHARD = 7, 4  # inner chunk rows, inner chunks per shard: shards of 28 rows
+N = 203  # 29 inner chunks in 8 shards (the last partial)
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("spans")
+    make_store(tmp, fmt="zarr", compression="zstd", n=N, chunk_rows=ROWS, shard_chunks=PER_SHARD)
+    return tmp / "store"
+
+
+@pytest.fixture
+def opens(monkeypatch) -> Counter[str]:
+    """Counts the shard files the native reader opens, by path."""
+    seen: Counter[str] = Counter()
+    real = ChunkLayout.open
+
+    def spy(self: ChunkLayout, path: str):  # type: ignore[no-untyped-def]
+        seen[path] += 1
+        return real(self, path)
+
+    monkeypatch.setattr(ChunkLayout, "open", spy)
+    return seen
+
+
+def _spans(rng: np.random.Generator) -> list[tuple[int, int]]:
+    """Whole inner chunks in a shuffled order, and pieces: inside a chunk, across chunks and
+    across shards, an empty one, the partial last chunk."""
+    whole = [(c * ROWS, min((c + 1) * ROWS, N)) for c in rng.permutation(-(-N // ROWS))]
+    return [*whole, (3, 5), (26, 58), (10, 10), (200, 203), (0, N)]
+
+
+def test_spans_equal_span_by_span_reads(sharded):
+    store = shardload.open_store(sharded)
+    reader = store.reader
+    for name in store.arrays:
+        info = store.manifest.arrays[name]
+        spans = _spans(np.random.default_rng(0))
+        outs = [np.full((b - a, *info.row_shape), 7, info.dtype) for a, b in spans]
+        reader.read_spans_into(name, spans, outs)  # type: ignore[attr-defined]
+        for (a, b), out in zip(spans, outs, strict=True):
+            want = np.empty_like(out)
+            reader.read_into(name, a, b, want)
+            np.testing.assert_array_equal(out, want)
+            np.testing.assert_array_equal(out, reader._read_zarr(name, a, b))  # type: ignore[attr-defined]
+
+
+def test_a_call_opens_each_shard_file_once(sharded, opens):
+    """The default load reads a group's whole inner chunks from all over a few shards: one
+    open per shard and call, not one per inner chunk (45-50 us of CPU each, issue 25)."""
+    store = shardload.open_store(sharded)
+    info = store.manifest.arrays["x"]
+    spans = _spans(np.random.default_rng(1))
+    outs = [np.empty((b - a, *info.row_shape), info.dtype) for a, b in spans]
+    store.reader.read_spans_into("x", spans, outs)  # type: ignore[attr-defined]
+    shards = -(-N // (ROWS * PER_SHARD))
+    assert len(opens) == shards and set(opens.values()) == {1}, opens
+
+
+def test_default_epoch_opens_each_shard_once_per_task(sharded, opens):
+    """Through the loader: the store's one shuffle group is one read task per array, so an
+    epoch opens each shard file once per array (it opened it once per inner chunk)."""
+    store = shardload.open_store(sharded)
+    batches = list(shardload.iter_batches(store, batch_size=16, seed=5))
+    seen = dict(opens)
+    assert sorted(np.concatenate([b["index"] for b in batches]).tolist()) == list(range(N))
+    for b in batches:
+        check_values(store, b)
+    shards = -(-N // (ROWS * PER_SHARD))
+    assert len(seen) == shards * len(store.arrays), seen
+    assert set(seen.values()) == {1}, seen
+
+
+@pytest.mark.parametrize("damage", ["header", "truncated", "deleted"])
+def test_damage_is_named_by_a_spans_read(sharded, tmp_path, damage):
+    """Errors are built only when a check fails, and name the inner chunk, shard and file as
+    the one-span path does. ``truncated``: the shard shrinks after its index was read and
+    kept, so only the run's short ``pread`` can notice."""
+    root = tmp_path / "store"
+    shutil.copytree(sharded, root)
+    store = shardload.open_store(root, verify="never")
+    reader = store.reader
+    info = store.manifest.arrays["x"]
+    path = root / "x" / "c" / "1" / "0"  # rows 28..55: inner chunks 4..7
+    raw = path.read_bytes()
+    first = int(np.frombuffer(raw[-68:-4], "<u8")[0])  # inner chunk 0's offset
+    spans = [(c * ROWS, (c + 1) * ROWS) for c in (9, 4, 0, 5, 6, 7)]
+    outs = [np.empty((ROWS, *info.row_shape), info.dtype) for _ in spans]
+    reader.read_into("x", 0, 1, outs[0][:1])  # shard 0's index read and kept
+    reader.read_into("x", 28, 29, outs[0][:1])  # shard 1's too
+    if damage == "header":
+        with open(path, "r+b") as f:
+            f.seek(first + 5)  # the Blosc header's decoded size
+            byte = f.read(1)[0]
+            f.seek(first + 5)
+            f.write(bytes([byte ^ 0x10]))
+        want = "inner chunk 0 of shard 1"
+    elif damage == "truncated":
+        path.write_bytes(raw[: first + 10])
+        want = "inner chunk 0 of shard 1"
+    else:
+        path.unlink()
+        want = "shard 1"
+    with pytest.raises(ChunkReadError) as err:
+        reader.read_spans_into("x", spans, outs)  # type: ignore[attr-defined]
+    msg = str(err.value)
+    assert str(path) in msg and "'x'" in msg and want in msg, msg
+    if damage == "truncated":
+        assert "truncated" in msg
+    if damage == "deleted":
+        assert "missing" in msg
+
+
+def test_an_unexpected_error_in_a_spans_read_names_the_chunks(sharded, monkeypatch):
+    from shardload.formats.zarr.read import ZarrReader
+
+    def boom(self, name, spans, outs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ZarrReader, "read_spans_into", boom)
+    store = shardload.open_store(sharded)
+    with pytest.raises(ChunkReadError) as err:
+        list(shardload.iter_batches(store, batch_size=16, seed=5))
+    msg = str(err.value)
+    assert "boom" in msg and "one of chunks 0, 1, 2" in msg and "(29 chunks)" in msg, msg
