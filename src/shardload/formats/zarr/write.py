@@ -3,7 +3,8 @@
 Compression is Blosc (zstd or lz4) with byte shuffle, or none. With ``shard_chunks`` the sharding
 codec packs that many chunks into one shard file; write blocks are then whole shards, so two
 tasks never write the same file. Plain chunks are encoded here and written as one file each
-(:func:`write_chunk`); sharded ones through zarr-python.
+(:func:`write_chunk`); whole shards are encoded here too (:mod:`.shard_write`), other
+sharded blocks go through zarr-python.
 
 Ragged arrays: a group ``NAME`` with the 1-D arrays ``NAME/values`` and ``NAME/offsets``
 (:meth:`ZarrWriter.finish_ragged`).
