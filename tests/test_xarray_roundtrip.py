@@ -86,13 +86,13 @@ def test_zarr_metadata_written_again_when_a_publish_resumes(tmp_path: Path) -> N
     """A run killed after the coordinates were written and before the manifest publishes them
     writes them again when it resumes."""
     from shardload.manifest.core import ArraySpec
-    from shardload.prep.coords import write_zarr_metadata
+    from shardload.prep.coords import SampleCoords, write_zarr_metadata
 
     store = _prepare(tmp_path, "zarr")
     info = store.manifest.arrays["x"]
     spec = ArraySpec("x", tuple(info.shape), np.dtype(info.dtype), info.features)
     stacked = _source().stack(sample=["number", "time"])
-    coords = {"number": stacked["number"].values, "time": stacked["time"].values}
+    coords = SampleCoords({"number": stacked["number"].values, "time": stacked["time"].values})
     write_zarr_metadata(store.root, {"x": spec}, coords, chunk_rows=8)  # the store has them
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -110,3 +110,52 @@ def test_an_array_named_as_a_sample_dim_keeps_its_name(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ds["time"].values, store.read("time"))
     with xr.open_zarr(out) as z:
         np.testing.assert_array_equal(z["time"].values, store.read("time"))
+
+
+def test_sample_coordinates_are_stored_once_as_axes_and_in_few_zarr_files(
+    tmp_path: Path,
+) -> None:
+    """``_coords.npz`` holds each sample dim's 1-D axis (not one value per sample, 2026-11-27);
+    a Zarr store's coordinate arrays are a few large chunks, not one file per array chunk."""
+    store = _prepare(tmp_path, "zarr")  # 30 samples in chunks of 8 rows
+    with np.load(Path(store.root) / "_coords.npz") as npz:
+        assert {k: npz[k].shape for k in npz.files} == {"number": (3,), "time": (10,)}
+    grid = store.manifest.options["sample_coords_grid"]
+    assert grid == {"shape": [3, 10], "axes": {"number": 0, "time": 1}}
+    for name in ("number", "time"):  # zarr.json and one chunk file: not one per 8 rows
+        files = [p for p in (Path(store.root) / name).rglob("*") if p.is_file()]
+        assert len(files) == 2, files
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check(store.to_xarray(), store)
+
+
+def test_a_store_with_one_coordinate_value_per_sample_still_reads(tmp_path: Path) -> None:
+    """Stores written before 2026-11-27 hold one value per sample in ``_coords.npz`` and no
+    ``sample_coords_grid``: to_xarray reads them as they are."""
+    import json
+
+    store = _prepare(tmp_path, "npy")
+    stacked = _source().stack(sample=["number", "time"])
+    np.savez(
+        Path(store.root) / "_coords.npz",
+        number=stacked["number"].values,
+        time=stacked["time"].values,
+    )
+    path = Path(store.root) / "shardload.json"
+    doc = json.loads(path.read_text())
+    del doc["options"]["sample_coords_grid"]
+    path.write_text(json.dumps(doc))
+    old = shardload.open_store(store.root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check(old.to_xarray(), old)
+
+
+def test_a_coordinate_axis_that_does_not_fit_the_grid_is_a_clear_error(tmp_path: Path) -> None:
+    from shardload.errors import StoreError
+
+    store = _prepare(tmp_path, "npy")
+    np.savez(Path(store.root) / "_coords.npz", number=np.arange(4), time=np.arange(10))
+    with pytest.raises(StoreError, match=r"_coords.npz of .*'number'.*\(4,\).*\(3, 10\)"):
+        shardload.open_store(store.root).to_xarray()

@@ -18,45 +18,88 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shardload.manifest.core import ArraySpec
+from shardload.plan.grids import expand_axis
 
 #: Above this many samples the coordinates are not written (8 bytes a sample and dim, held in
 #: memory while published).
 MAX_COORD_SAMPLES = 100_000_000
 
 
-def plan_sample_coords(
-    dataset: Any, sample_dims: Sequence[str], length: int
-) -> dict[str, np.ndarray]:
-    """The coordinate of each sample dim along the stacked samples (``{}`` when the samples are
-    not the stacked sample dims, or no sample dim has a 1-D coordinate)."""
+@dataclass(frozen=True)
+class SampleCoords:
+    """The sample coordinates to publish: each dim's 1-D axis over the grid ``shape`` (what
+    :func:`plan_sample_axes` gives; ``axes`` names each one's dim), or, with ``shape`` None,
+    one value per sample (a copied store's)."""
+
+    values: Mapping[str, np.ndarray]
+    shape: tuple[int, ...] | None = None
+    axes: Mapping[str, int] = field(default_factory=dict)
+
+    def full(self, name: str) -> np.ndarray:
+        """Coordinate ``name`` with one value per sample."""
+        if self.shape is None:
+            return np.asarray(self.values[name])
+        return expand_axis(self.values[name], self.shape, self.axes[name])
+
+    def without(self, names: Collection[str]) -> SampleCoords:
+        keep = {k: v for k, v in self.values.items() if k not in names}
+        return replace(self, values=keep, axes={k: a for k, a in self.axes.items() if k in keep})
+
+    def options(self) -> dict[str, Any]:
+        """The manifest options naming them (and, for axes, the grid they expand over)."""
+        if not self.values:
+            return {}
+        out: dict[str, Any] = {"sample_coords": list(self.values)}
+        if self.shape is not None:
+            out["sample_coords_grid"] = {"shape": list(self.shape), "axes": dict(self.axes)}
+        return out
+
+    def encode(self) -> bytes:
+        """``_coords.npz``: the axes (or per-sample values) by name."""
+        return encode_coords(self.values)
+
+
+def plan_sample_axes(dataset: Any, sample_dims: Sequence[str], length: int) -> SampleCoords:
+    """The 1-D coordinate of each sample dim that has one, over the grid of the sample dims
+    (no values when the samples are not the stacked sample dims, or no sample dim has a 1-D
+    coordinate)."""
+    none = SampleCoords({})
     if dataset is None or not sample_dims or length > MAX_COORD_SAMPLES:
-        return {}
+        return none
     try:
         shape = tuple(int(dataset.sizes[d]) for d in sample_dims)
     except KeyError:
-        return {}
+        return none
     if int(np.prod(shape, dtype=np.int64)) != length:
-        return {}
-    out: dict[str, np.ndarray] = {}
+        return none
+    values: dict[str, np.ndarray] = {}
+    axes: dict[str, int] = {}
     for k, d in enumerate(sample_dims):
         if d not in dataset.coords or dataset[d].dims != (d,):
             continue
-        values = np.asarray(dataset[d].values)
-        if values.dtype.kind not in "biufcMmU":  # objects (cftime, mixed) stay out
+        axis = np.asarray(dataset[d].values)
+        if axis.dtype.kind not in "biufcMmU":  # objects (cftime, mixed) stay out
             continue
-        # row i holds values[(i // inner) % size]: one broadcast copy, no index arrays
-        outer = int(np.prod(shape[:k], dtype=np.int64))
-        inner = int(np.prod(shape[k + 1 :], dtype=np.int64))
-        grid = np.broadcast_to(values.reshape(1, shape[k], 1), (outer, shape[k], inner))
-        out[str(d)] = grid.reshape(-1)
-    return out
+        values[str(d)], axes[str(d)] = axis, k
+    return SampleCoords(values, shape, axes)
+
+
+def plan_sample_coords(
+    dataset: Any, sample_dims: Sequence[str], length: int
+) -> dict[str, np.ndarray]:
+    """The coordinate of each sample dim along the stacked samples, one value per sample
+    (``{}`` when the samples are not the stacked sample dims, or no sample dim has a 1-D
+    coordinate)."""
+    coords = plan_sample_axes(dataset, sample_dims, length)
+    return {n: coords.full(n) for n in coords.values}
 
 
 def encode_coords(coords: Mapping[str, np.ndarray]) -> bytes:
@@ -66,24 +109,52 @@ def encode_coords(coords: Mapping[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
+#: The size of a chunk of a sample coordinate in a Zarr store (a whole number of the arrays'
+#: chunks, so that xr.open_zarr's dask chunks line up).
+COORD_CHUNK_BYTES = 8 << 20
+
+
+def coord_chunk_rows(length: int, itemsize: int, chunk_rows: int) -> int:
+    """Rows per chunk of a sample coordinate of ``length`` values.
+
+    >>> coord_chunk_rows(9_331_200, 8, 1139)
+    1047880
+    >>> coord_chunk_rows(50, 8, 8)
+    50
+    """
+    chunk_rows = max(1, chunk_rows)
+    per = max(1, COORD_CHUNK_BYTES // max(1, itemsize) // chunk_rows) * chunk_rows
+    return max(1, min(per, length))
+
+
 def write_zarr_metadata(
     root: Path,
     specs: Mapping[str, ArraySpec],
-    coords: Mapping[str, np.ndarray],
+    coords: SampleCoords,
     *,
     chunk_rows: int,
 ) -> None:
     """The sample coordinates and feature names as coordinate arrays of the Zarr group at
-    ``root``, then its consolidated metadata (what ``xr.open_zarr`` reads in one request)."""
+    ``root``, then its consolidated metadata (what ``xr.open_zarr`` reads in one request).
+
+    Each sample coordinate is written in chunks of a whole number of the arrays' chunks, about
+    :data:`COORD_CHUNK_BYTES` each: one file per array chunk would be thousands of files to
+    write, sync and later delete, and zarr's shards cost as much again in per-chunk calls."""
     import xarray as xr
     import zarr
+    from zarr.codecs import BloscCodec
 
     variables: dict[str, Any] = {}
     encoding: dict[str, Any] = {}
-    for name, values in coords.items():
+    for name in coords.values:
         if name not in specs:
+            values = coords.full(name)
             variables[name] = xr.Variable(("sample",), values)
-            encoding[name] = {"chunks": (max(1, min(chunk_rows, len(values))),)}
+            encoding[name] = {
+                "chunks": (coord_chunk_rows(len(values), values.dtype.itemsize, chunk_rows),),
+                # lz4: a repeated axis packs to a few percent at memory speed
+                "compressors": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),),
+            }
     for name, spec in specs.items():
         dim = f"{name}_feature"
         if spec.features and not spec.ragged and len(spec.shape) > 1 and dim not in specs:

@@ -25,7 +25,7 @@ from shardload.manifest.core import ArrayInfo, ArraySpec, Manifest
 from shardload.plan.chunks import RegularBounds
 from shardload.prep.commit import BlockCommit
 from shardload.prep.config import PrepareConfig
-from shardload.prep.coords import encode_coords, plan_sample_coords, write_zarr_metadata
+from shardload.prep.coords import SampleCoords, plan_sample_axes, write_zarr_metadata
 from shardload.prep.origin import RowOrigin
 from shardload.prep.recorder import merge_checksums
 from shardload.prep.stats import OrderedMerge
@@ -103,29 +103,28 @@ def publish_store(
     if origin is not None:
         manifest = origin.amend(manifest)
     coords = (
-        origin.sample_coords()
+        SampleCoords(origin.sample_coords())
         if origin is not None
         else _sample_coords(view, cfg.sample_dims, manifest.length)
-    )
-    coords = {k: v for k, v in coords.items() if k not in specs}  # an array's name wins
-    if coords:
-        manifest = replace(manifest, options={**manifest.options, "sample_coords": list(coords)})
+    ).without(specs)  # an array's name wins
+    if coords.values:
+        manifest = replace(manifest, options={**manifest.options, **coords.options()})
     if cfg.format == "zarr":  # before the manifest: xr.open_zarr finds named dims and coords
         write_zarr_metadata(commit.root, specs, coords, chunk_rows=job.chunk_rows)
     files = {METADATA_NAME: split_metadata(manifest, cfg), **manifest.file_writers()}
-    if coords:
-        files = {COORDS_NAME: encode_coords(coords), **files}
+    if coords.values:
+        files = {COORDS_NAME: coords.encode(), **files}
     if sums:  # before the manifest, which publish writes last
         files = {CHECKSUMS_NAME: encode_checksums(sums), **files}
     commit.publish(files)  # feature files first, the manifest last
 
 
-def _sample_coords(view: View, sample_dims: Any, length: int) -> dict[str, np.ndarray]:
+def _sample_coords(view: View, sample_dims: Any, length: int) -> SampleCoords:
     from shardload.prep.views.flat import FlatView
 
     if not isinstance(view, FlatView):  # other views' samples are not the stacked dims
-        return {}
-    return plan_sample_coords(view.sample_source, sample_dims, length)
+        return SampleCoords({})
+    return plan_sample_axes(view.sample_source, sample_dims, length)
 
 
 def split_metadata(manifest: Manifest, cfg: PrepareConfig) -> bytes:

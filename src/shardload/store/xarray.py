@@ -13,6 +13,8 @@ import numpy as np
 import xarray as xr
 
 from shardload.errors import StoreError
+from shardload.layout import COORDS_NAME
+from shardload.plan.grids import expand_sample_coords
 
 if TYPE_CHECKING:
     from shardload.store.core import Store
@@ -69,8 +71,6 @@ def _sample_coords(store: Store) -> dict[str, xr.Variable]:
     """The sample dims' coordinates along ``sample`` (``_coords.npz``, written by prepare)."""
     import io
 
-    from shardload.layout import COORDS_NAME
-
     names = store.manifest.options.get("sample_coords") or []
     if not names:
         return {}
@@ -83,7 +83,12 @@ def _sample_coords(store: Store) -> dict[str, xr.Variable]:
 
         raw = read_bytes(store.fs, path, what=f"{COORDS_NAME} of {store.url}")
     with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
-        coords = {str(n): xr.Variable(("sample",), npz[n]) for n in names}
+        values = {str(n): npz[n] for n in names}
+    try:
+        full = expand_sample_coords(values, store.manifest.options, len(store))
+    except ValueError as exc:
+        raise StoreError(f"{COORDS_NAME} of {store.url}: {exc}") from exc
+    coords = {n: xr.Variable(("sample",), v) for n, v in full.items()}
     for n, v in coords.items():
         if v.shape != (len(store),):
             raise StoreError(

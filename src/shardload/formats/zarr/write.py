@@ -3,7 +3,8 @@
 Compression is Blosc (zstd or lz4) with byte shuffle, or none. With ``shard_chunks`` the sharding
 codec packs that many chunks into one shard file; write blocks are then whole shards, so two
 tasks never write the same file. Plain chunks are encoded here and written as one file each
-(:func:`write_chunk`); sharded ones through zarr-python.
+(:func:`write_chunk`); whole shards are encoded here too (:mod:`.shard_write`), other
+sharded blocks go through zarr-python.
 
 Ragged arrays: a group ``NAME`` with the 1-D arrays ``NAME/values`` and ``NAME/offsets``
 (:meth:`ZarrWriter.finish_ragged`).
@@ -29,6 +30,7 @@ from shardload.formats.zarr.chunks import (
     load_chunk_layout,
     load_stored_objects,
 )
+from shardload.formats.zarr.shard_write import whole_shards, write_shards
 from shardload.util.durable import file_written
 
 _LEVELS = {"zstd": 3, "lz4": 5}
@@ -131,7 +133,10 @@ class ZarrWriter:
         bounds: Sequence[int],
     ) -> dict[int, int]:
         layout = self._layout(root, name, bounds)
-        if layout is None:  # sharded or other codecs: zarr-python writes it
+        shard = None if layout else self._layout(root, name, bounds, shards=True)
+        if shard is not None and whole_shards(shard, start, start + len(data), int(bounds[-1])):
+            return write_shards(shard, start, data, int(bounds[-1]))
+        if layout is None:  # other codecs, or not whole shards: zarr-python writes it
             arr = self._array(root, name)
             arr[start : start + len(data)] = data
             _fsync_blocks(Path(root) / name, arr, start, start + len(data))
@@ -150,9 +155,12 @@ class ZarrWriter:
             raise ValueError(f"row {start} does not start a chunk of {layout.chunk_rows} rows")
         return {start // layout.chunk_rows: write_chunk(layout, start // layout.chunk_rows, data)}
 
-    def _layout(self, root: Path, name: str, bounds: Sequence[int]) -> ChunkLayout | None:
-        """The plain chunk layout of an array this format created (None: use zarr-python)."""
-        key = (str(root), name)
+    def _layout(
+        self, root: Path, name: str, bounds: Sequence[int], *, shards: bool = False
+    ) -> ChunkLayout | None:
+        """The plain chunk layout of an array this format created, or with ``shards`` its
+        shard layout (None: use zarr-python)."""
+        key = (str(root), name + ("/shards" if shards else ""))
         if key not in self._layouts:
             arr = self._array(root, name)
             layout = load_chunk_layout(
@@ -161,7 +169,10 @@ class ZarrWriter:
                 shape=tuple(arr.shape),
                 chunk_bounds=tuple(bounds),
                 strict=True,
+                shards=shards,
             )
+            if layout is not None and (layout.shard is not None) != shards:
+                layout = None
             with self._lock:
                 self._layouts[key] = layout
         return self._layouts[key]
@@ -170,7 +181,8 @@ class ZarrWriter:
         with self._lock:
             for key in [k for k in self._arrays if k[0] == str(root)]:
                 del self._arrays[key]
-                self._layouts.pop(key, None)
+            for key in [k for k in self._layouts if k[0] == str(root)]:
+                del self._layouts[key]
 
     def array_path(self, name: str, *, ragged: bool = False) -> str:
         return name

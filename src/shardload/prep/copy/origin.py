@@ -21,6 +21,7 @@ from shardload.errors import ShardloadError
 from shardload.layout import COORDS_NAME, MANIFEST_NAME
 from shardload.manifest.core import ArraySpec, Manifest
 from shardload.manifest.features import FeatureStats
+from shardload.plan.grids import expand_sample_coords
 from shardload.plan.rechunk import plan_kept_chunk_rows, plan_kept_splits, split_boundaries
 from shardload.prep.copy.series import StoreSeriesView
 from shardload.store.core import Store
@@ -30,6 +31,8 @@ log = logging.getLogger("shardload.prep.copy")
 #: manifest options that describe the source's own layout or view, never carried into the copy
 #: when the copy's manifest has them too (the copy's own layout wins)
 CARRIED_OPTIONS = ("view", "sample_dims")
+#: the sample coordinates' options, which the copy writes itself
+SAMPLE_COORD_OPTIONS = ("sample_coords", "sample_coords_grid")
 
 
 class StoreView:
@@ -154,7 +157,8 @@ class StoreOrigin:
             return {}
         raw = _read_file(self.store, COORDS_NAME)
         with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
-            return {str(n): np.asarray(npz[n]) for n in names}
+            values = {str(n): np.asarray(npz[n]) for n in names}
+        return expand_sample_coords(values, self.manifest.options, len(self.store))
 
     def amend(self, manifest: Manifest) -> Manifest:
         """The copy's manifest: its own layout, the source's statistics (the values are equal;
@@ -163,7 +167,7 @@ class StoreOrigin:
         src = self.manifest
         options = dict(manifest.options)
         for k, v in src.options.items():
-            if k in CARRIED_OPTIONS or (k not in options and k != "sample_coords"):
+            if k in CARRIED_OPTIONS or (k not in options and k not in SAMPLE_COORD_OPTIONS):
                 options[k] = v
         return replace(
             manifest,

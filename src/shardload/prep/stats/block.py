@@ -130,6 +130,46 @@ def _partial_slabs(v: np.ndarray) -> Partial | None:
     )
 
 
+def _partial_slabs_nan(v: np.ndarray) -> Partial | None:
+    """Float blocks with NaN (a packed field's ``_FillValue`` over land): as
+    :func:`_partial_slabs`, a cache-sized slab at a time in two passes, the NaN of each slab
+    counted and left out of the sums (no float64 copy of the block, no block-sized masks).
+    None when a sum is not finite without them (an infinity: the general path)."""
+    n, nf = v.shape
+    work = np.float32 if v.dtype == np.float32 else np.float64
+    step = max(1, _CACHE_BYTES // max(1, nf * np.dtype(work).itemsize))
+    s1, nans = np.zeros(nf), np.zeros(nf, np.int64)
+    mn, mx = np.full(nf, np.nan, v.dtype), np.full(nf, np.nan, v.dtype)
+    buf = np.empty((min(step, n), nf), work)
+    for r in range(0, n, step):
+        blk = v[r : r + step]
+        nan = np.isnan(blk)
+        nans += np.add.reduce(nan, axis=0, dtype=np.int64)
+        d = buf[: len(blk)]
+        np.copyto(d, blk)
+        d[nan] = 0
+        _add_rows(s1, d)
+        np.fmin(mn, np.fmin.reduce(blk, axis=0), out=mn)  # fmin / fmax skip NaN
+        np.fmax(mx, np.fmax.reduce(blk, axis=0), out=mx)
+    if not np.isfinite(s1).all():
+        return None
+    count = n - nans
+    mean = np.where(count > 0, s1 / np.maximum(count, 1), 0.0)
+    center = mean.astype(work)
+    sd, sq = np.zeros(nf), np.zeros(nf)
+    for r in range(0, n, step):
+        blk = v[r : r + step]
+        d = buf[: len(blk)]
+        np.subtract(blk, center, out=d)
+        d[np.isnan(d)] = 0  # NaN rows of the block: nothing; finite ones stay finite
+        _add_rows(sd, d)
+        np.multiply(d, d, out=d)
+        _add_rows(sq, d)
+    m2 = np.where(count > 0, sq - sd * sd / np.maximum(count, 1), 0.0)  # fixes the rounded mean
+    f8 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    return Partial(count, mean, np.maximum(m2, 0.0), f8(mn), f8(mx), nans)
+
+
 def partial(block: np.ndarray) -> Partial:
     """Statistics of one block of rows."""
     v = as_features(block)
@@ -150,6 +190,11 @@ def partial(block: np.ndarray) -> Partial:
             return Partial(const(np.int64(1)), row, const(0.0), row, row, const(np.int64(0)))
     if n and (v.dtype == np.float32 or v.dtype.kind in "biu"):
         fast = _partial_slabs(v)
+        if fast is not None:
+            return fast
+    if n and v.dtype.kind == "f":  # a NaN or an infinity in the block
+        with np.errstate(invalid="ignore"):
+            fast = _partial_slabs_nan(v)
         if fast is not None:
             return fast
     if v.dtype.kind == "f":
