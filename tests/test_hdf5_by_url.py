@@ -90,3 +90,49 @@ def test_cycles_are_still_collected_while_remote_reads_overlap() -> None:
                 kept.append([[i] for i in range(1000)])
         assert ref() is None
     assert gc.isenabled()
+
+
+def test_threads_reading_while_the_first_use_checks_the_metadata(tmp_path: Path, monkeypatch):
+    """By URL the arrays' metadata is checked at the reader's first use; that check must not
+    close the handle other threads of the process are already reading with (it did: "Unable to
+    synchronously get dataspace (identifier is not of specified type)", seen in `shardload copy`
+    of an HDF5 store by URL, whose write tasks read in threads)."""
+    import threading
+
+    from shardload.formats.hdf5 import read as h5read
+
+    make_store(tmp_path / "served", fmt="hdf5", n=600, chunk_rows=50, name="h")
+    want = shardload.open_store(tmp_path / "served" / "h").read("x")
+    real_close = h5read.Hdf5Reader.close
+    started = threading.Event()
+
+    def slow_close(self) -> None:  # other threads read with the handle before it closes
+        started.set()
+        time.sleep(0.5)
+        real_close(self)
+
+    monkeypatch.setattr(h5read.Hdf5Reader, "close", slow_close)
+    with serving(tmp_path / "served", port=0) as url:
+        store = shardload.open_store(f"{url.rstrip('/')}/h")
+        got: dict[int, np.ndarray] = {}
+        errors: list[BaseException] = []
+
+        def read(k: int) -> None:
+            try:
+                if k:
+                    started.wait(2)  # (the fixed check closes no shared handle)
+                got[k] = store.read("x", 0, len(want))
+                end = time.monotonic() + 1.0  # reading on while the check's close comes
+                while k and time.monotonic() < end:
+                    np.testing.assert_array_equal(store.read("x", 100, 110), want[100:110])
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert errors == []
+    for k in range(3):
+        np.testing.assert_array_equal(got[k], want)

@@ -26,6 +26,8 @@ RAGGED_FILE = "ragged.h5"
 
 
 _GC_LOCK = threading.Lock()
+#: opening a reader's handle (threads of a process share one)
+_OPEN_LOCK = threading.Lock()
 _gc_state = {"holders": 0, "was_enabled": False}
 
 
@@ -89,23 +91,28 @@ class Hdf5Reader:
         self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
 
     def file(self) -> Any:
+        """This process's handle, opened once (under a lock: threads share it)."""
+        if self._file is None or self._pid != os.getpid():
+            with _OPEN_LOCK:
+                if self._file is None or self._pid != os.getpid():
+                    self._file = self._open()
+                    self._pid = os.getpid()
+        return self._file
+
+    def _open(self) -> Any:
+        """A new h5py handle of the data file."""
         import h5py
 
-        if self._file is None or self._pid != os.getpid():
-            require("hdf5plugin", "hdf5") if self.manifest.options.get(
-                "compression", "none"
-            ) != "none" else None
-            path = f"{self.root}/{FILE_NAME}"
-            try:
-                if is_local(self.fs):
-                    self._file = h5py.File(path, "r")
-                else:
-                    with no_cyclic_gc(True):
-                        self._file = h5py.File(self.fs.open(path, "rb"), "r")
-            except (OSError, FileNotFoundError) as exc:
-                raise StoreError(f"cannot open HDF5 file {path}: {exc}") from exc
-            self._pid = os.getpid()
-        return self._file
+        if self.manifest.options.get("compression", "none") != "none":
+            require("hdf5plugin", "hdf5")
+        path = f"{self.root}/{FILE_NAME}"
+        try:
+            if is_local(self.fs):
+                return h5py.File(path, "r")
+            with no_cyclic_gc(True):
+                return h5py.File(self.fs.open(path, "rb"), "r")
+        except (OSError, FileNotFoundError) as exc:
+            raise StoreError(f"cannot open HDF5 file {path}: {exc}") from exc
 
     def check_metadata(self, where: str) -> None:
         """Each fixed array's dataset (dtype, shape) against the manifest ``where``, when the
@@ -114,14 +121,15 @@ class Hdf5Reader:
         fixed = [k for k, a in self.manifest.arrays.items() if not a.is_ragged]
         if not fixed:
             return
-        opened = self._file is None
+        # a handle of its own, closed again: the shared one may be in use by another thread
+        own = self._file is None or self._pid != os.getpid()
         try:
-            try:
-                f = self.file()
-            except StoreError as exc:
-                if isinstance(exc.__cause__, FileNotFoundError):
-                    return  # left to the read that needs it (as a missing npy chunk file)
-                raise
+            f = self._open() if own else self.file()
+        except StoreError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                return  # left to the read that needs it (as a missing npy chunk file)
+            raise
+        try:
             for name in fixed:
                 info = self.manifest.arrays[name]
                 ds = f.get(name)
@@ -134,8 +142,8 @@ class Hdf5Reader:
                         f"{tuple(info.shape)}"
                     )
         finally:
-            if opened:
-                self.close()
+            if own:
+                f.close()
 
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
         if stop <= start:
