@@ -142,3 +142,41 @@ def test_an_unexpected_error_in_a_spans_read_names_the_chunks(sharded, monkeypat
         list(shardload.iter_batches(store, batch_size=16, seed=5))
     msg = str(err.value)
     assert "boom" in msg and "one of chunks 0, 1, 2" in msg and "(29 chunks)" in msg, msg
+
+
+@pytest.mark.parametrize("verify", ["never", None])
+def test_by_url_a_call_reads_a_shards_chunks_with_few_requests(sharded, monkeypatch, verify):
+    """By URL, a call's inner chunks of one shard are a few range requests (near ones
+    coalesced), not one per inner chunk; with the default verify, the shard fetched whole for
+    its checksum serves them (one request in all). Values as the local read's."""
+    import shardload.move.remote as remote
+    from shardload.move.serve import serving
+
+    requests: list[tuple[str, int | None, int | None]] = []
+    real = remote.read_bytes
+
+    def spy(fs, path, start=None, end=None, *, what=""):  # type: ignore[no-untyped-def]
+        requests.append((path, start, end))
+        return real(fs, path, start, end, what=what)
+
+    monkeypatch.setattr(remote, "read_bytes", spy)
+    local = shardload.open_store(sharded)
+    per_shard = ROWS * PER_SHARD
+    # shard 1's inner chunks shuffled, and pieces inside and across them
+    spans = [(per_shard + c * ROWS, per_shard + (c + 1) * ROWS) for c in (2, 0, 3, 1)]
+    spans += [(per_shard + 3, per_shard + 5), (per_shard + 6, per_shard + 17)]
+    with serving(sharded.parent) as url:
+        store = shardload.open_store(f"{url}/{sharded.name}", verify=verify)
+        for name in store.arrays:
+            info = store.manifest.arrays[name]
+            outs = [np.full((b - a, *info.row_shape), 7, info.dtype) for a, b in spans]
+            requests.clear()
+            store.reader.read_spans_into(name, spans, outs)  # type: ignore[attr-defined]
+            shard_requests = [r for r in requests if "/c/" in r[0]]
+            assert len(shard_requests) <= 2, shard_requests  # the index and one range
+            if verify is None:
+                assert len(shard_requests) == 1, shard_requests  # the whole shard, checked
+            for (a, b), out in zip(spans, outs, strict=True):
+                want = np.empty_like(out)
+                local.reader.read_into(name, a, b, want)
+                np.testing.assert_array_equal(out, want)

@@ -13,18 +13,22 @@ messages are built only when a check fails, and then the same as the one-span pa
 
 from __future__ import annotations
 
+import io
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 from numcodecs import blosc
 
 from shardload.errors import ChunkReadError
-from shardload.formats.checksums import Verifier
+from shardload.formats.checksums import Verifier, digest
 from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts, verify_file
 from shardload.formats.zarr.shards import (
     EMPTY,
+    RangeFile,
     ShardIndexCache,
     _fileno,
     _pread_into,
@@ -32,6 +36,14 @@ from shardload.formats.zarr.shards import (
     _read_inner_chunks,
     _scratch,
 )
+
+#: By URL, inner chunks with at most this many bytes between them share one range request
+#: (a request on loopback costs about as much as reading this many more bytes), and a
+#: request is at most ``URL_RUN_BYTES``.
+URL_GAP_BYTES = 256 << 10
+URL_RUN_BYTES = 16 << 20
+#: By URL, the range requests of one call in flight at once.
+URL_THREADS = 8
 
 #: Adjacent inner chunks are read with one ``pread`` up to this many bytes (the scratch
 #: buffer a reader thread keeps): fewer system calls, each without the GIL.
@@ -41,6 +53,8 @@ _HEADER = struct.Struct("<III")  # a Blosc header's decoded, block and compresse
 
 #: one piece of a span: (inner chunk j of the shard, its rows [lo, hi), destination bytes)
 Piece = tuple[int, int, int, memoryview]
+#: bytes [start, end) of a shard file: a buffer and how many of its bytes were read
+Fetch = Callable[[int, int], tuple[memoryview, int]]
 
 
 def read_shard_spans_into(
@@ -84,10 +98,18 @@ def _read_pieces(
     indexes: ShardIndexCache | None,
 ) -> None:
     path = layout.chunk_path(k)
-    if verifier is not None and verifier.needed(name, k):
-        verify_file(verifier, name, k, path, opener=layout.opener, what=f"shard {k}")
+    check = verifier is not None and verifier.needed(name, k)
+    if check and layout.opener is None:  # a local file: checked through mmap, then read
+        assert verifier is not None
+        verify_file(verifier, name, k, path, what=f"shard {k}")
     try:
         with layout.open(path) as f:
+            if check and isinstance(f, RangeFile):  # by URL: fetched whole once, checked,
+                assert verifier is not None  # and the chunks read from those same bytes
+                f = _checked_bytes(verifier, name, k, path, f)
+            elif check:
+                assert verifier is not None
+                verify_file(verifier, name, k, path, opener=layout.opener, what=f"shard {k}")
             fd = _fileno(f)
             index = indexes.get(path) if indexes is not None else None
             if index is None:
@@ -95,7 +117,21 @@ def _read_pieces(
                 if indexes is not None:
                     indexes.put(path, index)
             if layout.blosc and fd is not None:
-                _read_runs(layout, name, k, pieces, fd, index, path)
+                _read_runs(layout, name, k, pieces, index, path, _local_fetch(fd))
+            elif layout.blosc and isinstance(f, RangeFile):  # by URL: few range requests
+                _read_runs(
+                    layout,
+                    name,
+                    k,
+                    pieces,
+                    index,
+                    path,
+                    f.fetch,
+                    gap=URL_GAP_BYTES,
+                    threads=URL_THREADS,
+                )
+            elif layout.blosc and isinstance(f, io.BytesIO):  # the checked whole shard
+                _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(f), gap=RUN_BYTES)
             else:  # raw inner chunks, or not a local file: the one-span path, piece by piece
                 for j, lo, hi, part in pieces:
                     a = j * layout.chunk_rows + lo
@@ -111,19 +147,50 @@ def _read_pieces(
         ) from exc
 
 
+def _local_fetch(fd: int) -> Fetch:
+    def fetch(start: int, end: int) -> tuple[memoryview, int]:
+        buf = _scratch(end - start)
+        return buf, _pread_into(None, fd, buf, start)
+
+    return fetch
+
+
+def _checked_bytes(verifier: Verifier, name: str, k: int, path: str, f: RangeFile) -> io.BytesIO:
+    """Shard ``k`` fetched whole (one request) and checked against its checksum: its bytes."""
+    try:
+        data = f.read()
+    except OSError as exc:  # as verify_file: missing or unreadable, strict or not
+        raise ChunkReadError.from_os_error(exc, f"shard {k}", name, path) from exc
+    verifier.check(name, k, digest(data), path=path, what=f"shard {k}")
+    return io.BytesIO(data)
+
+
+def _bytes_fetch(f: io.BytesIO) -> Fetch:
+    data = f.getbuffer()
+
+    def fetch(start: int, end: int) -> tuple[memoryview, int]:
+        buf = data[start:end]
+        return buf, len(buf)
+
+    return fetch
+
+
 def _read_runs(
     layout: ChunkLayout,
     name: str,
     k: int,
     pieces: list[Piece],
-    fd: int,
     index: np.ndarray,
     path: str,
+    fetch: Fetch,
+    gap: int = 0,
+    threads: int = 1,
 ) -> None:
-    """Blosc inner chunks of shard ``k`` (open as ``fd``) in offset order, runs of adjacent
-    chunks (up to ``RUN_BYTES``) read with one ``pread`` each, each chunk decoded into its
-    piece; a check that fails hands the chunk to :func:`.chunks.decode_into`, which raises
-    the error naming it."""
+    """Blosc inner chunks of shard ``k`` in offset order, runs of chunks (up to ``RUN_BYTES``
+    each, with at most ``gap`` bytes between one and the next) read with one ``fetch`` each,
+    each chunk decoded into its piece; a check that fails hands the chunk to
+    :func:`.chunks.decode_into`, which raises the error naming it. ``threads`` > 1: that many
+    fetches at once (by URL; a pool of this call's own, never one a forked worker inherits)."""
     assert layout.shard is not None
     js = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
     offs, sizes = index[js, 0], index[js, 1]
@@ -131,6 +198,8 @@ def _read_runs(
     offs_l, sizes_l = offs.tolist(), sizes.tolist()
     full = layout.chunk_rows * layout.row_bytes
     typesizes = (1, layout.dtype.itemsize)
+    run_max = RUN_BYTES if not gap else URL_RUN_BYTES
+    runs: list[tuple[int, int, int, int]] = []  # order[i:m]: one fetch of bytes [start, end)
     n, i = len(order), 0
     while i < n:
         first = order[i]
@@ -140,35 +209,41 @@ def _read_runs(
             i += 1
             continue
         end, m = start + sizes_l[first], i + 1
-        while m < n:  # the run: chunks that start where the last one ends
+        while m < n:  # the run: chunks that start where the last one ends (or within gap)
             q = order[m]
-            if offs_l[q] != end or end + sizes_l[q] - start > RUN_BYTES:
+            q_end = offs_l[q] + sizes_l[q]
+            if offs_l[q] > end + gap or max(end, q_end) - start > run_max:
                 break
-            end += sizes_l[q]
+            end = max(end, q_end)
             m += 1
-        buf = _scratch(end - start)
-        got = _pread_into(None, fd, buf, start)
-        for q in order[i:m]:
-            j, lo, hi, part = pieces[q]
-            a, size = offs_l[q] - start, sizes_l[q]
-            raw = buf[a : a + size]
-            if a + size > got:
-                what = f"chunk {k * layout.shard.chunks + j} (inner chunk {j} of shard {k})"
-                raise ChunkReadError(
-                    f"{what} of array {name!r} is truncated: {path} (expected {size} bytes "
-                    f"at offset {offs_l[q]}, got {max(0, got - a)})"
-                )
-            if lo == 0 and hi == layout.chunk_rows and size >= 16:
-                nbytes, _, cbytes = _HEADER.unpack_from(raw, 4)
-                if cbytes == size and nbytes == full and raw[3] in typesizes:
-                    try:
-                        blosc.decompress(raw, part)  # in C, without the GIL
-                        continue
-                    except Exception:  # decode_into below raises the error naming it
-                        pass
-            what = f"chunk {k * layout.shard.chunks + j} (inner chunk {j} of shard {k})"
-            decode_into(layout, raw, lo, hi, part, name=name, what=what, path=path)
+        runs.append((i, m, start, end))
         i = m
+    with ExitStack() as stack:
+        if threads > 1 and len(runs) > 1:  # by URL: the requests in flight together
+            pool = stack.enter_context(ThreadPoolExecutor(min(threads, len(runs))))
+            fetched = pool.map(lambda r: fetch(r[2], r[3]), runs)
+        else:
+            fetched = (fetch(r[2], r[3]) for r in runs)
+        for (i, m, start, _), (buf, got) in zip(runs, fetched, strict=True):
+            for q in order[i:m]:
+                j, lo, hi, part = pieces[q]
+                a, size = offs_l[q] - start, sizes_l[q]
+                raw = buf[a : a + size]
+                what = f"chunk {k * layout.shard.chunks + j} (inner chunk {j} of shard {k})"
+                if a + size > got:
+                    raise ChunkReadError(
+                        f"{what} of array {name!r} is truncated: {path} (expected {size} "
+                        f"bytes at offset {offs_l[q]}, got {max(0, got - a)})"
+                    )
+                if lo == 0 and hi == layout.chunk_rows and size >= 16:
+                    nbytes, _, cbytes = _HEADER.unpack_from(raw, 4)
+                    if cbytes == size and nbytes == full and raw[3] in typesizes:
+                        try:
+                            blosc.decompress(raw, part)  # in C, without the GIL
+                            continue
+                        except Exception:  # decode_into below raises the error naming it
+                            pass
+                decode_into(layout, raw, lo, hi, part, name=name, what=what, path=path)
 
 
 def read_spans_into(

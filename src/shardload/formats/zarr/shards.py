@@ -270,6 +270,12 @@ class RangeFile:
 
         return read_bytes(self.fs, self.path, start, end, what=os.path.basename(self.path))
 
+    def fetch(self, start: int, end: int) -> tuple[memoryview, int]:
+        """Bytes ``[start, end)`` in one range request: the buffer and its length (shorter
+        only past the end of the file)."""
+        data = self._get(start, end) if end > start else b""
+        return memoryview(data), len(data)
+
     def read(self, n: int = -1) -> bytes:
         if n < 0:
             data = self._get(self._pos or None, None)
