@@ -334,6 +334,35 @@ def test_bundles_restore_the_order_with_in_order_false(store):
     assert indices(StreamingDataLoader(ds, num_workers=2, bundle=3, in_order=False)) == want
 
 
+def test_unbundle_yields_each_batch_as_soon_as_it_and_those_before_it_arrived():
+    """The first batch goes out once worker 0's first bundle is in, without waiting for
+    worker 1's (which arrives later); the order is still a plain DataLoader's, in either
+    arrival order, and a round left incomplete loses nothing."""
+    from shardload.torch.transport import _Bundle, _unbundle
+
+    def bundle(worker, seq, names):
+        b = _Bundle(worker, seq)
+        b.extend(names)
+        return b
+
+    counts, size = [3, 2], 2  # worker 0: a0 a1 | a2; worker 1: b0 b1
+    pulled = []
+
+    def items(order):
+        sent = [bundle(0, 0, ["a0", "a1"]), bundle(1, 0, ["b0", "b1"]), bundle(0, 1, ["a2"])]
+        for k in order:
+            pulled.append(k)
+            yield sent[k]
+
+    out = _unbundle(items([0, 1, 2]), counts, size)
+    assert next(out) == "a0" and pulled == [0]  # worker 1's bundle not waited for
+    assert next(out) == "b0" and pulled == [0, 1]
+    assert list(out) == ["a1", "b1", "a2"]
+    assert list(_unbundle(items([1, 2, 0]), counts, size)) == ["a0", "b0", "a1", "b1", "a2"]
+    # worker 1 never sends (died): what came is passed on, none twice, none dropped
+    assert list(_unbundle(items([0, 2]), counts, size)) == ["a0", "a1", "a2"]
+
+
 @many_workers
 def test_a_worker_with_no_batch(store):
     """3 workers, 2 batches: worker 2 sends nothing; the loader must neither hang nor drop any."""

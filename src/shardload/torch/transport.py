@@ -147,26 +147,37 @@ def _unbundle(items: Iterator[Any], counts: Sequence[int], bundle: int) -> Itera
     ``counts``: each worker's batches in this iteration (from the plan), so round ``r`` is
     bundle ``r`` of every worker with more than ``r * bundle`` batches. Bundles are matched by
     (worker, seq), so ``in_order=False`` gives the same order; anything unexpected is passed on
-    as it comes, never dropped.
+    as it comes, never dropped. A batch goes out as soon as it and every batch before it
+    arrived: the first batch waits for worker 0's first bundle only, not for every worker's.
     """
     held: dict[tuple[int, int], _Bundle] = {}
     rounds = iter(enumerate(plan_rounds(counts, bundle)))
     rnd, who = next(rounds, (-1, []))
+    i = j = 0  # the next batch out: batch i of worker who[j]'s bundle of round rnd
     for item in items:
         if not isinstance(item, _Bundle):
             yield item
             continue
         held[(item.worker, item.seq)] = item
-        while who and all((w, rnd) in held for w in who):
-            bundles = [held.pop((w, rnd)) for w in who]
-            for i in range(max(map(len, bundles))):
-                for b in bundles:
-                    if i < len(b):
-                        batch, b[i] = b[i], None  # the caller alone holds it (its slot frees)
-                        yield batch
-            rnd, who = next(rounds, (-1, []))
+        while who:
+            if j == len(who):  # row i done; row 0 needed every bundle, so all are held
+                if i + 1 < max(len(held[(w, rnd)]) for w in who):
+                    i, j = i + 1, 0
+                    continue
+                for w in who:
+                    del held[(w, rnd)]
+                rnd, who = next(rounds, (-1, []))
+                i = j = 0
+                continue
+            b = held.get((who[j], rnd))
+            if b is None:
+                break  # wait for it
+            if i < len(b):
+                batch, b[i] = b[i], None  # the caller alone holds it (its slot frees)
+                yield batch
+            j += 1
     for key in sorted(held, key=lambda k: (k[1], k[0])):  # not in the plan: in arrival order
-        yield from held.pop(key)
+        yield from (x for x in held.pop(key) if x is not None)
 
 
 _EXIT_GUARDED = False
