@@ -260,3 +260,21 @@ def test_mask_and_scale_match_xarray(dtype, attrs):
 def test_what_xarray_turns_into_other_types_is_refused(attrs, said):
     with pytest.raises(StoreError, match=f"'v'.*{said}"):
         plan_cf_decoding("v", dtype=np.dtype("i2"), attrs=attrs, fill_value=None, zarr_format=3)
+
+
+def test_spans_read_in_one_call_are_decoded_as_read_into(cf_store):
+    """Several spans of a CF-encoded array in one call (the loader's task shape) give the
+    served values of `read_into` (the stored -> served decoding applied), for every array:
+    with a float64 output, `dtype == None` had compared equal (np.dtype(None) is float64) and
+    the raw int16 bytes were served as float64."""
+    path, _ = cf_store
+    st = shardload.open_store(path)
+    reader = st.reader
+    for name, info in st.manifest.arrays.items():
+        n = min(info.shape[0], 12)
+        spans = [(0, n // 3), (n // 3, n)]
+        want = np.empty((n, *info.row_shape), np.dtype(info.dtype))
+        reader.read_into(name, 0, n, want)
+        outs = [np.empty((b - a, *info.row_shape), np.dtype(info.dtype)) for a, b in spans]
+        reader.read_spans_into(name, spans, outs)
+        np.testing.assert_array_equal(np.concatenate(outs), want, err_msg=name)

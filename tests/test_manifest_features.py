@@ -224,7 +224,9 @@ def test_compact_feature_statistics_decode_to_numpys_figures(dtype, stored):
     x64 = x.astype(np.float64)
     with np.errstate(all="ignore"):
         np.testing.assert_allclose(back.mean, np.nanmean(x64, 0), rtol=1e-12)
-        np.testing.assert_allclose(back.std, np.nanstd(x64, 0), rtol=1e-9, atol=1e-12)
+        # float32 data is reduced with float32 squares (tests/test_stats.py: rtol 1e-7)
+        rtol = 1e-7 if dtype == "float32" else 1e-9
+        np.testing.assert_allclose(back.std, np.nanstd(x64, 0), rtol=rtol, atol=1e-12)
         np.testing.assert_array_equal(back.min, np.nanmin(x64, 0))
         np.testing.assert_array_equal(back.max, np.nanmax(x64, 0))
     np.testing.assert_array_equal(back.nan_count, np.isnan(x64).sum(0))

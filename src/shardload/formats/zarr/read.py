@@ -259,8 +259,13 @@ class ZarrReader:
         """Several spans, each into its ``out``: a sharded array's shards opened once per call
         (:mod:`.shard_spans`); otherwise span by span, as :meth:`read_into`."""
         layout = self.layout(name)
-        dt = layout.dtype if layout is not None and name not in self._cf else None
-        if layout is None or not all(o.flags.c_contiguous and o.dtype == dt for o in outs):
+        # CF-encoded arrays (stored -> served values) go span by span through read_into; note
+        # that a dtype compared with None is compared with float64 (np.dtype(None))
+        if (
+            layout is None
+            or name in self._cf
+            or not all(o.flags.c_contiguous and o.dtype == layout.dtype for o in outs)
+        ):
             for (start, stop), out in zip(spans, outs, strict=True):
                 self.read_into(name, start, stop, out)
         else:
