@@ -258,18 +258,11 @@ class ZarrReader:
     ) -> None:
         """Several spans, each into its ``out``: a sharded array's shards opened once per call
         (:mod:`.shard_spans`); otherwise span by span, as :meth:`read_into`."""
-        layout = self.layout(name)
-        # CF-encoded arrays (stored -> served values) go span by span through read_into; note
-        # that a dtype compared with None is compared with float64 (np.dtype(None))
-        if (
-            layout is None
-            or name in self._cf
-            or not all(o.flags.c_contiguous and o.dtype == layout.dtype for o in outs)
-        ):
-            for (start, stop), out in zip(spans, outs, strict=True):
-                self.read_into(name, start, stop, out)
-        else:
-            read_spans_into(layout, name, spans, outs, self.verifier, self._indexes)
+        lay = None if name in self._cf else self.layout(name)  # CF arrays: decoded by read_into
+        if lay is not None and all(o.flags.c_contiguous and o.dtype == lay.dtype for o in outs):
+            return read_spans_into(lay, name, spans, outs, self.verifier, self._indexes)
+        for (start, stop), out in zip(spans, outs, strict=True):
+            self.read_into(name, start, stop, out)
 
     def array(self, name: str) -> Any:
         with self._lock:  # reader threads may open arrays concurrently
