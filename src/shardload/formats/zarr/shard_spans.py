@@ -32,9 +32,9 @@ from shardload.formats.zarr.shards import (
     ShardIndexCache,
     _fileno,
     _pread_into,
-    _read_index,
     _read_inner_chunks,
     _scratch,
+    shard_index,
 )
 
 #: By URL, inner chunks with at most this many bytes between them share one range request
@@ -111,11 +111,7 @@ def _read_pieces(
                 assert verifier is not None
                 verify_file(verifier, name, k, path, opener=layout.opener, what=f"shard {k}")
             fd = _fileno(f)
-            index = indexes.get(path) if indexes is not None else None
-            if index is None:
-                index = _read_index(layout, name, k, path, f, fd)
-                if indexes is not None:
-                    indexes.put(path, index)
+            index = shard_index(layout, name, k, path, f, fd, indexes)
             if layout.blosc and fd is not None:
                 _read_runs(layout, name, k, pieces, index, path, _local_fetch(fd))
             elif layout.blosc and isinstance(f, RangeFile):  # by URL: few range requests

@@ -125,11 +125,7 @@ def _read_shard_part(
     try:
         with layout.open(path) as f:
             fd = _fileno(f)
-            index = indexes.get(path) if indexes is not None else None
-            if index is None:
-                index = _read_index(layout, name, k, path, f, fd)
-                if indexes is not None:
-                    indexes.put(path, index)
+            index = shard_index(layout, name, k, path, f, fd, indexes)
             _read_inner_chunks(layout, name, k, a, b, dst, f, fd, index, path)
     except FileNotFoundError as exc:
         if layout.strict:
@@ -139,6 +135,25 @@ def _read_shard_part(
         raise ChunkReadError(
             f"shard {k} of array {name!r} could not be read: {path}: {exc}"
         ) from exc
+
+
+def shard_index(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    path: str,
+    f: Any,
+    fd: int | None,
+    indexes: ShardIndexCache | None,
+) -> np.ndarray:
+    """Shard ``k``'s checked index (:func:`_read_index`), from ``indexes`` when it holds it,
+    else read and kept there."""
+    index = indexes.get(path) if indexes is not None else None
+    if index is None:
+        index = _read_index(layout, name, k, path, f, fd)
+        if indexes is not None:
+            indexes.put(path, index)
+    return index
 
 
 def _read_index(
