@@ -85,3 +85,11 @@ def test_manifest_of_random_bytes_is_a_clear_error(tmp_path, capsys):
         shardload.open_store(store)
     code, _, err = _run(capsys, "inspect", str(store))
     assert code == 2 and "shardload.json" in err
+
+
+def test_scheduler_choices_are_the_configs():
+    """`--scheduler` of prepare and copy offers exactly the config's schedulers."""
+    from shardload.cli.prepare import SCHEDULER_CHOICES
+    from shardload.prep.config_models.fields import SCHEDULERS
+
+    assert SCHEDULER_CHOICES == SCHEDULERS

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from shardload.cli.prepare import SCHEDULER_CHOICES
+
 COPY_HELP = """\
 Copy the store SRC (a folder or URL; any format: zarr, sharded zarr, npy, hdf5; plain Zarr
 data too) into DST, rewritten in the layout 'prepare' writes by default, or the one the
@@ -60,7 +62,7 @@ def register(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at DST")
     p.add_argument(
         "--scheduler",
-        choices=["auto", "threads", "processes", "distributed", "jobqueue", "sync"],
+        choices=SCHEDULER_CHOICES,
         help="who writes the blocks (config execution.scheduler)",
     )
     p.add_argument("--workers", type=int, help="config execution.num_workers")

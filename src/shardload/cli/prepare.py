@@ -29,6 +29,10 @@ An interrupted run leaves OUT.partial and resumes when run again with the same c
 The whole config is checked before any file is written; --check stops there and prints the plan.
 """
 
+#: ``--scheduler`` of prepare and copy (config ``execution.scheduler``; a literal here: the
+#: config models import pydantic, which ``shardload --help`` should not wait for)
+SCHEDULER_CHOICES = ("auto", "threads", "processes", "distributed", "jobqueue", "sync")
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -50,7 +54,7 @@ def register(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at 'out'")
     p.add_argument(
         "--scheduler",
-        choices=["auto", "threads", "processes", "distributed", "jobqueue", "sync"],
+        choices=SCHEDULER_CHOICES,
         help="shortcut for --set execution.scheduler=...",
     )
     p.add_argument("--workers", type=int, help="shortcut for --set execution.num_workers=N")
