@@ -259,15 +259,21 @@ def _ok(q: dict[str, Any]) -> str:
     return "meets the quality goals" if not bad else "misses: " + ", ".join(bad)
 
 
-def main(argv: list[str] | None = None) -> None:
+def store_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """The options of the store and the load, shared with bench_default_url.py."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--workdir", default="bench-results/default-layout")
     ap.add_argument("--rows", type=int, default=65_536)
     ap.add_argument("--features", type=int, default=1550, help="float32 per row (6.2 KB)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = store_arguments(__doc__)
     ap.add_argument("--workers", default="0,2", help="DataLoader workers per case (0: in-process)")
     ap.add_argument(
         "--stores",

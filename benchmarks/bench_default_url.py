@@ -17,7 +17,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -65,18 +64,12 @@ def epoch(url: str, batch_size: int, seed: int) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--workdir", default="bench-results/default-layout")
-    ap.add_argument("--rows", type=int, default=65_536)
-    ap.add_argument("--features", type=int, default=1550, help="float32 per row (6.2 KB)")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--seed", type=int, default=0)
+    from bench_default_layout import build, data_files, store_arguments
+
+    ap = store_arguments(__doc__)
     ap.add_argument("--threads", default="4,8,16", help="thread counts of the plain GET")
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args(argv)
-    from bench_default_layout import build, data_files
 
     from shardload.move.serve import serving
 
