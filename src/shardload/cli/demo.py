@@ -76,7 +76,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         saved = save_model(res, out)
         print(
             f"[4/4] train: {res['steps']} steps of a {res['params']:,}-parameter MLP, loss {res['first_loss']:.4f} -> "
-            f"{res['last_loss']:.4f}, validation loss {res['val_loss']:.4f} ({res['val_rows']} rows), "
+            f"{res['last_loss']:.4f}, validation loss {res['val_loss']:.4f} (the mean predictor's "
+            f"{res['val_loss_mean_predictor']:.4f}; {res['val_rows']} rows), "
             f"{res['samples_per_s']:,.0f} samples/s ({res['mb_per_s']:.1f} MB/s) "
             f"with {args.workers} DataLoader worker(s); model saved to {saved}"
         )

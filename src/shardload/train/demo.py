@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from shardload.train.baseline import mean_predictor_loss
+
 
 def _norm(store: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     st = store.manifest.stats[name]
@@ -37,6 +39,7 @@ def train_mlp(
     from torch import nn
 
     from shardload.torch import StreamingDataLoader, StreamingDataset
+    from shardload.train.transforms import INPUT_CLIP
 
     torch.manual_seed(seed)
     ds = StreamingDataset(store, batch_size=batch_size, split="train", shuffle=True, seed=seed)
@@ -59,7 +62,7 @@ def train_mlp(
     while step < steps:
         ds.set_epoch(epoch)
         for batch in loader:
-            xb = (batch[x] - mx_t) / sx_t
+            xb = ((batch[x] - mx_t) / sx_t).clamp(-INPUT_CLIP, INPUT_CLIP)
             yb = (batch[y] - my_t) / sy_t
             loss = nn.functional.mse_loss(model(xb), yb)
             opt.zero_grad(set_to_none=True)
@@ -75,6 +78,8 @@ def train_mlp(
     val_loss, val_rows = _validate(store, model, (mx_t, sx_t, my_t, sy_t), x, y, batch_size)
     return {
         "val_loss": val_loss,
+        # what a model that learnt nothing gets, in the same (standardised) units
+        "val_loss_mean_predictor": mean_predictor_loss(store, scale=sy),
         "val_rows": val_rows,
         "steps": step,
         "epochs": epoch,
@@ -95,6 +100,7 @@ def _validate(
     import torch
 
     from shardload.torch import StreamingDataset
+    from shardload.train.transforms import INPUT_CLIP
 
     mx, sx, my, sy = norm
     ds = StreamingDataset(store, batch_size=batch_size, split="val", shuffle=False)
@@ -102,7 +108,7 @@ def _validate(
     model.eval()
     with torch.no_grad():
         for batch in torch.utils.data.DataLoader(ds, batch_size=None):
-            pred = model((batch[x] - mx) / sx)
+            pred = model(((batch[x] - mx) / sx).clamp(-INPUT_CLIP, INPUT_CLIP))
             err = torch.nn.functional.mse_loss(pred, (batch[y] - my) / sy, reduction="sum")
             total += float(err) / pred.shape[-1]
             rows += len(batch["index"])

@@ -25,13 +25,11 @@ from torch import nn
 from shardload.errors import ShardloadError
 from shardload.train.graph import GraphBatcher
 from shardload.train.models import GNN, MLP, LSTMRegressor
-from shardload.train.transforms import Normalize
+from shardload.train.transforms import INPUT_CLIP, Normalize
 
 log = logging.getLogger("shardload.train")
 
 KINDS = ("mlp", "gnn", "lstm")
-#: normalised inputs are clipped to +-INPUT_CLIP standard deviations (see ExampleTask._clip)
-INPUT_CLIP = 5.0
 BANDS = ("sw", "lw")
 COLUMNS = (
     "epoch",

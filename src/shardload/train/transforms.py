@@ -20,6 +20,11 @@ from shardload.errors import ShardloadError
 #: radiation benchmark scales its inputs)
 METHODS = ("standardize", "maxscale")
 
+#: normalised inputs are clipped to +-INPUT_CLIP standard deviations: rare values hundreds of
+#: standard deviations out (a nearly constant feature) swamp a first layer and the model learns
+#: only the mean (the examples' ExampleTask._clip and the demo's MLP)
+INPUT_CLIP = 5.0
+
 
 def plan_scale(stats: Any, method: str) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature ``(shift, scale)`` float32 so that ``(x - shift) / scale`` normalises (pure).
