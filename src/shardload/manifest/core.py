@@ -32,6 +32,7 @@ from shardload.manifest.features import (
     feature_file_name,
     write_features,
 )
+from shardload.manifest.time import TimeAxis
 
 #: 2: per-feature names and statistics in ``_features/NAME.npz`` (1: inline in the JSON);
 #: 3: a store with variable-length arrays (``ArrayInfo.ragged``), which older readers refuse;
@@ -150,6 +151,14 @@ class Manifest:
     #: The per-chunk checksum algorithm of the store's ``checksums.npz`` sidecar ("": none;
     #: stores written before checksums existed, plain Zarr data). See :mod:`shardload.formats.checksums`.
     checksums: str = ""
+    #: A dated store's time axis (:class:`shardload.manifest.time.TimeAxis` as a dict: start,
+    #: frequency, length, missing rows); empty for a store whose rows are not dates.
+    time: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def time_axis(self) -> TimeAxis | None:
+        """The time axis of a dated store (one row per date), else None."""
+        return TimeAxis.from_dict(self.time) if self.time else None
 
     @property
     def num_chunks(self) -> int:
@@ -304,6 +313,7 @@ class Manifest:
                 split_rows={k: (int(v[0]), int(v[1])) for k, v in d.get("split_rows", {}).items()},
                 feature_files=files,
                 checksums=str(d.get("checksums", "")),
+                time=dict(d.get("time") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StoreError(f"malformed {MANIFEST_NAME}: {exc!r}") from exc

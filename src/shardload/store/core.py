@@ -22,6 +22,7 @@ from shardload.formats.registry import open_reader as open_format_reader
 from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX
 from shardload.manifest.consistency import check_manifest_consistent
 from shardload.manifest.core import Manifest
+from shardload.manifest.time import TimeAxis
 from shardload.store.incomplete import interrupted_error, partial_error
 
 
@@ -54,6 +55,12 @@ class Store:
             for k, a in self.manifest.arrays.items()
         )
         return f"<shardload.Store {self.url} format={self.manifest.format} length={len(self)} arrays=({arrays})>"
+
+    @property
+    def time(self) -> TimeAxis | None:
+        """A dated store's time axis (row ``i`` is ``time.dates[i]``; ``time.missing`` lists the
+        rows without data), else None. See :mod:`shardload.manifest.time`."""
+        return self.manifest.time_axis
 
     @property
     def arrays(self) -> tuple[str, ...]:
