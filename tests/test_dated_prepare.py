@@ -248,3 +248,15 @@ def test_a_run_that_failed_the_declared_check_resumes_once_the_list_is_right(tmp
     assert any("14 of 14 block(s) already written" in r.getMessage() for r in caplog.records)
     assert store.time.missing == (*GAPS, NAN_STATE)
     np.testing.assert_array_equal(store.read("x"), expected_rows())
+
+
+def test_a_copy_keeps_the_time_axis_and_the_statistics(tmp_path, src):
+    store = shardload.prepare(config(src, tmp_path / "s"))
+    copy = shardload.copy(tmp_path / "s", tmp_path / "c", format="npy", compression="none")
+    assert copy.time == store.time and copy.manifest.time == store.manifest.time
+    assert sorted(copy.manifest.stats) == ["x", "x/tendency_1"]
+    for name in ("x", "x/tendency_1"):
+        for f in ("count", "mean", "std", "min", "max"):
+            a, b = getattr(copy.manifest.stats[name], f), getattr(store.manifest.stats[name], f)
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(copy.read("x"), expected_rows())
