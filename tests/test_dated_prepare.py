@@ -260,3 +260,51 @@ def test_a_copy_keeps_the_time_axis_and_the_statistics(tmp_path, src):
             a, b = getattr(copy.manifest.stats[name], f), getattr(store.manifest.stats[name], f)
             np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(copy.read("x"), expected_rows())
+
+
+@pytest.mark.parametrize("period", ["train", "all"])
+def test_a_resumed_run_gives_a_clean_run_s_statistics_and_missing_dates(
+    tmp_path, src, monkeypatch, period
+):
+    """Interrupted at block 30 with the statistics saved after every block (missing dates 7,
+    8, 20 in the saved prefix), resumed with the same period or another one (the saved
+    statistics are then not used): the clean run's statistics and time axis, bit for bit."""
+    import errno
+
+    from shardload.formats.npy.write import NpyWriter
+    from shardload.prep import run as prep_run
+    from shardload.prep import tasks as pipeline
+
+    c = config(src, tmp_path / "s", chunk_rows=1, format="npy", execution="sync")
+    want = {**c, "dates": {"statistics": period}, "out": str(tmp_path / "ref")}
+    ref = shardload.prepare(want)
+    monkeypatch.setattr(prep_run, "STATS_SAVE_BYTES", 0)
+    monkeypatch.setattr(prep_run, "STATS_SAVE_FACTOR", 0)
+    real = NpyWriter.write_block
+
+    def flaky(self, root, name, chunk_index, start, data, *, bounds):
+        if chunk_index == 30:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(self, root, name, chunk_index, start, data, bounds=bounds)
+
+    monkeypatch.setattr(NpyWriter, "write_block", flaky)
+    with pytest.raises(StoreError, match="chunk 30"):
+        shardload.prepare(c)  # the default period: train
+    monkeypatch.undo()
+    progress = tmp_path / "s.partial" / "_progress"
+    recorded = sorted(int(p.stem[6:]) for p in progress.glob("block-*.npz"))
+    saved = np.load(progress / "stats.npz")
+    assert int(saved["blocks"]) == 30 and recorded[:30] == list(range(30))
+    np.testing.assert_array_equal(saved["_notes/missing_rows"], [*GAPS, NAN_STATE])
+    again = []
+    real_stats = pipeline.block_stats
+    monkeypatch.setattr(pipeline, "block_stats", lambda j, b: again.append(b) or real_stats(j, b))
+    store = shardload.prepare({**want, "out": c["out"]})
+    # resumed: the recorded blocks not rewritten; their statistics read again unless saved
+    assert sorted(again) == recorded[30 if period == "train" else 0 :]
+    assert store.manifest.time == ref.manifest.time
+    assert store.time.missing == (*GAPS, NAN_STATE)
+    for name in ("x", "x/tendency_1"):
+        a, b = store.manifest.stats[name], ref.manifest.stats[name]
+        for f in ("count", "mean", "std", "min", "max", "nan_count"):
+            assert np.array_equal(getattr(a, f), getattr(b, f)), (name, f)

@@ -307,11 +307,12 @@ def _fingerprint(
     d = cfg.to_dict()
     for k in ("execution", "overwrite", "base_dir", "splits", "split_seed", "split_shuffle"):
         d.pop(k, None)
-    # what only the statistics depend on (checked against the saved statistics instead), and
-    # no key at all where the config says nothing of dates (fingerprints of earlier runs)
-    dates = d.pop("dates", {})
-    if cfg.dates != type(cfg.dates)():
-        d["dates"] = {k: dates.get(k) for k in ("enabled", "frequency_s")}
+    # of dates: only what changes the rows (never dated, the frequency); the rest changes
+    # the statistics, checked against the saved ones instead; no key at all where nothing
+    # changes the rows (the fingerprints of earlier runs)
+    d.pop("dates", None)
+    if cfg.dates.enabled is False or cfg.dates.frequency_s:
+        d["dates"] = {"dated": cfg.dates.enabled is not False, "frequency_s": cfg.dates.frequency_s}
     files: list[list[Any]] = []
     if origin is not None:
         files.append(["origin", *origin.identity()])
