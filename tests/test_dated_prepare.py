@@ -114,9 +114,10 @@ def test_statistics_cover_the_train_split_without_missing_dates(tmp_path, src):
 
 
 def tendency_values(x: np.ndarray, use: np.ndarray, k: int) -> np.ndarray:
-    """numpy over the whole series: x[t+k] - x[t] where both rows are used."""
+    """numpy over the whole series: x[t+k] - x[t] (in x's float32) where both rows are used,
+    as float64 for the statistics."""
     pair = use[:-k] & use[k:]
-    return (x[k:].astype(np.float64) - x[:-k].astype(np.float64))[pair]
+    return (x[k:] - x[:-k])[pair].astype(np.float64)
 
 
 @pytest.mark.parametrize(

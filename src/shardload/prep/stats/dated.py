@@ -152,24 +152,27 @@ def block_statistics(
 
 
 def tendency_partial(x: np.ndarray, after: np.ndarray, k: int, use: np.ndarray) -> Partial:
-    """The partial of ``rows[t + k] - rows[t]`` (float64) over the rows ``t`` of ``x`` where
-    ``use[t]`` and ``use[t + k]``; ``rows`` is ``x`` followed by ``after``."""
+    """The partial of ``rows[t + k] - rows[t]`` over the rows ``t`` of ``x`` where ``use[t]``
+    and ``use[t + k]``; ``rows`` is ``x`` followed by ``after``. Increments of float32 rows
+    are float32 (one correctly rounded subtraction: within half an ulp of the increment, and
+    the statistics' fast path), of other types float64."""
     n, total = len(x), len(x) + len(after)
     stop = min(n, total - k)
     row_shape = x.shape[1:]
+    work = np.float32 if x.dtype == np.float32 else np.float64
     parts: list[Partial] = []
     if stop > 0:
         pair = use[:stop] & use[k : stop + k]
-        row_bytes = 8 * int(np.prod(row_shape, dtype=np.int64))
+        row_bytes = np.dtype(work).itemsize * int(np.prod(row_shape, dtype=np.int64))
         step = max(1, _SLAB_BYTES // max(1, row_bytes))
         for s in range(0, stop, step):
             e = min(stop, s + step)
             m = pair[s:e]
             if not m.any():
                 continue
-            d = np.subtract(_rows(x, after, s + k, e + k), _rows(x, after, s, e), dtype=np.float64)
+            d = np.subtract(_rows(x, after, s + k, e + k), _rows(x, after, s, e), dtype=work)
             parts.append(partial(d if m.all() else d[m]))
-    return merge_all(parts) or partial(np.empty((0, *row_shape), np.float64))
+    return merge_all(parts) or partial(np.empty((0, *row_shape), work))
 
 
 def _rows(x: np.ndarray, after: np.ndarray, i0: int, i1: int) -> np.ndarray:
