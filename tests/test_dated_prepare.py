@@ -309,3 +309,19 @@ def test_a_resumed_run_gives_a_clean_run_s_statistics_and_missing_dates(
         a, b = store.manifest.stats[name], ref.manifest.stats[name]
         for f in ("count", "mean", "std", "min", "max", "nan_count"):
             assert np.array_equal(getattr(a, f), getattr(b, f)), (name, f)
+
+
+def test_prepare_check_shows_the_time_axis_and_its_gaps(tmp_path, src, capsys):
+    import yaml
+
+    from shardload.cli.app import main
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config(src, tmp_path / "s")))
+    assert main(["prepare", "--check", str(tmp_path / "c.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "dates     2020-01-01T00:00:00 to 2020-01-10T18:00:00 every 6h; 2 date(s) missing in "
+        "the source (2020-01-02T18:00:00, 2020-01-03T00:00:00)" in out
+    )
+    assert "statistics over train (missing dates left out); tendencies [1]" in out
+    assert not (tmp_path / "s.partial").exists()
