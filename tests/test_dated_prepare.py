@@ -73,6 +73,7 @@ def split_rows(store, split: str) -> np.ndarray:
 
 
 def assert_stats(st, values: np.ndarray) -> None:
+    values = values.astype(np.float64)
     np.testing.assert_allclose(st.mean, values.mean(axis=0), rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(st.std, values.std(axis=0), rtol=1e-6, atol=1e-9)
     np.testing.assert_array_equal(st.min, values.min(axis=0))
@@ -325,3 +326,19 @@ def test_prepare_check_shows_the_time_axis_and_its_gaps(tmp_path, src, capsys):
     )
     assert "statistics over train (missing dates left out); tendencies [1]" in out
     assert not (tmp_path / "s.partial").exists()
+
+
+def test_a_dated_store_s_splits_are_time_ranges_in_order_unless_shuffle_is_asked(tmp_path, src):
+    store = shardload.prepare(config(src, tmp_path / "s"))  # 14 chunks of 3 dates
+    train, val, test = (split_rows(store, s) for s in ("train", "val", "test"))
+    assert train[0] == 0 and val[0] == train[-1] + 1 and test[0] == val[-1] + 1
+    assert test[-1] == 39 and len(np.concatenate([train, val, test])) == 40
+    assert store.manifest.time["statistics"]["rows"] == [[0, len(train)]]
+    assert store.manifest.provenance["config"]["split_shuffle"] is False
+    shuffled = shardload.prepare(config(src, tmp_path / "sh", split_shuffle=True))
+    assert not np.array_equal(split_rows(shuffled, "train"), train)  # as asked
+    # stores whose samples are not dates: shuffled chunks, as before
+    grid = shardload.prepare(
+        config(src, tmp_path / "g", sample_dims=["lat"], arrays={"x": ["z"]}, chunk_rows=1)
+    )
+    assert grid.manifest.provenance["config"]["split_shuffle"] is True

@@ -100,6 +100,9 @@ class PrepareConfig:
     )
     split_seed: int = 0
     split_shuffle: bool = True
+    #: ``split_shuffle`` not given: a dated store's splits are then contiguous time ranges
+    #: (:func:`shardload.prep.planning.resolve_split_shuffle`)
+    default_split_shuffle: bool = True
     nan: str = "warn"
     overwrite: bool = False
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
@@ -281,6 +284,7 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
         splits=dict(m.splits),
         split_seed=m.split_seed,
         split_shuffle=m.split_shuffle,
+        default_split_shuffle="split_shuffle" not in m.model_fields_set,
         nan=m.nan,
         overwrite=m.overwrite,
         execution=execution,

@@ -305,7 +305,15 @@ def _fingerprint(
     from shardload.prep.sources.paths import expand_paths, is_url
 
     d = cfg.to_dict()
-    for k in ("execution", "overwrite", "base_dir", "splits", "split_seed", "split_shuffle"):
+    for k in (
+        "execution",
+        "overwrite",
+        "base_dir",
+        "splits",
+        "split_seed",
+        "split_shuffle",
+        "default_split_shuffle",
+    ):
         d.pop(k, None)
     # of dates: only what changes the rows (never dated, the frequency); the rest changes
     # the statistics, checked against the saved ones instead; no key at all where nothing
