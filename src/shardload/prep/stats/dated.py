@@ -216,7 +216,7 @@ def time_entry(dated: DatedStats, found: np.ndarray) -> dict[str, Any]:
     declared, they must be the ones found (each block checked its own; this checks all)."""
     from dataclasses import replace
 
-    found = np.unique(np.asarray(found, dtype=np.int64))
+    found = np.union1d(np.asarray(found, dtype=np.int64), dated.axis.missing).astype(np.int64)
     axis = replace(dated.axis, missing=tuple(found.tolist()))
     if dated.declared is not None:
         declared = np.zeros(axis.length, dtype=bool)
