@@ -342,3 +342,19 @@ def test_a_dated_store_s_splits_are_time_ranges_in_order_unless_shuffle_is_asked
         config(src, tmp_path / "g", sample_dims=["lat"], arrays={"x": ["z"]}, chunk_rows=1)
     )
     assert grid.manifest.provenance["config"]["split_shuffle"] is True
+
+
+def test_dates_keys_as_yaml_writes_them():
+    import yaml
+
+    from shardload.prep.config import load_config
+
+    base = {"source": "a.nc", "sample_dims": ["time"], "arrays": {"x": ["t"]}, "out": "o"}
+    text = "dates: {frequency: 6h, missing: [2020-01-02T18:00:00, 2020-01-03], tendencies: [2, 1]}"
+    d = load_config({**base, **yaml.safe_load(text)}).dates  # YAML reads them as datetimes
+    assert d.enabled and d.frequency_s == 21600 and d.tendencies == (1, 2)
+    assert d.missing == ("2020-01-02T18:00:00", "2020-01-03T00:00:00")
+    assert load_config({**base, "dates": True}).dates.enabled is True
+    assert load_config({**base, "dates": False}).dates.enabled is False
+    assert load_config(base).dates.enabled is None and load_config(base).dates.missing is None
+    assert load_config({**base, "dates": {"missing": []}}).dates.missing == ()
