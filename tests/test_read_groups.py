@@ -19,7 +19,9 @@ from shardload.store import sliced
 N, V, E, C = 40, 3, 4, 10
 
 
-def states(tmp: Path, *, fmt: str = "npy", compression: str = "none", name: str = "st"):
+def states(
+    tmp: Path, *, fmt: str = "npy", compression: str = "none", name: str = "st", **config: object
+):
     """A store of states: ``a`` rows ``(V, C)`` (variables, cells), ``b`` rows ``(V, E, C)``
     (variables, ensemble members, cells); every value distinct. Returns (store, a, b)."""
     a = np.arange(N * V * C, dtype="f4").reshape(N, V, C)
@@ -39,6 +41,7 @@ def states(tmp: Path, *, fmt: str = "npy", compression: str = "none", name: str 
             "compression": compression,
             "out": str(tmp / name),
             "splits": {},
+            **config,
         }
     )
     return st, a, b
@@ -125,9 +128,17 @@ def check_groups(st, a, b, world, group, axis=-1):
             np.testing.assert_array_equal(got, parts[r % group])
 
 
-@pytest.mark.parametrize(("fmt", "compression"), [("npy", "none"), ("zarr", "lz4")])
-def test_groups_identical_disjoint_and_sliced(tmp_path, fmt, compression):
-    st, a, b = states(tmp_path, fmt=fmt, compression=compression)
+@pytest.mark.parametrize(
+    ("fmt", "compression", "config"),
+    [
+        ("npy", "none", {}),
+        ("zarr", "lz4", {}),
+        ("zarr", "zstd", {"shard_chunks": 2}),  # spans of a shard in one call, then sliced
+        ("hdf5", "none", {}),
+    ],
+)
+def test_groups_identical_disjoint_and_sliced(tmp_path, fmt, compression, config):
+    st, a, b = states(tmp_path, fmt=fmt, compression=compression, **config)
     check_groups(st, a, b, world=4, group=2)
 
 
@@ -234,3 +245,23 @@ def test_elastic_resume_on_another_number_of_groups(npy_store):
     assert rests[0] == rests[1]
     rest = [i for bt in rests[0] for i in bt]
     assert len(rest) == len(set(rest)) and set(rest) == set(range(N)) - seen
+
+
+@pytest.mark.slow  # importing lightning: ~11 s here
+def test_lightning_data_module_passes_read_groups_on(npy_store):
+    pytest.importorskip("lightning")
+    from shardload.torch.lightning import ShardloadDataModule
+
+    st, a, _ = npy_store
+    got = []
+    for rank in (0, 1):
+        dm = ShardloadDataModule(
+            st, batch_size=4, train_split="all", val_split=None, test_split=None,
+            read_group_size=2, rank=rank, world_size=2,
+        )  # fmt: skip
+        got.append(list(dm.train_dataloader()))
+    assert [b["index"].tolist() for b in got[0]] == [b["index"].tolist() for b in got[1]]
+    for rank, batches in enumerate(got):
+        for b in batches:
+            cells = slice(5 * rank, 5 * rank + 5)
+            np.testing.assert_array_equal(b["a"].numpy(), a[b["index"].numpy()][..., cells])

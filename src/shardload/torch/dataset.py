@@ -15,6 +15,7 @@ from shardload.errors import StateError
 from shardload.load.batches import INDEX_KEY, read_batches
 from shardload.load.ring import BatchRing
 from shardload.load.spec import LoadSpec
+from shardload.plan.read_groups import ReadGroupAxis
 from shardload.store.core import Store
 from shardload.torch.resume import ResumableDataset
 from shardload.torch.state import (
@@ -101,7 +102,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         ring_slots: int | None = None,
         bucket: bool | str = False,
         read_group_size: int = 1,
-        read_group_axis: Any = -1,
+        read_group_axis: ReadGroupAxis = -1,
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
