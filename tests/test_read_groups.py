@@ -247,6 +247,26 @@ def test_elastic_resume_on_another_number_of_groups(npy_store):
     assert len(rest) == len(set(rest)) and set(rest) == set(range(N)) - seen
 
 
+def test_dataloader_workers_hand_slices_over_the_ring(npy_store):
+    """Forked DataLoader workers of a read group member: its slices in ring slots of its
+    slices' shape, values equal, the group's batches in order."""
+    from shardload.torch import StreamingDataLoader
+
+    st, a, _ = npy_store
+    got = []
+    for rank in (0, 1):
+        ds = dataset(st, rank, 2)
+        cells = (V, 5)  # the member's slice of the cells
+        assert ds._ring is not None and ds._ring.specs["a"][0] == cells
+        got.append(list(StreamingDataLoader(ds, num_workers=2, multiprocessing_context="fork")))
+    assert [b["index"].tolist() for b in got[0]] == [b["index"].tolist() for b in got[1]]
+    assert sorted(i for b in got[0] for i in b["index"].tolist()) == list(range(N))
+    for rank, batches in enumerate(got):
+        for b in batches:
+            want = a[b["index"].numpy()][..., 5 * rank : 5 * rank + 5]
+            np.testing.assert_array_equal(b["a"].numpy(), want)
+
+
 @pytest.mark.slow  # importing lightning: ~11 s here
 def test_lightning_data_module_passes_read_groups_on(npy_store):
     pytest.importorskip("lightning")

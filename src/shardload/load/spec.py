@@ -223,9 +223,10 @@ class LoadSpec:
         """The variable-length arrays selected."""
         return ragged_names(self.store, self.selection.arrays)
 
-    def batch_specs(self) -> Specs:
-        """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included."""
-        return batch_specs(self.store, self.selection.arrays)
+    def batch_specs(self, member: int = 0) -> Specs:
+        """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included (of read group
+        member ``member``'s batches: its slices)."""
+        return batch_specs(self.member_store(member), self.selection.arrays)
 
     def batch_bytes(self) -> int:
         """Bytes of one full batch laid out in one buffer (a ring slot)."""

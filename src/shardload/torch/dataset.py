@@ -73,7 +73,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         Read groups for model parallelism (see ``iter_batches``): the ``read_group_size``
         consecutive ranks of a group get the same batches in the same order, each its slice of
         ``read_group_axis`` (:meth:`read_slices`); the epoch, ``len()`` and the resume state
-        are the group's. Batches go through the stock hand-off (no ring).
+        are the group's.
 
     Variable-length arrays come as ``NAME`` (zero-padded to the batch's longest row) and
     ``NAME_length`` (int64), see docs/loading.md ("Variable-length arrays").
@@ -157,16 +157,17 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         self.default_bundle = plan_bundle(batch_bytes)
         # variable-length arrays: a batch's width is known once it is gathered, so no fixed
         # ring slot fits it; their batches take the stock hand-off (load/ragged.py)
-        # (read groups: a member's batches are its slice's shape, no fixed slot of the store's)
-        sliced = spec.read_group_size > 1
-        if ring_slots != 0 and hasattr(os, "fork") and spec.kind != "ragged" and not sliced:
+        # read groups: slots of this rank's slices (a rank found otherwise later: no ring)
+        self._ring_member = spec.split_rank(*self.rank_world())[2]
+        if ring_slots != 0 and hasattr(os, "fork") and spec.kind != "ragged":
             slots = ring_slots or spec.ring_slots(
                 workers=min(16, max(2, os.cpu_count() or 1)),
                 # bundles: the one being filled, prefetch_factor (2) queued, one being reordered
                 extra=8 + 4 * self.default_bundle,
             )
             try:
-                self._ring = BatchRing(spec.batch_specs(), batch_size, slots=slots)
+                specs = spec.batch_specs(self._ring_member)
+                self._ring = BatchRing(specs, batch_size, slots=slots)
             except OSError:  # no address space for it (strict overcommit): the stock hand-off
                 self._ring = None
         # Fail early on impossible shapes (e.g. a batch bigger than a rank's share).
@@ -289,6 +290,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             self.epoch = epoch
         ring = self._ring if info is not None and self._ring is not None else None
         ring = ring if ring is not None and ring.usable else None
+        if ring is not None and self.spec.split_rank(rank, world)[2] != self._ring_member:
+            ring = None  # slots of another read group member's slices
         batches = read_batches(
             self.spec,
             rank=rank,
