@@ -32,8 +32,9 @@ from shardload.errors import ConfigError, require
 
 #: the server's tokens from the environment (one, or several separated by commas / spaces)
 TOKEN_ENV = "SHARDLOAD_SERVE_TOKEN"
-#: connections open at once from one client address; more get 429
-MAX_CLIENT_CONNECTIONS = 128
+#: connections open at once from one client address (half of the default max_connections:
+#: an fsspec HTTP client alone opens up to 100); more get 429
+MAX_CLIENT_CONNECTIONS = 256
 #: a token must be at least this long (``python -c "import secrets; print(secrets.token_urlsafe(32))"``)
 MIN_TOKEN_CHARS = 16
 _TOKEN = re.compile(r"^[!-~]+$")  # visible ASCII: what an HTTP header carries unchanged
