@@ -52,6 +52,9 @@ T = TypeVar("T")
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
 #: Smallest block of a file object's ranged reads (an npy header in one request, not three).
 MIN_BLOCK_BYTES = 64 * 1024
+#: Requests in flight at most per reader of a store read by URL (the loader's read threads;
+#: zarr-python's thread pool is widened to as many when a Zarr store opens by URL).
+URL_IN_FLIGHT = 32
 
 
 def is_url(s: str | os.PathLike) -> bool:
