@@ -303,3 +303,24 @@ def test_hammering_with_bad_tokens_and_malformed_requests(served, caplog) -> Non
     assert len(statuses) > 300
     leaked = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert not leaked, [r.getMessage() for r in leaked[:3]]
+
+
+def test_garbage_on_the_tls_port_logs_no_traceback(served, tls, caplog) -> None:
+    """Plain HTTP, random bytes and a half handshake to the HTTPS port: refused, nothing
+    served, no traceback logged, and the server still answers a proper client."""
+    caplog.set_level(logging.DEBUG)
+    cert, key = tls
+    with serving(served, tokens=[TOKEN], tls_cert=cert, tls_key=key) as url:
+        host, port = urlparse(url).hostname, urlparse(url).port
+        meta = (served / "era" / "shardload.json").read_bytes()
+        for data in (
+            b"GET /era/shardload.json HTTP/1.1\r\nHost: x\r\n\r\n",
+            bytes(range(256)) * 4,
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40,  # a cut ClientHello
+        ):
+            got = send_raw(host, port, data)
+            assert meta not in got
+        r = requests.get(url + "era/shardload.json", headers=bearer(), verify=str(cert), timeout=T)
+        assert r.content == meta
+    leaked = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not leaked, [r.getMessage() for r in leaked[:3]]
