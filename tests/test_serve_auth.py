@@ -324,3 +324,17 @@ def test_garbage_on_the_tls_port_logs_no_traceback(served, tls, caplog) -> None:
         assert r.content == meta
     leaked = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert not leaked, [r.getMessage() for r in leaked[:3]]
+
+
+def test_per_client_limit_by_default_only_beyond_loopback() -> None:
+    """On loopback every client is 127.0.0.1: a per-address limit would refuse one process's
+    idle keep-alive connections (a test suite opening many stores against one server got 429s
+    for 30 s); beyond loopback it is on by default."""
+    from shardload.move.serve import make_access
+    from shardload.move.serve_auth import MAX_CLIENT_CONNECTIONS
+
+    assert make_access("127.0.0.1").max_client_connections == 0  # none: max_connections only
+    assert make_access("0.0.0.0", tokens=[TOKEN]).max_client_connections == MAX_CLIENT_CONNECTIONS
+    assert make_access("127.0.0.1", max_client_connections=3).max_client_connections == 3
+    with pytest.raises(ConfigError, match="--max-client-connections must be >= 1"):
+        make_access("::", tokens=[TOKEN], max_client_connections=0)

@@ -152,10 +152,10 @@ def _add_access_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-client-connections",
         type=int,
-        default=MAX_CLIENT_CONNECTIONS,
+        default=None,
         metavar="N",
-        help=f"requests answered at once per client address; more get 429 "
-        f"(default {MAX_CLIENT_CONNECTIONS})",
+        help=f"connections open at once per client address; more get 429 (default "
+        f"{MAX_CLIENT_CONNECTIONS} beyond loopback, none on loopback)",
     )
 
 

@@ -99,13 +99,17 @@ def make_access(
     tls_cert: str | Path | None = None,
     tls_key: str | Path | None = None,
     insecure: bool = False,
-    max_client_connections: int = MAX_CLIENT_CONNECTIONS,
+    max_client_connections: int | None = None,
 ) -> Access:
     """Who may read (checked before anything binds): the tokens, the TLS context, the
-    per-client limit; refuses a non-loopback ``host`` without a token unless ``insecure``."""
+    per-client limit (None: ``MAX_CLIENT_CONNECTIONS`` beyond loopback, none on loopback,
+    where every client has the same address); refuses a non-loopback ``host`` without a
+    token unless ``insecure``."""
     checked = read_tokens(tokens, env=False)
     check_bind(host, checked, insecure=insecure, loopback=is_loopback(host))
-    if max_client_connections < 1:
+    if max_client_connections is None:  # loopback: every client is 127.0.0.1, so no limit
+        max_client_connections = 0 if is_loopback(host) else MAX_CLIENT_CONNECTIONS
+    elif max_client_connections < 1:
         from shardload.errors import ConfigError
 
         raise ConfigError(f"--max-client-connections must be >= 1, got {max_client_connections}")
@@ -209,7 +213,7 @@ def serve(
     tls_cert: str | Path | None = None,
     tls_key: str | Path | None = None,
     insecure: bool = False,
-    max_client_connections: int = MAX_CLIENT_CONNECTIONS,
+    max_client_connections: int | None = None,
 ) -> None:
     """Serve ``root`` in the foreground until Ctrl-C or SIGTERM, then return.
 
@@ -275,7 +279,7 @@ def serving(
     tls_cert: str | Path | None = None,
     tls_key: str | Path | None = None,
     insecure: bool = False,
-    max_client_connections: int = MAX_CLIENT_CONNECTIONS,
+    max_client_connections: int | None = None,
 ) -> Iterator[str]:
     """Run the server in a background thread for the duration of a ``with`` block.
 

@@ -12,7 +12,8 @@ rule that a server reachable from other machines needs a token.
 - Per client address, at most ``max_client_connections`` connections are open at once (HTTP/1.1
   answers one request at a time per connection, so this bounds its requests in flight); the
   next ones get ``429`` with ``Retry-After: 1`` and are closed (shardload's client retries 429
-  with backoff). Enforced by :class:`shardload.move.serve_limits.GuardedProtocol`.
+  with backoff). Enforced by :class:`shardload.move.serve_limits.GuardedProtocol`. By default
+  only beyond loopback: on loopback every client has the same address.
 - :func:`check_bind`: an address other than loopback without a token is refused unless
   ``insecure`` says the caller means it.
 """
@@ -47,7 +48,7 @@ class Access:
 
     tokens: tuple[bytes, ...] = ()
     ssl_context: ssl.SSLContext | None = None
-    max_client_connections: int = MAX_CLIENT_CONNECTIONS
+    max_client_connections: int = MAX_CLIENT_CONNECTIONS  # 0: no per-client limit
 
     @property
     def scheme(self) -> str:
