@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import PlanError
+from shardload.load.cache_hook import plan_node_cache
 from shardload.load.checks import checked_allocate
 from shardload.load.gather import gather_batches
 from shardload.load.options import check_nonneg
@@ -211,6 +212,7 @@ def read_batches(
     skip = check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
+    plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule (cache_dir only)
     return _read(spec, plan, rank, worker, threads, allocate, padding_stats)
 
 
