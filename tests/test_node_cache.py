@@ -181,15 +181,16 @@ KILLED = textwrap.dedent(
     """
     import os, sys, time, shardload
     import shardload.move.cache as c
-    real = os.fsync
+    real = os.replace
     count = [0]
-    def slow_fsync(fd):
-        real(fd)
-        count[0] += 1
-        if count[0] == 3:  # the third file: written, not yet renamed into place
-            print("filling", flush=True)
-            time.sleep(600)
-    c.os.fsync = slow_fsync
+    def slow_replace(src, dst):
+        if not str(dst).endswith(".sum"):
+            count[0] += 1
+            if count[0] == 3:  # the third file: written, its record in place, not renamed yet
+                print("filling", flush=True)
+                time.sleep(600)
+        real(src, dst)
+    c.os.replace = slow_replace
     store = shardload.open_store(sys.argv[1], cache_dir=sys.argv[2])
     for b in shardload.iter_batches(store, batch_size=16, seed=3, threads=1):
         pass

@@ -30,7 +30,7 @@ from fsspec.spec import AbstractBufferedFile
 
 from shardload.errors import RemoteError
 from shardload.move import cache as remote_cache
-from shardload.move.cache import evict_lru
+from shardload.move.cache_files import evict_lru
 from shardload.move.cache_prefetch import CachePlan
 from shardload.move.retries import call_with_retries, default_option
 

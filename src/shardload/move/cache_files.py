@@ -1,0 +1,90 @@
+"""The files of a node cache folder: listing them, removing entries, the dead fills' leftovers.
+
+Used by :mod:`shardload.move.cache`; :func:`evict_lru` is the bound without a plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+from shardload.util.procs import alive
+
+log = logging.getLogger("shardload.remote")
+
+LOCK_SUFFIX = ".lock"
+SUM_SUFFIX = ".sum"
+TMP_MARK = ".tmp-"
+
+
+def remove_entry(cache_dir: str, name: str) -> int:
+    """Remove a cached file and its record (its .lock stays: removing it could let two fills
+    overlap); the bytes freed."""
+    path = os.path.join(cache_dir, name)
+    try:
+        size = os.stat(path).st_size
+        os.remove(path)
+    except FileNotFoundError:
+        size = 0
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path + SUM_SUFFIX)
+    return size
+
+
+def _dead_tmp(name: str, mtime: float, now: float) -> bool:
+    """A temporary file whose writer is gone (``NAME.tmp-PID-START``; older names by age)."""
+    tail = name.rsplit(TMP_MARK, 1)[1].split("-")
+    try:
+        pid, start = int(tail[0]), int(tail[1]) if len(tail) > 1 else None
+    except ValueError:
+        return now - mtime > 60
+    if start is None:
+        return now - mtime > 60
+    return not alive(pid, start or None)
+
+
+def scan(cache_dir: str | os.PathLike, removed: list[int] | None = None) -> dict[str, Any]:
+    """The cached files of ``cache_dir``: name -> (last use, size); removes the temporary files
+    of dead fills on the way (their sizes appended to ``removed``). Only regular files directly
+    inside are considered."""
+    out: dict[str, tuple[float, int]] = {}
+    now = time.time()
+    with os.scandir(str(cache_dir)) as it:
+        for e in it:
+            if e.name.endswith(LOCK_SUFFIX) or not e.is_file(follow_symlinks=False):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                st = e.stat(follow_symlinks=False)
+                if TMP_MARK in e.name:
+                    if _dead_tmp(e.name, st.st_mtime, now):
+                        os.remove(e.path)
+                        if removed is not None:
+                            removed.append(st.st_size)
+                    continue
+                if e.name.endswith(SUM_SUFFIX):
+                    continue
+                used = st.st_mtime
+                with contextlib.suppress(FileNotFoundError):
+                    used = max(used, os.stat(e.path + SUM_SUFFIX).st_mtime)
+                out[e.name] = (used, st.st_size)
+    return out
+
+
+def evict_lru(cache_dir: str | os.PathLike, cache_bytes: int) -> int:
+    """Delete the least recently used files of ``cache_dir`` until it holds <= ``cache_bytes``
+    (temporary files of dead fills first). Returns the number of bytes freed."""
+    removed: list[int] = []
+    entries = scan(cache_dir, removed)
+    freed = sum(removed)
+    total = sum(size for _, size in entries.values())
+    for name, (_, size) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+        if total <= cache_bytes:
+            break
+        freed += remove_entry(os.fspath(cache_dir), name)
+        total -= size
+    if freed:
+        log.debug("cache %s: evicted %d bytes", cache_dir, freed)
+    return freed
