@@ -43,7 +43,7 @@ from shardload.plan.cache_plan import plan_node_reads
 
 
 def epoch(store, *, epoch_no: int, args: argparse.Namespace) -> dict[str, float]:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows = nbytes = 0
     for b in shardload.iter_batches(
         store,
@@ -54,8 +54,14 @@ def epoch(store, *, epoch_no: int, args: argparse.Namespace) -> dict[str, float]
     ):
         rows += len(b["index"])
         nbytes += sum(v.nbytes for k, v in b.items() if k != "index")
-    s = time.perf_counter() - t0
-    return {"seconds": s, "rows": rows, "MB_per_s": nbytes / s / 1e6, "rows_per_s": rows / s}
+    s, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "seconds": s,
+        "cpu_s": cpu,  # this process's CPU, all threads: steadier than wall time under load
+        "rows": rows,
+        "MB_per_s": nbytes / s / 1e6,
+        "rows_per_s": rows / s,
+    }
 
 
 def downloads(store) -> int:
@@ -99,7 +105,11 @@ def measure(args: argparse.Namespace, work: Path, croot: Path) -> None:
 
     def show(name: str, r: dict) -> dict:
         extra = f"  downloads {r['downloads']}" if "downloads" in r else ""
-        print(f"  {name:<14} {r['seconds']:7.2f} s {r['MB_per_s']:8.1f} MB/s{extra}", flush=True)
+        print(
+            f"  {name:<14} {r['seconds']:7.2f} s {r['MB_per_s']:8.1f} MB/s "
+            f"{r['cpu_s']:6.2f} CPU s{extra}",
+            flush=True,
+        )
         return r
 
     warm = shardload.open_store(path)
@@ -130,6 +140,7 @@ def measure(args: argparse.Namespace, work: Path, croot: Path) -> None:
         for name, rs in rounds.items():  # the median round of each
             res[name] = sorted(rs, key=lambda r: r["rows_per_s"])[len(rs) // 2]
             res[name]["rounds_rows_per_s"] = [round(r["rows_per_s"]) for r in rs]
+            res[name]["median_cpu_s"] = sorted(r["cpu_s"] for r in rs)[len(rs) // 2]
             res[name]["downloads"] = max(r.get("downloads", 0) for r in rs)
         half = size // 2
         reads = file_reads(path, args, 3)
@@ -167,6 +178,18 @@ def measure(args: argparse.Namespace, work: Path, croot: Path) -> None:
         f"cached (e2) / local:     {cached:.2f}  (goal >= 0.9), downloads in e2: "
         f"{goals['cached_downloads']} (goal 0)"
     )
+    per_round = [
+        round(f["rows_per_s"] / d["rows_per_s"], 2)
+        for f, d in zip(rounds["fill (e1)"], rounds["direct"], strict=True)
+    ]
+    print(f"  fill / direct per round: {per_round}")
+    per_round = [
+        round(c["rows_per_s"] / d["rows_per_s"], 2)
+        for c, d in zip(rounds["cached (e2)"], rounds["local"], strict=True)
+    ]
+    print(f"  cached / local per round: {per_round}")
+    cpu = {k: round(res[k]["median_cpu_s"], 2) for k in rounds}
+    print(f"CPU s per epoch (medians): {cpu}")
     print(f"hits at 50%, plan / LRU: {hits:.2f}  (goal >= 1.5)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

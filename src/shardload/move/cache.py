@@ -16,7 +16,7 @@ read of a cached file is a local ``pread``.
   cost the first epoch 0.6x of direct reads on a shared disk): a copy written before the
   machine's last boot is hashed again before it is trusted.
 - **Checked before trusted.** A download is compared with the store's digest when the plan
-  gave one (:meth:`NodeCache.expect`), and refused (``ChunkReadError`` naming the URL) when they
+  gave one (``NodeCache.digests``), and refused (``ChunkReadError`` naming the URL) when they
   differ. A cached copy whose size, inode or mtime differ from its record is hashed again: if
   it no longer matches, it is dropped and fetched again, never served.
 - **Bounded.** Above ``cache_bytes`` the entry whose next use is farthest in the loader's plan
@@ -129,10 +129,6 @@ class NodeCache:
         # copies served without being kept, still open: the reader opens a file several times
         # for one use (header, checksum, rows), and each would fetch it again
         self._held: OrderedDict[str, int] = OrderedDict()
-
-    def expect(self, url: str) -> int | None:
-        """The store's digest of ``url``'s file, when the plan gave it."""
-        return self.digests.get(key_of(url))
 
     # -- opening -------------------------------------------------------------------------------
     def open(

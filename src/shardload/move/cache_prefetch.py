@@ -64,6 +64,7 @@ class CachePlan:
         self._todo: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.fetched = 0
+        self._lock = threading.Lock()
 
     def knows(self, key: str) -> bool:
         return key in self.times
@@ -77,6 +78,10 @@ class CachePlan:
         at = self._mine_at.get(key)
         if at is None:
             return
+        with self._lock:  # reader threads of the loop open files at once
+            self._advance(at)
+
+    def _advance(self, at: np.ndarray) -> None:
         # the loop reads a few units ahead, not quite in plan order: a read up to BACK entries
         # behind the clock is that read, not the file's next one (the clock never goes back)
         i = int(np.searchsorted(at, self.pos - BACK))
