@@ -218,14 +218,15 @@ class NodeCache:
             while pos < len(data):
                 pos += os.write(fd, view[pos:])
             os.lseek(fd, 0, os.SEEK_SET)  # callers read it as a file from its start
-            if not self._make_room(key, len(data)):
+            rec = dict(url=url, size=len(data), xxh3=got, stamp=_stamp(os.fstat(fd)))
+            rec["checked"] = "store checksum" if want is not None else "fetched bytes"
+            record = json.dumps(rec).encode()
+            if not self._make_room(key, len(data) + len(record)):  # the bound counts records
                 os.remove(tmp)  # served from the open copy, not kept (Belady: needed last)
                 self._count("bypassed")
                 self._hold(key, fd)
                 return fd
-            rec = dict(url=url, size=len(data), xxh3=got, stamp=_stamp(os.fstat(fd)))
-            rec["checked"] = "store checksum" if want is not None else "fetched bytes"
-            _write_record(local, rec)
+            _write_record(local, record)
             os.replace(tmp, local)
         except BaseException:
             os.close(fd)
@@ -303,10 +304,10 @@ class NodeCache:
         return keyed
 
 
-def _write_record(local: str, rec: dict[str, Any]) -> None:
+def _write_record(local: str, record: bytes) -> None:
     tmp = f"{local}{SUM_SUFFIX}{TMP_MARK}{os.getpid()}-{my_start_time() or 0}"
     with open(tmp, "wb") as f:
-        f.write(json.dumps(rec).encode())
+        f.write(record)
     os.replace(tmp, local + SUM_SUFFIX)
 
 

@@ -24,13 +24,11 @@ def remove_entry(cache_dir: str, name: str) -> int:
     """Remove a cached file and its record (its .lock stays: removing it could let two fills
     overlap); the bytes freed."""
     path = os.path.join(cache_dir, name)
-    try:
-        size = os.stat(path).st_size
-        os.remove(path)
-    except FileNotFoundError:
-        size = 0
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path + SUM_SUFFIX)
+    size = 0
+    for p in (path, path + SUM_SUFFIX):
+        with contextlib.suppress(FileNotFoundError):
+            size += os.stat(p).st_size
+            os.remove(p)
     return size
 
 
@@ -47,7 +45,7 @@ def _dead_tmp(name: str, mtime: float, now: float) -> bool:
 
 
 def scan(cache_dir: str | os.PathLike, removed: list[int] | None = None) -> dict[str, Any]:
-    """The cached files of ``cache_dir``: name -> (last use, size); removes the temporary files
+    """The cached files of ``cache_dir``: name -> (last use, bytes with its record); removes the temporary files
     of dead fills on the way (their sizes appended to ``removed``). Only regular files directly
     inside are considered."""
     out: dict[str, tuple[float, int]] = {}
@@ -66,10 +64,11 @@ def scan(cache_dir: str | os.PathLike, removed: list[int] | None = None) -> dict
                     continue
                 if e.name.endswith(SUM_SUFFIX):
                     continue
-                used = st.st_mtime
+                used, size = st.st_mtime, st.st_size
                 with contextlib.suppress(FileNotFoundError):
-                    used = max(used, os.stat(e.path + SUM_SUFFIX).st_mtime)
-                out[e.name] = (used, st.st_size)
+                    rec = os.stat(e.path + SUM_SUFFIX)
+                    used, size = max(used, rec.st_mtime), size + rec.st_size
+                out[e.name] = (used, size)  # the copy and its record: the bound counts both
     return out
 
 
