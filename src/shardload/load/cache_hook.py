@@ -92,8 +92,23 @@ def plan_node_cache(spec: LoadSpec, plan: EpochPlan, rank: int, worker: int) -> 
             if me:
                 mine.append((t, path))
     digests = {p: d for found in files.values() for p, d in found if d is not None}
-    plan_cache({p: np.unique(np.asarray(t, np.int64)) for p, t in times.items()}, mine, digests)
+    plan_cache(
+        {p: np.unique(np.asarray(t, np.int64)) for p, t in times.items()},
+        mine,
+        digests,
+        lag_steps=lag_steps(plan, rank, worker, spec.prefetch),
+    )
     log.debug("cache plan: %d files, %d reads of this worker", len(times), len(mine))
+
+
+def lag_steps(plan: EpochPlan, rank: int, worker: int, prefetch: int) -> int:
+    """Steps the loop may read ahead of the batch it yields: the groups in flight (``prefetch``
+    segments, whole groups) and two more, in steps of this worker's groups."""
+    wp = plan.workers[rank][worker]
+    k = max(1, int(plan.shuffle_chunks))
+    groups = max(1, -(-len(wp.spans) // k))
+    per_group = max(1, wp.num_batches * max(1, plan.num_workers) // groups)
+    return (max(1, -(-int(prefetch) // k)) + 2) * per_group
 
 
 def _digests(reader: Any, manifest: Any) -> dict[str, np.ndarray]:

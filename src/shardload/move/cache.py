@@ -141,7 +141,7 @@ class NodeCache:
         local = os.path.join(self.dir, key)
         if self.plan is not None and not ahead:
             self.plan.seen(key)
-        fd = self._open_trusted(local, key)
+        fd = self._open_trusted(local, key, drop=False)
         if fd is None:
             fd = self._reopen_held(key)
         if fd is not None:
@@ -152,7 +152,7 @@ class NodeCache:
             scan(self.dir)
             self._swept = True
         with locked(local + LOCK_SUFFIX):
-            fd = self._open_trusted(local, key)  # another process filled it meanwhile
+            fd = self._open_trusted(local, key, drop=True)  # filled by another meanwhile?
             if fd is not None:
                 self._count("hits")
                 return fd
@@ -161,7 +161,9 @@ class NodeCache:
                 self._count("prefetched")
             return fd
 
-    def _open_trusted(self, local: str, key: str) -> int | None:
+    def _open_trusted(self, local: str, key: str, *, drop: bool) -> int | None:
+        """A descriptor on the copy if it is trusted; else None, and with ``drop`` (the caller
+        holds the file's lock: no fill or eviction of it runs) the copy is deleted."""
         try:
             fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -177,6 +179,8 @@ class NodeCache:
             os.close(fd)
             raise
         os.close(fd)
+        if not drop:  # maybe being evicted or replaced right now: decided under the lock
+            return None
         log.warning(
             "cache %s: %s does not match its record; dropped, fetched again", self.dir, local
         )
@@ -278,13 +282,12 @@ class NodeCache:
             known = plan is not None and bool(ranked) and plan.knows(key)
             if known and plan.next_use(key, strict=True) >= ranked[0][0][0]:
                 return False  # read again after everything held (or never): not kept
-            freed = 0
             for _, name in ranked:
                 if total + size <= self.cache_bytes:
                     break
-                total -= entries[name][1]
-                freed += remove_entry(self.dir, name)
-                self._count("evicted")
+                if remove_entry(self.dir, name):  # 0: being filled, or gone already
+                    total -= entries[name][1]
+                    self._count("evicted")
             return total + size <= self.cache_bytes
 
     def _rank(

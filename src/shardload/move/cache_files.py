@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from shardload.util.locks import try_lock
 from shardload.util.procs import alive
 
 log = logging.getLogger("shardload.remote")
@@ -21,9 +22,22 @@ TMP_MARK = ".tmp-"
 
 
 def remove_entry(cache_dir: str, name: str) -> int:
-    """Remove a cached file and its record (its .lock stays: removing it could let two fills
-    overlap); the bytes freed."""
+    """Remove a cached file and its record, unless a process is filling it (its ``.lock`` is
+    held: removing its new record before its copy is renamed in would make the copy untrusted);
+    the bytes freed. The .lock stays: removing it could let two fills overlap."""
     path = os.path.join(cache_dir, name)
+    if not os.path.exists(path + LOCK_SUFFIX):  # never filled here (every fill locks first)
+        return _remove(path)
+    fd = try_lock(path + LOCK_SUFFIX)
+    if fd is None:
+        return 0
+    try:
+        return _remove(path)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> int:
     size = 0
     for p in (path, path + SUM_SUFFIX):
         with contextlib.suppress(FileNotFoundError):
@@ -82,8 +96,9 @@ def evict_lru(cache_dir: str | os.PathLike, cache_bytes: int) -> int:
     for name, (_, size) in sorted(entries.items(), key=lambda kv: kv[1][0]):
         if total <= cache_bytes:
             break
-        freed += remove_entry(os.fspath(cache_dir), name)
-        total -= size
+        got = remove_entry(os.fspath(cache_dir), name)
+        freed += got
+        total -= size if got else 0
     if freed:
         log.debug("cache %s: evicted %d bytes", cache_dir, freed)
     return freed

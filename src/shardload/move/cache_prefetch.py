@@ -24,8 +24,6 @@ log = logging.getLogger("shardload.remote")
 
 #: Files a process fetches ahead of the one it reads (a bound on the cache's read-ahead).
 AHEAD_FILES = 16
-#: Reads this many entries behind the clock still count as the plan's read there.
-BACK = 64
 
 
 class CachePlan:
@@ -41,6 +39,8 @@ class CachePlan:
         Fetches ``path`` into the cache (the remote filesystem's cached open), for read-ahead.
     ahead : int
         Files fetched ahead of the one being read (0: none).
+    lag_steps : int
+        How far behind the clock a read still counts as that read (the loop reads groups ahead).
     """
 
     def __init__(
@@ -50,15 +50,18 @@ class CachePlan:
         fetch: Callable[[str], None] | None = None,
         *,
         ahead: int = AHEAD_FILES,
+        lag_steps: int = 0,
     ) -> None:
         self.times = dict(times)
         self.mine = list(mine)
         steps: dict[str, list[int]] = {}
-        for i, (_, key, _) in enumerate(self.mine):
-            steps.setdefault(key, []).append(i)
-        self._mine_at = {k: np.asarray(v, dtype=np.int64) for k, v in steps.items()}
-        self.now = 0  # step of the file last asked for
-        self.pos = 0  # index into ``mine`` of the file last asked for
+        for t, key, _ in self.mine:
+            steps.setdefault(key, []).append(t)
+        self._mine_at = {k: np.unique(np.asarray(v, dtype=np.int64)) for k, v in steps.items()}
+        self._mine_t = np.asarray([t for t, _, _ in self.mine], dtype=np.int64)
+        self.lag = max(0, int(lag_steps))
+        self.now = 0  # step of the read last asked for
+        self.pos = 0  # index into ``mine``: the first read at or after ``now``
         self.fetch, self.ahead = fetch, max(0, int(ahead))
         self._queued = 0  # entries of ``mine`` handed to the read-ahead
         self._todo: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -82,20 +85,20 @@ class CachePlan:
             self._advance(at)
 
     def _advance(self, at: np.ndarray) -> None:
-        # the loop reads a few units ahead, not quite in plan order: a read up to BACK entries
-        # behind the clock is that read, not the file's next one (the clock never goes back)
-        i = int(np.searchsorted(at, self.pos - BACK))
-        if i == len(at):
+        # the loop reads whole groups, a few ahead, and opens their files in its own order: a
+        # read of a step up to ``lag`` behind the clock is that read, not the file's next one
+        i = int(np.searchsorted(at, self.now - self.lag))
+        if i == len(at) or at[i] <= self.now:
             return
-        self.pos = max(self.pos, int(at[i]))
-        self.now = max(self.now, self.mine[self.pos][0])
+        self.now = int(at[i])
+        self.pos = int(np.searchsorted(self._mine_t, self.now))
         self._read_ahead()
 
     def _read_ahead(self) -> None:
         if self.fetch is None or not self.ahead:
             return
-        stop = min(len(self.mine), self.pos + 1 + self.ahead)
-        start = max(self._queued, self.pos + 1)
+        stop = min(len(self.mine), self.pos + self.ahead)
+        start = max(self._queued, self.pos)
         if start >= stop:
             return
         for _, _, path in self.mine[start:stop]:

@@ -251,10 +251,12 @@ class RemoteFileSystem(AbstractFileSystem):
         times: Mapping[str, Any],
         mine: Sequence[tuple[int, str]],
         digests: Mapping[str, int],
+        *,
+        lag_steps: int = 0,
     ) -> None:
         """The loader's plan for the cache (``move/cache_prefetch.py``): the steps at which the
         node reads each path, this process's reads ``(step, path)`` in order, the store's
-        digests by path. A no-op without ``cache_dir``."""
+        digests by path; ``lag_steps``: how far the loop reads ahead. A no-op without ``cache_dir``."""
         cache = self.node_cache
         if cache is None:
             return
@@ -266,6 +268,7 @@ class RemoteFileSystem(AbstractFileSystem):
             {key[p]: t for p, t in times.items()},
             [(t, key[p], p) for t, p in mine],
             lambda p: os.close(self._cached_fd(p, "", ahead=True)),
+            lag_steps=lag_steps,
         )
 
     def _cached_fd(self, path: str, what: str, *, ahead: bool = False) -> int:

@@ -173,10 +173,13 @@ def plan_node_reads(plans: Sequence[EpochPlan], ranks: Sequence[int]) -> NodeRea
     shuffle group deals its rows: the group is read as a whole, when it starts).
 
     >>> from shardload.plan.epoch import plan_epoch
-    >>> p = plan_epoch([2, 2, 2], batch_size=2, num_workers=2, shuffle=False)
+    >>> p = plan_epoch([2, 2, 2], batch_size=2, num_workers=2, shuffle=False, shuffle_chunks=1)
     >>> r = plan_node_reads([p, p], [0])
     >>> r.time.tolist(), r.chunk.tolist()
     ([0, 1, 2, 3, 4, 5], [0, 2, 1, 0, 2, 1])
+    >>> p = plan_epoch([2, 2, 2], batch_size=2, num_workers=1, shuffle=False, shuffle_chunks=2)
+    >>> plan_node_reads([p], [0]).time.tolist()  # chunks 0 and 1: one group, read at step 0
+    [0, 0, 2]
     """
     parts: list[tuple[np.ndarray, ...]] = []
     offset = 0
@@ -190,7 +193,9 @@ def plan_node_reads(plans: Sequence[EpochPlan], ranks: Sequence[int]) -> NodeRea
                 if not len(sp):
                     continue
                 keep = sp.cum[1:] > wp.skip_rows  # segments a resume has not consumed yet
-                pos = np.maximum(sp.cum[:-1] - wp.skip_rows, 0)[keep]
+                k = max(1, int(plan.shuffle_chunks))
+                first = sp.cum[np.arange(len(sp)) // k * k]  # where each one's group starts
+                pos = np.maximum(first - wp.skip_rows, 0)[keep]
                 lo, hi = (sp.base + sp.lo).copy(), sp.base + sp.hi
                 for i in np.flatnonzero(sp.ex >= 0).tolist():  # explicit rows (a resume's)
                     rows = sp.offsets(i)
