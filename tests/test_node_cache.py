@@ -99,10 +99,10 @@ def epoch_rows(store, epoch: int, **kw) -> tuple[int, np.ndarray]:
     return count, x
 
 
-@pytest.fixture(params=["npy", "zarr"])
+@pytest.fixture(params=["npy", "zarr", "parquet"])
 def store_dir(request, tmp_path: Path) -> Path:
-    if request.param == "npy":
-        make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
+    if request.param in ("npy", "parquet"):
+        make_store(tmp_path / "src", fmt=request.param, n=203, chunk_rows=7, name="store")
     else:
         make_store(
             tmp_path / "src",

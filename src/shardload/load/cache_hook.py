@@ -4,7 +4,7 @@ Called once per worker and epoch (:func:`plan_node_cache`, from ``batches.read_b
 the store was opened with ``cache_dir``. The epoch's plan and the next epoch's (the same options,
 ``epoch + 1``: it is seeded, so known now) are turned into the steps at which the ranks of this
 node read each chunk (``plan.cache_plan.plan_node_reads``), then into the stored files that hold
-those rows (npy chunk files, Zarr chunk or shard files) with the store's digests of them. The
+those rows (npy and Parquet chunk files, Zarr chunk or shard files) with the store's digests of them. The
 cache evicts by that schedule and reads this worker's next files ahead
 (``move/cache_prefetch.py``).
 
@@ -44,8 +44,8 @@ def node_ranks(rank: int, world_size: int) -> list[int]:
 
 def unit_files(reader: Any, name: str, start: int, stop: int) -> list[tuple[int, str]]:
     """The stored files holding rows ``start:stop`` of array ``name``, as ``(checksum unit,
-    path)``: Zarr chunk or shard files (``objects``), npy chunk files (``path``); [] for a
-    format whose files are not units of rows (HDF5, one file: cached whole as it is read)."""
+    path)``: Zarr chunk or shard files (``objects``), npy and Parquet chunk files (``path``);
+    [] for a format whose files are not units of rows (HDF5, one file: cached whole, LRU)."""
     objects = getattr(reader, "objects", None)
     if callable(objects):
         obj = objects(name)
