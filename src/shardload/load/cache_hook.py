@@ -4,8 +4,8 @@ Called once per worker and epoch (:func:`plan_node_cache`, from ``batches.read_b
 the store was opened with ``cache_dir``. The epoch's plan and the next epoch's (the same options,
 ``epoch + 1``: it is seeded, so known now) are turned into the steps at which the ranks of this
 node read each chunk (``plan.cache_plan.plan_node_reads``), then into the stored files that hold
-those rows (npy and Parquet chunk files, Zarr chunk or shard files) with the store's digests of them. The
-cache evicts by that schedule and reads this worker's next files ahead
+those rows (npy and Parquet chunk files, Zarr chunk or shard files) with the store's digests
+of them. The cache evicts by that schedule and reads this worker's next files ahead
 (``move/cache_prefetch.py``).
 
 The ranks of this node: ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (set by torchrun) when present
