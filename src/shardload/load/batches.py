@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import PlanError
+from shardload.load.cache_hook import plan_node_cache
 from shardload.load.checks import checked_allocate
 from shardload.load.gather import gather_batches
 from shardload.load.kinds import ReadKind, read_kind
@@ -227,6 +228,7 @@ def read_batches(
     skip = check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
+    plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule (cache_dir only)
     st = spec.member_store(member)
     kind = spec.kind if st is spec.store else read_kind(st, spec.selection.arrays)
     return _read(spec, st, kind, plan, rank, worker, threads, allocate, padding_stats)
