@@ -301,12 +301,30 @@ def big_hdf5(served, tmp_path_factory):
     return "hdf5_big"
 
 
+@pytest.fixture(scope="module")
+def many_chunks(served, tmp_path_factory):
+    """npy and Zarr stores of 1,000 chunks: far more than a reader by URL keeps in flight (32 a
+    process), so the server's death after the first batch meets reads still to come."""
+    root, _ = served
+    base = tmp_path_factory.mktemp("many")
+    for name, fmt, config in (
+        ("npy_many", "npy", {"compression": "none"}),
+        ("zarr_many", "zarr", {"compression": "lz4"}),
+        ("zarr_sharded_many", "zarr", {"compression": "zstd", "shard_chunks": 3}),
+    ):
+        make_store(base, fmt=fmt, n=7000, chunk_rows=7, name=name, **config).close()
+        os.rename(base / name, root / name)
+    return root
+
+
 CHUNK_NAMED = re.compile(r"chunk(\(s\))? \d+|/\d{6}\.npy|/c/\d+|data\.h5")
 
 
-@pytest.mark.parametrize("fmt", ["npy", "zarr", "zarr_sharded", "hdf5_big"])
+@pytest.mark.parametrize("fmt", ["npy_many", "zarr_many", "zarr_sharded_many", "hdf5_big"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_server_killed_mid_read_raises_a_clear_error(served, big_hdf5, fmt, workers) -> None:
+def test_server_killed_mid_read_raises_a_clear_error(
+    served, big_hdf5, many_chunks, fmt, workers
+) -> None:
     root, _ = served
     with LiveServer(root) as server:
         url = url_of(server, fmt)
