@@ -299,12 +299,7 @@ def serving(
     Yields
     ------
     str
-        The base URL, e.g. ``http://127.0.0.1:41234/``.
-
-    Examples
-    --------
-    >>> with serving(tmp_path) as url:  # doctest: +SKIP
-    ...     requests.get(url).json()
+        The base URL, e.g. ``http://127.0.0.1:41234/``: ``with serving(folder) as url: ...``.
     """
     access = make_access(
         host,
