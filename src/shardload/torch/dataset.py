@@ -95,6 +95,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         storage_options: Mapping[str, Any] | None = None,
         ring_slots: int | None = None,
         bucket: bool | str = False,
+        missing_dates: str = "skip",
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
@@ -116,6 +117,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             threads=threads,
             bucket=bucket,
             storage_options=storage_options,
+            missing_dates=missing_dates,
         )
         self.store, self.selection, self.split = spec.store, spec.selection, split
         self.options = spec.options  # the epoch plan's (PlanOptions)
