@@ -250,7 +250,7 @@ def test_verify_says_there_are_no_checksums(built):
 
 
 def test_dates_that_are_not_a_regular_range_are_refused(built, tmp_path):
-    """A store whose rows are not one per date of its range (anemoi-datasets < 0.5.9 dropped
+    """A store whose rows are not one per date of its range (older anemoi-datasets versions dropped
     missing dates' rows) would serve rows under the wrong dates: refused, naming the row."""
     import shutil
 

@@ -103,7 +103,7 @@ def test_loader_never_serves_the_missing_rows(tmp_path):
 
 
 def test_rows_not_one_per_date_are_refused(tmp_path):
-    """anemoi-datasets before 0.5.9 left missing dates' rows out: every row after the gap
+    """Older anemoi-datasets versions left missing dates' rows out: every row after the gap
     would carry the wrong date."""
     dates = START + np.array([0, 1, 2, 4, 5, 6]) * STEP
     write_anemoi_layout(tmp_path / "old.zarr", length=6, dates=dates)
@@ -133,3 +133,21 @@ def test_plain_zarr_without_anemoi_attributes_stays_plain(tmp_path):
     g.create_array("data", shape=(5, 2, 1, 3), chunks=(1, 2, 1, 3), dtype="f4")[:] = 1.0
     store = shardload.open_store(tmp_path / "p.zarr")
     assert store.time is None and "anemoi" not in store.manifest.static
+
+
+def test_resume_is_exact_and_refuses_other_missing_dates(tmp_path):
+    """A state saved mid-epoch resumes the rest exactly; one planned without the missing rows
+    does not resume a run that includes them (the rows differ)."""
+    from _resume import assert_resumes_exactly
+    from shardload.errors import StateError
+    from shardload.load.spec import LoadSpec
+    from shardload.plan.resume import plan_state
+
+    path = tmp_path / "a.zarr"
+    write_anemoi_layout(path, length=14, missing=(2, 5, 13))
+    assert_resumes_exactly(path, world=2, workers=2, consumed=(1, 3), batch_size=1, seed=3)
+    spec = LoadSpec.build(path, batch_size=1)
+    state = plan_state(spec.plan(world_size=1, num_workers=1, epoch=0), 2).to_dict()
+    state["dataset"] = spec.fingerprint
+    with pytest.raises(StateError):
+        list(shardload.iter_batches(path, batch_size=1, state=state, missing_dates="include"))

@@ -17,7 +17,7 @@ The store becomes one array ``data`` whose row ``i`` equals
 a :class:`~shardload.manifest.time.TimeAxis` with the missing dates' rows (``Store.time``), and
 ``manifest.static["anemoi"]``: variables, per-variable statistics, field shape, latitudes and
 longitudes (:func:`anemoi_metadata` gives them as numpy arrays). A store whose dates are not the
-regular range its attributes describe (anemoi-datasets before 0.5.9 dropped missing dates'
+regular range its attributes describe (older anemoi-datasets versions dropped missing dates'
 rows; anemoi refuses those stores too) is refused, naming the store and the first wrong date:
 serving it would give rows the wrong dates.
 """
@@ -158,7 +158,7 @@ def _time_axis(attrs: Mapping[str, Any], dates: np.ndarray, length: int, root: s
         raise StoreError(
             f"anemoi store {root}: row {i} is dated {stored[i]} where its start_date and "
             f"frequency {attrs['frequency']!r} say {axis.dates[i]}; its dates are not one row per "
-            "date of a regular range (anemoi-datasets before 0.5.9 left missing dates out: "
+            "date of a regular range (older anemoi-datasets versions left missing dates out: "
             "anemoi refuses such stores too; recreate it with a newer anemoi-datasets)"
         )
     end = attrs.get("end_date")
