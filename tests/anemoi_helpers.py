@@ -45,8 +45,9 @@ def anemoi_python() -> Path:
 def _anemoi_problem() -> str | None:
     py = anemoi_python()
     if not py.exists():
-        how = f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "`make anemoi-venv`"
-        return f"anemoi-datasets venv not found: {py} is absent (build it with {how})"
+        if os.environ.get(ENV_VAR):
+            return f"anemoi-datasets not found: {ENV_VAR}={py} does not exist"
+        return f"anemoi-datasets venv not found: {py} is absent (build it with `make anemoi-venv`)"
     res = subprocess.run(
         [str(py), "-c", "import anemoi.datasets, netCDF4"],
         capture_output=True,
