@@ -30,6 +30,7 @@ def write_anemoi_layout(
     missing: tuple[int, ...] = (),
     dates: np.ndarray | None = None,
     attrs: dict[str, Any] | None = None,
+    drop: tuple[str, ...] = (),
 ) -> np.ndarray:
     """An anemoi-datasets store at ``path``; returns ``data`` as written (NaN where missing)."""
     import zarr
@@ -70,6 +71,8 @@ def write_anemoi_layout(
             **(attrs or {}),
         }
     )
+    for key in drop:
+        del g.attrs[key]
     return values
 
 
@@ -124,6 +127,16 @@ def test_attributes_that_disagree_are_refused_by_name(tmp_path, attrs, match):
     write_anemoi_layout(tmp_path / "a.zarr", attrs=attrs)
     with pytest.raises(StoreError, match=match):
         shardload.open_store(tmp_path / "a.zarr")
+
+
+def test_without_a_frequency_attribute_the_dates_give_it(tmp_path):
+    """anemoi takes the first step of 'dates' then; the store is still dated, so its missing
+    dates still leave the epoch (served as plain Zarr, they would be NaN rows)."""
+    write_anemoi_layout(tmp_path / "a.zarr", missing=(1,), drop=("frequency",))
+    store = shardload.open_store(tmp_path / "a.zarr")
+    assert store.time.frequency_text == "6h" and store.time.missing == (1,)
+    rows = [i for b in shardload.iter_batches(store, batch_size=3) for i in b["index"].tolist()]
+    assert sorted(rows) == [0, 2, 3, 4, 5, 6, 7]
 
 
 def test_plain_zarr_without_anemoi_attributes_stays_plain(tmp_path):

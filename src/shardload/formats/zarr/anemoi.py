@@ -9,8 +9,9 @@ The layout (anemoi-datasets 0.5, ``create/gridded``; read by its ``usage/gridded
 - ``dates`` (``datetime64[s]``), ``latitudes``, ``longitudes`` (one value per grid cell);
 - per-variable statistics ``mean``, ``stdev``, ``minimum``, ``maximum`` (older stores also
   ``sums``, ``squares``, ``count``, ``has_nans``);
-- group attributes ``start_date``, ``end_date``, ``frequency`` (``"6h"``), ``variables`` (or
-  ``name_to_index``), ``missing_dates`` (ISO dates), ``field_shape``, ``dimensions``, ...
+- group attributes ``start_date``, ``end_date``, ``frequency`` (``"6h"``; without it, the first
+  step of ``dates``, as anemoi does), ``variables`` (or ``name_to_index``), ``missing_dates``
+  (ISO dates), ``field_shape``, ``dimensions``, ...
 
 The store becomes one array ``data`` whose row ``i`` equals
 ``anemoi.datasets.open_dataset(path)[i]`` (the stored values: anemoi serves them as they are),
@@ -49,7 +50,6 @@ def looks_like_anemoi(attrs: Mapping[str, Any], members: Mapping[str, Any]) -> b
         data is not None
         and len(data.shape) == 4
         and "dates" in members
-        and "frequency" in attrs
         and ("variables" in attrs or "name_to_index" in attrs)
     )
 
@@ -139,10 +139,6 @@ def _variables(attrs: Mapping[str, Any], count: int, root: str) -> list[str]:
 
 def _time_axis(attrs: Mapping[str, Any], dates: np.ndarray, length: int, root: str) -> TimeAxis:
     """The regular axis the attributes describe, checked against the stored ``dates``."""
-    try:
-        freq_s = parse_frequency_s(attrs["frequency"])
-    except StoreError as exc:
-        raise StoreError(f"anemoi store {root}: {exc}") from None
     stored = dates.astype("datetime64[s]")
     if stored.shape != (length,):
         raise StoreError(
@@ -150,6 +146,16 @@ def _time_axis(attrs: Mapping[str, Any], dates: np.ndarray, length: int, root: s
         )
     if length == 0:
         raise StoreError(f"anemoi store {root} has no dates (array 'data' has no rows)")
+    # without the attribute anemoi takes the first step of 'dates' (its GriddedZarr.frequency)
+    frequency = attrs.get("frequency")
+    try:
+        if frequency is None:
+            if length < 2:
+                raise StoreError("no 'frequency' attribute and one date: no frequency")
+            frequency = int((stored[1] - stored[0]) / np.timedelta64(1, "s"))
+        freq_s = parse_frequency_s(frequency)
+    except StoreError as exc:
+        raise StoreError(f"anemoi store {root}: {exc}") from None
     start = np.datetime64(attrs.get("start_date") or stored[0], "s")
     axis = TimeAxis(start=start, frequency=np.timedelta64(freq_s, "s"), length=length)
     wrong = np.flatnonzero(stored != axis.dates)
@@ -157,7 +163,7 @@ def _time_axis(attrs: Mapping[str, Any], dates: np.ndarray, length: int, root: s
         i = int(wrong[0])
         raise StoreError(
             f"anemoi store {root}: row {i} is dated {stored[i]} where its start_date and "
-            f"frequency {attrs['frequency']!r} say {axis.dates[i]}; its dates are not one row per "
+            f"frequency {frequency!r} say {axis.dates[i]}; its dates are not one row per "
             "date of a regular range (older anemoi-datasets versions left missing dates out: "
             "anemoi refuses such stores too; recreate it with a newer anemoi-datasets)"
         )
@@ -165,7 +171,7 @@ def _time_axis(attrs: Mapping[str, Any], dates: np.ndarray, length: int, root: s
     if end is not None and np.datetime64(end, "s") != axis.end:
         raise StoreError(
             f"anemoi store {root}: end_date {end} but {length} rows every "
-            f"{attrs['frequency']!r} from {axis.start} end at {axis.end} (rows missing?)"
+            f"{frequency!r} from {axis.start} end at {axis.end} (rows missing?)"
         )
     missing = [np.datetime64(d, "s") for d in attrs.get("missing_dates") or ()]
     rows = []
