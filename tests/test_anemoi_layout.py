@@ -164,3 +164,20 @@ def test_resume_is_exact_and_refuses_other_missing_dates(tmp_path):
     state["dataset"] = spec.fingerprint
     with pytest.raises(StateError):
         list(shardload.iter_batches(path, batch_size=1, state=state, missing_dates="include"))
+
+
+@pytest.mark.parametrize("members", [1, 2])
+def test_chunks_of_whole_dates_are_read_natively(tmp_path, members):
+    """One member: a chunk is a whole date, read from its file and Blosc-decoded straight into
+    the batch (as shardload's own Zarr); a chunk never written is NaN. Several members: chunks
+    split the row, read through zarr-python. The same values either way."""
+    import zarr
+
+    path = tmp_path / "a.zarr"
+    values = write_anemoi_layout(path, members=members, missing=(2,))
+    store = shardload.open_store(path)
+    assert (store.reader.layout("data") is not None) == (members == 1)
+    np.testing.assert_array_equal(store.read("data"), values)
+    np.testing.assert_array_equal(store.read("data"), zarr.open_array(str(path / "data"))[:])
+    for b in shardload.iter_batches(store, batch_size=3, seed=1):
+        np.testing.assert_array_equal(b["data"], values[b["index"]])
