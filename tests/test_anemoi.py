@@ -183,6 +183,35 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run(built):
     assert_resumes_exactly(path, world=2, workers=2, consumed=(1, 3), batch_size=1, seed=7)
 
 
+def test_streaming_dataloader_resumes_mid_epoch(built):
+    """StreamingDataLoader's state after 3 batches (2 workers): a fresh loader given it yields
+    exactly the rest of the epoch, with 2 workers and with none."""
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    path, ref = built["dated"]
+
+    def loader(workers: int) -> StreamingDataLoader:
+        ds = StreamingDataset(path, batch_size=2, seed=4)
+        ds.set_epoch(1)
+        return StreamingDataLoader(ds, num_workers=workers)
+
+    full = [b["index"].tolist() for b in loader(2)]
+    it = iter(first := loader(2))
+    head = [next(it)["index"].tolist() for _ in range(3)]
+    state = first.state_dict()
+    del it
+    for workers in (2, 0):
+        again = loader(workers)
+        again.load_state_dict(state)
+        rest = list(again)
+        check_batches(rest, ref)
+        got = head + [b["index"].tolist() for b in rest]
+        if workers == 2:
+            assert got == full
+        else:
+            assert sorted(i for b in got for i in b) == sorted(i for b in full for i in b)
+
+
 def test_elastic_resume_reads_exactly_the_unseen_rows(built):
     from shardload.plan.groups import iter_rank_batches
 
