@@ -191,6 +191,8 @@ class Reference:
     longitudes: np.ndarray
     frequency_s: int
     field_shape: tuple[int, ...]
+    #: the store's ``statistics_tendencies_*`` arrays by name, when its recipe asked for them
+    tendencies: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 _READ_SCRIPT = textwrap.dedent(
@@ -210,6 +212,11 @@ _READ_SCRIPT = textwrap.dedent(
         except MissingDateError:
             missing.append(i)
     stats = ds.statistics
+    import zarr
+    group = zarr.open_group(path, mode="r")
+    tendencies = {
+        k: group[k][...] for k in group.array_keys() if k.startswith("statistics_tendencies_")
+    }
     np.savez(
         out,
         rows=rows,
@@ -217,6 +224,7 @@ _READ_SCRIPT = textwrap.dedent(
         latitudes=ds.latitudes,
         longitudes=ds.longitudes,
         **{"stat_" + k: np.asarray(v) for k, v in stats.items()},
+        **{"tend_" + k: np.asarray(v) for k, v in tendencies.items()},
     )
     meta = dict(
         missing=sorted(int(i) for i in ds.missing),
@@ -248,6 +256,7 @@ def read_reference(path: Path) -> Reference:
         raise AssertionError(f"anemoi's missing {meta['missing']} != rows raising {meta['raised']}")
     with np.load(out) as z:
         stats = {k[len("stat_") :]: z[k] for k in z.files if k.startswith("stat_")}
+        tend = {k[len("tend_") :]: z[k] for k in z.files if k.startswith("tend_")}
         return Reference(
             rows=z["rows"],
             dates=z["dates"],
@@ -258,4 +267,5 @@ def read_reference(path: Path) -> Reference:
             longitudes=z["longitudes"],
             frequency_s=meta["frequency_s"],
             field_shape=tuple(meta["field_shape"]),
+            tendencies=tend,
         )

@@ -31,7 +31,12 @@ pytestmark = pytest.mark.slow
 #: two missing dates of the "dated" store (rows 2 and 9), anemoi's own missing_dates
 MISSING = ("2020-01-01T12:00:00", "2020-01-03T06:00:00")
 SPECS = {
-    "gridded": GriddedSpec(length=12, variables=("t2m", "msl", "z"), grid=(3, 4)),
+    "gridded": GriddedSpec(
+        length=12,
+        variables=("t2m", "msl", "z"),
+        grid=(3, 4),
+        recipe_extra={"statistics": {"tendencies": True}},  # statistics of x[t] - x[t - delta]
+    ),
     "dated": GriddedSpec(length=16, grid=(2, 5), members=3, missing=MISSING, seed=1),
 }
 
@@ -93,6 +98,15 @@ def test_open_store_serves_what_open_dataset_serves(built, name):
         np.testing.assert_array_equal(meta.statistics[stat], ref.statistics[stat], err_msg=stat)
     np.testing.assert_array_equal(meta.latitudes, ref.latitudes)
     np.testing.assert_array_equal(meta.longitudes, ref.longitudes)
+    got = {
+        f"statistics_tendencies_{delta}_{stat}": values
+        for delta, by in meta.tendencies.items()
+        for stat, values in by.items()
+    }
+    assert sorted(got) == sorted(ref.tendencies)
+    assert bool(got) == (name == "gridded")  # the recipe asked for them
+    for key, values in ref.tendencies.items():
+        np.testing.assert_array_equal(got[key], values, err_msg=key)
 
 
 def test_dated_store_has_its_missing_dates(built):

@@ -56,6 +56,8 @@ def write_anemoi_layout(
         ("stdev", np.arange(v) + 1.5),
         ("minimum", np.arange(v) - 1.0),
         ("maximum", np.arange(v) + 9.0),
+        ("statistics_tendencies_6h_mean", np.arange(v) + 0.25),
+        ("statistics_tendencies_1d_stdev", np.arange(v) + 0.75),
     ):
         g.create_array(name, shape=arr.shape, dtype="f8")[:] = arr
     g.attrs.update(
@@ -87,6 +89,9 @@ def test_open_store_describes_it(tmp_path):
     assert meta.variables == ("msl", "t2m") and meta.ensembles == 2
     np.testing.assert_array_equal(meta.statistics["stdev"], [1.5, 2.5])
     np.testing.assert_array_equal(meta.latitudes, np.linspace(50, 40, 6))
+    assert sorted(meta.tendencies) == ["1d", "6h"]
+    np.testing.assert_array_equal(meta.tendencies["6h"]["mean"], [0.25, 1.25])
+    np.testing.assert_array_equal(meta.tendencies["1d"]["stdev"], [0.75, 1.75])
     assert store.manifest.arrays["data"].attrs["variables"] == ["msl", "t2m"]
 
 

@@ -8,7 +8,8 @@ The layout (anemoi-datasets 0.5, ``create/gridded``; read by its ``usage/gridded
   written (its chunks read as the fill value, NaN);
 - ``dates`` (``datetime64[s]``), ``latitudes``, ``longitudes`` (one value per grid cell);
 - per-variable statistics ``mean``, ``stdev``, ``minimum``, ``maximum`` (older stores also
-  ``sums``, ``squares``, ``count``, ``has_nans``);
+  ``sums``, ``squares``, ``count``, ``has_nans``), and with ``statistics: {tendencies: ...}``
+  in the recipe the same of tendencies, ``statistics_tendencies_{delta}_{mean,...}``;
 - group attributes ``start_date``, ``end_date``, ``frequency`` (``"6h"``; without it, the first
   step of ``dates``, as anemoi does), ``variables`` (or ``name_to_index``), ``missing_dates``
   (ISO dates), ``field_shape``, ``dimensions``, ...
@@ -41,6 +42,8 @@ STATISTICS = ("mean", "stdev", "minimum", "maximum", "sums", "squares", "count",
 #: anemoi's own names of the axes of ``data`` (its ``dimensions`` attribute)
 DIMENSIONS = ("dates", "variables", "ensembles", "values")
 LAYOUT = "anemoi-datasets"
+#: the prefix of the arrays of statistics of tendencies (``x[t] - x[t - delta]``) per delta
+TENDENCIES = "statistics_tendencies_"
 
 
 def looks_like_anemoi(attrs: Mapping[str, Any], members: Mapping[str, Any]) -> bool:
@@ -74,6 +77,13 @@ def manifest_from_anemoi(
                     f"one value per variable ({shape[1]})"
                 )
             stats[name] = values.tolist()
+    tendencies: dict[str, dict[str, list[float]]] = {}
+    for key, arr in members.items():  # statistics_tendencies_{delta}_{stat}, e.g. ..._6h_mean
+        if key.startswith(TENDENCIES):
+            delta, _, stat = key[len(TENDENCIES) :].rpartition("_")
+            values = np.asarray(arr[...])
+            if delta and values.shape == (shape[1],):
+                tendencies.setdefault(delta, {})[stat] = values.tolist()
     coords = {}
     for name in ("latitudes", "longitudes"):
         if name in members:
@@ -90,6 +100,7 @@ def manifest_from_anemoi(
         "anemoi": {
             "variables": variables,
             "statistics": stats,
+            "tendencies": tendencies,
             "field_shape": list(attrs.get("field_shape") or [shape[3]]),
             "ensembles": shape[2],
             **coords,
@@ -187,11 +198,13 @@ def _time_axis(attrs: Mapping[str, Any], dates: np.ndarray, length: int, root: s
 class AnemoiMetadata:
     """What an anemoi-datasets store says besides its rows: variable names (axis 1 of
     ``data``), per-variable statistics by anemoi's names (``mean``, ``stdev``, ``minimum``,
-    ``maximum``, ...), the grid's ``field_shape``, ``latitudes`` and ``longitudes`` (one per
-    cell, axis 3)."""
+    ``maximum``, ...), the same of tendencies by delta (``tendencies["6h"]["mean"]``: of
+    ``x[t] - x[t - 6h]``, when the store has them), the grid's ``field_shape``, ``latitudes``
+    and ``longitudes`` (one per cell, axis 3)."""
 
     variables: tuple[str, ...]
     statistics: Mapping[str, np.ndarray]
+    tendencies: Mapping[str, Mapping[str, np.ndarray]]
     field_shape: tuple[int, ...]
     ensembles: int
     latitudes: np.ndarray | None
@@ -210,6 +223,10 @@ def anemoi_metadata(manifest: Manifest) -> AnemoiMetadata | None:
     return AnemoiMetadata(
         variables=tuple(meta["variables"]),
         statistics={k: np.asarray(v) for k, v in meta["statistics"].items()},
+        tendencies={
+            d: {k: np.asarray(v) for k, v in by.items()}
+            for d, by in (meta.get("tendencies") or {}).items()
+        },
         field_shape=tuple(int(s) for s in meta["field_shape"]),
         ensembles=int(meta["ensembles"]),
         latitudes=arr("latitudes"),
