@@ -116,7 +116,8 @@ def iter_batches(
     prefetch, threads
         Pieces read ahead in background threads (``threads``, default
         :func:`default_threads`: ``min(4, prefetch, CPUs)``, and for a local store at most
-        ``CPUs // num_workers``, the reader processes sharing this machine's CPUs). Default
+        ``CPUs // num_workers``, the reader processes sharing this machine's CPUs; by URL 32,
+        requests in flight waiting their round trips together). Default
         ``prefetch`` (:func:`resolve_prefetch`): 4; on stores read by whole chunks, a
         group ahead, at most 64 MiB decoded (as 4 chunks of 16 MiB).
         Memory per reader is about ``(shuffle_chunks + prefetch)`` pieces of the selected

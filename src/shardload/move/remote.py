@@ -13,7 +13,9 @@ in each process (fsspec's async filesystems are not fork-safe), so a Store holdi
 DataLoader workers under fork, spawn or forkserver.
 
 Defaults of the read options come from the environment when not given:
-``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25), ``SHARDLOAD_TIMEOUT_S`` (30).
+``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25), ``SHARDLOAD_TIMEOUT_S`` (30);
+for http(s) URLs also the token and the trusted certificates (``SHARDLOAD_TOKEN``,
+``SHARDLOAD_CA_FILE``: :mod:`shardload.move.http_client`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fsspec.spec import AbstractBufferedFile
 from shardload.errors import RemoteError
 from shardload.move import cache as remote_cache
 from shardload.move.cache import evict_lru
+from shardload.move.http_client import http_options, is_http
 from shardload.move.retries import call_with_retries, default_option
 
 __all__ = [
@@ -49,6 +52,9 @@ T = TypeVar("T")
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
 #: Smallest block of a file object's ranged reads (an npy header in one request, not three).
 MIN_BLOCK_BYTES = 64 * 1024
+#: Requests in flight at most per reader of a store read by URL (the loader's read threads;
+#: zarr-python's thread pool is widened to as many when a Zarr store opens by URL).
+URL_IN_FLIGHT = 32
 
 
 def is_url(s: str | os.PathLike) -> bool:
@@ -86,15 +92,8 @@ class RemoteSpec:
         from fsspec.core import url_to_fs
 
         opts = dict(self.storage_options)
-        if self.url.split("://", 1)[0].lower() in ("http", "https"):
-            import aiohttp
-
-            client = dict(opts.pop("client_kwargs", {}) or {})
-            client.setdefault(
-                "timeout",
-                aiohttp.ClientTimeout(sock_connect=self.timeout_s, sock_read=self.timeout_s),
-            )
-            opts["client_kwargs"] = client
+        if is_http(self.url):  # timeouts, the token, a CA file: move/http_client.py
+            opts = http_options(opts, self.timeout_s)
         # a private instance: a dead server's session is not shared with later calls
         fs, root = url_to_fs(self.url, skip_instance_cache=True, **opts)
         return fs, root.rstrip("/")
