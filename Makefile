@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 EXTRAS := torch,remote,serve,distributed,hpc,grib,hdf5,bench,dev
 
-.PHONY: venv sysdeps demo test test-slow test-all test-fast lint typecheck bench clean
+.PHONY: venv anemoi-venv sysdeps demo test test-slow test-all test-fast lint typecheck bench clean
 
 # Debian tools some tests use for real (SLURM + munge for the job-queue tests, squashfs-tools +
 # squashfuse for `shardload pack`). Installed when running as root with apt-get; otherwise those
@@ -20,6 +20,22 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# anemoi-datasets (the reference the anemoi tests compare with) needs zarr 2: its own venv, pinned
+# in constraints-anemoi.txt, no torch. `make test` builds it; if that fails it warns, and the tests
+# that need it skip and say why (tests/anemoi_helpers.py).
+ANEMOI_VENV := .venv-anemoi
+ANEMOI_STAMP := $(ANEMOI_VENV)/.installed-stamp
+
+$(ANEMOI_STAMP): constraints-anemoi.txt
+	test -x $(ANEMOI_VENV)/bin/python || $(PY) -m venv $(ANEMOI_VENV)
+	$(ANEMOI_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ANEMOI_VENV)/bin/python -m pip install -q -c constraints-anemoi.txt anemoi-datasets netCDF4
+	touch $(ANEMOI_STAMP)
+
+anemoi-venv:
+	@$(MAKE) --no-print-directory $(ANEMOI_STAMP) \
+	  || echo "WARNING: could not build $(ANEMOI_VENV); the tests comparing with anemoi-datasets will skip"
 
 demo: $(STAMP)
 	$(BIN)/shardload demo
@@ -41,10 +57,10 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 # `make test`: every test but the slow campaigns (marked `slow`: long sweeps, kill -9 loops,
 # clusters, torchrun worlds), under 20 minutes on 2 cores; `make test-slow` runs those;
 # `make test-all` (what CI runs, .ci/run) both. --durations lists the slowest in each log.
-test: $(STAMP) sysdeps
+test: $(STAMP) sysdeps anemoi-venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "not slow" --durations=15
 
-test-slow: $(STAMP) sysdeps
+test-slow: $(STAMP) sysdeps anemoi-venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m slow --durations=15
 
 test-all: test test-slow
@@ -61,4 +77,4 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ANEMOI_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -105,6 +105,7 @@ def _workdir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         ignore=shutil.ignore_patterns(
             ".git",
             ".venv",
+            ".venv-anemoi",  # make anemoi-venv: 843 MB, no doc uses it
             "__pycache__",
             "*.egg-info",
             ".mypy_cache",

@@ -64,10 +64,12 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     store = open_store(args.store, verify="always")
+    layout = store.manifest.provenance.get("layout")  # e.g. an anemoi-datasets store
     how = (
         f"{store.manifest.checksums} checksums"
         if store.manifest.checksums
-        else "no checksums recorded: reading every chunk"
+        else f"no checksums{f' (an {layout} store has none)' if layout else ' recorded'}: "
+        "reading every chunk"
     )
     print(f"verifying {store.url} ({store.manifest.format}, {how})", flush=True)
     bad: list[Problem] = []

@@ -60,6 +60,7 @@ def iter_batches(
     allocate: Allocate | None = None,
     padding_stats: PaddingStats | None = None,
     bucket: bool | str = False,
+    missing_dates: str = "skip",
     read_group_size: int = 1,
     read_group_axis: ReadGroupAxis = -1,
 ) -> Iterator[dict[str, np.ndarray]]:
@@ -90,6 +91,11 @@ def iter_batches(
     split, chunks, rows, arrays
         What to read: a split, or explicit chunk ids, and/or a global ``(start, stop)`` row
         range; which arrays (default all).
+    missing_dates
+        A dated store's missing dates (``store.time.missing``, e.g. an anemoi-datasets
+        store's ``missing_dates``): ``"skip"`` (default) leaves their rows out of the epoch,
+        ``"error"`` raises a ``PlanError`` naming the first one the selection holds,
+        ``"include"`` yields them as stored (NaN, or the fill value).
     shuffle_chunks
         Pieces whose rows are shuffled together (the shuffle buffer, in pieces).
     piece_rows
@@ -184,6 +190,7 @@ def iter_batches(
         threads=threads,
         bucket=bucket,
         storage_options=storage_options,
+        missing_dates=missing_dates,
         read_group_size=read_group_size,
         read_group_axis=read_group_axis,
     )

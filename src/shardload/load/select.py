@@ -16,6 +16,12 @@ import numpy as np
 
 from shardload.errors import PlanError, StoreError
 from shardload.manifest.core import validate_aligned
+from shardload.plan.missing_dates import (
+    DEFAULT_MISSING_DATES,
+    check_missing_dates,
+    cut_missing_rows,
+    first_missing_row,
+)
 from shardload.store.core import Store
 
 
@@ -51,11 +57,14 @@ def select_rows(
     chunks: Sequence[int] | None = None,
     rows: tuple[int, int] | None = None,
     arrays: Sequence[str] | None = None,
+    missing_dates: str = DEFAULT_MISSING_DATES,
 ) -> Selection:
     """Resolve a selection against a store's manifest (no array is opened).
 
     ``split`` and ``chunks`` are exclusive (``chunks`` are store chunk ids); ``rows`` is a global
-    ``(start, stop)`` range intersected with them (or with the whole store).
+    ``(start, stop)`` range intersected with them (or with the whole store). In a dated store
+    the rows of missing dates (``store.time.missing``) are left out (``missing_dates="skip"``),
+    refused (``"error"``) or kept (``"include"``): :mod:`shardload.plan.missing_dates`.
 
     Raises
     ------
@@ -103,12 +112,37 @@ def select_rows(
     if rows is not None or (split is not None and split in m.split_rows):
         keep = stops > starts
         ids, starts, stops = ids[keep], starts[keep], stops[keep]
+    what = (
+        f"the selection (split={split!r}, chunks={'given' if chunks is not None else None}, "
+        f"rows={rows})"
+    )
     if len(ids) == 0:
+        raise PlanError(f"{what} has no rows")
+    sizes, ids, starts = _dated(store, stops - starts, ids, starts, missing_dates, what)
+    return Selection(names, sizes, ids, starts)
+
+
+def _dated(
+    store: Store, sizes: np.ndarray, ids: np.ndarray, starts: np.ndarray, how: str, what: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces without the rows of missing dates (``how``: ``missing_dates``)."""
+    check_missing_dates(how)
+    axis = store.time
+    if axis is None or not axis.missing or how == "include":
+        return sizes, ids, starts
+    first = first_missing_row(sizes, starts, axis.missing)
+    if first is None:
+        return sizes, ids, starts
+    if how == "error":
         raise PlanError(
-            f"the selection (split={split!r}, chunks={'given' if chunks is not None else None}, "
-            f"rows={rows}) has no rows"
+            f"missing_dates='error': {what} of {store.url} holds missing dates, the first "
+            f"{axis.dates[first]} (row {first}); missing_dates='skip' leaves them out, "
+            "'include' yields them as stored"
         )
-    return Selection(names, stops - starts, ids, starts)
+    cut = cut_missing_rows(sizes, ids, starts, axis.missing)
+    if len(cut[0]) == 0:
+        raise PlanError(f"{what} of {store.url} has only missing dates: no row to read")
+    return cut
 
 
 def split_pieces(sel: Selection, piece_rows: int) -> Selection:

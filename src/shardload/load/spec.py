@@ -39,6 +39,7 @@ from shardload.plan.epoch import (
     plan_epoch,
     plan_fingerprint,
 )
+from shardload.plan.missing_dates import DEFAULT_MISSING_DATES
 from shardload.plan.read_groups import (
     ReadGroupAxis,
     check_read_group_size,
@@ -97,6 +98,7 @@ class LoadSpec:
         threads: int | None = None,
         bucket: bool | str = False,
         storage_options: Mapping[str, Any] | None = None,
+        missing_dates: str = DEFAULT_MISSING_DATES,
         read_group_size: int = 1,
         read_group_axis: ReadGroupAxis = -1,
     ) -> LoadSpec:
@@ -117,6 +119,7 @@ class LoadSpec:
             shuffle_chunks=shuffle_chunks,
             shuffle=shuffle,
             batch_size=batch_size,
+            missing_dates=missing_dates,
         )
         options: PlanOptions = dict(
             batch_size=batch_size,
@@ -262,10 +265,14 @@ def loader_selection(
     shuffle_chunks: int | None = None,
     shuffle: bool | str = True,
     batch_size: int | None = None,
+    missing_dates: str = DEFAULT_MISSING_DATES,
 ) -> tuple[Selection, int, int]:
-    """The selection a loader plans over: :func:`select_rows` cut into pieces, the rows per
-    piece it was cut with and the pieces per shuffle group (:func:`resolve_shuffle`)."""
-    sel = select_rows(store, split=split, chunks=chunks, rows=rows, arrays=arrays)
+    """The selection a loader plans over: :func:`select_rows` (without missing dates, unless
+    ``missing_dates`` says otherwise) cut into pieces, the rows per piece it was cut with and
+    the pieces per shuffle group (:func:`resolve_shuffle`)."""
+    sel = select_rows(
+        store, split=split, chunks=chunks, rows=rows, arrays=arrays, missing_dates=missing_dates
+    )
     for name in ragged_names(store, sel.arrays):
         if name + LENGTH_SUFFIX in store.manifest.arrays:
             raise PlanError(

@@ -101,6 +101,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         storage_options: Mapping[str, Any] | None = None,
         ring_slots: int | None = None,
         bucket: bool | str = False,
+        missing_dates: str = "skip",
         read_group_size: int = 1,
         read_group_axis: ReadGroupAxis = -1,
     ) -> None:
@@ -124,6 +125,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             threads=threads,
             bucket=bucket,
             storage_options=storage_options,
+            missing_dates=missing_dates,
             read_group_size=read_group_size,
             read_group_axis=read_group_axis,
         )

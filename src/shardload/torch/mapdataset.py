@@ -26,7 +26,8 @@ class MapDataset(Dataset):
 
     Local npy stores memory-map their chunk files; other formats keep the last
     ``cache_chunks`` decoded chunks per array (an LRU), so nearby accesses decode once.
-    Works with any sampler, e.g. ``DistributedSampler``.
+    Works with any sampler, e.g. ``DistributedSampler``. A dated store's missing dates are
+    not among the positions (``missing_dates`` as in :func:`shardload.iter_batches`).
     """
 
     def __init__(
@@ -39,6 +40,7 @@ class MapDataset(Dataset):
         rows: tuple[int, int] | None = None,
         cache_chunks: int = 8,
         storage_options: Mapping[str, Any] | None = None,
+        missing_dates: str = "skip",
     ) -> None:
         # the rows and arrays resolved as iter_batches resolves them, in row order
         spec = LoadSpec.build(
@@ -50,6 +52,7 @@ class MapDataset(Dataset):
             arrays=arrays,
             shuffle=False,
             storage_options=storage_options,
+            missing_dates=missing_dates,
         )
         self.store, self.selection = spec.store, spec.selection
         ragged = spec.ragged

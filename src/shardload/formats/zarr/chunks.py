@@ -6,8 +6,11 @@ chunked along axis 0 only (matching the manifest's chunk bounds), the default ch
 a ``bytes`` codec (little endian, on a little-endian machine), then either nothing or one
 ``blosc`` codec, no storage transformers. With ``shards=True`` (the reader), the same inside
 Zarr's ``sharding_indexed`` codec: shards and inner chunks along axis 0 only, the index
-``bytes`` (+ ``crc32c``) at either end (read by :mod:`.zarr_shards`). Anything else (other
-codecs, nested shards, Zarr v2, URLs) keeps going through zarr-python (:meth:`ZarrReader.read`).
+``bytes`` (+ ``crc32c``) at either end (read by :mod:`.zarr_shards`). A Zarr v2 array whose
+``.zarray`` describes the same bytes (C order, no filters, Blosc or no compressor: an
+anemoi-datasets store with one member) is read the same way (:func:`v2_as_v3`; its chunk keys
+have no ``c`` prefix). Anything else (other codecs, nested shards, URLs) keeps going through
+zarr-python (:meth:`ZarrReader.read`).
 
 Uncompressed chunks are read with ``readinto`` on a view of the destination rows (one copy, from
 the page cache); Blosc chunks are decoded by ``numcodecs`` straight into the destination, in C
@@ -70,6 +73,8 @@ class ChunkLayout:
     opener: Any = None
     #: Sharded: ``chunk_rows`` are the inner chunks' rows, ``chunk_path(k)`` is shard ``k``.
     shard: ShardSpec | None = None
+    #: what chunk keys start with: ``c`` in Zarr v3's default encoding, nothing in Zarr v2
+    key_prefix: tuple[str, ...] = ("c",)
 
     def open(self, path: str) -> Any:
         return self.opener(path) if self.opener is not None else open(path, "rb", buffering=0)
@@ -79,7 +84,7 @@ class ChunkLayout:
         return self.blosc_config is not None
 
     def chunk_path(self, i: int) -> str:
-        key = self.separator.join(["c", str(i), *(["0"] * (self.ndim - 1))])
+        key = self.separator.join([*self.key_prefix, str(i), *(["0"] * (self.ndim - 1))])
         return f"{self.folder}/{key}"
 
 
@@ -184,17 +189,70 @@ def _plan_shard(
 
 
 def load_chunk_layout(folder: str, *, opener: Any = None, **kw: Any) -> ChunkLayout | None:
-    """Read ``folder/zarr.json`` and plan its layout; None if absent or not simple.
+    """Read ``folder/zarr.json`` (else a Zarr v2 ``.zarray``, e.g. an anemoi-datasets store's,
+    as the same layout: :func:`v2_as_v3`) and plan its layout; None if absent or not simple.
 
     ``opener`` (default: local files) opens the metadata and, later, the chunk files."""
+    meta = _read_json(folder, "zarr.json", opener)
+    prefix: tuple[str, ...] = ("c",)
+    if meta is None:
+        meta, prefix = v2_as_v3(_read_json(folder, ".zarray", opener)), ()
+    layout = plan_chunk_layout(meta, folder=folder, **kw) if isinstance(meta, dict) else None
+    if layout is None:
+        return None
+    return dataclasses.replace(layout, opener=opener, key_prefix=prefix)
+
+
+def _read_json(folder: str, name: str, opener: Any) -> Any:
     try:
-        path = f"{folder.rstrip('/')}/zarr.json"
+        path = f"{folder.rstrip('/')}/{name}"
         with opener(path) if opener is not None else open(path, "rb") as f:
-            meta = json.loads(f.read())
+            return json.loads(f.read())
     except (OSError, ValueError):
         return None
-    layout = plan_chunk_layout(meta, folder=folder, **kw) if isinstance(meta, dict) else None
-    return dataclasses.replace(layout, opener=opener) if layout is not None else None
+
+
+def v2_as_v3(meta: Any) -> dict[str, Any] | None:
+    """A Zarr v2 array's ``.zarray`` as the ``zarr.json`` of the same stored bytes (pure), or
+    None unless C order, no filters, no compressor or Blosc, little endian, a fill value.
+
+    >>> v3 = v2_as_v3({"zarr_format": 2, "shape": [4, 3], "chunks": [1, 3], "dtype": "<f4",
+    ...                "order": "C", "filters": None, "fill_value": "NaN",
+    ...                "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1}})
+    >>> [c["name"] for c in v3["codecs"]], v3["chunk_key_encoding"]["configuration"]
+    (['bytes', 'blosc'], {'separator': '.'})
+    """
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 2:
+        return None
+    if meta.get("order", "C") != "C" or meta.get("filters") or meta.get("fill_value") is None:
+        return None
+    try:
+        dtype = np.dtype(meta["dtype"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if dtype.byteorder == ">" or dtype.hasobject:
+        return None
+    codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    comp = meta.get("compressor")
+    if comp is not None:
+        if not isinstance(comp, dict) or comp.get("id") != "blosc":
+            return None
+        shuffle = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}.get(comp.get("shuffle", 1))
+        config = {k: comp[k] for k in ("cname", "clevel", "blocksize") if k in comp}
+        codecs.append({"name": "blosc", "configuration": {**config, "shuffle": shuffle}})
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": meta.get("shape"),
+        "data_type": dtype.str,
+        "fill_value": meta["fill_value"],
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": meta.get("chunks")}},
+        "chunk_key_encoding": {
+            "name": "default",
+            "configuration": {"separator": meta.get("dimension_separator") or "."},
+        },
+        "codecs": codecs,
+    }
 
 
 def row_parts(start: int, stop: int, rows: int) -> Iterator[tuple[int, int, int, int]]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from shardload.errors import StoreError
 from shardload.formats.base import is_local
+from shardload.formats.zarr.anemoi import looks_like_anemoi, manifest_from_anemoi
 from shardload.formats.zarr.cf import CFDecoding, plan_cf_decoding
 from shardload.formats.zarr.read import _url, open_group_readonly
 from shardload.manifest.core import ArrayInfo, Manifest
@@ -33,7 +34,14 @@ def manifest_from_zarr(fs: Any, root: str, *, arrays: Sequence[str] | None = Non
     times, ...) is left out with a logged note, and listed with the reason in the manifest's
     ``provenance["skipped"]``: it never blocks reading the others.
     """
-    members = _open_members(fs, root)
+    members, attrs = _open_members(fs, root)
+    if looks_like_anemoi(attrs, members):  # read as anemoi-datasets reads it
+        if arrays is not None and list(arrays) != ["data"]:
+            raise StoreError(
+                f"{root} is an anemoi-datasets store: its one array along the dates is 'data' "
+                f"(arrays={list(arrays)!r} asked for others; see anemoi_metadata for the rest)"
+            )
+        return manifest_from_anemoi(attrs, members, root)
     described = {k: _describe(k, m) for k, m in members.items()}
     if arrays is not None:
         picked, skipped = _pick_named(described, arrays, root), dict[str, str]()
@@ -66,13 +74,16 @@ def manifest_from_zarr(fs: Any, root: str, *, arrays: Sequence[str] | None = Non
     )
 
 
-def _open_members(fs: Any, root: str) -> dict[str, Any]:
-    """The arrays of the Zarr group (or the one Zarr array, as ``data``) at ``root``."""
+def _open_members(fs: Any, root: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The arrays of the Zarr group (or the one Zarr array, as ``data``) at ``root``, and the
+    group's attributes."""
     import zarr
 
+    attrs: dict[str, Any] = {}
     try:
         node = open_group_readonly(fs, root)
         members = dict(node.arrays())
+        attrs = dict(node.attrs.asdict())
     except Exception:
         try:
             arr = zarr.open_array(store=root if is_local(fs) else _url(fs, root), mode="r")
@@ -83,7 +94,7 @@ def _open_members(fs: Any, root: str) -> dict[str, Any]:
             ) from exc
     if not members:
         raise StoreError(f"Zarr store {root} has no arrays")
-    return members
+    return members, attrs
 
 
 def _pick_named(described: Mapping[str, _Member], arrays: Sequence[str], root: str) -> list[str]:
