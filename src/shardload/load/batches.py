@@ -16,6 +16,7 @@ import numpy as np
 
 from shardload.errors import PlanError
 from shardload.load.checks import checked_allocate
+from shardload.load.dated import dated_window_batches
 from shardload.load.gather import gather_batches
 from shardload.load.options import check_nonneg
 from shardload.load.ragged import PaddingStats, ragged_batches
@@ -57,6 +58,8 @@ def iter_batches(
     allocate: Allocate | None = None,
     padding_stats: PaddingStats | None = None,
     bucket: bool | str = False,
+    window: int | None = None,
+    window_step: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
 
@@ -134,6 +137,14 @@ def iter_batches(
         variable-length arrays; a name: by that array's lengths. Larger ``shuffle_chunks``
         buckets over more rows.
 
+    window, window_step
+        Windows of dates on a dated store (one with a time axis, ``store.time``): a sample is
+        ``window`` states every ``window_step`` (default 1) rows, and each array comes as
+        ``NAME`` of shape ``(B, window, *row_shape)``, with ``"dates"`` (``datetime64[s]``,
+        ``(B, window)``) and ``"index"`` the first row of each window. Only windows whose every
+        date exists and lies in the selection are planned; shuffle, ranks, splits and resume
+        are over windows; a state shared by windows of a batch is read once (docs/weather.md).
+
     Variable-length arrays (one 1-D array per sample, ``store.ragged``) come as ``NAME``, a
     ``(rows, longest row of the batch)`` array zero-padded after each row's values, and
     ``NAME_length`` (int64): see docs/loading.md ("Variable-length arrays").
@@ -171,6 +182,8 @@ def iter_batches(
         threads=threads,
         bucket=bucket,
         storage_options=storage_options,
+        window=window,
+        window_step=window_step,
     )
     return read_batches(
         spec,
@@ -237,6 +250,25 @@ def _read(
             threads=threads,
             index_key=INDEX_KEY,
             padding_stats=padding_stats,
+        )
+        return
+    if spec.window is not None:  # windows of dates (load/dated.py)
+        if allocate is None:
+            keep = prefetch + 4
+            allocate = BatchRecycler(spec.batch_specs(), plan.batch_size, keep=keep).allocate
+        else:
+            allocate = checked_allocate(allocate, spec.batch_specs())
+        yield from dated_window_batches(
+            st,
+            names,
+            plan,
+            rank,
+            worker,
+            window=spec.window[0],
+            step=spec.window[1],
+            prefetch=prefetch,
+            threads=threads,
+            allocate=allocate,
         )
         return
     if allocate is None:  # reuse the memory of batches the caller has dropped

@@ -3,7 +3,8 @@
 As dask's ``normalize_chunks`` turns every way of writing chunks into one canonical value, a
 ``LoadSpec`` turns what a user passes to ``iter_batches`` or ``shardload.torch`` into one frozen
 value: the selection cut into pieces, the read kind (:mod:`.kinds`), the epoch plan options,
-the read-ahead, the fingerprints a resume state is checked against. Every later step reads it;
+the read-ahead, the fingerprints a resume state is checked against; with ``window``, the
+selection is the rows that start a window of dates (:mod:`.dated`). Every later step reads it;
 none asks the store again what kind it is. It pickles (the store without open handles), so a
 DataLoader worker takes the one its main process resolved.
 """
@@ -17,8 +18,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardload.errors import PlanError, StateError
+from shardload.load.dated import (
+    DEFAULT_WINDOW_PREFETCH,
+    check_window,
+    resolve_windows,
+    window_specs,
+)
 from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import (
+    check_nonneg,
     default_threads,
     resolve_prefetch,
     resolve_shuffle,
@@ -53,6 +61,7 @@ class LoadSpec:
     the epoch plan's (``shuffle_chunks`` included: the pieces per shuffle group); ``kind`` picks
     the group reader; ``prefetch`` counts the segments read ahead; ``threads`` is the user's
     (None: :meth:`reader_threads` picks per reader). ``split`` and ``bucket`` as given.
+    ``window``: ``(K, step)`` for windows of dates (kind ``"dated"``), else None.
     """
 
     store: Store
@@ -64,6 +73,7 @@ class LoadSpec:
     threads: int | None
     split: str | None = None
     bucket: bool | str = False
+    window: tuple[int, int] | None = None
 
     @classmethod
     def build(
@@ -85,6 +95,8 @@ class LoadSpec:
         threads: int | None = None,
         bucket: bool | str = False,
         storage_options: Mapping[str, Any] | None = None,
+        window: int | None = None,
+        window_step: int | None = None,
     ) -> LoadSpec:
         """Open ``store`` (a path, URL or Store) and resolve the options of ``iter_batches``."""
         st = open_store(store, storage_options=storage_options, arrays=arrays)
@@ -93,17 +105,31 @@ class LoadSpec:
         defaults = shuffle_chunks is None and piece_rows is None and shuffle is True
         if shuffle_chunks is None:
             shuffle_chunks = named.group
-        sel, piece, group = loader_selection(
-            st,
-            split=split,
-            chunks=chunks,
-            rows=rows,
-            arrays=arrays,
-            piece_rows=piece_rows,
-            shuffle_chunks=shuffle_chunks,
-            shuffle=shuffle,
-            batch_size=batch_size,
-        )
+        win = check_window(window, window_step)
+        kind: ReadKind = "dated"
+        if win is not None:  # windows of dates (load/dated.py): their first rows are planned
+            sel = select_rows(st, split=split, chunks=chunks, rows=rows, arrays=arrays)
+            sel, piece, group = resolve_windows(
+                st, sel, win, shuffle=shuffle, piece_rows=piece_rows, shuffle_chunks=shuffle_chunks
+            )
+            ahead = DEFAULT_WINDOW_PREFETCH if prefetch is None else prefetch
+            ahead = check_nonneg("prefetch", ahead)
+        else:
+            sel, piece, group = loader_selection(
+                st,
+                split=split,
+                chunks=chunks,
+                rows=rows,
+                arrays=arrays,
+                piece_rows=piece_rows,
+                shuffle_chunks=shuffle_chunks,
+                shuffle=shuffle,
+                batch_size=batch_size,
+            )
+            ahead = resolve_prefetch(st, sel, prefetch, shuffle_chunks=group, piece_rows=piece)
+            if defaults:
+                warn_unmixed(st, sel, shuffle_chunks=group, batch_size=batch_size)
+            kind = read_kind(st, sel.arrays)
         options: PlanOptions = dict(
             batch_size=batch_size,
             seed=seed,
@@ -112,19 +138,17 @@ class LoadSpec:
             shuffle=shuffle,
             shuffle_chunks=group,
         )
-        ahead = resolve_prefetch(st, sel, prefetch, shuffle_chunks=group, piece_rows=piece)
-        if defaults:
-            warn_unmixed(st, sel, shuffle_chunks=group, batch_size=batch_size)
         return cls(
             store=st,
             selection=sel,
-            kind=read_kind(st, sel.arrays),
+            kind=kind,
             piece_rows=piece,
             options=options,
             prefetch=ahead,
             threads=threads,
             split=split,
             bucket=bucket,
+            window=win,
         )
 
     # -- what a resume state is checked against ------------------------------------------------
@@ -184,7 +208,10 @@ class LoadSpec:
         return ragged_names(self.store, self.selection.arrays)
 
     def batch_specs(self) -> Specs:
-        """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included."""
+        """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included (windows of
+        dates: ``(K, *row_shape)`` and ``"dates"``)."""
+        if self.window is not None:
+            return window_specs(self.store, self.selection.arrays, self.window[0])
         return batch_specs(self.store, self.selection.arrays)
 
     def batch_bytes(self) -> int:
@@ -194,6 +221,14 @@ class LoadSpec:
     def ring_slots(self, *, workers: int, extra: int) -> int:
         """Ring slots for the batches in flight of ``workers`` readers, plus ``extra`` each."""
         sizes, group = self.selection.sizes, self.options["shuffle_chunks"]
+        if self.kind == "dated":  # a batch a unit, ``prefetch`` ahead
+            return plan_ring_slots(
+                group_batches=1,
+                groups_in_flight=max(1, self.prefetch) + 1,
+                workers=workers,
+                slot_bytes=self.batch_bytes(),
+                extra=extra,
+            )
         chunk_rows = int(sizes.max()) if len(sizes) else 1
         if self.options["shuffle"] == "uniform":  # groups of one-row segments
             chunk_rows = 1

@@ -68,6 +68,10 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         DataLoader hand-off. Stores with variable-length arrays use no ring.
     bucket
         Length-bucketed batches for variable-length arrays (see ``iter_batches``).
+    window, window_step
+        Windows of dates on a dated store (see ``iter_batches``): ``NAME`` is ``(B, window,
+        *row_shape)``; ``dates`` comes as int64 seconds since 1970-01-01 (torch has no
+        datetime type: ``batch["dates"].numpy().astype("datetime64[s]")`` gives the dates).
 
     Variable-length arrays come as ``NAME`` (zero-padded to the batch's longest row) and
     ``NAME_length`` (int64), see docs/loading.md ("Variable-length arrays").
@@ -95,6 +99,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         storage_options: Mapping[str, Any] | None = None,
         ring_slots: int | None = None,
         bucket: bool | str = False,
+        window: int | None = None,
+        window_step: int | None = None,
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
@@ -116,6 +122,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             threads=threads,
             bucket=bucket,
             storage_options=storage_options,
+            window=window,
+            window_step=window_step,
         )
         self.store, self.selection, self.split = spec.store, spec.selection, split
         self.options = spec.options  # the epoch plan's (PlanOptions)

@@ -1,0 +1,236 @@
+"""Windows of dates at load time (``iter_batches(..., window=K)`` on a dated store, issue #27).
+
+Every yielded window equals the numpy reference ``x[s : s + K * step : step]``, its dates are
+the time axis's, no window touches a missing date or leaves its split, every window comes once
+an epoch over 1, 2 and 4 ranks (equal batch counts), resume is exact, torch workers serve the
+same, and a batch reads each of its distinct states once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shardload
+from _resume import assert_resumes_exactly
+from _stores import make_store
+from dated_fixtures import dated_store, set_time_axis
+from shardload.errors import PlanError, StateError
+from shardload.load.spec import LoadSpec
+
+MISSING = (10, 11, 50, 51, 52, 90)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dated")
+    npy = dated_store(tmp, missing=MISSING, name="npy")
+    zstd = dated_store(tmp, missing=MISSING, fmt="zarr", compression="zstd", name="zstd")
+    full = {a: npy.read(a, 0, len(npy)) for a in ("x", "y")}
+    return {"npy": npy, "zstd": zstd, "full": full}
+
+
+def expected_starts(store, window: int, step: int, split: str | None = None) -> list[int]:
+    """Brute force: rows whose window lies in the split and touches no missing date."""
+    m = store.manifest
+    rows = set(range(m.length))
+    if split is not None:
+        b = np.asarray(m.chunk_bounds)
+        rows = {r for c in m.split_chunks(split) for r in range(int(b[c]), int(b[c + 1]))}
+    ok = rows - set(store.time.missing)
+    return [r for r in range(m.length) if all(r + j * step in ok for j in range(window))]
+
+
+def check_batch(batch, store, full, window: int, step: int) -> None:
+    dates = store.time.dates
+    missing = set(store.time.missing)
+    for i, s in enumerate(np.asarray(batch["index"]).tolist()):
+        for a in ("x", "y"):
+            np.testing.assert_array_equal(
+                np.asarray(batch[a][i]), full[a][s : s + window * step : step]
+            )
+        np.testing.assert_array_equal(
+            np.asarray(batch["dates"][i]).astype("datetime64[s]"),
+            dates[s : s + window * step : step],
+        )
+        assert not missing & {s + j * step for j in range(window)}
+    assert not np.isnan(np.asarray(batch["x"])).any()
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zstd"])
+@pytest.mark.parametrize(("window", "step"), [(3, 1), (5, 2), (1, 1)])
+def test_every_window_once_equal_to_numpy(stores, fmt, window, step):
+    st, full = stores[fmt], stores["full"]
+    seen = []
+    for batch in shardload.iter_batches(
+        st, batch_size=7, window=window, window_step=step, split="train", seed=3
+    ):
+        assert batch["x"].shape[1:] == (window, 24) and batch["dates"].dtype == "M8[s]"
+        assert batch["y"].shape[1:] == (window, 1) and batch["dates"].shape[1:] == (window,)
+        check_batch(batch, st, full, window, step)
+        seen += batch["index"].tolist()
+    assert sorted(seen) == expected_starts(st, window, step, "train")
+    assert seen != sorted(seen)  # shuffled
+
+
+def test_windows_without_a_split_and_in_order(stores):
+    st, full = stores["npy"], stores["full"]
+    got = [b for b in shardload.iter_batches(st, batch_size=16, window=4, shuffle=False, threads=2)]
+    idx = np.concatenate([b["index"] for b in got]).tolist()
+    assert idx == expected_starts(st, 4, 1)  # every window of the store, in date order
+    for b in got:
+        check_batch(b, st, full, 4, 1)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_window_once_over_ranks_with_equal_batches(stores, world, workers):
+    st = stores["npy"]
+    want = expected_starts(st, 3, 2, "train")
+    counts, seen = [], []
+    for rank in range(world):
+        n = 0
+        for w in range(max(1, workers)):
+            for b in shardload.iter_batches(
+                st,
+                batch_size=5,
+                window=3,
+                window_step=2,
+                split="train",
+                rank=rank,
+                world_size=world,
+                worker=w,
+                num_workers=workers,
+                seed=1,
+                epoch=2,
+            ):
+                seen += b["index"].tolist()
+                n += 1
+        counts.append(n)
+    assert len(set(counts)) == 1  # equal batches on every rank
+    assert len(seen) == len(set(seen))  # no window twice
+    assert set(seen) <= set(want) and len(want) - len(seen) < world  # mode="drop"
+
+
+def test_splits_keep_windows_inside_their_rows(stores):
+    st = stores["npy"]
+    m = st.manifest
+    for split in ("train", "val"):
+        b = np.asarray(m.chunk_bounds)
+        rows = {r for c in m.split_chunks(split) for r in range(int(b[c]), int(b[c + 1]))}
+        got = [
+            s
+            for batch in shardload.iter_batches(st, batch_size=4, window=3, split=split)
+            for s in batch["index"].tolist()
+        ]
+        assert got and all({s, s + 1, s + 2} <= rows for s in got)
+        assert sorted(got) == expected_starts(st, 3, 1, split)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zstd"])
+def test_resume_mid_epoch_equals_the_uninterrupted_run(stores, fmt):
+    assert_resumes_exactly(
+        stores[fmt], world=2, workers=2, batch_size=4, window=3, window_step=2, split="train"
+    )
+
+
+def test_elastic_resume_sees_each_window_once(stores):
+    st = stores["npy"]
+    kw = dict(batch_size=4, window=3, split="train", seed=5)
+    spec = LoadSpec.build(st, **kw)
+    from shardload.plan.resume import plan_state
+
+    plan = spec.plan(world_size=2, num_workers=1, epoch=1)
+    head = []
+    for rank in range(2):
+        it = shardload.iter_batches(st, rank=rank, world_size=2, epoch=1, **kw)
+        head += [next(it)["index"].tolist() for _ in range(3)]
+    state = plan_state(plan, 3).to_dict()
+    state["dataset"] = spec.fingerprint
+    tail = []
+    for rank in range(3):  # elastic: 3 ranks now
+        for b in shardload.iter_batches(st, rank=rank, world_size=3, state=state, **kw):
+            tail += b["index"].tolist()
+    seen = [s for b in head for s in b] + tail
+    assert len(seen) == len(set(seen))
+    assert len(expected_starts(st, 3, 1, "train")) - len(seen) < 3
+
+
+def test_a_state_of_other_windows_is_refused(stores):
+    st = stores["npy"]
+    kw = dict(batch_size=4, split="train")
+    spec = LoadSpec.build(st, window=3, **kw)
+    from shardload.plan.resume import plan_state
+
+    state = plan_state(spec.plan(world_size=1, num_workers=1, epoch=0), 1).to_dict()
+    state["dataset"] = spec.fingerprint
+    with pytest.raises(StateError, match="other data"):
+        list(shardload.iter_batches(st, window=4, state=state, **kw))
+
+
+class CountingReader:
+    """A store reader that records every row it reads (per array)."""
+
+    def __init__(self, inner):
+        self.inner, self.rows = inner, {}
+
+    def _count(self, name, start, stop):
+        self.rows.setdefault(name, []).extend(range(start, stop))
+
+    def read(self, name, start, stop):
+        self._count(name, start, stop)
+        return self.inner.read(name, start, stop)
+
+    def read_into(self, name, start, stop, out):
+        self._count(name, start, stop)
+        out[...] = self.inner.read(name, start, stop)
+
+    def close(self):
+        self.inner.close()
+
+
+def test_each_distinct_state_is_read_once_per_batch(tmp_path):
+    st = dated_store(tmp_path, n=40, missing=(7,))
+    full = st.read("x", 0, 40)
+    counting = CountingReader(st.reader)
+    st._reader = counting
+    want, states = [], 0
+    # in date order, batches of overlapping windows share most of their states
+    for b in shardload.iter_batches(st, batch_size=6, window=4, shuffle=False, threads=2):
+        rows = b["index"][:, None] + np.arange(4)
+        want += np.unique(rows).tolist()  # each distinct state of the batch, once
+        states += rows.size
+        np.testing.assert_array_equal(b["x"], full[rows])
+    for name in ("x", "y"):  # batches are read ahead: the epoch's reads, batch by batch
+        assert sorted(counting.rows[name]) == sorted(want)
+    assert len(want) < states / 2  # the windows shared most states
+
+
+def test_window_needs_a_time_axis_and_room(tmp_path, stores):
+    plain = make_store(tmp_path, n=30)
+    with pytest.raises(PlanError, match=r"window=3: .* has no time axis"):
+        shardload.iter_batches(plain, batch_size=2, window=3)
+    with pytest.raises(PlanError, match=r"window=40 .* longest run of existing dates is 38 rows"):
+        shardload.iter_batches(stores["npy"], batch_size=2, window=40)
+    with pytest.raises(PlanError, match="window_step must be an integer >= 1"):
+        shardload.iter_batches(stores["npy"], batch_size=2, window=2, window_step=0)
+    with pytest.raises(PlanError, match="window_step= needs window="):
+        shardload.iter_batches(stores["npy"], batch_size=2, window_step=2)
+    dated = set_time_axis(tmp_path / "store", missing=range(0, 30, 2))
+    with pytest.raises(PlanError, match="longest run of existing dates is 1 rows"):
+        shardload.iter_batches(dated, batch_size=2, window=2)
+
+
+def test_streaming_dataset_with_two_workers(stores):
+    torch = pytest.importorskip("torch")
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    st, full = stores["npy"], stores["full"]
+    ds = StreamingDataset(st, batch_size=6, split="train", seed=2, window=3, window_step=2)
+    seen = []
+    for batch in StreamingDataLoader(ds, num_workers=2):
+        assert isinstance(batch["x"], torch.Tensor) and batch["x"].shape[1:] == (3, 24)
+        assert batch["dates"].dtype == torch.int64
+        check_batch(batch, st, full, 3, 2)
+        seen += batch["index"].tolist()
+    assert sorted(seen) == expected_starts(st, 3, 2, "train")
