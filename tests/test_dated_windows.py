@@ -234,3 +234,36 @@ def test_streaming_dataset_with_two_workers(stores):
         check_batch(batch, st, full, 3, 2)
         seen += batch["index"].tolist()
     assert sorted(seen) == expected_starts(st, 3, 2, "train")
+
+
+def test_map_dataset_serves_windows(stores):
+    pytest.importorskip("torch")
+    from shardload.torch import MapDataset
+
+    st, full = stores["zstd"], stores["full"]
+    ds = MapDataset(st, split="train", window=3, window_step=2)
+    want = expected_starts(st, 3, 2, "train")
+    assert len(ds) == len(want)
+    for i in (0, 1, len(ds) // 2, len(ds) - 1):
+        item = ds[i]
+        assert int(item["index"]) == want[i] and item["x"].shape == (3, 24)
+        batch = {k: v.numpy()[None] for k, v in item.items() if k != "index"}
+        batch["index"] = np.array([want[i]])
+        check_batch(batch, st, full, 3, 2)
+
+
+def test_datamodule_passes_windows_through(stores):
+    pytest.importorskip("lightning")
+    from types import SimpleNamespace
+
+    from shardload.torch.lightning import ShardloadDataModule
+
+    st, full = stores["npy"], stores["full"]
+    dm = ShardloadDataModule(st, batch_size=8, seed=1, test_split=None, window=4)
+    dm.trainer = SimpleNamespace(current_epoch=0, training=True)
+    for loader, split in ((dm.train_dataloader(), "train"), (dm.val_dataloader(), "val")):
+        seen = []
+        for batch in loader:
+            check_batch(batch, st, full, 4, 1)
+            seen += batch["index"].tolist()
+        assert sorted(seen) == expected_starts(st, 4, 1, split)
