@@ -127,11 +127,42 @@ def test_splits_keep_windows_inside_their_rows(stores):
         assert sorted(got) == expected_starts(st, 3, 1, split)
 
 
-@pytest.mark.parametrize("fmt", ["npy", "zstd"])
-def test_resume_mid_epoch_equals_the_uninterrupted_run(stores, fmt):
+@pytest.mark.parametrize(("fmt", "shuffle"), [("npy", True), ("zstd", True), ("npy", "uniform")])
+def test_resume_mid_epoch_equals_the_uninterrupted_run(stores, fmt, shuffle):
     assert_resumes_exactly(
-        stores[fmt], world=2, workers=2, batch_size=4, window=3, window_step=2, split="train"
+        stores[fmt],
+        world=2,
+        workers=2,
+        batch_size=4,
+        window=3,
+        window_step=2,
+        split="train",
+        shuffle=shuffle,
     )
+
+
+def test_streaming_dataloader_resumes_windows_mid_epoch(stores):
+    pytest.importorskip("torch")
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    st = stores["npy"]
+
+    def loader(workers):
+        ds = StreamingDataset(st, batch_size=4, split="train", seed=7, window=4)
+        return StreamingDataLoader(ds, num_workers=workers)
+
+    whole = [b["index"].tolist() for b in loader(2)]
+    first = loader(2)
+    it = iter(first)
+    head = [next(it)["index"].tolist() for _ in range(5)]
+    state = first.state_dict()
+    del it
+    rest = loader(0)  # another worker count
+    rest.load_state_dict(state)
+    tail = [b["index"].tolist() for b in rest]
+    assert head == whole[:5]
+    seen = [s for b in head + tail for s in b]
+    assert sorted(seen) == sorted(s for b in whole for s in b) == expected_starts(st, 4, 1, "train")
 
 
 def test_elastic_resume_sees_each_window_once(stores):

@@ -163,8 +163,9 @@ def store_fingerprint(store: Store, selection: Selection) -> str:
         "bounds": list(m.chunk_bounds),
         "arrays": {a: [list(m.arrays[a].shape), m.arrays[a].dtype] for a in selection.arrays},
     }
-    if selection.window is not None:  # windows of dates: K and step pick other samples
-        desc["window"] = list(selection.window)
+    window = getattr(selection, "window", None)  # any object with the Selection's columns
+    if window is not None:  # windows of dates: K and step pick other samples
+        desc["window"] = list(window)
     h = hashlib.blake2b(json.dumps(desc, sort_keys=True, default=str).encode(), digest_size=8)
     for a in sorted(set(m.stats) & set(selection.arrays)):  # every value, not numpy's summary
         h.update(a.encode())
