@@ -283,6 +283,7 @@ def test_map_dataset_serves_windows(stores):
         check_batch(batch, st, full, 3, 2)
 
 
+@pytest.mark.slow  # ~10 s here, most of it importing lightning
 def test_datamodule_passes_windows_through(stores):
     pytest.importorskip("lightning")
     from types import SimpleNamespace

@@ -198,8 +198,9 @@ class LoadSpec:
     def reader_threads(self, readers: int) -> int:
         """Reader threads of one of ``readers`` readers of a rank (``threads``, or the default
         share of this machine's CPUs: :func:`~shardload.load.options.default_threads`)."""
-        if self.threads is None:
-            return default_threads(self.prefetch, readers, local=self.store.is_local)
+        if self.threads is None:  # windows of dates: a batch's reads spread over the threads
+            ahead = max(self.prefetch, 4) if self.kind == "dated" else self.prefetch
+            return default_threads(ahead, readers, local=self.store.is_local)
         return max(1, int(self.threads))
 
     @property
