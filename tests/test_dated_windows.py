@@ -299,3 +299,56 @@ def test_datamodule_passes_windows_through(stores):
             check_batch(batch, st, full, 4, 1)
             seen += batch["index"].tolist()
         assert sorted(seen) == expected_starts(st, 4, 1, split)
+
+
+def test_window_planners_against_brute_force():
+    """plan_window_starts and plan_batch_reads (pure) over random masks, selections, batches."""
+    from shardload.plan.dated import plan_batch_reads, plan_window_starts, window_rows
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(5, 60))
+        ok = rng.random(n) > 0.15
+        bounds = np.unique(np.concatenate(([0, n], rng.integers(1, n, 4))))
+        chunks = np.sort(rng.choice(len(bounds) - 1, int(rng.integers(1, len(bounds))), False))
+        sizes, starts = np.diff(bounds)[chunks], bounds[chunks]
+        window, step = int(rng.integers(1, 4)), int(rng.integers(1, 3))
+        rows = {r for a, m in zip(starts, sizes, strict=True) for r in range(a, a + m)}
+        want = [
+            r
+            for r in range(n)
+            if all(r + j * step in rows and ok[r + j * step] for j in range(window))
+        ]
+        if not want:
+            with pytest.raises(PlanError, match="fits nowhere"):
+                plan_window_starts(ok, sizes, chunks, starts, window=window, step=step)
+            continue
+        got_sizes, got_ids, got_starts = plan_window_starts(
+            ok, sizes, chunks, starts, window=window, step=step
+        )
+        got = [s + i for s, m in zip(got_starts, got_sizes, strict=True) for i in range(m)]
+        assert got == want
+        for s, m, c in zip(got_starts, got_sizes, got_ids, strict=True):  # each run in its chunk
+            assert bounds[c] <= s and s + m <= bounds[c + 1]
+        first = rng.choice(want, int(rng.integers(1, 2 * len(want) + 1)))
+        flat = window_rows(first, window=window, step=step).reshape(-1)
+        reads = plan_batch_reads(flat, bounds)
+        out = np.full(len(flat), -1)
+        for r, p, m in zip(reads.rows, reads.places, reads.lengths, strict=True):
+            assert np.searchsorted(bounds, r, "right") == np.searchsorted(
+                bounds, r + m - 1, "right"
+            )
+            out[p : p + m] = np.arange(r, r + m)
+        assert reads.num_rows == len(np.unique(flat))  # each distinct row read once
+        out[reads.copy_to] = out[reads.copy_from]
+        assert out.tolist() == flat.tolist()
+
+
+def test_windows_of_a_row_range(stores):
+    st, full = stores["npy"], stores["full"]
+    got = []
+    for b in shardload.iter_batches(st, batch_size=4, window=3, rows=(20, 70), seed=2):
+        check_batch(b, st, full, 3, 1)
+        got += b["index"].tolist()
+    want = [s for s in expected_starts(st, 3, 1) if s >= 20 and s + 2 < 70]
+    assert sorted(got) == want
