@@ -26,8 +26,11 @@ def stores(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dated")
     npy = dated_store(tmp, missing=MISSING, name="npy")
     zstd = dated_store(tmp, missing=MISSING, fmt="zarr", compression="zstd", name="zstd")
+    sharded = dated_store(
+        tmp, missing=MISSING, fmt="zarr", compression="zstd", name="sharded", shard_chunks=3
+    )
     full = {a: npy.read(a, 0, len(npy)) for a in ("x", "y")}
-    return {"npy": npy, "zstd": zstd, "full": full}
+    return {"npy": npy, "zstd": zstd, "sharded": sharded, "full": full}
 
 
 def expected_starts(store, window: int, step: int, split: str | None = None) -> list[int]:
@@ -57,7 +60,7 @@ def check_batch(batch, store, full, window: int, step: int) -> None:
     assert not np.isnan(np.asarray(batch["x"])).any()
 
 
-@pytest.mark.parametrize("fmt", ["npy", "zstd"])
+@pytest.mark.parametrize("fmt", ["npy", "zstd", "sharded"])
 @pytest.mark.parametrize(("window", "step"), [(3, 1), (5, 2), (1, 1)])
 def test_every_window_once_equal_to_numpy(stores, fmt, window, step):
     st, full = stores[fmt], stores["full"]
