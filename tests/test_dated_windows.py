@@ -355,3 +355,28 @@ def test_windows_of_a_row_range(stores):
         got += b["index"].tolist()
     want = [s for s in expected_starts(st, 3, 1) if s >= 20 and s + 2 < 70]
     assert sorted(got) == want
+
+
+def test_default_window_shuffle_mixes_as_a_uniform_shuffle(tmp_path):
+    """The windows' default shuffle, on 2 ranks: batches as varied as a uniform shuffle's of the
+    same windows (variance inflation of the batch mean of the date and of an AR(1) series, and
+    chunks per batch), where date order is far from it (the figures can fail)."""
+    from shardload.plan.groups import iter_rank_batches
+    from shardload.plan.quality import quality
+
+    st = dated_store(tmp_path, n=4000, grid=(1, 1), missing=(100, 101, 2500), chunk_rows=50)
+    chunk_of = np.repeat(np.arange(80), 50)
+
+    def figures(shuffle):
+        spec = LoadSpec.build(st, batch_size=32, window=5, window_step=2, shuffle=shuffle)
+        epochs = []
+        for epoch in (0, 1):
+            plan = spec.plan(world_size=2, num_workers=1, epoch=epoch)
+            epochs.append([b for r in range(2) for b in iter_rank_batches(plan, r)])
+        return quality(epochs, chunk_of)
+
+    q = figures(True)
+    assert q["vif_pos"] < 1.4 and q["vif_ar"] < 1.4, q
+    assert q["chunks_per_batch_ratio"] > 0.95 and q["recurrence"] < 1.5, q
+    in_order = figures(False)
+    assert in_order["vif_pos"] > 20 and in_order["chunks_per_batch_ratio"] < 0.2, in_order
