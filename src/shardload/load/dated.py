@@ -148,7 +148,9 @@ class DatedWindowReader(GroupReader):
         self.lanes = {"read": self.threads}
         self.ahead = max(1, prefetch)
         self.bounds = np.asarray(store.manifest.chunk_bounds, np.int64)
-        self.dates = store.time.dates if store.time is not None else None
+        if store.time is None:
+            raise PlanError(f"window={window}: {store.url} has no time axis")
+        self.dates = store.time.dates
         self.batches: dict[int, tuple[dict[str, np.ndarray], BatchReads]] = {}
 
     def units(self) -> Iterator[Any]:
@@ -164,12 +166,11 @@ class DatedWindowReader(GroupReader):
         )
         rows = window_rows(first, window=self.window, step=self.step)
         out[INDEX_KEY][...] = first
-        assert self.dates is not None
         out[DATES_KEY][...] = self.dates[rows]
         reads = plan_batch_reads(rows, self.bounds)
         futs: list[Future[None]] = []
         for name in self.names:
-            flat = out[name].reshape(-1, *out[name].shape[2:])
+            flat = _states(out, name)
             for segs, outs in self._tasks(name, reads, flat):
                 futs.append(pool.submit("read", read_segments, self.store, name, segs, outs))
         self.batches[at // self.plan.batch_size] = (out, reads)
@@ -197,9 +198,20 @@ class DatedWindowReader(GroupReader):
         out, reads = self.batches.pop(k)
         if len(reads.copy_to):  # states shared by windows: read once, copied here
             for name in self.names:
-                flat = out[name].reshape(-1, *out[name].shape[2:])
+                flat = _states(out, name)
                 flat[reads.copy_to] = flat[reads.copy_from]
         return out, []
+
+
+def _states(out: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """Array ``name`` of a batch ``(B, K, *row)`` as its ``B * K`` states: a view, so reads
+    into it land in the batch (a copy would leave the batch unwritten)."""
+    arr = out[name]
+    if not arr.flags.c_contiguous:
+        raise PlanError(
+            f"the batch array {name!r} is not C-contiguous: windows cannot be read into it"
+        )
+    return arr.reshape(-1, *arr.shape[2:])
 
 
 def dated_window_batches(
