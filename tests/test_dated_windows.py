@@ -380,3 +380,19 @@ def test_default_window_shuffle_mixes_as_a_uniform_shuffle(tmp_path):
     assert q["chunks_per_batch_ratio"] > 0.95 and q["recurrence"] < 1.5, q
     in_order = figures(False)
     assert in_order["vif_pos"] > 20 and in_order["chunks_per_batch_ratio"] < 0.2, in_order
+
+
+def test_a_callers_batch_memory_must_have_the_window_shapes(stores):
+    st = stores["npy"]
+
+    def rows_not_windows(n):  # the shapes of a batch of rows, not of windows
+        return {
+            "x": np.empty((n, 24), "f4"),
+            "y": np.empty((n, 1), "i8"),
+            "dates": np.empty((n, 3), "M8[s]"),
+            "index": np.empty(n, "i8"),
+        }
+
+    it = shardload.iter_batches(st, batch_size=4, window=3, allocate=rows_not_windows)
+    with pytest.raises(PlanError, match=r"allocate\(4\)\['x'\] has shape \(4, 24\).*\(4, 3, 24\)"):
+        next(it)
