@@ -396,3 +396,49 @@ def test_a_callers_batch_memory_must_have_the_window_shapes(stores):
     it = shardload.iter_batches(st, batch_size=4, window=3, allocate=rows_not_windows)
     with pytest.raises(PlanError, match=r"allocate\(4\)\['x'\] has shape \(4, 24\).*\(4, 3, 24\)"):
         next(it)
+
+
+def test_windows_with_read_groups_resume_mid_epoch(stores):
+    """Windows and read groups together (4 ranks in 2 groups, x cut along its last axis): the
+    ranks of a group get the same windows, their slices together are the numpy windows, and a
+    state saved mid-epoch gives each rank exactly the rest of its epoch."""
+    pytest.importorskip("torch")
+    from shardload.torch import StreamingDataset
+
+    st, full = stores["npy"], stores["full"]
+
+    def dataset(rank):
+        return StreamingDataset(
+            st,
+            batch_size=4,
+            split="train",
+            seed=3,
+            rank=rank,
+            world_size=4,
+            window=3,
+            window_step=2,
+            read_group_size=2,
+            read_group_axis={"x": -1, "y": None},
+        )
+
+    whole = {r: list(dataset(r)) for r in range(4)}
+    for g in (0, 2):
+        for a, b in zip(whole[g], whole[g + 1], strict=True):
+            assert a["index"].tolist() == b["index"].tolist()
+            x = np.concatenate([a["x"].numpy(), b["x"].numpy()], axis=-1)
+            rows = a["index"].numpy()[:, None] + 2 * np.arange(3)
+            np.testing.assert_array_equal(x, full["x"][rows])
+            np.testing.assert_array_equal(a["y"].numpy(), full["y"][rows])
+    seen = sorted(i for g in (0, 2) for b in whole[g] for i in b["index"].tolist())
+    assert len(set(seen)) == len(seen) and set(seen) <= set(expected_starts(st, 3, 2, "train"))
+    for r in range(4):
+        ds = dataset(r)
+        it = iter(ds)
+        [next(it) for _ in range(2)]
+        state = ds.state_dict()
+        again = dataset(r)
+        again.load_state_dict(state)
+        rest = list(again)
+        assert [b["index"].tolist() for b in rest] == [b["index"].tolist() for b in whole[r][2:]]
+        for got, want in zip(rest, whole[r][2:], strict=True):
+            np.testing.assert_array_equal(got["x"].numpy(), want["x"].numpy())

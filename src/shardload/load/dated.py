@@ -87,26 +87,32 @@ def resolve_windows(
     store: Store,
     sel: Selection,
     win: tuple[int, int],
-    *,
     shuffle: bool | str,
     piece_rows: int | None,
     shuffle_chunks: int | None,
-) -> tuple[Selection, int, int]:
+    prefetch: int | None,
+) -> tuple[Selection, int, int, int]:
     """The selection of windows' first rows (:func:`window_selection`) cut into pieces, the
-    rows per piece and the pieces per shuffle group (as ``loader_selection`` for rows).
+    rows per piece, the pieces per shuffle group (as ``loader_selection`` for rows) and the
+    batches read ahead (``prefetch``, default :data:`DEFAULT_WINDOW_PREFETCH`).
 
     A batch's states are read when the batch is (a shuffle group holds no data), so the
     default shuffle is uniform over windows: each window its own piece (``piece_rows=1``) and
     one shuffle group per worker, whose rows the plan deals to its batches."""
     sel = window_selection(store, sel, *win)
-    for name, value in (("piece_rows", piece_rows), ("shuffle_chunks", shuffle_chunks)):
+    for name, value in (
+        ("piece_rows", piece_rows),
+        ("shuffle_chunks", shuffle_chunks),
+        ("prefetch", prefetch),
+    ):
         if value is not None and (isinstance(value, bool) or int(value) != value or value < 0):
             raise PlanError(f"{name} must be an integer >= 0, got {value!r}")
     piece = int(piece_rows) if piece_rows is not None else 1 if shuffle is True else 0
     group = int(shuffle_chunks) if shuffle_chunks else 0
     if not group:
         group = sel.num_rows if shuffle in (True, "uniform") else 1
-    return split_pieces(sel, piece), piece, group
+    ahead = DEFAULT_WINDOW_PREFETCH if prefetch is None else int(prefetch)
+    return split_pieces(sel, piece), piece, group, ahead
 
 
 def window_specs(store: Store, names: Sequence[str], window: int) -> Specs:

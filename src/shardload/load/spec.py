@@ -18,21 +18,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardload.errors import PlanError, StateError
-from shardload.load.dated import (
-    DEFAULT_WINDOW_PREFETCH,
-    check_window,
-    resolve_windows,
-    window_specs,
-)
+from shardload.load.dated import check_window, resolve_windows, window_specs
 from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import (
-    check_nonneg,
     default_threads,
     resolve_prefetch,
     resolve_shuffle,
     warn_unmixed,
 )
 from shardload.load.ragged import ragged_names, resolve_buckets
+from shardload.load.read_groups import check_read_groups
 from shardload.load.recycle import Specs, batch_specs, plan_batch_layout
 from shardload.load.ring import plan_ring_slots
 from shardload.load.scatter import batches_per_group, groups_in_flight
@@ -46,9 +41,16 @@ from shardload.plan.epoch import (
     plan_epoch,
     plan_fingerprint,
 )
+from shardload.plan.read_groups import (
+    ReadGroupAxis,
+    check_read_group_size,
+    plan_row_slices,
+    split_rank,
+)
 from shardload.plan.resume import EpochState, plan_from_state
 from shardload.plan.shuffles import get_shuffle
 from shardload.store.core import Store, open_store
+from shardload.store.sliced import SlicedStore
 
 __all__ = ["LoadSpec", "earlier_default_hint", "loader_selection", "plan_for"]
 
@@ -62,6 +64,8 @@ class LoadSpec:
     the group reader; ``prefetch`` counts the segments read ahead; ``threads`` is the user's
     (None: :meth:`reader_threads` picks per reader). ``split`` and ``bucket`` as given.
     ``window``: ``(K, step)`` for windows of dates (kind ``"dated"``), else None.
+    ``read_group_size`` and ``read_group_axis``: read groups (:meth:`split_rank`,
+    :meth:`member_store`; ``shardload.plan.read_groups``).
     """
 
     store: Store
@@ -74,6 +78,8 @@ class LoadSpec:
     split: str | None = None
     bucket: bool | str = False
     window: tuple[int, int] | None = None
+    read_group_size: int = 1
+    read_group_axis: ReadGroupAxis = -1
 
     @classmethod
     def build(
@@ -97,6 +103,8 @@ class LoadSpec:
         storage_options: Mapping[str, Any] | None = None,
         window: int | None = None,
         window_step: int | None = None,
+        read_group_size: int = 1,
+        read_group_axis: ReadGroupAxis = -1,
     ) -> LoadSpec:
         """Open ``store`` (a path, URL or Store) and resolve the options of ``iter_batches``."""
         st = open_store(store, storage_options=storage_options, arrays=arrays)
@@ -109,11 +117,9 @@ class LoadSpec:
         kind: ReadKind = "dated"
         if win is not None:  # windows of dates (load/dated.py): their first rows are planned
             sel = select_rows(st, split=split, chunks=chunks, rows=rows, arrays=arrays)
-            sel, piece, group = resolve_windows(
-                st, sel, win, shuffle=shuffle, piece_rows=piece_rows, shuffle_chunks=shuffle_chunks
+            sel, piece, group, ahead = resolve_windows(
+                st, sel, win, shuffle, piece_rows, shuffle_chunks, prefetch
             )
-            ahead = DEFAULT_WINDOW_PREFETCH if prefetch is None else prefetch
-            ahead = check_nonneg("prefetch", ahead)
         else:
             sel, piece, group = loader_selection(
                 st,
@@ -138,6 +144,9 @@ class LoadSpec:
             shuffle=shuffle,
             shuffle_chunks=group,
         )
+        size = check_read_group_size(read_group_size)
+        if size > 1:
+            check_read_groups(st, sel.arrays, size, read_group_axis)
         return cls(
             store=st,
             selection=sel,
@@ -149,7 +158,30 @@ class LoadSpec:
             split=split,
             bucket=bucket,
             window=win,
+            read_group_size=size,
+            read_group_axis=read_group_axis,
         )
+
+    # -- read groups ---------------------------------------------------------------------------
+    def split_rank(self, rank: int, world_size: int) -> tuple[int, int, int]:
+        """``(group, groups, member)`` of ``rank``: the epoch is planned over the groups of
+        ``read_group_size`` consecutive ranks (``plan.read_groups.split_rank``)."""
+        return split_rank(rank, world_size, self.read_group_size)
+
+    def member_slices(self, member: int) -> dict[str, tuple[int, int, int]]:
+        """``{array: (axis of the row, start, stop)}`` that read group member ``member`` reads
+        (arrays read whole not listed; nothing without read groups)."""
+        if self.read_group_size == 1:
+            return {}
+        rows = {a: self.store.manifest.arrays[a].row_shape for a in self.selection.arrays}
+        return plan_row_slices(
+            rows, read_group_size=self.read_group_size, member=member, axis=self.read_group_axis
+        )
+
+    def member_store(self, member: int) -> Store:
+        """The store as member ``member`` of a read group reads it: its slice of each row."""
+        slices = self.member_slices(member)
+        return SlicedStore(self.store, slices) if slices else self.store
 
     # -- what a resume state is checked against ------------------------------------------------
     @functools.cached_property
@@ -208,12 +240,13 @@ class LoadSpec:
         """The variable-length arrays selected."""
         return ragged_names(self.store, self.selection.arrays)
 
-    def batch_specs(self) -> Specs:
-        """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included (windows of
-        dates: ``(K, *row_shape)`` and ``"dates"``)."""
+    def batch_specs(self, member: int = 0) -> Specs:
+        """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included (of read group
+        member ``member``'s batches: its slices; windows of dates: ``(K, *row_shape)`` and
+        ``"dates"``)."""
         if self.window is not None:
-            return window_specs(self.store, self.selection.arrays, self.window[0])
-        return batch_specs(self.store, self.selection.arrays)
+            return window_specs(self.member_store(member), self.selection.arrays, self.window[0])
+        return batch_specs(self.member_store(member), self.selection.arrays)
 
     def batch_bytes(self) -> int:
         """Bytes of one full batch laid out in one buffer (a ring slot)."""
@@ -222,24 +255,17 @@ class LoadSpec:
     def ring_slots(self, *, workers: int, extra: int) -> int:
         """Ring slots for the batches in flight of ``workers`` readers, plus ``extra`` each."""
         sizes, group = self.selection.sizes, self.options["shuffle_chunks"]
-        if self.kind == "dated":  # a batch a unit, ``prefetch`` ahead
-            return plan_ring_slots(
-                group_batches=1,
-                groups_in_flight=max(1, self.prefetch) + 1,
-                workers=workers,
-                slot_bytes=self.batch_bytes(),
-                extra=extra,
-            )
         chunk_rows = int(sizes.max()) if len(sizes) else 1
         if self.options["shuffle"] == "uniform":  # groups of one-row segments
             chunk_rows = 1
+        b = self.options["batch_size"]
+        per_group = batches_per_group(chunk_rows=chunk_rows, shuffle_chunks=group, batch_size=b)
+        flights = groups_in_flight(prefetch=self.prefetch, shuffle_chunks=group)
+        if self.kind == "dated":  # windows of dates: a batch a unit, ``prefetch`` ahead
+            per_group, flights = 1, max(1, self.prefetch) + 1
         return plan_ring_slots(
-            group_batches=batches_per_group(
-                chunk_rows=chunk_rows,
-                shuffle_chunks=group,
-                batch_size=self.options["batch_size"],
-            ),
-            groups_in_flight=groups_in_flight(prefetch=self.prefetch, shuffle_chunks=group),
+            group_batches=per_group,
+            groups_in_flight=flights,
             workers=workers,
             slot_bytes=self.batch_bytes(),
             extra=extra,
@@ -354,29 +380,3 @@ def earlier_default_hint(sel: Selection, opts: PlanOptions, fingerprint: str) ->
         f"read by whole chunks before default groups were sized by decoded bytes; this one's is "
         f"now {opts['shuffle_chunks']}): pass shuffle_chunks={DEFAULT_SHUFFLE_CHUNKS} to resume it"
     )
-
-
-def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
-    """``plan`` with worker ``worker`` of ``rank`` starting after its first ``skip`` batches.
-
-    >>> from shardload.plan.groups import iter_worker_batches
-    >>> plan = plan_epoch([3, 2], batch_size=2, num_workers=0, shuffle=False)
-    >>> [b.tolist() for b in iter_worker_batches(skip_worker_batches(plan, 0, 0, 1), 0, 0)]
-    [[2, 3], [4]]
-    """
-    wp = plan.workers[rank][worker]
-    if skip > wp.num_batches:
-        raise StateError(
-            f"cannot skip {skip} batches of worker {worker} of rank {rank}: it has "
-            f"{wp.num_batches} in this plan"
-        )
-    rows = min(skip * plan.batch_size, wp.num_rows)
-    wp = replace(
-        wp,
-        num_rows=wp.num_rows - rows,
-        num_batches=wp.num_batches - skip,
-        skip_rows=wp.skip_rows + rows,
-    )
-    ranks = list(plan.workers)
-    ranks[rank] = (*plan.workers[rank][:worker], wp, *plan.workers[rank][worker + 1 :])
-    return replace(plan, workers=tuple(ranks))
