@@ -343,7 +343,8 @@ def test_window_planners_against_brute_force():
             )
             out[p : p + m] = np.arange(r, r + m)
         assert reads.num_rows == len(np.unique(flat))  # each distinct row read once
-        out[reads.copy_to] = out[reads.copy_from]
+        for t, f, m in zip(reads.copy_to, reads.copy_from, reads.copy_lengths, strict=True):
+            out[t : t + m] = out[f : f + m]
         assert out.tolist() == flat.tolist()
 
 

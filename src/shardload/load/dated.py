@@ -151,7 +151,8 @@ class DatedWindowReader(GroupReader):
         self.specs = window_specs(store, names, window)
         self.allocate = allocate
         self.threads = max(1, threads)
-        self.lanes = {"read": self.threads}
+        self.lanes = {"read": self.threads, "copy": self.threads}
+        self.pool: ReadPool | None = None  # the loop's, once a batch is started
         self.ahead = max(1, prefetch)
         self.bounds = np.asarray(store.manifest.chunk_bounds, np.int64)
         if store.time is None:
@@ -166,6 +167,7 @@ class DatedWindowReader(GroupReader):
         return len(unit)
 
     def start(self, unit: Any, at: int, n: int, pool: ReadPool) -> Flight:
+        self.pool = pool
         first = np.asarray(unit, np.int64)
         out = (self.allocate(len(first)) if self.allocate else None) or new_window_batch(
             self.specs, len(first)
@@ -201,12 +203,31 @@ class DatedWindowReader(GroupReader):
             yield segs, outs
 
     def finish(self, k: int, size: int) -> tuple[dict[str, np.ndarray], list[Future[Any]]]:
+        """Batch ``k``, its reads done: states shared by windows (read once) are copied to
+        their other places by tasks of the ``copy`` lane (runs of slices, no temporary)."""
         out, reads = self.batches.pop(k)
-        if len(reads.copy_to):  # states shared by windows: read once, copied here
+        futs: list[Future[Any]] = []
+        if len(reads.copy_to) and self.pool is not None:
+            cum = np.cumsum(reads.copy_lengths)
+            per = max(1, -(-int(cum[-1]) // self.threads))
+            cuts = np.searchsorted(cum, np.arange(per, int(cum[-1]), per), "left") + 1
+            edges = [0, *sorted(set(cuts.tolist()) - {0, len(cum)}), len(cum)]
             for name in self.names:
                 flat = _states(out, name)
-                flat[reads.copy_to] = flat[reads.copy_from]
-        return out, []
+                for i, j in itertools.pairwise(edges):
+                    futs.append(self.pool.submit("copy", _copy_runs, flat, reads, i, j))
+        return out, futs
+
+
+def _copy_runs(flat: np.ndarray, reads: BatchReads, i: int, j: int) -> None:
+    """Copy runs ``i:j`` of ``reads`` (shared states to their other places) within ``flat``."""
+    for t, f, m in zip(
+        reads.copy_to[i:j].tolist(),
+        reads.copy_from[i:j].tolist(),
+        reads.copy_lengths[i:j].tolist(),
+        strict=True,
+    ):
+        flat[t : t + m] = flat[f : f + m]
 
 
 def _states(out: dict[str, np.ndarray], name: str) -> np.ndarray:

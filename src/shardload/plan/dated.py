@@ -111,14 +111,16 @@ def window_rows(first: np.ndarray, *, window: int, step: int) -> np.ndarray:
 class BatchReads:
     """How a batch's windows are read: runs ``rows[i]:rows[i] + lengths[i]`` of the store go to
     places ``places[i]:places[i] + lengths[i]`` of the batch (its ``B * K`` states in order);
-    then place ``copy_to[j]`` takes the state at place ``copy_from[j]`` (a state that several
-    windows share is read once)."""
+    then places ``copy_to[j]:copy_to[j] + copy_lengths[j]`` take the states at places
+    ``copy_from[j]:...`` (a state that several windows share is read once; every source is a
+    place read, never one copied to, so the copies are independent)."""
 
     rows: np.ndarray
     places: np.ndarray
     lengths: np.ndarray
     copy_to: np.ndarray
     copy_from: np.ndarray
+    copy_lengths: np.ndarray
 
     @property
     def num_rows(self) -> int:
@@ -137,8 +139,8 @@ def plan_batch_reads(rows: np.ndarray, chunk_bounds: np.ndarray | None = None) -
     >>> r = plan_batch_reads(np.array([5, 6, 7, 6, 7, 8]))       # windows 5-7 and 6-8
     >>> r.rows.tolist(), r.places.tolist(), r.lengths.tolist()
     ([5, 8], [0, 5], [3, 1])
-    >>> r.copy_to.tolist(), r.copy_from.tolist()
-    ([3, 4], [1, 2])
+    >>> r.copy_to.tolist(), r.copy_from.tolist(), r.copy_lengths.tolist()
+    ([3], [1], [2])
     >>> plan_batch_reads(np.array([5, 6, 7]), chunk_bounds=np.array([0, 6, 10])).lengths.tolist()
     [1, 2]
     """
@@ -153,4 +155,8 @@ def plan_batch_reads(rows: np.ndarray, chunk_bounds: np.ndarray | None = None) -
         new[np.isin(read_rows, np.asarray(chunk_bounds, np.int64))] = True
     begin = np.flatnonzero(new)
     lengths = np.diff(np.append(begin, len(places)))
-    return BatchReads(read_rows[begin], places[begin], lengths, dup, primary[dup])
+    src = primary[dup]  # copies in runs of consecutive places from consecutive places
+    run = np.flatnonzero(np.concatenate(([True], (np.diff(dup) != 1) | (np.diff(src) != 1))))
+    run = run[: len(dup)]  # no copy: no run
+    copies = np.diff(np.append(run, len(dup)))
+    return BatchReads(read_rows[begin], places[begin], lengths, dup[run], src[run], copies)
