@@ -443,3 +443,38 @@ def test_windows_with_read_groups_resume_mid_epoch(stores):
         assert [b["index"].tolist() for b in rest] == [b["index"].tolist() for b in whole[r][2:]]
         for got, want in zip(rest, whole[r][2:], strict=True):
             np.testing.assert_array_equal(got["x"].numpy(), want["x"].numpy())
+
+
+def test_windows_of_a_store_prepare_dated(tmp_path):
+    """A dated store as prepare writes it (gaps in the source's dates, an all-NaN state): every
+    window equals the source's states at its dates, and none touches a missing date."""
+    import pandas as pd
+    import xarray as xr
+
+    dates = pd.date_range("2021-03-01", periods=30, freq="6h")
+    t = np.random.default_rng(1).normal(size=(30, 2, 3)).astype("f4")
+    t[12] = np.nan
+    ds = xr.Dataset({"t": (("time", "lat", "lon"), t)}, coords={"time": dates})
+    ds.drop_isel(time=[5, 20]).to_netcdf(tmp_path / "src.nc")
+    prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
+    st = prepare(
+        {
+            "source": str(tmp_path / "src.nc"),
+            "sample_dims": ["time"],
+            "arrays": {"x": ["t"]},
+            "splits": {},
+            "nan": "ignore",
+            "out": str(tmp_path / "store"),
+        }
+    )
+    assert st.time is not None and st.time.missing == (5, 12, 20)
+    seen = []
+    for b in shardload.iter_batches(st, batch_size=3, window=4, window_step=2):
+        for i, s in enumerate(b["index"].tolist()):
+            rows = s + 2 * np.arange(4)
+            np.testing.assert_array_equal(b["x"][i], t[rows].reshape(4, -1))
+            np.testing.assert_array_equal(b["dates"][i], dates.values[rows].astype("M8[s]"))
+            seen.append(s)
+    bad = {5, 12, 20}
+    want = [s for s in range(30 - 6) if not bad & {s, s + 2, s + 4, s + 6}]
+    assert sorted(seen) == want
