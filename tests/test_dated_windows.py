@@ -187,7 +187,9 @@ def test_elastic_resume_sees_each_window_once(stores):
             tail += b["index"].tolist()
     seen = [s for b in head for s in b] + tail
     assert len(seen) == len(set(seen))
-    assert len(expected_starts(st, 3, 1, "train")) - len(seen) < 3
+    # mode="drop": at most 1 window left out by the first 2 ranks, 2 by the 3 that resume
+    assert set(seen) <= set(expected_starts(st, 3, 1, "train"))
+    assert len(expected_starts(st, 3, 1, "train")) - len(seen) <= 3
 
 
 def test_a_state_of_other_windows_is_refused(stores):

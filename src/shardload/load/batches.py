@@ -16,7 +16,7 @@ import numpy as np
 
 from shardload.errors import PlanError
 from shardload.load.checks import checked_allocate
-from shardload.load.dated import dated_window_batches, window_specs
+from shardload.load.dated import dated_window_batches
 from shardload.load.gather import gather_batches
 from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import check_nonneg
@@ -272,23 +272,8 @@ def _read(
         )
         return
     if spec.window is not None:  # windows of dates (load/dated.py)
-        wspecs = window_specs(st, names, spec.window[0])  # of st: a read group member's slices
-        if allocate is None:
-            allocate = BatchRecycler(wspecs, plan.batch_size, keep=prefetch + 4).allocate
-        else:
-            allocate = checked_allocate(allocate, wspecs)
-        yield from dated_window_batches(
-            st,
-            names,
-            plan,
-            rank,
-            worker,
-            window=spec.window[0],
-            step=spec.window[1],
-            prefetch=prefetch,
-            threads=threads,
-            allocate=allocate,
-        )
+        win = (spec.window, prefetch, threads)
+        yield from dated_window_batches(st, names, plan, rank, worker, *win, allocate=allocate)
         return
     if allocate is None:  # reuse the memory of batches the caller has dropped
         spans = plan.workers[rank][worker].spans

@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import PlanError
+from shardload.load.checks import checked_allocate
 from shardload.load.loop import Flight, GroupReader, read_loop
 from shardload.load.pool import ReadPool
 from shardload.load.reader import read_segments
-from shardload.load.recycle import INDEX_KEY, Allocate, Specs
+from shardload.load.recycle import INDEX_KEY, Allocate, BatchRecycler, Specs
 from shardload.load.select import Selection, split_pieces
 from shardload.plan.dated import BatchReads, plan_batch_reads, plan_window_starts, window_rows
 from shardload.plan.epoch import EpochPlan
@@ -247,14 +248,20 @@ def dated_window_batches(
     plan: EpochPlan,
     rank: int,
     worker: int,
-    *,
-    window: int,
-    step: int,
+    window: tuple[int, int],
     prefetch: int,
     threads: int,
+    *,
     allocate: Allocate | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """The worker's batches of windows, in plan order (:class:`DatedWindowReader`)."""
+    """The worker's batches of windows (``window``: ``(K, step)``) of ``store`` (a read group
+    member's sliced store, or the whole), in plan order (:class:`DatedWindowReader`), into a
+    caller's ``allocate`` (checked against the window shapes) or reused batch memory."""
+    specs = window_specs(store, names, window[0])
+    if allocate is None:
+        allocate = BatchRecycler(specs, plan.batch_size, keep=prefetch + 4).allocate
+    else:
+        allocate = checked_allocate(allocate, specs)
     return read_loop(
         DatedWindowReader(
             store,
@@ -262,8 +269,8 @@ def dated_window_batches(
             plan,
             rank,
             worker,
-            window=window,
-            step=step,
+            window=window[0],
+            step=window[1],
             prefetch=prefetch,
             threads=threads,
             allocate=allocate,
