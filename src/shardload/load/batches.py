@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import PlanError
+from shardload.load.cache_hook import plan_node_cache
 from shardload.load.checks import checked_allocate
 from shardload.load.dated import dated_window_batches
 from shardload.load.gather import gather_batches
@@ -113,7 +114,8 @@ def iter_batches(
     prefetch, threads
         Pieces read ahead in background threads (``threads``, default
         :func:`default_threads`: ``min(4, prefetch, CPUs)``, and for a local store at most
-        ``CPUs // num_workers``, the reader processes sharing this machine's CPUs). Default
+        ``CPUs // num_workers``, the reader processes sharing this machine's CPUs; by URL 32,
+        requests in flight waiting their round trips together). Default
         ``prefetch`` (:func:`resolve_prefetch`): 4; on stores read by whole chunks, a
         group ahead, at most 64 MiB decoded (as 4 chunks of 16 MiB).
         Memory per reader is about ``(shuffle_chunks + prefetch)`` pieces of the selected
@@ -239,6 +241,7 @@ def read_batches(
     skip = check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
+    plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule (cache_dir only)
     st = spec.member_store(member)
     kind = spec.kind if st is spec.store else read_kind(st, spec.selection.arrays)
     return _read(spec, st, kind, plan, rank, worker, threads, allocate, padding_stats)
