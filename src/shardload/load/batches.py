@@ -17,17 +17,18 @@ import numpy as np
 from shardload.errors import PlanError
 from shardload.load.cache_hook import plan_node_cache
 from shardload.load.checks import checked_allocate
+from shardload.load.dated import dated_window_batches
 from shardload.load.gather import gather_batches
 from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import check_nonneg
 from shardload.load.ragged import PaddingStats, ragged_batches
 from shardload.load.recycle import INDEX_KEY, Allocate, BatchRecycler, batch_specs, new_batch
 from shardload.load.scatter import batches_per_group, groups_in_flight, raw_sources, scatter_batches
-from shardload.load.spec import LoadSpec, skip_worker_batches
+from shardload.load.spec import LoadSpec
 from shardload.load.windows import window_batches
 from shardload.plan.epoch import EpochPlan
 from shardload.plan.read_groups import ReadGroupAxis
-from shardload.plan.resume import EpochState
+from shardload.plan.resume import EpochState, skip_worker_batches
 from shardload.store.core import Store
 
 __all__ = ["INDEX_KEY", "iter_batches", "read_batches"]
@@ -61,6 +62,8 @@ def iter_batches(
     padding_stats: PaddingStats | None = None,
     bucket: bool | str = False,
     missing_dates: str = "skip",
+    window: int | None = None,
+    window_step: int | None = None,
     read_group_size: int = 1,
     read_group_axis: ReadGroupAxis = -1,
 ) -> Iterator[dict[str, np.ndarray]]:
@@ -153,6 +156,14 @@ def iter_batches(
         -1, the last; or ``{array: axis or None}``; None: that array whole), the slices cut as
         ``np.array_split`` cuts the axis. See docs/loading.md ("Read groups").
 
+    window, window_step
+        Windows of dates on a dated store (one with a time axis, ``store.time``): a sample is
+        ``window`` states every ``window_step`` (default 1) rows, and each array comes as
+        ``NAME`` of shape ``(B, window, *row_shape)``, with ``"dates"`` (``datetime64[s]``,
+        ``(B, window)``) and ``"index"`` the first row of each window. Only windows whose every
+        date exists and lies in the selection are planned; shuffle, ranks, splits and resume
+        are over windows; a state shared by windows of a batch is read once (docs/weather.md).
+
     Variable-length arrays (one 1-D array per sample, ``store.ragged``) come as ``NAME``, a
     ``(rows, longest row of the batch)`` array zero-padded after each row's values, and
     ``NAME_length`` (int64): see docs/loading.md ("Variable-length arrays").
@@ -191,6 +202,8 @@ def iter_batches(
         bucket=bucket,
         storage_options=storage_options,
         missing_dates=missing_dates,
+        window=window,
+        window_step=window_step,
         read_group_size=read_group_size,
         read_group_axis=read_group_axis,
     )
@@ -267,6 +280,10 @@ def _read(
             index_key=INDEX_KEY,
             padding_stats=padding_stats,
         )
+        return
+    if spec.window is not None:  # windows of dates (load/dated.py)
+        win = (spec.window, prefetch, threads)
+        yield from dated_window_batches(st, names, plan, rank, worker, *win, allocate=allocate)
         return
     if allocate is None:  # reuse the memory of batches the caller has dropped
         spans = plan.workers[rank][worker].spans

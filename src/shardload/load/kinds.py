@@ -2,6 +2,8 @@
 
 - ``"ragged"``: variable-length arrays (:mod:`.ragged`): whole segments read, batches padded.
 - ``"window"``: windows cut at load time (:mod:`.windows`): each sample's run read where it lies.
+- ``"dated"``: windows of dates of a dated store (``window=``, :mod:`.dated`): a batch's
+  distinct states read once each (chosen by ``LoadSpec`` from the options, not the store).
 - ``"scatter"``: raw rows in local files on a platform with ``preadv`` (:mod:`.scatter`): rows
   go from the page cache straight to their batch rows.
 - ``"gather"``: everything else (compressed chunks, HDF5, URLs, :mod:`.gather`): segments read
@@ -28,8 +30,8 @@ from shardload.load.windows import WindowReader
 from shardload.manifest.core import Manifest
 from shardload.store.core import Store
 
-ReadKind = Literal["gather", "scatter", "ragged", "window"]
-READ_KINDS: tuple[ReadKind, ...] = ("gather", "scatter", "ragged", "window")
+ReadKind = Literal["gather", "scatter", "ragged", "window", "dated"]
+READ_KINDS: tuple[ReadKind, ...] = ("gather", "scatter", "ragged", "window", "dated")
 
 
 def stores_raw_rows(manifest: Manifest, names: Sequence[str]) -> bool:

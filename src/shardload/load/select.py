@@ -29,13 +29,16 @@ from shardload.store.core import Store
 class Selection:
     """The rows to read, as pieces of chunks in their natural order, and the arrays to read.
 
-    ``sizes[i]`` rows from global row ``starts[i]``, inside store chunk ``ids[i]``.
+    ``sizes[i]`` rows from global row ``starts[i]``, inside store chunk ``ids[i]``. With
+    ``window`` (``(K, step)``: windows of dates, :mod:`shardload.load.dated`) each row is the
+    first row of a window.
     """
 
     arrays: tuple[str, ...]
     sizes: np.ndarray
     ids: np.ndarray
     starts: np.ndarray
+    window: tuple[int, int] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -169,7 +172,7 @@ def split_pieces(sel: Selection, piece_rows: int) -> Selection:
     base, extra = n[entry] // k[entry], n[entry] % k[entry]
     sizes = base + (j < extra)
     starts = sel.starts[entry] + j * base + np.minimum(j, extra)
-    return Selection(sel.arrays, sizes, sel.ids[entry], starts.astype(np.int64))
+    return Selection(sel.arrays, sizes, sel.ids[entry], starts.astype(np.int64), sel.window)
 
 
 def plan_piece_rows(chunk_rows: int, row_bytes: int, target_bytes: int) -> int:
@@ -194,6 +197,9 @@ def store_fingerprint(store: Store, selection: Selection) -> str:
         "bounds": list(m.chunk_bounds),
         "arrays": {a: [list(m.arrays[a].shape), m.arrays[a].dtype] for a in selection.arrays},
     }
+    window = getattr(selection, "window", None)  # any object with the Selection's columns
+    if window is not None:  # windows of dates: K and step pick other samples
+        desc["window"] = list(window)
     h = hashlib.blake2b(json.dumps(desc, sort_keys=True, default=str).encode(), digest_size=8)
     for a in sorted(set(m.stats) & set(selection.arrays)):  # every value, not numpy's summary
         h.update(a.encode())

@@ -3,7 +3,8 @@
 As dask's ``normalize_chunks`` turns every way of writing chunks into one canonical value, a
 ``LoadSpec`` turns what a user passes to ``iter_batches`` or ``shardload.torch`` into one frozen
 value: the selection cut into pieces, the read kind (:mod:`.kinds`), the epoch plan options,
-the read-ahead, the fingerprints a resume state is checked against. Every later step reads it;
+the read-ahead, the fingerprints a resume state is checked against; with ``window``, the
+selection is the rows that start a window of dates (:mod:`.dated`). Every later step reads it;
 none asks the store again what kind it is. It pickles (the store without open handles), so a
 DataLoader worker takes the one its main process resolved.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardload.errors import PlanError, StateError
+from shardload.load.dated import check_window, resolve_windows, window_specs
 from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import (
     default_threads,
@@ -39,7 +41,7 @@ from shardload.plan.epoch import (
     plan_epoch,
     plan_fingerprint,
 )
-from shardload.plan.missing_dates import DEFAULT_MISSING_DATES
+from shardload.plan.missing_dates import DEFAULT_MISSING_DATES, check_missing_dates
 from shardload.plan.read_groups import (
     ReadGroupAxis,
     check_read_group_size,
@@ -62,6 +64,7 @@ class LoadSpec:
     the epoch plan's (``shuffle_chunks`` included: the pieces per shuffle group); ``kind`` picks
     the group reader; ``prefetch`` counts the segments read ahead; ``threads`` is the user's
     (None: :meth:`reader_threads` picks per reader). ``split`` and ``bucket`` as given.
+    ``window``: ``(K, step)`` for windows of dates (kind ``"dated"``), else None.
     ``read_group_size`` and ``read_group_axis``: read groups (:meth:`split_rank`,
     :meth:`member_store`; ``shardload.plan.read_groups``).
     """
@@ -75,6 +78,7 @@ class LoadSpec:
     threads: int | None
     split: str | None = None
     bucket: bool | str = False
+    window: tuple[int, int] | None = None
     read_group_size: int = 1
     read_group_axis: ReadGroupAxis = -1
 
@@ -99,6 +103,8 @@ class LoadSpec:
         bucket: bool | str = False,
         storage_options: Mapping[str, Any] | None = None,
         missing_dates: str = DEFAULT_MISSING_DATES,
+        window: int | None = None,
+        window_step: int | None = None,
         read_group_size: int = 1,
         read_group_axis: ReadGroupAxis = -1,
     ) -> LoadSpec:
@@ -109,18 +115,35 @@ class LoadSpec:
         defaults = shuffle_chunks is None and piece_rows is None and shuffle is True
         if shuffle_chunks is None:
             shuffle_chunks = named.group
-        sel, piece, group = loader_selection(
-            st,
-            split=split,
-            chunks=chunks,
-            rows=rows,
-            arrays=arrays,
-            piece_rows=piece_rows,
-            shuffle_chunks=shuffle_chunks,
-            shuffle=shuffle,
-            batch_size=batch_size,
-            missing_dates=missing_dates,
-        )
+        win = check_window(window, window_step)
+        kind: ReadKind = "dated"
+        if win is not None:  # windows of dates (load/dated.py): their first rows are planned
+            # every row of the selection: a window touching a missing date is left out by
+            # resolve_windows ("error" still refuses a selection holding missing dates)
+            edge = "error" if check_missing_dates(missing_dates) == "error" else "include"
+            sel = select_rows(
+                st, split=split, chunks=chunks, rows=rows, arrays=arrays, missing_dates=edge
+            )
+            sel, piece, group, ahead = resolve_windows(
+                st, sel, win, shuffle, piece_rows, shuffle_chunks, prefetch
+            )
+        else:
+            sel, piece, group = loader_selection(
+                st,
+                split=split,
+                chunks=chunks,
+                rows=rows,
+                arrays=arrays,
+                piece_rows=piece_rows,
+                shuffle_chunks=shuffle_chunks,
+                shuffle=shuffle,
+                batch_size=batch_size,
+                missing_dates=missing_dates,
+            )
+            ahead = resolve_prefetch(st, sel, prefetch, shuffle_chunks=group, piece_rows=piece)
+            if defaults:
+                warn_unmixed(st, sel, shuffle_chunks=group, batch_size=batch_size)
+            kind = read_kind(st, sel.arrays)
         options: PlanOptions = dict(
             batch_size=batch_size,
             seed=seed,
@@ -129,22 +152,20 @@ class LoadSpec:
             shuffle=shuffle,
             shuffle_chunks=group,
         )
-        ahead = resolve_prefetch(st, sel, prefetch, shuffle_chunks=group, piece_rows=piece)
-        if defaults:
-            warn_unmixed(st, sel, shuffle_chunks=group, batch_size=batch_size)
         size = check_read_group_size(read_group_size)
         if size > 1:
             check_read_groups(st, sel.arrays, size, read_group_axis)
         return cls(
             store=st,
             selection=sel,
-            kind=read_kind(st, sel.arrays),
+            kind=kind,
             piece_rows=piece,
             options=options,
             prefetch=ahead,
             threads=threads,
             split=split,
             bucket=bucket,
+            window=win,
             read_group_size=size,
             read_group_axis=read_group_axis,
         )
@@ -217,8 +238,9 @@ class LoadSpec:
     def reader_threads(self, readers: int) -> int:
         """Reader threads of one of ``readers`` readers of a rank (``threads``, or the default
         share of this machine's CPUs: :func:`~shardload.load.options.default_threads`)."""
-        if self.threads is None:
-            return default_threads(self.prefetch, readers, local=self.store.is_local)
+        if self.threads is None:  # windows of dates: a batch's reads spread over the threads
+            ahead = max(self.prefetch, 4) if self.kind == "dated" else self.prefetch
+            return default_threads(ahead, readers, local=self.store.is_local)
         return max(1, int(self.threads))
 
     @property
@@ -228,7 +250,10 @@ class LoadSpec:
 
     def batch_specs(self, member: int = 0) -> Specs:
         """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included (of read group
-        member ``member``'s batches: its slices)."""
+        member ``member``'s batches: its slices; windows of dates: ``(K, *row_shape)`` and
+        ``"dates"``)."""
+        if self.window is not None:
+            return window_specs(self.member_store(member), self.selection.arrays, self.window[0])
         return batch_specs(self.member_store(member), self.selection.arrays)
 
     def batch_bytes(self) -> int:
@@ -241,13 +266,14 @@ class LoadSpec:
         chunk_rows = int(sizes.max()) if len(sizes) else 1
         if self.options["shuffle"] == "uniform":  # groups of one-row segments
             chunk_rows = 1
+        b = self.options["batch_size"]
+        per_group = batches_per_group(chunk_rows=chunk_rows, shuffle_chunks=group, batch_size=b)
+        flights = groups_in_flight(prefetch=self.prefetch, shuffle_chunks=group)
+        if self.kind == "dated":  # windows of dates: a batch a unit, ``prefetch`` ahead
+            per_group, flights = 1, max(1, self.prefetch) + 1
         return plan_ring_slots(
-            group_batches=batches_per_group(
-                chunk_rows=chunk_rows,
-                shuffle_chunks=group,
-                batch_size=self.options["batch_size"],
-            ),
-            groups_in_flight=groups_in_flight(prefetch=self.prefetch, shuffle_chunks=group),
+            group_batches=per_group,
+            groups_in_flight=flights,
             workers=workers,
             slot_bytes=self.batch_bytes(),
             extra=extra,
@@ -366,29 +392,3 @@ def earlier_default_hint(sel: Selection, opts: PlanOptions, fingerprint: str) ->
         f"read by whole chunks before default groups were sized by decoded bytes; this one's is "
         f"now {opts['shuffle_chunks']}): pass shuffle_chunks={DEFAULT_SHUFFLE_CHUNKS} to resume it"
     )
-
-
-def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
-    """``plan`` with worker ``worker`` of ``rank`` starting after its first ``skip`` batches.
-
-    >>> from shardload.plan.groups import iter_worker_batches
-    >>> plan = plan_epoch([3, 2], batch_size=2, num_workers=0, shuffle=False)
-    >>> [b.tolist() for b in iter_worker_batches(skip_worker_batches(plan, 0, 0, 1), 0, 0)]
-    [[2, 3], [4]]
-    """
-    wp = plan.workers[rank][worker]
-    if skip > wp.num_batches:
-        raise StateError(
-            f"cannot skip {skip} batches of worker {worker} of rank {rank}: it has "
-            f"{wp.num_batches} in this plan"
-        )
-    rows = min(skip * plan.batch_size, wp.num_rows)
-    wp = replace(
-        wp,
-        num_rows=wp.num_rows - rows,
-        num_batches=wp.num_batches - skip,
-        skip_rows=wp.skip_rows + rows,
-    )
-    ranks = list(plan.workers)
-    ranks[rank] = (*plan.workers[rank][:worker], wp, *plan.workers[rank][worker + 1 :])
-    return replace(plan, workers=tuple(ranks))

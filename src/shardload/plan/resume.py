@@ -293,3 +293,29 @@ def plan_from_state(
     for (_, _, k), (world, workers) in zip(legs, shapes, strict=True):
         plan = plan_resume(plan, k, world_size=world, num_workers=workers)
     return plan
+
+
+def skip_worker_batches(plan: EpochPlan, rank: int, worker: int, skip: int) -> EpochPlan:
+    """``plan`` with worker ``worker`` of ``rank`` starting after its first ``skip`` batches.
+
+    >>> from shardload.plan.groups import iter_worker_batches
+    >>> plan = plan_epoch([3, 2], batch_size=2, num_workers=0, shuffle=False)
+    >>> [b.tolist() for b in iter_worker_batches(skip_worker_batches(plan, 0, 0, 1), 0, 0)]
+    [[2, 3], [4]]
+    """
+    wp = plan.workers[rank][worker]
+    if skip > wp.num_batches:
+        raise StateError(
+            f"cannot skip {skip} batches of worker {worker} of rank {rank}: it has "
+            f"{wp.num_batches} in this plan"
+        )
+    rows = min(skip * plan.batch_size, wp.num_rows)
+    wp = replace(
+        wp,
+        num_rows=wp.num_rows - rows,
+        num_batches=wp.num_batches - skip,
+        skip_rows=wp.skip_rows + rows,
+    )
+    ranks = list(plan.workers)
+    ranks[rank] = (*plan.workers[rank][:worker], wp, *plan.workers[rank][worker + 1 :])
+    return replace(plan, workers=tuple(ranks))

@@ -69,6 +69,10 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         DataLoader hand-off. Stores with variable-length arrays use no ring.
     bucket
         Length-bucketed batches for variable-length arrays (see ``iter_batches``).
+    window, window_step
+        Windows of dates on a dated store (see ``iter_batches``): ``NAME`` is ``(B, window,
+        *row_shape)``; ``dates`` comes as int64 seconds since 1970-01-01 (torch has no
+        datetime type: ``batch["dates"].numpy().astype("datetime64[s]")`` gives the dates).
     read_group_size, read_group_axis
         Read groups for model parallelism (see ``iter_batches``): the ``read_group_size``
         consecutive ranks of a group get the same batches in the same order, each its slice of
@@ -102,6 +106,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         ring_slots: int | None = None,
         bucket: bool | str = False,
         missing_dates: str = "skip",
+        window: int | None = None,
+        window_step: int | None = None,
         read_group_size: int = 1,
         read_group_axis: ReadGroupAxis = -1,
     ) -> None:
@@ -126,6 +132,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             bucket=bucket,
             storage_options=storage_options,
             missing_dates=missing_dates,
+            window=window,
+            window_step=window_step,
             read_group_size=read_group_size,
             read_group_axis=read_group_axis,
         )

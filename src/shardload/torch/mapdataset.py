@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 
 from shardload.errors import StoreError
 from shardload.load.batches import INDEX_KEY
+from shardload.load.dated import DATES_KEY
 from shardload.load.spec import LoadSpec
 from shardload.store.core import Store
 from shardload.torch.transport import guard_worker_exit
@@ -28,6 +29,10 @@ class MapDataset(Dataset):
     ``cache_chunks`` decoded chunks per array (an LRU), so nearby accesses decode once.
     Works with any sampler, e.g. ``DistributedSampler``. A dated store's missing dates are
     not among the positions (``missing_dates`` as in :func:`shardload.iter_batches`).
+
+    With ``window=K`` (a dated store, see ``iter_batches``): ``ds[i]`` is the ``i``-th window
+    of ``K`` states every ``window_step`` rows whose every date exists, ``NAME`` of shape
+    ``(K, *row_shape)``, ``"dates"`` (int64 seconds since 1970) and ``"index"`` (its first row).
     """
 
     def __init__(
@@ -41,6 +46,8 @@ class MapDataset(Dataset):
         cache_chunks: int = 8,
         storage_options: Mapping[str, Any] | None = None,
         missing_dates: str = "skip",
+        window: int | None = None,
+        window_step: int | None = None,
     ) -> None:
         # the rows and arrays resolved as iter_batches resolves them, in row order
         spec = LoadSpec.build(
@@ -53,8 +60,11 @@ class MapDataset(Dataset):
             shuffle=False,
             storage_options=storage_options,
             missing_dates=missing_dates,
+            window=window,
+            window_step=window_step,
         )
         self.store, self.selection = spec.store, spec.selection
+        self.window = spec.window  # (K, step) or None
         ragged = spec.ragged
         if ragged:  # a row of one has no fixed shape: default collation cannot stack it
             raise StoreError(
@@ -101,11 +111,34 @@ class MapDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         guard_worker_exit()
         g = self.global_row(i)
+        if self.window is not None:
+            return self._window(g)
         c = int(np.searchsorted(self._bounds, g, "right")) - 1
         out = {
             a: torch.from_numpy(np.array(self._chunk(a, c)[g - self._bounds[c]]))
             for a in self.selection.arrays
         }
+        out[INDEX_KEY] = torch.tensor(g, dtype=torch.int64)
+        return out
+
+    def _window(self, g: int) -> dict[str, torch.Tensor]:
+        """The window of dates starting at row ``g``: each state from its (cached) chunk."""
+        assert self.window is not None and self.store.time is not None
+        k, step = self.window
+        rows = g + step * np.arange(k, dtype=np.int64)
+        chunks = np.searchsorted(self._bounds, rows, "right") - 1
+        out = {
+            a: torch.from_numpy(
+                np.stack(
+                    [
+                        self._chunk(a, int(c))[int(r - self._bounds[c])]
+                        for r, c in zip(rows, chunks, strict=True)
+                    ]
+                )
+            )
+            for a in self.selection.arrays
+        }
+        out[DATES_KEY] = torch.from_numpy(self.store.time.dates[rows].view(np.int64))
         out[INDEX_KEY] = torch.tensor(g, dtype=torch.int64)
         return out
 

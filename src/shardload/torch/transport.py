@@ -30,7 +30,11 @@ from shardload.load.ring import BatchRing
 
 
 def _to_torch(batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(v) for k, v in batch.items()}
+    # torch has no datetime type: dates (windows of dates) go as int64 seconds since 1970
+    return {
+        k: torch.from_numpy(v.view(np.int64) if v.dtype.kind == "M" else v)
+        for k, v in batch.items()
+    }
 
 
 class _RingBatch(dict):  # type: ignore[type-arg]
