@@ -15,7 +15,7 @@ that share it (:func:`shardload.plan.dated.plan_batch_reads`). Batches carry ``d
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -28,10 +28,11 @@ from shardload.load.loop import Flight, GroupReader, read_loop
 from shardload.load.pool import ReadPool
 from shardload.load.reader import read_segments
 from shardload.load.recycle import INDEX_KEY, Allocate, BatchRecycler, Specs
-from shardload.load.select import Selection, split_pieces
+from shardload.load.select import Selection, select_rows, split_pieces
 from shardload.plan.dated import BatchReads, plan_batch_reads, plan_window_starts, window_rows
 from shardload.plan.epoch import EpochPlan
 from shardload.plan.groups import iter_worker_batches
+from shardload.plan.missing_dates import check_missing_dates
 from shardload.plan.spans import Segment
 from shardload.store.core import Store
 
@@ -276,3 +277,21 @@ def dated_window_batches(
             allocate=allocate,
         )
     )
+
+
+def select_windows(
+    store: Store,
+    win: tuple[int, int],
+    where: Mapping[str, Any],
+    missing_dates: str,
+    shuffle: bool | str,
+    piece_rows: int | None,
+    shuffle_chunks: int | None,
+    prefetch: int | None,
+) -> tuple[Selection, int, int, int]:
+    """The selection of windows of dates (:func:`resolve_windows`) over
+    the rows ``where`` selects, every row kept: a window touching a missing date is left out
+    there (``missing_dates="error"`` still refuses a selection holding missing dates)."""
+    edge = "error" if check_missing_dates(missing_dates) == "error" else "include"
+    sel = select_rows(store, **where, missing_dates=edge)
+    return resolve_windows(store, sel, win, shuffle, piece_rows, shuffle_chunks, prefetch)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardload.errors import PlanError, StateError
-from shardload.load.dated import check_window, resolve_windows, window_specs
+from shardload.load.dated import check_window, select_windows, window_specs
 from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import (
     default_threads,
@@ -41,7 +41,7 @@ from shardload.plan.epoch import (
     plan_epoch,
     plan_fingerprint,
 )
-from shardload.plan.missing_dates import DEFAULT_MISSING_DATES, check_missing_dates
+from shardload.plan.missing_dates import DEFAULT_MISSING_DATES
 from shardload.plan.read_groups import (
     ReadGroupAxis,
     check_read_group_size,
@@ -118,14 +118,9 @@ class LoadSpec:
         win = check_window(window, window_step)
         kind: ReadKind = "dated"
         if win is not None:  # windows of dates (load/dated.py): their first rows are planned
-            # every row of the selection: a window touching a missing date is left out by
-            # resolve_windows ("error" still refuses a selection holding missing dates)
-            edge = "error" if check_missing_dates(missing_dates) == "error" else "include"
-            sel = select_rows(
-                st, split=split, chunks=chunks, rows=rows, arrays=arrays, missing_dates=edge
-            )
-            sel, piece, group, ahead = resolve_windows(
-                st, sel, win, shuffle, piece_rows, shuffle_chunks, prefetch
+            where = dict(split=split, chunks=chunks, rows=rows, arrays=arrays)
+            sel, piece, group, ahead = select_windows(
+                st, win, where, missing_dates, shuffle, piece_rows, shuffle_chunks, prefetch
             )
         else:
             sel, piece, group = loader_selection(

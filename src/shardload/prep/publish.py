@@ -37,6 +37,25 @@ from shardload.version import __version__
 log = logging.getLogger("shardload.prep.driver")  # the name users' logs have always shown
 
 
+def _array_infos(
+    fmt: str, chunk_rows: int, specs: Mapping[str, ArraySpec], lengths: Mapping[str, Any]
+) -> dict[str, ArrayInfo]:
+    """The manifest's entry of each array written."""
+    return {
+        n: ArrayInfo(
+            n,
+            tuple(s.shape),
+            np.dtype(s.dtype).name,
+            chunk_rows,
+            path=_array_path(fmt, n, s.ragged),
+            features=s.features,
+            attrs=dict(s.attrs),
+            ragged=_length_stats(lengths[n]) if s.ragged else None,
+        )
+        for n, s in specs.items()
+    }
+
+
 def publish_store(
     commit: BlockCommit,
     job: PrepareJob,
@@ -69,19 +88,7 @@ def publish_store(
         format=cfg.format,
         length=job.length,
         chunk_bounds=tuple(bounds),
-        arrays={
-            n: ArrayInfo(
-                n,
-                tuple(s.shape),
-                np.dtype(s.dtype).name,
-                job.chunk_rows,
-                path=_array_path(cfg.format, n, s.ragged),
-                features=s.features,
-                attrs=dict(s.attrs),
-                ragged=_length_stats(lengths[n]) if s.ragged else None,
-            )
-            for n, s in specs.items()
-        },
+        arrays=_array_infos(cfg.format, job.chunk_rows, specs, lengths),
         splits=splits,
         split_rows=split_rows,
         stats=stats,
