@@ -8,7 +8,9 @@ by conditional put, a killed run resumes, a second writer refused), and every re
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,7 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import shardload
 from conftest import make_dataset
 from shardload.errors import (
+    ChunkReadError,
     ConfigError,
+    IncompleteStoreError,
+    StoreError,
+    StoreExistsError,
+    StoreLockedError,
 )
 
 pytestmark = pytest.mark.integration
@@ -173,3 +180,274 @@ def test_prepare_and_read_with_credentials_from_the_environment(s3_env, tmp_path
     remote = shardload.open_store(url)  # credentials and endpoint from the environment
     local = shardload.prepare(_config(tmp_path, str(tmp_path / "local")), progress=False)
     _assert_same(remote, local)
+
+
+# -- the guarantees of prepare ------------------------------------------------------------------
+def _lock_body(pid: int) -> bytes:
+    return json.dumps(
+        {"pid": pid, "start_time": None, "host": socket.gethostname(), "started": "earlier"}
+    ).encode()
+
+
+def test_a_second_writer_is_refused_naming_the_lock_and_its_holder(s3_env, tmp_path):
+    """The lock object exists (created by a conditional put) and its holder runs: refused."""
+    url = f"s3://{s3_env['bucket']}/store"
+    fs = _fs(s3_env["options"])
+    fs.pipe_file(f"{s3_env['bucket']}/store.partial.lock", _lock_body(os.getpid()))
+    cfg = _config(tmp_path, url, out_storage_options=s3_env["options"])
+    with pytest.raises(StoreLockedError) as err:
+        shardload.prepare(cfg, progress=False)
+    msg = str(err.value)
+    assert f"another prepare is writing {url}" in msg
+    assert f"lock object {url}.partial.lock" in msg and f"pid {os.getpid()} on host" in msg
+    assert fs.find(f"{s3_env['bucket']}/store") == []  # nothing written
+    assert fs.cat_file(f"{s3_env['bucket']}/store.partial.lock") == _lock_body(os.getpid())
+
+
+def test_the_lock_of_a_dead_run_on_this_host_is_taken_over(s3_env, tmp_path):
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    url = f"s3://{s3_env['bucket']}/store"
+    fs = _fs(s3_env["options"])
+    fs.pipe_file(f"{s3_env['bucket']}/store.partial.lock", _lock_body(int(dead.stdout)))
+    cfg = _config(tmp_path, url, out_storage_options=s3_env["options"])
+    store = shardload.prepare(cfg, progress=False)
+    assert len(store) == 120
+    assert not fs.exists(f"{s3_env['bucket']}/store.partial.lock")
+
+
+def test_two_lock_objects_cannot_both_be_created(s3_env):
+    """The server honours If-None-Match: * (the lock's whole premise)."""
+    from shardload.prep.remote_lock import ObjectLock
+
+    fs = _fs(s3_env["options"])
+    path = f"{s3_env['bucket']}/x.partial.lock"
+    a = ObjectLock(fs, path, out_url="s3://a", lock_url="s3://a.lock")
+    b = ObjectLock(fs, path, out_url="s3://b", lock_url="s3://b.lock")
+    a.acquire()
+    with pytest.raises(StoreLockedError, match=r"s3://b\.lock"):
+        b.acquire()  # the holder (this process) is alive
+    a.release()
+    b.acquire()
+    a.release()  # a no longer holds it: b's lock stays
+    assert fs.exists(path)
+    b.release()
+    assert not fs.exists(path)
+
+
+def test_an_existing_store_or_foreign_objects_are_not_overwritten(s3_env, tmp_path):
+    url = f"s3://{s3_env['bucket']}/store"
+    opts = s3_env["options"]
+    fs = _fs(opts)
+    fs.pipe_file(f"{s3_env['bucket']}/store/someone-elses.csv", b"a,b\n")
+    with pytest.raises(StoreExistsError, match=r"output s3://.*/store holds objects but no"):
+        shardload.prepare(_config(tmp_path, url, out_storage_options=opts), progress=False)
+    store = shardload.prepare(
+        _config(tmp_path, url, out_storage_options=opts, overwrite=True), progress=False
+    )
+    assert not fs.exists(f"{s3_env['bucket']}/store/someone-elses.csv")
+    with pytest.raises(StoreExistsError, match=r"output s3://.*/store exists"):
+        shardload.prepare(_config(tmp_path, url, out_storage_options=opts), progress=False)
+    again = shardload.prepare(
+        _config(tmp_path, url, out_storage_options=opts, overwrite=True, chunk_rows=7),
+        progress=False,
+    )
+    assert again.manifest.chunk_rows == 7
+    _assert_same(again, shardload.prepare(_config(tmp_path, str(tmp_path / "l")), progress=False))
+    with pytest.raises(StoreError, match=r"x/zarr\.json says"):  # replaced under an open handle
+        store.read("x")
+
+
+def _kill_when(proc: subprocess.Popen, ready: Any, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the kill point was never reached"
+        time.sleep(0.05)
+    os.killpg(proc.pid, 9)
+    proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["blocks", "upload"])
+def test_a_killed_prepare_resumes_and_leaves_nothing_a_reader_takes_for_data(
+    s3_env, tmp_path, phase, caplog
+):
+    """kill -9 while blocks are written locally, or mid-upload: the prefix is no store (open_store
+    names the URL and says interrupted), the re-run finishes, the values equal a clean run's and
+    the objects are exactly a clean run's (nothing left over, progress marks gone)."""
+    bucket, opts = s3_env["bucket"], s3_env["options"]
+    url = f"s3://{bucket}/store"
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(yaml.safe_dump(_config(tmp_path, url, out_storage_options=opts)))
+    env = {
+        **os.environ,
+        "PYTHONPATH": SRC,
+        "SHARDLOAD_THROTTLE_S": "0.3",
+        "SHARDLOAD_HOME": str(tmp_path / "home"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    fs = _fs(opts)
+    uploads = tmp_path / "home" / "uploads"
+
+    def records() -> int:
+        return len(list(uploads.glob("*/store.partial/_progress/block-*.npz")))
+
+    def objects() -> list[str]:
+        fs.invalidate_cache()
+        return [p for p in fs.find(f"{bucket}/store") if "/_progress/" not in p]
+
+    _kill_when(
+        proc, (lambda: records() >= 3) if phase == "blocks" else (lambda: len(objects()) >= 4)
+    )
+    assert not fs.exists(f"{bucket}/store/shardload.json")
+    if phase == "upload":
+        with pytest.raises(IncompleteStoreError, match=re.escape(f"{url} is not complete: a pre")):
+            shardload.open_store(url, storage_options=opts)
+        fs.pipe_file(f"{bucket}/store/x/stray-object", b"not data")  # left by someone: removed
+    assert fs.exists(f"{bucket}/store.partial.lock")  # the dead run's lock: taken over below
+    caplog.set_level("INFO", logger="shardload")
+    resumed = shardload.prepare(_config(tmp_path, url, out_storage_options=opts), progress=False)
+    if phase == "blocks":
+        assert "resuming" in caplog.text and "block(s) already written" in caplog.text
+    else:  # every block was recorded, and some objects were sent: not sent again
+        assert "resuming" in caplog.text and "of 12 block(s) already written" in caplog.text
+        sent = [r.args for r in caplog.records if r.getMessage().startswith("uploading")]
+        assert len(sent) == 1 and 0 < sent[0][1] < sent[0][2] - 3, sent
+    clean_url = f"s3://{bucket}/clean"
+    clean = shardload.prepare(
+        _config(tmp_path, clean_url, out_storage_options=opts), progress=False
+    )
+    _assert_same(resumed, clean)
+    for name in resumed.manifest.stats:
+        assert (
+            resumed.manifest.stats[name].mean.tolist() == clean.manifest.stats[name].mean.tolist()
+        )
+    keys = sorted(p.split("/", 2)[2] for p in fs.find(f"{bucket}/store"))
+    assert keys == sorted(p.split("/", 2)[2] for p in fs.find(f"{bucket}/clean"))
+    assert not fs.exists(f"{bucket}/store.partial.lock")
+    assert not any(uploads.glob("*/*"))
+
+
+# -- reading from s3:// -------------------------------------------------------------------------
+@pytest.fixture()
+def s3_store(s3_env, tmp_path) -> dict[str, Any]:
+    """A small store prepared into the bucket, and the same store prepared locally."""
+    url = f"s3://{s3_env['bucket']}/store"
+    opts = s3_env["options"]
+    shardload.prepare(_config(tmp_path, url, out_storage_options=opts), progress=False)
+    local = shardload.prepare(_config(tmp_path, str(tmp_path / "local")), progress=False)
+    return {**s3_env, "url": url, "local": local}
+
+
+def test_iter_batches_from_s3_equals_local(s3_store):
+    kw = {"batch_size": 16, "seed": 4, "split": "train"}
+    remote = list(
+        shardload.iter_batches(s3_store["url"], storage_options=s3_store["options"], **kw)
+    )
+    local = list(shardload.iter_batches(s3_store["local"], **kw))
+    assert len(remote) == len(local) > 0
+    for got, want in zip(remote, local, strict=True):
+        assert sorted(got) == sorted(want)
+        for k in got:
+            np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_torch_datasets_from_s3_with_two_workers(s3_store):
+    torch = pytest.importorskip("torch")
+    from shardload.torch.dataset import StreamingDataset
+    from shardload.torch.mapdataset import MapDataset
+
+    def rows(ds: Any, **kw: Any) -> dict[int, np.ndarray]:
+        out = {}
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, **kw):
+            for i, row in zip(batch["index"].tolist(), batch["x"].numpy(), strict=True):
+                out[i] = row
+        return out
+
+    opts = s3_store["options"]
+    got = rows(StreamingDataset(s3_store["url"], batch_size=8, storage_options=opts))
+    x = s3_store["local"].read("x")
+    assert len(got) >= 100
+    for i, row in got.items():
+        np.testing.assert_array_equal(row, x[i])
+    mapped = MapDataset(s3_store["url"], storage_options=opts)
+    loader = torch.utils.data.DataLoader(mapped, batch_size=20, num_workers=2)
+    seen = np.concatenate([b["x"].numpy() for b in loader])
+    np.testing.assert_array_equal(seen, x)
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardload", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": SRC, **(env or {})},
+    )
+
+
+def _aws_env(s3: dict[str, Any]) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_ENDPOINT_URL": s3["endpoint"],
+    }
+
+
+def test_verify_copy_and_stage_from_and_to_s3(s3_store, tmp_path):
+    url, opts, local = s3_store["url"], s3_store["options"], s3_store["local"]
+    res = _cli("verify", url, env=_aws_env(s3_store))
+    assert res.returncode == 0 and "all good" in res.stdout, res.stdout + res.stderr
+    # copy: s3 -> local, local -> s3 (another layout), s3 -> s3
+    down = shardload.copy(url, tmp_path / "down", storage_options=opts, progress=False)
+    _assert_same(down, local)
+    up_url = f"s3://{s3_store['bucket']}/up"
+    up = shardload.copy(local.url, up_url, dst_storage_options=opts, chunk_rows=5, progress=False)
+    assert up.url == up_url and up.manifest.chunk_rows == 5
+    _assert_same(shardload.open_store(up_url, storage_options=opts), local)
+    res = _cli(
+        "copy", up_url, f"s3://{s3_store['bucket']}/again", "--no-progress", env=_aws_env(s3_store)
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    _assert_same(
+        shardload.open_store(f"s3://{s3_store['bucket']}/again", storage_options=opts), local
+    )
+    # stage: the store onto a local folder, opened there
+    staged = shardload.open_store(url, storage_options=opts, stage_to=tmp_path / "fast")
+    assert staged.is_local and str(tmp_path / "fast") in str(staged.root)
+    _assert_same(staged, local)
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupted"])
+def test_a_missing_or_corrupted_object_is_a_chunk_read_error_never_zeros(s3_store, damage):
+    url, opts = s3_store["url"], s3_store["options"]
+    fs = _fs(opts)
+    store = shardload.open_store(url, storage_options=opts)
+    chunks = sorted(p for p in fs.find(f"{s3_store['bucket']}/store/x") if not p.endswith(".json"))
+    victim = chunks[len(chunks) // 2]
+    if damage == "missing":
+        fs.rm_file(victim)
+    else:
+        body = bytearray(fs.cat_file(victim))
+        body[len(body) // 2] ^= 0xFF
+        fs.pipe_file(victim, bytes(body))
+    rel = victim.split("/store/", 1)[1]
+    with pytest.raises(ChunkReadError, match=re.escape(rel)):
+        store.read("x")
+    with pytest.raises(ChunkReadError):
+        for _ in shardload.iter_batches(url, storage_options=opts, batch_size=16, shuffle=False):
+            pass
+    res = _cli("verify", url, env=_aws_env(s3_store))
+    assert res.returncode == 1 and "BAD x" in res.stdout, res.stdout + res.stderr

@@ -39,7 +39,7 @@ from typing import Any, BinaryIO
 
 from shardload.errors import ConfigError, ShardloadError, StoreError, StoreExistsError
 from shardload.layout import LOCK_SUFFIX, MANIFEST_NAME, PROGRESS_DIR, STAGED_DIR
-from shardload.prep.commit import BlockCommit
+from shardload.prep.commit import THROTTLE_ENV, BlockCommit
 from shardload.prep.remote_lock import ObjectLock
 from shardload.util.durable import fsync_dir, fsync_tree, write_atomic
 from shardload.util.home import home_dir
@@ -210,6 +210,7 @@ class RemoteCommit(BlockCommit):
     def _put_checked(self, rel: str, path: Path) -> None:
         """Put one file and check the object: its size and ETag against the file's."""
         key = f"{self.prefix}/{rel}"
+        time.sleep(float(os.environ.get(THROTTLE_ENV) or 0))  # testing aid (kill tests)
         self.fs.put_file(str(path), key, chunksize=PART_BYTES)
         self.fs.invalidate_cache(key)
         info = self.fs.info(key)
