@@ -451,3 +451,41 @@ def test_a_missing_or_corrupted_object_is_a_chunk_read_error_never_zeros(s3_stor
             pass
     res = _cli("verify", url, env=_aws_env(s3_store))
     assert res.returncode == 1 and "BAD x" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_two_prepares_started_together_one_store_the_other_refused(s3_env, tmp_path):
+    """Two processes, one out: the conditional put lets one lock it; the other exits 2 with the
+    lock's URL and holder (or, when it starts after the winner published, 'exists'), no traceback."""
+    bucket, opts = s3_env["bucket"], s3_env["options"]
+    url = f"s3://{bucket}/store"
+    confs = []
+    for i, rows in enumerate((10, 6)):
+        path = tmp_path / f"conf{i}.yaml"
+        path.write_text(
+            yaml.safe_dump(_config(tmp_path, url, out_storage_options=opts, chunk_rows=rows))
+        )
+        confs.append(path)
+    env = {**os.environ, "PYTHONPATH": SRC, "SHARDLOAD_THROTTLE_S": "0.05"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "shardload", "prepare", str(c), "--no-progress"],
+            env={**env, "SHARDLOAD_HOME": str(tmp_path / f"home{i}")},  # as on two hosts
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, c in enumerate(confs)
+    ]
+    res = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
+    codes = [rc for rc, _ in res]
+    assert sorted(codes) == [0, 2], res
+    winner = codes.index(0)
+    err = res[1 - winner][1]
+    assert "Traceback" not in err, err
+    assert (f"lock object {url}.partial.lock" in err and "pid " in err) or "exists" in err, err
+    print("the loser was", "locked out" if "lock object" in err else "told the store exists")
+    store = shardload.open_store(url, storage_options=opts)
+    assert store.manifest.chunk_rows == (10, 6)[winner]
+    _assert_same(store, shardload.prepare(_config(tmp_path, str(tmp_path / "l")), progress=False))
+    assert not _fs(opts).exists(f"{bucket}/store.partial.lock")
