@@ -56,3 +56,24 @@ def test_storage_option_secrets_are_redacted_from_the_config_record() -> None:
         assert secret not in text
     assert d["out_storage_options"]["endpoint_url"] == "http://127.0.0.1:9000"
     assert d["source"]["storage_options"]["anon"] is False
+
+
+def test_prepare_check_shows_an_s3_out_as_written_and_refuses_http(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from conftest import make_dataset
+    from shardload.cli.prepare import check_plan
+    from shardload.prep.config import load_config
+
+    make_dataset(40).to_netcdf(tmp_path / "src.nc")
+    raw = {
+        "source": {"paths": [str(tmp_path / "src.nc")]},
+        "sample_dims": ["sample"],
+        "arrays": {"x": ["a"]},
+        "out": "s3://bucket/stores/x",
+    }
+    plan = check_plan(load_config(raw))
+    assert plan["out"] == "s3://bucket/stores/x" and not plan["out_exists"]
+    with pytest.raises(ConfigError, match=r"out: http://host/x: prepare writes to"):
+        check_plan(load_config({**raw, "out": "http://host/x"}))
