@@ -489,3 +489,43 @@ def test_two_prepares_started_together_one_store_the_other_refused(s3_env, tmp_p
     assert store.manifest.chunk_rows == (10, 6)[winner]
     _assert_same(store, shardload.prepare(_config(tmp_path, str(tmp_path / "l")), progress=False))
     assert not _fs(opts).exists(f"{bucket}/store.partial.lock")
+
+
+def test_an_object_damaged_on_its_way_up_stops_the_publish(s3_env, tmp_path, monkeypatch):
+    """Every object is checked after its put (size and MD5): a damaged one is an error naming
+    it, no manifest is put, and the next run re-sends it and publishes."""
+    import s3fs
+
+    put_file = s3fs.S3FileSystem._put_file
+
+    async def damaging_put(self: Any, lpath: str, rpath: str, **kw: Any) -> None:
+        data = Path(lpath).read_bytes()
+        if rpath.endswith("x/zarr.json"):
+            data = data.replace(b"float", b"fl0at")
+        await self._pipe_file(rpath, data)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", damaging_put)
+    url = f"s3://{s3_env['bucket']}/store"
+    cfg = _config(tmp_path, url, out_storage_options=s3_env["options"])
+    with pytest.raises(StoreError, match=re.escape(f"object {url}/x/zarr.json differs from")):
+        shardload.prepare(cfg, progress=False)
+    fs = _fs(s3_env["options"])
+    assert not fs.exists(f"{s3_env['bucket']}/store/shardload.json")
+    with pytest.raises(IncompleteStoreError, match=re.escape(url)):
+        shardload.open_store(url, storage_options=s3_env["options"])
+    monkeypatch.setattr(s3fs.S3FileSystem, "_put_file", put_file)
+    store = shardload.prepare(cfg, progress=False)
+    _assert_same(store, shardload.prepare(_config(tmp_path, str(tmp_path / "l")), progress=False))
+
+
+@pytest.mark.parametrize(
+    "layout", [{"format": "npy"}, {"format": "hdf5"}, {"shard_chunks": 4}], ids=str
+)
+def test_every_format_round_trips_through_s3(s3_env, tmp_path, layout):
+    url = f"s3://{s3_env['bucket']}/store"
+    cfg = _config(tmp_path, url, out_storage_options=s3_env["options"], **layout)
+    remote = shardload.prepare(cfg, progress=False)
+    local = shardload.prepare(_config(tmp_path, str(tmp_path / "l"), **layout), progress=False)
+    assert remote.manifest.format == local.manifest.format
+    _assert_same(remote, local)
+    assert not _fs(s3_env["options"]).find(f"{s3_env['bucket']}/store/_staged")
