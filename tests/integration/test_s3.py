@@ -239,6 +239,7 @@ def test_two_lock_objects_cannot_both_be_created(s3_env):
     assert not fs.exists(path)
 
 
+@pytest.mark.slow
 def test_an_existing_store_or_foreign_objects_are_not_overwritten(s3_env, tmp_path):
     url = f"s3://{s3_env['bucket']}/store"
     opts = s3_env["options"]
@@ -364,6 +365,7 @@ def test_iter_batches_from_s3_equals_local(s3_store):
             np.testing.assert_array_equal(got[k], want[k])
 
 
+@pytest.mark.slow
 def test_torch_datasets_from_s3_with_two_workers(s3_store):
     torch = pytest.importorskip("torch")
     from shardload.torch.dataset import StreamingDataset
@@ -406,6 +408,7 @@ def _aws_env(s3: dict[str, Any]) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_verify_copy_and_stage_from_and_to_s3(s3_store, tmp_path):
     url, opts, local = s3_store["url"], s3_store["options"], s3_store["local"]
     res = _cli("verify", url, env=_aws_env(s3_store))
@@ -491,6 +494,7 @@ def test_two_prepares_started_together_one_store_the_other_refused(s3_env, tmp_p
     assert not _fs(opts).exists(f"{bucket}/store.partial.lock")
 
 
+@pytest.mark.slow
 def test_an_object_damaged_on_its_way_up_stops_the_publish(s3_env, tmp_path, monkeypatch):
     """Every object is checked after its put (size and MD5): a damaged one is an error naming
     it, no manifest is put, and the next run re-sends it and publishes."""
@@ -529,3 +533,20 @@ def test_every_format_round_trips_through_s3(s3_env, tmp_path, layout):
     assert remote.manifest.format == local.manifest.format
     _assert_same(remote, local)
     assert not _fs(s3_env["options"]).find(f"{s3_env['bucket']}/store/_staged")
+
+
+@pytest.mark.slow
+def test_prepare_reads_an_s3_source_too(s3_env, tmp_path):
+    """source and out both in the bucket, each with its own storage options."""
+    make_dataset(120, seed=3).to_netcdf(tmp_path / "src.nc")
+    fs = _fs(s3_env["options"])
+    fs.put_file(str(tmp_path / "src.nc"), f"{s3_env['bucket']}/raw/src.nc")
+    url = f"s3://{s3_env['bucket']}/store"
+    cfg = _config(tmp_path, url, out_storage_options=s3_env["options"])
+    cfg["source"] = {
+        "paths": [f"s3://{s3_env['bucket']}/raw/*.nc"],
+        "storage_options": s3_env["options"],
+    }
+    remote = shardload.prepare(cfg, progress=False)
+    _assert_same(remote, shardload.prepare(_config(tmp_path, str(tmp_path / "l")), progress=False))
+    assert remote.manifest.provenance["files"] == [f"s3://{s3_env['bucket']}/raw/src.nc"]
