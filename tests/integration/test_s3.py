@@ -176,6 +176,7 @@ def test_prepare_and_read_with_credentials_from_the_environment(s3_env, tmp_path
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert not (tmp_path / "s3:").exists(), "prepare wrote a local folder named s3:"
+    assert f"wrote {url}: 120 samples" in res.stdout, res.stdout
     assert _fs(s3_env["options"]).exists(f"{s3_env['bucket']}/store/shardload.json")
     remote = shardload.open_store(url)  # credentials and endpoint from the environment
     local = shardload.prepare(_config(tmp_path, str(tmp_path / "local")), progress=False)
