@@ -77,3 +77,14 @@ def test_prepare_check_shows_an_s3_out_as_written_and_refuses_http(tmp_path: Pat
     assert plan["out"] == "s3://bucket/stores/x" and not plan["out_exists"]
     with pytest.raises(ConfigError, match=r"out: http://host/x: prepare writes to"):
         check_plan(load_config({**raw, "out": "http://host/x"}))
+
+
+def test_writing_to_s3_without_s3fs_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from shardload.errors import MissingDependencyError
+    from shardload.prep.remote_commit import RemoteCommit
+
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs -> ImportError
+    with pytest.raises(MissingDependencyError, match=r"shardload\[remote\]"):
+        RemoteCommit("s3://bucket/store", fingerprint="f", num_blocks=1)

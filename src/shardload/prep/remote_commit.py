@@ -37,7 +37,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shardload.errors import ConfigError, ShardloadError, StoreError, StoreExistsError
+from shardload.errors import (
+    ConfigError,
+    ShardloadError,
+    StoreError,
+    StoreExistsError,
+    require,
+)
 from shardload.layout import LOCK_SUFFIX, MANIFEST_NAME, PROGRESS_DIR, STAGED_DIR
 from shardload.prep.commit import THROTTLE_ENV, BlockCommit
 from shardload.prep.remote_lock import ObjectLock
@@ -90,6 +96,7 @@ class RemoteCommit(BlockCommit):
         from fsspec.core import url_to_fs
 
         check_out_url(url)
+        require("s3fs", "remote")  # an error naming the extra, not fsspec's ImportError
         self.url = url.rstrip("/")
         super().__init__(
             local_out(self.url),
