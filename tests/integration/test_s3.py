@@ -551,3 +551,37 @@ def test_prepare_reads_an_s3_source_too(s3_env, tmp_path):
     remote = shardload.prepare(cfg, progress=False)
     _assert_same(remote, shardload.prepare(_config(tmp_path, str(tmp_path / "l")), progress=False))
     assert remote.manifest.provenance["files"] == [f"s3://{s3_env['bucket']}/raw/src.nc"]
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_overwrite_killed_after_removing_the_old_manifest_is_no_store(
+    s3_env, tmp_path, monkeypatch
+):
+    """overwrite deletes the old manifest before replacing objects; a crash right after must not
+    leave a prefix that opens as data (its root zarr.json read as plain Zarr): it says
+    interrupted, naming the URL, and the re-run publishes."""
+    import s3fs
+
+    url, opts = f"s3://{s3_env['bucket']}/store", s3_env["options"]
+    shardload.prepare(_config(tmp_path, url, out_storage_options=opts), progress=False)
+    rm_file = s3fs.S3FileSystem._rm_file
+
+    async def crash_after_manifest(self: Any, path: str, **kw: Any) -> None:
+        await rm_file(self, path, **kw)
+        if path.endswith("shardload.json"):
+            raise _Crash(path)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_rm_file", crash_after_manifest)
+    cfg = _config(tmp_path, url, out_storage_options=opts, overwrite=True, chunk_rows=6)
+    with pytest.raises(_Crash):
+        shardload.prepare(cfg, progress=False)
+    monkeypatch.setattr(s3fs.S3FileSystem, "_rm_file", rm_file)
+    with pytest.raises(IncompleteStoreError, match=re.escape(f"{url} is not complete")):
+        shardload.open_store(url, storage_options=opts)
+    store = shardload.prepare(cfg, progress=False)
+    assert store.manifest.chunk_rows == 6
+    _assert_same(store, shardload.prepare(_config(tmp_path, str(tmp_path / "l")), progress=False))

@@ -183,15 +183,17 @@ class RemoteCommit(BlockCommit):
     def _upload(self) -> None:
         local = _local_files(self.root)
         manifest = local.pop(MANIFEST_NAME)
-        if self._exists(MANIFEST_NAME):
-            if not self.overwrite:
-                raise StoreExistsError(
-                    f"output {self.url} appeared while this run was writing; the finished store "
-                    f"stays in {self.root} (pass overwrite: true to replace {self.url})"
-                )
-            self.fs.rm_file(f"{self.prefix}/{MANIFEST_NAME}")  # not a store from here on
+        if not self.overwrite and self._exists(MANIFEST_NAME):
+            raise StoreExistsError(
+                f"output {self.url} appeared while this run was writing; the finished store "
+                f"stays in {self.root} (pass overwrite: true to replace {self.url})"
+            )
+        # the mark first: from here to the manifest's put, a reader of the prefix is told it is
+        # being written (without either, the store's root zarr.json reads as plain Zarr data)
         mark = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.ctime()}
         self.fs.pipe_file(f"{self.prefix}/{UPLOAD_MARK}", json.dumps(mark).encode())
+        if self.overwrite and self._exists(MANIFEST_NAME):
+            self.fs.rm_file(f"{self.prefix}/{MANIFEST_NAME}")  # not a store from here on
         remote = self._listing()
         stale = [rel for rel in remote if rel not in local and rel != UPLOAD_MARK]
         if stale:
