@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 EXTRAS := torch,remote,serve,distributed,hpc,grib,hdf5,bench,dev
 
-.PHONY: venv sysdeps demo test test-fast lint typecheck bench clean
+.PHONY: venv sysdeps demo test test-slow test-all test-fast lint typecheck bench clean
 
 # Debian tools some tests use for real (SLURM + munge for the job-queue tests, squashfs-tools +
 # squashfuse for `shardload pack`). Installed when running as root with apt-get; otherwise those
@@ -38,8 +38,16 @@ sysdeps:
 # time on 2 cores. PYTEST_ARGS="-n 0" runs it in one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
+# `make test`: every test but the slow campaigns (marked `slow`: long sweeps, kill -9 loops,
+# clusters, torchrun worlds), under 20 minutes on 2 cores; `make test-slow` runs those;
+# `make test-all` (what CI runs, .ci/run) both. --durations lists the slowest in each log.
 test: $(STAMP) sysdeps
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "not slow" --durations=15
+
+test-slow: $(STAMP) sysdeps
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m slow --durations=15
+
+test-all: test test-slow
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "not slow and not integration"

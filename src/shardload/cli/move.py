@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from shardload.move.serve import HEADER_TIMEOUT_S, IDLE_TIMEOUT_S, MAX_CONNECTIONS
+from shardload.move.serve_auth import MAX_CLIENT_CONNECTIONS, TOKEN_ENV
 
 SERVE_HELP = """\
 Serve every store under DIR read-only over HTTP: the store at DIR/NAME is
@@ -26,13 +27,22 @@ http://HOST:PORT/NAME/ and its files are http://HOST:PORT/NAME/path/inside.
                       requests
 
 Paths leaving DIR ('..', encoded slashes, NUL, symlinks pointing outside) are
-refused. Each request is logged (logger 'shardload.move.serve'; -q hides them).
-Binds to 127.0.0.1 unless --host says otherwise. Runs in the foreground;
-Ctrl-C or SIGTERM stops it (exit 0).
+refused; only GET and HEAD are answered (405 otherwise). Each request is logged
+(logger 'shardload.move.serve'; -q hides them). Binds to 127.0.0.1 unless --host
+says otherwise. Runs in the foreground; Ctrl-C or SIGTERM stops it (exit 0).
 
-example:
+Beyond loopback: with a token (--token-file, $SHARDLOAD_SERVE_TOKEN or --token)
+every request must carry 'Authorization: Bearer TOKEN' (401 otherwise); clients
+set SHARDLOAD_TOKEN. --tls-cert/--tls-key serve HTTPS. A --host other than
+loopback without a token is refused unless --insecure. At most
+--max-client-connections requests are answered at once per client address (429
+beyond; shardload's client retries them).
+
+examples:
   shardload serve ~/.shardload/data/processed --port 8000
   python -c "import shardload; print(len(shardload.open_store('http://127.0.0.1:8000/era5')))"
+  SHARDLOAD_SERVE_TOKEN=$(cat ~/.serve-token) shardload serve /data/stores \
+      --host 0.0.0.0 --port 8443 --tls-cert cert.pem --tls-key key.pem
 """
 
 STAGE_HELP = """\
@@ -92,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="S",
         help=f"close a connection whose request header takes longer (default {HEADER_TIMEOUT_S:g})",
     )
+    _add_access_arguments(p)
     p.set_defaults(func=run_serve)
 
     p = subparsers.add_parser(
@@ -113,18 +124,56 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_stage)
 
 
+def _add_access_arguments(p: argparse.ArgumentParser) -> None:
+    """``serve``'s options beyond loopback: tokens, TLS, --insecure, the per-client limit."""
+    p.add_argument(
+        "--token",
+        action="append",
+        default=[],
+        metavar="TOKEN",
+        help=f"accept 'Authorization: Bearer TOKEN' (repeatable; shows in ps: prefer "
+        f"--token-file or ${TOKEN_ENV}, which are read too)",
+    )
+    p.add_argument(
+        "--token-file",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="accept each token in FILE (one a line, '#' comments; repeatable)",
+    )
+    p.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate")
+    p.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a --host other than loopback without a token (anyone reaching it reads all)",
+    )
+    p.add_argument(
+        "--max-client-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"connections open at once per client address; more get 429 (default "
+        f"{MAX_CLIENT_CONNECTIONS} beyond loopback, none on loopback)",
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from shardload.move.serve import serve
+    from shardload.move.serve_auth import read_tokens
     from shardload.move.serve_index import list_stores
 
     root = args.dir.expanduser().resolve()
     if not root.is_dir():
         print(f"shardload serve: error: {args.dir} is not a folder", file=sys.stderr)
         return 2
+    tokens = read_tokens(args.token, args.token_file)
     num_stores = len(list_stores(root))
 
     def ready(url: str) -> None:
-        print(f"serving {root} at {url} ({num_stores} stores) — Ctrl-C to stop", flush=True)
+        auth = f", {len(tokens)} token(s)" if tokens else ""
+        print(f"serving {root} at {url} ({num_stores} stores{auth}) — Ctrl-C to stop", flush=True)
 
     serve(
         root,
@@ -134,6 +183,11 @@ def run_serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         idle_timeout_s=args.idle_timeout,
         header_timeout_s=args.header_timeout,
+        tokens=tokens,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        insecure=args.insecure,
+        max_client_connections=args.max_client_connections,
     )
     print("stopped", flush=True)
     return 0

@@ -187,7 +187,41 @@ def check_plan(cfg: Any) -> dict[str, Any]:
             for k, v in splits.items()
         },
         "execution": cfg.execution.scheduler,
+        "dates": _dates_plan(view, cfg, splits),
     }
+
+
+def _dates_plan(view: Any, cfg: Any, splits: Any) -> dict[str, Any] | None:
+    """A dated store's axis as planned (None for others): the gaps are known before writing,
+    the all-NaN states only once the rows are read."""
+    from shardload.prep.dated import show_dates
+    from shardload.prep.views.dated import DatedView
+
+    if not isinstance(view, DatedView):
+        return None
+    axis = view.dated.axis
+    return {
+        "start": str(axis.start),
+        "end": str(axis.end),
+        "frequency": axis.frequency_text,
+        "gaps": len(axis.missing),
+        "gap_dates": show_dates(axis, axis.missing),
+        "statistics": cfg.dates.statistics or ("train" if "train" in splits else "all"),
+        "tendencies": list(cfg.dates.tendencies),
+    }
+
+
+def _dates_lines(d: dict[str, Any] | None) -> list[str]:
+    if d is None:
+        return []
+    gaps = (
+        f"{d['gaps']} date(s) missing in the source ({d['gap_dates']})" if d["gaps"] else "no gap"
+    )
+    return [
+        f"dates     {d['start']} to {d['end']} every {d['frequency']}; {gaps}",
+        f"          statistics over {d['statistics']} (missing dates left out); "
+        f"tendencies {d['tendencies']}",
+    ]
 
 
 def _shape_text(a: dict[str, Any]) -> str:
@@ -211,6 +245,7 @@ def format_plan(p: dict[str, Any]) -> str:
     lines += [
         f"view      {p['view']} over sample dims {p['sample_dims']}",
         f"length    {p['length']} samples",
+        *_dates_lines(p.get("dates")),
         "arrays",
         *(
             f"  {k:12s} {_shape_text(a):24s} {a['dtype']:8s} {a['row_bytes']} bytes/sample"

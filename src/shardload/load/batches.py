@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import PlanError
+from shardload.load.cache_hook import plan_node_cache
 from shardload.load.checks import checked_allocate
 from shardload.load.gather import gather_batches
+from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import check_nonneg
 from shardload.load.ragged import PaddingStats, ragged_batches
 from shardload.load.recycle import INDEX_KEY, Allocate, BatchRecycler, batch_specs, new_batch
@@ -24,6 +26,7 @@ from shardload.load.scatter import batches_per_group, groups_in_flight, raw_sour
 from shardload.load.spec import LoadSpec, skip_worker_batches
 from shardload.load.windows import window_batches
 from shardload.plan.epoch import EpochPlan
+from shardload.plan.read_groups import ReadGroupAxis
 from shardload.plan.resume import EpochState
 from shardload.store.core import Store
 
@@ -57,6 +60,8 @@ def iter_batches(
     allocate: Allocate | None = None,
     padding_stats: PaddingStats | None = None,
     bucket: bool | str = False,
+    read_group_size: int = 1,
+    read_group_axis: ReadGroupAxis = -1,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
 
@@ -106,7 +111,8 @@ def iter_batches(
     prefetch, threads
         Pieces read ahead in background threads (``threads``, default
         :func:`default_threads`: ``min(4, prefetch, CPUs)``, and for a local store at most
-        ``CPUs // num_workers``, the reader processes sharing this machine's CPUs). Default
+        ``CPUs // num_workers``, the reader processes sharing this machine's CPUs; by URL 32,
+        requests in flight waiting their round trips together). Default
         ``prefetch`` (:func:`resolve_prefetch`): 4; on stores read by whole chunks, a
         group ahead, at most 64 MiB decoded (as 4 chunks of 16 MiB).
         Memory per reader is about ``(shuffle_chunks + prefetch)`` pieces of the selected
@@ -133,6 +139,13 @@ def iter_batches(
         of each group unchanged). ``True``: by the summed lengths of the selected
         variable-length arrays; a name: by that array's lengths. Larger ``shuffle_chunks``
         buckets over more rows.
+    read_group_size, read_group_axis
+        Read groups for model parallelism: ranks ``0..G-1`` form group 0, ``G..2G-1`` group 1,
+        ...; the ranks of a group get the same batches in the same order (the epoch is planned
+        over ``world_size // G`` groups, and a resume state is a group's), and each reads only
+        its slice of ``read_group_axis`` of every array's rows (an axis of the row, default
+        -1, the last; or ``{array: axis or None}``; None: that array whole), the slices cut as
+        ``np.array_split`` cuts the axis. See docs/loading.md ("Read groups").
 
     Variable-length arrays (one 1-D array per sample, ``store.ragged``) come as ``NAME``, a
     ``(rows, longest row of the batch)`` array zero-padded after each row's values, and
@@ -171,6 +184,8 @@ def iter_batches(
         threads=threads,
         bucket=bucket,
         storage_options=storage_options,
+        read_group_size=read_group_size,
+        read_group_axis=read_group_axis,
     )
     return read_batches(
         spec,
@@ -200,22 +215,29 @@ def read_batches(
     padding_stats: PaddingStats | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The batches of one worker of one rank of ``spec``'s store (:func:`iter_batches` after
-    its options are resolved): the epoch is planned, and checked, before this returns."""
-    plan = spec.plan(world_size=world_size, num_workers=num_workers, epoch=epoch, state=state)
-    readers = max(1, int(num_workers))
+    its options are resolved): the epoch is planned, and checked, before this returns. With
+    read groups, ``rank`` and ``world_size`` are the world's; the plan is the groups'."""
     if not 0 <= rank < world_size:
         raise PlanError(f"rank={rank} is not within 0..{world_size - 1}")
+    rank, world_size, member = spec.split_rank(rank, world_size)
+    plan = spec.plan(world_size=world_size, num_workers=num_workers, epoch=epoch, state=state)
+    readers = max(1, int(num_workers))
     if not 0 <= worker < readers:
         raise PlanError(f"worker={worker} is not within 0..{readers - 1}")
     threads = spec.reader_threads(readers)
     skip = check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
-    return _read(spec, plan, rank, worker, threads, allocate, padding_stats)
+    plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule (cache_dir only)
+    st = spec.member_store(member)
+    kind = spec.kind if st is spec.store else read_kind(st, spec.selection.arrays)
+    return _read(spec, st, kind, plan, rank, worker, threads, allocate, padding_stats)
 
 
 def _read(
     spec: LoadSpec,
+    st: Store,
+    kind: ReadKind,
     plan: EpochPlan,
     rank: int,
     worker: int,
@@ -223,10 +245,10 @@ def _read(
     allocate: Allocate | None,
     padding_stats: PaddingStats | None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Run the group reader of ``spec.kind`` (a generator: nothing runs before the first
-    batch is asked for)."""
-    st, names, prefetch = spec.store, spec.selection.arrays, spec.prefetch
-    if spec.kind == "ragged":
+    """Run the group reader of ``kind`` over ``st`` (``spec``'s store, or a read group
+    member's slice of it; a generator: nothing runs before the first batch is asked for)."""
+    names, prefetch = spec.selection.arrays, spec.prefetch
+    if kind == "ragged":
         yield from ragged_batches(
             st,
             names,
@@ -246,8 +268,8 @@ def _read(
     else:  # the caller's arrays: checked before any read or gather writes into them
         allocate = checked_allocate(allocate, batch_specs(st, names))
     specs = {a: st.manifest.arrays[a] for a in names}
-    raw = raw_sources(st, names) if spec.kind == "scatter" else None
-    if spec.kind == "window":  # windows cut at load time (load/windows.py)
+    raw = raw_sources(st, names) if kind == "scatter" else None
+    if kind == "window":  # windows cut at load time (load/windows.py)
         yield from window_batches(
             st,
             names,

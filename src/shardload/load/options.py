@@ -189,10 +189,16 @@ def default_threads(prefetch: int, readers: int, *, local: bool) -> int:
     since its reads are CPU work (decoding, copies from the page cache) and more threads than
     CPUs only contend: 2 workers of 1 thread each on 2 CPUs load a zstd store as fast as 2
     workers of 2, with the first batch sooner and 8-12% less memory (docs/benchmarks.md,
-    session 11). A remote store's threads wait on the network, so they keep the CPU count."""
-    cpus = _cores()
-    if local:
-        cpus = max(1, cpus // max(1, readers))
+    session 11). A store read by URL: ``URL_IN_FLIGHT``, since its threads mostly wait a
+    round trip each, so the requests in flight, not the CPUs, set its speed far from the
+    server. A thread starts only when a queued read finds none idle, so what is in flight is
+    what the plan has queued (the current group's reads and ``prefetch`` segments ahead), up
+    to that bound."""
+    if not local:
+        from shardload.move.remote import URL_IN_FLIGHT
+
+        return URL_IN_FLIGHT
+    cpus = max(1, _cores() // max(1, readers))
     return min(4, max(1, prefetch), cpus)
 
 

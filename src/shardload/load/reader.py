@@ -8,6 +8,7 @@ groups the loader is done with.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -165,6 +166,19 @@ def read_segments(
 _READS_SPANS: dict[type, bool] = {}
 
 
+def _coalesces(store: Store, names: Sequence[str]) -> bool:
+    """True when a reader of several spans per call reads some of ``names`` by URL from
+    shards (a Zarr reader's direct layout by URL exists for sharded arrays only)."""
+    layout = getattr(store.reader, "layout", None)
+    return callable(layout) and any(getattr(layout(n), "shard", None) for n in names)
+
+
+def _cores() -> int:
+    """CPUs this process may run on, at most 4 (as ``load.options.default_threads``)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, n or 1))
+
+
 def _reads_spans(reader: object) -> bool:
     """``isinstance(reader, ReadsSpansInto)``, once per reader class (as :func:`_reads_into`)."""
     cls = type(reader)
@@ -198,12 +212,18 @@ def submit_segments(
 ) -> int:
     """Submit up to ``most`` of the group's next segments (at least one), as one task per array
     of about ``TASK_BYTES`` (``SPAN_TASK_BYTES`` at most, and a group in at least two tasks per
-    one of the ``threads``, for readers of several spans per call); how many were submitted."""
+    one of the ``threads``, for readers of several spans per call); how many were submitted.
+    By URL a task is one segment (a chunk's request), but for sharded Zarr arrays, whose calls
+    coalesce near inner chunks and keep requests in flight of their own: their tasks are sized
+    as for one thread per CPU."""
     i = j = g.submitted
     stop = min(len(g.segments), i + max(1, most))
-    task = TASK_BYTES
-    if _reads_spans(store.reader):
-        share = int(g.offsets[-1]) * row_bytes // (2 * max(1, threads))
+    local = store.is_local
+    task = TASK_BYTES if local else 0  # by URL: a request per task, all in flight
+    if _reads_spans(store.reader) and (local or _coalesces(store, names)):
+        # a sharded array by URL: a call has requests in flight of its own (near inner chunks
+        # share one), so its tasks stay as large as for the CPU count's threads
+        share = int(g.offsets[-1]) * row_bytes // (2 * max(1, threads if local else _cores()))
         task = max(TASK_BYTES, min(SPAN_TASK_BYTES, share))
     rows = 0
     while j < stop and (j == i or rows * row_bytes < task):

@@ -25,6 +25,7 @@ from shardload.load.options import (
     warn_unmixed,
 )
 from shardload.load.ragged import ragged_names, resolve_buckets
+from shardload.load.read_groups import check_read_groups
 from shardload.load.recycle import Specs, batch_specs, plan_batch_layout
 from shardload.load.ring import plan_ring_slots
 from shardload.load.scatter import batches_per_group, groups_in_flight
@@ -38,9 +39,16 @@ from shardload.plan.epoch import (
     plan_epoch,
     plan_fingerprint,
 )
+from shardload.plan.read_groups import (
+    ReadGroupAxis,
+    check_read_group_size,
+    plan_row_slices,
+    split_rank,
+)
 from shardload.plan.resume import EpochState, plan_from_state
 from shardload.plan.shuffles import get_shuffle
 from shardload.store.core import Store, open_store
+from shardload.store.sliced import SlicedStore
 
 __all__ = ["LoadSpec", "earlier_default_hint", "loader_selection", "plan_for"]
 
@@ -53,6 +61,8 @@ class LoadSpec:
     the epoch plan's (``shuffle_chunks`` included: the pieces per shuffle group); ``kind`` picks
     the group reader; ``prefetch`` counts the segments read ahead; ``threads`` is the user's
     (None: :meth:`reader_threads` picks per reader). ``split`` and ``bucket`` as given.
+    ``read_group_size`` and ``read_group_axis``: read groups (:meth:`split_rank`,
+    :meth:`member_store`; ``shardload.plan.read_groups``).
     """
 
     store: Store
@@ -64,6 +74,8 @@ class LoadSpec:
     threads: int | None
     split: str | None = None
     bucket: bool | str = False
+    read_group_size: int = 1
+    read_group_axis: ReadGroupAxis = -1
 
     @classmethod
     def build(
@@ -85,6 +97,8 @@ class LoadSpec:
         threads: int | None = None,
         bucket: bool | str = False,
         storage_options: Mapping[str, Any] | None = None,
+        read_group_size: int = 1,
+        read_group_axis: ReadGroupAxis = -1,
     ) -> LoadSpec:
         """Open ``store`` (a path, URL or Store) and resolve the options of ``iter_batches``."""
         st = open_store(store, storage_options=storage_options, arrays=arrays)
@@ -115,6 +129,9 @@ class LoadSpec:
         ahead = resolve_prefetch(st, sel, prefetch, shuffle_chunks=group, piece_rows=piece)
         if defaults:
             warn_unmixed(st, sel, shuffle_chunks=group, batch_size=batch_size)
+        size = check_read_group_size(read_group_size)
+        if size > 1:
+            check_read_groups(st, sel.arrays, size, read_group_axis)
         return cls(
             store=st,
             selection=sel,
@@ -125,7 +142,30 @@ class LoadSpec:
             threads=threads,
             split=split,
             bucket=bucket,
+            read_group_size=size,
+            read_group_axis=read_group_axis,
         )
+
+    # -- read groups ---------------------------------------------------------------------------
+    def split_rank(self, rank: int, world_size: int) -> tuple[int, int, int]:
+        """``(group, groups, member)`` of ``rank``: the epoch is planned over the groups of
+        ``read_group_size`` consecutive ranks (``plan.read_groups.split_rank``)."""
+        return split_rank(rank, world_size, self.read_group_size)
+
+    def member_slices(self, member: int) -> dict[str, tuple[int, int, int]]:
+        """``{array: (axis of the row, start, stop)}`` that read group member ``member`` reads
+        (arrays read whole not listed; nothing without read groups)."""
+        if self.read_group_size == 1:
+            return {}
+        rows = {a: self.store.manifest.arrays[a].row_shape for a in self.selection.arrays}
+        return plan_row_slices(
+            rows, read_group_size=self.read_group_size, member=member, axis=self.read_group_axis
+        )
+
+    def member_store(self, member: int) -> Store:
+        """The store as member ``member`` of a read group reads it: its slice of each row."""
+        slices = self.member_slices(member)
+        return SlicedStore(self.store, slices) if slices else self.store
 
     # -- what a resume state is checked against ------------------------------------------------
     @functools.cached_property
@@ -183,9 +223,10 @@ class LoadSpec:
         """The variable-length arrays selected."""
         return ragged_names(self.store, self.selection.arrays)
 
-    def batch_specs(self) -> Specs:
-        """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included."""
-        return batch_specs(self.store, self.selection.arrays)
+    def batch_specs(self, member: int = 0) -> Specs:
+        """``(row_shape, dtype)`` of each array of a batch, ``"index"`` included (of read group
+        member ``member``'s batches: its slices)."""
+        return batch_specs(self.member_store(member), self.selection.arrays)
 
     def batch_bytes(self) -> int:
         """Bytes of one full batch laid out in one buffer (a ring slot)."""

@@ -58,3 +58,6 @@ def check_manifest_consistent(m: Manifest, *, where: str) -> None:
     for split, (lo, hi) in m.split_rows.items():
         if not 0 <= lo <= hi <= m.length:
             raise bad(f"split {split!r} has rows [{lo}, {hi}); the store has {m.length} rows")
+    axis = m.time_axis  # a malformed one: StoreError from TimeAxis.from_dict
+    if axis is not None and axis.length != m.length:
+        raise bad(f"its time axis has {axis.length} dates; the store has {m.length} rows")

@@ -188,3 +188,13 @@ def parse_frequency_s(value: Any) -> int:
     raise StoreError(
         f"frequency {value!r} is not understood: give seconds or text such as '6h', '1d', '30min'"
     )
+
+
+def tendency_key(array: str, step: int) -> str:
+    """The name of array ``array``'s tendency statistics over ``step`` rows in
+    ``Manifest.stats`` (of ``x[t + step] - x[t]``, written by ``prepare`` for dated stores).
+
+    >>> tendency_key("x", 1)
+    'x/tendency_1'
+    """
+    return f"{array}/tendency_{int(step)}"

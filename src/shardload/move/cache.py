@@ -1,46 +1,317 @@
-"""A bounded local cache of whole remote files, safe to share between processes.
+"""The node cache: one checked copy per node of a store's files, shared by every process.
 
-Store files are immutable once a store is complete, and the unit of reading is a whole file (an
-npy chunk, a Zarr chunk or shard), so whole files are cached: a later range read of a cached
-file is a local ``pread``. A file is downloaded into memory, written to a temporary name and
-renamed into place, so a file present under its cache name is always complete (a process killed
-mid-download leaves only a ``*.tmp-*`` file, removed by the next eviction). One download per
-file at a time, across threads and processes (DataLoader workers, ranks), thanks to an ``flock``
-on ``NAME.lock``.
+The unit is a *stored file* (an npy chunk file, a Zarr chunk or shard, a metadata file): it is
+what a store's checksums cover (``formats/checksums.py``), so a copy can be checked whole against
+them before it is trusted, and store files never change once a store is complete. A later range
+read of a cached file is a local ``pread``.
 
-The size bound: after each download the least recently used files (by mtime, refreshed on
-every hit) are deleted until the folder holds at most ``cache_bytes``. Only regular files
-directly inside the cache folder are ever deleted, never the source. Cache names are a hash of
-the file's URL: a store re-prepared under the same URL needs a fresh cache folder.
+- **One copy per node.** Every process using the folder (ranks, DataLoader workers) takes an
+  ``flock`` on ``NAME.lock`` to fill ``NAME``; others wait and then find it. The kernel drops
+  the lock of a process that dies, so a killed filler blocks no one.
+- **Kill-safe.** A download is written to ``NAME.tmp-PID-START``, checked, and renamed into
+  place; its record ``NAME.sum`` (size, XXH3-64, inode, mtime and boot id of the copy) is
+  written the same way just before. A name present without a matching record is never served.
+  The temporary files of dead processes (PID and start time, ``util/procs.py``) are removed.
+  Nothing is fsynced (a killed process loses nothing the page cache holds; fsyncing each copy
+  cost the first epoch 0.6x of direct reads on a shared disk): a copy written before the
+  machine's last boot is hashed again before it is trusted.
+- **Checked before trusted.** A download is compared with the store's digest when the plan
+  gave one (``NodeCache.digests``), and refused (``ChunkReadError`` naming the URL) when they
+  differ. A cached copy whose size, inode or mtime differ from its record is hashed again: if
+  it no longer matches, it is dropped and fetched again, never served.
+- **Bounded.** Above ``cache_bytes`` the entry whose next use is farthest in the loader's plan
+  (Belady, :mod:`shardload.plan.cache_plan`) is evicted; without a plan, the least recently
+  used (the record's mtime, refreshed on every hit). With a plan, a file read again later than
+  everything held is served without being kept. Only files directly inside the folder are
+  ever deleted, never the source.
+
+Cache names are a hash of the file's URL: a store re-prepared under the same URL needs a fresh
+cache folder (or its records catch the change only where the store has checksums).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import json
 import logging
 import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import xxhash
+
+from shardload.errors import ChunkReadError
+from shardload.move.cache_files import (
+    LOCK_SUFFIX,
+    SUM_SUFFIX,
+    TMP_MARK,
+    remove_entry,
+    scan,
+)
 from shardload.util.locks import locked
+from shardload.util.procs import my_start_time
 
 log = logging.getLogger("shardload.remote")
 
-LOCK_SUFFIX = ".lock"
-TMP_MARK = ".tmp-"
+EVICT_LOCK = ".evict.lock"
+#: Copies served without being kept that a process holds open for its next reads of them.
+HELD_FILES = 8
 
 
 def cache_name(cache_dir: str | os.PathLike, url: str) -> str:
     """The cache file of ``url`` (a hash of it, inside ``cache_dir``)."""
-    return os.path.join(cache_dir, hashlib.sha256(url.encode()).hexdigest()[:40])
+    return os.path.join(cache_dir, key_of(url))
 
 
-def _touch(local: str) -> None:
-    now_ns = time.time_ns()  # explicit: the kernel's own file clock here is coarse
-    with contextlib.suppress(FileNotFoundError):
-        os.utime(local, ns=(now_ns, now_ns))  # mtime marks recent use for the LRU
+def key_of(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:40]
+
+
+def _digest_fd(fd: int) -> int:
+    h = xxhash.xxh3_64()
+    pos = 0
+    while True:
+        got = os.pread(fd, 1 << 22, pos)
+        if not got:
+            return int(h.intdigest())
+        h.update(got)
+        pos += len(got)
+
+
+def _stamp(st: os.stat_result) -> list[Any]:
+    """What must not change for a copy to be trusted unhashed: its size, inode, mtime, and the
+    boot that wrote it (copies are not fsynced: after a crash, each is hashed once again)."""
+    return [st.st_size, st.st_ino, st.st_mtime_ns, _boot_id()]
+
+
+@functools.cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:  # no such file: every process hashes each copy once
+        return f"pid-{os.getpid()}"
+
+
+def _read_record(local: str) -> dict[str, Any] | None:
+    try:
+        with open(local + SUM_SUFFIX, "rb") as f:
+            rec = json.loads(f.read())
+        return rec if isinstance(rec, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+class NodeCache:
+    """The cache folder ``cache_dir`` as seen by this process (see the module docstring).
+
+    ``plan`` (:class:`~shardload.move.cache_prefetch.CachePlan`, or None) says when each file
+    is read next, ``digests`` what the store recorded for it; ``stats`` counts this process's
+    hits, fills (``prefetched``: those of the read-ahead), refetches of damaged copies, files
+    served without being kept (``bypassed``) and evictions.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, cache_bytes: int | None = None) -> None:
+        self.dir = os.fspath(cache_dir)
+        self.cache_bytes = cache_bytes
+        self.plan: Any = None
+        self.digests: dict[str, int] = {}  # cache key -> the store's XXH3-64 of the file
+        self.stats = dict(hits=0, fills=0, refetched=0, bypassed=0, evicted=0, prefetched=0)
+        self._trusted: set[tuple[str, tuple[int, ...]]] = set()
+        self._lock = threading.Lock()
+        self._swept = False
+        # copies served without being kept, still open: the reader opens a file several times
+        # for one use (header, checksum, rows), and each would fetch it again
+        self._held: OrderedDict[str, int] = OrderedDict()
+
+    # -- opening -------------------------------------------------------------------------------
+    def open(
+        self, url: str, download: Callable[[], bytes], *, what: str = "", ahead: bool = False
+    ) -> int:
+        """A read-only descriptor on a checked copy of ``url`` (fetched with ``download`` when
+        missing or damaged); valid even if the copy is evicted later. The caller closes it.
+        ``ahead``: a read-ahead of the plan (it does not move the plan's clock)."""
+        key = key_of(url)
+        local = os.path.join(self.dir, key)
+        if self.plan is not None and not ahead:
+            self.plan.seen(key)
+        fd = self._open_trusted(local, key, drop=False)
+        if fd is None:
+            fd = self._reopen_held(key)
+        if fd is not None:
+            self._count("hits")
+            return fd
+        if not self._swept:  # once per process: the temporary files of dead fills go
+            Path(self.dir).mkdir(parents=True, exist_ok=True)
+            scan(self.dir)
+            self._swept = True
+        with locked(local + LOCK_SUFFIX):
+            fd = self._open_trusted(local, key, drop=True)  # filled by another meanwhile?
+            if fd is not None:
+                self._count("hits")
+                return fd
+            fd = self._fill(url, key, local, download(), what)
+            if ahead:
+                self._count("prefetched")
+            return fd
+
+    def _open_trusted(self, local: str, key: str, *, drop: bool) -> int | None:
+        """A descriptor on the copy if it is trusted; else None, and with ``drop`` (the caller
+        holds the file's lock: no fill or eviction of it runs) the copy is deleted."""
+        try:
+            fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            if self._trusts(fd, local, key):
+                if self.plan is None:  # recency, for LRU without a plan
+                    now_ns = time.time_ns()  # explicit: the kernel's file clock is coarse
+                    with contextlib.suppress(OSError):
+                        os.utime(local + SUM_SUFFIX, ns=(now_ns, now_ns))
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        if not drop:  # maybe being evicted or replaced right now: decided under the lock
+            return None
+        log.warning(
+            "cache %s: %s does not match its record; dropped, fetched again", self.dir, local
+        )
+        self._count("refetched")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(local)
+        return None
+
+    def _trusts(self, fd: int, local: str, key: str) -> bool:
+        st = os.fstat(fd)
+        stamp = (key, tuple(_stamp(st)))
+        if stamp in self._trusted:
+            return True
+        rec = _read_record(local)
+        if rec is None:
+            return False
+        want = self.digests.get(key, rec.get("xxh3"))
+        if rec.get("stamp") == _stamp(st) and rec.get("xxh3") == want:
+            ok = True  # unchanged since it was checked
+        else:
+            ok = st.st_size == rec.get("size") and _digest_fd(fd) == want
+        if ok:
+            with self._lock:
+                self._trusted.add(stamp)
+        return ok
+
+    def _fill(self, url: str, key: str, local: str, data: bytes, what: str) -> int:
+        got = int(xxhash.xxh3_64_intdigest(data))
+        want = self.digests.get(key)
+        if want is not None and got != want:
+            raise ChunkReadError(
+                f"{what or 'file'} fetched from {url} is corrupt: checksum {got:016x}, the store "
+                f"recorded {want:016x} (xxh3_64); the cache keeps nothing of it"
+            )
+        tmp = f"{local}{TMP_MARK}{os.getpid()}-{my_start_time() or 0}"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view, pos = memoryview(data), 0
+            while pos < len(data):
+                pos += os.write(fd, view[pos:])
+            os.lseek(fd, 0, os.SEEK_SET)  # callers read it as a file from its start
+            rec = dict(url=url, size=len(data), xxh3=got, stamp=_stamp(os.fstat(fd)))
+            rec["checked"] = "store checksum" if want is not None else "fetched bytes"
+            record = json.dumps(rec).encode()
+            if not self._make_room(key, len(data) + len(record)):  # the bound counts records
+                os.remove(tmp)  # served from the open copy, not kept (Belady: needed last)
+                self._count("bypassed")
+                self._hold(key, fd)
+                return fd
+            _write_record(local, record)
+            os.replace(tmp, local)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise
+        self._count("fills")
+        log.debug("cached %s (%d bytes)", url, len(data))
+        return fd
+
+    def _hold(self, key: str, fd: int) -> None:
+        with self._lock:
+            old = self._held.pop(key, None)
+            self._held[key] = os.dup(fd)
+            while len(self._held) > HELD_FILES:
+                os.close(self._held.popitem(last=False)[1])
+        if old is not None:
+            os.close(old)
+
+    def _reopen_held(self, key: str) -> int | None:
+        """A fresh descriptor (its own offset) on a held copy, or None."""
+        with self._lock:
+            fd = self._held.get(key)
+            if fd is None:
+                return None
+            try:
+                return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[name] += n
+
+    # -- the bound -----------------------------------------------------------------------------
+    def _make_room(self, key: str, size: int) -> bool:
+        """Evict until ``size`` more bytes fit; False when the new file should not be kept."""
+        if self.cache_bytes is None:
+            return True
+        if size > self.cache_bytes:
+            return False
+        with locked(os.path.join(self.dir, EVICT_LOCK)):
+            entries = scan(self.dir)
+            total = sum(e[1] for e in entries.values())
+            if total + size <= self.cache_bytes:
+                return True
+            ranked = self._rank(entries)
+            plan = self.plan
+            known = plan is not None and bool(ranked) and plan.knows(key)
+            if known and plan.next_use(key, strict=True) >= ranked[0][0][0]:
+                return False  # read again after everything held (or never): not kept
+            for _, name in ranked:
+                if total + size <= self.cache_bytes:
+                    break
+                if remove_entry(self.dir, name):  # 0: being filled, or gone already
+                    total -= entries[name][1]
+                    self._count("evicted")
+            return total + size <= self.cache_bytes
+
+    def _rank(
+        self, entries: dict[str, tuple[float, int]]
+    ) -> list[tuple[tuple[int, int, float], str]]:
+        """Entries in eviction order: farthest next use first (unplanned files after planned
+        ones never read again, oldest first); without a plan, least recently used first."""
+        keyed = []
+        for name, (used, _) in entries.items():
+            if self.plan is None:
+                keyed.append(((0, 0, -used), name))
+                continue
+            nxt = self.plan.next_use(name)
+            planned = 1 if self.plan.knows(name) else 0
+            keyed.append(((nxt, planned, -used), name))
+        keyed.sort(reverse=True)
+        return keyed
+
+
+def _write_record(local: str, record: bytes) -> None:
+    tmp = f"{local}{SUM_SUFFIX}{TMP_MARK}{os.getpid()}-{my_start_time() or 0}"
+    with open(tmp, "wb") as f:
+        f.write(record)
+    os.replace(tmp, local + SUM_SUFFIX)
 
 
 def open_cached(
@@ -50,46 +321,9 @@ def open_cached(
     *,
     cache_bytes: int | None = None,
 ) -> int:
-    """A read-only file descriptor on the cached copy of ``url``, downloading it if needed.
-
-    Parameters
-    ----------
-    cache_dir : path
-        The cache folder (created if missing).
-    url : str
-        The file's full URL (its cache key).
-    download : callable
-        Returns the whole file's bytes (retries are the caller's).
-    cache_bytes : int, optional
-        Bound on the folder's size, enforced after a download.
-
-    Returns
-    -------
-    int
-        An open descriptor (the caller closes it); valid even if the file is evicted later.
-    """
-    local = cache_name(cache_dir, url)
-    with contextlib.suppress(FileNotFoundError):
-        fd = os.open(local, os.O_RDONLY)  # a present file is complete (atomic rename)
-        _touch(local)
-        return fd
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    with locked(local + LOCK_SUFFIX):
-        try:
-            fd = os.open(local, os.O_RDONLY)  # another process downloaded it meanwhile
-        except FileNotFoundError:
-            data = download()
-            tmp = f"{local}{TMP_MARK}{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, local)
-            fd = os.open(local, os.O_RDONLY)
-            log.debug("cached %s (%d bytes)", url, len(data))
-            if cache_bytes is not None:
-                evict_lru(cache_dir, cache_bytes)
-        else:
-            _touch(local)
-    return fd
+    """A read-only descriptor on the cached copy of ``url`` (a :class:`NodeCache` without a
+    plan: least recently used out)."""
+    return NodeCache(cache_dir, cache_bytes).open(url, download)
 
 
 def read_range(fd: int, start: int | None, end: int | None) -> bytes:
@@ -106,38 +340,3 @@ def read_range(fd: int, start: int | None, end: int | None) -> bytes:
         parts.append(got)
         pos += len(got)
     return b"".join(parts)
-
-
-def evict_lru(cache_dir: str | os.PathLike, cache_bytes: int) -> int:
-    """Delete the least recently used files of ``cache_dir`` until it holds <= ``cache_bytes``.
-
-    Only regular files directly inside ``cache_dir`` are considered (never a symlink, never a
-    lock file); temporary files of dead downloads older than a minute are removed first.
-    Returns the number of bytes freed.
-    """
-    entries = []
-    freed = 0
-    now = time.time()
-    with os.scandir(str(cache_dir)) as it:
-        for e in it:
-            if e.name.endswith(LOCK_SUFFIX) or not e.is_file(follow_symlinks=False):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                st = e.stat(follow_symlinks=False)
-                if TMP_MARK in e.name:
-                    if now - st.st_mtime > 60:
-                        os.remove(e.path)
-                        freed += st.st_size
-                    continue
-                entries.append((st.st_mtime_ns, st.st_size, e.path))
-    total = sum(size for _, size, _ in entries)
-    for _, size, file in sorted(entries):
-        if total <= cache_bytes:
-            break
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(file)  # its .lock stays: removing it could let two downloads overlap
-            freed += size
-        total -= size
-    if freed:
-        log.debug("cache %s: evicted %d bytes", cache_dir, freed)
-    return freed

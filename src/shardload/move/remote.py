@@ -13,7 +13,9 @@ in each process (fsspec's async filesystems are not fork-safe), so a Store holdi
 DataLoader workers under fork, spawn or forkserver.
 
 Defaults of the read options come from the environment when not given:
-``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25), ``SHARDLOAD_TIMEOUT_S`` (30).
+``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25), ``SHARDLOAD_TIMEOUT_S`` (30);
+for http(s) URLs also the token and the trusted certificates (``SHARDLOAD_TOKEN``,
+``SHARDLOAD_CA_FILE``: :mod:`shardload.move.http_client`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -30,7 +32,9 @@ from fsspec.spec import AbstractBufferedFile
 
 from shardload.errors import RemoteError
 from shardload.move import cache as remote_cache
-from shardload.move.cache import evict_lru
+from shardload.move.cache_files import evict_lru
+from shardload.move.cache_prefetch import CachePlan
+from shardload.move.http_client import http_options, is_http
 from shardload.move.retries import call_with_retries, default_option
 
 __all__ = [
@@ -49,6 +53,9 @@ T = TypeVar("T")
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
 #: Smallest block of a file object's ranged reads (an npy header in one request, not three).
 MIN_BLOCK_BYTES = 64 * 1024
+#: Requests in flight at most per reader of a store read by URL (the loader's read threads;
+#: zarr-python's thread pool is widened to as many when a Zarr store opens by URL).
+URL_IN_FLIGHT = 32
 
 
 def is_url(s: str | os.PathLike) -> bool:
@@ -86,15 +93,8 @@ class RemoteSpec:
         from fsspec.core import url_to_fs
 
         opts = dict(self.storage_options)
-        if self.url.split("://", 1)[0].lower() in ("http", "https"):
-            import aiohttp
-
-            client = dict(opts.pop("client_kwargs", {}) or {})
-            client.setdefault(
-                "timeout",
-                aiohttp.ClientTimeout(sock_connect=self.timeout_s, sock_read=self.timeout_s),
-            )
-            opts["client_kwargs"] = client
+        if is_http(self.url):  # timeouts, the token, a CA file: move/http_client.py
+            opts = http_options(opts, self.timeout_s)
         # a private instance: a dead server's session is not shared with later calls
         fs, root = url_to_fs(self.url, skip_instance_cache=True, **opts)
         return fs, root.rstrip("/")
@@ -234,15 +234,52 @@ class RemoteFileSystem(AbstractFileSystem):
         rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
         return f"{what} {rel}" if rel else what
 
-    def _cached_fd(self, path: str, what: str) -> int:
+    @property
+    def node_cache(self) -> remote_cache.NodeCache | None:
+        """This process's view of the cache folder (None without ``cache_dir``)."""
         s = self.spec
-        assert s.cache_dir is not None
-        return remote_cache.open_cached(
-            s.cache_dir,
-            self.unstrip_protocol(path),
-            lambda: self._retry(lambda: self.target.cat_file(path, **self._deadline), path, what),
-            cache_bytes=s.cache_bytes,
+        if s.cache_dir is None:
+            return None
+        if getattr(self, "_cache_pid", None) != os.getpid():
+            self._cache = remote_cache.NodeCache(s.cache_dir, s.cache_bytes)
+            self._cache_pid = os.getpid()
+        return self._cache
+
+    def plan_cache(
+        self,
+        times: Mapping[str, Any],
+        mine: Sequence[tuple[int, str]],
+        digests: Mapping[str, int],
+        *,
+        lag_steps: int = 0,
+    ) -> None:
+        """The loader's plan for the cache (``move/cache_prefetch.py``): the steps at which the
+        node reads each path, this process's reads ``(step, path)`` in order, the store's
+        digests by path; ``lag_steps``: how far the loop reads ahead. A no-op without ``cache_dir``."""
+        cache = self.node_cache
+        if cache is None:
+            return
+        key = {p: remote_cache.key_of(self.unstrip_protocol(p)) for p in times}
+        if cache.plan is not None:
+            cache.plan.close()
+        cache.digests.update({key[p]: int(d) for p, d in digests.items() if p in key})
+        cache.plan = CachePlan(
+            {key[p]: t for p, t in times.items()},
+            [(t, key[p], p) for t, p in mine],
+            lambda p: os.close(self._cached_fd(p, "", ahead=True)),
+            lag_steps=lag_steps,
         )
+
+    def _cached_fd(self, path: str, what: str, *, ahead: bool = False) -> int:
+        cache = self.node_cache
+        assert cache is not None
+
+        def download() -> bytes:
+            if ahead:  # one attempt: the loop's own read retries, and reports, a failure
+                return bytes(self.target.cat_file(path, **self._deadline))
+            return self._retry(lambda: self.target.cat_file(path, **self._deadline), path, what)
+
+        return cache.open(self.unstrip_protocol(path), download, what=what, ahead=ahead)
 
     def cat_file(  # type: ignore[override]
         self, path: str, start: int | None = None, end: int | None = None, what: str = "", **kw

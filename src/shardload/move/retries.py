@@ -46,6 +46,8 @@ def is_transient(exc: BaseException) -> bool:
         aiohttp = None  # type: ignore[assignment]
     if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError):
         return exc.status >= 500 or exc.status in (408, 429)
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientSSLError):
+        return False  # an untrusted certificate stays untrusted: say so at once
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
         return False
     if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
@@ -57,9 +59,40 @@ def _unmask(exc: Exception) -> Exception:
     """The transient error behind a FileNotFoundError (fsspec's HTTP ``info`` turns a refused
     connection into FileNotFoundError: that is not a missing file)."""
     cause = exc.__cause__ or exc.__context__
-    if isinstance(exc, FileNotFoundError) and isinstance(cause, Exception) and is_transient(cause):
-        return cause
+    if (
+        isinstance(exc, FileNotFoundError)
+        and isinstance(cause, Exception)
+        and (is_transient(cause) or _status(cause) in (401, 403) or _is_ssl(cause))
+    ):
+        return cause  # a refused token or certificate is not a missing file either
     return exc
+
+
+def _status(exc: BaseException) -> int | None:
+    return getattr(exc, "status", None)
+
+
+def _is_ssl(exc: BaseException) -> bool:
+    try:
+        from aiohttp import ClientSSLError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, ClientSSLError)
+
+
+def _hint(exc: BaseException) -> str:
+    """What to do about a refused token or an untrusted certificate."""
+    if _status(exc) == 401:
+        return (
+            " (the server wants a bearer token: set SHARDLOAD_TOKEN, or storage_options="
+            "{'headers': {'Authorization': 'Bearer TOKEN'}})"
+        )
+    if _is_ssl(exc):
+        return (
+            " (to trust the server's own certificate: SHARDLOAD_CA_FILE=cert.pem, or "
+            "storage_options={'ca_file': 'cert.pem'})"
+        )
+    return ""
 
 
 def _short(exc: BaseException) -> str:
@@ -101,7 +134,9 @@ def call_with_retries(
             if isinstance(exc, FileNotFoundError) or status == 404:
                 raise RemoteNotFoundError(f"{_describe(url, what)}: not found") from exc
             if not is_transient(exc):
-                raise RemoteError(f"cannot read {_describe(url, what)}: {_short(exc)}") from exc
+                raise RemoteError(
+                    f"cannot read {_describe(url, what)}: {_short(exc)}{_hint(exc)}"
+                ) from exc
             if attempt == retries:
                 raise RemoteError(
                     f"cannot read {_describe(url, what)} after {retries + 1} attempts: {_short(exc)}"

@@ -15,6 +15,10 @@ request header within ``header_timeout_s`` of its first byte, must start a reque
 ``idle_timeout_s`` of opening or of its last response (aiohttp's keep-alive timeout), and at most
 ``max_connections`` connections are open at once; the next ones get ``503`` and are closed.
 ``Range: bytes=-0`` (an empty suffix) is unsatisfiable: 416.
+
+Beyond loopback (:mod:`shardload.move.serve_auth`): bearer ``tokens`` (401 without one),
+TLS from ``tls_cert`` / ``tls_key``, at most ``max_client_connections`` connections at once per
+client address (429 beyond); a non-loopback ``host`` without a token is refused unless ``insecure``.
 """
 
 from __future__ import annotations
@@ -27,11 +31,18 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from shardload.errors import require
 from shardload.move.serve_app import access_logger_class, make_app
+from shardload.move.serve_auth import (
+    MAX_CLIENT_CONNECTIONS,
+    Access,
+    check_bind,
+    read_tokens,
+    tls_context,
+)
 from shardload.move.serve_limits import (
     BACKLOG,
     ConnectionLimits,
@@ -74,11 +85,39 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _url(sock: socket.socket) -> str:
+def _url(sock: socket.socket, scheme: str = "http") -> str:
     host, port = sock.getsockname()[:2]
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}/"
+    return f"{scheme}://{host}:{port}/"
+
+
+def make_access(
+    host: str,
+    *,
+    tokens: Sequence[str] = (),
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+    insecure: bool = False,
+    max_client_connections: int | None = None,
+) -> Access:
+    """Who may read (checked before anything binds): the tokens, the TLS context, the
+    per-client limit (None: ``MAX_CLIENT_CONNECTIONS`` beyond loopback, none on loopback,
+    where every client has the same address); refuses a non-loopback ``host`` without a
+    token unless ``insecure``."""
+    checked = read_tokens(tokens, env=False)
+    check_bind(host, checked, insecure=insecure, loopback=is_loopback(host))
+    if max_client_connections is None:  # loopback: every client is 127.0.0.1, so no limit
+        max_client_connections = 0 if is_loopback(host) else MAX_CLIENT_CONNECTIONS
+    elif max_client_connections < 1:
+        from shardload.errors import ConfigError
+
+        raise ConfigError(f"--max-client-connections must be >= 1, got {max_client_connections}")
+    return Access(
+        tokens=tuple(t.encode() for t in checked),
+        ssl_context=tls_context(tls_cert, tls_key),
+        max_client_connections=int(max_client_connections),
+    )
 
 
 async def _run(
@@ -88,24 +127,30 @@ async def _run(
     ready: Callable[[str], None] | None,
     stop: asyncio.Event,
     limits: ConnectionLimits | None = None,
+    access: Access | None = None,
 ) -> None:
     web = require("aiohttp.web", "serve")
+    if access is None:
+        access = make_access(host)
     if limits is None:
         limits = ConnectionLimits(
-            fit_max_connections(MAX_CONNECTIONS), HEADER_TIMEOUT_S, IDLE_TIMEOUT_S
+            fit_max_connections(MAX_CONNECTIONS),
+            HEADER_TIMEOUT_S,
+            IDLE_TIMEOUT_S,
+            access.max_client_connections,
         )
     if not root.is_dir():
         raise FileNotFoundError(f"cannot serve {root}: not a folder")
-    if not is_loopback(host):
+    if not is_loopback(host) and not access.tokens:  # insecure=True said so
         log.warning(
-            "serving %s on %s, which is reachable from other machines; anyone who can reach "
-            "this address can read every file under it",
+            "serving %s on %s without a token (--insecure); anyone who can reach this address "
+            "can read every file under it",
             root,
             host,
         )
     logging.getLogger("aiohttp.server").addFilter(_quiet_bad_requests)
     runner = web.AppRunner(
-        make_app(root),
+        make_app(root, access),
         access_log_class=access_logger_class(),
         access_log=log,
         handle_signals=False,
@@ -119,8 +164,13 @@ async def _run(
         loop = asyncio.get_running_loop()
         handler = runner.server
         assert handler is not None
-        server = await loop.create_server(lambda: GuardedProtocol(handler(), limits), sock=sock)
-        url = _url(sock)
+        server = await loop.create_server(
+            lambda: GuardedProtocol(handler(), limits),
+            sock=sock,
+            ssl=access.ssl_context,
+            ssl_handshake_timeout=limits.header_timeout_s if access.ssl_context else None,
+        )
+        url = _url(sock, access.scheme)
         log.info("serving %s at %s", root, url)
         if ready is not None:
             ready(url)
@@ -129,6 +179,15 @@ async def _run(
         if server is not None:
             server.close()  # stop accepting; runner.cleanup closes the open connections
         await runner.cleanup()
+
+
+def _limits(
+    root: str | Path, access: Access, max_connections: int, header_s: float, idle_s: float
+) -> tuple[Path, ConnectionLimits]:
+    limits = ConnectionLimits(
+        fit_max_connections(max_connections), header_s, idle_s, access.max_client_connections
+    )
+    return Path(root).expanduser().resolve(), limits
 
 
 def _quiet_bad_requests(record: logging.LogRecord) -> bool:
@@ -150,6 +209,11 @@ def serve(
     max_connections: int = MAX_CONNECTIONS,
     header_timeout_s: float = HEADER_TIMEOUT_S,
     idle_timeout_s: float = IDLE_TIMEOUT_S,
+    tokens: Sequence[str] = (),
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+    insecure: bool = False,
+    max_client_connections: int | None = None,
 ) -> None:
     """Serve ``root`` in the foreground until Ctrl-C or SIGTERM, then return.
 
@@ -168,11 +232,18 @@ def serve(
         Called with the base URL (``http://HOST:PORT/``) once the server accepts connections.
     max_connections, header_timeout_s, idle_timeout_s
         Limits on clients (see the module docstring).
+    tokens, tls_cert, tls_key, insecure, max_client_connections
+        Who may read (:func:`make_access`; :mod:`shardload.move.serve_auth`).
     """
-    root = Path(root).expanduser().resolve()
-    limits = ConnectionLimits(
-        fit_max_connections(max_connections), header_timeout_s, idle_timeout_s
+    access = make_access(
+        host,
+        tokens=tokens,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        insecure=insecure,
+        max_client_connections=max_client_connections,
     )
+    root, limits = _limits(root, access, max_connections, header_timeout_s, idle_timeout_s)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -184,7 +255,7 @@ def serve(
                 loop.add_signal_handler(sig, stop.set)
                 installed[sig] = previous
         try:
-            await _run(root, host, port, ready, stop, limits)
+            await _run(root, host, port, ready, stop, limits, access)
         finally:
             for sig, previous in installed.items():
                 loop.remove_signal_handler(sig)
@@ -204,6 +275,11 @@ def serving(
     max_connections: int = MAX_CONNECTIONS,
     header_timeout_s: float = HEADER_TIMEOUT_S,
     idle_timeout_s: float = IDLE_TIMEOUT_S,
+    tokens: Sequence[str] = (),
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+    insecure: bool = False,
+    max_client_connections: int | None = None,
 ) -> Iterator[str]:
     """Run the server in a background thread for the duration of a ``with`` block.
 
@@ -217,6 +293,8 @@ def serving(
         TCP port; 0 (the default) picks a free one.
     max_connections, header_timeout_s, idle_timeout_s
         Limits on clients (see the module docstring).
+    tokens, tls_cert, tls_key, insecure, max_client_connections
+        As :func:`serve`.
 
     Yields
     ------
@@ -228,10 +306,15 @@ def serving(
     >>> with serving(tmp_path) as url:  # doctest: +SKIP
     ...     requests.get(url).json()
     """
-    root = Path(root).expanduser().resolve()
-    limits = ConnectionLimits(
-        fit_max_connections(max_connections), header_timeout_s, idle_timeout_s
+    access = make_access(
+        host,
+        tokens=tokens,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        insecure=insecure,
+        max_client_connections=max_client_connections,
     )
+    root, limits = _limits(root, access, max_connections, header_timeout_s, idle_timeout_s)
     started = threading.Event()
     state: dict = {}
 
@@ -242,7 +325,7 @@ def serving(
     async def main() -> None:
         state["loop"] = asyncio.get_running_loop()
         state["stop"] = asyncio.Event()
-        await _run(root, host, port, on_ready, state["stop"], limits)
+        await _run(root, host, port, on_ready, state["stop"], limits, access)
 
     def target() -> None:
         try:

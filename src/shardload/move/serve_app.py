@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from shardload.errors import require
+from shardload.move.serve_auth import Access
 from shardload.move.serve_index import is_hidden
 
 
@@ -63,9 +64,11 @@ def resolve_request_path(root: Path, raw_path: str) -> Path | None:
     return real
 
 
-def make_app(root: Path):
+def make_app(root: Path, access: Access | None = None):
+    """The application serving ``root``; ``access`` adds its tokens and per-client limit."""
     web = require("aiohttp.web", "serve")
     from shardload.move import serve_index
+    from shardload.move.serve_auth import make_middleware
 
     async def handle(request):
         try:
@@ -100,7 +103,7 @@ def make_app(root: Path):
             return web.json_response({"path": rel + "/", "entries": entries})
         return web.Response(text=serve_index.folder_html(rel, entries), content_type="text/html")
 
-    app = web.Application()
+    app = web.Application(middlewares=[make_middleware(access or Access())])
     app.router.add_get("/{tail:.*}", handle)  # HEAD is allowed too; other methods get 405
     return app
 

@@ -1,5 +1,6 @@
-"""The connection limits of ``shardload serve``: at most so many open connections (503 beyond),
-a deadline for each request header and for an idle connection, whatever the aiohttp version."""
+"""The connection limits of ``shardload serve``: at most so many open connections (503 beyond)
+and so many from one client address (429 beyond), a deadline for each request header and for
+an idle connection, whatever the aiohttp version."""
 
 from __future__ import annotations
 
@@ -15,28 +16,38 @@ _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
     b"Connection: close\r\n\r\n"
 )
+_TOO_MANY = (
+    b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\n\r\n"
+)
 
 
 class ConnectionLimits:
     """Connection limit and header deadline, shared by the connections of one server."""
 
-    def __init__(self, max_connections: int, header_timeout_s: float, idle_timeout_s: float):
+    def __init__(
+        self,
+        max_connections: int,
+        header_timeout_s: float,
+        idle_timeout_s: float,
+        max_client_connections: int | None = None,
+    ):
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self.idle_timeout_s = idle_timeout_s
+        self.max_client_connections = max_client_connections or max_connections
         self.open = 0
+        self.by_client: dict[str, int] = {}  # open connections per client address
         self.refused = 0  # since the last warning
         self.warned_at = -1e9
 
-    def refuse(self) -> None:
+    def refuse(self, why: str = "max_connections") -> None:
         """Count a refused connection; warn at most every 10 s (a flood must not flood the log)."""
         self.refused += 1
         now = time.monotonic()
         if now - self.warned_at >= 10:
             log.warning(
-                "refused %d connection(s): %d open, the limit (max_connections)",
-                self.refused,
-                self.open,
+                "refused %d connection(s): %d open, a limit (%s)", self.refused, self.open, why
             )
             self.refused, self.warned_at = 0, now
 
@@ -54,15 +65,25 @@ class GuardedProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.in_header = False  # bytes of a request header received, its end not yet
         self.tail = b""
+        self.client = "?"
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        if self.limits.open >= self.limits.max_connections:
-            self.limits.refuse()
+        limits = self.limits
+        if limits.open >= limits.max_connections:
+            limits.refuse()
             transport.write(_BUSY)
             transport.close()
             return
-        self.limits.open += 1
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if limits.by_client.get(self.client, 0) >= limits.max_client_connections:
+            limits.refuse("max_client_connections, from " + self.client)
+            transport.write(_TOO_MANY)
+            transport.close()
+            return
+        limits.by_client[self.client] = limits.by_client.get(self.client, 0) + 1
+        limits.open += 1
         self.counted = True
         self.inner.connection_made(transport)
         self._arm(self.limits.idle_timeout_s)
@@ -106,6 +127,11 @@ class GuardedProtocol(asyncio.Protocol):
         if self.counted:
             self.counted = False
             self.limits.open -= 1
+            left = self.limits.by_client[self.client] - 1
+            if left:
+                self.limits.by_client[self.client] = left
+            else:
+                del self.limits.by_client[self.client]
             self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:

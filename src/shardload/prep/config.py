@@ -7,6 +7,7 @@ Keys (see docs/config.md for the full reference with examples)::
     sample_dims, view, arrays, dtype,
     chunk_rows | target_chunk_bytes, format, compression, compression_level, shard_chunks,
     splits, split_seed, split_shuffle, nan, out, overwrite,
+    dates: {frequency, missing, statistics, tendencies} (or false),
     execution: {scheduler, num_workers, threads_per_worker, address, cluster, timeout_s}
 
 Relative paths (source paths, out) resolve against the config file's folder.
@@ -63,6 +64,20 @@ class ExecutionConfig:
 
 
 @dataclass(frozen=True)
+class DatesConfig:
+    """``dates:``: ``enabled`` None (not given: dated where the sample axis is one regular
+    time coordinate), False (never) or True (always; an error where it cannot be)."""
+
+    enabled: bool | None = None
+    frequency_s: int | None = None
+    #: declared missing dates (ISO text), None when none were declared
+    missing: tuple[str, ...] | None = None
+    #: the split the statistics cover, "all", or None (train if there is one, else all)
+    statistics: str | None = None
+    tendencies: tuple[int, ...] = (1,)
+
+
+@dataclass(frozen=True)
 class PrepareConfig:
     source: SourceConfig
     out: str
@@ -87,10 +102,14 @@ class PrepareConfig:
     )
     split_seed: int = 0
     split_shuffle: bool = True
+    #: ``split_shuffle`` not given: a dated store's splits are then contiguous time ranges
+    #: (:func:`shardload.prep.planning.resolve_split_shuffle`)
+    default_split_shuffle: bool = True
     nan: str = "warn"
     overwrite: bool = False
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     base_dir: str = "."
+    dates: DatesConfig = field(default_factory=DatesConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data, secrets of the storage options replaced by ``***`` (it
@@ -290,8 +309,22 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
         splits=dict(m.splits),
         split_seed=m.split_seed,
         split_shuffle=m.split_shuffle,
+        default_split_shuffle="split_shuffle" not in m.model_fields_set,
         nan=m.nan,
         overwrite=m.overwrite,
         execution=execution,
         base_dir=str(base),
+        dates=_dates_config(m.dates),
+    )
+
+
+def _dates_config(d: Any) -> DatesConfig:
+    if d is None or not d.enabled:
+        return DatesConfig(enabled=None if d is None else False)
+    return DatesConfig(
+        enabled=True,
+        frequency_s=d.frequency,
+        missing=None if d.missing is None else tuple(d.missing),
+        statistics=d.statistics,
+        tendencies=tuple(sorted(set(d.tendencies))),
     )

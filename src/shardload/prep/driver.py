@@ -97,7 +97,8 @@ def write_store(
         fingerprint=fingerprint,
         num_blocks=-(-bounds.num_chunks // (cfg.shard_chunks or 1)),
     )
-    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset, reads, origin)
+    dated = _dated_stats(cfg, view, bounds, splits, split_rows)
+    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset, reads, origin, dated)
     _share_view(job, view)
     num_blocks = job.num_blocks
     _log_plan(job, len(specs), row_bytes)
@@ -237,6 +238,7 @@ def _plan_job(
     dataset: Any,
     reads: ReadPlan,
     origin: RowOrigin | None = None,
+    dated: Any = None,
 ) -> PrepareJob:
     # feature names stay out of the task (millions of names for wide arrays, shipped per task);
     # a worker reads them from its own view when an error needs one
@@ -254,7 +256,28 @@ def _plan_job(
         origin=origin,
         blocks_per_read=reads.blocks_per_read,
         read_chunks=reads.chunks,
+        dated=dated,
     )
+
+
+def _dated_stats(
+    cfg: PrepareConfig,
+    view: View,
+    bounds: RegularBounds,
+    splits: Mapping[str, tuple[int, ...]],
+    split_rows: Mapping[str, tuple[int, int]],
+) -> Any:
+    """A dated view's :class:`~shardload.prep.stats.dated.DatedStats` (None for others)."""
+    from shardload.prep.stats.dated import DatedStats, plan_period
+    from shardload.prep.views.dated import DatedView
+
+    if not isinstance(view, DatedView):
+        return None
+    d = view.dated
+    name, period = plan_period(
+        cfg.dates.statistics, int(view.length), tuple(bounds), splits, split_rows
+    )
+    return DatedStats(d.axis, d.declared, period, name, cfg.dates.tendencies)
 
 
 def _share_view(job: PrepareJob, view: View) -> None:
@@ -327,9 +350,16 @@ def _fingerprint(
         "splits",
         "split_seed",
         "split_shuffle",
+        "default_split_shuffle",
         "out_storage_options",
     ):
         d.pop(k, None)
+    # of dates: only what changes the rows (never dated, the frequency); the rest changes
+    # the statistics, checked against the saved ones instead; no key at all where nothing
+    # changes the rows (the fingerprints of earlier runs)
+    d.pop("dates", None)
+    if cfg.dates.enabled is False or cfg.dates.frequency_s:
+        d["dates"] = {"dated": cfg.dates.enabled is not False, "frequency_s": cfg.dates.frequency_s}
     files: list[list[Any]] = []
     if origin is not None:
         files.append(["origin", *origin.identity()])

@@ -53,7 +53,7 @@ def plan_store_rows(
 ) -> StorePlan:
     """The :class:`StorePlan` of writing ``view`` as ``cfg`` says (rows from ``origin`` for
     ``shardload copy``), before any file is written."""
-    cfg = resolve_layout(cfg, view)
+    cfg = resolve_split_shuffle(resolve_layout(cfg, view), view)
     specs, length, row_bytes, chunk_rows = plan_rows(cfg, view)
     if origin is not None:
         cfg, chunk_rows = kept_rows(cfg, chunk_rows, origin.plan_chunk_rows(chunk_rows), length)
@@ -88,6 +88,18 @@ def resolve_layout(cfg: PrepareConfig, view: View) -> PrepareConfig:
     row_bytes = sum(s.row_bytes for s in specs.values())
     chunk_rows, shard_chunks = plan_default_layout(row_bytes, length=int(view.length))
     return dataclasses.replace(cfg, chunk_rows=chunk_rows, shard_chunks=shard_chunks)
+
+
+def resolve_split_shuffle(cfg: PrepareConfig, view: View) -> PrepareConfig:
+    """``cfg`` with ``split_shuffle: false`` for a dated store whose config does not set it:
+    its splits are then contiguous time ranges in the order given (train first, as
+    anemoi-datasets leaves the last dates out of its statistics), so no val or test date lies
+    between two train dates; any other ``cfg`` as it is (pure)."""
+    from shardload.prep.views.dated import DatedView
+
+    if isinstance(view, DatedView) and cfg.default_split_shuffle and cfg.split_shuffle:
+        return dataclasses.replace(cfg, split_shuffle=False)
+    return cfg
 
 
 def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int, int, int]:

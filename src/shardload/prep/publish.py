@@ -61,7 +61,8 @@ def publish_store(
     records = [commit.read_record(i) for i in range(num_blocks)]
     staged = ((i, *job.block(i)[:2]) for i in range(num_blocks))
     commit.finish_format(fmt, create, staged, fixed, bounds=bounds)
-    stats = _final_stats(merged, specs, cfg.nan == "warn", num_blocks)
+    stats = _final_stats(merged, specs, cfg.nan == "warn", num_blocks, job.dated)
+    time_entry = _time_entry(job, merged)
     sums = merge_checksums(records, list(specs))
     lengths = _finish_ragged(cfg, commit, records, specs, ragged, bounds, options, sums)
     manifest = Manifest(
@@ -95,6 +96,7 @@ def publish_store(
         complete=True,
         shardload_version=__version__,
         checksums=ALGORITHM if sums else "",
+        time=time_entry,
     )
     if isinstance(view, SeriesLayout):  # the window arrays over the series
         manifest = window_manifest(
@@ -105,7 +107,7 @@ def publish_store(
     coords = (
         SampleCoords(origin.sample_coords())
         if origin is not None
-        else _sample_coords(view, cfg.sample_dims, manifest.length)
+        else _sample_coords(view, cfg.sample_dims, manifest.length, job.dated)
     ).without(specs)  # an array's name wins
     if coords.values:
         manifest = replace(manifest, options={**manifest.options, **coords.options()})
@@ -119,12 +121,47 @@ def publish_store(
     commit.publish(files)  # feature files first, the manifest last
 
 
-def _sample_coords(view: View, sample_dims: Any, length: int) -> SampleCoords:
+def _sample_coords(view: View, sample_dims: Any, length: int, dated: Any) -> SampleCoords:
     from shardload.prep.views.flat import FlatView
 
+    if dated is not None:  # every date of the axis, those the source lacks included
+        dates = dated.axis.dates.astype("datetime64[ns]")
+        return SampleCoords({str(sample_dims[0]): dates}, (length,), {str(sample_dims[0]): 0})
     if not isinstance(view, FlatView):  # other views' samples are not the stacked dims
         return SampleCoords({})
     return plan_sample_axes(view.sample_source, sample_dims, length)
+
+
+def _time_entry(job: PrepareJob, merged: OrderedMerge) -> dict[str, Any]:
+    """A dated store's ``time`` entry (``{}`` for others), its missing dates logged once."""
+    from shardload.prep.dated import show_dates
+    from shardload.prep.stats.dated import MISSING_NOTE, time_entry
+
+    if job.dated is None:
+        return {}
+    found = merged.notes().get(MISSING_NOTE, np.zeros(0, np.int64))
+    entry = time_entry(job.dated, found)
+    axis, gaps = job.dated.axis, set(job.dated.axis.missing)
+    nan_states = sorted(set(entry["missing"]) - gaps)
+    log.info(
+        "dated store: %d dates from %s every %s; statistics over %s (%d dates)",
+        axis.length,
+        axis.start,
+        axis.frequency_text,
+        entry["statistics"]["period"],
+        entry["statistics"]["num_dates"],
+    )
+    if entry["missing"]:
+        log.info(
+            "%d missing date(s)%s: %d gap(s) in the source's dates%s, %d all-NaN state(s)%s",
+            len(entry["missing"]),
+            " (as declared in dates.missing)" if job.dated.declared is not None else "",
+            len(gaps),
+            f" ({show_dates(axis, gaps)})" if gaps else "",
+            len(nan_states),
+            f" ({show_dates(axis, nan_states)})" if nan_states else "",
+        )
+    return entry
 
 
 def split_metadata(manifest: Manifest, cfg: PrepareConfig) -> bytes:
@@ -202,22 +239,36 @@ def _finish_ragged(
 
 
 def _final_stats(
-    merge: OrderedMerge, specs: Mapping[str, ArraySpec], warn_nan: bool, num_blocks: int
+    merge: OrderedMerge,
+    specs: Mapping[str, ArraySpec],
+    warn_nan: bool,
+    num_blocks: int,
+    dated: Any = None,
 ) -> dict[str, Any]:
+    """Each array's statistics (a dated store's: over its period, and its tendencies)."""
+    from shardload.prep.stats.dated import NAN_NOTE, stat_names
+
     if not merge.started or merge.next != num_blocks:
         raise StoreError(
             f"the statistics cover blocks 0:{merge.next} of {num_blocks} (a block was not merged)"
         )
-    stats = {}
+    notes = merge.notes()  # before finalize, which takes over the running arrays
     final = merge.finalize()
+    stats = {name: final[name] for name in stat_names(specs, dated)}
     for name in specs:
-        stats[name] = final[name]
-        nans = int(np.sum(stats[name].nan_count))
+        if dated is not None:  # NaN values in every row that is not missing
+            nans = int(np.sum(notes.get(f"{NAN_NOTE}{name}", 0)))
+        else:
+            nans = int(np.sum(stats[name].nan_count))
         if nans and warn_nan:
             log.warning(
-                "array %r has %d NaN value(s) (counts per feature in the manifest stats)",
+                "array %r has %d NaN value(s) %s",
                 name,
                 nans,
+                "(counts per feature in the manifest stats)"
+                if dated is None
+                else "in dates that are not missing (counts per feature of the statistics "
+                "period in the manifest stats)",
             )
     return stats
 

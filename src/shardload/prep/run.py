@@ -17,6 +17,7 @@ from shardload.prep.config import PrepareConfig
 from shardload.prep.executor import open_executor, run_windowed
 from shardload.prep.recorder import DurableRecorder
 from shardload.prep.stats import STAT_FIELDS, OrderedMerge, Partial
+from shardload.prep.stats.dated import stat_names
 from shardload.prep.tasks import PrepareJob, run_task
 
 log = logging.getLogger("shardload.prep.driver")  # the name users' logs have always shown
@@ -48,7 +49,10 @@ def run_blocks(
     items = sorted([*commit.todo(), *restat])
     if restat:
         log.info("statistics of %d recorded block(s) are read again from the source", len(restat))
-    stats_bytes = sum(_num_features(s) * 8 * len(STAT_FIELDS) for s in job.specs.values())
+    stats_bytes = sum(
+        _num_features(job.specs[_array(n)]) * 8 * len(STAT_FIELDS)
+        for n in stat_names(job.specs, job.dated)
+    )
     every = max(STATS_SAVE_FACTOR * stats_bytes, STATS_SAVE_BYTES)
     since = [0, merge.next]  # bytes recorded since the last save, prefix saved
     bar = tqdm(
@@ -64,11 +68,11 @@ def run_blocks(
         if "record" in res:
             commit.record(block, res["record"])
             bar.update(1)
-        merge.add(block, res["stats"])
+        merge.add(block, res["stats"], res.get("notes"))
         _, a, b = job.block(block)
         since[0] += (b - a) * row_bytes
         if since[0] >= every and merge.next > since[1]:
-            commit.write_state(STATS_STATE, _stats_fields(merge))
+            commit.write_state(STATS_STATE, _stats_fields(merge, job))
             since[:] = [0, merge.next]
 
     try:
@@ -103,11 +107,22 @@ def _num_features(spec: ArraySpec) -> int:
     return int(spec.shape[-1]) if len(spec.shape) >= 2 else 1
 
 
-def _stats_fields(merge: OrderedMerge) -> dict[str, np.ndarray]:
-    fields = {"blocks": np.array(merge.next)}
+#: saved statistics: a block note (:meth:`OrderedMerge.notes`) is ``NOTE_PREFIX + key``
+NOTE_PREFIX = "_notes/"
+#: saved statistics: what else they depend on (a dated store's period, ``DatedStats.key``)
+KEY_FIELD = "_key"
+
+
+def _stats_fields(merge: OrderedMerge, job: PrepareJob) -> dict[str, np.ndarray]:
+    fields = {"blocks": np.array(merge.next), KEY_FIELD: np.array(_stats_key(job))}
     for name, p in (merge.merged or {}).items():
         fields.update({f"{name}/{k}": v for k, v in p.fields().items()})  # + exact sums
+    fields.update({f"{NOTE_PREFIX}{k}": v for k, v in merge.notes().items()})
     return fields
+
+
+def _stats_key(job: PrepareJob) -> str:
+    return "" if job.dated is None else job.dated.key()
 
 
 def _load_stats(commit: BlockCommit, job: PrepareJob) -> OrderedMerge:
@@ -117,22 +132,32 @@ def _load_stats(commit: BlockCommit, job: PrepareJob) -> OrderedMerge:
         return OrderedMerge()
     try:
         prefix = int(saved["blocks"])
+        key = str(saved[KEY_FIELD]) if KEY_FIELD in saved else ""
         merged = {
             n: Partial.from_dict(
                 {k: saved[f"{n}/{k}"] for k in (*STAT_FIELDS, "s1", "s2") if f"{n}/{k}" in saved}
             )
-            for n in job.specs
+            for n in stat_names(job.specs, job.dated)
         }
     except (KeyError, ValueError, TypeError):
         log.warning("ignoring the saved statistics in %s: not of this store", commit.progress)
         return OrderedMerge()
+    if key != _stats_key(job):
+        log.info("ignoring the saved statistics in %s: of another period", commit.progress)
+        return OrderedMerge()
+    notes = {k[len(NOTE_PREFIX) :]: v for k, v in saved.items() if k.startswith(NOTE_PREFIX)}
     if not 0 < prefix <= job.num_blocks or not all(i in commit.done for i in range(prefix)):
         log.warning("ignoring the saved statistics in %s: blocks not recorded", commit.progress)
         return OrderedMerge()
-    if any(p.count.shape != (_num_features(job.specs[n]),) for n, p in merged.items()):
+    if any(p.count.shape != (_num_features(job.specs[_array(n)]),) for n, p in merged.items()):
         log.warning("ignoring the saved statistics in %s: not of these arrays", commit.progress)
         return OrderedMerge()
-    return OrderedMerge(start=prefix, merged=merged)
+    return OrderedMerge(start=prefix, merged=merged, notes=notes)
+
+
+def _array(stat_name: str) -> str:
+    """The array of a statistics name (``x``, or ``x/tendency_1``)."""
+    return stat_name.rsplit("/tendency_", 1)[0] if "/tendency_" in stat_name else stat_name
 
 
 def workers_share_disk_cache(cfg: PrepareConfig) -> bool:

@@ -52,6 +52,8 @@ class PrepareJob:
     # dask chunks (whole source units) to open it with
     blocks_per_read: int = 1
     read_chunks: tuple[tuple[str, int], ...] | None = None
+    #: a dated store: what its statistics cover (:class:`~shardload.prep.stats.dated.DatedStats`)
+    dated: Any = None
 
     @property
     def bounds(self) -> RegularBounds:
@@ -155,9 +157,12 @@ def _read_rows(job: PrepareJob, block: int) -> Mapping[str, Any]:
     return {k: slice_rows(v, a - start, b - start) for k, v in rows.items()}
 
 
-def _read_block(job: PrepareJob, block: int) -> tuple[dict[str, Any], dict[str, Partial]]:
+def _read_block(
+    job: PrepareJob, block: int
+) -> tuple[dict[str, Any], dict[str, Partial], dict[str, np.ndarray]]:
     """The rows of one block, as the store's arrays (:class:`~shardload.manifest.ragged.RaggedRows` for
-    variable-length ones), and their statistics partials."""
+    variable-length ones), their statistics partials and the block's notes (a dated store's
+    missing rows and NaN counts: :mod:`shardload.prep.stats.dated`)."""
     chunk, a, b = job.block(block)
     data = _read_rows(job, block)
     arrays: dict[str, Any] = {}
@@ -173,22 +178,54 @@ def _read_block(job: PrepareJob, block: int) -> tuple[dict[str, Any], dict[str, 
                 f"view returned shape {arr.shape} for array {name!r} rows {a}:{b}, expected {want}"
             )
         arrays[name] = arr = np.ascontiguousarray(arr, dtype=spec.dtype)
-        stats[name] = p = partial(arr)
-        if job.config.nan == "fail" and p.nan_count.any():
-            feat = int(np.argmax(p.nan_count > 0))
-            names = _view(job).specs[name].features
-            label = names[feat] if names and feat < len(names) else f"feature {feat}"
-            raise NaNError(
-                f"NaN values in array {name!r} ({label}) in chunk {chunk} (rows {a}:{b}): "
-                f"{int(p.nan_count.sum())} NaN(s); set nan: warn to keep them"
-            )
-    return arrays, stats
+        if job.dated is None:
+            stats[name] = p = partial(arr)
+            if job.config.nan == "fail" and p.nan_count.any():
+                _nan_error(job, name, arr, chunk, a, b)
+    if job.dated is None:
+        return arrays, stats, {}
+    return (arrays, *_dated_statistics(job, arrays, chunk, a, b))
+
+
+def _dated_statistics(
+    job: PrepareJob, arrays: dict[str, np.ndarray], chunk: int, a: int, b: int
+) -> tuple[dict[str, Partial], dict[str, np.ndarray]]:
+    """A dated block's partials (its period rows; tendencies from its rows and the halo after
+    them) and notes; with ``nan: fail``, NaN values in rows not missing are an error."""
+    from shardload.prep.stats.dated import NAN_NOTE, block_statistics
+
+    stop = min(b + job.dated.halo_rows, job.length)
+    halo = _view(job).read(b, stop) if stop > b else {}
+    halo = {k: np.asarray(halo[k], dtype=job.specs[k].dtype) for k in halo if k in arrays}
+    stats, notes = block_statistics(job.dated, arrays, a, b, halo)
+    if job.config.nan == "fail":
+        for name, arr in arrays.items():
+            if int(notes.get(f"{NAN_NOTE}{name}", [0])[0]):
+                _nan_error(job, name, arr, chunk, a, b)
+    return stats, notes
+
+
+def _nan_error(job: PrepareJob, name: str, arr: np.ndarray, chunk: int, a: int, b: int) -> None:
+    """Raise the NaNError naming the first feature of ``arr`` with a NaN (in a row that is not
+    all NaN: a dated store's missing states are not NaN values)."""
+    v = arr.reshape(len(arr), -1)
+    nan = np.isnan(v)
+    nan = nan[~nan.all(axis=1)] if job.dated is not None else nan
+    per = nan.sum(axis=0)
+    feat = int(np.argmax(per > 0)) if arr.ndim <= 2 else int(np.argmax(per > 0)) % arr.shape[-1]
+    names = _view(job).specs[name].features
+    label = names[feat] if names and feat < len(names) else f"feature {feat}"
+    raise NaNError(
+        f"NaN values in array {name!r} ({label}) in chunk {chunk} (rows {a}:{b}): "
+        f"{int(per.sum())} NaN(s); set nan: warn to keep them"
+    )
 
 
 def block_stats(job: PrepareJob, block: int) -> dict[str, Any]:
     """The statistics of a block written (and recorded) by an earlier, interrupted run, from
     the source again: a progress record carries no statistics (see :func:`prepare`)."""
-    return {"block": block, "stats": _read_block(job, block)[1], "paths": []}
+    _, stats, notes = _read_block(job, block)
+    return {"block": block, "stats": stats, "notes": notes, "paths": []}
 
 
 def run_task(job: PrepareJob, item: int) -> dict[str, Any]:
@@ -207,7 +244,7 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
     """
     throttle_s = float(os.environ.get(THROTTLE_ENV) or 0)
     time.sleep(throttle_s / 2)
-    arrays, stats = _read_block(job, block)
+    arrays, stats, notes = _read_block(job, block)
     fmt = get_writer(job.config.format)
     record: dict[str, np.ndarray] = {}
     with collect_written(defer=job.defer_fsync) as paths:
@@ -218,7 +255,7 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
                 record.update(_write_ragged(job, block, name, arr))
             else:
                 _write_array(job, fmt, block, name, arr, record)
-    return {"block": block, "record": record, "stats": stats, "paths": paths}
+    return {"block": block, "record": record, "stats": stats, "notes": notes, "paths": paths}
 
 
 def _write_error(

@@ -238,8 +238,8 @@ def open_store(
     storage_options
         Passed to fsspec for URLs (credentials, endpoint, ...).
     cache_dir, cache_bytes
-        Optional local cache of remote files (whole files), bounded in bytes (None: unbounded).
-        The source is never modified; see :mod:`shardload.move.cache`.
+        A node cache of the store's files (a URL's, or a local path's on a slow shared file
+        system), bounded in bytes (None: unbounded); see :mod:`shardload.move.cache`.
     arrays
         For plain Zarr data: which arrays to read together (default: all arrays sharing the
         longest leading dimension).
@@ -350,10 +350,10 @@ def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, veri
 
 
 def _open_fs(url: str, remote: dict[str, Any]) -> tuple[Any, str]:
-    if "://" in url and not url.startswith("file://"):
-        from shardload.move.remote import open_fs
+    if ("://" in url and not url.startswith("file://")) or remote.get("cache_dir") is not None:
+        from shardload.move.remote import open_fs  # a local path with cache_dir: as a file:// URL
 
-        return open_fs(url, **remote)
+        return open_fs(url if "://" in url else Path(url).expanduser().resolve().as_uri(), **remote)
     from fsspec.implementations.local import LocalFileSystem
 
     path = url[len("file://") :] if url.startswith("file://") else url

@@ -65,7 +65,7 @@ class StreamingDataLoader(DataLoader):
         ds._begin(self.num_workers)
         items: Iterator[Any] = super().__iter__()
         if self._bundled:
-            rank, world = ds.rank_world()
+            rank, world = ds.group_rank_world()  # read groups: the plan is the groups'
             plan = ds._plan(rank, world, self.num_workers, ds._leg)
             counts = [wp.num_batches for wp in plan.workers[rank]]
             items = _unbundle(items, counts, self.bundle)

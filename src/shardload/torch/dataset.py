@@ -15,6 +15,7 @@ from shardload.errors import StateError
 from shardload.load.batches import INDEX_KEY, read_batches
 from shardload.load.ring import BatchRing
 from shardload.load.spec import LoadSpec
+from shardload.plan.read_groups import ReadGroupAxis
 from shardload.store.core import Store
 from shardload.torch.resume import ResumableDataset
 from shardload.torch.state import (
@@ -68,6 +69,11 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         DataLoader hand-off. Stores with variable-length arrays use no ring.
     bucket
         Length-bucketed batches for variable-length arrays (see ``iter_batches``).
+    read_group_size, read_group_axis
+        Read groups for model parallelism (see ``iter_batches``): the ``read_group_size``
+        consecutive ranks of a group get the same batches in the same order, each its slice of
+        ``read_group_axis`` (:meth:`read_slices`); the epoch, ``len()`` and the resume state
+        are the group's.
 
     Variable-length arrays come as ``NAME`` (zero-padded to the batch's longest row) and
     ``NAME_length`` (int64), see docs/loading.md ("Variable-length arrays").
@@ -95,6 +101,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         storage_options: Mapping[str, Any] | None = None,
         ring_slots: int | None = None,
         bucket: bool | str = False,
+        read_group_size: int = 1,
+        read_group_axis: ReadGroupAxis = -1,
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank= and world_size=, or neither")
@@ -116,6 +124,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             threads=threads,
             bucket=bucket,
             storage_options=storage_options,
+            read_group_size=read_group_size,
+            read_group_axis=read_group_axis,
         )
         self.store, self.selection, self.split = spec.store, spec.selection, split
         self.options = spec.options  # the epoch plan's (PlanOptions)
@@ -147,6 +157,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         self.default_bundle = plan_bundle(batch_bytes)
         # variable-length arrays: a batch's width is known once it is gathered, so no fixed
         # ring slot fits it; their batches take the stock hand-off (load/ragged.py)
+        # read groups: slots of this rank's slices (a rank found otherwise later: no ring)
+        self._ring_member = spec.split_rank(*self.rank_world())[2]
         if ring_slots != 0 and hasattr(os, "fork") and spec.kind != "ragged":
             slots = ring_slots or spec.ring_slots(
                 workers=min(16, max(2, os.cpu_count() or 1)),
@@ -154,11 +166,12 @@ class StreamingDataset(ResumableDataset, IterableDataset):
                 extra=8 + 4 * self.default_bundle,
             )
             try:
-                self._ring = BatchRing(spec.batch_specs(), batch_size, slots=slots)
+                specs = spec.batch_specs(self._ring_member)
+                self._ring = BatchRing(specs, batch_size, slots=slots)
             except OSError:  # no address space for it (strict overcommit): the stock hand-off
                 self._ring = None
         # Fail early on impossible shapes (e.g. a batch bigger than a rank's share).
-        self._plan(*self.rank_world(), 0, None)
+        self._plan(*self.group_rank_world(), 0, None)
 
     # -- where this process stands -------------------------------------------------------------
     def rank_world(self) -> tuple[int, int]:
@@ -166,6 +179,19 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         if get_worker_info() is not None:
             return self._worker_rank_world()
         return main_rank_world(self._explicit)
+
+    def group_rank_world(self) -> tuple[int, int]:
+        """This process's read group and the number of groups: what the epoch is planned over
+        (``rank_world()`` without read groups)."""
+        group, groups, _ = self.spec.split_rank(*self.rank_world())
+        return group, groups
+
+    def read_slices(self) -> dict[str, tuple[int, int, int]]:
+        """``{array: (axis of a row, start, stop)}``: the slice of each array's rows this rank
+        reads with read groups (arrays read whole are not listed; empty without read groups).
+        A batch's ``NAME`` is ``rows[:, ..., start:stop]`` along that axis (+1 in the batch)."""
+        _, _, member = self.spec.split_rank(*self.rank_world())
+        return self.spec.member_slices(member)
 
     def _worker_rank_world(self) -> tuple[int, int]:
         if self._explicit is not None:
@@ -221,7 +247,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
     def _has_batches(self, num_workers: int) -> bool:
         if self._leg is None:
             return True
-        return bool(self._plan(*self.rank_world(), num_workers, self._leg).batches_per_rank)
+        return bool(self._plan(*self.group_rank_world(), num_workers, self._leg).batches_per_rank)
 
     def _worker_pass(self, info: Any, resumed_epoch: int | None) -> tuple[int, Any]:
         """A DataLoader worker, at ``iter()``: the epoch and resume leg of its pass.
@@ -264,6 +290,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             self.epoch = epoch
         ring = self._ring if info is not None and self._ring is not None else None
         ring = ring if ring is not None and ring.usable else None
+        if ring is not None and self.spec.split_rank(rank, world)[2] != self._ring_member:
+            ring = None  # slots of another read group member's slices
         batches = read_batches(
             self.spec,
             rank=rank,
@@ -318,7 +346,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
 
     def __len__(self) -> int:
         """Batches this rank yields in the current pass (if one started), else the coming one."""
-        rank, world = self.rank_world()
+        rank, world = self.group_rank_world()
         if self._pending is not None:
             state = self._pending
         elif self._channel.current_pass() <= 1:

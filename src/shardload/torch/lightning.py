@@ -124,7 +124,8 @@ class ShardloadDataModule(pl.LightningDataModule):
         side stream.
     dataset_options
         More keyword options of :class:`~shardload.torch.StreamingDataset` (``arrays``,
-        ``shuffle_chunks``, ``prefetch``, ``bucket`` (train loader only), ...).
+        ``shuffle_chunks``, ``prefetch``, ``bucket`` (train loader only),
+        ``read_group_size`` / ``read_group_axis`` (read groups for model parallelism), ...).
     """
 
     def __init__(

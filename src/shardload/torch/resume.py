@@ -45,6 +45,9 @@ class ResumableDataset:
     def _worker_rank_world(self) -> tuple[int, int]:
         raise NotImplementedError
 
+    def group_rank_world(self) -> tuple[int, int]:
+        raise NotImplementedError
+
     def _plan(self, rank: int, world: int, num_workers: int, state: Any) -> Any:
         raise NotImplementedError
 
@@ -72,7 +75,7 @@ class ResumableDataset:
             return dict(self._pending)
         if self._channel.uncounted:
             raise StateError(UNCOUNTED_STATE)
-        _, world = self.rank_world()
+        _, world = self.group_rank_world()  # read groups: the state is the group's
         state = epoch_state(
             self.epoch, self._consumed, world, self.num_workers, self.plan_fingerprint, self._leg
         )
@@ -122,7 +125,7 @@ class ResumableDataset:
             return self._load_worker_state(state)
         es = EpochState.from_dict(state)
         if not keep_finished:
-            rank, _ = self.rank_world()
+            rank, _ = self.group_rank_world()
             left = self._plan(min(rank, es.world_size - 1), es.world_size, es.num_workers, state)
             if left.batches_per_rank == 0:
                 return

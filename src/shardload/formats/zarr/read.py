@@ -65,8 +65,9 @@ def open_group_readonly(fs: Any, root: str, *, strict: bool = False) -> Any:
 
         if not isinstance(fs, RemoteFileSystem):  # a plain fsspec filesystem
             fs, root = open_fs(_url(fs, root), storage_options=_so(fs))
-        from shardload.formats.zarr.strict import StrictFsspecStore
+        from shardload.formats.zarr.strict import StrictFsspecStore, widen_zarr_threads
 
+        widen_zarr_threads()
         store = (StrictFsspecStore if strict else FsspecStore)(
             AsyncFileSystemWrapper(fs, asynchronous=True), read_only=True, path=root
         )

@@ -52,3 +52,19 @@ class StrictFsspecStore(FsspecStore):
             if value is None and not key.endswith(_METADATA):
                 raise self._missing(key)
         return values
+
+
+def widen_zarr_threads() -> None:
+    """zarr-python runs a sync filesystem's calls (ours) in its thread pool, by default of
+    ``min(32, CPUs + 4)`` threads: 6 requests in flight on 2 CPUs, whatever the loader asks.
+    Before that pool exists, ask for ``URL_IN_FLIGHT`` threads (they wait on the network)."""
+    import zarr
+    import zarr.core.sync as zsync
+
+    from shardload.move.remote import URL_IN_FLIGHT
+
+    if (
+        getattr(zsync, "_executor", None) is None
+        and zarr.config.get("threading.max_workers") is None
+    ):
+        zarr.config.set({"threading.max_workers": URL_IN_FLIGHT})

@@ -16,6 +16,7 @@ from pydantic import (
 
 from shardload.errors import ConfigError
 from shardload.formats.registry import REGISTRY
+from shardload.prep.config_models.dates import ALL_ROWS, DatesModel, dates_shorthand
 from shardload.prep.config_models.execution import ExecutionModel, execution_shorthand
 from shardload.prep.config_models.fields import (
     SCHEDULERS,
@@ -80,6 +81,9 @@ class PrepareModel(StrictModel):
     execution: Annotated[ExecutionModel, BeforeValidator(execution_shorthand)] = Field(
         default_factory=ExecutionModel
     )
+    #: a dated store: None (not given) when the sample axis is one regular time coordinate,
+    #: ``false`` never, a mapping always (an error where it cannot be)
+    dates: Annotated[DatesModel | None, BeforeValidator(dates_shorthand)] = None
 
     @field_validator("splits")
     @classmethod
@@ -154,6 +158,7 @@ def cross_checks(model: PrepareModel, skip: frozenset[str] = frozenset()) -> lis
             import_function(view.function, "view function")
         except ConfigError as exc:
             problems.append(("view.function", str(exc)))
+    problems += _dates_checks(model, rule)
     if rule("execution"):
         if ex.address is not None and ex.scheduler != "distributed":
             problems.append(("execution.address", "only used with scheduler: distributed"))
@@ -166,6 +171,31 @@ def cross_checks(model: PrepareModel, skip: frozenset[str] = frozenset()) -> lis
                     "scheduler: jobqueue needs a cluster, e.g. {kind: slurm, jobs: 4}",
                 )
             )
+    return problems
+
+
+def _dates_checks(model: PrepareModel, rule: Any) -> list[tuple[str, str]]:
+    """``dates:`` needs a flat view over one sample dim, and its ``statistics`` a split."""
+    dates, problems = model.dates, []
+    if dates is None or not dates.enabled or not rule("dates"):
+        return []
+    if rule("view", "sample_dims") and (model.view.name != "flat" or len(model.sample_dims) != 1):
+        problems.append(
+            (
+                "dates",
+                "a dated store is a flat view over one sample dimension, its time (view: flat, "
+                f"sample_dims: [time]); this config has view {model.view.name!r} and "
+                f"sample_dims {list(model.sample_dims)}",
+            )
+        )
+    splits = sorted(model.splits) or [ALL_ROWS]
+    if rule("splits") and dates.statistics not in (None, ALL_ROWS, *splits):
+        problems.append(
+            (
+                "dates.statistics",
+                f"{dates.statistics!r} is not a split; choose one of {splits} or {ALL_ROWS!r}",
+            )
+        )
     return problems
 
 

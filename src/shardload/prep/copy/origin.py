@@ -169,9 +169,14 @@ class StoreOrigin:
         for k, v in src.options.items():
             if k in CARRIED_OPTIONS or (k not in options and k not in SAMPLE_COORD_OPTIONS):
                 options[k] = v
+        # a dated store's statistics cover a period of its rows and include its tendencies:
+        # the same rows in the copy (every row is copied, splits keep their rows), so they
+        # and the time axis are carried as they are
+        stats = dict(src.stats) if src.time else _carried_stats(manifest.stats, src.stats)
         return replace(
             manifest,
-            stats=_carried_stats(manifest.stats, src.stats),
+            stats=stats,
+            time=dict(src.time),
             options=options,
             provenance={
                 **manifest.provenance,

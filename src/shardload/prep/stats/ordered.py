@@ -35,11 +35,23 @@ class OrderedMerge:
     (2, 2.0)
     """
 
-    def __init__(self, *, start: int = 0, merged: dict[str, Partial] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        start: int = 0,
+        merged: dict[str, Partial] | None = None,
+        notes: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         self.next = start
         self._acc = {k: _Running(p) for k, p in (merged or {}).items()}
         self._any = bool(merged)
-        self.pending: dict[int, Mapping[str, Partial]] = {}
+        self.pending: dict[int, tuple[Mapping[str, Partial], Mapping[str, np.ndarray]]] = {}
+        self._notes: dict[str, list[np.ndarray]] = {k: [v] for k, v in (notes or {}).items()}
+
+    def notes(self) -> dict[str, np.ndarray]:
+        """The notes of the blocks merged (small arrays a block adds beside its partials, e.g.
+        a dated store's missing rows), each concatenated in block order."""
+        return {k: np.concatenate(v) for k, v in self._notes.items()}
 
     @property
     def started(self) -> bool:
@@ -57,12 +69,19 @@ class OrderedMerge:
         running arrays: add nothing after this)."""
         return {k: r.finalize() for k, r in self._acc.items()}
 
-    def add(self, block: int, parts: Mapping[str, Partial]) -> None:
+    def add(
+        self,
+        block: int,
+        parts: Mapping[str, Partial],
+        notes: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         if block < self.next or block in self.pending:
             raise ValueError(f"statistics of block {block} were merged already")
-        self.pending[block] = parts
+        self.pending[block] = (parts, notes or {})
         while self.next in self.pending:
-            got = self.pending.pop(self.next)
+            got, got_notes = self.pending.pop(self.next)
+            for k, v in got_notes.items():
+                self._notes.setdefault(k, []).append(np.asarray(v))
             if not self._any:
                 self._acc = {k: _Running(p) for k, p in got.items()}
                 self._any = True

@@ -20,9 +20,17 @@ __all__ = ["VIEWS", "ArraySpec", "View", "build_view"]
 
 
 def build_view(ds: xr.Dataset, cfg: PrepareConfig, *, rows: RowReader | None = None) -> View:
-    """The configured view of ``ds``; ``rows`` (optional) reads its rows faster than dask."""
+    """The configured view of ``ds``; ``rows`` (optional) reads its rows faster than dask. A
+    flat view over one time dim is dated (:mod:`shardload.prep.dated`): one row per date."""
     view = _build_view(ds, cfg, rows=rows)
     check_rows_not_empty(view.specs)
+    from shardload.prep.dated import plan_dated_rows
+
+    dated = plan_dated_rows(ds, cfg)
+    if dated is not None:
+        from shardload.prep.views.dated import DatedView
+
+        return DatedView(view, dated)
     return view
 
 

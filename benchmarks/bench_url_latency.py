@@ -1,0 +1,134 @@
+"""Throughput at distance (issue 28): the loader's epoch by URL at several round-trip times,
+against the fastest plain parallel GET of the same files at each.
+
+The store is one of ``bench_default_layout``'s (``--store``: ``default``, compressed Zarr v3
+shards of small inner chunks; ``chunks16``, compressed Zarr chunks of 16 MiB; ``npy``) or
+``npy1m`` / ``zarr1m`` (npy or compressed Zarr chunks of about 1 MiB, the default), built
+under ``--workdir`` unless an equal one is there. It is served with
+``shardload.move.serve.serving`` on 127.0.0.1 (a thread of this process) and reached through
+``shardload.testing.latency.latency_proxy`` (another thread), which delays each direction by
+RTT/2 and a new connection by one RTT. For each RTT in ``--rtt-ms``:
+
+- the epoch: ``iter_batches(url, batch_size=B, shuffle=True)``, a fresh iterator each time
+  (best of ``--repeats``), and the most requests the proxy saw in flight at once;
+- the plain GET: every data file of array ``x`` fetched whole with fsspec's HTTP filesystem,
+  ``fs.cat`` of all at once (async gather) and pools of T threads (``--threads``), best of all.
+
+Printed: a line per RTT, then the ratios the issue asks about: the loader at each RTT against
+the loader at 0 ms (goal at 20 ms: >= 0.8) and the loader at 0 ms against the plain GET at 0 ms
+(goal >= 0.8).
+
+Usage::
+
+    python benchmarks/bench_url_latency.py --workdir /tmp/bul --rows 16384
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlparse
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+#: stores of many chunks read whole by URL, one GET each (besides bench_default_layout's)
+EXTRA_STORES = {
+    "npy1m": {"format": "npy", "target_chunk_bytes": "1MiB"},
+    "zarr1m": {"target_chunk_bytes": "1MiB"},
+}
+
+
+def plain_get(url: str, store: Path, threads: list[int], repeats: int) -> float:
+    """Seconds to GET every data file of ``store`` whole from ``url``: the best way's best."""
+    import fsspec
+    from bench_default_layout import data_files
+
+    files = data_files(store)
+    urls = [f"{url}/{p.relative_to(store).as_posix()}" for p in files]
+    size = sum(p.stat().st_size for p in files)
+    best = float("inf")
+    for _ in range(repeats):
+        fs = fsspec.filesystem("http", skip_instance_cache=True)
+        t = time.perf_counter()
+        got = fs.cat(urls)
+        best = min(best, time.perf_counter() - t)
+        assert sum(len(v) for v in got.values()) == size
+        for n in threads:
+            t = time.perf_counter()
+            with ThreadPoolExecutor(n) as pool:
+                got_n = sum(len(b) for b in pool.map(fs.cat_file, urls))
+            best = min(best, time.perf_counter() - t)
+            assert got_n == size
+    return best
+
+
+def epoch(url: str, batch_size: int, seed: int) -> tuple[float, int]:
+    import shardload
+
+    t = time.perf_counter()
+    rows = 0
+    for b in shardload.iter_batches(url, batch_size=batch_size, seed=seed, shuffle=True):
+        rows += len(b["index"])
+    return time.perf_counter() - t, rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench_default_layout import STORES, build, data_files, store_arguments
+
+    ap = store_arguments(__doc__)
+    ap.add_argument("--store", default="npy1m", choices=sorted({*STORES, *EXTRA_STORES}))
+    ap.add_argument("--rtt-ms", default="0,20,100", help="round-trip times to add (ms)")
+    ap.add_argument("--threads", default="8,32", help="thread counts of the plain GET")
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args(argv)
+
+    from shardload.move.serve import serving
+    from shardload.testing.latency import latency_proxy
+
+    STORES.update(EXTRA_STORES)
+    work = Path(a.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    store = build(work, a.store, rows=a.rows, features=a.features)
+    files = data_files(store)
+    mib = sum(p.stat().st_size for p in files) / 2**20
+    threads = [int(n) for n in a.threads.split(",")]
+    print(f"store {store} ({a.store}): {len(files)} data files, {mib:.1f} MiB", flush=True)
+    results: dict[float, tuple[float, float]] = {}
+    with serving(store.parent, max_client_connections=512) as base:  # all from 127.0.0.1
+        epoch(f"{base}{store.name}", a.batch_size, a.seed)  # warm: imports, page cache
+        target = urlparse(base)
+        for rtt_ms in [float(x) for x in a.rtt_ms.split(",")]:
+            with latency_proxy(target.hostname, target.port, rtt_s=rtt_ms / 1000) as (proxy, port):
+                url = f"http://127.0.0.1:{port}/{store.name}"
+                get = plain_get(url, store, threads, a.repeats)
+                times = []
+                proxy.reset_counts()
+                for _ in range(a.repeats):
+                    s, rows = epoch(url, a.batch_size, a.seed)
+                    assert rows == a.rows, (rows, a.rows)
+                    times.append(s)
+                best = min(times)
+                results[rtt_ms] = (best, get)
+                print(
+                    f"RTT {rtt_ms:5.0f} ms: epoch {', '.join(f'{t:.2f}' for t in times)} s "
+                    f"({mib / best:.0f} MiB/s; {proxy.requests // a.repeats} requests, at most "
+                    f"{proxy.max_waiting} in flight, {proxy.connections // a.repeats} connections), "
+                    f"plain GET {get:.2f} s ({mib / get:.0f} MiB/s), loader / GET {get / best:.3f}",
+                    flush=True,
+                )
+    if 0.0 in results:
+        zero = results[0.0][0]
+        for rtt_ms, (best, _) in results.items():
+            if rtt_ms:
+                print(
+                    f"loader at {rtt_ms:.0f} ms / loader at 0 ms: {zero / best:.3f} (goal >= 0.8)"
+                )
+        print(f"loader at 0 ms / plain GET at 0 ms: {results[0.0][1] / zero:.3f} (goal >= 0.8)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The HTTP(S) client options of a store read by ``http://`` or ``https://`` URL.
+
+Built in every process that opens the URL (so DataLoader workers read the same environment):
+
+- the connect and read-stall timeouts (``timeout_s``) unless ``client_kwargs`` has its own;
+- a bearer token for ``shardload serve --token``: ``storage_options={"headers":
+  {"Authorization": "Bearer TOKEN"}}`` as fsspec takes it, or the environment variable
+  ``SHARDLOAD_TOKEN`` (used when the options carry no ``Authorization`` header);
+- a certificate authority to trust for HTTPS (a self-signed server certificate):
+  ``storage_options={"ca_file": "cert.pem"}`` or ``SHARDLOAD_CA_FILE`` (trusted beside the
+  system's authorities). A file name rather than an ``ssl.SSLContext`` keeps the options
+  picklable for DataLoader workers started with spawn; an ``ssl`` option given directly (a
+  context, as aiohttp takes it) is passed on untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+from shardload.errors import ConfigError
+
+#: the bearer token sent to http(s) URLs when the options carry no Authorization header
+TOKEN_ENV = "SHARDLOAD_TOKEN"
+#: a PEM file of certificate authorities to trust for https URLs
+CA_FILE_ENV = "SHARDLOAD_CA_FILE"
+#: shardload's own storage option (not fsspec's): the PEM file of ``CA_FILE_ENV``
+CA_FILE_OPTION = "ca_file"
+
+
+def is_http(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in ("http", "https")
+
+
+def http_options(options: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    """fsspec's HTTP filesystem options from ``options`` (see the module docstring)."""
+    import aiohttp
+
+    opts = dict(options)
+    client = dict(opts.pop("client_kwargs", {}) or {})
+    client.setdefault("timeout", aiohttp.ClientTimeout(sock_connect=timeout_s, sock_read=timeout_s))
+    opts["client_kwargs"] = client
+    headers = dict(opts.get("headers") or {})
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token and not any(k.lower() == "authorization" for k in headers):
+        headers["Authorization"] = f"Bearer {token}"
+        opts["headers"] = headers
+    ca_file = opts.pop(CA_FILE_OPTION, None) or os.environ.get(CA_FILE_ENV, "").strip() or None
+    if ca_file is not None and "ssl" not in opts:
+        opts["ssl"] = _trusting(os.fspath(ca_file))
+    return opts
+
+
+def _trusting(ca_file: str) -> ssl.SSLContext:
+    """A verifying client context trusting the system's authorities and ``ca_file``."""
+    ctx = ssl.create_default_context()
+    try:
+        ctx.load_verify_locations(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"{CA_FILE_OPTION} / {CA_FILE_ENV} {ca_file}: cannot load certificates from it: {exc}"
+        ) from exc
+    return ctx

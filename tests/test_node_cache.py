@@ -1,0 +1,285 @@
+"""The node cache (issue 28): one checked copy per node, filled during epoch 1, kill-safe, no
+request for data once full, corrupted copies fetched again, Belady from the plan beats LRU."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardload
+from shardload.errors import ChunkReadError
+from shardload.move.cache import SUM_SUFFIX, TMP_MARK
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _stores import make_store
+from conftest import python_env
+
+METADATA = ("shardload.json", "checksums.npz", "zarr.json")
+
+
+class Served:
+    """A plain HTTP server (with ranges) over a folder that records the paths it served."""
+
+    def __init__(self, root: Path, delay_s: float = 0.0) -> None:
+        self.paths: list[str] = []
+        served = self
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                served.paths.append(self.path)
+                if delay_s:
+                    time.sleep(delay_s)
+                rng = self.headers.get("Range")
+                if not rng:
+                    return super().do_GET()
+                data = (root / self.path.lstrip("/")).read_bytes()
+                a, _, b = rng.removeprefix("bytes=").partition("-")
+                a, b = (len(data) - int(b), len(data)) if not a else (int(a), int(b or -1) + 1)
+                body = data[a : b if b > 0 else len(data)]
+                self.send_response(206)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(Handler, directory=str(root))
+        )
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def data_requests(self, since: int = 0) -> list[str]:
+        """The requests for the arrays' data (not the manifest, checksums or metadata)."""
+        return [p for p in self.paths[since:] if is_data(p.split("/", 2)[-1])]
+
+
+@contextlib.contextmanager
+def serving(root: Path, delay_s: float = 0.0) -> Iterator[Served]:
+    s = Served(root, delay_s)
+    try:
+        yield s
+    finally:
+        s.server.shutdown()
+        s.server.server_close()
+
+
+def is_data(rel: str) -> bool:
+    """A file of array x or y other than its metadata (chunk or shard files)."""
+    return rel.startswith(("x/", "y/")) and not rel.endswith(METADATA)
+
+
+def data_files(store: Path) -> list[str]:
+    found = (p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file())
+    return sorted(f for f in found if is_data(f))
+
+
+def epoch_rows(store, epoch: int, **kw) -> tuple[int, np.ndarray]:
+    """Rows read in one epoch and the x values of each row, by row index."""
+    n = len(store)
+    x = np.full((n, 4), np.nan, dtype="f4")
+    count = 0
+    for b in shardload.iter_batches(store, batch_size=16, epoch=epoch, seed=3, **kw):
+        x[b["index"]] = b["x"]
+        count += len(b["index"])
+    return count, x
+
+
+@pytest.fixture(params=["npy", "zarr", "parquet"])
+def store_dir(request, tmp_path: Path) -> Path:
+    if request.param in ("npy", "parquet"):
+        make_store(tmp_path / "src", fmt=request.param, n=203, chunk_rows=7, name="store")
+    else:
+        make_store(
+            tmp_path / "src",
+            fmt="zarr",
+            compression="zstd",
+            n=203,
+            chunk_rows=7,
+            name="store",
+            shard_chunks=2,
+        )
+    return tmp_path / "src" / "store"
+
+
+def test_epoch_two_makes_no_request_for_data(store_dir: Path, tmp_path: Path) -> None:
+    local = shardload.open_store(store_dir)
+    want = local.read("x", 0, len(local))
+    files = data_files(store_dir)
+    with serving(store_dir.parent) as srv:
+        url = f"{srv.url}/store"
+        store = shardload.open_store(url, cache_dir=tmp_path / "cache")
+        n, x = epoch_rows(store, 0)
+        assert n == len(local) and np.array_equal(x, want)
+        fetched = srv.data_requests()
+        assert sorted(p.removeprefix("/store/") for p in fetched) == files  # each file once
+        for epoch in (1, 2):  # a fresh handle, as a new DataLoader worker has
+            before = len(srv.paths)
+            again = shardload.open_store(url, cache_dir=tmp_path / "cache")
+            n, x = epoch_rows(again, epoch)
+            assert n == len(local) and np.array_equal(x, want)
+            assert srv.data_requests(before) == [], f"epoch {epoch} asked the server for data"
+
+
+def test_a_local_path_is_cached_too(tmp_path: Path) -> None:
+    make_store(tmp_path / "src", n=60, chunk_rows=7, name="store")
+    store = shardload.open_store(tmp_path / "src" / "store", cache_dir=tmp_path / "cache")
+    n, x = epoch_rows(store, 0)
+    assert n == 60 and np.array_equal(x, shardload.open_store(tmp_path / "src" / "store").read("x"))
+    cached = [p for p in (tmp_path / "cache").iterdir() if p.suffix not in (".lock", ".sum")]
+    assert len(cached) >= len(data_files(tmp_path / "src" / "store"))
+    assert store.fs.node_cache.stats["fills"] >= len(cached)
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, hashlib, numpy as np, shardload
+    url, cache = sys.argv[1], sys.argv[2]
+    store = shardload.open_store(url, cache_dir=cache)
+    x = np.zeros((len(store), 4), dtype="f4")
+    for b in shardload.iter_batches(store, batch_size=16, seed=3):
+        x[b["index"]] = b["x"]
+    print(hashlib.sha256(x.tobytes()).hexdigest(), store.fs.node_cache.stats["fills"])
+    """
+)
+
+
+def test_two_processes_fill_one_cache_at_once(tmp_path: Path) -> None:
+    import hashlib
+
+    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
+    local = shardload.open_store(tmp_path / "src" / "store")
+    want = hashlib.sha256(local.read("x", 0, len(local)).tobytes()).hexdigest()
+    with serving(tmp_path / "src", delay_s=0.01) as srv:
+        args = [sys.executable, "-c", CHILD, f"{srv.url}/store", str(tmp_path / "cache")]
+        procs = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=python_env())]
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=python_env()))
+        outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert [o[0] for o in outs] == [want, want]
+    files = data_files(tmp_path / "src" / "store")
+    fetched = srv.data_requests()
+    assert len(fetched) == len(set(fetched)) == len(files)  # one copy: each file fetched once
+    assert sum(int(o[1]) for o in outs) >= len(files)
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, sys, time, shardload
+    import shardload.move.cache as c
+    real = os.replace
+    count = [0]
+    def slow_replace(src, dst):
+        if not str(dst).endswith(".sum"):
+            count[0] += 1
+            if count[0] == 3:  # the third file: written, its record in place, not renamed yet
+                print("filling", flush=True)
+                time.sleep(600)
+        real(src, dst)
+    c.os.replace = slow_replace
+    store = shardload.open_store(sys.argv[1], cache_dir=sys.argv[2])
+    for b in shardload.iter_batches(store, batch_size=16, seed=3, threads=1):
+        pass
+    """
+)
+
+
+def test_kill_9_mid_fill_leaves_nothing_trusted(tmp_path: Path) -> None:
+    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
+    local = shardload.open_store(tmp_path / "src" / "store")
+    cache = tmp_path / "cache"
+    with serving(tmp_path / "src") as srv:
+        url = f"{srv.url}/store"
+        p = subprocess.Popen(
+            [sys.executable, "-c", KILLED, url, str(cache)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=python_env(),
+        )
+        assert p.stdout is not None and p.stdout.readline().strip() == "filling"
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(30)
+        left = [q.name for q in cache.iterdir() if TMP_MARK in q.name]
+        assert left, "the killed fill left its temporary file"
+        for q in cache.iterdir():  # every name in place has its record: nothing half made
+            if q.suffix not in (".lock", ".sum") and TMP_MARK not in q.name:
+                assert (cache / (q.name + SUM_SUFFIX)).exists()
+        store = shardload.open_store(url, cache_dir=cache)
+        n, x = epoch_rows(store, 0)
+    assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
+    assert not [q.name for q in cache.iterdir() if TMP_MARK in q.name]  # the dead pid's: gone
+
+
+def test_a_corrupted_cache_file_is_dropped_and_fetched_again(tmp_path: Path) -> None:
+    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
+    local = shardload.open_store(tmp_path / "src" / "store")
+    cache = tmp_path / "cache"
+    with serving(tmp_path / "src") as srv:
+        url = f"{srv.url}/store"
+        epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
+        (victim,) = [q for q in cache.glob("*.sum") if "/x/000003.npy" in q.read_text()]
+        path = cache / victim.name.removesuffix(".sum")
+        data = bytearray(path.read_bytes())
+        data[-8:] = b"\xff" * 8  # the last row's bytes: a wrong value if served
+        path.write_bytes(bytes(data))
+        before = len(srv.paths)
+        store = shardload.open_store(url, cache_dir=cache)
+        n, x = epoch_rows(store, 1)
+        assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
+        assert len(srv.data_requests(before)) == 1  # that file, fetched again
+        assert store.fs.node_cache.stats["refetched"] == 1
+
+
+def test_a_corrupt_file_at_the_source_is_refused_not_cached(tmp_path: Path) -> None:
+    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
+    root = tmp_path / "src" / "store"
+    victim = root / "x" / "000003.npy"
+    data = bytearray(victim.read_bytes())
+    data[-4:] = b"\x00\x00\xc0\x7f"  # a NaN where a value was
+    victim.write_bytes(bytes(data))
+    with serving(tmp_path / "src") as srv:
+        store = shardload.open_store(f"{srv.url}/store", cache_dir=tmp_path / "cache")
+        with pytest.raises(ChunkReadError, match=r"x/000003\.npy"):
+            epoch_rows(store, 0, shuffle=False)
+    records = [q.read_text() for q in (tmp_path / "cache").glob("*.sum")]
+    assert records and not any("x/000003.npy" in r for r in records)
+
+
+def test_belady_beats_lru_on_the_real_loader(tmp_path: Path, monkeypatch) -> None:
+    """At a cache of half the store's bytes, over 3 epochs of the real loader, the plan's
+    evictions hit >= 1.5x what least-recently-used evictions hit (hits = reads - fetches)."""
+    import shardload.load.batches as batches
+
+    make_store(tmp_path / "src", n=2000, chunk_rows=25, name="store")
+    root = tmp_path / "src" / "store"
+    half = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) // 2
+
+    def run(cache: Path) -> int:
+        with serving(tmp_path / "src") as srv:
+            for epoch in range(3):
+                store = shardload.open_store(f"{srv.url}/store", cache_dir=cache, cache_bytes=half)
+                # groups of 4 chunks: a group is a small part of the store, as in real ones
+                epoch_rows(store, epoch, split="train", shuffle_chunks=4)
+            return len(srv.data_requests())
+
+    train = len(shardload.open_store(root).manifest.split_chunks("train"))
+    reads = 3 * train * 2  # files of the train chunks (x and y), each epoch
+    belady = reads - run(tmp_path / "planned")
+    monkeypatch.setattr(batches, "plan_node_cache", lambda *a, **k: None)
+    lru = reads - run(tmp_path / "lru")
+    print("belady hits", belady, "lru hits", lru, "reads", reads)
+    assert belady >= 1.5 * lru, (belady, lru, reads)
