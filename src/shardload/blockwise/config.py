@@ -183,6 +183,11 @@ def parse_compute_config(raw: Mapping[str, Any], base: Path) -> ComputeConfig:
         raise ConfigError(f"chunks: {chunks!r}; give 'source' or {{axis: size, ...}} (-1: whole)")
     if "out" not in raw:
         raise ConfigError("out: the output store path is required")
+    if "://" in str(raw["out"]):  # Path("s3://b/x") would be the local folder "s3:/b/x"
+        raise ConfigError(
+            f"out: {raw['out']}: compute writes a local folder; copy it to S3 with "
+            "'shardload copy STORE s3://bucket/prefix'"
+        )
     execution = execution_config(
         raw.get("execution"), default_scheduler="threads", where="compute config"
     )

@@ -20,7 +20,9 @@ chunk rows shrink to fit; a --chunk-rows that would cut a split is refused, nami
 Like prepare, the copy writes DST.partial (locked: a second copy into the same DST is
 refused), records each block with its checksums, and publishes DST when complete. An
 interrupted copy resumes when run again with the same options. SRC is read with its
-checksums verified.
+checksums verified. DST may be s3://bucket/prefix (written locally, then uploaded with the
+manifest last; credentials and endpoint from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_ENDPOINT_URL; docs/moving.md, "S3 and S3-compatible storage").
 
 Examples:
   shardload copy old-store new-store                  # prepare's default layout
@@ -39,7 +41,7 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", metavar="SRC", help="source store: a folder or URL (http://, s3://...)")
-    p.add_argument("dst", metavar="DST", help="the new store's folder")
+    p.add_argument("dst", metavar="DST", help="the new store's folder, or s3://bucket/prefix")
     p.add_argument("--chunk-rows", type=int, metavar="N", help="rows per chunk (config chunk_rows)")
     p.add_argument(
         "--target-chunk-bytes",

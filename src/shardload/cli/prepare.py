@@ -133,8 +133,6 @@ def check_plan(cfg: Any) -> dict[str, Any]:
 
     Opens the source lazily (metadata only) to learn the view's length and arrays.
     """
-    from pathlib import Path
-
     from shardload.plan.chunks import plan_blocks
     from shardload.prep.planning import plan_store_rows
     from shardload.prep.tasks import build_source
@@ -145,12 +143,18 @@ def check_plan(cfg: Any) -> dict[str, Any]:
     chunk_rows = bounds.chunk_rows
     blocks = plan_blocks(bounds, cfg.shard_chunks) if cfg.shard_chunks else bounds
     splits, split_rows = plan.splits, plan.split_rows
-    out = Path(cfg.out)
-    partial = out.with_name(out.name + PARTIAL_SUFFIX)
+    from shardload.prep.driver import out_location
+
+    out = out_location(cfg.out)  # a ConfigError for a URL prepare cannot write
+    if isinstance(out, str):  # s3://: --check sends no request
+        out_exists = partial_exists = False
+    else:
+        out_exists = out.exists()
+        partial_exists = out.with_name(out.name + PARTIAL_SUFFIX).exists()
     return {
         "out": str(out),
-        "out_exists": out.exists(),
-        "partial_exists": partial.exists(),
+        "out_exists": out_exists,
+        "partial_exists": partial_exists,
         "overwrite": cfg.overwrite,
         "length": length,
         "view": cfg.view,

@@ -81,6 +81,8 @@ class DatesConfig:
 class PrepareConfig:
     source: SourceConfig
     out: str
+    #: for an ``out`` URL (s3://): passed to s3fs (credentials, endpoint_url, ...)
+    out_storage_options: Mapping[str, Any] = field(default_factory=dict)
     sample_dims: tuple[str, ...] = ()
     view: str = "flat"
     view_options: Mapping[str, Any] = field(default_factory=dict)
@@ -110,7 +112,29 @@ class PrepareConfig:
     dates: DatesConfig = field(default_factory=DatesConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(asdict(self))
+        """The config as plain data, secrets of the storage options replaced by ``***`` (it
+        goes into the manifest's provenance and the write fingerprint)."""
+        d = _plain(asdict(self))
+        d["out_storage_options"] = redact(d.get("out_storage_options") or {})
+        d["source"]["storage_options"] = redact(d["source"].get("storage_options") or {})
+        return d  # type: ignore[no-any-return]
+
+
+#: storage option names holding a secret (matched as parts of the lower-cased name)
+SECRET_WORDS = ("key", "secret", "token", "password", "session", "credential")
+
+
+def redact(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with the values of secret-looking names (and of nested mappings') as ``***``."""
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        if isinstance(v, Mapping):
+            out[k] = redact(v)
+        elif any(w in str(k).lower() for w in SECRET_WORDS):
+            out[k] = "***"
+        else:
+            out[k] = v
+    return out
 
 
 def _plain(obj: Any) -> Any:
@@ -269,6 +293,7 @@ def validate(raw: Mapping[str, Any], base: Path, *, where: str = "config") -> Pr
     return PrepareConfig(
         source=source,
         out=resolve_path(m.out, base),
+        out_storage_options=dict(m.out_storage_options),
         sample_dims=tuple(m.sample_dims),
         view=m.view.name,
         view_options=view_options,

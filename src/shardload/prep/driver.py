@@ -31,6 +31,7 @@ from shardload.prep.disk import disk_full_error, is_disk_full
 from shardload.prep.origin import RowOrigin
 from shardload.prep.planning import plan_store_rows
 from shardload.prep.publish import publish_store
+from shardload.prep.remote_commit import RemoteCommit, check_out_url
 from shardload.prep.run import run_blocks, workers_share_disk_cache
 from shardload.prep.sources.layout import ReadPlan
 from shardload.prep.tasks import PrepareJob, build, build_source, share_view
@@ -82,7 +83,7 @@ def write_store(
     execution) and open it: the run behind :func:`prepare`, and behind ``shardload copy`` with
     an ``origin`` (:class:`~shardload.prep.origin.RowOrigin`) in place of the config's source.
     ``source``: the opened source dataset (``build_source``), to plan reads in its own units."""
-    out = Path(cfg.out)
+    out = out_location(cfg.out)
     t0 = time.perf_counter() if t0 is None else t0
     plan = plan_store_rows(cfg, view, origin=origin, source=source, dataset=dataset)
     cfg, specs, length, row_bytes, bounds, reads = plan[:6]
@@ -90,12 +91,11 @@ def write_store(
     fingerprint = _fingerprint(cfg, specs, bounds, dataset, origin)
     fmt = get_writer(cfg.format)
     options = FormatOptions(cfg.compression, cfg.compression_level, cfg.shard_chunks)
-    commit = BlockCommit(
+    commit = _block_commit(
+        cfg,
         out,
         fingerprint=fingerprint,
         num_blocks=-(-bounds.num_chunks // (cfg.shard_chunks or 1)),
-        overwrite=cfg.overwrite,
-        describe={"config": cfg.to_dict()},
     )
     dated = _dated_stats(cfg, view, bounds, splits, split_rows)
     job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset, reads, origin, dated)
@@ -140,7 +140,45 @@ def write_store(
                 "re-run to resume"
             ) from exc
     _log_written(out, length * row_bytes, length, time.perf_counter() - t0)
+    if isinstance(out, str):
+        return open_store(out, storage_options=dict(cfg.out_storage_options) or None)
     return open_store(out)
+
+
+def out_location(out: str) -> Path | str:
+    """``out`` as a local path, or as the URL of an object store prepare writes to
+    (``ConfigError`` for other URLs): ``Path('s3://b/x')`` would be the folder ``s3:/b/x``."""
+    from shardload.prep.sources.paths import is_url
+
+    if out.startswith("file://"):
+        return Path(out[len("file://") :])
+    if is_url(out):
+        check_out_url(out)
+        return out
+    return Path(out)
+
+
+def _block_commit(
+    cfg: PrepareConfig, out: Path | str, *, fingerprint: str, num_blocks: int
+) -> BlockCommit:
+    """The commit of this run: into ``OUT.partial`` and renamed, or uploaded to a URL."""
+    describe = {"config": cfg.to_dict()}
+    if isinstance(out, str):
+        return RemoteCommit(
+            out,
+            storage_options=cfg.out_storage_options,
+            fingerprint=fingerprint,
+            num_blocks=num_blocks,
+            overwrite=cfg.overwrite,
+            describe=describe,
+        )
+    return BlockCommit(
+        out,
+        fingerprint=fingerprint,
+        num_blocks=num_blocks,
+        overwrite=cfg.overwrite,
+        describe=describe,
+    )
 
 
 def _create_store(
@@ -180,7 +218,7 @@ def _log_plan(job: PrepareJob, num_arrays: int, row_bytes: int) -> None:
     cfg, bounds = job.config, job.bounds
     log.info(
         "preparing %s: %d samples, %d array(s), %d chunk(s) of %d rows (%.1f MiB/chunk), format=%s compression=%s",
-        Path(cfg.out),
+        cfg.out,
         job.length,
         num_arrays,
         bounds.num_chunks,
@@ -261,7 +299,7 @@ def _share_view(job: PrepareJob, view: View) -> None:
         share_view(job.fingerprint, view)
 
 
-def _log_written(out: Path, total: int, length: int, dt: float) -> None:
+def _log_written(out: Path | str, total: int, length: int, dt: float) -> None:
     log.info(
         "wrote %s: %d samples, %.1f MiB in %.1f s (%.1f MiB/s)",
         out,
@@ -313,6 +351,7 @@ def _fingerprint(
         "split_seed",
         "split_shuffle",
         "default_split_shuffle",
+        "out_storage_options",
     ):
         d.pop(k, None)
     # of dates: only what changes the rows (never dated, the frequency); the rest changes

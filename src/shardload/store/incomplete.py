@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from shardload.errors import IncompleteStoreError
-from shardload.layout import JOB_FILE, PARTIAL_SUFFIX, PROGRESS_DIR
+from shardload.layout import JOB_FILE, MANIFEST_NAME, PARTIAL_SUFFIX, PROGRESS_DIR
 
 
 def writer_command(fs: Any, partial: str) -> str:
@@ -34,8 +34,19 @@ def partial_error(fs: Any, root: str, url: str) -> IncompleteStoreError:
 
 
 def interrupted_error(fs: Any, root: str, url: str) -> IncompleteStoreError:
-    """``url`` has no manifest but ``url.partial`` (or progress records) beside it."""
+    """``url`` has no manifest but ``url.partial`` beside it, or progress records in it (an
+    upload to an object store under way or interrupted)."""
     partial = f"{root}{PARTIAL_SUFFIX}"
+    try:
+        uploading = not fs.exists(partial)
+    except OSError:
+        uploading = False
+    if uploading:
+        return IncompleteStoreError(
+            f"{url} is not complete: a prepare (or copy) writing it was interrupted or is still "
+            f"uploading (found {url}/{PROGRESS_DIR} and no {MANIFEST_NAME}); re-run it with the "
+            "same config to resume"
+        )
     cmd = writer_command(fs, partial)
     return IncompleteStoreError(
         f"{url} is not complete: a {cmd} was interrupted or is still running (found "

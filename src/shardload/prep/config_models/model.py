@@ -53,6 +53,10 @@ class PrepareModel(StrictModel):
         BeforeValidator(source_shorthand),
     ]
     out: str = Field(description="the store folder to write (as OUT.partial, then renamed)")
+    out_storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="for out: s3://...: passed to s3fs (credentials, endpoint)",
+    )
     sample_dims: StrList = Field(default_factory=list)
     view: Annotated[ViewModel, BeforeValidator(view_shorthand)] = Field(
         default_factory=lambda: FlatViewModel(name="flat")

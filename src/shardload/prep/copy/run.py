@@ -42,12 +42,15 @@ def copy_store(
     progress: bool | None = None,
     execution: Mapping[str, Any] | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    dst_storage_options: Mapping[str, Any] | None = None,
     **layout: Any,
 ) -> Store:
     """Copy the store ``src`` (a folder or URL; any format; plain Zarr data too) into ``dst``
     in the layout prepare writes by default, or the one ``layout`` gives: ``format``,
     ``compression``, ``compression_level``, ``chunk_rows``, ``target_chunk_bytes``,
-    ``shard_chunks`` (prepare's config keys, same values and checks).
+    ``shard_chunks`` (prepare's config keys, same values and checks). ``dst`` may be an
+    ``s3://`` URL (written as prepare writes one; ``dst_storage_options`` for s3fs, else the
+    AWS environment variables); ``storage_options`` are the source's.
 
     Every array, row, dtype, attr and feature name is copied; the splits keep their rows (new
     chunk bounds keep every split boundary: planned chunk rows shrink to fit, a given
@@ -61,16 +64,30 @@ def copy_store(
         raise ConfigError(
             f"copy: unknown option(s) {unknown}; the layout options are {list(LAYOUT_KEYS)}"
         )
-    src_s, dst_path = os.fspath(src), Path(os.fspath(dst)).expanduser()
-    if "://" in str(dst):
-        raise ConfigError(f"copy: DST {dst} is a URL; copy writes a local folder")
+    src_s, dst_s = os.fspath(src), os.fspath(dst)
+    if dst_s.startswith("file://"):
+        dst_s = dst_s[len("file://") :]
+    if "://" in dst_s:  # an object store (s3://): checked as prepare checks out
+        from shardload.prep.remote_commit import check_out_url
+
+        try:
+            check_out_url(dst_s)
+        except ConfigError as exc:
+            raise ConfigError(f"copy: DST {exc}") from None
+        if dst_s.rstrip("/") == src_s.rstrip("/"):
+            raise ConfigError(f"copy: DST {dst_s} is the source store: copy into another prefix")
+        out = dst_s
+    else:
+        out = str(Path(dst_s).expanduser().absolute())
     store = _open_source(src_s, storage_options)
-    _check_paths(store, src_s, dst_path)
+    if "://" not in out:
+        _check_paths(store, src_s, Path(out))
     raw: dict[str, Any] = {  # what prepare's config says of a copy: its arrays, each as it is
         "source": {"paths": [src_s]},
         "sample_dims": ["sample"],
         "arrays": {name: [name] for name in store.arrays},
-        "out": str(dst_path.absolute()),
+        "out": out,
+        "out_storage_options": dict(dst_storage_options or {}),
         "overwrite": bool(overwrite),
         **{k: v for k, v in layout.items() if v is not None},
     }
