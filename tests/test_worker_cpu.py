@@ -33,7 +33,7 @@ def zstd(tmp_path_factory):
         (16, 2, True, 4, 4),  # many CPUs: at most 4
         (16, 8, True, 4, 2),
         (2, 4, True, 4, 1),  # more workers than CPUs: still one
-        (2, 2, False, 4, 2),  # remote: threads wait on the network
+        (2, 2, False, 4, 32),  # remote: threads wait on the network (URL_IN_FLIGHT)
         (16, 2, True, 1, 1),  # never more than the read-ahead
     ],
 )

@@ -225,13 +225,16 @@ class NodeCache:
             rec = dict(url=url, size=len(data), xxh3=got, stamp=_stamp(os.fstat(fd)))
             rec["checked"] = "store checksum" if want is not None else "fetched bytes"
             record = json.dumps(rec).encode()
-            if not self._make_room(key, len(data) + len(record)):  # the bound counts records
+
+            def publish() -> None:  # under the eviction lock: a concurrent fill sees it
+                _write_record(local, record)
+                os.replace(tmp, local)
+
+            if not self._make_room(key, len(data) + len(record), publish):  # records count
                 os.remove(tmp)  # served from the open copy, not kept (Belady: needed last)
                 self._count("bypassed")
                 self._hold(key, fd)
                 return fd
-            _write_record(local, record)
-            os.replace(tmp, local)
         except BaseException:
             os.close(fd)
             with contextlib.suppress(FileNotFoundError):
@@ -266,29 +269,41 @@ class NodeCache:
             self.stats[name] += n
 
     # -- the bound -----------------------------------------------------------------------------
-    def _make_room(self, key: str, size: int) -> bool:
-        """Evict until ``size`` more bytes fit; False when the new file should not be kept."""
+    def _make_room(self, key: str, size: int, publish: Callable[[], None]) -> bool:
+        """Evict until ``size`` more bytes fit and ``publish`` the new file, under the eviction
+        lock (two fills checking the bound at once would both fit and overshoot it together);
+        False (nothing published) when the new file should not be kept."""
         if self.cache_bytes is None:
+            publish()
             return True
         if size > self.cache_bytes:
             return False
         with locked(os.path.join(self.dir, EVICT_LOCK)):
-            entries = scan(self.dir)
-            total = sum(e[1] for e in entries.values())
+            fits = self._evict_for(key, size)
+            if fits:
+                publish()
+            return fits
+
+    def _evict_for(self, key: str, size: int) -> bool:
+        """Evict until ``size`` more bytes fit (the eviction lock held); False when the new
+        file should not be kept."""
+        assert self.cache_bytes is not None
+        entries = scan(self.dir)
+        total = sum(e[1] for e in entries.values())
+        if total + size <= self.cache_bytes:
+            return True
+        ranked = self._rank(entries)
+        plan = self.plan
+        known = plan is not None and bool(ranked) and plan.knows(key)
+        if known and plan.next_use(key, strict=True) >= ranked[0][0][0]:
+            return False  # read again after everything held (or never): not kept
+        for _, name in ranked:
             if total + size <= self.cache_bytes:
-                return True
-            ranked = self._rank(entries)
-            plan = self.plan
-            known = plan is not None and bool(ranked) and plan.knows(key)
-            if known and plan.next_use(key, strict=True) >= ranked[0][0][0]:
-                return False  # read again after everything held (or never): not kept
-            for _, name in ranked:
-                if total + size <= self.cache_bytes:
-                    break
-                if remove_entry(self.dir, name):  # 0: being filled, or gone already
-                    total -= entries[name][1]
-                    self._count("evicted")
-            return total + size <= self.cache_bytes
+                break
+            if remove_entry(self.dir, name):  # 0: being filled, or gone already
+                total -= entries[name][1]
+                self._count("evicted")
+        return total + size <= self.cache_bytes
 
     def _rank(
         self, entries: dict[str, tuple[float, int]]

@@ -10,7 +10,13 @@ Built in every process that opens the URL (so DataLoader workers read the same e
   ``storage_options={"ca_file": "cert.pem"}`` or ``SHARDLOAD_CA_FILE`` (trusted beside the
   system's authorities). A file name rather than an ``ssl.SSLContext`` keeps the options
   picklable for DataLoader workers started with spawn; an ``ssl`` option given directly (a
-  context, as aiohttp takes it) is passed on untouched.
+  context, as aiohttp takes it) is passed on untouched;
+- a bounded pool of connections: each opened store has its own client session (a private
+  filesystem), which keeps at most :data:`CONNECTIONS_PER_STORE` connections to the server and
+  closes one left idle for :data:`IDLE_KEEPALIVE_S` (aiohttp's defaults: 100 and 15 s). Many
+  stores opened by one process (every rank's, every epoch's) would otherwise hold hundreds of
+  idle keep-alive connections and meet the server's connection limit (``shardload serve``:
+  503 beyond 512 open).
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ TOKEN_ENV = "SHARDLOAD_TOKEN"
 CA_FILE_ENV = "SHARDLOAD_CA_FILE"
 #: shardload's own storage option (not fsspec's): the PEM file of ``CA_FILE_ENV``
 CA_FILE_OPTION = "ca_file"
+#: connections to the server at most per opened store: the reader's requests in flight
+#: (``move.remote.URL_IN_FLIGHT``) and the files' size queries of a staging copy
+CONNECTIONS_PER_STORE = 32
+#: a pooled connection idle this long closes (the server's own idle timeout is 30 s)
+IDLE_KEEPALIVE_S = 5.0
 
 
 def is_http(url: str) -> bool:
@@ -47,10 +58,23 @@ def http_options(options: Mapping[str, Any], timeout_s: float) -> dict[str, Any]
     if token and not any(k.lower() == "authorization" for k in headers):
         headers["Authorization"] = f"Bearer {token}"
         opts["headers"] = headers
+    opts.setdefault("get_client", bounded_client)
     ca_file = opts.pop(CA_FILE_OPTION, None) or os.environ.get(CA_FILE_ENV, "").strip() or None
     if ca_file is not None and "ssl" not in opts:
         opts["ssl"] = _trusting(os.fspath(ca_file))
     return opts
+
+
+async def bounded_client(**kwargs: Any) -> Any:
+    """fsspec's HTTP client session (its ``get_client`` option) on a bounded connection pool
+    (see the module docstring); a module function, so the options still pickle."""
+    import aiohttp
+
+    if "connector" not in kwargs:
+        kwargs["connector"] = aiohttp.TCPConnector(
+            limit=CONNECTIONS_PER_STORE, keepalive_timeout=IDLE_KEEPALIVE_S
+        )
+    return aiohttp.ClientSession(**kwargs)
 
 
 def _trusting(ca_file: str) -> ssl.SSLContext:

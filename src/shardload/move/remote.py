@@ -245,6 +245,12 @@ class RemoteFileSystem(AbstractFileSystem):
             self._cache_pid = os.getpid()
         return self._cache
 
+    def stop_read_ahead(self) -> None:
+        """End the node cache's read-ahead (a fetch under way completes): ``Store.close``."""
+        cache = self.node_cache if self.spec.cache_dir is not None else None
+        if cache is not None and cache.plan is not None:
+            cache.plan.close()
+
     def plan_cache(
         self,
         times: Mapping[str, Any],

@@ -58,8 +58,7 @@ class Store:
 
     @property
     def time(self) -> TimeAxis | None:
-        """A dated store's time axis (row ``i`` is ``time.dates[i]``; ``time.missing`` lists the
-        rows without data), else None. See :mod:`shardload.manifest.time`."""
+        """A dated store's time axis (:mod:`shardload.manifest.time`), else None."""
         return self.manifest.time_axis
 
     @property
@@ -159,13 +158,13 @@ class Store:
         a, b = self.manifest.chunk_range(i)
         return self.read(name, a, b)
 
-    def read_rows(
-        self, start: int, stop: int, names: Sequence[str] | None = None
-    ) -> dict[str, np.ndarray]:
-        """The same rows of several arrays (row-aligned)."""
+    def read_rows(self, start: int, stop: int, names: Sequence[str] | None = None) -> Any:
+        """The same rows of several arrays (row-aligned): ``{name: ndarray}``."""
         return {k: self.read(k, start, stop) for k in (names or self.arrays)}
 
     def close(self) -> None:
+        if hasattr(self.fs, "stop_read_ahead"):  # a node cache's read-ahead (cache_dir)
+            self.fs.stop_read_ahead()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
