@@ -1,0 +1,226 @@
+"""Open-time selection and combination of dated stores (``shardload.select``, ``join``,
+``concat``; issue #27): every result's values equal numpy on the stores' own rows (through
+``Store.read``, ``iter_batches`` and ``window=K``), its time axis and missing rows are right,
+a concatenation's statistics equal numpy over both stores' rows, and bad options are errors
+naming the option.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import shardload
+from _resume import assert_resumes_exactly
+from _stores import make_store
+from dated_fixtures import START, dated_store, set_time_axis
+from shardload.errors import PlanError
+
+H6 = np.timedelta64(6, "h")
+MISS_A = (3, 4, 9)
+MISS_B = (2,)
+
+
+@pytest.fixture(scope="module")
+def st(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sel")
+    a = dated_store(tmp, n=40, missing=MISS_A, splits={"all": 1.0}, name="a")
+    z = dated_store(
+        tmp, n=40, missing=(5,), fmt="zarr", compression="zstd", splits={"all": 1.0}, name="z"
+    )
+    b = dated_store(tmp, n=12, missing=MISS_B, chunk_rows=4, splits={"all": 1.0}, name="b")
+    b = set_time_axis(tmp / "b", start=START + 40 * H6, missing=MISS_B)  # right after a
+    g = dated_store(tmp, n=12, missing=MISS_B, chunk_rows=4, splits={"all": 1.0}, name="g")
+    g = set_time_axis(tmp / "g", start=START + 43 * H6, missing=MISS_B)  # 3 dates after a
+    return {"a": a, "z": z, "b": b, "g": g}
+
+
+def rows(store, name="x"):
+    return store.read(name, 0, len(store))
+
+
+def batches(store, **kw):
+    got = list(shardload.iter_batches(store, batch_size=5, shuffle=False, **kw))
+    return {k: np.concatenate([b[k] for b in got]) for k in got[0]}
+
+
+def test_time_selection_rows_dates_and_missing(st):
+    a = st["a"]
+    s = shardload.select(a, start="2020-01-01T12", end="2020-01-07", frequency="12h")
+    assert len(s) == 12 and s.time.start == np.datetime64("2020-01-01T12")
+    assert s.time.frequency_text == "12h"
+    np.testing.assert_array_equal(s.time.dates, a.time.dates[2:25:2])
+    assert s.time.missing == (1,)  # row 4 of a; rows 3 and 9 are not selected
+    for name in ("x", "y"):
+        np.testing.assert_array_equal(rows(s, name), rows(a, name)[2:25:2])
+        np.testing.assert_array_equal(s.read(name, 3, 8), rows(a, name)[8:17:2])
+    # a chunk of the selection lies in one chunk of a (5 rows: 2 selected rows each)
+    b = np.asarray(a.chunk_bounds)
+    for lo, hi in zip(s.chunk_bounds[:-1], s.chunk_bounds[1:], strict=True):
+        first, last = 2 + 2 * lo, 2 + 2 * (hi - 1)
+        assert np.searchsorted(b, first, "right") == np.searchsorted(b, last, "right")
+    got = batches(s)  # missing_dates="skip": the row of 2020-01-02T00 left out
+    keep = [i for i in range(12) if i != 1]
+    np.testing.assert_array_equal(got["index"], keep)
+    np.testing.assert_array_equal(got["x"], rows(a)[2:25:2][keep])
+    with pytest.raises(PlanError, match="missing_dates='error'"):
+        batches(s, missing_dates="error")
+
+
+def test_time_selection_of_a_compressed_store_and_defaults(st):
+    z = st["z"]
+    s = shardload.select(z, frequency="18h")
+    np.testing.assert_array_equal(rows(s), rows(z)[::3])
+    assert s.time.missing == () and s.time.start == z.time.start and len(s) == 14
+    s = shardload.select(z, end="2020-01-02T06")
+    np.testing.assert_array_equal(rows(s), rows(z)[:6])
+    assert s.time.missing == (5,) and s.manifest.splits == {}
+
+
+def test_windows_over_a_selection(st):
+    a = st["a"]
+    s = shardload.select(a, start="2020-01-02T06", frequency="12h")
+    full, dates, seen = rows(a), a.time.dates, []
+    for batch in shardload.iter_batches(s, batch_size=4, window=3, seed=1):
+        for i, r in enumerate(batch["index"].tolist()):
+            base = 5 + 2 * r  # row of a
+            np.testing.assert_array_equal(batch["x"][i], full[base : base + 6 : 2])
+            np.testing.assert_array_equal(batch["dates"][i], dates[base : base + 6 : 2])
+            seen.append(r)
+    # windows of 3 selected dates (rows 5, 7, 9, ... of a) that touch none of a's rows 9
+    want = [r for r in range(len(s) - 2) if 9 not in {5 + 2 * (r + j) for j in range(3)}]
+    assert sorted(seen) == want
+
+
+def test_arrays_selected_dropped_renamed_in_order(st):
+    a = st["a"]
+    s = shardload.select(a, arrays=["y", "x"], rename={"x": "state"})
+    assert s.arrays == ("y", "state")
+    np.testing.assert_array_equal(rows(s, "state"), rows(a, "x"))
+    assert s.manifest.stats["state"] == a.manifest.stats["x"]
+    assert s.manifest.splits == a.manifest.splits and s.chunk_bounds == a.chunk_bounds
+    assert s.time == a.time
+    d = shardload.select(a, drop=["x"])
+    assert d.arrays == ("y",) and set(d.manifest.stats) == {"y"}
+    got = batches(d)
+    assert set(got) == {"y", "index"}
+    np.testing.assert_array_equal(got["y"], np.delete(rows(a, "y"), MISS_A, axis=0))
+
+
+def test_join_same_dates_more_arrays(st):
+    a, z = st["a"], st["z"]
+    j = shardload.join(a, shardload.select(z, rename={"x": "x2", "y": "y2"}))
+    assert j.arrays == ("x", "y", "x2", "y2")
+    assert j.time.missing == (3, 4, 5, 9)  # missing in either
+    np.testing.assert_array_equal(rows(j, "x2"), rows(z))
+    np.testing.assert_array_equal(j.read("x", 7, 23), rows(a)[7:23])
+    assert j.manifest.stats["x2"] == z.manifest.stats["x"]
+    got = batches(j)
+    keep = [i for i in range(40) if i not in (3, 4, 5, 9)]
+    np.testing.assert_array_equal(got["x"], rows(a)[keep])
+    np.testing.assert_array_equal(got["y2"], rows(z, "y")[keep])
+
+
+def test_join_errors_name_the_disagreement(st):
+    a, b, z = st["a"], st["b"], st["z"]
+    with pytest.raises(PlanError, match=r"join: array 'x' is in .*a and in .*z.*rename"):
+        shardload.join(a, z)
+    with pytest.raises(PlanError, match=r"b\) starts at 2020-01-11T00:00:00, .*a 2020-01-01"):
+        shardload.join(a, shardload.select(b, rename={"x": "u", "y": "v"}))
+    with pytest.raises(PlanError, match=r"a\) has a length of 30, .*a 40"):
+        shardload.join(a, shardload.select(a, end="2020-01-08T06", rename={"x": "u", "y": "v"}))
+
+
+def test_concat_adjacent_and_with_a_gap(st):
+    a, b, g = st["a"], st["b"], st["g"]
+    c = shardload.concat(a, b)
+    assert len(c) == 52 and c.time.start == a.time.start and c.time.end == b.time.end
+    assert c.time.missing == (*MISS_A, 42)
+    for name in ("x", "y"):
+        np.testing.assert_array_equal(rows(c, name), np.concatenate([rows(a, name), rows(b, name)]))
+    np.testing.assert_array_equal(c.read("x", 37, 45), np.concatenate([rows(a)[37:], rows(b)[:5]]))
+    c = shardload.concat(a, g)
+    assert len(c) == 55 and c.time.missing == (*MISS_A, 40, 41, 42, 45)
+    np.testing.assert_array_equal(rows(c)[43:], rows(g))
+    assert np.isnan(rows(c)[40:43]).all() and (rows(c, "y")[40:43] == 0).all()
+    got = batches(c)  # the gap's dates are never served
+    keep = [i for i in range(55) if i not in c.time.missing]
+    np.testing.assert_array_equal(got["index"], keep)
+    np.testing.assert_array_equal(got["x"], rows(c)[keep])
+    assert not np.isnan(got["x"]).any()
+
+
+def test_concat_statistics_are_those_of_both_stores_rows(st):
+    a, b = st["a"], st["b"]
+    c = shardload.concat(a, b)
+    for name in ("x", "y"):
+        both = np.concatenate(
+            [np.delete(rows(a, name), MISS_A, 0), np.delete(rows(b, name), MISS_B, 0)]
+        )
+        both = both.astype("f8")
+        s = c.manifest.stats[name]
+        assert s.count == len(both) == 37 + 11
+        np.testing.assert_allclose(s.mean, both.mean(0), rtol=1e-12)
+        np.testing.assert_allclose(s.std, both.std(0), rtol=1e-9)
+        np.testing.assert_array_equal(s.min, both.min(0))
+        np.testing.assert_array_equal(s.max, both.max(0))
+        assert not s.nan_count.any()
+
+
+def test_concat_windows_across_the_seam_and_resume(st):
+    a, b = st["a"], st["b"]
+    c = shardload.concat(a, b)
+    full, seen = rows(c), []
+    for batch in shardload.iter_batches(c, batch_size=4, window=4, seed=2):
+        for i, r in enumerate(batch["index"].tolist()):
+            np.testing.assert_array_equal(batch["x"][i], full[r : r + 4])
+            np.testing.assert_array_equal(batch["dates"][i], c.time.dates[r : r + 4])
+            seen.append(r)
+    bad = set(c.time.missing)
+    assert sorted(seen) == [r for r in range(len(c) - 3) if not bad & set(range(r, r + 4))]
+    assert 38 in seen  # a window over the seam (rows 38-41: two of a, two of b)
+    assert_resumes_exactly(c, world=2, workers=2, batch_size=3, window=3, shuffle=True)
+    again = pickle.loads(pickle.dumps(c))  # as DataLoader workers get it
+    np.testing.assert_array_equal(rows(again), full)
+
+
+def test_concat_errors_name_the_store(st):
+    a, b, g = st["a"], st["b"], st["g"]
+    with pytest.raises(PlanError, match=r"b\) has frequency 12h, .*a 6h"):
+        shardload.concat(a, shardload.select(b, frequency="12h"))
+    with pytest.raises(PlanError, match=r"a starts at 2020-01-01T00:00:00, .*not a date after"):
+        shardload.concat(b, a)
+    with pytest.raises(PlanError, match=r"g has arrays \['x', 'y'\], select\(.*a\) \['x'\]"):
+        shardload.concat(shardload.select(a, arrays=["x"]), g)
+    with pytest.raises(PlanError, match="concat needs two stores"):
+        shardload.concat(a)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"start": "2020-01-01T03"}, r"start='2020-01-01T03'.* not on this time axis"),
+        ({"end": "2021-01-01"}, r"end='2021-01-01'.* not on this time axis"),
+        ({"frequency": "9h"}, r"frequency='9h' is not a multiple of the native frequency 6h"),
+        ({"frequency": "3h"}, r"frequency='3h' is not a multiple"),
+        ({"start": "2020-01-03", "end": "2020-01-02"}, r"end='2020-01-02' comes before start"),
+        ({"arrays": ["x", "w"]}, r"arrays=: array\(s\) \['w'\] not in store"),
+        ({"drop": ["w"]}, r"drop=: array\(s\) \['w'\] not in store"),
+        ({"rename": {"w": "v"}}, r"rename=: array\(s\) \['w'\] not in store"),
+        ({"rename": {"x": "y"}}, r"rename=: two arrays .* would be named 'y'"),
+        ({"drop": ["x", "y"]}, "leave no array"),
+        ({"arrays": "x"}, "give a list of array names"),
+    ],
+)
+def test_select_errors_name_the_option(st, kw, match):
+    with pytest.raises(PlanError, match=match):
+        shardload.select(st["a"], **kw)
+
+
+def test_time_options_need_a_dated_store(tmp_path):
+    plain = make_store(tmp_path)
+    with pytest.raises(PlanError, match="has no time axis"):
+        shardload.select(plain, start="2020-01-01")
+    assert shardload.select(plain, arrays=[plain.arrays[0]]).arrays == (plain.arrays[0],)
