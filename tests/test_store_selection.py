@@ -17,6 +17,8 @@ from _resume import assert_resumes_exactly
 from _stores import make_store
 from dated_fixtures import START, dated_store, set_time_axis
 from shardload.errors import PlanError
+from shardload.manifest.features import FeatureStats
+from shardload.manifest.merge import merge_feature_stats
 
 H6 = np.timedelta64(6, "h")
 MISS_A = (3, 4, 9)
@@ -224,3 +226,80 @@ def test_time_options_need_a_dated_store(tmp_path):
     with pytest.raises(PlanError, match="has no time axis"):
         shardload.select(plain, start="2020-01-01")
     assert shardload.select(plain, arrays=[plain.arrays[0]]).arrays == (plain.arrays[0],)
+
+
+def test_time_selection_statistics_are_the_underlying_stores(st):
+    a = st["a"]
+    s = shardload.select(a, start="2020-01-03", frequency="12h", rename={"x": "u"})
+    assert s.manifest.stats["u"] == a.manifest.stats["x"]
+    entry = s.manifest.time["statistics"]
+    assert entry["of"][0]["store"] == a.url and "selected from" in entry["rows"]
+    # two periods of one store: their statistics are the store's, not their rows': no merge
+    c = shardload.concat(
+        shardload.select(a, end="2020-01-05"), shardload.select(a, start="2020-01-06")
+    )
+    assert dict(c.manifest.stats) == {} and "none" in c.manifest.time["statistics"]["rows"]
+    np.testing.assert_array_equal(
+        rows(c), np.concatenate([rows(a)[:17], np.full((3, 24), np.nan), rows(a)[20:]])
+    )
+    assert c.time.missing == (*MISS_A, 17, 18, 19)
+
+
+def _stats(v: np.ndarray, exact: bool = False) -> FeatureStats:
+    valid = ~np.isnan(v)
+    n = valid.sum(0)
+    sums = None
+    if exact:
+        iv = v.astype(np.int64)
+        sums = (len(v), iv.sum(0), (iv * iv).sum(0))
+    return FeatureStats(
+        int(n.max()),
+        np.nanmean(v, 0),
+        np.nanstd(v, 0),
+        np.nanmin(v, 0),
+        np.nanmax(v, 0),
+        (~valid).sum(0),
+        sums,
+    )
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's of a feature without values
+def test_merged_statistics_with_nan_and_exact_sums():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(30, 4)), rng.normal(3, 2, size=(17, 4))
+    x[:5, 1] = np.nan  # per-feature counts differ
+    y[:, 2] = np.nan  # a feature with no value in y
+    y[3, 0] = np.nan
+    both = np.concatenate([x, y])
+    m = merge_feature_stats(_stats(x), _stats(y))
+    np.testing.assert_allclose(m.mean, np.nanmean(both, 0), rtol=1e-12)
+    np.testing.assert_allclose(m.std, np.nanstd(both, 0), rtol=1e-12)
+    np.testing.assert_array_equal(m.nan_count, np.isnan(both).sum(0))
+    np.testing.assert_array_equal(m.min, np.nanmin(both, 0))
+    assert m.count == 47  # the most values of a feature (feature 3: every row)
+    i, j = rng.integers(-1000, 1000, (30, 3)), rng.integers(0, 10**6, (9, 3))
+    e = merge_feature_stats(_stats(i.astype("f8"), True), _stats(j.astype("f8"), True))
+    ij = np.concatenate([i, j])
+    assert e.exact_sums is not None and e.exact_sums[0] == 39
+    np.testing.assert_array_equal(e.exact_sums[1], ij.sum(0))
+    np.testing.assert_allclose(e.mean, ij.mean(0), rtol=1e-15)
+    np.testing.assert_allclose(e.std, ij.std(0), rtol=1e-13)
+
+
+def test_torch_datasets_read_a_combination(st):
+    pytest.importorskip("torch")
+    from shardload.torch import MapDataset, StreamingDataLoader, StreamingDataset
+
+    c = shardload.concat(st["a"], st["g"])
+    keep = [i for i in range(len(c)) if i not in c.time.missing]
+    full = rows(c)
+    ds = MapDataset(c)
+    assert len(ds) == len(keep)
+    np.testing.assert_array_equal(np.asarray(ds[len(keep) - 1]["x"]), full[keep[-1]])
+    seen = []
+    loader = StreamingDataLoader(StreamingDataset(c, batch_size=4, seed=1), num_workers=2)
+    for b in loader:
+        idx = b["index"].numpy()
+        np.testing.assert_array_equal(b["x"].numpy(), full[idx])
+        seen += idx.tolist()
+    assert sorted(seen) == keep

@@ -21,17 +21,11 @@ so): nothing is read again.
 from __future__ import annotations
 
 import dataclasses
-import os
-from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
-
-import numpy as np
+from typing import Any
 
 from shardload.errors import PlanError
-from shardload.formats.base import ArrayReader
 from shardload.manifest.combine import (
-    GAP,
     Piece,
     join_axes,
     plan_chunk_bounds,
@@ -42,97 +36,10 @@ from shardload.manifest.core import ArrayInfo, Manifest
 from shardload.manifest.features import FeatureStats
 from shardload.manifest.merge import merge_feature_stats
 from shardload.manifest.time import TimeAxis, tendency_key
+from shardload.store.combined import CombinedStore, Source
 from shardload.store.core import Store
 
-__all__ = ["CombinedStore", "concat", "join", "select"]
-
-
-class Source(NamedTuple):
-    """Where an array of the result comes from: its name in each store (None: not there) and,
-    for a join, the one store it is read from row for row (``part``)."""
-
-    names: tuple[str | None, ...]
-    part: int | None = None
-
-
-class CombinedReader:
-    """Rows of a :class:`CombinedStore`, read from its stores' readers."""
-
-    def __init__(self, store: CombinedStore) -> None:
-        self.store = store
-        self.starts = [p.start for p in store.pieces]
-
-    def read(self, name: str, start: int, stop: int) -> np.ndarray:
-        st = self.store
-        info = st.manifest.arrays[name]
-        out = np.empty((max(0, stop - start), *info.row_shape), info.dtype)
-        src = st.sources[name]
-        if src.part is not None:  # joined: row for row from its own store
-            base = st.parts[src.part]
-            out[...] = base.reader.read(_name(src, src.part), start, stop)
-            return out
-        i = max(0, bisect_right(self.starts, start) - 1)
-        while i < len(st.pieces) and st.pieces[i].start < stop:
-            p = st.pieces[i]
-            a, b = max(start, p.start), min(stop, p.start + p.rows)
-            if a < b:
-                _read_piece(st, src, p, a, b, out[a - start : b - start])
-            i += 1
-        return out
-
-    def close(self) -> None:
-        """Nothing of its own: the stores' readers are theirs to close."""
-
-
-def _name(src: Source, part: int) -> str:
-    name = src.names[part]
-    assert name is not None  # checked when the store was made
-    return name
-
-
-def _read_piece(st: CombinedStore, src: Source, p: Piece, a: int, b: int, out: np.ndarray) -> None:
-    """Rows ``[a, b)`` of the result, in piece ``p``, into ``out``: a gap's rows filled
-    (NaN, or 0 for integers: they are missing dates, which loaders leave out), a store's read
-    a chunk of that store at a time (every ``step``-th row of its bounding span)."""
-    if p.part == GAP:
-        out[...] = np.nan if np.issubdtype(out.dtype, np.inexact) else 0
-        return
-    base, name = st.parts[p.part], _name(src, p.part)
-    rows = p.base + (np.arange(a, b) - p.start) * p.step
-    if p.step == 1:
-        out[...] = base.reader.read(name, int(rows[0]), int(rows[-1]) + 1)
-        return
-    bounds = np.asarray(base.manifest.chunk_bounds)
-    chunk = np.searchsorted(bounds, rows, "right")
-    cuts = np.flatnonzero(np.diff(chunk)) + 1
-    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(rows)], strict=True):
-        r0, r1 = int(rows[lo]), int(rows[hi - 1])
-        out[lo:hi] = base.reader.read(name, r0, r1 + 1)[:: p.step]
-
-
-class CombinedStore(Store):
-    """A store whose rows are rows of other stores (``parts``): see the module. Pickles as its
-    stores do; its reader reads through theirs."""
-
-    def __init__(
-        self,
-        manifest: Manifest,
-        parts: Sequence[Store],
-        pieces: Sequence[Piece],
-        sources: Mapping[str, Source],
-        *,
-        url: str,
-    ) -> None:
-        first = parts[0]
-        super().__init__(manifest, first.fs, first.root, url=url, verify=first.verify)
-        self.parts, self.pieces, self.sources = tuple(parts), tuple(pieces), dict(sources)
-
-    @property
-    def reader(self) -> ArrayReader:
-        if self._reader is None or self._pid != os.getpid():
-            self._reader = CombinedReader(self)
-            self._pid = os.getpid()
-        return self._reader
+__all__ = ["concat", "join", "select"]
 
 
 # -- checks ---------------------------------------------------------------------------------------
@@ -248,6 +155,11 @@ def _picked_stats(
     return out
 
 
+def _own_stats(store: Store) -> bool:
+    """Whether ``store.manifest.stats`` describe its own rows (not a time selection's)."""
+    return bool(getattr(store, "own_stats", True))
+
+
 def _stats_entry(store: Store) -> dict[str, Any]:
     entry = store.manifest.time.get("statistics")
     return {"store": store.url, **(dict(entry) if isinstance(entry, Mapping) else {})}
@@ -289,7 +201,7 @@ def select(
     stats = _picked_stats(store, names, tendencies, piece.step)
     statistics = store.manifest.time.get("statistics")
     if timed:
-        statistics = {"of": [_stats_entry(store)]}
+        statistics = {"of": [_stats_entry(store)], "rows": "those of the store selected from"}
     m = _manifest(
         store.manifest,
         names,
@@ -301,7 +213,8 @@ def select(
         tendencies=tendencies,
     )
     sources = {new: Source((old,)) for new, old in names.items()}
-    return CombinedStore(m, [store], [piece], sources, url=f"select({store.url})")
+    own = _own_stats(store) and not timed
+    return CombinedStore(m, [store], [piece], sources, url=f"select({store.url})", own_stats=own)
 
 
 def join(*stores: Store) -> CombinedStore:
@@ -343,7 +256,8 @@ def join(*stores: Store) -> CombinedStore:
         tendencies=tendencies,
         arrays=infos,
     )
-    return CombinedStore(m, stores, pieces, sources, url=f"join({', '.join(urls)})")
+    own = all(_own_stats(s) for s in stores)
+    return CombinedStore(m, stores, pieces, sources, url=f"join({', '.join(urls)})", own_stats=own)
 
 
 def concat(*stores: Store) -> CombinedStore:
@@ -351,7 +265,8 @@ def concat(*stores: Store) -> CombinedStore:
     frequency, each starting one step after the one before ends, or later: the dates in
     between are missing dates (rows of NaN, or 0 for integer arrays, that loaders leave out).
     Statistics: per array, the exact merge of every store's (an array some store has no
-    statistics for has none); no tendency statistics (the pairs of dates across a seam are in
+    statistics for has none; none at all when a store is a time selection, whose statistics
+    are those of the store it selects from); no tendency statistics (the pairs of dates across a seam are in
     no store's)."""
     if len(stores) < 2:
         raise PlanError(f"concat needs two stores or more, got {len(stores)}")
@@ -374,7 +289,11 @@ def concat(*stores: Store) -> CombinedStore:
     axis, pieces = plan_concat([_axis(s, "concat") for s in stores], urls)
     bounds = plan_chunk_bounds(pieces, [s.chunk_bounds for s in stores], first.manifest.chunk_rows)
     stats: dict[str, FeatureStats] = {}
-    for name in first.arrays:
+    statistics: dict[str, Any] = {"of": [_stats_entry(s) for s in stores]}
+    own = all(_own_stats(s) for s in stores)
+    if not own:  # a time selection's statistics are another period's: no merge
+        statistics["rows"] = "none: the statistics of a time selection are not its rows'"
+    for name in first.arrays if own else ():
         if all(name in s.manifest.stats for s in stores):
             merged = first.manifest.stats[name]
             for s in stores[1:]:
@@ -386,7 +305,7 @@ def concat(*stores: Store) -> CombinedStore:
         axis=axis,
         bounds=bounds,
         stats=stats,
-        statistics={"of": [_stats_entry(s) for s in stores]},
+        statistics=statistics,
         keep_splits=False,
     )
     sources = {n: Source(tuple(n for _ in stores)) for n in first.arrays}
