@@ -303,3 +303,8 @@ def test_torch_datasets_read_a_combination(st):
         np.testing.assert_array_equal(b["x"].numpy(), full[idx])
         seen += idx.tolist()
     assert sorted(seen) == keep
+
+
+def test_variables_need_an_anemoi_store(st):
+    with pytest.raises(PlanError, match=r"variables=.*anemoi-datasets store's array 'data'"):
+        shardload.select(st["a"], variables=["t2m"])

@@ -38,6 +38,7 @@ from shardload.manifest.merge import merge_feature_stats
 from shardload.manifest.time import TimeAxis, tendency_key
 from shardload.store.combined import CombinedStore, Source
 from shardload.store.core import Store
+from shardload.store.variables import select_variables
 
 __all__ = ["concat", "join", "select"]
 
@@ -175,11 +176,16 @@ def select(
     arrays: Sequence[str] | None = None,
     drop: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None,
+    variables: Sequence[str] | None = None,
+    drop_variables: Sequence[str] | None = None,
 ) -> CombinedStore:
     """A lazy selection of ``store``: dates ``start`` to ``end`` (both included, on the
     store's time axis) every ``frequency`` (a multiple of the native one, e.g. ``"12h"`` of a
     6-hourly store: every 2nd date), arrays picked and ordered (``arrays``), left out
     (``drop``), renamed (``rename={old: new}``). The time options need a dated store.
+    ``variables`` (pick and order) and ``drop_variables`` select along the variables axis of
+    an anemoi-datasets store's ``data`` (axis 0 of a row, :mod:`shardload.formats.zarr.anemoi`):
+    the row shape changes, ``anemoi_metadata`` follows (names, per-variable statistics).
 
     Statistics: the selected arrays keep theirs, which are those of ``store`` over its own
     statistics period (a time selection does not recompute them: the ``time`` entry's
@@ -213,6 +219,8 @@ def select(
         tendencies=tendencies,
     )
     sources = {new: Source((old,)) for new, old in names.items()}
+    if variables is not None or drop_variables is not None:
+        m, sources = select_variables(store, m, sources, variables, drop_variables)
     own = _own_stats(store) and not timed
     return CombinedStore(m, [store], [piece], sources, url=f"select({store.url})", own_stats=own)
 

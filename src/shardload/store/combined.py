@@ -26,6 +26,10 @@ class Source(NamedTuple):
 
     names: tuple[str | None, ...]
     part: int | None = None
+    #: the variables kept (indices of axis 0 of a row: anemoi's variables), and the row shape
+    #: of the store read before they are picked; None: whole rows
+    picked: tuple[int, ...] | None = None
+    row_shape: tuple[int, ...] = ()
 
 
 class CombinedReader:
@@ -38,19 +42,21 @@ class CombinedReader:
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
         st = self.store
         info = st.manifest.arrays[name]
-        out = np.empty((max(0, stop - start), *info.row_shape), info.dtype)
         src = st.sources[name]
+        shape = info.row_shape if src.picked is None else src.row_shape
+        out = np.empty((max(0, stop - start), *shape), info.dtype)
         if src.part is not None:  # joined: row for row from its own store
             base = st.parts[src.part]
             out[...] = base.reader.read(_name(src, src.part), start, stop)
-            return out
         i = max(0, bisect_right(self.starts, start) - 1)
-        while i < len(st.pieces) and st.pieces[i].start < stop:
+        while src.part is None and i < len(st.pieces) and st.pieces[i].start < stop:
             p = st.pieces[i]
             a, b = max(start, p.start), min(stop, p.start + p.rows)
             if a < b:
                 _read_piece(st, src, p, a, b, out[a - start : b - start])
             i += 1
+        if src.picked is not None:  # the variables picked (whole rows read: a chunk decodes whole)
+            return np.take(out, src.picked, axis=1)
         return out
 
     def close(self) -> None:
