@@ -61,3 +61,15 @@ def test_drop_variables_and_errors(built):
         shardload.select(store, variables=["q"])
     with pytest.raises(PlanError, match="leave no variable"):
         shardload.select(store, drop_variables=["t2m", "msl", "z"])
+
+
+def test_concat_of_periods_drops_anemois_statistics(built):
+    store, ref = built
+    c = shardload.concat(
+        shardload.select(store, end="2020-01-01T18"), shardload.select(store, start="2020-01-02T12")
+    )
+    assert c.time.missing == (4, 5)  # 2020-01-02T00 (missing in the store) and the gap's 06
+    keep = [i for i in range(12) if i not in (4, 5)]
+    np.testing.assert_array_equal(c.read("data")[keep], ref.rows[keep])
+    meta = anemoi_metadata(c.manifest)
+    assert meta is not None and meta.statistics == {} and dict(c.manifest.stats) == {}

@@ -316,5 +316,9 @@ def concat(*stores: Store) -> CombinedStore:
         statistics=statistics,
         keep_splits=False,
     )
+    anemoi = first.manifest.static.get("anemoi")
+    if isinstance(anemoi, Mapping):  # anemoi's per-variable statistics: one store's, no counts
+        meta = {**anemoi, "statistics": {}, "tendencies": {}}
+        m = dataclasses.replace(m, static={**m.static, "anemoi": meta})
     sources = {n: Source(tuple(n for _ in stores)) for n in first.arrays}
     return CombinedStore(m, stores, pieces, sources, url=f"concat({', '.join(urls)})")
