@@ -308,3 +308,43 @@ def test_torch_datasets_read_a_combination(st):
 def test_variables_need_an_anemoi_store(st):
     with pytest.raises(PlanError, match=r"variables=.*anemoi-datasets store's array 'data'"):
         shardload.select(st["a"], variables=["t2m"])
+
+
+def test_tendency_statistics_follow_the_selection(tmp_path):
+    import xarray as xr
+
+    rng = np.random.default_rng(0)
+    t = rng.normal(size=(16, 2, 3)).cumsum(0).astype("f4")
+    dates = START + np.arange(16) * H6
+    xr.Dataset({"t": (("time", "lat", "lon"), t)}, coords={"time": dates}).to_netcdf(
+        tmp_path / "t.nc"
+    )
+    store = shardload.prepare(
+        {
+            "source": str(tmp_path / "t.nc"),
+            "sample_dims": ["time"],
+            "arrays": {"x": ["t"]},
+            "chunk_rows": 4,
+            "dates": {"statistics": "all", "tendencies": [1, 2]},
+            "out": str(tmp_path / "s"),
+        }
+    )
+    stats = store.manifest.stats
+    r = shardload.select(store, rename={"x": "u"})
+    assert r.manifest.stats["u/tendency_2"] == stats["x/tendency_2"]
+    assert r.manifest.time["tendencies"] == [1, 2]
+    s = shardload.select(store, frequency="12h", rename={"x": "u"})
+    # one step of the selection is two of the store
+    assert s.manifest.stats["u/tendency_1"] == stats["x/tendency_2"]
+    assert "u/tendency_2" not in s.manifest.stats and s.manifest.time["tendencies"] == [1]
+    assert s.manifest.stats["u"] == stats["x"]
+
+
+def test_to_xarray_of_a_selection_has_its_rows_and_no_stale_coordinates(st):
+    pytest.importorskip("dask")
+    a = st["a"]
+    s = shardload.select(a, frequency="12h")
+    ds = s.to_xarray()
+    np.testing.assert_array_equal(ds["x"].values, rows(a)[::2])
+    assert "time" not in ds.coords  # prepare's coordinates describe a's rows, not these
+    assert "time" in a.to_xarray().coords

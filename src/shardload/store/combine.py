@@ -128,6 +128,8 @@ def _manifest(
         chunk_bounds=bounds,
         arrays=infos,
         splits=dict(base.splits) if keep_splits else {},
+        # the sample coordinates prepare wrote (_coords.npz) are the first store's rows'
+        options=dict(base.options) if keep_splits else _without_coords(base.options),
         split_rows=dict(base.split_rows) if keep_splits else {},
         stats=stats,
         checksums="",  # each store's reader checks its own chunks
@@ -135,6 +137,10 @@ def _manifest(
         time=time,
         complete=True,
     )
+
+
+def _without_coords(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k != "sample_coords"}
 
 
 def _tendencies(store: Store) -> list[int]:
