@@ -348,3 +348,13 @@ def test_to_xarray_of_a_selection_has_its_rows_and_no_stale_coordinates(st):
     np.testing.assert_array_equal(ds["x"].values, rows(a)[::2])
     assert "time" not in ds.coords  # prepare's coordinates describe a's rows, not these
     assert "time" in a.to_xarray().coords
+
+
+def test_planner_doctests():
+    import doctest
+
+    from shardload.manifest import combine, merge
+
+    for module in (combine, merge):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0

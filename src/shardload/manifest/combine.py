@@ -162,6 +162,8 @@ def plan_chunk_bounds(
 
     >>> plan_chunk_bounds([Piece(0, 4, 0, 1, 2)], [(0, 3, 6, 9)], 5)
     (0, 1, 3, 4)
+    >>> plan_chunk_bounds([Piece(0, 6, 0), Piece(0, 6, 1)], [(0, 4, 6), (0, 3, 6)], 1)  # a join
+    (0, 3, 4, 6)
     """
     bounds = {0}
     for p in pieces:
