@@ -358,3 +358,20 @@ def test_planner_doctests():
     for module in (combine, merge):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.parametrize("fmt", ["a", "z"])
+def test_time_selections_sweep_equal_numpy(st, fmt):
+    store = st[fmt]
+    full, dates, missing = rows(store), store.time.dates, set(store.time.missing)
+    for r0, r1, step in [(0, 39, 1), (1, 38, 3), (7, 7, 1), (4, 36, 4), (0, 39, 7), (13, 29, 5)]:
+        s = shardload.select(store, start=dates[r0], end=dates[r1], frequency=f"{6 * step}h")
+        base = list(range(r0, r1 + 1, step))
+        assert len(s) == len(base)
+        np.testing.assert_array_equal(s.time.dates, dates[base])
+        assert s.time.missing == tuple(i for i, r in enumerate(base) if r in missing)
+        np.testing.assert_array_equal(rows(s), full[base])
+        keep = [i for i, r in enumerate(base) if r not in missing]
+        got = batches(s)
+        np.testing.assert_array_equal(got["index"], keep)
+        np.testing.assert_array_equal(got["y"], rows(store, "y")[base][keep])
