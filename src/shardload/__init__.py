@@ -18,13 +18,24 @@ from typing import TYPE_CHECKING, Any
 
 from shardload.version import __version__
 
-__all__ = ["__version__", "compute", "copy", "iter_batches", "open_store", "prepare"]
+__all__ = [
+    "__version__",
+    "compute",
+    "concat",
+    "copy",
+    "iter_batches",
+    "join",
+    "open_store",
+    "prepare",
+    "select",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from shardload.blockwise import compute
     from shardload.load.batches import iter_batches
     from shardload.prep.copy import copy_store as copy
     from shardload.prep.driver import prepare
+    from shardload.store.combine import concat, join, select
     from shardload.store.core import open_store
 
 
@@ -35,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from shardload.store.core import open_store
 
         return open_store
+    if name in ("select", "join", "concat"):  # open-time selection and combination
+        from shardload.store import combine
+
+        return getattr(combine, name)
     if name == "prepare":
         from shardload.prep.driver import prepare
 
