@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("model", choices=("mlp", "gnn", "lstm", "forecast"))
     p.add_argument("store", help="path or URL of a prepared store")
-    p.add_argument("--epochs", type=int, default=10, metavar="N")
+    p.add_argument("--epochs", type=int, default=None, metavar="N", help="(default 10; forecast 4)")
     p.add_argument(
         "--max-steps",
         type=int,
@@ -134,8 +134,11 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 
 def _check(args: argparse.Namespace) -> None:
+    forecast = args.model == "forecast"
+    if args.epochs is None:
+        args.epochs = 4 if forecast else 10
     if args.batch_size is None:
-        args.batch_size = 32 if args.model == "forecast" else 256
+        args.batch_size = 32 if forecast else 256
     for name in ("epochs", "batch_size", "devices", "inputs", "rollout"):
         if getattr(args, name) < 1:
             raise ShardloadError(

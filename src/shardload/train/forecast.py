@@ -164,7 +164,7 @@ class ForecastTask(ExampleTask):
             )
         self.inputs, self.steps = self._options
         grid = plan_state_grid(manifest.arrays[STATE].features or ())
-        self.model = StateCNN(grid, inputs=self.inputs, hidden=hidden or 32)
+        self.model = StateCNN(grid, inputs=self.inputs, hidden=hidden or 16)
         mean = np.asarray(manifest.stats[STATE].mean, dtype=np.float32)
         if self.normalize is not None and STATE in self.normalize.params:
             shift, scale = self.normalize.params[STATE]

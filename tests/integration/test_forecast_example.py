@@ -1,0 +1,60 @@
+"""``shardload train forecast`` learns the dynamics of ``shardload sample states``: the shipped
+path (sample, the shipped ``era5-states.yaml``, prepare, train) at a small size ends with a
+validation loss below persistence's and the mean predictor's, both scored on the same windows.
+The documented default run (docs/training.md) is the slow one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "src" / "shardload" / "configs"
+
+
+def _run(work: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SHARDLOAD_HOME": str(work / "home")}
+    res = subprocess.run(
+        [sys.executable, "-m", "shardload", *args],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert res.returncode == 0, (args, res.stderr[-3000:])
+    return res
+
+
+def _forecast(work: Path, sample: tuple[str, ...], train: tuple[str, ...]) -> dict:
+    _run(work, "sample", "states", "--out", ".", *sample)
+    shutil.copy(CONFIGS / "era5-states.yaml", work)
+    _run(work, "prepare", "era5-states.yaml", "--no-progress")
+    _run(work, "train", "forecast", "era5-states", "--out", "out", *train)
+    got = json.loads((work / "out" / "metrics.json").read_text())
+    assert got["model"] == "forecast" and got["epochs"] >= 1
+    assert got["val_loss"] < got["val_loss_persistence"], got
+    assert got["val_loss"] < got["val_loss_mean_predictor"], got
+    # persistence is a real baseline here: far better than the train mean
+    assert got["val_loss_persistence"] < got["val_loss_mean_predictor"], got
+    return got
+
+
+@pytest.mark.slow
+def test_small_forecast_beats_persistence(tmp_path):
+    _forecast(tmp_path, ("--dates", "480"), ("--epochs", "2"))
+
+
+@pytest.mark.slow
+def test_documented_forecast_halves_persistence(tmp_path):
+    got = _forecast(tmp_path, (), ())
+    assert got["val_loss"] <= 0.5 * got["val_loss_persistence"], got
