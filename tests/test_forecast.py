@@ -69,3 +69,15 @@ def test_cnn_starts_as_persistence_and_wraps_in_longitude():
     rolled = torch.roll(grid, 3, dims=-1).reshape(3, 2, 16)
     out = model(states).reshape(3, 2, 8)
     torch.testing.assert_close(model(rolled).reshape(3, 2, 8), torch.roll(out, 3, dims=-1))
+
+
+def test_a_store_without_dates_is_refused_with_what_it_has():
+    from types import SimpleNamespace
+
+    from shardload.train.forecast import ForecastTask
+
+    undated = SimpleNamespace(time=None, arrays={"x": None, "y": None})
+    with pytest.raises(ShardloadError, match=r"dated store.*\['x', 'y'\].*no time axis"):
+        ForecastTask(undated)
+    with pytest.raises(ShardloadError, match="--rollout must be >= 1"):
+        ForecastTask(undated, rollout=0)
