@@ -48,7 +48,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("model", choices=("mlp", "gnn", "lstm", "forecast"))
     p.add_argument("store", help="path or URL of a prepared store")
-    p.add_argument("--epochs", type=int, default=None, metavar="N", help="(default 10; forecast 4)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="epochs (default: 10; forecast: 4)",
+    )
     p.add_argument(
         "--max-steps",
         type=int,
@@ -59,9 +65,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--batch-size",
         type=int,
-        default=None,
+        default=argparse.SUPPRESS,
         metavar="B",
-        help="rows (forecast: windows) per batch per rank (default 256; forecast 32)",
+        help="rows (forecast: windows) per batch per rank (default: 256; forecast: 32)",
     )
     p.add_argument(
         "--num-workers", type=int, default=2, metavar="W", help="DataLoader workers per rank"
@@ -135,9 +141,10 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 def _check(args: argparse.Namespace) -> None:
     forecast = args.model == "forecast"
-    if args.epochs is None:
+    # per-model defaults (argparse.SUPPRESS: absent unless given)
+    if getattr(args, "epochs", None) is None:
         args.epochs = 4 if forecast else 10
-    if args.batch_size is None:
+    if getattr(args, "batch_size", None) is None:
         args.batch_size = 32 if forecast else 256
     for name in ("epochs", "batch_size", "devices", "inputs", "rollout"):
         if getattr(args, name) < 1:
