@@ -79,6 +79,7 @@ def register(subparsers) -> None:
     rad.set_defaults(func=run_radiation)
     add_seismic_parser(kinds)
     add_era5_parser(kinds)
+    add_states_parser(kinds)
 
 
 def run_radiation(args: argparse.Namespace) -> int:
@@ -166,4 +167,33 @@ def run_era5(args: argparse.Namespace) -> int:
         args.out, members=args.members, times=args.times, seed=args.seed, grid_deg=args.grid_deg
     )
     print(f"wrote {out} (z, t: {args.members} members x {args.times} times)")
+    return 0
+
+
+def add_states_parser(kinds) -> None:
+    """``shardload sample states --out DIR``: global states with learnable dynamics."""
+    p = kinds.add_parser(
+        "states",
+        help="global 6-hourly states (t, q, z) advected by a zonal wind, for forecasting",
+        description="Write DIR/states-6h.nc: t, q, z on (time, latitude, longitude), 6-hourly, "
+        "advected eastward by a zonal wind of 1 to 3 grid cells per step (by latitude), "
+        "diffused, relaxed and driven by a smooth random forcing, reproducible from --seed. "
+        "configs/era5-states.yaml prepares it into a dated store for 'shardload train forecast'.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
+    p.add_argument("--dates", type=int, default=2920, metavar="N", help="6-hourly dates")
+    p.add_argument("--lat", type=int, default=32, metavar="N", help="latitudes")
+    p.add_argument("--lon", type=int, default=64, metavar="N", help="longitudes")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_states)
+
+
+def run_states(args: argparse.Namespace) -> int:
+    from shardload.samples.states import write_states_sample
+
+    out = write_states_sample(
+        args.out, dates=args.dates, lat=args.lat, lon=args.lon, seed=args.seed
+    )
+    print(f"wrote {out} (t, q, z: {args.dates} dates on {args.lat} x {args.lon})")
     return 0

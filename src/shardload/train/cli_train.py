@@ -1,9 +1,10 @@
-"""``shardload train {mlp,gnn,lstm} STORE``: train an example model with Lightning.
+"""``shardload train {mlp,gnn,lstm,forecast} STORE``: train an example model with Lightning.
 
 Trains on the store's ``train`` split, validates on ``val`` each epoch (also an epoch cut by
 ``--max-steps``), and writes into ``--out`` (default ``$SHARDLOAD_HOME/artifacts/<model>-<time>``):
 ``metrics.csv`` (a row per epoch), ``metrics.json`` (the last ``val_loss`` and the mean
-predictor's ``val_loss_mean_predictor``), ``last.ckpt`` (kept current atomically: every
+predictor's ``val_loss_mean_predictor``; forecast: also persistence's ``val_loss_persistence``),
+``last.ckpt`` (kept current atomically: every
 ``--checkpoint-every`` steps and every epoch; ``--resume`` continues from it, mid-epoch
 included), ``model.ckpt`` (the final one) and ``loss.png`` (when matplotlib is installed).
 """
@@ -34,18 +35,26 @@ OUTPUTS = ("metrics.csv", "metrics.json", "last.ckpt", "model.ckpt", "loss.png")
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "train",
-        help="train an example model (mlp, gnn, lstm) on a store with PyTorch Lightning",
+        help="train an example model (mlp, gnn, lstm, forecast) on a store with PyTorch Lightning",
         description="Train on the store's train split, validate on its val split each epoch, and "
         "write metrics.csv (a row per epoch), metrics.json (last val_loss and the mean "
         "predictor's), last.ckpt (every --checkpoint-every steps and every epoch; --resume "
         "continues from it), model.ckpt and loss.png into --out. mlp reads a "
         "flat store (x, y), gnn a radiation graph store (x, edge_attr, y; needs the 'gnn' "
-        "extra), lstm a window store (x (samples, lookback, features), y).",
+        "extra), lstm a window store (x (samples, lookback, features), y), forecast a dated store "
+        "of global states (state: VAR[LAT,LON] features; windows of --inputs + --rollout dates) "
+        "and also reports persistence's val_loss_persistence.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("model", choices=("mlp", "gnn", "lstm"))
+    p.add_argument("model", choices=("mlp", "gnn", "lstm", "forecast"))
     p.add_argument("store", help="path or URL of a prepared store")
-    p.add_argument("--epochs", type=int, default=10, metavar="N")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="epochs (default: 10; forecast: 4)",
+    )
     p.add_argument(
         "--max-steps",
         type=int,
@@ -54,7 +63,11 @@ def register(sub: Any) -> None:
         help="stop after S optimizer steps in all; the epoch it cuts is validated",
     )
     p.add_argument(
-        "--batch-size", type=int, default=256, metavar="B", help="rows per batch per rank"
+        "--batch-size",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="B",
+        help="rows (forecast: windows) per batch per rank (default: 256; forecast: 32)",
     )
     p.add_argument(
         "--num-workers", type=int, default=2, metavar="W", help="DataLoader workers per rank"
@@ -94,8 +107,21 @@ def register(sub: Any) -> None:
         help="scale inputs and targets with the manifest's statistics, in the loader workers",
     )
     p.add_argument("--lr", type=float, default=1e-3)
+    _add_forecast_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_train)
+
+
+def _add_forecast_options(p: Any) -> None:
+    g = p.add_argument_group("forecast (a dated store: windows of --inputs + --rollout dates)")
+    g.add_argument("--inputs", type=int, default=2, metavar="I", help="input states (dates)")
+    g.add_argument(
+        "--rollout",
+        type=int,
+        default=2,
+        metavar="O",
+        help="states predicted autoregressively, all in the loss",
+    )
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
@@ -114,7 +140,13 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("epochs", "batch_size", "devices"):
+    forecast = args.model == "forecast"
+    # per-model defaults (argparse.SUPPRESS: absent unless given)
+    if getattr(args, "epochs", None) is None:
+        args.epochs = 4 if forecast else 10
+    if getattr(args, "batch_size", None) is None:
+        args.batch_size = 32 if forecast else 256
+    for name in ("epochs", "batch_size", "devices", "inputs", "rollout"):
         if getattr(args, name) < 1:
             raise ShardloadError(
                 f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
@@ -208,7 +240,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from shardload.store.core import open_store
     from shardload.torch.lightning import ShardloadDataModule
     from shardload.train.callbacks import CHECKPOINT_NAME, AtomicCheckpoint, StepLimit, save_atomic
-    from shardload.train.task import ExampleTask
     from shardload.train.transforms import Normalize
 
     store = open_store(args.store)
@@ -224,11 +255,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         prepare_out(out, overwrite=args.overwrite, resume=args.resume)
     _set_threads(args)
     pl.seed_everything(args.seed, verbose=False)
-    arrays = {"mlp": ("x", "y"), "lstm": ("x", "y"), "gnn": ("x", "edge_attr", "y")}[args.model]
+    arrays = {"mlp": ("x", "y"), "lstm": ("x", "y"), "gnn": ("x", "edge_attr", "y")}.get(
+        args.model, ("state",)
+    )
     norm = None
     if args.normalize != "none":
         norm = Normalize(m, [a for a in arrays if a in m.arrays], method=args.normalize)
-    task = ExampleTask(args.model, m, normalize=norm, out_dir=out, lr=args.lr)
+    task, options = _task(args, m, norm, out)
     dm = ShardloadDataModule(
         store,
         batch_size=args.batch_size,
@@ -237,6 +270,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         test_split=None,
         transform=norm,
         arrays=[a for a in arrays if a in m.arrays],
+        **options,
     )
     ckpt = AtomicCheckpoint(out, every_n_steps=args.checkpoint_every, max_steps=args.max_steps)
     task.epoch_end = ckpt.save
@@ -262,8 +296,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer.fit(task, datamodule=dm, ckpt_path=str(out / CHECKPOINT_NAME) if args.resume else None)
     save_atomic(trainer, out / "model.ckpt")
     if trainer.is_global_zero:
-        _report(args, task.rows, out, store, norm, plot=plot)
+        _report(args, task.rows, out, store, norm, plot=plot, baselines=task.baselines)
     return 0
+
+
+def _task(args: argparse.Namespace, m: Any, norm: Any, out: Path) -> tuple[Any, dict[str, Any]]:
+    """The LightningModule of ``args.model`` and the loader options it needs (forecast: the
+    window of dates)."""
+    if args.model == "forecast":
+        from shardload.train.forecast import ForecastTask
+
+        task: Any = ForecastTask(
+            m, inputs=args.inputs, rollout=args.rollout, normalize=norm, out_dir=out, lr=args.lr
+        )
+        return task, {"window": task.window}
+    from shardload.train.task import ExampleTask
+
+    return ExampleTask(args.model, m, normalize=norm, out_dir=out, lr=args.lr), {}
 
 
 def _report(
@@ -274,13 +323,18 @@ def _report(
     norm: Any,
     *,
     plot: bool,
+    baselines: dict[str, float] | None = None,
 ) -> None:
-    """metrics.json (the last val_loss beside the mean predictor's), loss.png, a summary."""
+    """metrics.json (the last val_loss beside the mean predictor's, and the task's own
+    ``baselines`` where it has them: forecast's persistence), loss.png, a summary."""
     from shardload.train.baseline import mean_predictor_loss, write_metrics_json
     from shardload.train.callbacks import CHECKPOINT_NAME
 
-    scale = None if norm is None else norm.params["y"][1]
-    baseline = mean_predictor_loss(store, scale=scale)
+    extra = dict(baselines or {})
+    if "val_loss_mean_predictor" in extra:
+        baseline = extra.pop("val_loss_mean_predictor")
+    else:
+        baseline = mean_predictor_loss(store, scale=None if norm is None else norm.params["y"][1])
     last = rows[-1] if rows else {}
     val = float(last.get("val_loss", float("nan")))
     write_metrics_json(
@@ -295,6 +349,7 @@ def _report(
             "train_loss": float(last.get("train_loss", float("nan"))),
             "hr_rmse_sw": float(last.get("hr_rmse_sw", float("nan"))),
             "hr_rmse_lw": float(last.get("hr_rmse_lw", float("nan"))),
+            **extra,
         },
     )
     wrote = [out / "metrics.csv", out / "metrics.json", out / "model.ckpt", out / CHECKPOINT_NAME]
@@ -304,6 +359,7 @@ def _report(
     print(
         f"trained {args.model}: {len(rows)} epochs, val_loss {val:.4g} "
         f"(mean predictor {baseline:.4g}, ratio {val / baseline:.3g})"
+        + "".join(f", {k.removeprefix('val_loss_')} {v:.4g}" for k, v in extra.items())
     )
     print("wrote " + ", ".join(str(p) for p in wrote))
 

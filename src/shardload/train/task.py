@@ -102,6 +102,9 @@ class ExampleTask(pl.LightningModule):
         Where rank 0 writes ``metrics.csv`` (a row per epoch); None: nowhere.
     """
 
+    #: the model kinds this task builds (a subclass with its own ``_build_model`` has others)
+    kinds: tuple[str, ...] = KINDS
+
     def __init__(
         self,
         kind: str,
@@ -113,26 +116,42 @@ class ExampleTask(pl.LightningModule):
         hidden: int | None = None,
     ) -> None:
         super().__init__()
-        if kind not in KINDS:
-            raise ShardloadError(f"model {kind!r} unknown; use one of {KINDS}")
+        if kind not in self.kinds:
+            raise ShardloadError(f"model {kind!r} unknown; use one of {self.kinds}")
+        self.kind, self.lr, self.normalize = kind, lr, normalize
+        self.hr: HeatingRateColumns | None = None
+        self._build_model(manifest, hidden)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.rows: list[dict[str, float]] = []
+        #: losses of baselines the task scores itself on the validation batches (forecast:
+        #: persistence), by metrics.json name; the mean predictor's otherwise comes from the store
+        self.baselines: dict[str, float] = {}
+        #: called with the trainer after a whole epoch's row is written (the checkpoint)
+        self.epoch_end: Callable[[Any], None] | None = None
+        self._restored: tuple[np.ndarray, np.ndarray, float] | None = None
+        self._epoch_done = False
+        self._reset_epoch()
+
+    def _build_model(self, manifest: Any, hidden: int | None) -> None:
+        """``self.model`` for ``self.kind`` from the store's shapes (and the heating-rate
+        columns, where the store has them)."""
         arrays = manifest.arrays
-        need = ("x", "edge_attr", "y") if kind == "gnn" else ("x", "y")
+        need = ("x", "edge_attr", "y") if self.kind == "gnn" else ("x", "y")
         missing = [a for a in need if a not in arrays]
         if missing:
             what = {
                 "mlp": "a flat store (x, y)",
                 "gnn": "a graph store (x, edge_attr, y)",
                 "lstm": "a window store with targets (x, y)",
-            }[kind]
+            }[self.kind]
             raise ShardloadError(
-                f"model {kind} needs {what}; the store lacks {missing} (it has {sorted(arrays)})"
+                f"model {self.kind} needs {what}; the store lacks {missing} (it has {sorted(arrays)})"
             )
-        self.kind, self.lr, self.normalize = kind, lr, normalize
         xs, ys = arrays["x"].shape, arrays["y"].shape
         self.model: nn.Module
-        if kind == "mlp":
+        if self.kind == "mlp":
             self.model = MLP(int(np.prod(xs[1:])), int(np.prod(ys[1:])), hidden=hidden or 256)
-        elif kind == "lstm":
+        elif self.kind == "lstm":
             if len(xs) != 3:
                 raise ShardloadError(
                     f"model lstm needs x of shape (samples, lookback, features); the store's x "
@@ -142,14 +161,7 @@ class ExampleTask(pl.LightningModule):
         else:
             self.model = GNN(xs[2], arrays["edge_attr"].shape[2], ys[2], hidden=hidden or 64)
             self.graphs = GraphBatcher(manifest.static)
-        self.hr = plan_heating_rate_columns(kind, manifest)
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.rows: list[dict[str, float]] = []
-        #: called with the trainer after a whole epoch's row is written (the checkpoint)
-        self.epoch_end: Callable[[Any], None] | None = None
-        self._restored: tuple[np.ndarray, np.ndarray, float] | None = None
-        self._epoch_done = False
-        self._reset_epoch()
+        self.hr = plan_heating_rate_columns(self.kind, manifest)
 
     # -- steps -------------------------------------------------------------------------------------
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,130 @@
+"""Global states with learnable dynamics, for the forecast example (``shardload sample states``).
+
+Three fields on a regular global latitude/longitude grid, 6-hourly, written as one netCDF
+(``time, latitude, longitude``) that ``configs/era5-states.yaml`` prepares into a dated store:
+
+- ``t`` (K): advected eastward by a zonal wind that depends on latitude only
+  (:func:`zonal_shift_cells`: 1 to 3 grid cells per step), diffused, relaxed towards a
+  zonal climate and driven by a spatially smooth random forcing;
+- ``q`` (g/kg): advected by the same wind, relaxed towards a value set by ``t``'s anomaly;
+- ``z`` (m): a smoothed, scaled copy of ``t``'s anomaly (a diagnostic field).
+
+The next state is a fixed function of the current one (shift, diffusion, relaxation) plus
+the new forcing, which is unpredictable: persistence misses the motion, a model that learns
+the wind is left with the forcing only. Pure numpy but for the netCDF writer (xarray).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from shardload.errors import ConfigError
+
+FILE_NAME = "states-6h.nc"
+VARIABLES = ("t", "q", "z")
+#: relaxation per step towards the climate, diffusion coefficient (cells^2 per step)
+RELAX, DIFFUSION = 0.02, 0.03
+#: the random forcing's standard deviation per step (K) and its smoothing length (cells)
+FORCING_K, FORCING_CELLS = 0.6, 3.0
+SPIN_UP_STEPS = 200
+
+
+def zonal_shift_cells(lat_deg: np.ndarray) -> np.ndarray:
+    """Eastward displacement per 6-hour step in grid cells at each latitude: a jet of 3 cells
+    at 45 degrees north and south, 1 at the equator and the poles."""
+    return 1.0 + 2.0 * np.sin(np.deg2rad(2 * np.abs(lat_deg))) ** 2
+
+
+def _shift(f: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """Each row of ``f`` (lat, lon) moved east by ``cells[row]`` (fractional, periodic: FFT)."""
+    k = np.fft.rfftfreq(f.shape[1]) * f.shape[1]
+    phase = np.exp(-2j * np.pi * k[None, :] * cells[:, None] / f.shape[1])
+    return np.fft.irfft(np.fft.rfft(f, axis=1) * phase, n=f.shape[1], axis=1)
+
+
+def _laplacian(f: np.ndarray) -> np.ndarray:
+    """5-point Laplacian, periodic in longitude, zero flux at the poles."""
+    padded = np.pad(f, ((1, 1), (0, 0)), mode="edge")
+    return padded[:-2] + padded[2:] + np.roll(f, 1, axis=1) + np.roll(f, -1, axis=1) - 4 * f
+
+
+def _smooth_noise(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """Unit-variance Gaussian noise smoothed over about FORCING_CELLS cells (spectral)."""
+    white = rng.standard_normal(shape)
+    ky = np.fft.fftfreq(shape[0])[:, None]
+    kx = np.fft.rfftfreq(shape[1])[None, :]
+    gain = np.exp(-((ky**2 + kx**2) * (np.pi * FORCING_CELLS) ** 2))
+    out = np.fft.irfft2(np.fft.rfft2(white) * gain, s=shape)
+    return out / out.std()
+
+
+def states_fields(*, dates: int, lat: int, lon: int, seed: int) -> dict[str, np.ndarray]:
+    """``t``, ``q``, ``z`` as float32 (dates, lat, lon) and the coordinates ``latitude``,
+    ``longitude`` (degrees, cell centres), reproducible from ``seed`` (pure numpy)."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 27]))
+    lats = 90.0 - (np.arange(lat) + 0.5) * 180.0 / lat
+    lons = np.arange(lon) * 360.0 / lon
+    cells = zonal_shift_cells(lats)
+    phi = np.deg2rad(lats)[:, None]
+    climate = np.broadcast_to(300.0 - 45.0 * np.sin(phi) ** 2, (lat, lon))
+    anomaly = np.zeros((lat, lon))
+    q = np.zeros((lat, lon))
+    out = {v: np.empty((dates, lat, lon), dtype=np.float32) for v in VARIABLES}
+    for step in range(-SPIN_UP_STEPS, dates):
+        anomaly = _shift(anomaly, cells)
+        anomaly += DIFFUSION * _laplacian(anomaly) - RELAX * anomaly
+        anomaly += FORCING_K * _smooth_noise(rng, (lat, lon))
+        q = _shift(q, cells)
+        q += DIFFUSION * _laplacian(q) + 0.1 * (0.4 * anomaly - q)
+        if step >= 0:
+            out["t"][step] = climate + anomaly
+            out["q"][step] = 8.0 * np.cos(phi) ** 2 + q
+            smooth = anomaly + 0.25 * _laplacian(anomaly)
+            out["z"][step] = 5500.0 + 12.0 * smooth
+    return {**out, "latitude": lats, "longitude": lons}
+
+
+def write_states_sample(
+    out_dir: str | os.PathLike[str],
+    *,
+    dates: int = 2920,
+    lat: int = 32,
+    lon: int = 64,
+    seed: int = 0,
+    start: str = "2020-01-01T00:00",
+) -> Path:
+    """Write ``out_dir/states-6h.nc`` (renamed into place when complete)."""
+    import xarray as xr
+
+    if dates < 2 or lat < 4 or lon < 8:
+        raise ConfigError(f"need dates >= 2, lat >= 4, lon >= 8; got {dates}, {lat}, {lon}")
+    f = states_fields(dates=dates, lat=lat, lon=lon, seed=seed)
+    time = np.datetime64(start, "ns") + np.arange(dates) * np.timedelta64(6, "h")
+    dims = ("time", "latitude", "longitude")
+    units = {"t": "K", "q": "g kg**-1", "z": "m"}
+    ds = xr.Dataset(
+        {v: (dims, f[v], {"units": units[v]}) for v in VARIABLES},
+        coords={
+            "time": time,
+            "latitude": ("latitude", f["latitude"], {"units": "degrees_north"}),
+            "longitude": ("longitude", f["longitude"], {"units": "degrees_east"}),
+        },
+        attrs={
+            "comment": "synthetic 6-hourly states written by 'shardload sample states' "
+            f"(seed {seed}): advection by a zonal wind of 1 to 3 cells per step, diffusion, "
+            "relaxation and a smooth random forcing; not ERA5 data",
+        },
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / FILE_NAME
+    tmp = out / f".{FILE_NAME}.partial"
+    try:
+        ds.to_netcdf(tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
