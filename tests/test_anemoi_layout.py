@@ -167,7 +167,7 @@ def test_resume_is_exact_and_refuses_other_missing_dates(tmp_path):
     spec = LoadSpec.build(path, batch_size=1)
     state = plan_state(spec.plan(world_size=1, num_workers=1, epoch=0), 2).to_dict()
     state["dataset"] = spec.fingerprint
-    with pytest.raises(StateError):
+    with pytest.raises(StateError, match="missing_dates="):  # the option it may come from
         list(shardload.iter_batches(path, batch_size=1, state=state, missing_dates="include"))
 
 

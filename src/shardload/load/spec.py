@@ -351,7 +351,8 @@ def plan_for(
             raise StateError(
                 f"the resume state was saved for other data (dataset fingerprint {data}); this "
                 f"is {store.url} with arrays {list(sel.arrays)} and {len(sel.sizes)} chunks "
-                f"(fingerprint {store_fingerprint(store, sel)})"
+                f"(fingerprint {store_fingerprint(store, sel)}): another split, rows, chunks, "
+                "arrays, window or missing_dates= than the state's selects other data"
             )
         state = EpochState.from_dict(dict(state))
     try:
