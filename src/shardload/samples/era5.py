@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -96,10 +97,16 @@ def write_era5_sample(
             f"(seed {seed}); the schema of cfgrib's era5-levels-members.nc, not ERA5 data",
         },
     )
+    return write_netcdf(ds, out_dir, FILE_NAME)
+
+
+def write_netcdf(ds: Any, out_dir: str | os.PathLike[str], name: str) -> Path:
+    """Write ``ds`` to ``out_dir/name`` whole or not at all (a hidden ``.partial`` file renamed
+    into place): an interrupted sample command leaves no file a prepare would take."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    final = out / FILE_NAME
-    tmp = out / f".{FILE_NAME}.partial"
+    final = out / name
+    tmp = out / f".{name}.partial"
     try:
         ds.to_netcdf(tmp)
         os.replace(tmp, final)

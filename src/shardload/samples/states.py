@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from shardload.errors import ConfigError
+from shardload.samples.era5 import write_netcdf
 
 FILE_NAME = "states-6h.nc"
 VARIABLES = ("t", "q", "z")
@@ -118,13 +119,4 @@ def write_states_sample(
             "relaxation and a smooth random forcing; not ERA5 data",
         },
     )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    final = out / FILE_NAME
-    tmp = out / f".{FILE_NAME}.partial"
-    try:
-        ds.to_netcdf(tmp)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return final
+    return write_netcdf(ds, out_dir, FILE_NAME)
