@@ -6,33 +6,17 @@ pipeline on a smaller sample."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from .cli_run import CONFIGS, run_shardload
+
 pytest.importorskip("lightning")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "src" / "shardload" / "configs"
-
-
-def _run(work: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SHARDLOAD_HOME": str(work / "home")}
-    res = subprocess.run(
-        [sys.executable, "-m", "shardload", *args],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=880,
-    )
-    assert res.returncode == 0, (args, res.stderr[-3000:])
-    return res
+_run = run_shardload
 
 
 def _learnt(out: Path) -> dict:
