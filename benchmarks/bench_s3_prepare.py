@@ -13,16 +13,16 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 
 import numpy as np
 import xarray as xr
 
 import shardload
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_s3_clients import start_moto
 
 
 def main() -> None:
@@ -30,22 +30,8 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/s3-prepare")
     ap.add_argument("--rows", type=int, default=2_097_152)
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
+    proc, endpoint = start_moto()  # waits until it answers (exits if it never does)
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
-                break
-            except OSError:
-                time.sleep(0.2)
         os.environ["SHARDLOAD_HOME"] = os.path.join(args.workdir, "home")
         opts = {"key": "bench", "secret": "bench", "endpoint_url": endpoint}
         import s3fs
