@@ -66,18 +66,9 @@ def plain_get(url: str, store: Path, threads: list[int], repeats: int) -> float:
     return best
 
 
-def epoch(url: str, batch_size: int, seed: int) -> tuple[float, int]:
-    import shardload
-
-    t = time.perf_counter()
-    rows = 0
-    for b in shardload.iter_batches(url, batch_size=batch_size, seed=seed, shuffle=True):
-        rows += len(b["index"])
-    return time.perf_counter() - t, rows
-
-
 def main(argv: list[str] | None = None) -> None:
     from bench_default_layout import STORES, build, data_files, store_arguments
+    from bench_default_url import epoch
 
     ap = store_arguments(__doc__)
     ap.add_argument("--store", default="npy1m", choices=sorted({*STORES, *EXTRA_STORES}))
