@@ -274,6 +274,7 @@ def test_belady_beats_lru_on_the_real_loader(tmp_path: Path, monkeypatch) -> Non
                 store = shardload.open_store(f"{srv.url}/store", cache_dir=cache, cache_bytes=half)
                 # groups of 4 chunks: a group is a small part of the store, as in real ones
                 epoch_rows(store, epoch, split="train", shuffle_chunks=4)
+                store.close()  # its read-ahead stops: the next epoch's store alone fetches
             return len(srv.data_requests())
 
     train = len(shardload.open_store(root).manifest.split_chunks("train"))
@@ -283,3 +284,29 @@ def test_belady_beats_lru_on_the_real_loader(tmp_path: Path, monkeypatch) -> Non
     lru = reads - run(tmp_path / "lru")
     print("belady hits", belady, "lru hits", lru, "reads", reads)
     assert belady >= 1.5 * lru, (belady, lru, reads)
+
+
+def test_read_ahead_skips_a_file_the_cache_would_drop(tmp_path: Path) -> None:
+    """A full cache declines a read-ahead of a file read after every file it holds (Belady
+    would drop it at once): nothing is fetched, and the read fetches it itself; a file read
+    sooner than one held is fetched ahead and kept."""
+    from shardload.move.cache import NodeCache, NotKept, key_of
+    from shardload.move.cache_prefetch import CachePlan
+
+    urls = [f"http://h/store/x/{i:06d}.npy" for i in range(4)]
+    cache = NodeCache(tmp_path, cache_bytes=2 * 1000 + 400)  # two files and their records
+    times = {key_of(u): np.asarray([t], np.int64) for t, u in zip([1, 5, 3, 9], urls, strict=True)}
+    cache.plan = CachePlan(times, [])
+    for u in urls[:2]:  # read at steps 1 and 5
+        os.close(cache.open(u, lambda: b"\x01" * 1000))
+    fetched: list[int] = []
+
+    def download() -> bytes:
+        fetched.append(1)
+        return b"\x02" * 1000
+
+    with pytest.raises(NotKept):
+        cache.open(urls[3], download, ahead=True)  # read at step 9: after both held
+    assert fetched == [] and cache.stats["skipped"] == 1
+    os.close(cache.open(urls[2], download, ahead=True))  # read at step 3: before step 5
+    assert fetched == [1] and cache.stats["prefetched"] == 1

@@ -122,7 +122,9 @@ class NodeCache:
         self.cache_bytes = cache_bytes
         self.plan: Any = None
         self.digests: dict[str, int] = {}  # cache key -> the store's XXH3-64 of the file
-        self.stats = dict(hits=0, fills=0, refetched=0, bypassed=0, evicted=0, prefetched=0)
+        self.stats = dict(
+            hits=0, fills=0, refetched=0, bypassed=0, evicted=0, prefetched=0, skipped=0
+        )
         self._trusted: set[tuple[str, tuple[int, ...]]] = set()
         self._lock = threading.Lock()
         self._swept = False
@@ -136,7 +138,8 @@ class NodeCache:
     ) -> int:
         """A read-only descriptor on a checked copy of ``url`` (fetched with ``download`` when
         missing or damaged); valid even if the copy is evicted later. The caller closes it.
-        ``ahead``: a read-ahead of the plan (it does not move the plan's clock)."""
+        ``ahead``: a read-ahead of the plan (it does not move the plan's clock); it raises
+        :class:`NotKept`, fetching nothing, when the cache would drop the file before its read."""
         key = key_of(url)
         local = os.path.join(self.dir, key)
         if self.plan is not None and not ahead:
@@ -156,6 +159,9 @@ class NodeCache:
             if fd is not None:
                 self._count("hits")
                 return fd
+            if ahead and not self._would_keep(key):
+                self._count("skipped")  # fetched now, it would be dropped before its read
+                raise NotKept(url)
             fd = self._fill(url, key, local, download(), what)
             if ahead:
                 self._count("prefetched")
@@ -284,6 +290,21 @@ class NodeCache:
                 publish()
             return fits
 
+    def _would_keep(self, key: str) -> bool:
+        """Whether a file fetched now for a later read would be kept until then: room is left,
+        or the plan reads it before the farthest-needed file held (Belady's rule, as in
+        :meth:`_evict_for`). A read-ahead of a file that would not be kept is a wasted fetch:
+        it is dropped, and its read fetches it again."""
+        if self.cache_bytes is None or self.plan is None or not self.plan.knows(key):
+            return True
+        entries = scan(self.dir)
+        if not entries:
+            return True
+        total = sum(e[1] for e in entries.values())
+        if total + total / len(entries) <= self.cache_bytes:  # room for a file of average size
+            return True
+        return bool(self.plan.next_use(key) < self._rank(entries)[0][0][0])
+
     def _evict_for(self, key: str, size: int) -> bool:
         """Evict until ``size`` more bytes fit (the eviction lock held); False when the new
         file should not be kept."""
@@ -320,6 +341,10 @@ class NodeCache:
             keyed.append(((nxt, planned, -used), name))
         keyed.sort(reverse=True)
         return keyed
+
+
+class NotKept(Exception):
+    """A read-ahead the cache declined: the file would be evicted before it is read."""
 
 
 def _write_record(local: str, record: bytes) -> None:

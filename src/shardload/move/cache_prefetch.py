@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from shardload.move.cache import NotKept
 from shardload.plan.cache_plan import next_use_after
 
 log = logging.getLogger("shardload.remote")
@@ -47,7 +48,7 @@ class CachePlan:
         self,
         times: Mapping[str, np.ndarray],
         mine: Sequence[tuple[int, str, str]],
-        fetch: Callable[[str], None] | None = None,
+        fetch: Callable[[str], object] | None = None,
         *,
         ahead: int = AHEAD_FILES,
         lag_steps: int = 0,
@@ -115,8 +116,10 @@ class CachePlan:
         assert fetch is not None
         while (path := self._todo.get()) is not None:
             try:
-                fetch(path)
-                self.fetched += 1
+                if fetch(path) is not False:
+                    self.fetched += 1
+            except NotKept:
+                continue
             except Exception as exc:  # the reading loop's own read reports it, naming the chunk
                 log.debug("cache read-ahead of %s failed: %s", path, exc)
 
