@@ -31,8 +31,11 @@ def write_anemoi_layout(
     dates: np.ndarray | None = None,
     attrs: dict[str, Any] | None = None,
     drop: tuple[str, ...] = (),
+    chunks: tuple[int, int] = (1, 1),
+    compressors: Any = "auto",
 ) -> np.ndarray:
-    """An anemoi-datasets store at ``path``; returns ``data`` as written (NaN where missing)."""
+    """An anemoi-datasets store at ``path``; returns ``data`` as written (NaN where missing).
+    ``chunks``: dates and members a chunk of ``data`` holds (anemoi's: one and one)."""
     import zarr
 
     g = zarr.open_group(str(path), mode="w", zarr_format=2)
@@ -41,7 +44,12 @@ def write_anemoi_layout(
         length, v, members, cells
     )
     data = g.create_array(
-        "data", shape=values.shape, chunks=(1, v, 1, cells), dtype="f4", fill_value=np.nan
+        "data",
+        shape=values.shape,
+        chunks=(chunks[0], v, chunks[1], cells),
+        dtype="f4",
+        fill_value=np.nan,
+        compressors=compressors,
     )
     for i in range(length):
         if i not in missing:  # anemoi never writes a missing date's chunks
@@ -171,18 +179,64 @@ def test_resume_is_exact_and_refuses_other_missing_dates(tmp_path):
         list(shardload.iter_batches(path, batch_size=1, state=state, missing_dates="include"))
 
 
-@pytest.mark.parametrize("members", [1, 2])
-def test_chunks_of_whole_dates_are_read_natively(tmp_path, members):
-    """One member: a chunk is a whole date, read from its file and Blosc-decoded straight into
-    the batch (as shardload's own Zarr); a chunk never written is NaN. Several members: chunks
-    split the row, read through zarr-python. The same values either way."""
+@pytest.mark.parametrize(
+    ("members", "chunks", "compressors"),
+    [
+        (1, (1, 1), "auto"),  # chunks of whole dates
+        (3, (1, 1), "auto"),  # anemoi's several members: one chunk per date and member
+        (3, (1, 1), None),  # the same uncompressed
+        (5, (3, 2), "auto"),  # chunks of 3 dates, members 2 at a time (the last one padded)
+    ],
+)
+def test_chunks_of_dates_and_members_are_read_natively(
+    tmp_path, monkeypatch, members, chunks, compressors
+):
+    """Chunks of whole dates, and chunks that split a date by ensemble member (anemoi's layout
+    with several members), are read from their files and decoded straight into the batch,
+    never through zarr-python: the same values as zarr's, NaN where a chunk (a whole missing
+    date, or one member of a date) was never written."""
+    import zarr
+
+    from shardload.formats.zarr.read import ZarrReader
+
+    path = tmp_path / "a.zarr"
+    values = write_anemoi_layout(
+        path, length=9, members=members, missing=(2,), chunks=chunks, compressors=compressors
+    )
+    if members > 1:  # one member of date 4 never written: NaN there only, as zarr reads it
+        for f in (path / "data").glob(f"{4 // chunks[0]}.0.0.0"):
+            f.unlink()
+        values[(4 // chunks[0]) * chunks[0] : (4 // chunks[0] + 1) * chunks[0], :, : chunks[1]] = (
+            np.nan
+        )
+    expected = zarr.open_array(str(path / "data"))[:]
+    np.testing.assert_array_equal(expected, values)
+
+    def no_zarr_python(*args, **kwargs):
+        raise AssertionError("read through zarr-python")
+
+    monkeypatch.setattr(ZarrReader, "_read_zarr", no_zarr_python)
+    store = shardload.open_store(path)
+    assert store.reader.layout("data") is not None
+    np.testing.assert_array_equal(store.read("data"), values)
+    np.testing.assert_array_equal(store.read("data", 1, 5), values[1:5])  # parts of chunks
+    seen = []
+    for b in shardload.iter_batches(store, batch_size=3, seed=1, missing_dates="include"):
+        np.testing.assert_array_equal(b["data"], values[b["index"]])
+        seen += b["index"].tolist()
+    assert sorted(seen) == list(range(9))
+
+
+def test_chunks_cut_along_two_row_axes_go_through_zarr_python(tmp_path):
+    """Chunks that cut a date along two axes (members and cells) are not a layout the native
+    reader plans: zarr-python reads them, the same values."""
     import zarr
 
     path = tmp_path / "a.zarr"
-    values = write_anemoi_layout(path, members=members, missing=(2,))
+    values = write_anemoi_layout(path, members=3)
+    g = zarr.open_group(str(path), mode="a", zarr_format=2)
+    del g["data"]
+    g.create_array("data", shape=values.shape, chunks=(1, 2, 1, 3), dtype="f4")[:] = values
     store = shardload.open_store(path)
-    assert (store.reader.layout("data") is not None) == (members == 1)
+    assert store.reader.layout("data") is None
     np.testing.assert_array_equal(store.read("data"), values)
-    np.testing.assert_array_equal(store.read("data"), zarr.open_array(str(path / "data"))[:])
-    for b in shardload.iter_batches(store, batch_size=3, seed=1):
-        np.testing.assert_array_equal(b["data"], values[b["index"]])

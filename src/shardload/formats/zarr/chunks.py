@@ -8,9 +8,12 @@ a ``bytes`` codec (little endian, on a little-endian machine), then either nothi
 Zarr's ``sharding_indexed`` codec: shards and inner chunks along axis 0 only, the index
 ``bytes`` (+ ``crc32c``) at either end (read by :mod:`.zarr_shards`). A Zarr v2 array whose
 ``.zarray`` describes the same bytes (C order, no filters, Blosc or no compressor: an
-anemoi-datasets store with one member) is read the same way (:func:`v2_as_v3`; its chunk keys
-have no ``c`` prefix). Anything else (other codecs, nested shards, URLs) keeps going through
-zarr-python (:meth:`ZarrReader.read`).
+anemoi-datasets store) is read the same way (:func:`.foreign.v2_as_v3`; its chunk keys have no ``c``
+prefix). With ``splits=True`` (the reader, for plain Zarr), chunks may also cut a row along
+one other axis (:class:`.foreign.BlockSplit`: an anemoi-datasets store with several ensemble members is
+chunked ``(1, variables, 1, cells)``): each block of a row is decoded whole and copied into
+its slice of the destination rows. Anything else (other codecs, nested shards, URLs) keeps
+going through zarr-python (:meth:`ZarrReader.read`).
 
 Uncompressed chunks are read with ``readinto`` on a view of the destination rows (one copy, from
 the page cache); Blosc chunks are decoded by ``numcodecs`` straight into the destination, in C
@@ -37,6 +40,7 @@ from numcodecs import Blosc, blosc
 from shardload.errors import ChunkReadError
 from shardload.formats.base import aligned_empty, readinto_full
 from shardload.formats.checksums import Verifier, file_digest
+from shardload.formats.zarr.foreign import BlockSplit, plan_block_split, v2_as_v3
 
 _CODECS_OK = ({"bytes"}, {"bytes", "blosc"})
 
@@ -75,6 +79,8 @@ class ChunkLayout:
     shard: ShardSpec | None = None
     #: what chunk keys start with: ``c`` in Zarr v3's default encoding, nothing in Zarr v2
     key_prefix: tuple[str, ...] = ("c",)
+    #: chunks that also cut each row along one axis (plain Zarr, e.g. anemoi's members)
+    split: BlockSplit | None = None
 
     def open(self, path: str) -> Any:
         return self.opener(path) if self.opener is not None else open(path, "rb", buffering=0)
@@ -83,8 +89,12 @@ class ChunkLayout:
     def blosc(self) -> bool:
         return self.blosc_config is not None
 
-    def chunk_path(self, i: int) -> str:
-        key = self.separator.join([*self.key_prefix, str(i), *(["0"] * (self.ndim - 1))])
+    def chunk_path(self, i: int, block: int = 0) -> str:
+        """The file of chunk ``i`` (and, with a split, of its block ``block``)."""
+        rest = ["0"] * (self.ndim - 1)
+        if self.split is not None:
+            rest[self.split.axis - 1] = str(block)
+        key = self.separator.join([*self.key_prefix, str(i), *rest])
         return f"{self.folder}/{key}"
 
 
@@ -97,11 +107,13 @@ def plan_chunk_layout(
     chunk_bounds: list[int] | tuple[int, ...],
     strict: bool,
     shards: bool = False,
+    splits: bool = False,
 ) -> ChunkLayout | None:
     """The layout of an array from its ``zarr.json`` (pure), or None when it is not simple.
 
     ``shards``: also plan arrays stored with the sharding codec (for the reader; the writer
-    leaves those to zarr-python)."""
+    leaves those to zarr-python). ``splits``: also plan chunks that cut rows along one other
+    axis (:class:`.foreign.BlockSplit`; not sharded, for the reader of plain Zarr)."""
     if sys.byteorder != "little" or meta.get("zarr_format") != 3:
         return None
     if meta.get("storage_transformers") or meta.get("node_type") != "array":
@@ -114,9 +126,16 @@ def plan_chunk_layout(
         shape
     ):
         return None
-    if not shape or chunk_shape[1:] != tuple(shape[1:]) or chunk_shape[0] <= 0:
+    if not shape or chunk_shape[0] <= 0:
         return None
+    split = None
+    if chunk_shape[1:] != tuple(shape[1:]):
+        split = plan_block_split(chunk_shape, tuple(shape)) if splits else None
+        if split is None:
+            return None
     codecs = meta.get("codecs") or []
+    if split is not None and any((c or {}).get("name") == "sharding_indexed" for c in codecs):
+        return None
     shard = None
     if shards and len(codecs) == 1 and (codecs[0] or {}).get("name") == "sharding_indexed":
         planned = _plan_shard(codecs[0].get("configuration") or {}, chunk_shape)
@@ -155,6 +174,7 @@ def plan_chunk_layout(
         strict,
         fill,
         shard=shard,
+        split=split,
     )
 
 
@@ -190,7 +210,7 @@ def _plan_shard(
 
 def load_chunk_layout(folder: str, *, opener: Any = None, **kw: Any) -> ChunkLayout | None:
     """Read ``folder/zarr.json`` (else a Zarr v2 ``.zarray``, e.g. an anemoi-datasets store's,
-    as the same layout: :func:`v2_as_v3`) and plan its layout; None if absent or not simple.
+    as the same layout: :func:`.foreign.v2_as_v3`) and plan its layout; None if absent or not simple.
 
     ``opener`` (default: local files) opens the metadata and, later, the chunk files."""
     meta = _read_json(folder, "zarr.json", opener)
@@ -210,49 +230,6 @@ def _read_json(folder: str, name: str, opener: Any) -> Any:
             return json.loads(f.read())
     except (OSError, ValueError):
         return None
-
-
-def v2_as_v3(meta: Any) -> dict[str, Any] | None:
-    """A Zarr v2 array's ``.zarray`` as the ``zarr.json`` of the same stored bytes (pure), or
-    None unless C order, no filters, no compressor or Blosc, little endian, a fill value.
-
-    >>> v3 = v2_as_v3({"zarr_format": 2, "shape": [4, 3], "chunks": [1, 3], "dtype": "<f4",
-    ...                "order": "C", "filters": None, "fill_value": "NaN",
-    ...                "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1}})
-    >>> [c["name"] for c in v3["codecs"]], v3["chunk_key_encoding"]["configuration"]
-    (['bytes', 'blosc'], {'separator': '.'})
-    """
-    if not isinstance(meta, dict) or meta.get("zarr_format") != 2:
-        return None
-    if meta.get("order", "C") != "C" or meta.get("filters") or meta.get("fill_value") is None:
-        return None
-    try:
-        dtype = np.dtype(meta["dtype"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if dtype.byteorder == ">" or dtype.hasobject:
-        return None
-    codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
-    comp = meta.get("compressor")
-    if comp is not None:
-        if not isinstance(comp, dict) or comp.get("id") != "blosc":
-            return None
-        shuffle = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}.get(comp.get("shuffle", 1))
-        config = {k: comp[k] for k in ("cname", "clevel", "blocksize") if k in comp}
-        codecs.append({"name": "blosc", "configuration": {**config, "shuffle": shuffle}})
-    return {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": meta.get("shape"),
-        "data_type": dtype.str,
-        "fill_value": meta["fill_value"],
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": meta.get("chunks")}},
-        "chunk_key_encoding": {
-            "name": "default",
-            "configuration": {"separator": meta.get("dimension_separator") or "."},
-        },
-        "codecs": codecs,
-    }
 
 
 def row_parts(start: int, stop: int, rows: int) -> Iterator[tuple[int, int, int, int]]:

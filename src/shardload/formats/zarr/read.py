@@ -187,6 +187,7 @@ class ZarrReader:
                 strict=self.strict,
                 opener=(lambda p: RangeFile(self.fs, p)) if ranged else self._opener(),
                 shards=True,
+                splits=not self.strict,  # anemoi's members: plain Zarr (no checksums) only
             )
             if ranged and layout is not None and layout.shard is None:
                 layout = None
@@ -229,7 +230,7 @@ class ZarrReader:
         """Chunk ``i`` of ``name`` as raw rows in a local file (uncompressed shardload arrays)."""
         layout = self.layout(name)
         if layout is None or layout.blosc or layout.opener is not None or not layout.strict:
-            return None
+            return None  # (a split layout is never strict: plain Zarr)
         if layout.shard is not None:  # inner chunks lie anywhere in their shard
             return None
         if name in self._cf:

@@ -1,8 +1,12 @@
 """Rows of a Zarr v3 array read straight into the caller's buffer: chunk files here, shards
-through :mod:`.shards` (the layouts :func:`.chunks.plan_chunk_layout` accepts)."""
+through :mod:`.shards` (the layouts :func:`.chunks.plan_chunk_layout` accepts). Chunks that
+cut a row along another axis too (:class:`.chunks.BlockSplit`) are decoded whole into a
+reused scratch buffer and copied into their slice of the rows."""
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from typing import Any
 
 import numpy as np
@@ -38,10 +42,50 @@ def read_rows_into(
     if layout.shard is not None:
         read_shard_rows_into(layout, name, start, stop, out, verifier, indexes)
         return
+    if layout.split is not None:
+        _read_split_rows_into(layout, name, start, stop, out)
+        return
     dst = out.reshape(-1).view(np.uint8).data
     rb = layout.row_bytes
     for i, a, b, at in row_parts(start, stop, layout.chunk_rows):
         _read_chunk_part(layout, name, i, a, b, dst[at * rb : (at + b - a) * rb], verifier)
+
+
+_BLOCKS = threading.local()
+
+
+def _read_split_rows_into(
+    layout: ChunkLayout, name: str, start: int, stop: int, out: np.ndarray
+) -> None:
+    """Rows ``[start, stop)`` of an array whose chunks cut rows along ``layout.split.axis``:
+    every block of every chunk decoded whole (the same checks and errors as a chunk's, a
+    block never written read as the fill value) into this thread's scratch buffer, then its
+    rows and its real indices along the axis copied into place. Plain Zarr only: no checksums
+    (the reader plans splits for plain Zarr only)."""
+    split = layout.split
+    assert split is not None
+    rows = layout.chunk_rows
+    shape = (rows, *split.chunk_row_shape)
+    # one block's rows as a plain layout: the reads, checks and errors of a whole chunk
+    block = dataclasses.replace(
+        layout,
+        row_bytes=int(np.prod(split.chunk_row_shape, dtype=np.int64)) * layout.dtype.itemsize,
+        split=None,
+    )
+    nbytes = rows * block.row_bytes
+    buf = getattr(_BLOCKS, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = _BLOCKS.buf = np.empty(nbytes, np.uint8)
+    scratch = buf[:nbytes].view(layout.dtype).reshape(shape)
+    dst = out.reshape(stop - start, *split.row_shape)
+    lead = (slice(None),) * split.axis
+    for i, a, b, at in row_parts(start, stop, rows):
+        for j in range(split.count):
+            where, real = split.where(j)
+            part = scratch[a:b]
+            dst_bytes = part.reshape(-1).view(np.uint8).data
+            _read_chunk_part(block, name, i, a, b, dst_bytes, path=layout.chunk_path(i, j))
+            dst[(slice(at, at + b - a), *lead[1:], where)] = part[(*lead, slice(0, real))]
 
 
 def _read_chunk_part(
@@ -52,8 +96,10 @@ def _read_chunk_part(
     b: int,
     dst: memoryview,
     verifier: Verifier | None = None,
+    *,
+    path: str | None = None,
 ) -> None:
-    path = layout.chunk_path(i)
+    path = layout.chunk_path(i) if path is None else path
     rb = layout.row_bytes
     local = path if layout.opener is None else None
     check = verifier is not None and verifier.needed(name, i, local)
