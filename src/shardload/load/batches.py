@@ -27,7 +27,7 @@ from shardload.load.scatter import batches_per_group, groups_in_flight, raw_sour
 from shardload.load.spec import LoadSpec
 from shardload.load.windows import window_batches
 from shardload.plan.epoch import EpochPlan
-from shardload.plan.read_groups import ReadGroupAxis
+from shardload.plan.read_groups import ReadGroupAxis, ReadGroupSize
 from shardload.plan.resume import EpochState, skip_worker_batches
 from shardload.store.core import Store
 
@@ -64,7 +64,7 @@ def iter_batches(
     missing_dates: str = "skip",
     window: int | None = None,
     window_step: int | None = None,
-    read_group_size: int = 1,
+    read_group_size: ReadGroupSize = 1,
     read_group_axis: ReadGroupAxis = -1,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
@@ -154,7 +154,10 @@ def iter_batches(
         over ``world_size // G`` groups, and a resume state is a group's), and each reads only
         its slice of ``read_group_axis`` of every array's rows (an axis of the row, default
         -1, the last; or ``{array: axis or None}``; None: that array whole), the slices cut as
-        ``np.array_split`` cuts the axis. See docs/loading.md ("Read groups").
+        ``np.array_split`` cuts the axis. Two levels, ``read_group_size=(E, G)`` with
+        ``read_group_axis=(members_axis, grid_axis)`` (each as above): groups of ``E * G``
+        ranks; member ``m`` of a group reads member slice ``m // G`` and grid slice ``m % G``
+        (docs/weather.md). See docs/loading.md ("Read groups").
 
     window, window_step
         Windows of dates on a dated store (one with a time axis, ``store.time``): a sample is

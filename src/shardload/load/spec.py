@@ -27,7 +27,7 @@ from shardload.load.options import (
     warn_unmixed,
 )
 from shardload.load.ragged import ragged_names, resolve_buckets
-from shardload.load.read_groups import check_read_groups
+from shardload.load.read_groups import check_read_groups, level_slices, merged_slices
 from shardload.load.recycle import Specs, batch_specs, plan_batch_layout
 from shardload.load.ring import plan_ring_slots
 from shardload.load.scatter import batches_per_group, groups_in_flight
@@ -44,8 +44,10 @@ from shardload.plan.epoch import (
 from shardload.plan.missing_dates import DEFAULT_MISSING_DATES
 from shardload.plan.read_groups import (
     ReadGroupAxis,
+    ReadGroupSize,
+    RowSlice,
     check_read_group_size,
-    plan_row_slices,
+    read_group_levels,
     split_rank,
 )
 from shardload.plan.resume import EpochState, plan_from_state
@@ -79,7 +81,7 @@ class LoadSpec:
     split: str | None = None
     bucket: bool | str = False
     window: tuple[int, int] | None = None
-    read_group_size: int = 1
+    read_group_size: ReadGroupSize = 1
     read_group_axis: ReadGroupAxis = -1
 
     @classmethod
@@ -105,7 +107,7 @@ class LoadSpec:
         missing_dates: str = DEFAULT_MISSING_DATES,
         window: int | None = None,
         window_step: int | None = None,
-        read_group_size: int = 1,
+        read_group_size: ReadGroupSize = 1,
         read_group_axis: ReadGroupAxis = -1,
     ) -> LoadSpec:
         """Open ``store`` (a path, URL or Store) and resolve the options of ``iter_batches``."""
@@ -147,9 +149,9 @@ class LoadSpec:
             shuffle=shuffle,
             shuffle_chunks=group,
         )
-        size = check_read_group_size(read_group_size)
-        if size > 1:
-            check_read_groups(st, sel.arrays, size, read_group_axis)
+        levels = read_group_levels(read_group_size)  # (G,) or (E, G)
+        if check_read_group_size(levels) > 1:
+            check_read_groups(st, sel.arrays, levels, read_group_axis)
         return cls(
             store=st,
             selection=sel,
@@ -161,7 +163,7 @@ class LoadSpec:
             split=split,
             bucket=bucket,
             window=win,
-            read_group_size=size,
+            read_group_size=levels[0] if len(levels) == 1 else levels,
             read_group_axis=read_group_axis,
         )
 
@@ -171,20 +173,24 @@ class LoadSpec:
         ``read_group_size`` consecutive ranks (``plan.read_groups.split_rank``)."""
         return split_rank(rank, world_size, self.read_group_size)
 
-    def member_slices(self, member: int) -> dict[str, tuple[int, int, int]]:
-        """``{array: (axis of the row, start, stop)}`` that read group member ``member`` reads
-        (arrays read whole not listed; nothing without read groups)."""
-        if self.read_group_size == 1:
-            return {}
-        rows = {a: self.store.manifest.arrays[a].row_shape for a in self.selection.arrays}
-        return plan_row_slices(
-            rows, read_group_size=self.read_group_size, member=member, axis=self.read_group_axis
-        )
+    def member_level_slices(self, member: int) -> tuple[dict[str, RowSlice], ...]:
+        """``{array: (axis of the row, start, stop)}`` that read group member ``member`` reads,
+        one per level of ``read_group_size`` that cuts something (``load.read_groups``)."""
+        return level_slices(self.store, self.selection.arrays, self, member)
+
+    def member_slices(self, member: int) -> dict[str, RowSlice] | dict[str, tuple[RowSlice, ...]]:
+        """One level: ``{array: (axis, start, stop)}`` that member ``member`` reads (arrays read
+        whole not listed); several: ``{array: ((axis, start, stop), ...)}``, a slice per level
+        that cuts the array, outermost first."""
+        return merged_slices(self.member_level_slices(member), self.read_group_size)
 
     def member_store(self, member: int) -> Store:
-        """The store as member ``member`` of a read group reads it: its slice of each row."""
-        slices = self.member_slices(member)
-        return SlicedStore(self.store, slices) if slices else self.store
+        """The store as member ``member`` of a read group reads it: its slices of each row (a
+        store over the level before's at each level)."""
+        st = self.store
+        for slices in self.member_level_slices(member):
+            st = SlicedStore(st, slices)
+        return st
 
     # -- what a resume state is checked against ------------------------------------------------
     @functools.cached_property

@@ -15,7 +15,7 @@ from shardload.errors import StateError
 from shardload.load.batches import INDEX_KEY, read_batches
 from shardload.load.ring import BatchRing
 from shardload.load.spec import LoadSpec
-from shardload.plan.read_groups import ReadGroupAxis
+from shardload.plan.read_groups import ReadGroupAxis, ReadGroupSize, RowSlice
 from shardload.store.core import Store
 from shardload.torch.resume import ResumableDataset
 from shardload.torch.state import (
@@ -77,7 +77,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         Read groups for model parallelism (see ``iter_batches``): the ``read_group_size``
         consecutive ranks of a group get the same batches in the same order, each its slice of
         ``read_group_axis`` (:meth:`read_slices`); the epoch, ``len()`` and the resume state
-        are the group's.
+        are the group's. Two levels: ``read_group_size=(E, G)``, ``read_group_axis=(members
+        axis, grid axis)`` (ensemble members across ranks and the grid split within).
 
     Variable-length arrays come as ``NAME`` (zero-padded to the batch's longest row) and
     ``NAME_length`` (int64), see docs/loading.md ("Variable-length arrays").
@@ -108,7 +109,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         missing_dates: str = "skip",
         window: int | None = None,
         window_step: int | None = None,
-        read_group_size: int = 1,
+        read_group_size: ReadGroupSize = 1,
         read_group_axis: ReadGroupAxis = -1,
     ) -> None:
         if (rank is None) != (world_size is None):
@@ -196,10 +197,12 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         group, groups, _ = self.spec.split_rank(*self.rank_world())
         return group, groups
 
-    def read_slices(self) -> dict[str, tuple[int, int, int]]:
+    def read_slices(self) -> dict[str, RowSlice] | dict[str, tuple[RowSlice, ...]]:
         """``{array: (axis of a row, start, stop)}``: the slice of each array's rows this rank
         reads with read groups (arrays read whole are not listed; empty without read groups).
-        A batch's ``NAME`` is ``rows[:, ..., start:stop]`` along that axis (+1 in the batch)."""
+        A batch's ``NAME`` is ``rows[:, ..., start:stop]`` along that axis (+1 in the batch).
+        Two levels (``read_group_size=(E, G)``): ``{array: ((axis, start, stop), ...)}``, one
+        per level that cuts the array, outermost first."""
         _, _, member = self.spec.split_rank(*self.rank_world())
         return self.spec.member_slices(member)
 
