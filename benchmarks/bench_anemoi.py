@@ -2,18 +2,20 @@
 
 Builds a store with ``anemoi-datasets create`` (the venv of ``make anemoi-venv``, through
 ``tests/anemoi_helpers.py``): 240 dates every 6 h, one missing, 4 variables on a 100 x 200
-grid (320 KB a row), unless ``--dates`` / ``--grid``. Then times, best of ``--passes`` passes
-over the dates that are not missing, each reader in a fresh process:
+grid (320 KB a row), unless ``--dates`` / ``--grid``; ``--members E`` adds E ensemble members
+(anemoi chunks ``data`` one date and one member at a time). Then times, best of ``--passes``
+passes over the dates that are not missing, each reader in a fresh process:
 
 - ``shardload``: ``iter_batches(store, batch_size=8)``, the default shuffle, one process;
-- ``shardload-zarr-python``: the same with every read through zarr-python (the path of chunks
-  that split a date);
+- ``shardload-zarr-python``: the same with every read through zarr-python (the path of
+  chunks that split a date by member until 2026-11-28);
 - ``anemoi``: ``open_dataset(path)[i]`` for every date in a shuffled order.
 
 Usage::
 
     python benchmarks/bench_anemoi.py                       # the figures of docs/weather.md
     python benchmarks/bench_anemoi.py --dates 120 --grid 50 100 --passes 3
+    python benchmarks/bench_anemoi.py --members 4 --shardload-src /work/main/src  # another tree
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ print(n, min(best))
 """
 
 
-def run(python: str, script: str, *args: str) -> tuple[int, float]:
-    env = {"PYTHONPATH": str(REPO / "src")}
+def run(python: str, script: str, *args: str, src: Path = REPO / "src") -> tuple[int, float]:
+    env = {"PYTHONPATH": str(src)}
     res = subprocess.run(
         [python, "-c", textwrap.dedent(script), *args],
         capture_output=True,
@@ -84,6 +86,8 @@ def main() -> None:
     p.add_argument("--dates", type=int, default=240)
     p.add_argument("--grid", type=int, nargs=2, default=(100, 200))
     p.add_argument("--passes", type=int, default=5)
+    p.add_argument("--members", type=int, default=None, help="ensemble members (default none)")
+    p.add_argument("--shardload-src", type=Path, default=REPO / "src", help="the shardload to time")
     args = p.parse_args()
     anemoi_python = str(require_anemoi())
     spec = GriddedSpec(
@@ -91,6 +95,7 @@ def main() -> None:
         variables=("t2m", "msl", "u10", "v10"),
         grid=tuple(args.grid),
         missing=("2020-01-05T00:00:00",),
+        members=args.members,
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = str(build_store(Path(tmp), spec, name="bench.zarr"))
@@ -100,9 +105,10 @@ def main() -> None:
             ("shardload-zarr-python", sys.executable, SHARDLOAD, "zarr-python"),
             ("anemoi", anemoi_python, ANEMOI, ""),
         ):
-            n, seconds = run(python, script, path, str(args.passes), *([how] if how else []))
-            rows.append(f"| {name} | {n} | {seconds:.2f} |")
-    print(f"| reader | dates | best of {args.passes} passes, s |\n|---|---|---|")
+            extra = [how] if how else []
+            n, seconds = run(python, script, path, str(args.passes), *extra, src=args.shardload_src)
+            rows.append(f"| {name} | {n} | {seconds:.2f} | {n / seconds:.0f} |")
+    print(f"| reader | dates | best of {args.passes} passes, s | dates/s |\n|---|---|---|---|")
     print("\n".join(rows))
 
 
