@@ -161,3 +161,23 @@ def test_elastic_resume_on_another_number_of_groups(store):
     assert rests[0] == rests[1] == rests[2] == rests[3]
     rest = [i for bt in rests[0] for i in bt]
     assert len(rest) == len(set(rest)) and set(rest) == set(range(N)) - seen
+
+
+def test_two_levels_on_an_anemoi_store_with_members(tmp_path):
+    """anemoi's layout with several members (one chunk per date and member, read natively):
+    members over 2 ranks, cells over 2 within, values equal to the stored rows' slices."""
+    import shardload
+    from test_anemoi_layout import write_anemoi_layout
+
+    path = tmp_path / "a.zarr"
+    values = write_anemoi_layout(path, length=10, members=4, cells=6, missing=(3,))
+    st = shardload.open_store(path)
+    assert st.reader.layout("data") is not None  # native, chunks split by member
+    ranks = [rank_batches(st, r, 4, (2, 2), axis=(1, -1), batch_size=3) for r in range(4)]
+    assert len({str([b["index"].tolist() for b in batches]) for batches in ranks}) == 1
+    assert sorted(i for b in ranks[0] for i in b["index"].tolist()) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    for r, batches in enumerate(ranks):
+        m, c = r // 2, r % 2
+        for b in batches:
+            want = values[b["index"]][:, :, 2 * m : 2 * m + 2, 3 * c : 3 * c + 3]
+            np.testing.assert_array_equal(b["data"], want)
