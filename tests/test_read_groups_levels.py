@@ -181,3 +181,22 @@ def test_two_levels_on_an_anemoi_store_with_members(tmp_path):
         for b in batches:
             want = values[b["index"]][:, :, 2 * m : 2 * m + 2, 3 * c : 3 * c + 3]
             np.testing.assert_array_equal(b["data"], want)
+
+
+def test_dataloader_workers_hand_both_slices_over_the_ring(store):
+    """Forked DataLoader workers of ranks of a 2 x 2 group: ring slots of the two-level slices'
+    shape, values equal, the group's batches in order."""
+    from shardload.torch import StreamingDataLoader
+
+    st, _, b = store
+    got = []
+    for rank in (1, 2):  # member slice 0 / grid slice 1, member slice 1 / grid slice 0
+        ds = dataset(st, rank, 4)
+        assert ds._ring is not None and ds._ring.specs["b"][0] == (V, 2, 5)
+        got.append(list(StreamingDataLoader(ds, num_workers=2, multiprocessing_context="fork")))
+    assert [x["index"].tolist() for x in got[0]] == [x["index"].tolist() for x in got[1]]
+    assert sorted(i for x in got[0] for i in x["index"].tolist()) == list(range(N))
+    for (m, c), batches in zip(((0, 1), (1, 0)), got, strict=True):
+        for x in batches:
+            want = b[x["index"].numpy()][:, :, 2 * m : 2 * m + 2, 5 * c : 5 * c + 5]
+            np.testing.assert_array_equal(x["b"].numpy(), want)
