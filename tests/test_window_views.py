@@ -150,3 +150,18 @@ def test_window_grid_against_brute_force():
         for f in ("rows", "places", "lengths", "copy_to", "copy_from", "copy_lengths"):
             assert getattr(got, f).tolist() == getattr(want, f).tolist(), f
     assert found > 1000
+
+
+def test_a_failed_read_of_viewed_windows_names_rows_and_array(tmp_path):
+    from shardload.errors import ChunkReadError
+
+    st = dated_store(tmp_path, n=40)
+
+    class Broken(CountingReader):
+        def read_into(self, name, start, stop, out):
+            raise OSError("disk gone")
+
+    st._reader = Broken(st.reader)
+    it = shardload.iter_batches(st, batch_size=4, window=3, shuffle=False, window_views=True)
+    with pytest.raises(ChunkReadError, match=r"rows 0:6 \(chunks 0\.\.1\) of array 'x'.*disk gone"):
+        next(it)

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from shardload.errors import PlanError
+from shardload.errors import ChunkReadError, PlanError, ShardloadError
+from shardload.formats.base import ReadsInto
 from shardload.load.checks import checked_allocate
 from shardload.load.loop import Flight, GroupReader, read_loop
 from shardload.load.pool import ReadPool
@@ -195,6 +196,11 @@ class DatedWindowReader(GroupReader):
         futs: list[Future[None]] = []
         for name in self.names:
             flat = _states(out, name)
+            if grid is not None and grid.gap == 1:  # consecutive rows: a reader call a task
+                for a, b in self._row_tasks(grid.num_rows, flat):
+                    r = grid.first_row
+                    futs.append(pool.submit("read", self._read_rows, name, r + a, r + b, flat[a:b]))
+                continue
             for segs, outs in self._tasks(name, reads, flat):
                 futs.append(pool.submit("read", read_segments, self.store, name, segs, outs))
         self.batches[at // self.plan.batch_size] = (out, reads, grid)
@@ -217,6 +223,32 @@ class DatedWindowReader(GroupReader):
                 segs.append(Segment(int(chunk[k]), 0, m, chunk_start=r))
                 outs.append(flat[p : p + m])
             yield segs, outs
+
+    def _row_tasks(self, n: int, flat: np.ndarray) -> Iterator[tuple[int, int]]:
+        """``n`` consecutive states cut into about ``threads`` tasks of at least
+        ``TASK_BYTES``: ``(first, stop)`` places."""
+        row_bytes = max(1, flat[0].nbytes if len(flat) else 1)
+        per = max(-(-n // self.threads), TASK_BYTES // row_bytes, 1)
+        for a in range(0, n, per):
+            yield a, min(n, a + per)
+
+    def _read_rows(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``start:stop`` of ``name`` (over several chunks) into ``out``: one reader
+        call, as a plain read of those rows makes (per-chunk calls cost more CPU)."""
+        reader = self.store.reader
+        try:
+            if isinstance(reader, ReadsInto):
+                reader.read_into(name, start, stop, out)
+            else:
+                out[...] = reader.read(name, start, stop)
+        except ShardloadError:
+            raise
+        except Exception as exc:
+            lo, hi = np.searchsorted(self.bounds, [start, stop - 1], "right") - 1
+            raise ChunkReadError(
+                f"rows {start}:{stop} (chunks {lo}..{hi}) of array {name!r} in "
+                f"{self.store.url} could not be read: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def finish(self, k: int, size: int) -> tuple[dict[str, np.ndarray], list[Future[Any]]]:
         """Batch ``k``, its reads done: states shared by windows (read once) are copied to
