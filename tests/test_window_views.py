@@ -82,9 +82,10 @@ def test_views_read_each_distinct_state_once(tmp_path):
         assert sorted(counting.rows[name]) == sorted(want)
 
 
-def test_views_with_read_groups(stores):
+@pytest.mark.parametrize("fmt", ["npy", "sharded"])
+def test_views_with_read_groups(stores, fmt):
     """Each member of a read group gets its slice of the same windows, as views."""
-    st, full = stores["npy"], stores["full"]
+    st, full = stores[fmt], stores["full"]
     opts = dict(batch_size=5, window=3, shuffle=False, world_size=4, read_group_size=2)
     opts["read_group_axis"] = {"x": -1, "y": None}
     for rank in range(4):
