@@ -16,12 +16,15 @@ page cache, alternating, best of ``--rounds``. Reported per store: windows/s, MB
 states read by each, the ratio windows / limit of the best times (goal in issue #27: >= 0.7),
 the median of the rounds' own ratios (each round's epoch against its plain read), and the
 CPU seconds of each (process time, least of the rounds: steadier than wall time on a shared
-machine).
+machine). ``--views`` also times each round's epoch with ``window_views=True`` (read-only
+arrays; a batch of windows in date order is a strided view of its distinct states, no copies),
+reported as ``views_*``.
 
 Usage::
 
     python benchmarks/bench_dated_windows.py --workdir /tmp/dated-bench
     python benchmarks/bench_dated_windows.py --workdir /tmp/dated-bench --inputs 3 --outputs 2
+    python benchmarks/bench_dated_windows.py --workdir /tmp/dated-bench --in-order --views
 """
 
 from __future__ import annotations
@@ -81,12 +84,15 @@ def make_store(workdir: Path, fmt: str, states: int, state_mib: float, missing: 
     return shardload.open_store(out)
 
 
-def run_windows(store, *, window: int, batch: int, threads: int, epoch: int, shuffle: bool):
+def run_windows(
+    store, *, window: int, batch: int, threads: int, epoch: int, shuffle: bool, views: bool = False
+):
     """One epoch of windows: (seconds, windows, distinct rows read per batch)."""
     import shardload
 
     t0 = time.perf_counter()
     n, distinct = 0, []
+    extra = {"window_views": True} if views else {}
     for b in shardload.iter_batches(
         store,
         batch_size=batch,
@@ -95,6 +101,7 @@ def run_windows(store, *, window: int, batch: int, threads: int, epoch: int, shu
         epoch=epoch,
         seed=1,
         shuffle=shuffle,
+        **extra,
     ):
         n += len(b["index"])
         distinct.append(np.unique(b["index"][:, None] + np.arange(window)))
@@ -148,6 +155,11 @@ def main() -> None:
         action="store_true",
         help="windows in date order (shuffle=False): a batch's windows share most states",
     )
+    ap.add_argument(
+        "--views",
+        action="store_true",
+        help="also time each epoch with window_views=True (read-only views, no copies)",
+    )
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     window = args.inputs + args.outputs
@@ -158,7 +170,8 @@ def main() -> None:
         row_bytes = store.manifest.arrays["x"].row_bytes
         best_w = best_l = float("inf")
         ratios = []
-        cpu_w = cpu_l = float("inf")
+        cpu_w = cpu_l = cpu_v = best_v = float("inf")
+        ratios_v = []
         for r in range(args.rounds + 1):  # round 0 warms the page cache
             c0 = time.process_time()
             tw, n, distinct = run_windows(
@@ -172,6 +185,22 @@ def main() -> None:
             c1 = time.process_time()
             tl = run_limit(store, distinct, threads=args.threads)
             c2 = time.process_time()
+            if args.views:
+                tv, nv, dv = run_windows(
+                    store,
+                    window=window,
+                    batch=args.batch,
+                    threads=args.threads,
+                    epoch=r,
+                    shuffle=not args.in_order,
+                    views=True,
+                )
+                assert nv == n and all(
+                    np.array_equal(a, b) for a, b in zip(dv, distinct, strict=True)
+                )
+                if r:
+                    best_v, cpu_v = min(best_v, tv), min(cpu_v, time.process_time() - c2)
+                    ratios_v.append(tl / tv)
             if r:
                 best_w, best_l = min(best_w, tw), min(best_l, tl)
                 ratios.append(tl / tw)
@@ -192,6 +221,14 @@ def main() -> None:
             "cpu_s_limit": round(cpu_l, 3),
             "threads": args.threads,
         }
+        if args.views:
+            results[fmt].update(
+                views_windows_per_s=round(n / best_v, 1),
+                views_windows_MB_per_s=round(nbytes / best_v / 1e6, 1),
+                views_ratio=round(best_l / best_v, 3),
+                views_ratio_per_round_median=round(float(np.median(ratios_v)), 3),
+                cpu_s_views=round(cpu_v, 3),
+            )
         print(json.dumps({fmt: results[fmt]}), flush=True)
 
 

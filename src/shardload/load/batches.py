@@ -66,6 +66,7 @@ def iter_batches(
     window_step: int | None = None,
     read_group_size: ReadGroupSize = 1,
     read_group_axis: ReadGroupAxis = -1,
+    window_views: bool = False,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
 
@@ -166,6 +167,11 @@ def iter_batches(
         ``(B, window)``) and ``"index"`` the first row of each window. Only windows whose every
         date exists and lies in the selection are planned; shuffle, ranks, splits and resume
         are over windows; a state shared by windows of a batch is read once (docs/weather.md).
+    window_views
+        With ``window``: serve each array read-only, and a batch whose windows come in date
+        order (evenly spaced, as with ``shuffle=False``) as one strided view of its distinct
+        states instead of copying each shared state to every window holding it. Not with
+        ``allocate``. Values are the same; the arrays may overlap in memory (docs/weather.md).
 
     Variable-length arrays (one 1-D array per sample, ``store.ragged``) come as ``NAME``, a
     ``(rows, longest row of the batch)`` array zero-padded after each row's values, and
@@ -221,6 +227,7 @@ def iter_batches(
         skip_batches=skip_batches,
         allocate=allocate,
         padding_stats=padding_stats,
+        window_views=window_views,
     )
 
 
@@ -236,6 +243,7 @@ def read_batches(
     skip_batches: int = 0,
     allocate: Allocate | None = None,
     padding_stats: PaddingStats | None = None,
+    window_views: bool = False,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The batches of one worker of one rank of ``spec``'s store (:func:`iter_batches` after
     its options are resolved): the epoch is planned, and checked, before this returns. With
@@ -254,7 +262,15 @@ def read_batches(
     plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule (cache_dir only)
     st = spec.member_store(member)
     kind = spec.kind if st is spec.store else read_kind(st, spec.selection.arrays)
-    return _read(spec, st, kind, plan, rank, worker, threads, allocate, padding_stats)
+    if window_views and spec.window is None:
+        raise PlanError("window_views=True needs window= (windows of dates)")
+    if window_views and allocate is not None:
+        raise PlanError(
+            "window_views=True serves windows as views of the loader's own batch memory; "
+            "it cannot be combined with allocate= (whose memory is read as laid out)"
+        )
+    views = bool(window_views)
+    return _read(spec, st, kind, plan, rank, worker, threads, allocate, padding_stats, views)
 
 
 def _read(
@@ -267,6 +283,7 @@ def _read(
     threads: int,
     allocate: Allocate | None,
     padding_stats: PaddingStats | None,
+    views: bool = False,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Run the group reader of ``kind`` over ``st`` (``spec``'s store, or a read group
     member's slice of it; a generator: nothing runs before the first batch is asked for)."""
@@ -286,7 +303,9 @@ def _read(
         return
     if spec.window is not None:  # windows of dates (load/dated.py)
         win = (spec.window, prefetch, threads)
-        yield from dated_window_batches(st, names, plan, rank, worker, *win, allocate=allocate)
+        yield from dated_window_batches(
+            st, names, plan, rank, worker, *win, allocate=allocate, views=views
+        )
         return
     if allocate is None:  # reuse the memory of batches the caller has dropped
         spans = plan.workers[rank][worker].spans

@@ -22,14 +22,23 @@ from typing import Any
 
 import numpy as np
 
-from shardload.errors import PlanError
+from shardload.errors import ChunkReadError, PlanError, ShardloadError
+from shardload.formats.base import ReadsInto
 from shardload.load.checks import checked_allocate
 from shardload.load.loop import Flight, GroupReader, read_loop
 from shardload.load.pool import ReadPool
 from shardload.load.reader import read_segments
 from shardload.load.recycle import INDEX_KEY, Allocate, BatchRecycler, Specs
 from shardload.load.select import Selection, select_rows, split_pieces
-from shardload.plan.dated import BatchReads, plan_batch_reads, plan_window_starts, window_rows
+from shardload.plan.dated import (
+    BatchReads,
+    WindowGrid,
+    plan_batch_reads,
+    plan_grid_reads,
+    plan_window_grid,
+    plan_window_starts,
+    window_rows,
+)
 from shardload.plan.epoch import EpochPlan
 from shardload.plan.groups import iter_worker_batches
 from shardload.plan.missing_dates import check_missing_dates
@@ -147,11 +156,12 @@ class DatedWindowReader(GroupReader):
         prefetch: int,
         threads: int,
         allocate: Allocate | None = None,
+        views: bool = False,
     ) -> None:
         super().__init__(plan, rank, worker)
         self.store, self.names, self.window, self.step = store, tuple(names), window, step
         self.specs = window_specs(store, names, window)
-        self.allocate = allocate
+        self.allocate, self.views = allocate, views
         self.threads = max(1, threads)
         self.lanes = {"read": self.threads, "copy": self.threads}
         self.pool: ReadPool | None = None  # the loop's, once a batch is started
@@ -160,7 +170,8 @@ class DatedWindowReader(GroupReader):
         if store.time is None:
             raise PlanError(f"window={window}: {store.url} has no time axis")
         self.dates = store.time.dates
-        self.batches: dict[int, tuple[dict[str, np.ndarray], BatchReads]] = {}
+        Batch = tuple[dict[str, np.ndarray], BatchReads, WindowGrid | None]
+        self.batches: dict[int, Batch] = {}
 
     def units(self) -> Iterator[Any]:
         return iter_worker_batches(self.plan, self.rank, self.worker)
@@ -177,13 +188,22 @@ class DatedWindowReader(GroupReader):
         rows = window_rows(first, window=self.window, step=self.step)
         out[INDEX_KEY][...] = first
         out[DATES_KEY][...] = self.dates[rows]
-        reads = plan_batch_reads(rows, self.bounds)
+        grid = plan_window_grid(first, window=self.window, step=self.step) if self.views else None
+        if grid is None:
+            reads = plan_batch_reads(rows, self.bounds)
+        else:  # the distinct rows in order, each read once; the windows will view them
+            reads = plan_grid_reads(grid, self.bounds)
         futs: list[Future[None]] = []
         for name in self.names:
             flat = _states(out, name)
+            if grid is not None and grid.gap == 1:  # consecutive rows: a reader call a task
+                for a, b in self._row_tasks(grid.num_rows, flat):
+                    r = grid.first_row
+                    futs.append(pool.submit("read", self._read_rows, name, r + a, r + b, flat[a:b]))
+                continue
             for segs, outs in self._tasks(name, reads, flat):
                 futs.append(pool.submit("read", read_segments, self.store, name, segs, outs))
-        self.batches[at // self.plan.batch_size] = (out, reads)
+        self.batches[at // self.plan.batch_size] = (out, reads, grid)
         return Flight(at, n, futures=futs)
 
     def _tasks(
@@ -204,10 +224,38 @@ class DatedWindowReader(GroupReader):
                 outs.append(flat[p : p + m])
             yield segs, outs
 
+    def _row_tasks(self, n: int, flat: np.ndarray) -> Iterator[tuple[int, int]]:
+        """``n`` consecutive states cut into about ``threads`` tasks of at least
+        ``TASK_BYTES``: ``(first, stop)`` places."""
+        row_bytes = max(1, flat[0].nbytes if len(flat) else 1)
+        per = max(-(-n // self.threads), TASK_BYTES // row_bytes, 1)
+        for a in range(0, n, per):
+            yield a, min(n, a + per)
+
+    def _read_rows(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``start:stop`` of ``name`` (over several chunks) into ``out``: one reader
+        call, as a plain read of those rows makes (per-chunk calls cost more CPU)."""
+        reader = self.store.reader
+        try:
+            if isinstance(reader, ReadsInto):
+                reader.read_into(name, start, stop, out)
+            else:
+                out[...] = reader.read(name, start, stop)
+        except ShardloadError:
+            raise
+        except Exception as exc:
+            lo, hi = np.searchsorted(self.bounds, [start, stop - 1], "right") - 1
+            raise ChunkReadError(
+                f"rows {start}:{stop} (chunks {lo}..{hi}) of array {name!r} in "
+                f"{self.store.url} could not be read: {type(exc).__name__}: {exc}"
+            ) from exc
+
     def finish(self, k: int, size: int) -> tuple[dict[str, np.ndarray], list[Future[Any]]]:
         """Batch ``k``, its reads done: states shared by windows (read once) are copied to
-        their other places by tasks of the ``copy`` lane (runs of slices, no temporary)."""
-        out, reads = self.batches.pop(k)
+        their other places by tasks of the ``copy`` lane (runs of slices, no temporary); with
+        ``views``, a batch that is a :class:`WindowGrid` is instead one read-only strided view
+        of its distinct states per array, and any other batch's arrays are made read-only."""
+        out, reads, grid = self.batches.pop(k)
         futs: list[Future[Any]] = []
         if len(reads.copy_to) and self.pool is not None:
             cum = np.cumsum(reads.copy_lengths)
@@ -218,6 +266,9 @@ class DatedWindowReader(GroupReader):
                 flat = _states(out, name)
                 for i, j in itertools.pairwise(edges):
                     futs.append(self.pool.submit("copy", _copy_runs, flat, reads, i, j))
+        if self.views:  # the copy tasks write through their own (writable) views
+            for name in self.names:
+                out[name] = _read_only(out[name], grid)
         return out, futs
 
 
@@ -230,6 +281,20 @@ def _copy_runs(flat: np.ndarray, reads: BatchReads, i: int, j: int) -> None:
         strict=True,
     ):
         flat[t : t + m] = flat[f : f + m]
+
+
+def _read_only(arr: np.ndarray, grid: WindowGrid | None) -> np.ndarray:
+    """``arr`` (a batch's ``(B, K, *row)`` array) as a read-only view; with ``grid``, of the
+    distinct states read into its first ``grid.num_rows`` states: windows that share a state
+    share its memory, so a write would change every window holding it (hence read-only)."""
+    if grid is None:
+        view = arr.view()
+        view.flags.writeable = False
+        return view
+    flat = arr.reshape(-1, *arr.shape[2:])[: grid.num_rows]
+    step = flat.strides[0]
+    strides = (grid.window_stride * step, grid.state_stride * step, *flat.strides[1:])
+    return np.lib.stride_tricks.as_strided(flat, arr.shape, strides, writeable=False)
 
 
 def _states(out: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -254,11 +319,16 @@ def dated_window_batches(
     threads: int,
     *,
     allocate: Allocate | None = None,
+    views: bool = False,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The worker's batches of windows (``window``: ``(K, step)``) of ``store`` (a read group
     member's sliced store, or the whole), in plan order (:class:`DatedWindowReader`), into a
-    caller's ``allocate`` (checked against the window shapes) or reused batch memory."""
+    caller's ``allocate`` (checked against the window shapes) or reused batch memory; with
+    ``views`` (not with ``allocate``: its memory is the caller's, read as laid out), read-only
+    arrays, windows of a batch in date order viewing one buffer of its distinct states."""
     specs = window_specs(store, names, window[0])
+    if views and allocate is not None:  # read_batches refuses it: a slot is read as laid out
+        raise PlanError("window_views=True cannot be combined with allocate=")
     if allocate is None:
         allocate = BatchRecycler(specs, plan.batch_size, keep=prefetch + 4).allocate
     else:
@@ -275,6 +345,7 @@ def dated_window_batches(
             prefetch=prefetch,
             threads=threads,
             allocate=allocate,
+            views=views,
         )
     )
 

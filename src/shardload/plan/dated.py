@@ -23,8 +23,10 @@ copies it to the other places.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -160,3 +162,65 @@ def plan_batch_reads(rows: np.ndarray, chunk_bounds: np.ndarray | None = None) -
     run = run[: len(dup)]  # no copy: no run
     copies = np.diff(np.append(run, len(dup)))
     return BatchReads(read_rows[begin], places[begin], lengths, dup[run], src[run], copies)
+
+
+class WindowGrid(NamedTuple):
+    """A batch's windows as one strided view of its distinct rows (``window_views=``): rows
+    ``first_row + gap * i`` (``i < num_rows``) read in order into a buffer, window ``b``'s state
+    ``k`` is buffer row ``b * window_stride + k * state_stride``."""
+
+    first_row: int
+    gap: int
+    num_rows: int
+    window_stride: int
+    state_stride: int
+
+
+def plan_window_grid(first: np.ndarray, *, window: int, step: int) -> WindowGrid | None:
+    """The batch of windows starting at ``first`` as a :class:`WindowGrid`, or None when it is
+    not one: the starts must be evenly spaced and increasing (windows in date order, no
+    missing date between) and every row of the grid a state of some window (no row read that
+    no window holds).
+
+    >>> plan_window_grid(np.array([5, 6, 7]), window=3, step=1)   # rows 5..9
+    WindowGrid(first_row=5, gap=1, num_rows=5, window_stride=1, state_stride=1)
+    >>> plan_window_grid(np.array([4, 8]), window=3, step=2)        # rows 4, 6, .., 12
+    WindowGrid(first_row=4, gap=2, num_rows=5, window_stride=2, state_stride=1)
+    >>> plan_window_grid(np.array([5, 6, 9]), window=3, step=1) is None   # a gap in the starts
+    True
+    >>> plan_window_grid(np.array([0, 1]), window=2, step=5) is None      # rows 2-4 unused
+    True
+    """
+    first = np.asarray(first, np.int64).reshape(-1)
+    if not len(first):
+        return None
+    spacing = int(first[1] - first[0]) if len(first) > 1 else step
+    if spacing < 1 or (np.diff(first) != spacing).any():
+        return None
+    gap = math.gcd(spacing, step)
+    lo, hi = int(first[0]), int(first[-1]) + step * (window - 1)
+    num_rows = (hi - lo) // gap + 1
+    used = np.zeros(num_rows, bool)
+    used[(window_rows(first, window=window, step=step) - lo) // gap] = True
+    if not used.all():
+        return None
+    return WindowGrid(lo, gap, num_rows, spacing // gap, step // gap)
+
+
+def plan_grid_reads(grid: WindowGrid, chunk_bounds: np.ndarray) -> BatchReads:
+    """The reads of a :class:`WindowGrid`'s rows into places ``0..num_rows - 1`` (no copies):
+    what :func:`plan_batch_reads` gives for those rows, without sorting them.
+
+    >>> r = plan_grid_reads(WindowGrid(5, 1, 5, 1, 1), np.array([0, 6, 12]))
+    >>> r.rows.tolist(), r.places.tolist(), r.lengths.tolist(), r.num_rows
+    ([5, 6], [0, 1], [1, 4], 5)
+    """
+    lo, n = grid.first_row, grid.num_rows
+    if grid.gap == 1:  # one run, cut where a chunk ends
+        bounds = np.asarray(chunk_bounds, np.int64)
+        places = np.concatenate(([0], bounds[(bounds > lo) & (bounds < lo + n)] - lo))
+        lengths = np.diff(np.append(places, n))
+    else:  # rows apart: a run each
+        places, lengths = np.arange(n, dtype=np.int64), np.ones(n, np.int64)
+    none = np.zeros(0, np.int64)
+    return BatchReads(lo + grid.gap * places, places, lengths, none, none, none)
