@@ -92,32 +92,79 @@ SAMPLE_MARKER = ".shardload-demo-sample.json"
 def sample_files(
     raw: Path, params: dict[str, int], write: Callable[..., list[Path]]
 ) -> tuple[list[Path], str]:
-    """The demo's raw files in ``raw``: written there when it holds no file; reused when it
-    holds the demo's own files of the same parameters; the demo's own files (listed in its
-    marker) replaced when the parameters changed. Files the demo did not write are never
-    deleted: a folder holding them is used as it is."""
+    """The demo's raw files in ``raw``: written there when it holds no file; the demo's own
+    files of the same parameters reused when the generator would write them the same (their
+    stamp: ``write(..., reuse=True)`` regenerates the others, from an older generator, and
+    logs why); the demo's own files (listed in its marker) replaced when the parameters
+    changed. Files the demo did not write are never deleted: a folder holding them is used as
+    it is (with a warning where they come from an older generator)."""
     marker = raw / SAMPLE_MARKER
     present = sorted(p for p in raw.glob("*") if p.is_file() and p.name != SAMPLE_MARKER)
     if marker.exists():
         mine = json.loads(marker.read_text())
-        if mine.get("params") == params and all((raw / f).exists() for f in mine["files"]):
-            return [raw / f for f in mine["files"]], "reused (written by an earlier demo)"
+        if mine.get("params") == params:
+            return _write_or_reuse(raw, params, write)
         for f in mine["files"]:  # only the demo's own files
             (raw / f).unlink(missing_ok=True)
         marker.unlink()
         present = sorted(p for p in raw.glob("*") if p.is_file())
     if present:
         log.warning("%s holds files the demo did not write: using them, deleting nothing", raw)
+        _warn_outdated(present)
         return present, "the files already there (not written by the demo: kept as they are)"
+    return _write_or_reuse(raw, params, write)
+
+
+def _write_or_reuse(
+    raw: Path, params: dict[str, int], write: Callable[..., list[Path]]
+) -> tuple[list[Path], str]:
+    """The demo's files written, or reused where up to date (``reuse=True``), and its marker."""
+    marker = raw / SAMPLE_MARKER
+    before = {p.name: p.stat().st_mtime_ns for p in raw.glob("*") if p.is_file()}
     files = write(
         raw,
         columns=params["columns"],
         timesteps=(0,),
         patches=tuple(range(params["patches"])),
         seed=params["seed"],
+        reuse=True,
     )
     marker.write_text(json.dumps({"params": params, "files": [Path(f).name for f in files]}))
-    return list(files), "written"
+    rewritten = [f for f in files if before.get(Path(f).name) != Path(f).stat().st_mtime_ns]
+    if not rewritten:
+        return list(files), "reused (written by an earlier demo, up to date)"
+    if not any(Path(f).name in before for f in rewritten):
+        return list(files), "written"
+    # the store is prepared again below, as on every run: never kept from the old files
+    return list(files), (
+        f"{len(rewritten)} of them written again (missing, or from an older sample generator: "
+        "the log says which and why)"
+    )
+
+
+def _warn_outdated(files: list[Path]) -> None:
+    """A warning for each file written by an older ``shardload sample radiation``: the demo
+    would not learn from it (its targets were not a function of its inputs)."""
+    import netCDF4
+
+    from shardload.samples.stamp import why_outdated
+
+    for f in files:
+        if f.suffix != ".nc" or not f.name.startswith(("rad4NN_inputs_", "3dcorrection_")):
+            continue
+        try:
+            with netCDF4.Dataset(f) as ds:  # real MAELSTROM files are not shardload's samples
+                ours = "shardload sample radiation" in str(getattr(ds, "history", ""))
+        except OSError:
+            continue
+        why = why_outdated(f, "radiation") if ours else None
+        if why is not None:
+            log.warning(
+                "%s: %s; move it away (the demo then writes current files) or regenerate it "
+                "with 'shardload sample radiation'",
+                f,
+                why,
+            )
 
 
 def save_model(res: dict[str, Any], out: Path) -> Path:
