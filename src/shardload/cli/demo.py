@@ -7,6 +7,7 @@ Everything lives under ``$SHARDLOAD_HOME`` (default ``~/.shardload``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import time
@@ -45,11 +46,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     home = ensure_home()
     raw = home / "data" / "raw" / "radiation"
     config = home / "config.yaml"
-    if not config.exists():
-        config.write_text(
-            resources.files("shardload.configs").joinpath("radiation-flat.yaml").read_text()
-        )
-        print(f"wrote the default config {config}")
+    print(default_config(config))
     t0 = time.perf_counter()
     params = {"columns": args.columns, "patches": args.patches, "seed": 0}
     files, what = sample_files(raw, params, write_radiation_sample)
@@ -83,6 +80,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     print(f"done in {time.perf_counter() - t0:.1f} s; workspace {home}")
     return 0
+
+
+#: sha256 of every earlier shipped ``configs/radiation-flat.yaml``: a workspace's config.yaml
+#: equal to one is an earlier demo's, unedited, and is replaced by today's default. RULE: add
+#: the old file's hash here whenever radiation-flat.yaml changes.
+EARLIER_DEFAULT_CONFIGS: frozenset[str] = frozenset(
+    {"507cefa58b01965b1368cfd3ce024416320f59703e7a45d20874aad68825e4d0"}  # before d082ddd
+)
+
+
+def default_config(config: Path) -> str:
+    """Put the shipped default config at ``config`` unless the user's own is there: written
+    when missing, replaced when it is an earlier default left unedited; returns what was done."""
+    shipped = resources.files("shardload.configs").joinpath("radiation-flat.yaml").read_text()
+    if not config.exists():
+        config.write_text(shipped)
+        return f"wrote the default config {config}"
+    text = config.read_text()
+    if text == shipped:
+        return f"config {config} (the default)"
+    if hashlib.sha256(text.encode()).hexdigest() in EARLIER_DEFAULT_CONFIGS:
+        config.write_text(shipped)
+        return f"replaced {config}, an earlier shardload's default left unedited, by today's"
+    return (
+        f"using {config}: it differs from the shipped default (yours: kept; delete it to get that)"
+    )
 
 
 #: Written beside the demo's sample files: what the demo wrote (and may replace), with what.
