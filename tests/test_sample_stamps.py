@@ -113,3 +113,72 @@ def test_a_seismic_cube_is_reused_when_current_and_refused_when_not(tmp_path, ca
     zarr.open_group(str(cube), mode="r+").attrs.put({})  # a cube from before stamps
     assert main(argv) == 2 and "records no sample version" in caplog.text
     assert main([*argv, "--overwrite"]) == 0 and why_outdated(cube, "seismic") is None
+
+
+#: Each generator's output at a tiny size, summarised (mean, std of a few variables), with the
+#: version it is stamped with. Figures from running the generators on 2026-11-28. If they no
+#: longer match, the generator's output changed: bump SAMPLE_VERSIONS[kind] (samples/stamp.py)
+#: so that files written before are regenerated, then record the new figures and version here.
+FINGERPRINTS = {
+    "radiation": (
+        2,
+        {
+            "q": (0.000187101519244429, 0.0003327399290325968),
+            "temperature_hl": (231.3034551454627, 18.347445263876743),
+            "flux_dn_sw": (1.255549879304928, 2.8227762337801217),
+            "flux_up_lw": (-0.69126884192319, 0.7486731737102167),
+        },
+    ),
+    "era5": (
+        1,
+        {
+            "t": (252.14597597576324, 19.865497971251934),
+            "z": (31414.379323323566, 19754.297085734033),
+        },
+    ),
+    "states": (
+        1,
+        {
+            "q": (7.872895943621795, 2.8814311960642973),
+            "t": (288.08419450124103, 16.268790869590863),
+            "z": (5627.010335286458, 38.73434500083789),
+        },
+    ),
+    "seismic": (1, {"amp": (-0.24375168926781043, 0.4973071873941469)}),
+}
+
+
+def _summary(kind: str, tmp_path) -> dict[str, tuple[float, float]]:
+    import xarray as xr
+    import zarr
+
+    if kind == "seismic":
+        from shardload.samples.seismic import write_seismic_sample
+
+        cube = write_seismic_sample(tmp_path / "c.zarr", (4, 3, 8))
+        arrays = {"amp": zarr.open_group(str(cube), mode="r")["amp"][:]}
+    else:
+        _sample(kind, tmp_path)
+        arrays = {}
+        for f in sorted(tmp_path.glob("*.nc")):
+            with xr.open_dataset(f) as ds:
+                arrays.update({k: v.values for k, v in ds.data_vars.items()})
+    names = FINGERPRINTS[kind][1]
+    return {
+        k: (float(np.mean(arrays[k], dtype=np.float64)), float(np.std(arrays[k], dtype=np.float64)))
+        for k in names
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(FINGERPRINTS))
+def test_a_generator_whose_output_changed_has_a_new_version(kind, tmp_path):
+    version, want = FINGERPRINTS[kind]
+    got = _summary(kind, tmp_path)
+    changed = [k for k in want if not np.allclose(got[k], want[k], rtol=1e-5, atol=0)]
+    assert not changed, (
+        f"the {kind} generator writes other values for {changed} ({got}): bump "
+        f"SAMPLE_VERSIONS[{kind!r}] in samples/stamp.py and record the new figures here"
+    )
+    assert SAMPLE_VERSIONS[kind] == version, (
+        f"SAMPLE_VERSIONS[{kind!r}] is {SAMPLE_VERSIONS[kind]}: record its figures here"
+    )

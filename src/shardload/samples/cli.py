@@ -22,7 +22,10 @@ def register(subparsers) -> None:
         "sample",
         help="write sample raw data sets (synthetic, in real schemas)",
         description="Write synthetic raw files in the schema of a real data set, to try "
-        "'shardload prepare' on without downloading anything.",
+        "'shardload prepare' on without downloading anything. Each file records the generator's "
+        "version and options (attributes shardload_sample_*): a file already there that this "
+        "generator would write the same is kept; any other of that name is written again "
+        "(seismic: refused without --overwrite), and the log says why.",
     )
     kinds = sample.add_subparsers(dest="kind", metavar="KIND")
     kinds.required = True
