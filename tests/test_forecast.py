@@ -81,3 +81,30 @@ def test_a_store_without_dates_is_refused_with_what_it_has():
         ForecastTask(undated)
     with pytest.raises(ShardloadError, match="--rollout must be >= 1"):
         ForecastTask(undated, rollout=0)
+
+
+def test_the_forecast_logs_no_metric_it_does_not_compute(tmp_path, monkeypatch):
+    """The heating-rate errors belong to radiation stores: a forecast run's per-epoch log line,
+    metrics.csv and metrics.json hold no NaN (they held hr_rmse_sw/lw as NaN; issue #25)."""
+    import json
+    import shutil
+    from importlib import resources
+
+    from shardload.cli.app import main
+    from shardload.samples.states import write_states_sample
+
+    monkeypatch.setenv("SHARDLOAD_HOME", str(tmp_path / "home"))
+    write_states_sample(tmp_path, dates=24, lat=4, lon=8)
+    shutil.copy(str(resources.files("shardload.configs") / "era5-states.yaml"), tmp_path)
+    assert main(["prepare", str(tmp_path / "era5-states.yaml"), "--no-progress"]) == 0
+    out = tmp_path / "out"
+    argv = ["train", "forecast", str(tmp_path / "era5-states"), "--out", str(out)]
+    assert main([*argv, "--epochs", "1", "--batch-size", "4", "--num-workers", "0"]) == 0
+    csv_text = (out / "metrics.csv").read_text()
+    assert csv_text.splitlines()[0] == "epoch,train_loss,val_loss,samples_per_s,train_seconds"
+    assert "nan" not in csv_text.lower(), csv_text
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert None not in metrics.values() and "hr_rmse_sw" not in metrics, metrics
+    (log,) = (tmp_path / "home" / "logs").glob("train-*.log")
+    (epoch_line,) = [ln for ln in log.read_text().splitlines() if "epoch 1/1:" in ln]
+    assert "val_loss" in epoch_line and "nan" not in epoch_line.lower(), epoch_line

@@ -58,14 +58,15 @@ def test_demo_never_deletes_raw_files_it_did_not_write(tmp_path):
 
     calls = []
 
-    def write(raw, *, columns, timesteps, patches, seed):
+    def write(raw, *, columns, timesteps, patches, seed, reuse):
         raw.mkdir(parents=True, exist_ok=True)
+        assert reuse  # the demo keeps its own files where up to date (their stamp)
+        out = [raw / f"rad_{columns}_{p}.nc" for p in patches]
+        if all(f.exists() for f in out):
+            return out
         calls.append(columns)
-        out = []
-        for p in patches:
-            f = raw / f"rad_{columns}_{p}.nc"
+        for f in out:
             f.write_text("sample")
-            out.append(f)
         return out
 
     raw = tmp_path / "raw"
@@ -97,3 +98,29 @@ def test_the_split_is_written_as_metadata_json_beside_the_data(tmp_path, splits)
         assert got["chunks"] == list(m.splits[name]) and got["rows"] == m.split_num_rows(name)
         assert got["row_range"] == (list(m.split_rows[name]) if name in m.split_rows else None)
     assert (meta["splits"]["val"]["row_range"] is None) == (splits["val"] == 0.2)
+
+
+def test_the_demo_replaces_an_earlier_default_config_but_never_yours(tmp_path):
+    """A workspace's config.yaml from an earlier shardload's demo (16 MiB chunks: an unmixed
+    store) gives way to today's default; an edited one is kept (issue #25)."""
+    import hashlib
+    from importlib import resources
+
+    from shardload.cli.demo import EARLIER_DEFAULT_CONFIGS, default_config
+
+    shipped = resources.files("shardload.configs").joinpath("radiation-flat.yaml").read_text()
+    assert hashlib.sha256(shipped.encode()).hexdigest() not in EARLIER_DEFAULT_CONFIGS
+    config = tmp_path / "config.yaml"
+    assert default_config(config).startswith("wrote") and config.read_text() == shipped
+    assert "(the default)" in default_config(config)
+    # the shipped file before d082ddd: target_chunk_bytes 16MiB, no default layout
+    earlier = shipped.replace(
+        "compression: lz4                     # no chunk_rows / target_chunk_bytes: the default layout\n"
+        "                                     # (small inner chunks in 64 MiB shards: mixes like a uniform shuffle)\n",
+        "compression: lz4\n",
+    ).replace("dtype: float32\n", "dtype: float32\ntarget_chunk_bytes: 16MiB\n")
+    config.write_text(earlier)
+    assert hashlib.sha256(earlier.encode()).hexdigest() in EARLIER_DEFAULT_CONFIGS
+    assert default_config(config).startswith("replaced") and config.read_text() == shipped
+    config.write_text(shipped + "# mine\n")
+    assert "yours: kept" in default_config(config) and config.read_text().endswith("# mine\n")

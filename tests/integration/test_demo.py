@@ -49,3 +49,48 @@ def test_demo_end_to_end(tmp_path):
     mine.write_text("mine")
     again = _demo(env, "--steps", "0")
     assert mine.read_text() == "mine", again.stderr[-2000:]
+
+
+def test_demo_regenerates_outdated_samples_and_prepares_from_them(tmp_path, monkeypatch, capsys):
+    """A workspace kept from an older sample generator (its targets were not a function of the
+    inputs: the MLP ended at the mean predictor's loss, issue #25): the demo writes those files
+    again, saying why, and its store holds the current generator's values, not the old ones."""
+    import shutil
+
+    import netCDF4
+    import numpy as np
+
+    from shardload import open_store
+    from shardload.cli.app import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("SHARDLOAD_HOME", str(home))
+    argv = ["demo", "--columns", "256", "--patches", "1", "--steps", "0"]
+    assert main(argv) == 0
+    store = home / "data" / "processed" / "radiation-flat"
+    with open_store(store) as s:
+        want = s.read("y")
+    outputs = home / "data" / "raw" / "radiation" / "3dcorrection_outputs_2020010100_0c0.nc"
+    # as the generator before the stamp wrote it (a copy: this process holds the file open)
+    older = outputs.with_name("older.nc")
+    shutil.copy(outputs, older)
+    with netCDF4.Dataset(older, "a") as ds:
+        if "shardload_sample_version" in ds.ncattrs():
+            ds.delncattr("shardload_sample_version")
+        ds["flux_dn_sw"][:] = 0
+    os.replace(older, outputs)
+    mtime = outputs.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "written again" in out.out, out.out
+    text = "".join(p.read_text() for p in (home / "logs").glob("demo-*.log"))
+    assert f"regenerating {outputs.name}: it records no sample version" in text
+    assert outputs.stat().st_mtime_ns != mtime
+    with open_store(store) as s:
+        np.testing.assert_array_equal(s.read("y"), want)  # prepared again, from current files
+    # up to date now: a third run reuses the files as they are
+    mtime = outputs.stat().st_mtime_ns
+    assert main(argv) == 0
+    assert "reused (written by an earlier demo, up to date)" in capsys.readouterr().out
+    assert outputs.stat().st_mtime_ns == mtime

@@ -7,6 +7,7 @@ Everything lives under ``$SHARDLOAD_HOME`` (default ``~/.shardload``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import time
@@ -45,11 +46,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     home = ensure_home()
     raw = home / "data" / "raw" / "radiation"
     config = home / "config.yaml"
-    if not config.exists():
-        config.write_text(
-            resources.files("shardload.configs").joinpath("radiation-flat.yaml").read_text()
-        )
-        print(f"wrote the default config {config}")
+    print(default_config(config))
     t0 = time.perf_counter()
     params = {"columns": args.columns, "patches": args.patches, "seed": 0}
     files, what = sample_files(raw, params, write_radiation_sample)
@@ -85,6 +82,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+#: sha256 of every earlier shipped ``configs/radiation-flat.yaml``: a workspace's config.yaml
+#: equal to one is an earlier demo's, unedited, and is replaced by today's default. RULE: add
+#: the old file's hash here whenever radiation-flat.yaml changes.
+EARLIER_DEFAULT_CONFIGS: frozenset[str] = frozenset(
+    {"507cefa58b01965b1368cfd3ce024416320f59703e7a45d20874aad68825e4d0"}  # before d082ddd
+)
+
+
+def default_config(config: Path) -> str:
+    """Put the shipped default config at ``config`` unless the user's own is there: written
+    when missing, replaced when it is an earlier default left unedited; returns what was done."""
+    shipped = resources.files("shardload.configs").joinpath("radiation-flat.yaml").read_text()
+    if not config.exists():
+        config.write_text(shipped)
+        return f"wrote the default config {config}"
+    text = config.read_text()
+    if text == shipped:
+        return f"config {config} (the default)"
+    if hashlib.sha256(text.encode()).hexdigest() in EARLIER_DEFAULT_CONFIGS:
+        config.write_text(shipped)
+        return f"replaced {config}, an earlier shardload's default left unedited, by today's"
+    return (
+        f"using {config}: it differs from the shipped default (yours: kept; delete it to get that)"
+    )
+
+
 #: Written beside the demo's sample files: what the demo wrote (and may replace), with what.
 SAMPLE_MARKER = ".shardload-demo-sample.json"
 
@@ -92,32 +115,79 @@ SAMPLE_MARKER = ".shardload-demo-sample.json"
 def sample_files(
     raw: Path, params: dict[str, int], write: Callable[..., list[Path]]
 ) -> tuple[list[Path], str]:
-    """The demo's raw files in ``raw``: written there when it holds no file; reused when it
-    holds the demo's own files of the same parameters; the demo's own files (listed in its
-    marker) replaced when the parameters changed. Files the demo did not write are never
-    deleted: a folder holding them is used as it is."""
+    """The demo's raw files in ``raw``: written there when it holds no file; the demo's own
+    files of the same parameters reused when the generator would write them the same (their
+    stamp: ``write(..., reuse=True)`` regenerates the others, from an older generator, and
+    logs why); the demo's own files (listed in its marker) replaced when the parameters
+    changed. Files the demo did not write are never deleted: a folder holding them is used as
+    it is (with a warning where they come from an older generator)."""
     marker = raw / SAMPLE_MARKER
     present = sorted(p for p in raw.glob("*") if p.is_file() and p.name != SAMPLE_MARKER)
     if marker.exists():
         mine = json.loads(marker.read_text())
-        if mine.get("params") == params and all((raw / f).exists() for f in mine["files"]):
-            return [raw / f for f in mine["files"]], "reused (written by an earlier demo)"
+        if mine.get("params") == params:
+            return _write_or_reuse(raw, params, write)
         for f in mine["files"]:  # only the demo's own files
             (raw / f).unlink(missing_ok=True)
         marker.unlink()
         present = sorted(p for p in raw.glob("*") if p.is_file())
     if present:
         log.warning("%s holds files the demo did not write: using them, deleting nothing", raw)
+        _warn_outdated(present)
         return present, "the files already there (not written by the demo: kept as they are)"
+    return _write_or_reuse(raw, params, write)
+
+
+def _write_or_reuse(
+    raw: Path, params: dict[str, int], write: Callable[..., list[Path]]
+) -> tuple[list[Path], str]:
+    """The demo's files written, or reused where up to date (``reuse=True``), and its marker."""
+    marker = raw / SAMPLE_MARKER
+    before = {p.name: p.stat().st_mtime_ns for p in raw.glob("*") if p.is_file()}
     files = write(
         raw,
         columns=params["columns"],
         timesteps=(0,),
         patches=tuple(range(params["patches"])),
         seed=params["seed"],
+        reuse=True,
     )
     marker.write_text(json.dumps({"params": params, "files": [Path(f).name for f in files]}))
-    return list(files), "written"
+    rewritten = [f for f in files if before.get(Path(f).name) != Path(f).stat().st_mtime_ns]
+    if not rewritten:
+        return list(files), "reused (written by an earlier demo, up to date)"
+    if not any(Path(f).name in before for f in rewritten):
+        return list(files), "written"
+    # the store is prepared again below, as on every run: never kept from the old files
+    return list(files), (
+        f"{len(rewritten)} of them written again (missing, or from an older sample generator: "
+        "the log says which and why)"
+    )
+
+
+def _warn_outdated(files: list[Path]) -> None:
+    """A warning for each file written by an older ``shardload sample radiation``: the demo
+    would not learn from it (its targets were not a function of its inputs)."""
+    import netCDF4
+
+    from shardload.samples.stamp import why_outdated
+
+    for f in files:
+        if f.suffix != ".nc" or not f.name.startswith(("rad4NN_inputs_", "3dcorrection_")):
+            continue
+        try:
+            with netCDF4.Dataset(f) as ds:  # real MAELSTROM files are not shardload's samples
+                ours = "shardload sample radiation" in str(getattr(ds, "history", ""))
+        except OSError:
+            continue
+        why = why_outdated(f, "radiation") if ours else None
+        if why is not None:
+            log.warning(
+                "%s: %s; move it away (the demo then writes current files) or regenerate it "
+                "with 'shardload sample radiation'",
+                f,
+                why,
+            )
 
 
 def save_model(res: dict[str, Any], out: Path) -> Path:

@@ -22,7 +22,10 @@ def register(subparsers) -> None:
         "sample",
         help="write sample raw data sets (synthetic, in real schemas)",
         description="Write synthetic raw files in the schema of a real data set, to try "
-        "'shardload prepare' on without downloading anything.",
+        "'shardload prepare' on without downloading anything. Each file records the generator's "
+        "version and options (attributes shardload_sample_*): a file already there that this "
+        "generator would write the same is kept; any other of that name is written again "
+        "(seismic: refused without --overwrite), and the log says why.",
     )
     kinds = sample.add_subparsers(dest="kind", metavar="KIND")
     kinds.required = True
@@ -92,9 +95,10 @@ def run_radiation(args: argparse.Namespace) -> int:
         date=args.date,
         seed=args.seed,
         block_columns=args.block_columns,
+        reuse=True,
     )
     size_mb = sum(f.stat().st_size for f in files) / 1e6
-    log.info("wrote %d files (%.1f MB) to %s", len(files), size_mb, args.out)
+    log.info("%d files (%.1f MB) in %s", len(files), size_mb, args.out)
     return 0
 
 
@@ -127,6 +131,7 @@ def run_seismic(args: argparse.Namespace) -> int:
     from shardload.samples.seismic import write_seismic_sample, write_seismic_segy
 
     segy = args.out.suffix.lower() in (".sgy", ".segy")
+    before = _mtime_ns(args.out)
     out = (write_seismic_segy if segy else write_seismic_sample)(
         args.out,
         args.shape,
@@ -137,7 +142,7 @@ def run_seismic(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     var = "data" if segy else "amp"
-    print(f"wrote {out} (variable {var!r}, shape {tuple(args.shape)}, float32)")
+    print(f"{_verb(out, before)} {out} (variable {var!r}, shape {tuple(args.shape)}, float32)")
     return 0
 
 
@@ -161,12 +166,18 @@ def add_era5_parser(kinds) -> None:
 
 
 def run_era5(args: argparse.Namespace) -> int:
-    from shardload.samples.era5 import write_era5_sample
+    from shardload.samples.era5 import FILE_NAME, write_era5_sample
 
+    before = _mtime_ns(args.out / FILE_NAME)
     out = write_era5_sample(
-        args.out, members=args.members, times=args.times, seed=args.seed, grid_deg=args.grid_deg
+        args.out,
+        members=args.members,
+        times=args.times,
+        seed=args.seed,
+        grid_deg=args.grid_deg,
+        reuse=True,
     )
-    print(f"wrote {out} (z, t: {args.members} members x {args.times} times)")
+    print(f"{_verb(out, before)} {out} (z, t: {args.members} members x {args.times} times)")
     return 0
 
 
@@ -190,10 +201,20 @@ def add_states_parser(kinds) -> None:
 
 
 def run_states(args: argparse.Namespace) -> int:
-    from shardload.samples.states import write_states_sample
+    from shardload.samples.states import FILE_NAME, write_states_sample
 
+    before = _mtime_ns(args.out / FILE_NAME)
     out = write_states_sample(
-        args.out, dates=args.dates, lat=args.lat, lon=args.lon, seed=args.seed
+        args.out, dates=args.dates, lat=args.lat, lon=args.lon, seed=args.seed, reuse=True
     )
-    print(f"wrote {out} (t, q, z: {args.dates} dates on {args.lat} x {args.lon})")
+    print(f"{_verb(out, before)} {out} (t, q, z: {args.dates} dates on {args.lat} x {args.lon})")
     return 0
+
+
+def _mtime_ns(path: Path) -> int | None:
+    return path.stat().st_mtime_ns if path.exists() else None
+
+
+def _verb(path: Path, mtime_before: int | None) -> str:
+    """``wrote``, or ``kept (up to date)`` for a sample file the command reused."""
+    return "kept (up to date)" if _mtime_ns(path) == mtime_before else "wrote"

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import ConfigError
+from shardload.samples.stamp import reusable, sample_stamp
 
 LEVELS_HPA = (850.0, 500.0)
 #: zonal wave numbers, their eastward speed (degrees of longitude per day) and amplitude (K)
@@ -66,14 +67,20 @@ def write_era5_sample(
     times: int = 32,
     seed: int = 0,
     grid_deg: float = 3.0,
+    reuse: bool = False,
 ) -> Path:
-    """Write ``out_dir/era5-levels-members.nc`` (renamed into place when complete)."""
+    """Write ``out_dir/era5-levels-members.nc`` (renamed into place when complete).
+    ``reuse``: keep the file already there when it carries this generator's stamp for these
+    options (:mod:`~shardload.samples.stamp`); else write it again, logging why."""
     import xarray as xr
 
     if members < 1 or times < 1:
         raise ConfigError(f"members and times must be >= 1, got {members}, {times}")
     if not 0 < grid_deg <= 90 or (180 / grid_deg) % 1 or (360 / grid_deg) % 1:
         raise ConfigError(f"grid_deg must divide 180 and 360, got {grid_deg}")
+    options = {"members": members, "times": times, "seed": seed, "grid_deg": float(grid_deg)}
+    if reuse and reusable(Path(out_dir) / FILE_NAME, "era5", options):
+        return Path(out_dir) / FILE_NAME
     f = era5_fields(members=members, times=times, seed=seed, grid_deg=grid_deg)
     time = np.datetime64("2017-01-01T00:00", "ns") + (f["hours"] * 3600e9).astype("timedelta64[ns]")
     dims = ("number", "time", "isobaricInhPa", "latitude", "longitude")
@@ -95,6 +102,7 @@ def write_era5_sample(
             "Conventions": "CF-1.7",
             "comment": "synthetic ERA5-like series written by 'shardload sample era5' "
             f"(seed {seed}); the schema of cfgrib's era5-levels-members.nc, not ERA5 data",
+            **sample_stamp("era5", options),
         },
     )
     return write_netcdf(ds, out_dir, FILE_NAME)

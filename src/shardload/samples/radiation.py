@@ -16,10 +16,11 @@ byte-identical files, whatever ``block_columns`` is; another timestep or patch g
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -33,7 +34,10 @@ from shardload.samples.radiation_fields import (
     generate_inputs,
     generate_outputs,
 )
+from shardload.samples.stamp import sample_stamp, why_outdated
 from shardload.version import __version__
+
+log = logging.getLogger(__name__)
 
 #: Columns per file by default: a demo-sized pair (~40 MB) written in well under a second.
 #: The real dataset has 16,960 columns per patch file.
@@ -72,6 +76,7 @@ def write_radiation_sample(
     seed: int = 0,
     block_columns: int = DEFAULT_BLOCK_COLUMNS,
     progress: bool | None = None,
+    reuse: bool = False,
 ) -> list[Path]:
     """Write MAELSTROM-style raw radiation files for every (timestep, patch).
 
@@ -92,6 +97,10 @@ def write_radiation_sample(
         :data:`UNIT_COLUMNS`); bounds memory, does not change the data.
     progress
         Show a tqdm bar over blocks; ``None`` shows it only on a terminal.
+    reuse
+        Keep a pair of files already there when both carry the stamp this generator writes for
+        them (:mod:`~shardload.samples.stamp`: its version and the pair's options); any other
+        pair of that name is written again, with a log line saying why.
 
     Returns
     -------
@@ -115,10 +124,34 @@ def write_radiation_sample(
     ) as bar:
         for timestep in steps:
             for patch in patch_ids:
+                names = [out / n for n in radiation_file_names(date, timestep, patch)]
+                if reuse and _current(names, columns, date, timestep, patch, seed):
+                    written += names
+                    bar.update(num_blocks)
+                    continue
                 written += _write_pair(
                     out, columns, date, timestep, patch, seed, units_per_block, bar
                 )
     return written
+
+
+def pair_options(columns: int, date: str, timestep: int, patch: int, seed: int) -> dict[str, Any]:
+    """What the values of one (timestep, patch) pair follow from (its stamp's options)."""
+    return {"columns": columns, "date": date, "timestep": timestep, "patch": patch, "seed": seed}
+
+
+def _current(names: list[Path], columns, date, timestep, patch, seed) -> bool:
+    """Whether both files of a pair are this generator's for these options; logs why not
+    where a file is there but outdated."""
+    options = pair_options(columns, date, timestep, patch, seed)
+    for f in names:
+        why = why_outdated(f, "radiation", options)
+        if why is not None:
+            if any(n.exists() for n in names):  # a pair that was there: say why it is not kept
+                log.info("regenerating %s: %s", f.name, why)
+            return False
+    log.info("reusing %s and %s: up to date", names[0].name, names[1].name)
+    return True
 
 
 def _write_pair(out, columns, date, timestep, patch, seed, units_per_block, bar) -> list[Path]:
@@ -128,18 +161,19 @@ def _write_pair(out, columns, date, timestep, patch, seed, units_per_block, bar)
     finals = [out / name for name in names]
     temps = [f.with_name(f".{f.name}.partial") for f in finals]
     context = f"--date {date} --timestep {timestep} --patch {patch} --seed {seed}"
+    stamp = sample_stamp("radiation", pair_options(columns, date, timestep, patch, seed))
     try:
         with (
             netCDF4.Dataset(temps[0], "w", format=FILE_FORMAT) as fin,
             netCDF4.Dataset(temps[1], "w", format=FILE_FORMAT) as fout,
         ):
-            _define(fin, DIMS, INPUT_VARIABLES, columns, _input_attrs(context))
+            _define(fin, DIMS, INPUT_VARIABLES, columns, {**_input_attrs(context), **stamp})
             _define(
                 fout,
                 OUTPUT_DIMS,
                 OUTPUT_VARIABLES,
                 columns,
-                _output_attrs(context),
+                {**_output_attrs(context), **stamp},
                 {"pressure_hl": {"standard_name": "air_pressure"}},
             )
             num_units = -(-columns // UNIT_COLUMNS)

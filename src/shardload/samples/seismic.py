@@ -8,6 +8,7 @@ Gaussian noise. Axes ``(inline, crossline, time)``, float32. Every inline is com
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Sequence
@@ -18,6 +19,9 @@ import numpy as np
 
 from shardload.errors import ConfigError
 from shardload.layout import PARTIAL_SUFFIX
+from shardload.samples.stamp import sample_stamp, why_outdated
+
+log = logging.getLogger(__name__)
 
 DIMS = ("inline", "crossline", "time")
 
@@ -125,15 +129,32 @@ def write_seismic_sample(
     overwrite: bool = False,
 ) -> Path:
     """Write the cube to a Zarr v3 folder (variable ``amp``, chunks of ``chunk_inlines``
-    inlines), block by block (memory: one block), renamed into place when complete."""
+    inlines), block by block (memory: one block), renamed into place when complete. Without
+    ``overwrite`` an existing ``out`` is kept when it is this generator's cube for these
+    options (its stamp, :mod:`~shardload.samples.stamp`), and refused otherwise."""
     import zarr
 
-    out = _checked_output(out, shape, chunk_inlines, overwrite)
+    path = _checked_output(out, shape, chunk_inlines, overwrite=True)
+    options = {
+        "shape": [int(n) for n in shape],
+        "seed": seed,
+        "faults": faults,
+        "noise": float(noise),
+        "chunk_inlines": chunk_inlines,
+    }
+    if path.exists() and not overwrite:
+        why = why_outdated(path, "seismic", options)
+        if why is None:
+            log.info("reusing %s: up to date", path)
+            return path
+        raise ConfigError(f"{path} exists and is not this sample cube ({why}); pass --overwrite")
+    out = path
     tmp = out.with_name(out.name + PARTIAL_SUFFIX)
     shutil.rmtree(tmp, ignore_errors=True)
     model = draw_model(shape, seed=seed, faults=faults)
     ni, nj, nk = model.shape
     g = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
+    g.attrs.update(sample_stamp("seismic", options))
     arr = g.create_array(
         "amp",
         shape=model.shape,

@@ -23,6 +23,7 @@ import numpy as np
 
 from shardload.errors import ConfigError
 from shardload.samples.era5 import write_netcdf
+from shardload.samples.stamp import reusable, sample_stamp
 
 FILE_NAME = "states-6h.nc"
 VARIABLES = ("t", "q", "z")
@@ -96,12 +97,18 @@ def write_states_sample(
     lon: int = 64,
     seed: int = 0,
     start: str = "2020-01-01T00:00",
+    reuse: bool = False,
 ) -> Path:
-    """Write ``out_dir/states-6h.nc`` (renamed into place when complete)."""
+    """Write ``out_dir/states-6h.nc`` (renamed into place when complete).
+    ``reuse``: keep the file already there when it carries this generator's stamp for these
+    options (:mod:`~shardload.samples.stamp`); else write it again, logging why."""
     import xarray as xr
 
     if dates < 2 or lat < 4 or lon < 8:
         raise ConfigError(f"need dates >= 2, lat >= 4, lon >= 8; got {dates}, {lat}, {lon}")
+    options = {"dates": dates, "lat": lat, "lon": lon, "seed": seed, "start": start}
+    if reuse and reusable(Path(out_dir) / FILE_NAME, "states", options):
+        return Path(out_dir) / FILE_NAME
     f = states_fields(dates=dates, lat=lat, lon=lon, seed=seed)
     time = np.datetime64(start, "ns") + np.arange(dates) * np.timedelta64(6, "h")
     dims = ("time", "latitude", "longitude")
@@ -117,6 +124,7 @@ def write_states_sample(
             "comment": "synthetic 6-hourly states written by 'shardload sample states' "
             f"(seed {seed}): advection by a zonal wind of 1 to 3 cells per step, diffusion, "
             "relaxation and a smooth random forcing; not ERA5 data",
+            **sample_stamp("states", options),
         },
     )
     return write_netcdf(ds, out_dir, FILE_NAME)

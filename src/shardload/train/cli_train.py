@@ -347,8 +347,8 @@ def _report(
             "val_loss_mean_predictor": baseline,
             "val_loss_ratio": val / baseline if baseline else float("nan"),
             "train_loss": float(last.get("train_loss", float("nan"))),
-            "hr_rmse_sw": float(last.get("hr_rmse_sw", float("nan"))),
-            "hr_rmse_lw": float(last.get("hr_rmse_lw", float("nan"))),
+            # the heating-rate errors where the task computes them (radiation stores only)
+            **{k: float(last[k]) for k in ("hr_rmse_sw", "hr_rmse_lw") if k in last},
             **extra,
         },
     )

@@ -280,11 +280,12 @@ class ExampleTask(pl.LightningModule):
             "epoch": self.current_epoch,
             "train_loss": sums[0] / sums[1] if sums[1] else float("nan"),
             "val_loss": sums[2] / sums[3] if sums[3] else float("nan"),
-            "hr_rmse_sw": float(np.sqrt(hr[0, 0] / hr[0, 1])) if hr[0, 1] else float("nan"),
-            "hr_rmse_lw": float(np.sqrt(hr[1, 0] / hr[1, 1])) if hr[1, 1] else float("nan"),
-            "samples_per_s": sums[1] / seconds if seconds > 0 else float("nan"),
-            "train_seconds": seconds,
         }
+        if self.hr is not None:  # only where the store has fluxes and pressure (radiation)
+            row["hr_rmse_sw"] = float(np.sqrt(hr[0, 0] / hr[0, 1])) if hr[0, 1] else float("nan")
+            row["hr_rmse_lw"] = float(np.sqrt(hr[1, 0] / hr[1, 1])) if hr[1, 1] else float("nan")
+        row["samples_per_s"] = sums[1] / seconds if seconds > 0 else float("nan")
+        row["train_seconds"] = seconds
         # a row per epoch: an epoch cut by --max-steps and finished after --resume is replaced
         self.rows = [r for r in self.rows if int(r["epoch"]) != self.current_epoch] + [row]
         # the same on every rank (reduced above); sync_dist keeps Lightning's DDP check quiet
@@ -312,10 +313,13 @@ class ExampleTask(pl.LightningModule):
 
 
 def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
+    """``rows`` as CSV, the columns of :data:`COLUMNS` that the rows have (no ``hr_rmse_*``
+    for a task without heating rates, e.g. forecast)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".csv.tmp")
+    columns = [c for c in COLUMNS if any(c in r for r in rows)]
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         for row in rows:
             w.writerow({k: (int(v) if k == "epoch" else f"{float(v):.6g}") for k, v in row.items()})
