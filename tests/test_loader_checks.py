@@ -91,23 +91,15 @@ def test_good_allocate_arrays_are_used(npy, path):
 def test_a_group_index_out_of_range_raises(npy, path, monkeypatch, bad):
     """A planning bug that put an index outside its group is an error on both read paths (the
     gather clips and the scatter wraps negative indices: both served wrong rows silently)."""
-    real = gather_mod.iter_worker_groups
-
-    def broken(*args) -> Iterator:
-        for segments, order in real(*args):
-            order = order.copy()
-            order[len(order) // 2] = -1 if bad == -1 else sum(len(s) for s in segments)
-            yield segments, order
-
     real_spans = scatter_mod.iter_worker_spans
 
-    def broken_spans(*args) -> Iterator:  # the scatter path plans from spans
+    def broken_spans(*args) -> Iterator:  # both paths plan from spans
         for spans, order in real_spans(*args):
             order = order.copy()
             order[len(order) // 2] = -1 if bad == -1 else int(spans.cum[-1])
             yield spans, order
 
-    monkeypatch.setattr(gather_mod, "iter_worker_groups", broken)
+    monkeypatch.setattr(gather_mod, "iter_worker_spans", broken_spans)
     monkeypatch.setattr(scatter_mod, "iter_worker_spans", broken_spans)
     with pytest.raises(PlanError, match="group's order"):
         for _ in shardload.iter_batches(npy, batch_size=8):

@@ -64,3 +64,40 @@ def test_a_close_does_not_wait_for_a_detached_lane():
     pool.shutdown()
     assert time.perf_counter() - t < 1
     gate.set()
+
+
+@pytest.mark.slow  # three interpreters: about 10 s
+def test_an_iterator_left_open_at_exit_does_not_hang_the_interpreter(tmp_path):
+    """A script that takes one batch and exits with the store and the iterator in globals:
+    the interpreter's teardown closes the iterator after its daemon threads are frozen (one
+    may hold the pool's lock), so the shutdown must not wait for them (it hung for ever)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import shardload
+    from _stores import make_store
+
+    store = make_store(tmp_path, fmt="zarr", compression="zstd", n=20000, chunk_rows=1000)
+    script = (
+        "import shardload, sys\n"
+        "s = shardload.open_store(sys.argv[1])\n"
+        "it = shardload.iter_batches(s, batch_size=10000)\n"  # gathers of 320 KB: in threads
+        "print(len(next(it)['index']))\n"
+    )
+    src = str(Path(shardload.__file__).parents[1])  # this checkout's package, not another
+    env = {**os.environ, "PYTHONPATH": src}
+    for _ in range(3):  # a race: it hung in 2 of 3 runs
+        try:
+            got = subprocess.run(
+                [sys.executable, "-c", script, str(store.url)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env=env,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail("the interpreter hung at exit, closing an open iterator")
+        assert got.returncode == 0, got.stderr
+        assert got.stdout.split() == ["10000"]

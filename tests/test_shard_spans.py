@@ -90,6 +90,36 @@ def test_default_epoch_opens_each_shard_once_per_task(sharded, opens):
     assert set(seen.values()) == {1}, seen
 
 
+def test_default_epoch_makes_no_segment_object_per_chunk(sharded, monkeypatch):
+    """The gather reader hands a group's whole inner chunks to the reader as row ranges taken
+    from the plan's arrays: no ``Segment`` object per chunk (a default group holds over a
+    thousand; building them was most of the main thread's work). Batches are unchanged: the
+    plan's rows, in its order, with the store's values."""
+    from shardload.plan import spans as spans_mod
+    from shardload.plan.groups import worker_rows
+
+    made = Counter[str]()
+
+    class Counted(spans_mod.Segment):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            made["segments"] += 1
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(spans_mod, "Segment", Counted)
+    store = shardload.open_store(sharded)
+    batches = list(shardload.iter_batches(store, batch_size=16, seed=5, epoch=2))
+    assert made["segments"] == 0
+    got = np.concatenate([b["index"] for b in batches])
+    bounds = store.manifest.chunk_bounds
+    assert len(bounds) - 1 == -(-N // ROWS)
+    for b in batches:
+        check_values(store, b)
+    from shardload.load.spec import LoadSpec  # the rows, in the order of the loader's plan
+
+    plan = LoadSpec.build(store, batch_size=16, seed=5).plan(world_size=1, num_workers=1, epoch=2)
+    assert got.tolist() == worker_rows(plan, 0, 0).tolist()
+
+
 @pytest.mark.parametrize("damage", ["header", "truncated", "deleted"])
 def test_damage_is_named_by_a_spans_read(sharded, tmp_path, damage):
     """Errors are built only when a check fails, and name the inner chunk, shard and file as

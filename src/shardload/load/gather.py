@@ -23,7 +23,7 @@ from shardload.load.pool import ReadPool
 from shardload.load.reader import BufferPool, Group, new_group, submit_segments
 from shardload.load.recycle import INDEX_KEY, Allocate, new_batch
 from shardload.plan.epoch import EpochPlan
-from shardload.plan.groups import iter_worker_groups
+from shardload.plan.groups import iter_worker_spans
 from shardload.store.core import Store
 
 #: Batch pieces smaller than this are gathered in the calling thread (no thread hop).
@@ -70,15 +70,15 @@ class GatherReader(GroupReader):
         self.mine: list[Future[None]] = []  # gathers reading the group being placed
 
     def units(self) -> Iterator[Any]:
-        return iter_worker_groups(self.plan, self.rank, self.worker)
+        return iter_worker_spans(self.plan, self.rank, self.worker)
 
     def start(self, unit: Any, at: int, n: int, pool: ReadPool) -> Flight:
-        segments, order = unit
-        g = new_group(self.store, self.names, segments, order, self.buffers)
+        spans, order = unit
+        g = new_group(self.store, self.names, spans, order, self.buffers)
         where = f"worker {self.worker} of rank {self.rank}: a group's order"
         check_indices(g.order, len(g.rows), where)
         self.pool = pool
-        return Flight(at, n, futures=g.futures, data=g, segments=len(g.segments))
+        return Flight(at, n, futures=g.futures, data=g, segments=g.segments)
 
     def _submit(self, fl: Flight, most: int, pool: ReadPool) -> int:
         got = submit_segments(

@@ -10,6 +10,7 @@ for what has, so no thread writes into a batch after the caller reclaims its mem
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -83,6 +84,8 @@ class ReadPool:
     def shutdown(self) -> None:
         """Cancel the tasks not started, wait for the running ones (but those of detached
         lanes), stop every thread."""
+        if sys.is_finalizing():  # an iterator left open at exit, closed by the interpreter's
+            return  # teardown: its daemon threads are frozen (one may hold the lock) and never end
         with self._lock:
             self._closed = True
             for queue in self._queue.values():

@@ -13,28 +13,34 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import cast
 
 import numpy as np
 
 from shardload.errors import ChunkReadError, ShardloadError
 from shardload.formats.base import READ_ALIGN, ReadsInto, ReadsSpansInto
-from shardload.plan.spans import Segment
+from shardload.plan.spans import Segment, Spans, spans_rows
 from shardload.store.core import Store
 
 
 @dataclass(eq=False)
 class Group:
     """One shuffle group being read: ``bufs[name][order]`` are its rows in yield order and
-    ``rows[order]`` their global row numbers."""
+    ``rows[order]`` their global row numbers; segment ``i`` of ``spans`` lands at rows
+    ``offsets[i]:offsets[i + 1]`` of the buffers."""
 
-    segments: tuple[Segment, ...]
+    spans: Spans
     order: np.ndarray
     bufs: dict[str, np.ndarray]
     rows: np.ndarray
     offsets: np.ndarray  # where each segment starts in the buffers
     futures: list[Future[None]] = field(default_factory=list)
     submitted: int = 0  # segments handed to the pool
+
+    @property
+    def segments(self) -> int:
+        return len(self.spans)
 
     def wait(self) -> None:
         for f in self.futures:
@@ -86,22 +92,18 @@ class BufferPool:
 def new_group(
     store: Store,
     names: Sequence[str],
-    segments: tuple[Segment, ...],
+    spans: Spans,
     order: np.ndarray,
     pool: BufferPool | None = None,
 ) -> Group:
-    lens = np.array([len(s) for s in segments], dtype=np.int64)
-    offsets = np.concatenate(([0], np.cumsum(lens)))
+    """A group of ``spans`` with its buffers taken from ``pool`` (vectorised over segments:
+    a default group holds over a thousand whole inner chunks)."""
+    offsets = spans.cum
     n = int(offsets[-1])
     arrays = store.manifest.arrays
     pool = pool or BufferPool(keep=0)
     bufs = {a: pool.take(a, (n, *arrays[a].row_shape), np.dtype(arrays[a].dtype)) for a in names}
-    if all(s.rows is None for s in segments):  # ranges (vectorised: thousands of small chunks)
-        firsts = np.fromiter((s.chunk_start + s.start for s in segments), np.int64, len(lens))
-        rows = np.arange(n, dtype=np.int64) + np.repeat(firsts - offsets[:-1], lens)
-    else:
-        rows = np.concatenate([s.global_rows() for s in segments])
-    return Group(segments, order, bufs, rows, offsets)
+    return Group(spans, order, bufs, spans_rows(spans), offsets)
 
 
 _READS_INTO: dict[type, bool] = {}
@@ -152,15 +154,37 @@ def read_segments(
         except ShardloadError:
             raise
         except Exception as exc:
-            chunks = sorted({s.chunk for s in segments})
-            listed = ", ".join(map(str, chunks[:8])) + (", ..." if len(chunks) > 8 else "")
-            raise ChunkReadError(
-                f"one of chunks {listed} ({len(chunks)} chunks) of array {name!r} in "
-                f"{store.url} could not be read: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise _spans_error(store, name, [s.chunk for s in segments], exc) from exc
         return
     for seg, out in zip(segments, outs, strict=True):
         read_segment(store, name, seg, out)
+
+
+def read_ranges(
+    store: Store,
+    name: str,
+    chunks: np.ndarray,
+    ranges: Sequence[tuple[int, int]],
+    outs: Sequence[np.ndarray],
+) -> None:
+    """Global row ranges of one array (``chunks``: the chunk of each) into their slices of
+    the group buffer, in one call of a reader of several spans (:func:`read_segments` for
+    range segments, without a ``Segment`` object per chunk)."""
+    try:
+        cast(ReadsSpansInto, store.reader).read_spans_into(name, ranges, outs)
+    except ShardloadError:
+        raise
+    except Exception as exc:
+        raise _spans_error(store, name, chunks.tolist(), exc) from exc
+
+
+def _spans_error(store: Store, name: str, chunks: Sequence[int], exc: Exception) -> ChunkReadError:
+    listed = sorted(set(chunks))
+    shown = ", ".join(map(str, listed[:8])) + (", ..." if len(listed) > 8 else "")
+    return ChunkReadError(
+        f"one of chunks {shown} ({len(listed)} chunks) of array {name!r} in "
+        f"{store.url} could not be read: {type(exc).__name__}: {exc}"
+    )
 
 
 _READS_SPANS: dict[type, bool] = {}
@@ -216,23 +240,36 @@ def submit_segments(
     By URL a task is one segment (a chunk's request), but for sharded Zarr arrays, whose calls
     coalesce near inner chunks and keep requests in flight of their own: their tasks are sized
     as for one thread per CPU."""
-    i = j = g.submitted
-    stop = min(len(g.segments), i + max(1, most))
+    i = g.submitted
+    stop = min(g.segments, i + max(1, most))
     local = store.is_local
     task = TASK_BYTES if local else 0  # by URL: a request per task, all in flight
-    if _reads_spans(store.reader) and (local or _coalesces(store, names)):
+    spans_reader = _reads_spans(store.reader)
+    if spans_reader and (local or _coalesces(store, names)):
         # a sharded array by URL: a call has requests in flight of its own (near inner chunks
         # share one), so its tasks stay as large as for the CPU count's threads
         share = int(g.offsets[-1]) * row_bytes // (2 * max(1, threads if local else _cores()))
         task = max(TASK_BYTES, min(SPAN_TASK_BYTES, share))
-    rows = 0
-    while j < stop and (j == i or rows * row_bytes < task):
-        rows += int(g.offsets[j + 1] - g.offsets[j])
-        j += 1
-    spans = [(int(g.offsets[k]), int(g.offsets[k + 1])) for k in range(i, j)]
-    for name in names:
-        buf = g.bufs[name]
-        outs = [buf[a:b] for a, b in spans]
-        g.futures.append(submit(read_segments, store, name, g.segments[i:j], outs))
+    # the task: segments i..j-1, whole ones, until their rows reach ``task`` bytes (at least one)
+    want = int(g.offsets[i]) + -(-task // max(1, row_bytes))
+    j = min(stop, max(i + 1, int(np.searchsorted(g.offsets, want, "left"))))
+    at = g.offsets[i : j + 1].tolist()
+    parts = list(pairwise(at))
+    sp = g.spans
+    if spans_reader and j - i > 1 and not (sp.ex[i:j] >= 0).any():  # ranges, read in one call
+        first = sp.base[i:j] + sp.lo[i:j]
+        last = first + (sp.hi[i:j] - sp.lo[i:j])
+        ranges = list(zip(first.tolist(), last.tolist(), strict=True))
+        chunks = sp.chunk[i:j]
+        for name in names:
+            buf = g.bufs[name]
+            outs = [buf[a:b] for a, b in parts]
+            g.futures.append(submit(read_ranges, store, name, chunks, ranges, outs))
+    else:  # explicit rows (a resumed group), or a reader of one span a call
+        segs = [sp.segment(k) for k in range(i, j)]
+        for name in names:
+            buf = g.bufs[name]
+            outs = [buf[a:b] for a, b in parts]
+            g.futures.append(submit(read_segments, store, name, segs, outs))
     g.submitted = j
     return j - i

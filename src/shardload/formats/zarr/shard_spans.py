@@ -220,26 +220,33 @@ def _read_runs(
             fetched = pool.map(lambda r: fetch(r[2], r[3]), runs)
         else:
             fetched = (fetch(r[2], r[3]) for r in runs)
+        rows, unpack, decompress = layout.chunk_rows, _HEADER.unpack_from, blosc.decompress
         for (i, m, start, _), (buf, got) in zip(runs, fetched, strict=True):
             for q in order[i:m]:
                 j, lo, hi, part = pieces[q]
                 a, size = offs_l[q] - start, sizes_l[q]
                 raw = buf[a : a + size]
-                what = f"chunk {k * layout.shard.chunks + j} (inner chunk {j} of shard {k})"
                 if a + size > got:
                     raise ChunkReadError(
-                        f"{what} of array {name!r} is truncated: {path} (expected {size} "
-                        f"bytes at offset {offs_l[q]}, got {max(0, got - a)})"
+                        f"{_what(layout, k, j)} of array {name!r} is truncated: {path} "
+                        f"(expected {size} bytes at offset {offs_l[q]}, got {max(0, got - a)})"
                     )
-                if lo == 0 and hi == layout.chunk_rows and size >= 16:
-                    nbytes, _, cbytes = _HEADER.unpack_from(raw, 4)
+                if lo == 0 and hi == rows and size >= 16:
+                    nbytes, _, cbytes = unpack(raw, 4)
                     if cbytes == size and nbytes == full and raw[3] in typesizes:
                         try:
-                            blosc.decompress(raw, part)  # in C, without the GIL
+                            decompress(raw, part)  # in C, without the GIL
                             continue
                         except Exception:  # decode_into below raises the error naming it
                             pass
+                what = _what(layout, k, j)  # built only here: an f-string per chunk costs
                 decode_into(layout, raw, lo, hi, part, name=name, what=what, path=path)
+
+
+def _what(layout: ChunkLayout, k: int, j: int) -> str:
+    """How errors name inner chunk ``j`` of shard ``k``."""
+    assert layout.shard is not None
+    return f"chunk {k * layout.shard.chunks + j} (inner chunk {j} of shard {k})"
 
 
 def read_spans_into(
