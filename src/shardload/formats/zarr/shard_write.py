@@ -21,7 +21,7 @@ import google_crc32c
 import numpy as np
 
 from shardload.formats.checksums import digest
-from shardload.formats.zarr.chunks import ChunkLayout, blosc_codec
+from shardload.formats.zarr.chunks import ChunkLayout, blosc_encoder
 from shardload.util.durable import file_written
 
 #: an empty inner chunk's offset and size in a shard index
@@ -43,7 +43,7 @@ def encode_shard(layout: ChunkLayout, rows: np.ndarray, length: int, first_row: 
     assert spec is not None
     n = layout.chunk_rows
     block = np.ascontiguousarray(rows, dtype=layout.dtype)
-    codec = blosc_codec(layout.blosc_config) if layout.blosc_config is not None else None
+    encode = blosc_encoder(layout.blosc_config) if layout.blosc_config is not None else None
     parts: list[Any] = []
     index = np.full((spec.chunks, 2), EMPTY, dtype="<u8")
     offset = 0 if spec.index_at_end else spec.index_nbytes
@@ -55,7 +55,7 @@ def encode_shard(layout: ChunkLayout, rows: np.ndarray, length: int, first_row: 
         if len(chunk) < n:
             pad = np.full((n - len(chunk), *block.shape[1:]), layout.fill_value, layout.dtype)
             chunk = np.concatenate([chunk, pad])
-        data = codec.encode(chunk) if codec is not None else chunk.tobytes()
+        data = encode(chunk) if encode is not None else chunk.tobytes()
         index[j] = (offset, len(data))
         offset += len(data)
         parts.append(data)
