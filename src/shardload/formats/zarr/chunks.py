@@ -411,6 +411,6 @@ def blosc_encoder(config: dict[str, Any]) -> Any:
         # other types without a buffer format as the unsigned integers of their size)
         if arr.dtype.kind not in "biuf" or not arr.flags.c_contiguous:
             return bytes(codec.encode(arr))
-        return bytes(blosc.compress(memoryview(arr), cname, clevel, shuffle, blocksize))
+        return bytes(blosc.compress(arr.data, cname, clevel, shuffle, blocksize))
 
     return encode
