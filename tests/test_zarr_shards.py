@@ -328,7 +328,8 @@ def test_shard_encoder_gives_blosc_encode_bytes(dtype, shuffle):
     """The shard writer's Blosc encoder (no per-call checks: 8,193 inner chunks of a 9.3 M-sample
     array cost 0.23 s through ``Blosc.encode``, 0.08 s without) gives ``Blosc.encode``'s bytes,
     the type size included, for every dtype a store holds."""
-    from shardload.formats.zarr.chunks import blosc_codec, blosc_encoder
+    from shardload.formats.zarr.chunks import blosc_codec
+    from shardload.formats.zarr.shard_write import blosc_encoder
 
     cfg = {"cname": "lz4", "clevel": 5, "shuffle": shuffle, "blocksize": 0}
     rng = np.random.default_rng(1)
