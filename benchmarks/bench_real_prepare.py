@@ -15,6 +15,10 @@ Cases (``--cases``, default all):
               the ERA5 sample files of the cfgrib sdist that the real-data tests use
               (``z`` and ``t``, samples ``[number, time]``; fetched by the tests into
               ``~/.cache/shardload-tests/era5``; skipped when absent).
+  window      a generated netCDF-4 series (as ``bench_window_default.py``): three float32
+              variables on (time 720, lat 32, lon 64, lev 4), 67.5 MiB, contiguous; the
+              window view (``lookback: 12, horizon: 1``, target ``v0``; the series stored
+              once, windows cut at load: the default), samples ``[lat, lon]``.
   ecrad       the real ecRad input file of ../shared/data (``col_inputs`` of the radiation view
               is not a plain variable: the flat view over ``q``, ``temperature_hl``, samples
               ``[column]``; skipped when absent).
@@ -80,6 +84,19 @@ def write_grib_levels(path: Path, *, n: int = 1056, levels: int = 21, seed: int 
                 eccodes.codes_release(h)
     tmp.replace(path)
     return points
+
+
+def write_series(path: Path, *, shape: tuple[int, ...] = (720, 32, 64, 4), seed: int = 0) -> None:
+    """Three float32 variables ``v0``-``v2`` on (time, lat, lon, lev), netCDF-4 as xarray
+    writes it (contiguous), the series of ``bench_window_default.py``."""
+    import xarray as xr
+
+    rng = np.random.default_rng(seed)
+    dims = ("time", "lat", "lon", "lev")
+    data = {f"v{i}": (dims, rng.normal(size=shape).astype("f4")) for i in range(3)}
+    tmp = path.with_name(path.name + ".tmp")
+    xr.Dataset(data).to_netcdf(tmp)
+    tmp.replace(path)
 
 
 def write_nc4_small_chunks(
@@ -154,6 +171,15 @@ def cases(work: Path) -> dict[str, dict[str, Any]]:
             "sample_dims": ["lat", "lon"],
             "make": lambda p: write_nc4_small_chunks(p, packed=False),
             "label": "netCDF-4 (2160, 4320) float32, 64x64 gzip chunks, samples [lat, lon]",
+        },
+        "window": {
+            "path": work / "series.nc",
+            "variables": ["v0", "v1", "v2"],
+            "sample_dims": ["lat", "lon"],
+            "view": {"name": "window", "lookback": 12, "horizon": 1, "targets": {"y": ["v0"]}},
+            "make": lambda p: write_series(p),
+            "label": "netCDF-4 series (720, 32, 64, 4) x 3 float32, window view (lookback 12, "
+            "horizon 1), samples [lat, lon]",
         },
         "era5-nc": {
             "path": era5 / "era5-levels-members.nc",
@@ -242,6 +268,8 @@ def run_case(name: str, case: dict[str, Any], work: Path, repeats: int) -> dict[
         "out": str(work / f"{name}.store"),
         "overwrite": True,
     }
+    if "view" in case:
+        cfg["view"] = case["view"]
     sl = _child(SHARDLOAD_CHILD, json.dumps(cfg), str(repeats))
     return {
         "case": name,
@@ -280,7 +308,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--cases", default="grib,nc4,nc4-plain,era5-nc,era5-grib,ecrad")
+    ap.add_argument("--cases", default="grib,nc4,nc4-plain,window,era5-nc,era5-grib,ecrad")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--imports", action="store_true", help="also print import times")

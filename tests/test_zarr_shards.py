@@ -320,3 +320,20 @@ def test_prepare_writes_the_shard_bytes_zarr_python_writes(tmp_path, monkeypatch
     for rel in ours:
         assert (root / "x" / rel).read_bytes() == (tmp_path / "again" / "x" / rel).read_bytes()
     np.testing.assert_array_equal(arr[:][:, 0], a)
+
+
+@pytest.mark.parametrize("dtype", ["f4", "f8", "u1", "i2", "bool", "M8[ns]"])
+@pytest.mark.parametrize("shuffle", ["shuffle", "noshuffle", "bitshuffle"])
+def test_shard_encoder_gives_blosc_encode_bytes(dtype, shuffle):
+    """The shard writer's Blosc encoder (no per-call checks: 8,193 inner chunks of a 9.3 M-sample
+    array cost 0.23 s through ``Blosc.encode``, 0.08 s without) gives ``Blosc.encode``'s bytes,
+    the type size included, for every dtype a store holds."""
+    from shardload.formats.zarr.chunks import blosc_codec
+    from shardload.formats.zarr.shard_write import blosc_encoder
+
+    cfg = {"cname": "lz4", "clevel": 5, "shuffle": shuffle, "blocksize": 0}
+    rng = np.random.default_rng(1)
+    a = (rng.normal(size=(1139, 3)) * 100).astype(dtype)
+    encode, codec = blosc_encoder(cfg), blosc_codec(cfg)
+    assert encode(a) == bytes(codec.encode(a))
+    assert encode(a[5:17]) == bytes(codec.encode(a[5:17]))  # an inner chunk of a shard

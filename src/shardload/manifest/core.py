@@ -354,6 +354,8 @@ def _clean(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
+        if all(type(v) is int for v in obj):  # chunk bounds, block starts: 8,194 of each
+            return list(obj)
         return [_clean(v) for v in obj]
     if isinstance(obj, np.ndarray):
         return _clean(obj.tolist())

@@ -19,6 +19,7 @@ from typing import Any
 
 import google_crc32c
 import numpy as np
+from numcodecs import blosc
 
 from shardload.formats.checksums import digest
 from shardload.formats.zarr.chunks import ChunkLayout, blosc_codec
@@ -36,6 +37,25 @@ def whole_shards(layout: ChunkLayout, start: int, stop: int, length: int) -> boo
     return start % rows == 0 and (stop % rows == 0 or stop == length) and stop > start
 
 
+def blosc_encoder(config: dict[str, Any]) -> Any:
+    """``encode(array) -> bytes``: :func:`blosc_codec`'s ``encode``, byte for byte, without
+    its per-call checks. The shard writer encodes thousands of inner chunks of a few KB each,
+    where ``Blosc.encode``'s checks cost twice the compression itself (0.23 s against 0.08 s
+    for the 8,193 inner chunks of a 9.3 M-sample array)."""
+    codec = blosc_codec(config)
+    cname, clevel, shuffle = codec._cname_bytes, codec.clevel, codec.shuffle
+    blocksize = codec.blocksize
+
+    def encode(arr: np.ndarray) -> bytes:
+        # the buffer's item size is Blosc's type size, as Blosc.encode has it (datetimes and
+        # other types without a buffer format as the unsigned integers of their size)
+        if arr.dtype.kind not in "biuf" or not arr.flags.c_contiguous:
+            return bytes(codec.encode(arr))
+        return bytes(blosc.compress(arr.data, cname, clevel, shuffle, blocksize))
+
+    return encode
+
+
 def encode_shard(layout: ChunkLayout, rows: np.ndarray, length: int, first_row: int) -> bytes:
     """The bytes of the shard that starts at row ``first_row`` and holds ``rows`` (all of its
     rows within an array of ``length`` rows)."""
@@ -43,7 +63,7 @@ def encode_shard(layout: ChunkLayout, rows: np.ndarray, length: int, first_row: 
     assert spec is not None
     n = layout.chunk_rows
     block = np.ascontiguousarray(rows, dtype=layout.dtype)
-    codec = blosc_codec(layout.blosc_config) if layout.blosc_config is not None else None
+    encode = blosc_encoder(layout.blosc_config) if layout.blosc_config is not None else None
     parts: list[Any] = []
     index = np.full((spec.chunks, 2), EMPTY, dtype="<u8")
     offset = 0 if spec.index_at_end else spec.index_nbytes
@@ -55,7 +75,7 @@ def encode_shard(layout: ChunkLayout, rows: np.ndarray, length: int, first_row: 
         if len(chunk) < n:
             pad = np.full((n - len(chunk), *block.shape[1:]), layout.fill_value, layout.dtype)
             chunk = np.concatenate([chunk, pad])
-        data = codec.encode(chunk) if codec is not None else chunk.tobytes()
+        data = encode(chunk) if encode is not None else chunk.tobytes()
         index[j] = (offset, len(data))
         offset += len(data)
         parts.append(data)
