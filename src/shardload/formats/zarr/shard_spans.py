@@ -24,8 +24,8 @@ import numpy as np
 from numcodecs import blosc
 
 from shardload.errors import ChunkReadError
-from shardload.formats.checksums import Verifier, digest
-from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts, verify_file
+from shardload.formats.checksums import Verifier, digest, verify_file
+from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts
 from shardload.formats.zarr.shards import (
     EMPTY,
     RangeFile,
@@ -102,6 +102,27 @@ def _read_pieces(
     if check and layout.opener is None:  # a local file: checked through mmap, then read
         assert verifier is not None
         verify_file(verifier, name, k, path, what=f"shard {k}")
+    if check and layout.opener is not None:  # by URL: one thread fetches the shard whole, the
+        assert verifier is not None  # others wait for its check, then read their ranges
+        with verifier.unit_lock(name, k):
+            if verifier.needed(name, k):
+                _read_opened(layout, name, k, pieces, verifier, indexes, path, check=True)
+                return
+        check = False
+    _read_opened(layout, name, k, pieces, verifier, indexes, path, check=check)
+
+
+def _read_opened(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    pieces: list[Piece],
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+    path: str,
+    *,
+    check: bool,
+) -> None:
     try:
         with layout.open(path) as f:
             if check and isinstance(f, RangeFile):  # by URL: fetched whole once, checked,
