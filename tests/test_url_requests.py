@@ -94,7 +94,8 @@ def test_shards_by_url_are_each_fetched_whole_once(tmp_path) -> None:
 def test_threads_meeting_one_shard_fetch_it_whole_once(tmp_path, call) -> None:
     """Eight reader threads asking for inner chunks of one shard at once (the default load of
     a large store does: its tasks split a group's chunks of a few shards): one of them fetches
-    the shard whole and checks it, the others wait for that check, then read their ranges."""
+    the shard whole and checks it, the others wait for that check, then read their chunks
+    from the bytes it checked (the loader's path) or by range requests."""
     make_store(tmp_path, fmt="zarr", compression="lz4", n=1024, chunk_rows=8, shard_chunks=32)
     with access_log() as seen, serving(tmp_path) as base:
         target = urlparse(base)
@@ -115,3 +116,5 @@ def test_threads_meeting_one_shard_fetch_it_whole_once(tmp_path, call) -> None:
         np.testing.assert_array_equal(y[:, 0], np.arange(8 * j, 8 * j + 8) * 10)
     whole = [p for m, p, s in seen if m == "GET" and s == 200 and p.endswith("/y/c/0/0")]
     assert len(whole) == 1, seen
+    if call == "read_spans_into":  # the loader's path: the waiting threads read those bytes
+        assert [p for _, p, s in seen if s == 206] == [], seen

@@ -122,6 +122,18 @@ def read_checksums(fs: Any, root: str) -> dict[str, np.ndarray]:
     return decode_checksums(data, where=path)
 
 
+class CheckedUnit:
+    """One unit's lock (:meth:`Verifier.unit_lock`), its threads in or waiting for it, and the
+    bytes its check read, while a waiting thread may use them."""
+
+    __slots__ = ("data", "lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.users = 0
+        self.data: bytes | None = None
+
+
 class Verifier:
     """One reader's checksum state: the store's digests (loaded on first use), the units this
     process already verified, and, for ``"auto"`` on local chunk files, the node's
@@ -146,7 +158,7 @@ class Verifier:
         self._ledger: Any = None  # opened on first use (False: none on this node)
         self._pending: dict[tuple[str, int], os.stat_result] = {}
         self.hashed = 0  # digests this process computed and compared (tests, benchmarks)
-        self._locks: dict[tuple[str, int], threading.RLock] = {}
+        self._locks: dict[tuple[str, int], CheckedUnit] = {}
         self._locks_pid = -1  # the process the locks belong to (a forked child makes its own)
         self._sums_lock = threading.Lock()
 
@@ -158,17 +170,26 @@ class Verifier:
         return self._sums
 
     @contextmanager
-    def unit_lock(self, name: str, unit: int) -> Iterator[None]:
+    def unit_lock(self, name: str, unit: int) -> Iterator[CheckedUnit]:
         """Held while one thread checks unit ``unit`` of ``name`` by URL: the reader's other
         threads wanting the same unit wait for that check (then :meth:`needed` says False)
-        instead of each fetching the whole file again (a shard of 64 MiB, eight times)."""
+        instead of each fetching the whole file again (a shard of 64 MiB, eight times). The
+        checking thread may leave the bytes it checked in the :class:`CheckedUnit` for the
+        threads that waited meanwhile; they go when the last of those leaves."""
         pid = os.getpid()
         if self._locks_pid != pid:  # never a lock a parent's thread held at the fork
             self._locks, self._locks_pid, self._sums_lock = {}, pid, threading.Lock()
         with self._sums_lock:
-            lock = self._locks.setdefault((name, unit), threading.RLock())
-        with lock:
-            yield
+            held = self._locks.setdefault((name, unit), CheckedUnit())
+            held.users += 1
+        try:
+            with held.lock:
+                yield held
+        finally:
+            with self._sums_lock:
+                held.users -= 1
+                if not held.users:  # no thread waits for these bytes: not kept
+                    held.data = None
 
     def ledger(self) -> Any:
         """The node's ledger of this store, or None (not ``"auto"`` on local files, or none
