@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -120,6 +122,18 @@ def read_checksums(fs: Any, root: str) -> dict[str, np.ndarray]:
     return decode_checksums(data, where=path)
 
 
+class CheckedUnit:
+    """One unit's lock (:meth:`Verifier.unit_lock`), its threads in or waiting for it, and the
+    bytes its check read, while a waiting thread may use them."""
+
+    __slots__ = ("data", "lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.users = 0
+        self.data: bytes | None = None
+
+
 class Verifier:
     """One reader's checksum state: the store's digests (loaded on first use), the units this
     process already verified, and, for ``"auto"`` on local chunk files, the node's
@@ -144,11 +158,38 @@ class Verifier:
         self._ledger: Any = None  # opened on first use (False: none on this node)
         self._pending: dict[tuple[str, int], os.stat_result] = {}
         self.hashed = 0  # digests this process computed and compared (tests, benchmarks)
+        self._locks: dict[tuple[str, int], CheckedUnit] = {}
+        self._locks_pid = -1  # the process the locks belong to (a forked child makes its own)
+        self._sums_lock = threading.Lock()
 
     def sums(self) -> dict[str, np.ndarray]:
         if self._sums is None:
-            self._sums = read_checksums(self.fs, self.root)
+            with self.unit_lock("", -1):  # the reader's threads ask at once: one read of it
+                if self._sums is None:
+                    self._sums = read_checksums(self.fs, self.root)
         return self._sums
+
+    @contextmanager
+    def unit_lock(self, name: str, unit: int) -> Iterator[CheckedUnit]:
+        """Held while one thread checks unit ``unit`` of ``name`` by URL: the reader's other
+        threads wanting the same unit wait for that check (then :meth:`needed` says False)
+        instead of each fetching the whole file again (a shard of 64 MiB, eight times). The
+        checking thread may leave the bytes it checked in the :class:`CheckedUnit` for the
+        threads that waited meanwhile; they go when the last of those leaves."""
+        pid = os.getpid()
+        if self._locks_pid != pid:  # never a lock a parent's thread held at the fork
+            self._locks, self._locks_pid, self._sums_lock = {}, pid, threading.Lock()
+        with self._sums_lock:
+            held = self._locks.setdefault((name, unit), CheckedUnit())
+            held.users += 1
+        try:
+            with held.lock:
+                yield held
+        finally:
+            with self._sums_lock:
+                held.users -= 1
+                if not held.users:  # no thread waits for these bytes: not kept
+                    held.data = None
 
     def ledger(self) -> Any:
         """The node's ledger of this store, or None (not ``"auto"`` on local files, or none
@@ -213,3 +254,30 @@ class Verifier:
                 return
             if file_version(after) == file_version(before):  # not rewritten while hashed
                 ledger.record(path, after, want)
+
+
+def verify_file(
+    verifier: Verifier, name: str, unit: int, path: str, *, opener: Any = None, what: str
+) -> None:
+    """Check one stored file (a chunk or a shard) against its checksum, if ``verifier`` asks.
+    A file read through ``opener`` (by URL) is fetched by one of the reader's threads at a time
+    (:meth:`Verifier.unit_lock`), and by the others not at all once
+    it passed."""
+    if not verifier.needed(name, unit, path if opener is None else None):
+        return
+    if opener is not None:
+        with verifier.unit_lock(name, unit):
+            if verifier.needed(name, unit):
+                _verify_file(verifier, name, unit, path, opener=opener, what=what)
+        return
+    _verify_file(verifier, name, unit, path, opener=None, what=what)
+
+
+def _verify_file(
+    verifier: Verifier, name: str, unit: int, path: str, *, opener: Any, what: str
+) -> None:
+    try:
+        got = file_digest(path, opener=opener)
+    except OSError as exc:
+        raise ChunkReadError.from_os_error(exc, what, name, path) from exc
+    verifier.check(name, unit, got, path=path, what=what)

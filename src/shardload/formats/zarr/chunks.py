@@ -39,7 +39,6 @@ from numcodecs import Blosc, blosc
 
 from shardload.errors import ChunkReadError
 from shardload.formats.base import aligned_empty, readinto_full
-from shardload.formats.checksums import Verifier, file_digest
 from shardload.formats.zarr.foreign import BlockSplit, plan_block_split, v2_as_v3
 
 _CODECS_OK = ({"bytes"}, {"bytes", "blosc"})
@@ -208,15 +207,19 @@ def _plan_shard(
     return spec, inner, codecs
 
 
-def load_chunk_layout(folder: str, *, opener: Any = None, **kw: Any) -> ChunkLayout | None:
+def load_chunk_layout(
+    folder: str, *, opener: Any = None, meta_opener: Any = None, **kw: Any
+) -> ChunkLayout | None:
     """Read ``folder/zarr.json`` (else a Zarr v2 ``.zarray``, e.g. an anemoi-datasets store's,
     as the same layout: :func:`.foreign.v2_as_v3`) and plan its layout; None if absent or not simple.
 
-    ``opener`` (default: local files) opens the metadata and, later, the chunk files."""
-    meta = _read_json(folder, "zarr.json", opener)
+    ``opener`` (default: local files) opens the chunk files, and the metadata unless
+    ``meta_opener`` is given (a reader's cache of its small files, read once by URL)."""
+    meta_opener = meta_opener if meta_opener is not None else opener
+    meta = _read_json(folder, "zarr.json", meta_opener)
     prefix: tuple[str, ...] = ("c",)
     if meta is None:
-        meta, prefix = v2_as_v3(_read_json(folder, ".zarray", opener)), ()
+        meta, prefix = v2_as_v3(_read_json(folder, ".zarray", meta_opener)), ()
     layout = plan_chunk_layout(meta, folder=folder, **kw) if isinstance(meta, dict) else None
     if layout is None:
         return None
@@ -266,19 +269,6 @@ def read_whole(f: Any) -> memoryview:
     view = buf.data.cast("B")
     got = readinto_full(f, view[: size + 1])  # one byte more: a file grown since fstat shows
     return view[:got]
-
-
-def verify_file(
-    verifier: Verifier, name: str, unit: int, path: str, *, opener: Any = None, what: str
-) -> None:
-    """Check one stored file (a chunk or a shard) against its checksum, if ``verifier`` asks."""
-    if not verifier.needed(name, unit, path if opener is None else None):
-        return
-    try:
-        got = file_digest(path, opener=opener)
-    except OSError as exc:
-        raise ChunkReadError.from_os_error(exc, what, name, path) from exc
-    verifier.check(name, unit, got, path=path, what=what)
 
 
 def decode_into(

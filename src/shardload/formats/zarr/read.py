@@ -17,7 +17,7 @@ import numpy as np
 
 from shardload.errors import ChunkReadError, ShardloadError, StoreError
 from shardload.formats.base import RawChunk, is_local
-from shardload.formats.checksums import DEFAULT_VERIFY, Verifier
+from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, verify_file
 from shardload.formats.ragged.read import GroupedRagged
 from shardload.formats.zarr.cf import CFDecoding
 from shardload.formats.zarr.chunks import (
@@ -26,13 +26,13 @@ from shardload.formats.zarr.chunks import (
     load_chunk_layout,
     load_stored_objects,
     plan_chunk_layout,
-    verify_file,
 )
+from shardload.formats.zarr.files import StoredFiles, is_cached
 from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.ranges import fetch_rows_into
 from shardload.formats.zarr.rows import read_rows_into
 from shardload.formats.zarr.shard_spans import read_spans_into
-from shardload.formats.zarr.shards import RangeFile, ShardIndexCache
+from shardload.formats.zarr.shards import ShardIndexCache
 from shardload.manifest.core import Manifest
 
 
@@ -100,6 +100,7 @@ class ZarrReader:
         self._objects: dict[str, StoredObjects | None] = {}
         self._indexes = ShardIndexCache()  # parsed shard indexes (sharded arrays)
         self._lock = threading.Lock()
+        self.files = StoredFiles(fs)  # by URL: a file one request, zarr.json once per reader
         # CF mask and scale of plain (e.g. xarray-written) arrays: stored -> served values
         self._cf = {
             k: CFDecoding.from_dict(a.attrs["cf"])
@@ -110,14 +111,14 @@ class ZarrReader:
         self.verifier = Verifier(fs, root, manifest, verify, files=True)
 
     def _opener(self) -> Any:
-        return None if is_local(self.fs) else (lambda p: self.fs.open(p, "rb"))
+        return self.files.opener()
 
     def objects(self, name: str) -> StoredObjects | None:
         """The stored files of array ``name`` (chunks or shards), from its ``zarr.json``."""
         if name not in self._objects:
             info = self.manifest.arrays[name]
             folder = f"{self.root.rstrip('/')}/{info.path}"
-            self._objects[name] = load_stored_objects(folder, opener=self._opener())
+            self._objects[name] = load_stored_objects(folder, opener=self.files.meta_opener())
         return self._objects[name]
 
     def check_metadata(self, where: str) -> None:
@@ -140,13 +141,7 @@ class ZarrReader:
             check_zarr_meta(meta, info, path=path, where=where, shard_chunks=shards)
 
     def _read_small(self, path: str, *, what: str) -> bytes:
-        """A small file whole: one read, or one request by URL (retried, cached if asked)."""
-        if is_local(self.fs):
-            with open(path, "rb") as f:
-                return f.read()
-        from shardload.move.remote import read_bytes
-
-        return read_bytes(self.fs, path, what=what)
+        return self.files.read_small(path, what=what)
 
     def check_files(self, name: str, start: int, stop: int) -> None:
         """Before zarr-python reads rows ``[start, stop)`` of a shardload array: each stored
@@ -173,24 +168,26 @@ class ZarrReader:
         if name not in self._layouts:
             layout = None
             # local files, or a URL whose whole-file cache makes each chunk a local file once
-            # fetched (without a cache, zarr-python's concurrent range requests serve better)
-            # shards by URL too: each inner chunk one exact range request (zarr-python reads
-            # the shard's index again for every call), the index once per shard and reader
+            # fetched; by URL, Blosc chunk files too: one request each, checked and decoded from
+            # those bytes (zarr-python fetched each twice: the check's read, then its own), and
+            # shards: each inner chunk one exact range request (zarr-python reads the shard's
+            # index again for every call), the index once per shard and reader
             info = self.manifest.arrays[name]
             cf = self._cf.get(name)
-            ranged = not (is_local(self.fs) or _cached(self.fs))
+            ranged = not (is_local(self.fs) or is_cached(self.fs))
             layout = load_chunk_layout(
                 f"{self.root.rstrip('/')}/{info.path}",
                 dtype=np.dtype(cf.stored if cf is not None else info.dtype),
                 shape=tuple(info.shape),
                 chunk_bounds=self.manifest.chunk_bounds,
                 strict=self.strict,
-                opener=(lambda p: RangeFile(self.fs, p)) if ranged else self._opener(),
+                opener=self._opener(),
+                meta_opener=self.files.meta_opener(),
                 shards=True,
                 splits=not self.strict,  # anemoi's members: plain Zarr (no checksums) only
             )
-            if ranged and layout is not None and layout.shard is None:
-                layout = None
+            if ranged and layout is not None and layout.shard is None and not layout.blosc:
+                layout = None  # raw chunk files by URL: :meth:`ranged`, a piece costs its bytes
             self._layouts[name] = layout
         return self._layouts[name]
 
@@ -200,7 +197,7 @@ class ZarrReader:
         they touch (:mod:`.ranges`), so a piece of a chunk costs its own bytes; else None."""
         if name not in self._ranged:
             layout = None
-            if not is_local(self.fs) and not _cached(self.fs) and self.strict:
+            if not is_local(self.fs) and not is_cached(self.fs) and self.strict:
                 layout = self._raw_layout(name)
             self._ranged[name] = layout
         return self._ranged[name]
@@ -343,11 +340,6 @@ class ZarrReader:
         self._objects.clear()
         self._indexes.clear()
         self._group = None
-
-
-def _cached(fs: Any) -> bool:
-    """A remote filesystem with a whole-file cache (each chunk a local file once fetched)."""
-    return getattr(getattr(fs, "spec", None), "cache_dir", None) is not None
 
 
 def _url(fs: Any, root: str) -> str:

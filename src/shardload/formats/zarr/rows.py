@@ -13,13 +13,12 @@ import numpy as np
 
 from shardload.errors import ChunkReadError
 from shardload.formats.base import readinto_full
-from shardload.formats.checksums import Verifier, digest
+from shardload.formats.checksums import Verifier, digest, verify_file
 from shardload.formats.zarr.chunks import (
     ChunkLayout,
     decode_into,
     read_whole,
     row_parts,
-    verify_file,
 )
 from shardload.formats.zarr.shards import read_shard_rows_into
 

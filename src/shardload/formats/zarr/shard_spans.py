@@ -17,15 +17,15 @@ import io
 import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import numpy as np
 from numcodecs import blosc
 
 from shardload.errors import ChunkReadError
-from shardload.formats.checksums import Verifier, digest
-from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts, verify_file
+from shardload.formats.checksums import Verifier, digest, verify_file
+from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts
 from shardload.formats.zarr.shards import (
     EMPTY,
     RangeFile,
@@ -102,14 +102,46 @@ def _read_pieces(
     if check and layout.opener is None:  # a local file: checked through mmap, then read
         assert verifier is not None
         verify_file(verifier, name, k, path, what=f"shard {k}")
+    data = None
+    if check and layout.opener is not None:  # by URL: fetched whole and checked once
+        assert verifier is not None
+        data = _checked_once(layout, verifier, name, k, path)
+    _read_opened(layout, name, k, pieces, indexes, path, data)
+
+
+def _checked_once(
+    layout: ChunkLayout, verifier: Verifier, name: str, k: int, path: str
+) -> bytes | None:
+    """By URL, shard ``k`` fetched whole and checked by one of the reader's threads while the
+    others wanting it wait (:meth:`~shardload.formats.checksums.Verifier.unit_lock`): the
+    checked bytes, for this thread and those that waited for them; None when it was checked
+    before (read by ranges) or is a local copy (a whole-file cache's, checked as a file)."""
+    with verifier.unit_lock(name, k) as unit:
+        if not verifier.needed(name, k):
+            return unit.data
+        try:
+            with layout.open(path) as f:
+                if not isinstance(f, RangeFile):
+                    verify_file(verifier, name, k, path, opener=layout.opener, what=f"shard {k}")
+                    return None
+                unit.data = _checked_bytes(verifier, name, k, path, f)
+        except OSError as exc:  # as verify_file: missing or unreadable, strict or not
+            raise ChunkReadError.from_os_error(exc, f"shard {k}", name, path) from exc
+        return unit.data
+
+
+def _read_opened(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    pieces: list[Piece],
+    indexes: ShardIndexCache | None,
+    path: str,
+    data: bytes | None,
+) -> None:
+    """The pieces of shard ``k``: from ``data`` (its checked bytes) or the file, opened once."""
     try:
-        with layout.open(path) as f:
-            if check and isinstance(f, RangeFile):  # by URL: fetched whole once, checked,
-                assert verifier is not None  # and the chunks read from those same bytes
-                f = _checked_bytes(verifier, name, k, path, f)
-            elif check:
-                assert verifier is not None
-                verify_file(verifier, name, k, path, opener=layout.opener, what=f"shard {k}")
+        with nullcontext(io.BytesIO(data)) if data is not None else layout.open(path) as f:
             fd = _fileno(f)
             index = shard_index(layout, name, k, path, f, fd, indexes)
             if layout.blosc and fd is not None:
@@ -126,8 +158,8 @@ def _read_pieces(
                     gap=URL_GAP_BYTES,
                     threads=URL_THREADS,
                 )
-            elif layout.blosc and isinstance(f, io.BytesIO):  # the checked whole shard
-                _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(f), gap=RUN_BYTES)
+            elif layout.blosc and data is not None:  # the checked whole shard
+                _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), gap=RUN_BYTES)
             else:  # raw inner chunks, or not a local file: the one-span path, piece by piece
                 for j, lo, hi, part in pieces:
                     a = j * layout.chunk_rows + lo
@@ -151,21 +183,18 @@ def _local_fetch(fd: int) -> Fetch:
     return fetch
 
 
-def _checked_bytes(verifier: Verifier, name: str, k: int, path: str, f: RangeFile) -> io.BytesIO:
+def _checked_bytes(verifier: Verifier, name: str, k: int, path: str, f: RangeFile) -> bytes:
     """Shard ``k`` fetched whole (one request) and checked against its checksum: its bytes."""
-    try:
-        data = f.read()
-    except OSError as exc:  # as verify_file: missing or unreadable, strict or not
-        raise ChunkReadError.from_os_error(exc, f"shard {k}", name, path) from exc
+    data = f.read()
     verifier.check(name, k, digest(data), path=path, what=f"shard {k}")
-    return io.BytesIO(data)
+    return data
 
 
-def _bytes_fetch(f: io.BytesIO) -> Fetch:
-    data = f.getbuffer()
+def _bytes_fetch(data: bytes) -> Fetch:
+    view = memoryview(data)  # no copy (a BytesIO's getbuffer would copy shared bytes)
 
     def fetch(start: int, end: int) -> tuple[memoryview, int]:
-        buf = data[start:end]
+        buf = view[start:end]
         return buf, len(buf)
 
     return fetch

@@ -31,8 +31,8 @@ import numpy as np
 
 from shardload.errors import ChunkReadError
 from shardload.formats.base import aligned_empty
-from shardload.formats.checksums import Verifier
-from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts, verify_file
+from shardload.formats.checksums import Verifier, verify_file
+from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts
 
 #: an empty inner chunk's offset and size in a shard index
 EMPTY = 2**64 - 1

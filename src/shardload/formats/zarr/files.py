@@ -1,0 +1,67 @@
+"""How a Zarr reader opens its stored files: local paths, by URL, or through a remote
+filesystem's whole-file cache (:class:`StoredFiles`).
+
+By URL every request counts (issues 25 and 28): a stored file is fetched whole with one
+request (:class:`.shards.RangeFile`, no size query first as an fsspec file makes), and a small
+metadata file (an array's ``zarr.json``) once per reader, whichever of its threads asks first
+(an epoch of 32 reader threads had fetched one ``zarr.json`` 68 times).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import Any
+
+from shardload.formats.base import is_local
+from shardload.formats.zarr.shards import RangeFile
+
+
+def is_cached(fs: Any) -> bool:
+    """A remote filesystem with a whole-file cache (each chunk a local file once fetched)."""
+    return getattr(getattr(fs, "spec", None), "cache_dir", None) is not None
+
+
+class StoredFiles:
+    """The openers of one reader's files on ``fs``, and its kept small files (by URL)."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+        self.local = is_local(fs)
+        self.cached = not self.local and is_cached(fs)
+        self._small: dict[str, bytes | None] = {}  # None: not found
+        self._lock = threading.Lock()
+
+    def opener(self) -> Any:
+        """Opens a stored file: None locally (the caller opens the path); by URL one request
+        for the whole file; the local copy when the filesystem caches whole files."""
+        if self.local:
+            return None
+        if self.cached:
+            return lambda p: self.fs.open(p, "rb")
+        return lambda p: RangeFile(self.fs, p)
+
+    def meta_opener(self) -> Any:
+        """Opens a small metadata file: None locally; by URL from :meth:`read_small`."""
+        if self.local:
+            return None
+        return lambda p: io.BytesIO(self.read_small(p, what=p.rsplit("/", 1)[-1]))
+
+    def read_small(self, path: str, *, what: str) -> bytes:
+        """A small file whole: one read, or by URL one request per reader (retried, cached if
+        asked), kept for the reader's threads and its later uses."""
+        if self.local:
+            with open(path, "rb") as f:
+                return f.read()
+        from shardload.move.remote import read_bytes
+
+        with self._lock:  # the reader's threads open an array at once: one fetch
+            if path not in self._small:
+                try:
+                    self._small[path] = read_bytes(self.fs, path, what=what)
+                except FileNotFoundError:
+                    self._small[path] = None
+            data = self._small[path]
+        if data is None:
+            raise FileNotFoundError(path)
+        return data
