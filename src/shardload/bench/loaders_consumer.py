@@ -35,6 +35,7 @@ def build(spec: dict[str, Any]) -> tuple[Iterable[Any], str]:
             seed=spec["seed"],
             rank=rank,
             world_size=world,
+            window=spec.get("window"),
         )
         return StreamingDataLoader(ds, num_workers=spec["workers"]), "StreamingDataLoader"
     if kind == "zarr-torch-dataset":
