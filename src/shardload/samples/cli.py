@@ -185,6 +185,15 @@ def add_states_parser(kinds) -> None:
     p.add_argument("--dates", type=int, default=2920, metavar="N", help="6-hourly dates")
     p.add_argument("--lat", type=int, default=32, metavar="N", help="latitudes")
     p.add_argument("--lon", type=int, default=64, metavar="N", help="longitudes")
+    p.add_argument(
+        "--levels",
+        type=int,
+        default=1,
+        metavar="L",
+        help="each field on L levels as 2-D variables t_1..t_L, q_1.., z_1.. (3 L channels; "
+        "--lat 440 --lon 1232 --levels 20 makes N320-sized states: 542,080 cells x 60 "
+        "channels, 130 MB each)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run_states)
 
@@ -193,7 +202,8 @@ def run_states(args: argparse.Namespace) -> int:
     from shardload.samples.states import write_states_sample
 
     out = write_states_sample(
-        args.out, dates=args.dates, lat=args.lat, lon=args.lon, seed=args.seed
+        args.out, dates=args.dates, lat=args.lat, lon=args.lon, seed=args.seed, levels=args.levels
     )
-    print(f"wrote {out} (t, q, z: {args.dates} dates on {args.lat} x {args.lon})")
+    what = "t, q, z" if args.levels == 1 else f"t, q, z on {args.levels} levels"
+    print(f"wrote {out} ({what}: {args.dates} dates on {args.lat} x {args.lon})")
     return 0
