@@ -26,7 +26,9 @@ threads (MB/s). Then ``bench loaders --emulate-compute 0.571 --batch-size 1 --wi
 counts whose batches in flight (an estimate: 3 windows a reader, 4 a DataLoader worker)
 would not fit in half the memory available are left out and named. The table gives, per
 store, workers and accelerators: the least busy accelerator's AU, the mean AU, MB/s of states
-served to all accelerators, and the read limit.
+served to all accelerators, the loader's CPU seconds a batch (workers and start-up included)
+and how many accelerators one core could feed at that cost (0.571 s / CPU s a batch: what the
+node would give with its cores free), and the read limit.
 
 Usage::
 
@@ -219,19 +221,21 @@ def _row_bytes(store) -> int:
 def print_table(rows: list[dict]) -> None:
     print(
         "\n| layout | workers | accelerators | AU min | AU mean | MB/s of states served "
-        "| batches each | read limit MB/s (1 / 2 threads) | load average |"
+        "| batches each | loader CPU s a batch | accelerators a free core feeds "
+        "| read limit MB/s (1 / 2 threads) | load average |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         lim = f"{r['limits'][1]:,.0f} / {r['limits'][2]:,.0f}"
         if r["error"]:
             print(f"| {r['layout']} | {r['workers']} | {r['accelerators']} | error: "
-                  f"{r['error'][:120]} ||||| {lim} | {r['load']} |")  # fmt: skip
+                  f"{r['error'][:120]} ||||||| {lim} | {r['load']} |")  # fmt: skip
             continue
         print(
             f"| {r['layout']} | {r['workers']} | {r['accelerators']} | {r['au_min']:.1%} | "
             f"{r['au_mean']:.1%} | {r['bytes_per_s'] / 1e6:,.0f} | "
-            f"{r['batches_per_accelerator']} | {lim} | {r['load']} |"
+            f"{r['batches_per_accelerator']} | {r['cpu_s_per_batch']:.3f} | "
+            f"{STEP_S / r['cpu_s_per_batch']:.1f} | {lim} | {r['load']} |"
         )
     from shardload.bench.loaders_report import summarize
 

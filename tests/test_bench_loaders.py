@@ -130,9 +130,14 @@ def test_goal_and_windows_on_a_dated_store(tmp_path):
     (r,) = doc["rows"]
     assert r["error"] is None and r["per_accelerator"][0]["rows"] == windows  # windows, not rows
     assert r["bytes_per_s"] == pytest.approx(r["samples_per_s"] * 3 * doc["row_bytes"])
+    assert r["per_accelerator"][0]["cpu_s"] > 0
+    assert r["cpu_s_per_batch"] == pytest.approx(
+        r["per_accelerator"][0]["cpu_s"] / r["batches_per_accelerator"]
+    )
     assert doc["summary"] == summarize(doc["rows"], 0.95)
     report = (tmp_path / "out" / "report.md").read_text()
     assert "accelerators >= 95% busy" in report and "a window of 3 states" in report
+    assert "loader CPU s a batch" in report
     assert "accelerators >= 95% busy" in res.stdout or "accelerators >= 95% busy" in res.stderr
 
 

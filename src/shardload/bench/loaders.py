@@ -226,6 +226,8 @@ def run_point(
         "first_batch_s_max": max(r["first_batch_s"] for r in results),
         "wait_s_max": max(r["wait_s"] for r in results),
         "wall_s": wall,
+        "cpu_s_per_batch": sum(r["cpu_s"] for r in results)
+        / max(1, sum(r["batches"] for r in results)),
         "per_accelerator": results,
     }
 

@@ -136,20 +136,21 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
         "## Every run",
         "",
         "| loader | workers | accelerators | AU min | AU mean | samples/s (all) | MB/s of states "
-        "(all) | batches each | start-up (max) | waited (max) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "(all) | batches each | start-up (max) | waited (max) | loader CPU s a batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
         if r["error"]:
             lines.append(
-                f"| {r['loader']} | {r['workers']} | {r['accelerators']} | error: {r['error'][:200]} |||||||"
+                f"| {r['loader']} | {r['workers']} | {r['accelerators']} | error: {r['error'][:200]} ||||||||"
             )
             continue
         lines.append(
             f"| {r['loader']} | {r['workers']} | {r['accelerators']} | {r['au_min']:.1%} | "
             f"{r['au_mean']:.1%} | {r['samples_per_s']:,.1f} | {r.get('bytes_per_s', 0) / 1e6:,.0f} | "
             f"{r['batches_per_accelerator']} | "
-            f"{r['first_batch_s_max']:.2f} s | {r['wait_s_max']:.2f} s |"
+            f"{r['first_batch_s_max']:.2f} s | {r['wait_s_max']:.2f} s | "
+            f"{r.get('cpu_s_per_batch', float('nan')):.3f} |"
         )
     lines += ["", "## Peers", ""]
     lines += [f"- {name}: {why}" for name, why in doc["peers"].items()]
@@ -157,7 +158,9 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
         "",
         "AU = time in the emulated compute (measured) / wall time from the accelerator's "
         "first batch to its end; MB/s of states: the bytes of the states delivered to all "
-        "accelerators together (K rows a window of K) over the wall time; start-up (worker launch, first batch) is the column apart; "
+        "accelerators together (K rows a window of K) over the wall time; loader CPU s a batch: "
+        "the CPU seconds of the accelerators' loaders (DataLoader workers and start-up "
+        "included) over their batches; start-up (worker launch, first batch) is the column apart; "
         "'waited' is the accelerator's time waiting for its next batch.",
         "",
     ]
