@@ -17,7 +17,9 @@ loaders`` (sleep 0.571 s a batch; batch size 1; each sample a window of 3 consec
   and a shard), written by ``shardload copy`` of the anemoi store (``--own copy``, the
   default: statistics carried). ``--own prepare`` prepares the netCDF instead (no tendency
   statistics, one task at a time); on the 24 GB VM that ran out of memory computing the
-  statistics of 32.5 M features (over 14 GB, killed), so the figures use the copy.
+  statistics of 32.5 M features (over 14 GB, killed), so the figures use the copy;
+- ``shardload-raw`` (``--raw``): the same layout uncompressed (``shardload copy --compression
+  none``): reading is then a copy out of the page cache, no decoding.
 
 Before each store's runs it measures the page-cache read limit of the day: every file of the
 store read once to warm the cache, then again with 64 MiB ``readinto`` calls by 1 and by 2
@@ -100,12 +102,13 @@ def prepare_own(work: Path, src: Path, args: argparse.Namespace) -> Path:
     return out
 
 
-def copy_own(work: Path, anemoi: Path) -> Path:
+def copy_own(work: Path, anemoi: Path, *, name: str = "shardload-store", raw: bool = False) -> Path:
     """prepare's default layout of the same states, by ``shardload copy`` of the anemoi store
-    (statistics carried, not recomputed)."""
-    out = work / "shardload-store"
+    (statistics carried, not recomputed); ``raw``: the same uncompressed."""
+    out = work / name
     if not out.exists():
-        run_shardload("copy", str(anemoi), str(out), "--no-progress", "-q")
+        extra = ["--compression", "none"] if raw else []
+        run_shardload("copy", str(anemoi), str(out), *extra, "--no-progress", "-q")
     return out
 
 
@@ -264,6 +267,12 @@ def main() -> None:
     p.add_argument("--skip-anemoi", action="store_true")
     p.add_argument("--keep-source", action="store_true")
     p.add_argument(
+        "--raw",
+        action="store_true",
+        help="also the shardload layout uncompressed (shardload copy --compression none)",
+    )
+    p.add_argument("--only", default="", help="comma list of the layouts to bench (default all)")
+    p.add_argument(
         "--own",
         choices=("copy", "prepare"),
         default="copy",
@@ -273,20 +282,28 @@ def main() -> None:
     args = p.parse_args()
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    src = make_source(work, args)
     stores = {}
     python = args.anemoi_python or anemoi_python()
     problem = "--skip-anemoi" if args.skip_anemoi else anemoi_problem(python)
+    own = work / "shardload-store"
     if problem is None:
-        stores["anemoi"] = create_anemoi(work, src, python, args)
+        if not (work / "anemoi.zarr").exists():
+            stores["anemoi"] = create_anemoi(work, make_source(work, args), python, args)
+        stores["anemoi"] = work / "anemoi.zarr"
     else:
         print(f"anemoi-built store skipped: {problem}")
-    if args.own == "copy" and "anemoi" in stores:
+    if own.exists():
+        stores["shardload"] = own
+    elif args.own == "copy" and "anemoi" in stores:
         stores["shardload"] = copy_own(work, stores["anemoi"])
     else:
-        stores["shardload"] = prepare_own(work, src, args)
-    if not args.keep_source:
-        shutil.rmtree(src.parent)  # frees the page cache and disk for the stores
+        stores["shardload"] = prepare_own(work, make_source(work, args), args)
+    if args.raw and "anemoi" in stores:
+        stores["shardload-raw"] = copy_own(work, stores["anemoi"], name="raw-store", raw=True)
+    if args.only:
+        stores = {k: v for k, v in stores.items() if k in args.only.split(",")}
+    if not args.keep_source and (work / "source").exists():
+        shutil.rmtree(work / "source")  # frees the page cache and disk for the stores
     rows = []
     for name, store in stores.items():
         rows += bench(store, name, work, args)
