@@ -60,7 +60,8 @@ READ_BYTES = 64 << 20
 
 
 def run_shardload(*args: str, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    path = [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     cmd = [sys.executable, "-m", "shardload", *args]
     print("$", " ".join(["shardload", *args]), flush=True)
     return subprocess.run(cmd, check=True, env=env, **kw)
@@ -202,6 +203,7 @@ def bench(store: Path, name: str, work: Path, args: argparse.Namespace) -> list[
         run_shardload(
             "-q", "bench", "loaders", str(store), "--emulate-compute", str(STEP_S),
             "--batch-size", "1", "--window", "3", "--goal", "0.95", "--workers", str(w),
+            "--epochs", str(args.epochs), "--max-batches", str(args.batches),
             "--accelerators", ",".join(map(str, counts)), "--out", str(out),
         )  # fmt: skip
         doc = json.loads((out / "results.json").read_text())
@@ -263,6 +265,14 @@ def main() -> None:
     p.add_argument(
         "--accelerators", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8]
     )
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=12,
+        help="batches each accelerator takes, over as many epochs of its shard as it needs "
+        "(at most --epochs; default 12)",
+    )
+    p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--anemoi-python", type=Path, default=None)
     p.add_argument("--skip-anemoi", action="store_true")
     p.add_argument("--keep-source", action="store_true")

@@ -121,14 +121,15 @@ def test_goal_and_windows_on_a_dated_store(tmp_path):
     assert 0 < windows < 40 - 2  # a window never touches the missing date
     res = run_bench(
         store.root, tmp_path / "out", "--workers", "0", "--accelerators", "1",
-        "--goal", "0.95", "--window", "3", "--batch-size", "4",
+        "--goal", "0.95", "--window", "3", "--batch-size", "4", "--epochs", "2",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert doc["goal"] == 0.95 and doc["window"] == 3
-    assert "--goal 0.95 --window 3" in doc["command"]
+    assert "--goal 0.95 --window 3 --epochs 2" in doc["command"]
     (r,) = doc["rows"]
-    assert r["error"] is None and r["per_accelerator"][0]["rows"] == windows  # windows, not rows
+    # windows, not rows, two epochs of them
+    assert r["error"] is None and r["per_accelerator"][0]["rows"] == 2 * windows
     assert r["bytes_per_s"] == pytest.approx(r["samples_per_s"] * 3 * doc["row_bytes"])
     assert r["per_accelerator"][0]["cpu_s"] > 0
     assert r["cpu_s_per_batch"] == pytest.approx(

@@ -129,6 +129,14 @@ def register(kinds: argparse._SubParsersAction) -> None:
         metavar="N",
         help="stop each accelerator after N batches (default: one epoch of its shard)",
     )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        metavar="E",
+        help="epochs of its shard each accelerator takes (default 1; a small store over many "
+        "accelerators gives each too few batches in one)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--out",
@@ -250,6 +258,7 @@ def sweep(
     seed: int,
     max_batches: int | None,
     array: str,
+    epochs: int = 1,
     goal: float = THRESHOLD,
     window: int | None = None,
     progress: bool = True,
@@ -278,6 +287,7 @@ def sweep(
                 max_batches=max_batches,
                 array=array,
                 window=window,
+                epochs=epochs,
             )
             for i, n in enumerate(sorted(accelerators)):
                 bar.set_postfix_str(f"{loader} w{w} x{n}")
@@ -300,6 +310,8 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ConfigError("--accelerators: counts must be >= 1")
     if not 0 < args.goal <= 1:
         raise ConfigError(f"--goal {args.goal}: a utilisation in (0, 1], e.g. 0.95")
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs {args.epochs}: need at least 1")
     if args.window is not None and args.window < 1:
         raise ConfigError(f"--window {args.window}: need K >= 1 states a window")
     store = open_store(args.store)
@@ -352,6 +364,7 @@ def run_cli(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_batches=args.max_batches,
         array=array,
+        epochs=args.epochs,
         goal=args.goal,
         window=args.window,
     )

@@ -2,7 +2,8 @@
 
 It builds its loader over its rank's disjoint shard of the store, says ``ready`` on stdout,
 waits for ``go`` on stdin (so every accelerator starts together), then takes batches and
-"computes" each by sleeping ``compute_s``; at the end it prints one JSON line of timings.
+"computes" each by sleeping ``compute_s`` (for ``epochs`` epochs, at most ``max_batches``
+batches); at the end it prints one JSON line of timings.
 
 Timings: ``first_batch_s`` from ``go`` to the first batch (loader and worker start-up);
 ``wall_s`` from the first batch to the end of the last batch's compute; ``busy_s`` the time
@@ -89,12 +90,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     batches = rows = 0
     wait_s = busy_s = 0.0
     t_first = None
+    epochs_left = int(spec.get("epochs") or 1) - 1
     while cap is None or batches < cap:
         t0 = time.perf_counter()
         try:
             batch = next(it)
         except StopIteration:
-            break
+            if epochs_left == 0:
+                break
+            epochs_left -= 1
+            it = iter(loader)  # the next epoch (a wait like any other, charged to the loader)
+            continue
         now = time.perf_counter()
         if t_first is None:
             t_first = now

@@ -69,6 +69,8 @@ def command_line(args: argparse.Namespace) -> str:
         words += ["--goal", f"{args.goal:g}"]
     if args.window is not None:
         words += ["--window", str(args.window)]
+    if getattr(args, "epochs", 1) != 1:
+        words += ["--epochs", str(args.epochs)]
     if args.split:
         words += ["--split", args.split]
     if args.max_batches:
