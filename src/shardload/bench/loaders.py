@@ -301,9 +301,8 @@ def sweep(
     return rows
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    from shardload.store.core import open_store
-
+def check_args(args: argparse.Namespace) -> None:
+    """A ``ConfigError`` naming the first option out of range."""
     if args.emulate_compute < 0 or args.batch_size < 1:
         raise ConfigError("--emulate-compute must be >= 0 and --batch-size >= 1")
     if not args.accelerators or min(args.accelerators) < 1:
@@ -314,6 +313,12 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ConfigError(f"--epochs {args.epochs}: need at least 1")
     if args.window is not None and args.window < 1:
         raise ConfigError(f"--window {args.window}: need K >= 1 states a window")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from shardload.store.core import open_store
+
+    check_args(args)
     store = open_store(args.store)
     fmt = store.manifest.format
     peers = probe_peers(fmt)
