@@ -110,3 +110,54 @@ def test_shards_are_disjoint_and_peers_run_on_zarr(tmp_path):
         assert [a["rows"] for a in r["per_accelerator"]] == [512, 512]
     if doc["peers"]["zarr-torch-dataset"] == "ok":
         assert any(r["loader"] == "zarr-torch-dataset" and r["error"] is None for r in doc["rows"])
+
+
+def test_goal_and_windows_on_a_dated_store(tmp_path):
+    import shardload
+    from dated_fixtures import dated_store
+
+    store = dated_store(tmp_path, n=40, chunk_rows=4, missing=(10,))
+    windows = sum(len(b["index"]) for b in shardload.iter_batches(store, batch_size=4, window=3))
+    assert 0 < windows < 40 - 2  # a window never touches the missing date
+    res = run_bench(
+        store.root, tmp_path / "out", "--workers", "0", "--accelerators", "1",
+        "--goal", "0.95", "--window", "3", "--batch-size", "4", "--epochs", "2",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["goal"] == 0.95 and doc["window"] == 3
+    assert "--goal 0.95 --window 3 --epochs 2" in doc["command"]
+    (r,) = doc["rows"]
+    # windows, not rows, two epochs of them
+    assert r["error"] is None and r["per_accelerator"][0]["rows"] == 2 * windows
+    assert r["bytes_per_s"] == pytest.approx(r["samples_per_s"] * 3 * doc["row_bytes"])
+    assert r["per_accelerator"][0]["cpu_s"] > 0
+    assert r["cpu_s_per_batch"] == pytest.approx(
+        r["per_accelerator"][0]["cpu_s"] / r["batches_per_accelerator"]
+    )
+    assert doc["summary"] == summarize(doc["rows"], 0.95)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "accelerators >= 95% busy" in report and "a window of 3 states" in report
+    assert "loader CPU s a batch" in report
+    assert "accelerators >= 95% busy" in res.stdout or "accelerators >= 95% busy" in res.stderr
+
+
+def test_summary_uses_the_goal():
+    rows = [row("a", 0, 1, 0.97), row("a", 0, 2, 0.93), row("a", 0, 4, 0.8)]
+    assert summarize(rows)[0]["max_accelerators"] == 2
+    assert summarize(rows, 0.95)[0]["max_accelerators"] == 1
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        (["--goal", "1.5"], "in (0, 1]"),
+        (["--goal", "0"], "in (0, 1]"),
+        (["--window", "0"], "K >= 1"),
+    ],
+)
+def test_bad_goal_or_window_is_refused(tmp_path, bad, why):
+    res = run_bench(tmp_path / "no-store", tmp_path / "out", *bad)
+    assert res.returncode != 0
+    assert f"{bad[0]} {bad[1]}" in res.stderr and why in res.stderr
+    assert not (tmp_path / "out").exists()

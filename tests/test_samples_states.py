@@ -8,14 +8,17 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import xarray as xr
 
 from shardload.cli.app import main
+from shardload.errors import ConfigError
 from shardload.samples.states import (
     DIFFUSION,
     RELAX,
     _laplacian,
     _shift,
+    level_names,
     states_fields,
     write_states_sample,
     zonal_shift_cells,
@@ -61,3 +64,21 @@ def test_shipped_config_makes_a_dated_store_with_train_and_val(tmp_path):
     assert store.manifest.arrays["state"].shape == (400, 3 * 32 * 64)
     train, val = (store.manifest.split_num_rows(s) for s in ("train", "val"))
     assert train + val == 400 and 0.15 * 400 <= val <= 0.25 * 400, (train, val)
+
+
+def test_levels_make_wide_states_of_the_same_dynamics(tmp_path):
+    assert main(["sample", "states", "--out", str(tmp_path), "--dates", "6", "--lat", "4",
+                 "--lon", "10", "--levels", "3"]) == 0  # fmt: skip
+    f = states_fields(dates=6, lat=4, lon=10, seed=0)
+    with xr.open_dataset(tmp_path / "states-6h.nc") as ds:
+        assert list(ds.data_vars) == level_names(3) == [
+            "t_1", "t_2", "t_3", "q_1", "q_2", "q_3", "z_1", "z_2", "z_3"
+        ]  # fmt: skip
+        assert all(ds[v].dtype == np.float32 and ds[v].shape == (6, 4, 10) for v in ds.data_vars)
+        np.testing.assert_array_equal(ds["t_1"].values, f["t"])
+        np.testing.assert_allclose(ds["t_3"].values, f["t"] - 13.0, rtol=1e-6)
+        np.testing.assert_allclose(ds["q_2"].values, f["q"] * np.exp(-0.25), rtol=1e-6)
+        np.testing.assert_allclose(ds["z_3"].values, f["z"] + 3000.0, rtol=1e-6)
+        assert ds["q_2"].attrs["units"] == "g kg**-1"
+    with pytest.raises(ConfigError, match="levels >= 1"):
+        write_states_sample(tmp_path / "bad", dates=6, lat=4, lon=10, levels=0)

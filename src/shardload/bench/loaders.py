@@ -5,7 +5,8 @@ loader over its own rank's disjoint shard of the store (rank ``r`` of ``N``), wh
 each batch by sleeping ``--emulate-compute`` seconds. Its utilisation (AU) is compute time
 over wall time, measured from its first batch to the end (start-up reported apart). For each
 loader and worker count the benchmark runs 1, 2, 4, ... accelerators at once and reports the
-largest number that all stay at least 90% busy. Peers are compared where they are installed
+largest number that all stay at least ``--goal`` busy (default 90%). ``--window K`` makes each
+sample a window of K consecutive states of a dated store, as a forecast model trains. Peers are compared where they are installed
 (import probe); the others are named as missing, never estimated.
 """
 
@@ -22,7 +23,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shardload.bench.loaders_report import THRESHOLD, machine, summarize, write_report
+from shardload.bench.loaders_report import (
+    THRESHOLD,
+    command_line,
+    machine,
+    summarize,
+    write_report,
+)
 from shardload.errors import ConfigError
 
 #: peers: name -> (module to probe, pip package, supported here)
@@ -37,8 +44,8 @@ HELP = """\
 Emulate training on N accelerators the MLPerf-Storage way: N consumer processes,
 each with its own loader over a disjoint rank shard of STORE, each sleeping
 --emulate-compute seconds per batch. Reports accelerator utilisation (AU = compute
-time / wall time, after start-up) and the largest N kept at least 90% busy (every
-accelerator), for shardload (StreamingDataset + StreamingDataLoader) and for the
+time / wall time, after start-up) and the largest N kept at least --goal busy
+(every accelerator; default 0.9), for shardload (StreamingDataset + StreamingDataLoader) and for the
 installed peers (zarr-torch-dataset on Zarr stores; MosaicML streaming and litdata
 are probed and reported as not covered). Writes DIR/results.json, DIR/report.md
 and DIR/au.png.
@@ -47,9 +54,15 @@ Sleep costs no CPU, so on a machine with few cores the limit is the loaders' own
 CPU and I/O: the answer is "how many accelerators of this speed can this node
 feed". Set --emulate-compute to your model's step time per batch.
 
-example:
+With --window K on a dated store each sample is a window of K consecutive states
+(e.g. 2 input states + 1 rollout target: --window 3); peers have no windows and are
+not measured then.
+
+examples:
   shardload bench loaders ~/.shardload/data/processed/era5 --emulate-compute 0.05 \\
       --batch-size 256 --workers 0,2 --accelerators 1,2,4,8 --out bench-loaders
+  shardload bench loaders STATES_STORE --emulate-compute 0.571 --batch-size 1 \\
+      --window 3 --goal 0.95 --workers 0,2 --accelerators 1,2,4,8
 """
 
 
@@ -83,7 +96,23 @@ def register(kinds: argparse._SubParsersAction) -> None:
         default=(1, 2, 4, 8),
         metavar="LIST",
         help="accelerator counts to try, ascending; stops after the first that "
-        "fails the 90%% goal (default 1,2,4,8)",
+        "fails the goal (default 1,2,4,8)",
+    )
+    p.add_argument(
+        "--goal",
+        type=float,
+        default=THRESHOLD,
+        metavar="AU",
+        help=f"utilisation every accelerator must reach to count as kept busy, in (0, 1] "
+        f"(default {THRESHOLD})",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        metavar="K",
+        help="each sample a window of K consecutive states of a dated store (shardload "
+        "only; default: one row a sample)",
     )
     p.add_argument(
         "--loaders",
@@ -99,6 +128,14 @@ def register(kinds: argparse._SubParsersAction) -> None:
         default=None,
         metavar="N",
         help="stop each accelerator after N batches (default: one epoch of its shard)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        metavar="E",
+        help="epochs of its shard each accelerator takes (default 1; a small store over many "
+        "accelerators gives each too few batches in one)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -197,6 +234,8 @@ def run_point(
         "first_batch_s_max": max(r["first_batch_s"] for r in results),
         "wait_s_max": max(r["wait_s"] for r in results),
         "wall_s": wall,
+        "cpu_s_per_batch": sum(r["cpu_s"] for r in results)
+        / max(1, sum(r["batches"] for r in results)),
         "per_accelerator": results,
     }
 
@@ -219,9 +258,13 @@ def sweep(
     seed: int,
     max_batches: int | None,
     array: str,
+    epochs: int = 1,
+    goal: float = THRESHOLD,
+    window: int | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Every loader x workers, accelerator counts ascending until the first failing one."""
+    """Every loader x workers, accelerator counts ascending until the first one whose least
+    busy accelerator is under ``goal``."""
     from tqdm import tqdm
 
     rows: list[dict[str, Any]] = []
@@ -243,26 +286,39 @@ def sweep(
                 seed=seed,
                 max_batches=max_batches,
                 array=array,
+                window=window,
+                epochs=epochs,
             )
             for i, n in enumerate(sorted(accelerators)):
                 bar.set_postfix_str(f"{loader} w{w} x{n}")
                 row = run_point(spec, n)
                 rows.append(row)
                 bar.update(1)
-                if row["error"] is not None or row["au_min"] < THRESHOLD:
+                if row["error"] is not None or row["au_min"] < goal:
                     bar.update(len(accelerators) - i - 1)
                     break
     bar.close()
     return rows
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    from shardload.store.core import open_store
-
+def check_args(args: argparse.Namespace) -> None:
+    """A ``ConfigError`` naming the first option out of range."""
     if args.emulate_compute < 0 or args.batch_size < 1:
         raise ConfigError("--emulate-compute must be >= 0 and --batch-size >= 1")
     if not args.accelerators or min(args.accelerators) < 1:
         raise ConfigError("--accelerators: counts must be >= 1")
+    if not 0 < args.goal <= 1:
+        raise ConfigError(f"--goal {args.goal}: a utilisation in (0, 1], e.g. 0.95")
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs {args.epochs}: need at least 1")
+    if args.window is not None and args.window < 1:
+        raise ConfigError(f"--window {args.window}: need K >= 1 states a window")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from shardload.store.core import open_store
+
+    check_args(args)
     store = open_store(args.store)
     fmt = store.manifest.format
     peers = probe_peers(fmt)
@@ -276,6 +332,8 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--loaders: unknown {unknown}; choose from shardload, {', '.join(PEERS)}"
         )
+    if args.window is not None:
+        peers = {k: v if v != "ok" else "has no windows of dates" for k, v in peers.items()}
     loaders = [w for w in wanted if w == "shardload" or peers[w] == "ok"]
     for w in wanted:
         if w != "shardload" and peers[w] != "ok":
@@ -285,15 +343,18 @@ def run_cli(args: argparse.Namespace) -> int:
     if "zarr-torch-dataset" in loaders and not array:
         loaders.remove("zarr-torch-dataset")
         peers["zarr-torch-dataset"] = "reads local Zarr arrays only; this store is remote"
+    row_bytes = sum(_row_bytes(a) for a in store.manifest.arrays.values())
     out = args.out or Path("bench-results") / time.strftime("loaders-%Y%m%d-%H%M%S")
     doc: dict[str, Any] = {
-        "command": _command(args),
+        "command": command_line(args),
         "store": str(args.store),
         "store_format": fmt,
         "store_rows": len(store),
-        "row_bytes": sum(_row_bytes(a) for a in store.manifest.arrays.values()),
+        "row_bytes": row_bytes,
         "batch_size": args.batch_size,
         "compute_s": args.emulate_compute,
+        "goal": args.goal,
+        "window": args.window,
         "machine": machine(),
         "peers": peers,
     }
@@ -308,42 +369,26 @@ def run_cli(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_batches=args.max_batches,
         array=array,
+        epochs=args.epochs,
+        goal=args.goal,
+        window=args.window,
     )
+    for r in rows:  # bytes of the states delivered (a window of K states: K rows each)
+        if r["error"] is None:
+            r["bytes_per_s"] = r["samples_per_s"] * row_bytes * (args.window or 1)
     doc["load_after"] = (
         [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     )
     doc["rows"] = rows
-    doc["summary"] = summarize(rows)
+    doc["summary"] = summarize(rows, args.goal)
     write_report(out, doc)
     for s in doc["summary"]:
         print(
             f"{s['loader']:>20} workers={s['workers']}: {s['max_accelerators']} accelerators "
-            f">= 90% busy {s['bound']}"
+            f">= {args.goal:.0%} busy {s['bound']}"
         )
     print(f"wrote {out}/results.json, report.md, au.png")
     return 0
-
-
-def _command(args: argparse.Namespace) -> str:
-    words = [
-        "shardload bench loaders",
-        str(args.store),
-        "--emulate-compute",
-        f"{args.emulate_compute:g}",
-        "--batch-size",
-        str(args.batch_size),
-        "--workers",
-        ",".join(map(str, args.workers)),
-        "--accelerators",
-        ",".join(map(str, args.accelerators)),
-        "--loaders",
-        args.loaders,
-    ]
-    if args.split:
-        words += ["--split", args.split]
-    if args.max_batches:
-        words += ["--max-batches", str(args.max_batches)]
-    return " ".join(words)
 
 
 def _row_bytes(info: Any) -> int:

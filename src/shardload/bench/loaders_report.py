@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -48,6 +49,35 @@ def summarize(rows: Sequence[dict[str, Any]], threshold: float = THRESHOLD) -> l
     return list(out.values())
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The ``shardload bench loaders`` command line that ``args`` came from."""
+    words = [
+        "shardload bench loaders",
+        str(args.store),
+        "--emulate-compute",
+        f"{args.emulate_compute:g}",
+        "--batch-size",
+        str(args.batch_size),
+        "--workers",
+        ",".join(map(str, args.workers)),
+        "--accelerators",
+        ",".join(map(str, args.accelerators)),
+        "--loaders",
+        args.loaders,
+    ]
+    if args.goal != THRESHOLD:
+        words += ["--goal", f"{args.goal:g}"]
+    if args.window is not None:
+        words += ["--window", str(args.window)]
+    if getattr(args, "epochs", 1) != 1:
+        words += ["--epochs", str(args.epochs)]
+    if args.split:
+        words += ["--split", args.split]
+    if args.max_batches:
+        words += ["--max-batches", str(args.max_batches)]
+    return " ".join(words)
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on, and how busy the machine was."""
     info: dict[str, Any] = {
@@ -76,14 +106,18 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
     m = doc["machine"]
+    goal = doc.get("goal", THRESHOLD)
+    window = doc.get("window")
+    sample = f"a window of {window} states" if window else "one row"
     lines = [
         "# shardload bench loaders",
         "",
         f"Command: `{doc['command']}`",
         "",
         f"Store: {doc['store']} ({doc['store_format']}, {doc['store_rows']:,} rows, "
-        f"{doc['row_bytes']:,} bytes per row); batch {doc['batch_size']}, emulated compute "
-        f"{doc['compute_s'] * 1e3:g} ms per batch, goal: every accelerator >= {THRESHOLD:.0%} busy.",
+        f"{doc['row_bytes']:,} bytes per row); a sample is {sample}; batch {doc['batch_size']}, "
+        f"emulated compute {doc['compute_s'] * 1e3:g} ms per batch, goal: every accelerator "
+        f">= {goal:.0%} busy.",
         "",
         f"Machine: {m.get('cpus')} CPUs ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB, "
         f"{m.get('platform')}; load average {m.get('load_average')} before, "
@@ -91,7 +125,7 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
         "",
         "## Largest number of accelerators kept busy",
         "",
-        "| loader | workers per accelerator | accelerators >= 90% busy | tried |",
+        f"| loader | workers per accelerator | accelerators >= {goal:.0%} busy | tried |",
         "|---|---|---|---|",
     ]
     for s in doc["summary"]:
@@ -103,27 +137,32 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
         "",
         "## Every run",
         "",
-        "| loader | workers | accelerators | AU min | AU mean | samples/s (all) | "
-        "batches each | start-up (max) | waited (max) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| loader | workers | accelerators | AU min | AU mean | samples/s (all) | MB/s of states "
+        "(all) | batches each | start-up (max) | waited (max) | loader CPU s a batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
         if r["error"]:
             lines.append(
-                f"| {r['loader']} | {r['workers']} | {r['accelerators']} | error: {r['error'][:200]} ||||||"
+                f"| {r['loader']} | {r['workers']} | {r['accelerators']} | error: {r['error'][:200]} ||||||||"
             )
             continue
         lines.append(
             f"| {r['loader']} | {r['workers']} | {r['accelerators']} | {r['au_min']:.1%} | "
-            f"{r['au_mean']:.1%} | {r['samples_per_s']:,.0f} | {r['batches_per_accelerator']} | "
-            f"{r['first_batch_s_max']:.2f} s | {r['wait_s_max']:.2f} s |"
+            f"{r['au_mean']:.1%} | {r['samples_per_s']:,.1f} | {r.get('bytes_per_s', 0) / 1e6:,.0f} | "
+            f"{r['batches_per_accelerator']} | "
+            f"{r['first_batch_s_max']:.2f} s | {r['wait_s_max']:.2f} s | "
+            f"{r.get('cpu_s_per_batch', float('nan')):.3f} |"
         )
     lines += ["", "## Peers", ""]
     lines += [f"- {name}: {why}" for name, why in doc["peers"].items()]
     lines += [
         "",
         "AU = time in the emulated compute (measured) / wall time from the accelerator's "
-        "first batch to its end; start-up (worker launch, first batch) is the column apart; "
+        "first batch to its end; MB/s of states: the bytes of the states delivered to all "
+        "accelerators together (K rows a window of K) over the wall time; loader CPU s a batch: "
+        "the CPU seconds of the accelerators' loaders (DataLoader workers and start-up "
+        "included) over their batches; start-up (worker launch, first batch) is the column apart; "
         "'waited' is the accelerator's time waiting for its next batch.",
         "",
     ]
@@ -147,7 +186,8 @@ def _plot(path: Path, doc: dict[str, Any]) -> None:
     for (loader, w), pts in sorted(series.items()):
         xs, ys = zip(*sorted(pts), strict=True)
         ax.plot(xs, [100 * y for y in ys], marker="o", label=f"{loader}, {w} workers")
-    ax.axhline(100 * THRESHOLD, color="grey", ls="--", lw=1, label="90% goal")
+    goal = doc.get("goal", THRESHOLD)
+    ax.axhline(100 * goal, color="grey", ls="--", lw=1, label=f"{goal:.0%} goal")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("emulated accelerators (consumer processes)")
     ax.set_ylabel("least busy accelerator's AU (%)")

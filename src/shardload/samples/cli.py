@@ -196,6 +196,15 @@ def add_states_parser(kinds) -> None:
     p.add_argument("--dates", type=int, default=2920, metavar="N", help="6-hourly dates")
     p.add_argument("--lat", type=int, default=32, metavar="N", help="latitudes")
     p.add_argument("--lon", type=int, default=64, metavar="N", help="longitudes")
+    p.add_argument(
+        "--levels",
+        type=int,
+        default=1,
+        metavar="L",
+        help="each field on L levels as 2-D variables t_1..t_L, q_1.., z_1.. (3 L channels; "
+        "--lat 440 --lon 1232 --levels 20 makes N320-sized states: 542,080 cells x 60 "
+        "channels, 130 MB each)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run_states)
 
@@ -205,9 +214,16 @@ def run_states(args: argparse.Namespace) -> int:
 
     before = _mtime_ns(args.out / FILE_NAME)
     out = write_states_sample(
-        args.out, dates=args.dates, lat=args.lat, lon=args.lon, seed=args.seed, reuse=True
+        args.out,
+        dates=args.dates,
+        lat=args.lat,
+        lon=args.lon,
+        seed=args.seed,
+        reuse=True,
+        levels=args.levels,
     )
-    print(f"{_verb(out, before)} {out} (t, q, z: {args.dates} dates on {args.lat} x {args.lon})")
+    what = "t, q, z" if args.levels == 1 else f"t, q, z on {args.levels} levels"
+    print(f"{_verb(out, before)} {out} ({what}: {args.dates} dates on {args.lat} x {args.lon})")
     return 0
 
 

@@ -9,6 +9,13 @@ Three fields on a regular global latitude/longitude grid, 6-hourly, written as o
 - ``q`` (g/kg): advected by the same wind, relaxed towards a value set by ``t``'s anomaly;
 - ``z`` (m): a smoothed, scaled copy of ``t``'s anomaly (a diagnostic field).
 
+With ``levels=L > 1`` each field comes on L levels as its own 2-D variable (``t_1`` ..
+``t_L``, ``q_1`` .., ``z_1`` ..; 3 L channels): level k is the surface field shifted or scaled
+(:func:`level_fields`), the same dynamics on every level, not a physical column. It gives
+states as wide as an operational model's (``--lat 440 --lon 1232 --levels 20``: 542,080 cells,
+as many as the N320 reduced Gaussian grid has, on a regular grid, x 60 channels, 130 MB a
+state) for loader benchmarks.
+
 The next state is a fixed function of the current one (shift, diffusion, relaxation) plus
 the new forcing, which is unpredictable: persistence misses the motion, a model that learns
 the wind is left with the forcing only. Pure numpy but for the netCDF writer (xarray).
@@ -89,6 +96,31 @@ def states_fields(*, dates: int, lat: int, lon: int, seed: int) -> dict[str, np.
     return {**out, "latitude": lats, "longitude": lons}
 
 
+def level_names(levels: int) -> list[str]:
+    """The variables of a sample with ``levels`` levels: ``t, q, z`` for 1, else ``t_1`` ..
+    ``t_L``, ``q_1`` .., ``z_1`` .. (field-major).
+
+    >>> level_names(2)
+    ['t_1', 't_2', 'q_1', 'q_2', 'z_1', 'z_2']
+    """
+    if levels == 1:
+        return list(VARIABLES)
+    return [f"{v}_{k}" for v in VARIABLES for k in range(1, levels + 1)]
+
+
+def level_fields(f: dict[str, np.ndarray], levels: int) -> dict[str, np.ndarray]:
+    """Each of ``t, q, z`` on ``levels`` levels (float32): level k (1 the lowest) is ``t``
+    6.5 K colder per level, ``q`` times ``exp(-(k - 1) / 4)``, ``z`` 1,500 m higher per level."""
+    if levels == 1:
+        return {v: f[v] for v in VARIABLES}
+    out = {}
+    for k in range(levels):
+        out[f"t_{k + 1}"] = f["t"] - np.float32(6.5 * k)
+        out[f"q_{k + 1}"] = f["q"] * np.float32(np.exp(-k / 4))
+        out[f"z_{k + 1}"] = f["z"] + np.float32(1500.0 * k)
+    return {name: out[name] for name in level_names(levels)}
+
+
 def write_states_sample(
     out_dir: str | os.PathLike[str],
     *,
@@ -98,23 +130,30 @@ def write_states_sample(
     seed: int = 0,
     start: str = "2020-01-01T00:00",
     reuse: bool = False,
+    levels: int = 1,
 ) -> Path:
-    """Write ``out_dir/states-6h.nc`` (renamed into place when complete).
-    ``reuse``: keep the file already there when it carries this generator's stamp for these
-    options (:mod:`~shardload.samples.stamp`); else write it again, logging why."""
+    """Write ``out_dir/states-6h.nc`` (renamed into place when complete); with ``levels > 1``
+    the variables of :func:`level_names`. ``reuse``: keep the file already there when it
+    carries this generator's stamp for these options (:mod:`~shardload.samples.stamp`); else
+    write it again, logging why."""
     import xarray as xr
 
-    if dates < 2 or lat < 4 or lon < 8:
-        raise ConfigError(f"need dates >= 2, lat >= 4, lon >= 8; got {dates}, {lat}, {lon}")
+    if dates < 2 or lat < 4 or lon < 8 or levels < 1:
+        raise ConfigError(
+            f"need dates >= 2, lat >= 4, lon >= 8, levels >= 1; got {dates}, {lat}, {lon}, {levels}"
+        )
     options = {"dates": dates, "lat": lat, "lon": lon, "seed": seed, "start": start}
+    if levels != 1:
+        options["levels"] = levels
     if reuse and reusable(Path(out_dir) / FILE_NAME, "states", options):
         return Path(out_dir) / FILE_NAME
     f = states_fields(dates=dates, lat=lat, lon=lon, seed=seed)
+    fields = level_fields(f, levels)
     time = np.datetime64(start, "ns") + np.arange(dates) * np.timedelta64(6, "h")
     dims = ("time", "latitude", "longitude")
     units = {"t": "K", "q": "g kg**-1", "z": "m"}
     ds = xr.Dataset(
-        {v: (dims, f[v], {"units": units[v]}) for v in VARIABLES},
+        {v: (dims, a, {"units": units[v[0]]}) for v, a in fields.items()},
         coords={
             "time": time,
             "latitude": ("latitude", f["latitude"], {"units": "degrees_north"}),
