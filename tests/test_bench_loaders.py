@@ -161,3 +161,39 @@ def test_bad_goal_or_window_is_refused(tmp_path, bad, why):
     assert res.returncode != 0
     assert f"{bad[0]} {bad[1]}" in res.stderr and why in res.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # about 15 s: two consumer processes start
+def test_sigterm_stops_the_consumers_too(tmp_path):
+    """`bench loaders` stopped with SIGTERM leaves no consumer process running."""
+    import signal
+    import time
+
+    store = make_store(tmp_path, fmt="npy", n=400, chunk_rows=32)
+    cmd = [sys.executable, "-m", "shardload", "-q", "bench", "loaders", str(store.url)]
+    cmd += ["--emulate-compute", "5", "--batch-size", "16", "--workers", "0"]
+    cmd += ["--accelerators", "2", "--out", str(tmp_path / "out")]
+    p = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": SRC})
+    children: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(children) < 2 and time.monotonic() < deadline:  # both consumers started
+        children = {  # children of any of its threads
+            int(c)
+            for t in Path(f"/proc/{p.pid}/task").glob("*/children")
+            for c in t.read_text().split()
+        }
+        time.sleep(0.1)
+    assert len(children) == 2, children
+    time.sleep(1.0)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) != 0
+    time.sleep(0.5)
+    alive = [c for c in children if _running(c)]
+    assert not alive, f"consumers left running: {alive}"
+
+
+def _running(pid: int) -> bool:
+    try:  # a zombie (not reaped by this container's init) has stopped running
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

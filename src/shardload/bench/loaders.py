@@ -316,9 +316,11 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    from shardload.move.staging import exit_on_sigterm
     from shardload.store.core import open_store
 
     check_args(args)
+    exit_on_sigterm()  # SIGTERM unwinds: run_point's ``finally`` stops the consumers
     store = open_store(args.store)
     fmt = store.manifest.format
     peers = probe_peers(fmt)
