@@ -62,3 +62,15 @@ def test_tendency_partial_merges_in_place() -> None:
     np.testing.assert_allclose(p.m2 / 15, d.var(axis=0), rtol=1e-9)
     np.testing.assert_array_equal(np.asarray(p.min, np.float64), d.min(axis=0))
     np.testing.assert_array_equal(np.asarray(p.max, np.float64), d.max(axis=0))
+
+
+def test_one_increment_is_its_own_partial() -> None:
+    """A one-row block's tendency (k = 1, the halo row after it): one increment, whose partial
+    is the increment itself (float32), not copied into float64 running arrays (780 MB a
+    tendency a block at N320)."""
+    nf = 1 << 20
+    x = np.arange(2 * nf, dtype=np.float32).reshape(2, nf)
+    out = []
+    peak = _peak_bytes(lambda: out.append(tendency_partial(x[:1], x[1:], 1, np.ones(2, bool))))
+    assert peak < 3 * 4 * nf, peak / nf
+    np.testing.assert_array_equal(out[0].mean, x[1] - x[0])
