@@ -74,3 +74,25 @@ def test_one_increment_is_its_own_partial() -> None:
     peak = _peak_bytes(lambda: out.append(tendency_partial(x[:1], x[1:], 1, np.ones(2, bool))))
     assert peak < 3 * 4 * nf, peak / nf
     np.testing.assert_array_equal(out[0].mean, x[1] - x[0])
+
+
+def test_partial_of_no_rows_holds_nothing_per_feature() -> None:
+    """A dated block outside the statistics period gives the partial of no rows: broadcast
+    constants, not six arrays of a value per feature; merged, it changes nothing."""
+    from shardload.prep.stats import OrderedMerge, merge, partial
+
+    nf = 1 << 20
+    out = []
+    peak = _peak_bytes(lambda: out.append(partial(np.empty((0, nf), np.float32))))
+    assert peak < nf, peak
+    x = np.arange(3 * nf, dtype=np.float32).reshape(3, nf)
+    m = OrderedMerge()
+    m.add(0, {"x": partial(x)})
+    m.add(1, {"x": out[0]})
+    got = m.finalize()["x"]
+    assert got.count == 3
+    np.testing.assert_array_equal(got.mean, x.astype(np.float64).mean(axis=0))
+    np.testing.assert_array_equal(got.min, x[0])
+    np.testing.assert_array_equal(got.max, x[2])
+    both = merge(out[0], partial(x))
+    np.testing.assert_array_equal(both.mean, x.astype(np.float64).mean(axis=0))
