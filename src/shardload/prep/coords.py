@@ -17,6 +17,7 @@ warns about each file that is not Zarr: the manifest, ``metadata.json``, ...).
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import warnings
 from collections.abc import Collection, Mapping, Sequence
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from shardload.manifest.core import ArraySpec
+from shardload.manifest.names import GridNames
 from shardload.plan.grids import expand_axis, expand_axis_rows
 
 #: Above this many samples the coordinates are not written (8 bytes a sample and dim, held in
@@ -177,12 +179,18 @@ def write_zarr_metadata(
                 # lz4: a repeated axis packs to a few percent at memory speed
                 "compressors": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),),
             }
+    named: dict[str, tuple[Sequence[str], int]] = {}  # feature names: written here in slabs
     for name, spec in specs.items():
         dim = f"{name}_feature"
-        if spec.features and not spec.ragged and len(spec.shape) > 1 and dim not in specs:
-            names = np.asarray(list(spec.features), dtype=str)
-            if len(names) == spec.shape[-1]:
-                variables[dim] = xr.Variable((dim,), names)
+        names = spec.features
+        wide = names and not spec.ragged and len(spec.shape) > 1 and dim not in specs
+        if wide and names is not None and len(names) == spec.shape[-1]:
+            dtype = np.dtype(f"<U{max(1, _longest_name(names))}")
+            rows = coord_chunk_rows(len(names), dtype.itemsize, 1)
+            lazy = dask.array.empty((len(names),), chunks=(rows,), dtype=dtype, name=dim)
+            variables[dim] = xr.Variable((dim,), lazy)
+            encoding[dim] = {"chunks": (rows,)}
+            named[dim] = (names, rows)
     with warnings.catch_warnings():
         # zarr's notes that consolidated metadata and fixed-length strings are not yet in the
         # Zarr v3 specification, and that the manifest and other files are not Zarr nodes
@@ -193,13 +201,37 @@ def write_zarr_metadata(
                 if name in group:
                     del group[name]
             # compute=False: the lazy (numeric) coordinates' metadata only, the others whole
-            kw: dict[str, Any] = {"compute": False} if native else {}
-            xr.Dataset(coords=variables).to_zarr(
+            kw: dict[str, Any] = {"compute": False} if native or named else {}
+            xr.Dataset(coords=xr.Coordinates(variables, indexes={})).to_zarr(
                 str(root), mode="a", consolidated=False, zarr_format=3, encoding=encoding, **kw
             )
         for name, rows in native.items():
             _write_coord_chunks(Path(root) / name, coords, name, length, rows)
+        for dim, (names, rows) in named.items():
+            _write_names(Path(root) / dim, names, rows)
         zarr.consolidate_metadata(str(root), zarr_format=3)
+
+
+def _longest_name(names: Sequence[str]) -> int:
+    """The length of the longest name (a grid's from its labels, without the names)."""
+    if isinstance(names, GridNames):
+        labels = [max(map(len, lab), default=0) for lab in names.labels]
+        return len(names.name) + 2 + sum(labels) + max(0, len(labels) - 1)
+    return max(map(len, names), default=0)
+
+
+def _write_names(folder: Path, names: Sequence[str], rows: int) -> None:
+    """A feature-name coordinate whose metadata xarray wrote, a chunk of ``rows`` names at a
+    time: the whole array of fixed-length strings (4 bytes a character of the longest name)
+    and xarray's copies of it took 1.6 GB for the 2 M names of a 110 x 308 x 60 grid, most
+    of the memory of its prepare, and would take tens of GB at N320."""
+    import zarr
+
+    arr = zarr.open_array(str(folder), mode="r+")
+    it = iter(names)
+    for a in range(0, len(names), rows):
+        slab = list(itertools.islice(it, rows))
+        arr[a : a + len(slab)] = np.array(slab, dtype=arr.dtype)
 
 
 def _coord_length(coords: SampleCoords) -> int:

@@ -25,7 +25,8 @@ import numpy as np
 
 from shardload.errors import ViewError
 from shardload.manifest.time import TimeAxis, tendency_key
-from shardload.prep.stats.block import Partial, merge_all, partial
+from shardload.prep.stats.block import Partial, partial
+from shardload.prep.stats.ordered import _Running
 
 #: block notes (:class:`~shardload.prep.stats.ordered.OrderedMerge`): the block's missing rows
 MISSING_NOTE = "missing_rows"
@@ -160,7 +161,10 @@ def tendency_partial(x: np.ndarray, after: np.ndarray, k: int, use: np.ndarray) 
     stop = min(n, total - k)
     row_shape = x.shape[1:]
     work = np.float32 if x.dtype == np.float32 else np.float64
-    parts: list[Partial] = []
+    # merged in place (merge() makes a dozen row-sized arrays), from the second partial on:
+    # one partial (a one-row block, k = 1) is returned as it is (a view of its increment)
+    first: Partial | None = None
+    acc: _Running | None = None
     if stop > 0:
         pair = use[:stop] & use[k : stop + k]
         row_bytes = np.dtype(work).itemsize * int(np.prod(row_shape, dtype=np.int64))
@@ -171,8 +175,17 @@ def tendency_partial(x: np.ndarray, after: np.ndarray, k: int, use: np.ndarray) 
             if not m.any():
                 continue
             d = np.subtract(_rows(x, after, s + k, e + k), _rows(x, after, s, e), dtype=work)
-            parts.append(partial(d if m.all() else d[m]))
-    return merge_all(parts) or partial(np.empty((0, *row_shape), work))
+            p = partial(d if m.all() else d[m])
+            if first is None:
+                first = p
+            elif acc is None:
+                acc = _Running(first)
+                acc.add(p)
+            else:
+                acc.add(p)
+    if acc is not None:
+        return acc.partial
+    return first if first is not None else partial(np.empty((0, *row_shape), work))
 
 
 def _rows(x: np.ndarray, after: np.ndarray, i0: int, i1: int) -> np.ndarray:
