@@ -16,8 +16,9 @@ loaders`` (sleep 0.571 s a batch; batch size 1; each sample a window of 3 consec
 - ``shardload``: the same states in prepare's default layout (Zarr v3, lz4, one date a chunk
   and a shard), written by ``shardload copy`` of the anemoi store (``--own copy``, the
   default: statistics carried). ``--own prepare`` prepares the netCDF instead (no tendency
-  statistics, one task at a time); on the 24 GB VM that ran out of memory computing the
-  statistics of 32.5 M features (over 14 GB, killed), so the figures use the copy;
+  statistics, one task at a time; before 2026-11-28 that ran out of memory on the 24 GB VM,
+  since then such a prepare peaks near 7 GB, docs/benchmarks.md "Prepare: memory of wide
+  dated rows"), so the figures of 2026-11-28 on the VM use the copy;
 - ``shardload-raw`` (``--raw``): the same layout uncompressed (``shardload copy --compression
   none``): reading is then a copy out of the page cache, no decoding.
 
@@ -90,9 +91,9 @@ def prepare_own(work: Path, src: Path, args: argparse.Namespace) -> Path:
         "sample_dims": ["time"],
         "arrays": {"state": level_names(args.levels)},
         "dtype": "float32",
-        # prepare keeps statistics per feature: 32.5 M features of N320 x 60 channels; with
-        # tendencies and 2 workers' partials that took over 20 GB here (OOM on the 24 GB VM).
-        # Neither changes the layout the loader reads.
+        # prepare keeps statistics per feature (32.5 M features of N320 x 60 channels): no
+        # tendencies and one task at a time keep its memory lowest. Neither changes the
+        # layout the loader reads.
         "dates": {"frequency": "6h", "tendencies": []},
         "execution": {"scheduler": "sync"},
         "out": str(out),
