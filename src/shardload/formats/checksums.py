@@ -160,7 +160,7 @@ class Verifier:
         self.hashed = 0  # digests this process computed and compared (tests, benchmarks)
         self._locks: dict[tuple[str, int], CheckedUnit] = {}
         self._locks_pid = -1  # the process the locks belong to (a forked child makes its own)
-        self._sums_lock = threading.Lock()
+        self._table_lock = threading.Lock()  # guards ``_locks``
 
     def sums(self) -> dict[str, np.ndarray]:
         if self._sums is None:
@@ -178,15 +178,15 @@ class Verifier:
         threads that waited meanwhile; they go when the last of those leaves."""
         pid = os.getpid()
         if self._locks_pid != pid:  # never a lock a parent's thread held at the fork
-            self._locks, self._locks_pid, self._sums_lock = {}, pid, threading.Lock()
-        with self._sums_lock:
+            self._locks, self._locks_pid, self._table_lock = {}, pid, threading.Lock()
+        with self._table_lock:
             held = self._locks.setdefault((name, unit), CheckedUnit())
             held.users += 1
         try:
             with held.lock:
                 yield held
         finally:
-            with self._sums_lock:
+            with self._table_lock:
                 held.users -= 1
                 if not held.users:  # no thread waits for these bytes: not kept
                     held.data = None

@@ -303,7 +303,17 @@ class NodeCache:
         total = sum(e[1] for e in entries.values())
         if total + total / len(entries) <= self.cache_bytes:  # room for a file of average size
             return True
-        return bool(self.plan.next_use(key) < self._rank(entries)[0][0][0])
+        return not self._read_after_all_held(key, self._rank(entries), strict=False)
+
+    def _read_after_all_held(
+        self, key: str, ranked: list[tuple[tuple[int, int, float], str]], *, strict: bool
+    ) -> bool:
+        """Whether the plan reads ``key`` next (after the clock, with ``strict``) no sooner
+        than every file held (or never): Belady keeps such a file last, so not at all."""
+        plan = self.plan
+        if plan is None or not ranked or not plan.knows(key):
+            return False
+        return bool(plan.next_use(key, strict=strict) >= ranked[0][0][0])
 
     def _evict_for(self, key: str, size: int) -> bool:
         """Evict until ``size`` more bytes fit (the eviction lock held); False when the new
@@ -314,10 +324,8 @@ class NodeCache:
         if total + size <= self.cache_bytes:
             return True
         ranked = self._rank(entries)
-        plan = self.plan
-        known = plan is not None and bool(ranked) and plan.knows(key)
-        if known and plan.next_use(key, strict=True) >= ranked[0][0][0]:
-            return False  # read again after everything held (or never): not kept
+        if self._read_after_all_held(key, ranked, strict=True):  # its next read, not this one
+            return False
         for _, name in ranked:
             if total + size <= self.cache_bytes:
                 break
