@@ -173,28 +173,20 @@ def main() -> None:
         cpu_w = cpu_l = cpu_v = best_v = float("inf")
         ratios_v = []
         for r in range(args.rounds + 1):  # round 0 warms the page cache
-            c0 = time.process_time()
-            tw, n, distinct = run_windows(
-                store,
+            epoch = dict(
                 window=window,
                 batch=args.batch,
                 threads=args.threads,
                 epoch=r,
                 shuffle=not args.in_order,
             )
+            c0 = time.process_time()
+            tw, n, distinct = run_windows(store, **epoch)
             c1 = time.process_time()
             tl = run_limit(store, distinct, threads=args.threads)
             c2 = time.process_time()
             if args.views:
-                tv, nv, dv = run_windows(
-                    store,
-                    window=window,
-                    batch=args.batch,
-                    threads=args.threads,
-                    epoch=r,
-                    shuffle=not args.in_order,
-                    views=True,
-                )
+                tv, nv, dv = run_windows(store, **epoch, views=True)
                 assert nv == n and all(
                     np.array_equal(a, b) for a, b in zip(dv, distinct, strict=True)
                 )

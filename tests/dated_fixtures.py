@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -83,3 +84,15 @@ def dated_store(
         }
     )
     return set_time_axis(tmp / name, missing=missing)
+
+
+def window_stores(tmp: Path, missing: Sequence[int]) -> dict[str, Any]:
+    """The same dated states with dates ``missing`` as npy, zstd Zarr and sharded zstd Zarr
+    stores (``npy``, ``zstd``, ``sharded``) and ``full``: every row of ``x`` and ``y``."""
+    npy = dated_store(tmp, missing=missing, name="npy")
+    zstd = dated_store(tmp, missing=missing, fmt="zarr", compression="zstd", name="zstd")
+    sharded = dated_store(
+        tmp, missing=missing, fmt="zarr", compression="zstd", name="sharded", shard_chunks=3
+    )
+    full = {a: npy.read(a, 0, len(npy)) for a in ("x", "y")}
+    return {"npy": npy, "zstd": zstd, "sharded": sharded, "full": full}

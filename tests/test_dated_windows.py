@@ -14,7 +14,7 @@ import pytest
 import shardload
 from _resume import assert_resumes_exactly
 from _stores import make_store
-from dated_fixtures import dated_store, set_time_axis
+from dated_fixtures import dated_store, set_time_axis, window_stores
 from shardload.errors import PlanError, StateError
 from shardload.load.spec import LoadSpec
 
@@ -23,14 +23,7 @@ MISSING = (10, 11, 50, 51, 52, 90)
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dated")
-    npy = dated_store(tmp, missing=MISSING, name="npy")
-    zstd = dated_store(tmp, missing=MISSING, fmt="zarr", compression="zstd", name="zstd")
-    sharded = dated_store(
-        tmp, missing=MISSING, fmt="zarr", compression="zstd", name="sharded", shard_chunks=3
-    )
-    full = {a: npy.read(a, 0, len(npy)) for a in ("x", "y")}
-    return {"npy": npy, "zstd": zstd, "sharded": sharded, "full": full}
+    return window_stores(tmp_path_factory.mktemp("dated"), MISSING)
 
 
 def expected_starts(store, window: int, step: int, split: str | None = None) -> list[int]:

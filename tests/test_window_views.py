@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import shardload
-from dated_fixtures import dated_store
+from dated_fixtures import dated_store, window_stores
 from shardload.errors import PlanError
 from shardload.plan.dated import (
     WindowGrid,
@@ -28,14 +28,7 @@ from test_dated_windows import MISSING, CountingReader, check_batch
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("views")
-    npy = dated_store(tmp, missing=MISSING, name="npy")
-    zstd = dated_store(tmp, missing=MISSING, fmt="zarr", compression="zstd", name="zstd")
-    sharded = dated_store(
-        tmp, missing=MISSING, fmt="zarr", compression="zstd", name="sharded", shard_chunks=3
-    )
-    full = {a: npy.read(a, 0, len(npy)) for a in ("x", "y")}
-    return {"npy": npy, "zstd": zstd, "sharded": sharded, "full": full}
+    return window_stores(tmp_path_factory.mktemp("views"), MISSING)
 
 
 @pytest.mark.parametrize("fmt", ["npy", "zstd", "sharded"])
