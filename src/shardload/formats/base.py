@@ -136,6 +136,34 @@ def is_local(fs: Any) -> bool:
     return "file" in protocols or "local" in protocols
 
 
+class LocalFS:
+    """fsspec's local filesystem, imported on first use: what a local store's readers ask of
+    it (:func:`is_local`) needs no fsspec, and the default load reads its files directly, so a
+    process loading a local store never pays fsspec's import (0.27 s of its first epoch,
+    docs/benchmarks.md, 2026-11-28). Any other attribute is the real ``LocalFileSystem``'s."""
+
+    protocol = ("file", "local")
+    # what the loader asks of a filesystem that fsspec's local one has not (a node cache's
+    # filesystem has them: load/cache_hook.py, formats/zarr/files.py): None, without fsspec
+    plan_cache = node_cache = spec = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # pickle, copy and friends: this object's own
+            raise AttributeError(name)
+        fs = self.__dict__.get("_fs")
+        if fs is None:
+            from fsspec.implementations.local import LocalFileSystem
+
+            fs = self.__dict__["_fs"] = LocalFileSystem()
+        return getattr(fs, name)
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (LocalFS, ())
+
+    def __repr__(self) -> str:
+        return "LocalFS()"
+
+
 def readinto_full(f: Any, dst: memoryview) -> int:
     """Fill ``dst`` from file ``f`` with as many ``readinto`` calls as it takes; the number of
     bytes read (less than ``len(dst)`` only at the end of the file)."""

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import IncompleteStoreError, StoreError
-from shardload.formats.base import ArrayReader, ChecksMetadata, is_local
+from shardload.formats.base import ArrayReader, ChecksMetadata, LocalFS, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, VERIFY_ENV, check_verify
 from shardload.formats.registry import open_reader as open_format_reader
 from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX
@@ -353,10 +353,8 @@ def _open_fs(url: str, remote: dict[str, Any]) -> tuple[Any, str]:
         from shardload.move.remote import open_fs  # a local path with cache_dir: as a file:// URL
 
         return open_fs(url if "://" in url else Path(url).expanduser().resolve().as_uri(), **remote)
-    from fsspec.implementations.local import LocalFileSystem
-
     path = url[len("file://") :] if url.startswith("file://") else url
-    return LocalFileSystem(), str(Path(path).expanduser().resolve())
+    return LocalFS(), str(Path(path).expanduser().resolve())  # fsspec imported on first use
 
 
 def _read_manifest(fs: Any, root: str) -> bytes | None:
