@@ -120,7 +120,8 @@ def build_source(
     ):
         sample_chunks = {(cfg.sample_dims or ("column",))[0]: chunk_rows}
     ds = open_source(cfg.source, sample_chunks=sample_chunks)
-    rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in ("flat", "graph") else None
+    served = ("flat", "graph", "window")  # the window view: its series stored once (at_load)
+    rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in served else None
     return build_view(ds, cfg, rows=rows), ds
 
 
