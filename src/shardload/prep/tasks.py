@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,8 @@ def build_source(
     ):
         sample_chunks = {(cfg.sample_dims or ("column",))[0]: chunk_rows}
     ds = open_source(cfg.source, sample_chunks=sample_chunks)
-    rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in ("flat", "graph") else None
+    served = ("flat", "graph", "window")  # the window view: its series stored once (at_load)
+    rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in served else None
     return build_view(ds, cfg, rows=rows), ds
 
 
@@ -158,11 +160,12 @@ def _read_rows(job: PrepareJob, block: int) -> Mapping[str, Any]:
 
 
 def _read_block(
-    job: PrepareJob, block: int
+    job: PrepareJob, block: int, *, statistics: bool = True
 ) -> tuple[dict[str, Any], dict[str, Partial], dict[str, np.ndarray]]:
     """The rows of one block, as the store's arrays (:class:`~shardload.manifest.ragged.RaggedRows` for
     variable-length ones), their statistics partials and the block's notes (a dated store's
-    missing rows and NaN counts: :mod:`shardload.prep.stats.dated`)."""
+    missing rows and NaN counts: :mod:`shardload.prep.stats.dated`). ``statistics=False``:
+    no partials of the fixed-size arrays (:func:`_fixed_partials` computes them apart)."""
     chunk, a, b = job.block(block)
     data = _read_rows(job, block)
     arrays: dict[str, Any] = {}
@@ -178,7 +181,7 @@ def _read_block(
                 f"view returned shape {arr.shape} for array {name!r} rows {a}:{b}, expected {want}"
             )
         arrays[name] = arr = np.ascontiguousarray(arr, dtype=spec.dtype)
-        if job.dated is None:
+        if job.dated is None and statistics:
             stats[name] = p = partial(arr)
             if job.config.nan == "fail" and p.nan_count.any():
                 _nan_error(job, name, arr, chunk, a, b)
@@ -244,18 +247,32 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
     """
     throttle_s = float(os.environ.get(THROTTLE_ENV) or 0)
     time.sleep(throttle_s / 2)
-    arrays, stats, notes = _read_block(job, block)
+    # the statistics of the block run beside its encoding and write (numpy's reductions and
+    # the codecs leave the GIL): not where a NaN must stop the block before it is written
+    beside = job.dated is None and job.config.nan != "fail"
+    arrays, stats, notes = _read_block(job, block, statistics=not beside)
     fmt = get_writer(job.config.format)
     record: dict[str, np.ndarray] = {}
-    with collect_written(defer=job.defer_fsync) as paths:
-        for k, (name, arr) in enumerate(arrays.items()):
-            if k:  # between two arrays' writes
-                time.sleep(throttle_s / 2)
-            if job.specs[name].ragged:
-                record.update(_write_ragged(job, block, name, arr))
-            else:
-                _write_array(job, fmt, block, name, arr, record)
+    with ThreadPoolExecutor(1, thread_name_prefix="shardload-stats") as pool:
+        pending = pool.submit(_fixed_partials, job, arrays) if beside else None
+        with collect_written(defer=job.defer_fsync) as paths:
+            for k, (name, arr) in enumerate(arrays.items()):
+                if k:  # between two arrays' writes
+                    time.sleep(throttle_s / 2)
+                if job.specs[name].ragged:
+                    record.update(_write_ragged(job, block, name, arr))
+                else:
+                    _write_array(job, fmt, block, name, arr, record)
+        if pending is not None:
+            fixed = pending.result()
+            stats = {n: stats[n] if n in stats else fixed[n] for n in arrays}
     return {"block": block, "record": record, "stats": stats, "notes": notes, "paths": paths}
+
+
+def _fixed_partials(job: PrepareJob, arrays: Mapping[str, Any]) -> dict[str, Partial]:
+    """The statistics partials of a block's fixed-size arrays (read by :func:`_read_block`
+    with ``statistics=False``), in the order of ``arrays``."""
+    return {name: partial(arr) for name, arr in arrays.items() if not job.specs[name].ragged}
 
 
 def _write_error(

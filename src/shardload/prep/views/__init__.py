@@ -59,7 +59,7 @@ def _build_view(ds: xr.Dataset, cfg: PrepareConfig, *, rows: RowReader | None = 
             from shardload.prep.views.window_series import WindowSeriesView
 
             return WindowSeriesView(
-                ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype, **opts
+                ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype, rows=rows, **opts
             )
         return WindowView(ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype, **opts)
     if cfg.view == "function":

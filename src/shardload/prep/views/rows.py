@@ -9,9 +9,10 @@ the rows out of it. Only that slab is read from disk.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import dask
+import dask.local
 import numpy as np
 import xarray as xr
 
@@ -121,7 +122,7 @@ def read_many(
         got = read_many([das[i] for i in left], sample_dims, start, stop) if left else []
         it = iter(got)
         return [np.asarray(dests[i]) if t is not None else next(it) for i, t in enumerate(into)]
-    with dask.config.set(scheduler="synchronous"):
+    with synchronous():
         values = (
             dask.compute(*lazy)
             if any(isinstance(v, dask.array.Array) for v in lazy)
@@ -143,7 +144,7 @@ def _store_striped(lazy: dask.array.Array, target: np.ndarray) -> None:
     rows: chunks split along the feature axes (GRIB: one message per level) fill a stripe of
     whole rows while it is in cache, where storing each chunk in turn writes strided columns
     over the whole destination once per chunk (10x slower for 21 messages)."""
-    with dask.config.set(scheduler="synchronous"):
+    with synchronous():
         flat = lazy.to_delayed().ravel().tolist()
         parts = dask.compute(*flat)
     index = list(np.ndindex(*lazy.numblocks))
@@ -207,7 +208,14 @@ def _slab(
     return da.isel(sel), (start - offset, stop - offset)
 
 
+def synchronous() -> Any:
+    """``dask.config.set`` of the synchronous scheduler, as the function itself: by its name
+    (``"synchronous"``) dask's ``get_scheduler`` first imports ``distributed`` (0.18 s in a
+    fresh process, where installed) to look for a client that a write task never uses."""
+    return dask.config.set(scheduler=dask.local.get_sync)
+
+
 def load_values(da: xr.DataArray) -> np.ndarray:
     # Inside a write task we are already parallel: compute dask pieces synchronously.
-    with dask.config.set(scheduler="synchronous"):
+    with synchronous():
         return np.asarray(da.values)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import dask
 import numpy as np
 import xarray as xr
 
@@ -24,7 +23,7 @@ from shardload.manifest.core import ArraySpec
 from shardload.manifest.ragged import as_ragged_block
 from shardload.prep.views.base import check_lengths, check_numeric
 from shardload.prep.views.flat import feature_names
-from shardload.prep.views.rows import read_rows, sample_major
+from shardload.prep.views.rows import read_rows, sample_major, synchronous
 from shardload.util.imports import import_function
 
 
@@ -128,7 +127,7 @@ class FunctionView:
             if dims:
                 block = read_rows(arr, dims, start, stop)
             else:
-                with dask.config.set(scheduler="synchronous"):
+                with synchronous():
                     block = np.asarray(arr[start:stop])
             out[name] = block.astype(self._specs[name].dtype, copy=False)
         return out

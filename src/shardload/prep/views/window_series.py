@@ -24,7 +24,7 @@ from shardload.manifest.features import STATS_FIELDS, FeatureStats
 from shardload.plan.chunks import RegularBounds, plan_chunk_rows
 from shardload.plan.windows import SeriesColumns, WindowGeometry, geometry_dict
 from shardload.prep.views.flat import feature_names
-from shardload.prep.views.rows import read_many
+from shardload.prep.views.rows import RowReader, read_many
 from shardload.prep.views.window import WindowView
 
 #: name of the ``i``-th series array (file-safe whatever the variable is called)
@@ -113,6 +113,7 @@ class WindowSeriesView(SeriesLayout):
         horizon: int = 0,
         targets: Mapping[str, Sequence[str]] | None = None,
         dtype: str | None = None,
+        rows: RowReader | None = None,
     ) -> None:
         self.windows = WindowView(
             ds,
@@ -130,6 +131,10 @@ class WindowSeriesView(SeriesLayout):
         self.time_dim, self.sample_dims = time_dim, tuple(sample_dims)
         self.steps = int(ds.sizes[time_dim])
         self._series: dict[str, xr.DataArray] = {}  # series name -> (space..., time, rest)
+        #: series names ``rows`` reads (h5py, no dask): its rows are the space points, each in
+        #: storage order, which is (time, rest) where time is the first dim after the space ones
+        self._served: dict[str, str] = {}
+        self.rows = rows
         self._specs: dict[str, ArraySpec] = {}
         keys: dict[tuple[str, str], str] = {}
         self.columns: dict[str, tuple[bool, tuple[SeriesColumns, ...]]] = {}
@@ -143,6 +148,10 @@ class WindowSeriesView(SeriesLayout):
                     feats = feature_names(da, (time_dim, *self.sample_dims))
                     rest = [d for d in da.dims if d not in (time_dim, *self.sample_dims)]
                     self._series[name] = da.transpose(*self.sample_dims, time_dim, *rest)
+                    # in the source's order (``da`` is the window view's, time first)
+                    after = [d for d in ds[da.name].dims if d not in self.sample_dims]
+                    if rows is not None and da.name in rows.names and after == [time_dim, *rest]:
+                        self._served[name] = str(da.name)
                     self._specs[name] = ArraySpec(
                         name,
                         (self.S * self.steps, len(feats)),
@@ -177,10 +186,25 @@ class WindowSeriesView(SeriesLayout):
             return {k: np.empty((0, s.shape[1]), s.dtype) for k, s in self._specs.items()}
         s0, s1 = start // T, (stop - 1) // T + 1
         names = list(self._series)
-        if self.sample_dims:
-            blocks = read_many([self._series[k] for k in names], self.sample_dims, s0, s1)
-        else:  # one space point: the whole series
-            blocks = [np.asarray(self._series[k].values)[None] for k in names]
+        lazy = [k for k in names if k not in self._served]
+        if not self.sample_dims:  # one space point: the whole series
+            got = {k: np.asarray(self._series[k].values)[None] for k in names}
+        else:
+            got = (
+                dict(
+                    zip(
+                        lazy,
+                        read_many([self._series[k] for k in lazy], self.sample_dims, s0, s1),
+                        strict=True,
+                    )
+                )
+                if lazy
+                else {}
+            )
+            if self._served and self.rows is not None:
+                read = self.rows.read_rows(list(self._served.values()), s0, s1)
+                got |= {k: read[v] for k, v in self._served.items()}
+        blocks = [got[k] for k in names]
         out = {}
         for k, block in zip(names, blocks, strict=True):
             rows = block.reshape((s1 - s0) * T, -1)[start - s0 * T : stop - s0 * T]

@@ -1,0 +1,71 @@
+"""A fresh ``shardload prepare`` of a local file imports only what its path needs (issue 29
+item 10): never ``distributed`` (dask's ``get_scheduler`` imports it, 0.18 s, when the
+synchronous scheduler is named by its string), torch or matplotlib."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from conftest import SRC
+
+NEVER_ON_PREPARE = ("distributed", "torch", "matplotlib")
+
+
+def _chunked_nc(path):
+    """A (40, 48) field packed as int16 with ``scale_factor`` and ``_FillValue`` (as OISST) in
+    8x8 gzip chunks: prepare reads it through xarray's decoding, in dask chunks."""
+    rng = np.random.default_rng(0)
+    sst = rng.normal(size=(40, 48)).astype("float32")
+    sst[0, :5] = np.nan
+    ds = xr.Dataset(
+        {"sst": (("lat", "lon"), sst)},
+        coords={"lat": np.arange(40.0), "lon": np.arange(48.0)},
+    )
+    enc = {"dtype": "int16", "scale_factor": 0.01, "_FillValue": -999}
+    enc |= {"chunksizes": (8, 8), "zlib": True}
+    ds.to_netcdf(path, engine="h5netcdf", encoding={"sst": enc})
+    return path
+
+
+def _prepare_modules(cfg: dict) -> list[str]:
+    """Run ``shardload.prepare(cfg)`` in a fresh interpreter; the modules of
+    NEVER_ON_PREPARE it imported."""
+    probe = (
+        "import json, sys\nimport shardload\n"
+        f"shardload.prepare(json.loads({json.dumps(cfg)!r}))\n"
+        f"print(json.dumps(sorted(m for m in {NEVER_ON_PREPARE!r} if m in sys.modules)))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+    )
+    assert res.returncode == 0, res.stderr
+    return list(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("distributed") is None,
+    reason="distributed is not installed: nothing could import it",
+)
+def test_a_fresh_prepare_of_a_packed_netcdf4_file_imports_no_distributed_torch_or_matplotlib(
+    tmp_path,
+):
+    src = _chunked_nc(tmp_path / "field.nc")
+    cfg = {
+        "source": {"paths": [str(src)], "variables": ["sst"]},
+        "sample_dims": ["lat", "lon"],
+        "arrays": {"x": ["sst"]},
+        "nan": "warn",
+        "out": str(tmp_path / "out.store"),
+    }
+    assert _prepare_modules(cfg) == []
