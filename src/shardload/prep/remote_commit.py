@@ -220,6 +220,7 @@ class RemoteCommit(BlockCommit):
         """Put one file and check the object: its size and ETag against the file's."""
         key = f"{self.prefix}/{rel}"
         time.sleep(float(os.environ.get(THROTTLE_ENV) or 0))  # testing aid (kill tests)
+        self._remote_lock.check()  # a run that lost its lock writes nothing more
         self.fs.put_file(str(path), key, chunksize=PART_BYTES)
         self.fs.invalidate_cache(key)
         info = self.fs.info(key)
