@@ -310,8 +310,13 @@ def test_a_killed_prepare_resumes_and_leaves_nothing_a_reader_takes_for_data(
         fs.invalidate_cache()
         return [p for p in fs.find(f"{bucket}/store") if "/_progress/" not in p]
 
+    # blocks: objects are already being uploaded (each block's once recorded); upload: every
+    # block recorded, objects in flight
     _kill_when(
-        proc, (lambda: records() >= 3) if phase == "blocks" else (lambda: len(objects()) >= 4)
+        proc,
+        (lambda: records() >= 3)
+        if phase == "blocks"
+        else (lambda: records() >= 12 and len(objects()) >= 4),
     )
     assert not fs.exists(f"{bucket}/store/shardload.json")
     if phase == "upload":

@@ -200,8 +200,11 @@ class BlockCommit:
     def record_path(self, block: int) -> Path:
         return self.progress / RECORD_NAME.format(block)
 
-    def record(self, block: int, fields: Mapping[str, np.ndarray]) -> None:
-        """Mark ``block`` done with its named arrays; call only once its data is durable."""
+    def record(
+        self, block: int, fields: Mapping[str, np.ndarray], *, files: Sequence[str] = ()
+    ) -> None:
+        """Mark ``block`` done with its named arrays; call only once its data is durable.
+        ``files``: those its task wrote (a commit uploading the store puts the final ones)."""
         buf = io.BytesIO()
         arrays: dict[str, Any] = {k: np.asarray(v) for k, v in fields.items()}
         np.savez(buf, **arrays)
