@@ -29,6 +29,7 @@ from typing import Any
 
 from shardload.errors import StoreError
 from shardload.layout import PROGRESS_DIR, RECORD_NAME, STAGED_DIR
+from shardload.util.durable import fsync_dir, write_atomic
 
 log = logging.getLogger("shardload.prep.remote_commit")
 
@@ -72,6 +73,9 @@ class BlockStreamer:
         #: objects uploaded, checked and noted: path in the store -> size, etag, block
         self.uploaded: dict[str, dict[str, Any]] = _read_ledger(self.ledger)
         self._claimed: dict[str, int] = {rel: int(e["block"]) for rel, e in self.uploaded.items()}
+        if not self.ledger.exists():  # its name durable before a note in it removes a file
+            self.ledger.touch()
+            fsync_dir(self.ledger.parent)
 
     def submit(self, block: int, paths: Iterable[str]) -> None:
         """Upload the final files of ``block`` (just recorded); waits while every slot is busy.
@@ -138,9 +142,7 @@ class BlockStreamer:
         for b in blocks:
             (progress / RECORD_NAME.format(b)).unlink(missing_ok=True)
         keep = [e for r, e in self.uploaded.items() if int(e["block"]) not in blocks]
-        tmp = self.ledger.with_name(self.ledger.name + ".tmp")
-        tmp.write_text("".join(json.dumps(e) + "\n" for e in keep))
-        os.replace(tmp, self.ledger)
+        write_atomic(self.ledger, "".join(json.dumps(e) + "\n" for e in keep).encode())
         return blocks
 
 
