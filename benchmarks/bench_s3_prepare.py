@@ -80,9 +80,10 @@ class _Peak:
     def _run(self) -> None:
         while not self._stop.wait(0.02):
             total = 0
-            for p in self.folder.rglob("*"):
-                with contextlib.suppress(OSError):  # removed meanwhile
-                    total += p.stat().st_size if p.is_file() else 0
+            for top, _, names in os.walk(self.folder):  # a folder removed meanwhile: skipped
+                for name in names:
+                    with contextlib.suppress(OSError):  # removed meanwhile
+                        total += os.stat(os.path.join(top, name)).st_size
             self.bytes = max(self.bytes, total)
 
     def __enter__(self) -> _Peak:

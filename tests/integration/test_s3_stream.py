@@ -71,10 +71,13 @@ def test_local_disk_holds_the_blocks_in_flight_not_the_store(s3_env, tmp_path, m
         for root in uploads.glob("*/*.partial"):
             peak[0] = max(peak[0], _data_bytes(root))
 
-    record, publish = remote_commit.RemoteCommit.record, remote_commit.RemoteCommit.publish
+    recorded, publish = (
+        remote_commit.RemoteCommit.recorded_files,
+        remote_commit.RemoteCommit.publish,
+    )
 
-    def measured_record(self: Any, *a: Any, **kw: Any) -> None:
-        record(self, *a, **kw)
+    def measured_recorded(self: Any, *a: Any) -> None:
+        recorded(self, *a)
         measure()
 
     def measured_publish(self: Any, files: Any) -> None:
@@ -82,7 +85,7 @@ def test_local_disk_holds_the_blocks_in_flight_not_the_store(s3_env, tmp_path, m
         seen.set()
         publish(self, files)
 
-    monkeypatch.setattr(remote_commit.RemoteCommit, "record", measured_record)
+    monkeypatch.setattr(remote_commit.RemoteCommit, "recorded_files", measured_recorded)
     monkeypatch.setattr(remote_commit.RemoteCommit, "publish", measured_publish)
     url = f"s3://{s3_env['bucket']}/wide"
     cfg = _data_config(tmp_path, url, out_storage_options=s3_env["options"], format=fmt)

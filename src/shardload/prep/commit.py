@@ -200,15 +200,16 @@ class BlockCommit:
     def record_path(self, block: int) -> Path:
         return self.progress / RECORD_NAME.format(block)
 
-    def record(
-        self, block: int, fields: Mapping[str, np.ndarray], *, files: Sequence[str] = ()
-    ) -> None:
-        """Mark ``block`` done with its named arrays; call only once its data is durable.
-        ``files``: those its task wrote (a commit uploading the store puts the final ones)."""
+    def record(self, block: int, fields: Mapping[str, np.ndarray]) -> None:
+        """Mark ``block`` done with its named arrays; call only once its data is durable."""
         buf = io.BytesIO()
         arrays: dict[str, Any] = {k: np.asarray(v) for k, v in fields.items()}
         np.savez(buf, **arrays)
         write_atomic(self.record_path(block), buf.getvalue())
+
+    def recorded_files(self, block: int, files: Sequence[str]) -> None:
+        """``block`` was recorded; ``files`` are those its task wrote. Nothing to do on disk (a
+        commit uploading the store puts the final ones, :mod:`~shardload.prep.remote_commit`)."""
 
     def write_state(self, name: str, fields: Mapping[str, np.ndarray]) -> None:
         """Save the writer's own state (named arrays, e.g. statistics merged so far) as

@@ -41,8 +41,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
-
 from shardload.errors import (
     ConfigError,
     ShardloadError,
@@ -158,13 +156,10 @@ class RemoteCommit(BlockCommit):
         self._streamer = BlockStreamer(self.root, self._put_checked)
         return done
 
-    def record(
-        self, block: int, fields: Mapping[str, np.ndarray], *, files: Sequence[str] = ()
-    ) -> None:
-        """Record ``block``, then upload its final files in the background (waits while
-        :data:`~shardload.prep.remote_stream.STREAM_BLOCKS` blocks are being uploaded)."""
+    def recorded_files(self, block: int, files: Sequence[str]) -> None:
+        """Upload the final files of ``block`` (just recorded) in the background; waits while
+        :data:`~shardload.prep.remote_stream.STREAM_BLOCKS` blocks are being uploaded."""
         self._remote_lock.check()
-        super().record(block, fields, files=files)
         if self._streamer is not None:
             self._streamer.submit(block, files)
 

@@ -66,7 +66,8 @@ def run_blocks(
     def durable(res: dict[str, Any]) -> None:  # the block's files are durable: record it
         block = res["block"]
         if "record" in res:
-            commit.record(block, res["record"], files=res["paths"])
+            commit.record(block, res["record"])
+            commit.recorded_files(block, res["paths"])
             bar.update(1)
         merge.add(block, res["stats"], res.get("notes"))
         _, a, b = job.block(block)
