@@ -207,6 +207,10 @@ class BlockCommit:
         np.savez(buf, **arrays)
         write_atomic(self.record_path(block), buf.getvalue())
 
+    def recorded_files(self, block: int, files: Sequence[str]) -> None:
+        """``block`` was recorded; ``files`` are those its task wrote. Nothing to do on disk (a
+        commit uploading the store puts the final ones, :mod:`~shardload.prep.remote_commit`)."""
+
     def write_state(self, name: str, fields: Mapping[str, np.ndarray]) -> None:
         """Save the writer's own state (named arrays, e.g. statistics merged so far) as
         ``_progress/NAME.npz``, atomically; it lives and dies with the progress records."""

@@ -1,26 +1,30 @@
 """The commit protocol for a store written to an object store (``out: s3://bucket/store``).
 
-S3 has no rename, no ``flock`` and no partial folder a reader would skip, so the store is
-written as on disk into a local folder first (``$SHARDLOAD_HOME/uploads/<hash of the URL>/``,
-the whole :class:`~shardload.prep.commit.BlockCommit` protocol: progress records, resume,
-fsync), then uploaded (docs/design.md, "Writing a store to S3"):
+S3 has no rename, no ``flock`` and no partial folder a reader would skip, so the blocks are
+written as on disk into a local folder (``$SHARDLOAD_HOME/uploads/<hash of the URL>/``, the
+whole :class:`~shardload.prep.commit.BlockCommit` protocol: progress records, resume, fsync),
+and uploaded from there (docs/design.md, "Writing a store to S3"):
 
-1. the lock: ``OUT.partial.lock`` beside the store, created by a conditional put
-   (:class:`~shardload.prep.remote_lock.ObjectLock`), held for the whole run;
+1. the lock: ``OUT.partial.lock`` beside the store, created by a conditional put and renewed
+   as a lease (:class:`~shardload.prep.remote_lock.ObjectLock`), held for the whole run;
 2. ``OUT/_progress/upload.json`` marks the prefix as being written (``open_store`` calls such a
-   prefix interrupted) before the first object, and lets a re-run remove what an earlier run
-   left there; a prefix holding other objects and no such mark is refused without
-   ``overwrite``;
-3. every file of the local store but the manifest is uploaded (a re-run skips the objects
-   already there with the local file's size and MD5), each one checked after its put (size,
-   and the ETag against the file's MD5); objects under the prefix that are not files of the
-   store are removed;
-4. a listing checks that every object is there with its size; then the manifest
-   (``shardload.json``) is put, checked, and the mark removed. Only then is it a store.
+   prefix interrupted) before the first object (and, with ``overwrite``, before the old
+   manifest is deleted), and lets a re-run remove what an earlier run left there; a prefix
+   holding other objects and no such mark is refused without ``overwrite``;
+3. as each block is recorded, its final files are put (checked: size, and the ETag against
+   the file's MD5) and their local copies removed
+   (:class:`~shardload.prep.remote_stream.BlockStreamer`): local disk holds the blocks in
+   flight, not the store;
+4. at publish, every other file of the local store but the manifest is uploaded (a re-run
+   skips the objects already there with the local file's size and MD5), and objects under
+   the prefix that are not files of the store are removed;
+5. a listing checks that every object is there with its size (and the streamed ones with
+   their ETag); then the manifest (``shardload.json``) is put, checked, and the mark removed.
+   Only then is it a store.
 
-A killed run leaves the local folder (and its records) and objects under the prefix but no
-manifest; the same command resumes: blocks already recorded are not written again, objects
-already uploaded are not sent again.
+A killed run leaves the local folder (its records and its notes of the objects streamed) and
+objects under the prefix but no manifest; the same command resumes: blocks already recorded
+are not written again, objects already uploaded are not sent again.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -47,6 +51,7 @@ from shardload.errors import (
 from shardload.layout import LOCK_SUFFIX, MANIFEST_NAME, PROGRESS_DIR, STAGED_DIR
 from shardload.prep.commit import THROTTLE_ENV, BlockCommit
 from shardload.prep.remote_lock import ObjectLock
+from shardload.prep.remote_stream import BlockStreamer
 from shardload.util.durable import fsync_dir, fsync_tree, write_atomic
 from shardload.util.home import home_dir
 
@@ -115,6 +120,7 @@ class RemoteCommit(BlockCommit):
             out_url=self.url,
             lock_url=self.url + LOCK_SUFFIX,
         )
+        self._streamer: BlockStreamer | None = None
 
     def __enter__(self) -> RemoteCommit:
         try:
@@ -135,8 +141,27 @@ class RemoteCommit(BlockCommit):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._lock.release()
-        self._remote_lock.release()
+        try:
+            if self._streamer is not None:
+                self._streamer.close()
+        finally:
+            self._lock.release()
+            self._remote_lock.release()
+
+    def start(self, create: Callable[[Path], Any]) -> frozenset[int]:
+        """The local folder started or resumed; the prefix marked as being written (the old
+        manifest deleted with ``overwrite``) before any object is streamed."""
+        done = super().start(create)
+        self._begin()
+        self._streamer = BlockStreamer(self.root, self._put_checked)
+        return done
+
+    def recorded_files(self, block: int, files: Sequence[str]) -> None:
+        """Upload the final files of ``block`` (just recorded) in the background; waits while
+        :data:`~shardload.prep.remote_stream.STREAM_BLOCKS` blocks are being uploaded."""
+        self._remote_lock.check()
+        if self._streamer is not None:
+            self._streamer.submit(block, files)
 
     def check_out(self) -> None:
         if self.overwrite:
@@ -180,13 +205,11 @@ class RemoteCommit(BlockCommit):
         self._upload()
         shutil.rmtree(self.out.parent, ignore_errors=True)
 
-    def _upload(self) -> None:
-        local = _local_files(self.root)
-        manifest = local.pop(MANIFEST_NAME)
+    def _begin(self) -> None:
         if not self.overwrite and self._exists(MANIFEST_NAME):
             raise StoreExistsError(
-                f"output {self.url} appeared while this run was writing; the finished store "
-                f"stays in {self.root} (pass overwrite: true to replace {self.url})"
+                f"output {self.url} appeared while this run was writing; the store written so "
+                f"far stays in {self.root} (pass overwrite: true to replace {self.url})"
             )
         # the mark first: from here to the manifest's put, a reader of the prefix is told it is
         # being written (without either, the store's root zarr.json reads as plain Zarr data)
@@ -194,15 +217,34 @@ class RemoteCommit(BlockCommit):
         self.fs.pipe_file(f"{self.prefix}/{UPLOAD_MARK}", json.dumps(mark).encode())
         if self.overwrite and self._exists(MANIFEST_NAME):
             self.fs.rm_file(f"{self.prefix}/{MANIFEST_NAME}")  # not a store from here on
+
+    def _upload(self) -> None:
+        streamer = self._streamer
+        if streamer is None:  # pragma: no cover -- publish always follows start
+            raise StoreError(f"{self.url}: publish before start")
+        streamer.drain()  # every block's files up, or the first error
+        self._remote_lock.check()
+        local = _local_files(self.root)
+        manifest = local.pop(MANIFEST_NAME)
+        streamed = {rel: e for rel, e in streamer.uploaded.items() if rel not in local}
+        self._begin()
         remote = self._listing()
-        stale = [rel for rel in remote if rel not in local and rel != UPLOAD_MARK]
+        stale = [
+            rel for rel in remote if rel not in local and rel not in streamed and rel != UPLOAD_MARK
+        ]
         if stale:
             log.info(
                 "removing %d object(s) under %s that are not in the store", len(stale), self.url
             )
             self.fs.rm([f"{self.prefix}/{rel}" for rel in stale])
         todo = [rel for rel in sorted(local) if not _same(remote.get(rel), local[rel])]
-        log.info("uploading %s: %d of %d object(s) to send", self.url, len(todo), len(local) + 1)
+        log.info(
+            "uploading %s: %d of %d object(s) to send (%d sent while writing)",
+            self.url,
+            len(todo),
+            len(local) + len(streamed) + 1,
+            len(streamed),
+        )
         with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
             list(pool.map(lambda rel: self._put_checked(rel, local[rel]), todo))
         remote = self._listing()
@@ -213,23 +255,50 @@ class RemoteCommit(BlockCommit):
                     f"object {self.url}/{rel} is missing or has the wrong size ({size} bytes, "
                     f"expected {path.stat().st_size}) after its upload; re-run to resume"
                 )
+        self._check_streamed(streamer, streamed, remote)
         self._put_checked(MANIFEST_NAME, manifest)
         self.fs.rm_file(f"{self.prefix}/{UPLOAD_MARK}")
 
-    def _put_checked(self, rel: str, path: Path) -> None:
-        """Put one file and check the object: its size and ETag against the file's."""
+    def _check_streamed(
+        self,
+        streamer: BlockStreamer,
+        streamed: Mapping[str, Mapping[str, Any]],
+        remote: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        """Every object streamed while writing is still there, as uploaded (its local copy is
+        gone: a missing one means its block is written again by the next run)."""
+        bad = [
+            rel
+            for rel, e in streamed.items()
+            if remote.get(rel, {}).get("size") != e["size"]
+            or str(remote[rel].get("ETag", e["etag"])).strip('"') != e["etag"]
+        ]
+        if bad:
+            blocks = streamer.forget(bad, self.progress)
+            raise StoreError(
+                f"object {self.url}/{bad[0]} (and {len(bad) - 1} more) is missing or changed "
+                f"since it was uploaded and checked while writing; its local copy was removed "
+                f"then, so re-run: block(s) {blocks[:10]} are written and uploaded again"
+            )
+
+    def _put_checked(self, rel: str, path: Path) -> str:
+        """Put one file and check the object: its size and ETag against the file's; the
+        ETag."""
         key = f"{self.prefix}/{rel}"
         time.sleep(float(os.environ.get(THROTTLE_ENV) or 0))  # testing aid (kill tests)
+        self._remote_lock.check()  # a run that lost its lock writes nothing more
+        size, want = path.stat().st_size, _etag(path)
         self.fs.put_file(str(path), key, chunksize=PART_BYTES)
         self.fs.invalidate_cache(key)
         info = self.fs.info(key)
-        if not _same(info, path):
+        if info.get("size") != size or str(info.get("ETag", "")).strip('"') != want:
             raise StoreError(
                 f"object {self.url}/{rel} differs from {path} after its upload (size "
-                f"{info.get('size')} for {path.stat().st_size} bytes, ETag {info.get('ETag')} for "
-                f"{_etag(path)}); re-run to resume. Buckets whose ETags are not MD5s (SSE-KMS) "
-                "are not supported yet"
+                f"{info.get('size')} for {size} bytes, ETag {info.get('ETag')} for {want}); "
+                "re-run to resume. Buckets whose ETags are not MD5s (SSE-KMS) are not "
+                "supported yet"
             )
+        return want
 
 
 def _local_files(root: Path) -> dict[str, Path]:

@@ -67,6 +67,7 @@ def run_blocks(
         block = res["block"]
         if "record" in res:
             commit.record(block, res["record"])
+            commit.recorded_files(block, res["paths"])
             bar.update(1)
         merge.add(block, res["stats"], res.get("notes"))
         _, a, b = job.block(block)
