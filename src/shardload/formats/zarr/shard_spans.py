@@ -29,6 +29,7 @@ from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts
 from shardload.formats.zarr.shards import (
     EMPTY,
     RangeFile,
+    RangeOpener,
     ShardIndexCache,
     _fileno,
     _pread_into,
@@ -85,6 +86,11 @@ def read_shard_spans_into(
             for j, lo, hi, at2 in row_parts(a, b, rows):
                 p = base + at2 * rb
                 pieces.append((j, lo, hi, dst[p : p + (hi - lo) * rb]))
+    if layout.blosc and isinstance(layout.opener, RangeOpener):  # by URL: few big requests
+        from shardload.formats.zarr.shard_fetch import read_url_shards
+
+        read_url_shards(layout, name, by_shard, verifier, indexes)
+        return
     for k, pieces in by_shard.items():
         _read_pieces(layout, name, k, pieces, verifier, indexes)
 
