@@ -36,6 +36,7 @@ import numpy as np
 from shardload.errors import ChunkReadError
 from shardload.formats.checksums import Verifier
 from shardload.formats.zarr.chunks import ChunkLayout
+from shardload.formats.zarr.kept import KeptChunks, kept_for
 from shardload.formats.zarr.shard_spans import (
     RUN_BYTES,
     Fetch,
@@ -43,6 +44,8 @@ from shardload.formats.zarr.shard_spans import (
     _bytes_fetch,
     _checked_once,
     _read_runs,
+    pieces_by_shard,
+    read_spans_into,
 )
 from shardload.formats.zarr.shards import EMPTY, RangeFile, ShardIndexCache, shard_index
 
@@ -61,7 +64,11 @@ Run = tuple[int, str, np.ndarray, list[Piece], int, int]
 
 
 def plan_runs(
-    offsets: Sequence[int], sizes: Sequence[int], *, gap_bytes: int, run_bytes: int
+    offsets: Sequence[int] | np.ndarray,
+    sizes: Sequence[int] | np.ndarray,
+    *,
+    gap_bytes: int,
+    run_bytes: int,
 ) -> list[tuple[list[int], int, int]]:
     """The requests for inner chunks at ``offsets`` of ``sizes`` bytes (never-written ones,
     offset ``EMPTY``, left out): ``(positions, start, end)``, positions in offset order, chunks
@@ -94,6 +101,22 @@ def plan_runs(
     return runs
 
 
+def read_url_spans_into(
+    layout: ChunkLayout,
+    name: str,
+    spans: Sequence[tuple[int, int]],
+    outs: Sequence[np.ndarray],
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+) -> None:
+    """Several spans of an array by URL (``.shard_spans.read_spans_into`` for other layouts):
+    a sharded array's Blosc inner chunks as :func:`read_url_shards` reads them."""
+    if layout.shard is None or not layout.blosc:
+        read_spans_into(layout, name, spans, outs, verifier, indexes)
+        return
+    read_url_shards(layout, name, pieces_by_shard(layout, spans, outs), verifier, indexes)
+
+
 def read_url_shards(
     layout: ChunkLayout,
     name: str,
@@ -102,17 +125,19 @@ def read_url_shards(
     indexes: ShardIndexCache | None,
 ) -> None:
     """The pieces of each shard of ``by_shard`` (``.shard_spans``' grouping of one call's spans)
-    by URL: shards to check fetched whole, the others by the planned range requests."""
+    by URL: chunks kept from earlier requests (:mod:`.kept`) decoded from those bytes, shards
+    to check fetched whole, the others by the planned range requests."""
     if not by_shard:
         return
+    kept = kept_for(indexes) if indexes is not None else None
     checks = BoundedSemaphore(CHECK_THREADS)
     with ThreadPoolExecutor(URL_THREADS) as pool:
 
         def plan(k: int) -> list[Run]:
-            return _plan_shard(layout, name, k, by_shard[k], verifier, indexes, checks)
+            return _plan_shard(layout, name, k, by_shard[k], verifier, indexes, checks, kept)
 
         runs = [r for rs in pool.map(plan, list(by_shard)) for r in rs]
-        for _ in pool.map(lambda r: _fetch_run(layout, name, r), runs):
+        for _ in pool.map(lambda r: _fetch_run(layout, name, r, kept), runs):
             pass
 
 
@@ -140,18 +165,32 @@ def _plan_shard(
     verifier: Verifier | None,
     indexes: ShardIndexCache | None,
     checks: BoundedSemaphore,
+    kept: KeptChunks | None,
 ) -> list[Run]:
-    """Shard ``k``: checked and decoded from its whole bytes (no run left), or its runs."""
+    """Shard ``k``: its kept chunks decoded, the rest checked and decoded from the shard's
+    whole bytes (no run left), or its runs."""
+    assert layout.shard is not None
     path = layout.chunk_path(k)
+    first = k * layout.shard.chunks
     runs: list[Run] = []
     with _shard_errors(layout, name, k, path, pieces):
-        data = None
+        held = kept.take(name, [first + p[0] for p in pieces]) if kept is not None else {}
+        if held:  # from earlier requests (a chunk each: gap -1 runs none together)
+            index = _index(layout, name, k, path, None, indexes)
+            mine = [p for p in pieces if first + p[0] in held]
+            at = {int(index[j, 0]): held[first + j] for j, *_ in mine}
+            _read_runs(layout, name, k, mine, index, path, _from_kept(at), -1)
+            pieces = [p for p in pieces if first + p[0] not in held]
+            if not pieces:
+                return []
         if verifier is not None and verifier.needed(name, k):
             with checks:
                 data = _checked_once(layout, verifier, name, k, path)
                 if data is not None:  # decoded here, while the bytes are held
                     index = _index(layout, name, k, path, data, indexes)
                     _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), RUN_BYTES)
+                    if kept is not None:
+                        _keep(kept, name, k, index, memoryview(data), 0, len(data))
                     return []
         index = _index(layout, name, k, path, None, indexes)
         js = [p[0] for p in pieces]
@@ -159,11 +198,48 @@ def _plan_shard(
         empty = [pieces[q] for q in np.flatnonzero(offs == np.uint64(EMPTY)).tolist()]
         if empty:  # never written: the fill value (``_read_runs`` fetches nothing for them)
             _read_runs(layout, name, k, empty, index, path, _no_fetch)
+        later = _later(kept, name, first, index)
+        if len(later):  # runs stretched over chunks to keep: a later group's request saved
+            offs = np.concatenate([offs, index[later, 0]])
+            sizes = np.concatenate([sizes, index[later, 1]])
+        n = len(pieces)
         for pos, start, end in plan_runs(
             offs, sizes, gap_bytes=URL_GAP_BYTES, run_bytes=URL_RUN_BYTES
         ):
-            runs.append((k, path, index, [pieces[q] for q in pos], start, end))
+            mine = [pieces[q] for q in pos if q < n]
+            if mine:  # a run of chunks to keep only is left for the group that reads them
+                runs.append((k, path, index, mine, start, end))
     return runs
+
+
+def _later(kept: KeptChunks | None, name: str, first: int, index: np.ndarray) -> np.ndarray:
+    """The inner chunks of the shard (numbers within it) that this worker reads later and that
+    fit the room left to keep them, in offset order."""
+    if kept is None:
+        return np.zeros(0, np.int64)
+    js = kept.wanted(name, np.arange(first, first + len(index), dtype=np.int64)) - first
+    js = js[index[js, 0] != np.uint64(EMPTY)]
+    js = js[np.argsort(index[js, 0], kind="stable")]
+    fits = np.cumsum(index[js, 1].astype(np.int64)) <= kept.room()
+    return js[fits]
+
+
+def _keep(
+    kept: KeptChunks, name: str, k: int, index: np.ndarray, buf: memoryview, at: int, got: int
+) -> None:
+    """Keep the chunks of shard ``k`` wholly inside ``buf`` (its bytes [at, at + got)) that this
+    worker reads later this epoch."""
+    assert index.ndim == 2
+    n = len(index)
+    offs, sizes = index[:, 0], index[:, 1]
+    inside = (offs != np.uint64(EMPTY)) & (offs >= np.uint64(at))
+    inside &= offs + sizes <= np.uint64(at + got)
+    js = np.flatnonzero(inside)
+    first = k * n
+    for i in kept.wanted(name, js + first).tolist():
+        o, size = int(offs[i - first]) - at, int(sizes[i - first])
+        if not kept.keep(name, i, buf[o : o + size]):
+            break  # full
 
 
 def _index(
@@ -180,12 +256,15 @@ def _index(
     return shard_index(layout, name, k, path, f, None, indexes)
 
 
-def _fetch_run(layout: ChunkLayout, name: str, run: Run) -> None:
-    """One request: bytes [start, end) of the shard, its pieces decoded from them."""
+def _fetch_run(layout: ChunkLayout, name: str, run: Run, kept: KeptChunks | None) -> None:
+    """One request: bytes [start, end) of the shard, its pieces decoded from them, the chunks
+    between them that this worker reads later kept."""
     k, path, index, pieces, start, end = run
     with _shard_errors(layout, name, k, path, pieces):
         buf, got = RangeFile(layout.opener.fs, path).fetch(start, end)
         _read_runs(layout, name, k, pieces, index, path, _slices(buf, got, start), end - start)
+        if kept is not None and len(pieces) < len(index):
+            _keep(kept, name, k, index, buf, start, got)
 
 
 def _slices(buf: memoryview, got: int, at: int) -> Fetch:
@@ -194,6 +273,16 @@ def _slices(buf: memoryview, got: int, at: int) -> Fetch:
     def fetch(start: int, end: int) -> tuple[memoryview, int]:
         view = buf[start - at : min(end, at + got) - at]
         return view, len(view)
+
+    return fetch
+
+
+def _from_kept(at: dict[int, bytes]) -> Fetch:
+    """Kept chunks by their offset in the shard (each its own run)."""
+
+    def fetch(start: int, end: int) -> tuple[memoryview, int]:
+        data = memoryview(at[start])
+        return data, len(data)
 
     return fetch
 
