@@ -108,6 +108,16 @@ def test_nothing_kept_with_a_zero_budget(sharded, monkeypatch) -> None:
     assert sum(data_requests(seen).values()) > 2 * SHARDS
 
 
+def test_verify_always_checks_each_read_and_keeps_nothing(sharded) -> None:
+    """``verify="always"``: every group's read of a shard checks the whole shard again, so no
+    chunk is served from bytes kept by an earlier group."""
+    root, local = sharded
+    with served_url(root) as (url, seen):
+        epoch(shardload.open_store(url, verify="always"), local)
+    whole = {p: n for (p, s), n in data_requests(seen).items() if s == 200}
+    assert len(whole) == 2 * SHARDS and min(whole.values()) >= 4, whole  # 8 groups (kept: 2)
+
+
 def test_a_shard_gone_after_its_check_is_an_error_naming_it(sharded) -> None:
     """A later epoch (the shard checked, its index kept) whose shard is gone from the server:
     the error names the shard, never the fill value."""

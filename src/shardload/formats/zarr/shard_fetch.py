@@ -129,7 +129,9 @@ def read_url_shards(
     to check fetched whole, the others by the planned range requests."""
     if not by_shard:
         return
-    kept = kept_for(indexes) if indexes is not None else None
+    # ``verify="always"`` checks a shard each time it is read: no bytes kept across calls
+    always = verifier is not None and verifier.enabled and verifier.mode == "always"
+    kept = kept_for(indexes) if indexes is not None and not always else None
     checks = BoundedSemaphore(CHECK_THREADS)
     with ThreadPoolExecutor(URL_THREADS) as pool:
 
