@@ -147,9 +147,7 @@ def test_plan_runs_merges_within_the_gap_and_bounds_each_request() -> None:
         ([1, 2, 0], 0, 300),
         ([3], 10_000, 10_050),
     ]
-    assert plan_runs(offs, sizes, gap_bytes=9_700, run_bytes=1 << 20) == [
-        ([1, 2, 0, 3], 0, 10_050)
-    ]
+    assert plan_runs(offs, sizes, gap_bytes=9_700, run_bytes=1 << 20) == [([1, 2, 0, 3], 0, 10_050)]
     assert plan_runs(offs, sizes, gap_bytes=9_700, run_bytes=250) == [
         ([1, 2], 0, 200),
         ([0], 200, 300),
