@@ -25,6 +25,7 @@ from shardload.load.ragged import PaddingStats, ragged_batches
 from shardload.load.recycle import INDEX_KEY, Allocate, BatchRecycler, batch_specs, new_batch
 from shardload.load.scatter import batches_per_group, groups_in_flight, raw_sources, scatter_batches
 from shardload.load.spec import LoadSpec
+from shardload.load.url_plan import plan_url_reads
 from shardload.load.windows import window_batches
 from shardload.plan.epoch import EpochPlan
 from shardload.plan.read_groups import ReadGroupAxis, ReadGroupSize
@@ -261,6 +262,7 @@ def read_batches(
         plan = skip_worker_batches(plan, rank, worker, skip)
     plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule (cache_dir only)
     st = spec.member_store(member)
+    plan_url_reads(st, spec.selection.arrays, plan, rank, worker)  # by URL: what to keep
     kind = spec.kind if st is spec.store else read_kind(st, spec.selection.arrays)
     if window_views and spec.window is None:
         raise PlanError("window_views=True needs window= (windows of dates)")

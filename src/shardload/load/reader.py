@@ -8,7 +8,6 @@ groups the loader is done with.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -197,12 +196,6 @@ def _coalesces(store: Store, names: Sequence[str]) -> bool:
     return callable(layout) and any(getattr(layout(n), "shard", None) for n in names)
 
 
-def _cores() -> int:
-    """CPUs this process may run on, at most 4 (as ``load.options.default_threads``)."""
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(4, n or 1))
-
-
 def _reads_spans(reader: object) -> bool:
     """``isinstance(reader, ReadsSpansInto)``, once per reader class (as :func:`_reads_into`)."""
     cls = type(reader)
@@ -245,11 +238,15 @@ def submit_segments(
     local = store.is_local
     task = TASK_BYTES if local else 0  # by URL: a request per task, all in flight
     spans_reader = _reads_spans(store.reader)
-    if spans_reader and (local or _coalesces(store, names)):
-        # a sharded array by URL: a call has requests in flight of its own (near inner chunks
-        # share one), so its tasks stay as large as for the CPU count's threads
-        share = int(g.offsets[-1]) * row_bytes // (2 * max(1, threads if local else _cores()))
+    if spans_reader and local:
+        share = int(g.offsets[-1]) * row_bytes // (2 * max(1, threads))
         task = max(TASK_BYTES, min(SPAN_TASK_BYTES, share))
+    elif spans_reader and _coalesces(store, names):
+        # a sharded array by URL: one call per array for what is submitted (the group), which
+        # plans its range requests over all of it and keeps them in flight itself
+        # (formats/zarr/shard_fetch.py): a group split into tasks met each shard's chunks
+        # too sparsely to share a request (about 6,000 requests an epoch of 8,192 chunks)
+        task = int(g.offsets[-1]) * row_bytes
     # the task: segments i..j-1, whole ones, until their rows reach ``task`` bytes (at least one)
     want = int(g.offsets[i]) + -(-task // max(1, row_bytes))
     j = min(stop, max(i + 1, int(np.searchsorted(g.offsets, want, "left"))))

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from shardload.formats.base import is_local
-from shardload.formats.zarr.shards import RangeFile
+from shardload.formats.zarr.shards import RangeOpener
 
 
 def is_cached(fs: Any) -> bool:
@@ -39,7 +39,7 @@ class StoredFiles:
             return None
         if self.cached:
             return lambda p: self.fs.open(p, "rb")
-        return lambda p: RangeFile(self.fs, p)
+        return RangeOpener(self.fs)
 
     def meta_opener(self) -> Any:
         """Opens a small metadata file: None locally; by URL from :meth:`read_small`."""

@@ -28,11 +28,13 @@ from shardload.formats.zarr.chunks import (
     plan_chunk_layout,
 )
 from shardload.formats.zarr.files import StoredFiles, is_cached
+from shardload.formats.zarr.kept import kept_for, plan_kept
 from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.ranges import fetch_rows_into
 from shardload.formats.zarr.rows import read_rows_into
+from shardload.formats.zarr.shard_fetch import read_url_spans_into
 from shardload.formats.zarr.shard_spans import read_spans_into
-from shardload.formats.zarr.shards import ShardIndexCache
+from shardload.formats.zarr.shards import RangeOpener, ShardIndexCache
 from shardload.manifest.core import Manifest
 
 
@@ -259,9 +261,15 @@ class ZarrReader:
         (:mod:`.shard_spans`); otherwise span by span, as :meth:`read_into`."""
         lay = None if name in self._cf else self.layout(name)  # CF arrays: decoded by read_into
         if lay is not None and all(o.flags.c_contiguous and o.dtype == lay.dtype for o in outs):
-            return read_spans_into(lay, name, spans, outs, self.verifier, self._indexes)
+            read = read_url_spans_into if isinstance(lay.opener, RangeOpener) else read_spans_into
+            return read(lay, name, spans, outs, self.verifier, self._indexes)
         for (start, stop), out in zip(spans, outs, strict=True):
             self.read_into(name, start, stop, out)
+
+    def plan_reads(self, names: Sequence[str], first: np.ndarray, last: np.ndarray) -> None:
+        """By URL, a worker's row spans ``[first, last)`` this epoch (:mod:`.kept`)."""
+        if not (self.files.local or self.files.cached):
+            plan_kept(kept_for(self._indexes), {n: self.layout(n) for n in names}, first, last)
 
     def array(self, name: str) -> Any:
         with self._lock:  # reader threads may open arrays concurrently

@@ -68,6 +68,14 @@ def read_shard_spans_into(
     """Rows ``[start, stop)`` of each span into its ``out`` (C-contiguous), shard by shard in
     the order the spans first touch them; each shard file checked against its checksum first
     when ``verifier`` asks for it, and opened once."""
+    for k, pieces in pieces_by_shard(layout, spans, outs).items():
+        _read_pieces(layout, name, k, pieces, verifier, indexes)
+
+
+def pieces_by_shard(
+    layout: ChunkLayout, spans: Sequence[tuple[int, int]], outs: Sequence[np.ndarray]
+) -> dict[int, list[Piece]]:
+    """The pieces of each shard the spans touch, in the order the spans first touch them."""
     assert layout.shard is not None
     rb, rows = layout.row_bytes, layout.chunk_rows
     per_shard = rows * layout.shard.chunks
@@ -85,8 +93,7 @@ def read_shard_spans_into(
             for j, lo, hi, at2 in row_parts(a, b, rows):
                 p = base + at2 * rb
                 pieces.append((j, lo, hi, dst[p : p + (hi - lo) * rb]))
-    for k, pieces in by_shard.items():
-        _read_pieces(layout, name, k, pieces, verifier, indexes)
+    return by_shard
 
 
 def _read_pieces(

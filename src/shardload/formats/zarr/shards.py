@@ -313,6 +313,18 @@ class RangeFile:
         return None
 
 
+class RangeOpener:
+    """Opens a stored file on ``fs`` as a :class:`RangeFile` (by URL, no whole-file cache): a
+    sharded array's reads of several spans then plan their range requests together
+    (:mod:`.shard_fetch`)."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def __call__(self, path: str) -> RangeFile:
+        return RangeFile(self.fs, path)
+
+
 def _fileno(f: Any) -> int | None:
     try:
         return int(f.fileno())

@@ -1,0 +1,293 @@
+"""By URL, the inner chunks one call needs from a sharded array, in few large range requests
+kept in flight together (issues 25 and 28).
+
+The default load reads a shuffle group (about 64 MiB decoded) as over a thousand inner chunks of
+a few rows, drawn from every shard of the store. Asked for one at a time, an epoch of the
+default store (65,536 rows, 7 shards) made about 6,000 range requests, and a request through
+``shardload serve`` on loopback costs about as much as 1 MB more of its answer (1.5-2 ms, 50 KB
+or 500 KB alike; docs/benchmarks.md). So a call (the loader gives one per array and group) plans
+its requests per shard: the inner chunks it needs sorted by offset, and neighbours whose gap is
+at most ``URL_GAP_BYTES`` merged into one request of at most ``URL_RUN_BYTES`` (a group that
+needs a dense share of a shard fetches it in a few big spans), ``URL_THREADS`` requests in flight
+for the call, each decoded by the thread that fetched it as soon as it arrives (memory: at most
+``URL_THREADS`` spans of ``URL_RUN_BYTES`` at once).
+
+A shard whose checksum must still be checked is fetched whole, once per reader, and checked
+(:func:`.shard_spans._checked_once`); the call then decodes its chunks from those bytes and makes
+no range request for that shard. At most ``CHECK_THREADS`` shards are held whole at once.
+
+Every check of the one-shard path holds here: a shard index's crc32c and bounds
+(:func:`.shards.shard_index`), each inner chunk's Blosc header against the index, a short answer
+(a truncated file) named by its chunk, a missing shard named (never the fill value in a
+shardload store). The bytes decoded are those the server sent for those offsets, whatever the
+coalescing: the same rows locally and by URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from threading import BoundedSemaphore
+from typing import Any
+
+import numpy as np
+
+from shardload.errors import ChunkReadError
+from shardload.formats.checksums import Verifier
+from shardload.formats.zarr.chunks import ChunkLayout
+from shardload.formats.zarr.kept import KeptChunks, kept_for
+from shardload.formats.zarr.shard_spans import (
+    RUN_BYTES,
+    Fetch,
+    Piece,
+    _bytes_fetch,
+    _checked_once,
+    _read_runs,
+    pieces_by_shard,
+    read_spans_into,
+)
+from shardload.formats.zarr.shards import EMPTY, RangeFile, ShardIndexCache, shard_index
+
+#: Inner chunks with at most this many bytes between them share one request: a request costs
+#: about as much as this many more bytes of its answer on loopback (docs/benchmarks.md).
+URL_GAP_BYTES = 1 << 20
+#: One request asks for at most this many bytes (and the memory a fetching thread holds).
+URL_RUN_BYTES = 8 << 20
+#: Requests in flight at once for one call.
+URL_THREADS = 8
+#: Shards fetched whole for their checksum at once by one call (each held whole meanwhile).
+CHECK_THREADS = 4
+
+#: one request: shard k's pieces ``pieces`` (sorted by offset), bytes [start, end) of ``path``
+Run = tuple[int, str, np.ndarray, list[Piece], int, int]
+
+
+def plan_runs(
+    offsets: Sequence[int] | np.ndarray,
+    sizes: Sequence[int] | np.ndarray,
+    *,
+    gap_bytes: int,
+    run_bytes: int,
+) -> list[tuple[list[int], int, int]]:
+    """The requests for inner chunks at ``offsets`` of ``sizes`` bytes (never-written ones,
+    offset ``EMPTY``, left out): ``(positions, start, end)``, positions in offset order, chunks
+    at most ``gap_bytes`` apart in one request of at most ``run_bytes`` (one chunk at least).
+
+    >>> plan_runs([0, 100, 5000, 120], [100, 20, 10, EMPTY], gap_bytes=0, run_bytes=10**6)
+    [([0, 1], 0, 120), ([2], 5000, 5010)]
+    >>> plan_runs([0, 100, 5000], [100, 20, 10], gap_bytes=4880, run_bytes=10**6)
+    [([0, 1, 2], 0, 5010)]
+    >>> plan_runs([0, 100, 5000], [100, 20, 10], gap_bytes=10**6, run_bytes=4000)
+    [([0, 1], 0, 120), ([2], 5000, 5010)]
+    """
+    offs = np.asarray(offsets, np.uint64)
+    order = np.argsort(offs, kind="stable").tolist()
+    offs_l = [int(x) for x in offsets]
+    sizes_l = [int(x) for x in sizes]
+    runs: list[tuple[list[int], int, int]] = []
+    for q in order:
+        o = offs_l[q]
+        if o == EMPTY:
+            continue
+        end = o + sizes_l[q]
+        if runs:
+            pos, start, last = runs[-1]
+            if o <= last + gap_bytes and max(last, end) - start <= run_bytes:
+                pos.append(q)
+                runs[-1] = (pos, start, max(last, end))
+                continue
+        runs.append(([q], o, end))
+    return runs
+
+
+def read_url_spans_into(
+    layout: ChunkLayout,
+    name: str,
+    spans: Sequence[tuple[int, int]],
+    outs: Sequence[np.ndarray],
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+) -> None:
+    """Several spans of an array by URL (``.shard_spans.read_spans_into`` for other layouts):
+    a sharded array's Blosc inner chunks as :func:`read_url_shards` reads them."""
+    if layout.shard is None or not layout.blosc:
+        read_spans_into(layout, name, spans, outs, verifier, indexes)
+        return
+    read_url_shards(layout, name, pieces_by_shard(layout, spans, outs), verifier, indexes)
+
+
+def read_url_shards(
+    layout: ChunkLayout,
+    name: str,
+    by_shard: dict[int, list[Piece]],
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+) -> None:
+    """The pieces of each shard of ``by_shard`` (``.shard_spans``' grouping of one call's spans)
+    by URL: chunks kept from earlier requests (:mod:`.kept`) decoded from those bytes, shards
+    to check fetched whole, the others by the planned range requests."""
+    if not by_shard:
+        return
+    # ``verify="always"`` checks a shard each time it is read: no bytes kept across calls
+    always = verifier is not None and verifier.enabled and verifier.mode == "always"
+    kept = kept_for(indexes) if indexes is not None and not always else None
+    checks = BoundedSemaphore(CHECK_THREADS)
+    with ThreadPoolExecutor(URL_THREADS) as pool:
+
+        def plan(k: int) -> list[Run]:
+            return _plan_shard(layout, name, k, by_shard[k], verifier, indexes, checks, kept)
+
+        runs = [r for rs in pool.map(plan, list(by_shard)) for r in rs]
+        for _ in pool.map(lambda r: _fetch_run(layout, name, r, kept), runs):
+            pass
+
+
+@contextmanager
+def _shard_errors(layout: ChunkLayout, name: str, k: int, path: str, pieces: list[Piece]) -> Any:
+    """Errors reading shard ``k`` as the one-shard path names them (``_read_opened``)."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if layout.strict:
+            raise ChunkReadError(f"shard {k} of array {name!r} is missing: {path}") from exc
+        for *_, part in pieces:
+            np.frombuffer(part, dtype=layout.dtype)[...] = layout.fill_value
+    except OSError as exc:
+        raise ChunkReadError(
+            f"shard {k} of array {name!r} could not be read: {path}: {exc}"
+        ) from exc
+
+
+def _plan_shard(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    pieces: list[Piece],
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+    checks: BoundedSemaphore,
+    kept: KeptChunks | None,
+) -> list[Run]:
+    """Shard ``k``: its kept chunks decoded, the rest checked and decoded from the shard's
+    whole bytes (no run left), or its runs."""
+    assert layout.shard is not None
+    path = layout.chunk_path(k)
+    first = k * layout.shard.chunks
+    runs: list[Run] = []
+    with _shard_errors(layout, name, k, path, pieces):
+        held = kept.take(name, [first + p[0] for p in pieces]) if kept is not None else {}
+        if held:  # from earlier requests (a chunk each: gap -1 runs none together)
+            index = _index(layout, name, k, path, None, indexes)
+            mine = [p for p in pieces if first + p[0] in held]
+            at = {int(index[j, 0]): held[first + j] for j, *_ in mine}
+            _read_runs(layout, name, k, mine, index, path, _from_kept(at), -1)
+            pieces = [p for p in pieces if first + p[0] not in held]
+            if not pieces:
+                return []
+        if verifier is not None and verifier.needed(name, k):
+            with checks:
+                data = _checked_once(layout, verifier, name, k, path)
+                if data is not None:  # decoded here, while the bytes are held
+                    index = _index(layout, name, k, path, data, indexes)
+                    _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), RUN_BYTES)
+                    if kept is not None:
+                        _keep(kept, name, k, index, memoryview(data), 0, len(data))
+                    return []
+        index = _index(layout, name, k, path, None, indexes)
+        js = [p[0] for p in pieces]
+        offs, sizes = index[js, 0], index[js, 1]
+        empty = [pieces[q] for q in np.flatnonzero(offs == np.uint64(EMPTY)).tolist()]
+        if empty:  # never written: the fill value (``_read_runs`` fetches nothing for them)
+            _read_runs(layout, name, k, empty, index, path, _no_fetch)
+        later = _later(kept, name, first, index)
+        if len(later):  # runs stretched over chunks to keep: a later group's request saved
+            offs = np.concatenate([offs, index[later, 0]])
+            sizes = np.concatenate([sizes, index[later, 1]])
+        n = len(pieces)
+        for pos, start, end in plan_runs(
+            offs, sizes, gap_bytes=URL_GAP_BYTES, run_bytes=URL_RUN_BYTES
+        ):
+            mine = [pieces[q] for q in pos if q < n]
+            if mine:  # a run of chunks to keep only is left for the group that reads them
+                runs.append((k, path, index, mine, start, end))
+    return runs
+
+
+def _later(kept: KeptChunks | None, name: str, first: int, index: np.ndarray) -> np.ndarray:
+    """The inner chunks of the shard (numbers within it) that this worker reads later and that
+    fit the room left to keep them, in offset order."""
+    if kept is None:
+        return np.zeros(0, np.int64)
+    js = kept.wanted(name, np.arange(first, first + len(index), dtype=np.int64)) - first
+    js = js[index[js, 0] != np.uint64(EMPTY)]
+    js = js[np.argsort(index[js, 0], kind="stable")]
+    fits = np.cumsum(index[js, 1].astype(np.int64)) <= kept.room()
+    return js[fits]
+
+
+def _keep(
+    kept: KeptChunks, name: str, k: int, index: np.ndarray, buf: memoryview, at: int, got: int
+) -> None:
+    """Keep the chunks of shard ``k`` wholly inside ``buf`` (its bytes [at, at + got)) that this
+    worker reads later this epoch."""
+    assert index.ndim == 2
+    n = len(index)
+    offs, sizes = index[:, 0], index[:, 1]
+    inside = (offs != np.uint64(EMPTY)) & (offs >= np.uint64(at))
+    inside &= offs + sizes <= np.uint64(at + got)
+    js = np.flatnonzero(inside)
+    first = k * n
+    for i in kept.wanted(name, js + first).tolist():
+        o, size = int(offs[i - first]) - at, int(sizes[i - first])
+        if not kept.keep(name, i, buf[o : o + size]):
+            break  # full
+
+
+def _index(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    path: str,
+    data: bytes | None,
+    indexes: ShardIndexCache | None,
+) -> np.ndarray:
+    import io
+
+    f: Any = io.BytesIO(data) if data is not None else RangeFile(layout.opener.fs, path)
+    return shard_index(layout, name, k, path, f, None, indexes)
+
+
+def _fetch_run(layout: ChunkLayout, name: str, run: Run, kept: KeptChunks | None) -> None:
+    """One request: bytes [start, end) of the shard, its pieces decoded from them, the chunks
+    between them that this worker reads later kept."""
+    k, path, index, pieces, start, end = run
+    with _shard_errors(layout, name, k, path, pieces):
+        buf, got = RangeFile(layout.opener.fs, path).fetch(start, end)
+        _read_runs(layout, name, k, pieces, index, path, _slices(buf, got, start), end - start)
+        if kept is not None and len(pieces) < len(index):
+            _keep(kept, name, k, index, buf, start, got)
+
+
+def _slices(buf: memoryview, got: int, at: int) -> Fetch:
+    """Bytes [start, end) of a file out of ``buf``, its bytes [at, at + got)."""
+
+    def fetch(start: int, end: int) -> tuple[memoryview, int]:
+        view = buf[start - at : min(end, at + got) - at]
+        return view, len(view)
+
+    return fetch
+
+
+def _from_kept(at: dict[int, bytes]) -> Fetch:
+    """Kept chunks by their offset in the shard (each its own run)."""
+
+    def fetch(start: int, end: int) -> tuple[memoryview, int]:
+        data = memoryview(at[start])
+        return data, len(data)
+
+    return fetch
+
+
+def _no_fetch(start: int, end: int) -> tuple[memoryview, int]:  # pragma: no cover - never called
+    raise AssertionError("a never-written inner chunk is not fetched")

@@ -1,0 +1,174 @@
+"""A sharded store by URL (the default layout): a group's inner chunks are fetched in few
+requests planned over the whole group, and chunks fetched before this worker needs them are
+kept until then (``formats/zarr/shard_fetch.py``, ``formats/zarr/kept.py``; issue 25).
+
+Counted at ``shardload serve``'s access log behind a latency proxy (as tests/test_url_requests.py):
+an epoch of the default layout made a range request per inner chunk or close run, about 6,000 for
+8,192 chunks, and fetched every shard again after its check (the group that checked a shard
+dropped the chunks later groups needed). Every epoch here is checked against the same epoch read
+from the folder: the same batches, row for row."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+
+import shardload
+from _stores import make_store
+from shardload.errors import ChunkReadError, ConfigError
+from shardload.formats.zarr.kept import KEEP_ENV, KeptChunks, keep_bytes
+from shardload.formats.zarr.shard_fetch import plan_runs
+from shardload.move.serve import serving
+from shardload.testing.latency import latency_proxy
+from test_url_requests import access_log
+
+pytestmark = pytest.mark.timeout(120)
+
+#: 8 groups of 16 inner chunks of 8 rows, 4 shards of 32 inner chunks per array
+KW = {"batch_size": 32, "seed": 3, "split": None, "shuffle_chunks": 16}
+SHARDS = 4
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    store = make_store(
+        tmp_path, fmt="zarr", compression="lz4", n=1024, chunk_rows=8, shard_chunks=32
+    )
+    local = [b["index"] for b in shardload.iter_batches(store, **KW)]
+    assert len(local) == 32
+    return tmp_path, local
+
+
+@contextlib.contextmanager
+def served_url(root) -> Iterator[tuple[str, list[tuple[str, str, int]]]]:
+    """The store's URL behind a 10 ms proxy, and the requests answered meanwhile."""
+    with access_log() as seen, serving(root) as base:
+        target = urlparse(base)
+        with latency_proxy(target.hostname, target.port, rtt_s=0.01) as (_, port):
+            yield f"http://127.0.0.1:{port}/store", seen
+
+
+def epoch(store, local) -> None:
+    got = list(shardload.iter_batches(store, **KW))
+    assert len(got) == len(local)
+    for b, want in zip(got, local, strict=True):
+        np.testing.assert_array_equal(b["index"], want)
+        np.testing.assert_array_equal(b["y"][:, 0], b["index"] * 10)
+        np.testing.assert_array_equal(b["x"][:, 0], b["index"].astype("f4"))
+
+
+def data_requests(seen) -> collections.Counter:
+    return collections.Counter(
+        (p.removeprefix("/store/"), s) for m, p, s in seen if "/c/" in p and m == "GET"
+    )
+
+
+def test_first_epoch_fetches_each_shard_once_and_nothing_else(sharded) -> None:
+    """The checks fetch every shard whole (once per reader); the chunks of later groups are
+    decoded from those bytes: no range request for data at all (before: one or more per shard
+    and group, 8 groups)."""
+    root, local = sharded
+    with served_url(root) as (url, seen):
+        epoch(url, local)
+    count = data_requests(seen)
+    assert sorted(s for _, s in count) == [200] * (2 * SHARDS), count
+    assert set(count.values()) == {1}, count
+
+
+def test_later_epoch_fetches_each_shard_in_few_requests(sharded) -> None:
+    """Checks done (the same Store, a second epoch): each shard's chunks come in one range
+    request (they lie within 1 MiB), kept for the later groups (before: a request per shard
+    and group); the next group's call, in flight meanwhile, may make its own."""
+    root, local = sharded
+    with served_url(root) as (url, seen):
+        store = shardload.open_store(url)
+        epoch(store, local)
+        seen.clear()
+        epoch(store, local)
+    count = data_requests(seen)
+    assert {s for _, s in count} == {206}, count
+    assert len(count) == 2 * SHARDS and max(count.values()) <= 2, count
+
+
+def test_nothing_kept_with_a_zero_budget(sharded, monkeypatch) -> None:
+    """``SHARDLOAD_URL_KEEP_BYTES=0``: each group fetches its own chunks (coalesced), the same
+    batches."""
+    root, local = sharded
+    monkeypatch.setenv(KEEP_ENV, "0")
+    with served_url(root) as (url, seen):
+        store = shardload.open_store(url)
+        epoch(store, local)
+        seen.clear()
+        epoch(store, local)
+    assert sum(data_requests(seen).values()) > 2 * SHARDS
+
+
+def test_verify_always_checks_each_read_and_keeps_nothing(sharded) -> None:
+    """``verify="always"``: every group's read of a shard checks the whole shard again, so no
+    chunk is served from bytes kept by an earlier group."""
+    root, local = sharded
+    with served_url(root) as (url, seen):
+        epoch(shardload.open_store(url, verify="always"), local)
+    whole = {p: n for (p, s), n in data_requests(seen).items() if s == 200}
+    assert len(whole) == 2 * SHARDS and min(whole.values()) >= 4, whole  # 8 groups (kept: 2)
+
+
+def test_a_shard_gone_after_its_check_is_an_error_naming_it(sharded) -> None:
+    """A later epoch (the shard checked, its index kept) whose shard is gone from the server:
+    the error names the shard, never the fill value."""
+    root, local = sharded
+    with served_url(root) as (url, _):
+        store = shardload.open_store(url)
+        epoch(store, local)
+        (root / "store" / "x" / "c" / "2" / "0").unlink()
+        with pytest.raises(ChunkReadError, match=r"shard 2 of array 'x' is missing"):
+            list(shardload.iter_batches(store, **KW))
+
+
+def test_a_corrupt_shard_by_url_is_named(sharded) -> None:
+    root, _ = sharded
+    path = root / "store" / "x" / "c" / "1" / "0"
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    corrupt = pytest.raises(ChunkReadError, match=r"shard 1 of array 'x' is corrupt")
+    with served_url(root) as (url, _), corrupt:
+        list(shardload.iter_batches(url, **KW))
+
+
+def test_plan_runs_merges_within_the_gap_and_bounds_each_request() -> None:
+    offs, sizes = [200, 0, 100, 10_000], [100, 100, 100, 50]
+    assert plan_runs(offs, sizes, gap_bytes=0, run_bytes=1 << 20) == [
+        ([1, 2, 0], 0, 300),
+        ([3], 10_000, 10_050),
+    ]
+    assert plan_runs(offs, sizes, gap_bytes=9_700, run_bytes=1 << 20) == [([1, 2, 0, 3], 0, 10_050)]
+    assert plan_runs(offs, sizes, gap_bytes=9_700, run_bytes=250) == [
+        ([1, 2], 0, 200),
+        ([0], 200, 300),
+        ([3], 10_000, 10_050),
+    ]
+
+
+def test_kept_chunks_are_bounded_and_taken_once(monkeypatch) -> None:
+    monkeypatch.setenv(KEEP_ENV, "10")
+    kept = KeptChunks()
+    kept.plan({"x": np.array([1, 2, 0])})
+    assert kept.take("x", [0]) == {}  # read now: no read of chunk 0 left
+    assert not kept.keep("x", 0, b"abc")  # read by no later call
+    assert not kept.keep("x", 2, b"abc")  # never read by this worker
+    assert kept.keep("x", 1, b"abcdef")
+    assert not kept.keep("x", 1, b"abcdef")  # kept already
+    assert kept.take("x", [1]) == {1: b"abcdef"}
+    assert kept.keep("x", 1, b"0123456789")  # read once more later; fits the 10 bytes
+    assert kept.nbytes == 10
+    kept.plan({"x": np.array([1, 1, 1])})  # a new epoch: nothing kept
+    assert len(kept) == 0 and kept.nbytes == 0
+    monkeypatch.setenv(KEEP_ENV, "lots")
+    with pytest.raises(ConfigError, match=KEEP_ENV):
+        keep_bytes()
