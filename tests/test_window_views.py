@@ -187,3 +187,21 @@ def test_views_in_date_order_hand_off_one_read_per_thread_in_flight(
         np.testing.assert_array_equal(b["x"], full[b["index"][:, None] + np.arange(4)])
     assert len(batches) == 7  # 37 windows
     assert len([c for c in calls if c[0] == "x"]) == calls_per_batch * len(batches)
+
+
+def test_default_windows_in_date_order_are_writable_copies(stores):
+    """Windows stay copies by default, also in date order where views would be faster: an
+    in-place write to one window of a default batch changes that window only (no state is
+    shared with another window), so ``torch.from_numpy(batch["x"])`` and in-place
+    normalisation are safe; a view shared by windows would pass a write through torch
+    silently (docs/weather.md, "Views instead of copies")."""
+    st, full = stores["npy"], stores["full"]
+    opts = dict(batch_size=6, window=4, shuffle=False, threads=2)
+    for b in shardload.iter_batches(st, **opts):
+        x = b["x"]
+        assert x.flags.writeable and x.flags.c_contiguous
+        assert not np.shares_memory(x[:1], x[1:])
+        x[0] -= 1000.0  # a caller normalising window 0 in place
+        rows = b["index"][:, None] + np.arange(4)
+        np.testing.assert_array_equal(x[1:], full["x"][rows[1:]])
+        np.testing.assert_array_equal(x[0], full["x"][rows[0]] - 1000.0)

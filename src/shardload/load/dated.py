@@ -170,8 +170,9 @@ class DatedWindowReader(GroupReader):
         self.lanes = {"read": self.threads, "copy": self.threads}
         self.pool: ReadPool | None = None  # the loop's, once a batch is started
         self.ahead = max(1, prefetch)
-        # a batch's reads in as many tasks as give each thread one among the batches in
-        # flight (the loop keeps ``ahead + 1``): a task more is a hand-off more per batch
+        # a grid's reads (views in date order) in as many tasks as give each thread one
+        # among the batches in flight (the loop keeps ``ahead + 1``): a task more is a
+        # hand-off more per batch (copied batches keep ``threads`` tasks: their copies wait)
         self.splits = -(-self.threads // (self.ahead + 1))
         self.bounds = np.asarray(store.manifest.chunk_bounds, np.int64)
         if store.time is None:
@@ -219,10 +220,10 @@ class DatedWindowReader(GroupReader):
     def _tasks(
         self, name: str, reads: BatchReads, flat: np.ndarray
     ) -> Iterator[tuple[list[Segment], list[np.ndarray]]]:
-        """The batch's runs of ``name`` in about ``splits`` tasks of at least ``TASK_BYTES``."""
+        """The batch's runs of ``name`` in about ``threads`` tasks of at least ``TASK_BYTES``."""
         row_bytes = max(1, flat[0].nbytes if len(flat) else 1)
         cum = np.cumsum(reads.lengths)
-        per = max(-(-int(cum[-1]) // self.splits), TASK_BYTES // row_bytes, 1)
+        per = max(-(-int(cum[-1]) // self.threads), TASK_BYTES // row_bytes, 1)
         cuts = np.searchsorted(cum, np.arange(per, int(cum[-1]), per), "left") + 1
         chunk = np.searchsorted(self.bounds, reads.rows, "right") - 1
         edges = [0, *sorted(set(cuts.tolist()) - {0, len(cum)}), len(cum)]
