@@ -81,3 +81,18 @@ def test_sequence_batches_cost_no_call_per_group(monkeypatch):
     assert len(batches) == 250
     assert np.array_equal(np.concatenate(batches), np.arange(2000))
     assert len(calls) <= 2, f"{len(calls)} spans_rows calls for 2,000 one-row groups"
+
+
+def test_sequence_batches_refuse_a_plan_shorter_than_its_rows():
+    """A worker plan promising more rows than its spans hold ends in a PlanError, never in a
+    short batch."""
+    import dataclasses
+
+    from shardload.errors import PlanError
+
+    plan = plan_epoch([4, 4], batch_size=3, num_workers=0, shuffle=False)
+    wp = plan.workers[0][0]
+    bad = dataclasses.replace(wp, num_rows=wp.num_rows + 2, num_batches=wp.num_batches + 1)
+    plan = dataclasses.replace(plan, workers=((bad,),))
+    with pytest.raises(PlanError, match="ended inside a batch"):
+        list(iter_worker_batches(plan, 0, 0))

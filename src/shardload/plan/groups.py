@@ -184,8 +184,12 @@ def _iter_sequence_batches(plan: EpochPlan, rank: int, worker: int) -> Iterator[
     b = plan.batch_size
     block = max(b, BLOCK_ROWS // b * b)
     pos, end = wp.skip_rows, wp.skip_rows + wp.num_rows
+    have = wp.spans.num_rows
     while pos < end:
-        rows = spans_rows(wp.spans.take(pos, min(end, pos + block)))
+        stop = min(end, pos + block)
+        rows = spans_rows(wp.spans.take(min(pos, have), min(stop, have)))
+        if len(rows) != stop - pos:  # cannot happen for a consistent plan
+            raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")
         for s in range(0, len(rows), b):
             yield rows[s : s + b]
         pos += block
