@@ -159,3 +159,49 @@ def test_a_failed_read_of_viewed_windows_names_rows_and_array(tmp_path):
     it = shardload.iter_batches(st, batch_size=4, window=3, shuffle=False, window_views=True)
     with pytest.raises(ChunkReadError, match=r"rows 0:6 \(chunks 0\.\.1\) of array 'x'.*disk gone"):
         next(it)
+
+
+@pytest.mark.parametrize(("threads", "calls_per_batch"), [(2, 1), (6, 2)])
+def test_views_in_date_order_hand_off_one_read_per_thread_in_flight(
+    tmp_path, monkeypatch, threads, calls_per_batch
+):
+    """A batch of windows in date order is read in as few reader calls as keep every thread
+    busy over the batches in flight (``prefetch=2``: three), each call one hand-off to a
+    reader thread: one call a batch with 2 threads, two with 6; the values are the store's."""
+    from shardload.load import dated
+
+    monkeypatch.setattr(dated, "TASK_BYTES", 1)  # any state size: cut only by threads
+    st = dated_store(tmp_path, n=40)
+    full = st.read("x", 0, 40)
+    calls: list[tuple[str, int, int]] = []
+
+    class Calls(CountingReader):
+        def read_into(self, name, start, stop, out):
+            calls.append((name, start, stop))
+            super().read_into(name, start, stop, out)
+
+    st._reader = Calls(st.reader)
+    opts = dict(batch_size=6, window=4, shuffle=False, threads=threads, window_views=True)
+    batches = list(shardload.iter_batches(st, **opts))
+    for b in batches:
+        np.testing.assert_array_equal(b["x"], full[b["index"][:, None] + np.arange(4)])
+    assert len(batches) == 7  # 37 windows
+    assert len([c for c in calls if c[0] == "x"]) == calls_per_batch * len(batches)
+
+
+def test_default_windows_in_date_order_are_writable_copies(stores):
+    """Windows stay copies by default, also in date order where views would be faster: an
+    in-place write to one window of a default batch changes that window only (no state is
+    shared with another window), so ``torch.from_numpy(batch["x"])`` and in-place
+    normalisation are safe; a view shared by windows would pass a write through torch
+    silently (docs/weather.md, "Views instead of copies")."""
+    st, full = stores["npy"], stores["full"]
+    opts = dict(batch_size=6, window=4, shuffle=False, threads=2)
+    for b in shardload.iter_batches(st, **opts):
+        x = b["x"]
+        assert x.flags.writeable and x.flags.c_contiguous
+        assert not np.shares_memory(x[:1], x[1:])
+        x[0] -= 1000.0  # a caller normalising window 0 in place
+        rows = b["index"][:, None] + np.arange(4)
+        np.testing.assert_array_equal(x[1:], full["x"][rows[1:]])
+        np.testing.assert_array_equal(x[0], full["x"][rows[0]] - 1000.0)

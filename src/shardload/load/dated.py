@@ -53,6 +53,10 @@ TASK_BYTES = 1 << 20
 DEFAULT_WINDOW_PREFETCH = 2
 
 
+#: The reads of a batch read as one strided grid of consecutive rows (no copies to make).
+NO_COPIES = BatchReads(*(np.zeros(0, np.int64) for _ in range(6)))
+
+
 def check_window(window: int | None, window_step: int | None) -> tuple[int, int] | None:
     """``(window, window_step)`` checked (None: no windows)."""
     if window is None:
@@ -166,6 +170,10 @@ class DatedWindowReader(GroupReader):
         self.lanes = {"read": self.threads, "copy": self.threads}
         self.pool: ReadPool | None = None  # the loop's, once a batch is started
         self.ahead = max(1, prefetch)
+        # a grid's reads (views in date order) in as many tasks as give each thread one
+        # among the batches in flight (the loop keeps ``ahead + 1``): a task more is a
+        # hand-off more per batch (copied batches keep ``threads`` tasks: their copies wait)
+        self.splits = -(-self.threads // (self.ahead + 1))
         self.bounds = np.asarray(store.manifest.chunk_bounds, np.int64)
         if store.time is None:
             raise PlanError(f"window={window}: {store.url} has no time axis")
@@ -189,18 +197,21 @@ class DatedWindowReader(GroupReader):
         out[INDEX_KEY][...] = first
         out[DATES_KEY][...] = self.dates[rows]
         grid = plan_window_grid(first, window=self.window, step=self.step) if self.views else None
+        futs: list[Future[None]] = []
+        if grid is not None and grid.gap == 1:  # consecutive rows: a reader call a task
+            r = grid.first_row
+            for name in self.names:
+                flat = _states(out, name)
+                for a, b in self._row_tasks(grid.num_rows, flat):
+                    futs.append(pool.submit("read", self._read_rows, name, r + a, r + b, flat[a:b]))
+            self.batches[at // self.plan.batch_size] = (out, NO_COPIES, grid)
+            return Flight(at, n, futures=futs)
         if grid is None:
             reads = plan_batch_reads(rows, self.bounds)
         else:  # the distinct rows in order, each read once; the windows will view them
             reads = plan_grid_reads(grid, self.bounds)
-        futs: list[Future[None]] = []
         for name in self.names:
             flat = _states(out, name)
-            if grid is not None and grid.gap == 1:  # consecutive rows: a reader call a task
-                for a, b in self._row_tasks(grid.num_rows, flat):
-                    r = grid.first_row
-                    futs.append(pool.submit("read", self._read_rows, name, r + a, r + b, flat[a:b]))
-                continue
             for segs, outs in self._tasks(name, reads, flat):
                 futs.append(pool.submit("read", read_segments, self.store, name, segs, outs))
         self.batches[at // self.plan.batch_size] = (out, reads, grid)
@@ -225,10 +236,10 @@ class DatedWindowReader(GroupReader):
             yield segs, outs
 
     def _row_tasks(self, n: int, flat: np.ndarray) -> Iterator[tuple[int, int]]:
-        """``n`` consecutive states cut into about ``threads`` tasks of at least
+        """``n`` consecutive states cut into about ``splits`` tasks of at least
         ``TASK_BYTES``: ``(first, stop)`` places."""
         row_bytes = max(1, flat[0].nbytes if len(flat) else 1)
-        per = max(-(-n // self.threads), TASK_BYTES // row_bytes, 1)
+        per = max(-(-n // self.splits), TASK_BYTES // row_bytes, 1)
         for a in range(0, n, per):
             yield a, min(n, a + per)
 

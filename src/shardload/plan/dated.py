@@ -200,10 +200,13 @@ def plan_window_grid(first: np.ndarray, *, window: int, step: int) -> WindowGrid
     gap = math.gcd(spacing, step)
     lo, hi = int(first[0]), int(first[-1]) + step * (window - 1)
     num_rows = (hi - lo) // gap + 1
-    used = np.zeros(num_rows, bool)
-    used[(window_rows(first, window=window, step=step) - lo) // gap] = True
-    if not used.all():
-        return None
+    # starts on every grid row, at least step // gap of them: every row is some window's
+    # (row t > n - 1 is state ceil((t - n + 1) / q) of a window); else count them
+    if not (spacing == gap and len(first) >= step // gap):
+        used = np.zeros(num_rows, bool)
+        used[(window_rows(first, window=window, step=step) - lo) // gap] = True
+        if not used.all():
+            return None
     return WindowGrid(lo, gap, num_rows, spacing // gap, step // gap)
 
 

@@ -154,6 +154,9 @@ def iter_worker_batches(plan: EpochPlan, rank: int, worker: int) -> Iterator[np.
     >>> [b.tolist() for b in iter_worker_batches(plan, 0, 0)]
     [[0, 1], [2, 3], [4]]
     """
+    if plan.buckets is None and get_shuffle(plan.shuffle).group_order is None:
+        yield from _iter_sequence_batches(plan, rank, worker)
+        return
     b, total, at = plan.batch_size, plan.workers[rank][worker].num_rows, 0
     pending: dict[int, np.ndarray] = {}
     for spans, order in iter_worker_spans(plan, rank, worker):
@@ -166,6 +169,30 @@ def iter_worker_batches(plan: EpochPlan, rank: int, worker: int) -> Iterator[np.
         at += len(rows)
     if pending:  # cannot happen for a consistent plan
         raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")
+
+
+#: Rows a block of :func:`_iter_sequence_batches` holds at most (rounded to whole batches).
+BLOCK_ROWS = 1 << 16
+
+
+def _iter_sequence_batches(plan: EpochPlan, rank: int, worker: int) -> Iterator[np.ndarray]:
+    """:func:`iter_worker_batches` where every group's order is the rows as they come (no
+    ``group_order``, no buckets): the worker's rows are its spans' rows in sequence, from row
+    ``skip_rows``, cut into batches a block of about :data:`BLOCK_ROWS` rows at a time (a
+    group each would cost a few numpy calls per group: per window, where a window is a group)."""
+    wp = plan.workers[rank][worker]
+    b = plan.batch_size
+    block = max(b, BLOCK_ROWS // b * b)
+    pos, end = wp.skip_rows, wp.skip_rows + wp.num_rows
+    have = wp.spans.num_rows
+    while pos < end:
+        stop = min(end, pos + block)
+        rows = spans_rows(wp.spans.take(min(pos, have), min(stop, have)))
+        if len(rows) != stop - pos:  # cannot happen for a consistent plan
+            raise PlanError(f"worker {worker} of rank {rank}: the plan ended inside a batch")
+        for s in range(0, len(rows), b):
+            yield rows[s : s + b]
+        pos += block
 
 
 def iter_rank_batches(plan: EpochPlan, rank: int) -> Iterator[np.ndarray]:
