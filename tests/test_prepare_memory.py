@@ -96,3 +96,43 @@ def test_partial_of_no_rows_holds_nothing_per_feature() -> None:
     np.testing.assert_array_equal(got.max, x[2])
     both = merge(out[0], partial(x))
     np.testing.assert_array_equal(both.mean, x.astype(np.float64).mean(axis=0))
+
+
+def test_feature_file_of_wide_names_is_written_in_pieces(tmp_path: Path) -> None:
+    """The feature file of 1 M lazy names (two variables' grids, as a state's flat row): the
+    names are written to the file piece by piece and checked for NUL piece by piece, never
+    joined whole (here 1 M x ~20 bytes = 20 MB, and a NUL mask of as many bytes; at N320's
+    32.5 M features 1.3 GB each, the last peak of its prepare). The file reads back the same."""
+    from shardload.manifest.features import decode_features, write_features
+    from shardload.manifest.names import ChainedNames
+
+    lab = lambda n: [f"{x:.3f}" for x in range(n)]  # noqa: E731
+    names = ChainedNames([GridNames("t_1", [lab(500), lab(1000)]), GridNames("q", [lab(500)])])
+    names = ChainedNames([names, GridNames("z", [lab(10), lab(50), lab(998)])])
+    joined = "\0".join(names).encode()
+    assert len(joined) > 20_000_000
+    path = tmp_path / "state.npz"
+    with open(path, "wb") as f:
+        peak = _peak_bytes(lambda: write_features(f, array="state", names=names, stats=None))
+    assert peak < len(joined) // 10, peak
+
+    got, _ = decode_features(path.read_bytes(), where=str(path))
+    assert got is not None and len(got) == len(names)
+    assert "\0".join(got).encode() == joined
+
+
+def test_a_nul_in_a_name_is_refused_piece_by_piece(tmp_path: Path) -> None:
+    """The NUL check, chunkwise: a NUL inside a name (plain or lazy) is an error naming the
+    array, whichever piece holds it."""
+    import pytest
+
+    from shardload.errors import StoreError
+    from shardload.manifest.features import write_features
+    from shardload.manifest.names import ChainedNames
+
+    plain = [f"v{i}" for i in range(100_000)]
+    plain[70_000] = "bad\0name"
+    lazy = ChainedNames([GridNames("t", [["a", "b"], ["c\0d", "e"]])])
+    for names in (plain, lazy):
+        with open(tmp_path / "x.npz", "wb") as f, pytest.raises(StoreError, match="'state'"):
+            write_features(f, array="state", names=names, stats=None)

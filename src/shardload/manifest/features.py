@@ -8,6 +8,7 @@ parses; here the names and statistics of an array load on first access of
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import threading
@@ -19,7 +20,8 @@ import numpy as np
 
 from shardload.errors import StoreError
 from shardload.layout import FEATURES_DIR
-from shardload.manifest.names import GridNames
+from shardload.manifest.names import GridNames, utf8_chunks
+from shardload.manifest.npz import Pieces, write_npz
 from shardload.util.npy_header import load_npz
 
 STATS_FIELDS = ("mean", "std", "min", "max", "nan_count")
@@ -175,20 +177,20 @@ def write_features(
         nc = stats.nan_count
         if nc.any():
             d["nan_count"] = nc.astype(np.min_scalar_type(int(nc.max()))) if nc.min() >= 0 else nc
+    pieces: dict[str, Pieces] = {}
     if names is not None:
         d["num_names"] = np.array(len(names), dtype=np.int64)
         if isinstance(names, GridNames):
             d["names_grid"] = np.frombuffer(names.to_rule(), dtype=np.uint8)
-        else:
-            if hasattr(names, "utf8_joined"):  # lazy names (names.py: grids among others)
-                raw = np.frombuffer(names.utf8_joined(), dtype=np.uint8)
-            else:
-                names = list(names)
-                raw = np.frombuffer("\0".join(names).encode("utf-8"), dtype=np.uint8)
-            if np.count_nonzero(raw == 0) != max(len(names) - 1, 0):
+        else:  # UTF-8 joined by NUL, piece by piece: counted and checked, then written
+            chunks = functools.partial(utf8_chunks, names)
+            nbytes, nuls = 0, 0
+            for piece in chunks():
+                nbytes, nuls = nbytes + len(piece), nuls + piece.count(0)
+            if nuls != max(len(names) - 1, 0):
                 raise StoreError(f"a feature name of array {array!r} contains a NUL character")
-            d["names"] = raw
-    np.savez(file, **d)  # type: ignore[arg-type]
+            pieces["names"] = (nbytes, chunks)
+    write_npz(file, d, pieces)
 
 
 def _integer_moments(

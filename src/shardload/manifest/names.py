@@ -20,6 +20,9 @@ from typing import overload
 
 import numpy as np
 
+#: names in one piece of :func:`utf8_chunks` (a few hundred KB)
+PIECE_NAMES = 1 << 14
+
 
 class GridNames(Sequence[str]):
     """``f"{name}[{l0},{l1},...]"`` for every label combination, C order (the last dim fastest)."""
@@ -56,29 +59,37 @@ class GridNames(Sequence[str]):
         return (f"{self.name}[{h},{x}]" for h in heads for x in last)
 
     def utf8_joined(self) -> bytes:
-        """Every name, UTF-8, joined by NUL: ``"\\0".join(self).encode()``, without the strings.
+        """Every name, UTF-8, joined by NUL: ``"\\0".join(self).encode()``, without the strings."""
+        return b"".join(self.utf8_chunks())
 
-        The names of one value of the leading labels share their tail (``,l1,...]``): one
-        byte template per head length, the head written into it at the known offsets.
+    def utf8_chunks(self) -> Iterator[bytes]:
+        """:meth:`utf8_joined` in pieces of at most :data:`PIECE_NAMES` names (a feature file
+        of millions of names is written piece by piece, never joined whole).
+
+        The names of one value of every label but the last share their head
+        (``name[l0,...,``): one byte template of the last labels per head length, the head
+        written into it at the known offsets.
         """
-        if len(self.labels) == 1 or not self._len:
-            return "\0".join(self).encode("utf-8")
-        tails = [",".join(t) for t in itertools.product(*self.labels[1:])]
-        tail_bytes = [f",{t}]\0".encode() for t in tails]
-        heads = [f"{self.name}[{h}".encode() for h in self.labels[0]]
-        tail_len = np.array([len(t) for t in tail_bytes], np.int64)
-        rows: list[bytes] = []
-        templates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for head in heads:
+        if not self._len:
+            return
+        last = self.labels[-1]
+        pieces = [
+            [f"{x}]\0".encode() for x in last[i : i + PIECE_NAMES]]
+            for i in range(0, len(last), PIECE_NAMES)
+        ]
+        left = self._len // len(last) * len(pieces)  # pieces to yield
+        templates: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        for labels in itertools.product(*self.labels[:-1]):
+            head = (f"{self.name}[" + "".join(f"{x}," for x in labels)).encode()
             k = len(head)
-            if k not in templates:
-                starts = np.concatenate([[0], np.cumsum(k + tail_len)[:-1]])
-                buf = np.frombuffer(b"".join(b"\0" * k + t for t in tail_bytes), np.uint8).copy()
-                templates[k] = (buf, (starts[:, None] + np.arange(k)).ravel())
-            buf, where = templates[k]
-            buf[where] = np.tile(np.frombuffer(head, np.uint8), len(tail_bytes))
-            rows.append(buf.tobytes())
-        return b"".join(rows)[:-1]  # no NUL after the last name
+            for p, tails in enumerate(pieces):
+                t = templates.get((k, p)) or _template(k, tails)
+                if len(pieces) == 1:  # else a 1-D grid: its one head uses each piece once
+                    templates[(k, p)] = t
+                buf, where = t
+                buf[where] = np.tile(np.frombuffer(head, np.uint8), len(tails))
+                left -= 1
+                yield buf.tobytes() if left else buf[:-1].tobytes()  # no NUL after the last
 
     def to_rule(self) -> bytes:
         """The grid as a rule: UTF-8 JSON ``{"name": ..., "labels": [[...], ...]}`` (kilobytes
@@ -138,11 +149,16 @@ class ChainedNames(Sequence[str]):
         return itertools.chain.from_iterable(self.parts)
 
     def utf8_joined(self) -> bytes:
-        return b"\0".join(
-            p.utf8_joined() if hasattr(p, "utf8_joined") else "\0".join(p).encode("utf-8")
-            for p in self.parts
-            if len(p)
-        )
+        return b"".join(self.utf8_chunks())
+
+    def utf8_chunks(self) -> Iterator[bytes]:
+        first = True
+        for p in self.parts:
+            if len(p):
+                if not first:
+                    yield b"\0"
+                first = False
+                yield from utf8_chunks(p)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence):
@@ -150,6 +166,29 @@ class ChainedNames(Sequence[str]):
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def utf8_chunks(names: Sequence[str]) -> Iterator[bytes]:
+    """``"\\0".join(names).encode()`` in pieces of at most :data:`PIECE_NAMES` names: lazy
+    names by their own ``utf8_chunks``, others a slice at a time.
+
+    >>> b"".join(utf8_chunks(["a", "b", "c"])), b"".join(utf8_chunks(GridNames("x", [[1, 2]])))
+    (b'a\\x00b\\x00c', b'x[1]\\x00x[2]')
+    """
+    if isinstance(names, (GridNames, ChainedNames)):
+        yield from names.utf8_chunks()
+        return
+    seq = names if isinstance(names, (list, tuple)) else list(names)
+    for i in range(0, len(seq), PIECE_NAMES):
+        yield (("\0" if i else "") + "\0".join(seq[i : i + PIECE_NAMES])).encode("utf-8")
+
+
+def _template(k: int, tails: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes of ``tails`` each after ``k`` zero bytes, and the offsets of those bytes."""
+    tail_len = np.array([len(t) for t in tails], np.int64)
+    starts = np.concatenate([[0], np.cumsum(k + tail_len)[:-1]])
+    buf = np.frombuffer(b"".join(b"\0" * k + t for t in tails), np.uint8).copy()
+    return buf, (starts[:, None] + np.arange(k)).ravel()
 
 
 def _feature_index(i: int, n: int) -> int:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shardload.formats.base import ArrayReader
+from shardload.formats.base import ArrayReader, ReadsInto, ReadsSpansInto
 from shardload.manifest.combine import GAP, Piece
 from shardload.manifest.core import Manifest
 from shardload.store.core import Store
@@ -40,24 +40,65 @@ class CombinedReader:
         self.starts = [p.start for p in store.pieces]
 
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
-        st = self.store
-        info = st.manifest.arrays[name]
-        src = st.sources[name]
-        shape = info.row_shape if src.picked is None else src.row_shape
-        out = np.empty((max(0, stop - start), *shape), info.dtype)
-        if src.part is not None:  # joined: row for row from its own store
-            base = st.parts[src.part]
-            out[...] = base.reader.read(_name(src, src.part), start, stop)
-        i = max(0, bisect_right(self.starts, start) - 1)
-        while src.part is None and i < len(st.pieces) and st.pieces[i].start < stop:
-            p = st.pieces[i]
-            a, b = max(start, p.start), min(stop, p.start + p.rows)
-            if a < b:
-                _read_piece(st, src, p, a, b, out[a - start : b - start])
-            i += 1
-        if src.picked is not None:  # the variables picked (whole rows read: a chunk decodes whole)
-            return np.take(out, src.picked, axis=1)
+        info = self.store.manifest.arrays[name]
+        out = np.empty((max(0, stop - start), *info.row_shape), info.dtype)
+        self.read_into(name, start, stop, out)
         return out
+
+    def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``[start, stop)`` into ``out`` (the loader's batch buffer): each store's reader
+        reads straight into its slice of it, no temporary."""
+        self.read_spans_into(name, [(start, stop)], [out])
+
+    def read_spans_into(
+        self, name: str, spans: Sequence[tuple[int, int]], outs: Sequence[np.ndarray]
+    ) -> None:
+        """Several spans, each into its buffer; the runs of each store in one call of its
+        reader where it takes several (a sharded Zarr store then opens each shard once)."""
+        st = self.store
+        src = st.sources[name]
+        if src.picked is None:
+            self._read_whole(src, spans, outs)
+            return
+        info = st.manifest.arrays[
+            name
+        ]  # the variables picked: whole rows read (a chunk decodes whole)
+        for (a, b), out in zip(spans, outs, strict=True):
+            whole = np.empty((max(0, b - a), *src.row_shape), info.dtype)
+            self._read_whole(src, [(a, b)], [whole])
+            np.take(whole, src.picked, axis=1, out=out)
+
+    def _read_whole(
+        self, src: Source, spans: Sequence[tuple[int, int]], outs: Sequence[np.ndarray]
+    ) -> None:
+        """Whole rows of the spans: gaps and strided pieces here, the runs of consecutive rows
+        of each store gathered into one call of its reader."""
+        st = self.store
+        runs: dict[int, tuple[list[tuple[int, int]], list[np.ndarray]]] = {}
+        for (start, stop), out in zip(spans, outs, strict=True):
+            if src.part is not None:  # joined: row for row from its own store
+                _add_run(runs, src.part, start, stop, out)
+                continue
+            i = max(0, bisect_right(self.starts, start) - 1)
+            while i < len(st.pieces) and st.pieces[i].start < stop:
+                p = st.pieces[i]
+                a, b = max(start, p.start), min(stop, p.start + p.rows)
+                if a < b and (p.part == GAP or p.step != 1):
+                    _read_piece(st, src, p, a, b, out[a - start : b - start])
+                elif a < b:
+                    first = p.base + a - p.start
+                    _add_run(runs, p.part, first, first + b - a, out[a - start : b - start])
+                i += 1
+        for part, (part_spans, part_outs) in runs.items():
+            reader, name = st.parts[part].reader, _name(src, part)
+            if len(part_spans) > 1 and isinstance(reader, ReadsSpansInto):
+                reader.read_spans_into(name, part_spans, part_outs)
+                continue
+            for (a, b), out in zip(part_spans, part_outs, strict=True):
+                if isinstance(reader, ReadsInto):
+                    reader.read_into(name, a, b, out)
+                else:
+                    out[...] = reader.read(name, a, b)
 
     def close(self) -> None:
         """Nothing of its own: the stores' readers are theirs to close."""
@@ -69,18 +110,27 @@ def _name(src: Source, part: int) -> str:
     return name
 
 
+def _add_run(
+    runs: dict[int, tuple[list[tuple[int, int]], list[np.ndarray]]],
+    part: int,
+    a: int,
+    b: int,
+    out: np.ndarray,
+) -> None:
+    spans, outs = runs.setdefault(part, ([], []))
+    spans.append((a, b))
+    outs.append(out)
+
+
 def _read_piece(st: CombinedStore, src: Source, p: Piece, a: int, b: int, out: np.ndarray) -> None:
-    """Rows ``[a, b)`` of the result, in piece ``p``, into ``out``: a gap's rows filled
-    (NaN, or 0 for integers: they are missing dates, which loaders leave out), a store's read
-    a chunk of that store at a time (every ``step``-th row of its bounding span)."""
+    """Rows ``[a, b)`` of the result, in a gap or a piece of every ``step``-th row, into
+    ``out``: a gap's rows filled (NaN, or 0 for integers: they are missing dates, which loaders
+    leave out), a strided piece read a chunk of its store at a time (its bounding span)."""
     if p.part == GAP:
         out[...] = np.nan if np.issubdtype(out.dtype, np.inexact) else 0
         return
     base, name = st.parts[p.part], _name(src, p.part)
     rows = p.base + (np.arange(a, b) - p.start) * p.step
-    if p.step == 1:
-        out[...] = base.reader.read(name, int(rows[0]), int(rows[-1]) + 1)
-        return
     bounds = np.asarray(base.manifest.chunk_bounds)
     chunk = np.searchsorted(bounds, rows, "right")
     cuts = np.flatnonzero(np.diff(chunk)) + 1
