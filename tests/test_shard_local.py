@@ -96,3 +96,38 @@ def test_a_whole_chunk_costs_few_python_calls(many):
     reader.read_spans_into("x", spans, outs)  # type: ignore[attr-defined]  # indexes kept
     calls = _shardload_events(lambda: reader.read_spans_into("x", spans, outs))  # type: ignore[attr-defined]
     assert calls / len(spans) <= 6, calls / len(spans)
+
+
+def test_unwritten_chunks_and_missing_shards_are_the_fill_value(many, tmp_path):
+    """Outside shardload's strict stores (plain Zarr): an inner chunk the shard's index marks
+    empty, and every chunk of a missing shard, read as the fill value; the others as stored."""
+    import dataclasses
+    import shutil
+
+    import google_crc32c
+
+    root = tmp_path / "store"
+    shutil.copytree(many, root)
+    store = shardload.open_store(root, verify="never")
+    reader = store.reader
+    layout = dataclasses.replace(reader.layout("x"), strict=False, fill_value=-3.0)  # type: ignore[attr-defined]
+    assert layout.shard is not None and layout.shard.index_at_end and layout.shard.index_crc
+    info = store.manifest.arrays["x"]
+    spans = _whole(np.array([5, 300, 2 * PER_SHARD + 1, 7]))  # shard 0, 1, 2, 0
+    want = [np.empty((ROWS, *info.row_shape), info.dtype) for _ in spans]
+    for (a, b), w in zip(spans, want, strict=True):
+        reader.read_into("x", a, b, w)
+    shard0 = Path(layout.chunk_path(0))  # inner chunk 5 marked never written
+    raw = bytearray(shard0.read_bytes())
+    n = layout.shard.index_nbytes
+    index = np.frombuffer(raw[-n:-4], "<u8").copy().reshape(-1, 2)
+    index[5] = 2**64 - 1
+    raw[-n:-4] = index.tobytes()
+    raw[-4:] = int(google_crc32c.value(bytes(raw[-n:-4]))).to_bytes(4, "little")
+    shard0.write_bytes(bytes(raw))
+    Path(layout.chunk_path(2)).unlink()
+    outs = [np.full((ROWS, *info.row_shape), 7, info.dtype) for _ in spans]
+    assert read_whole_chunks(layout, "x", spans, outs, None, None, 1 << 20)
+    assert (outs[0] == -3).all() and (outs[2] == -3).all()
+    np.testing.assert_array_equal(outs[1], want[1])
+    np.testing.assert_array_equal(outs[3], want[3])
