@@ -26,6 +26,7 @@ from numcodecs import blosc
 from shardload.errors import ChunkReadError
 from shardload.formats.checksums import Verifier, digest, verify_file
 from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts
+from shardload.formats.zarr.shard_local import read_whole_chunks
 from shardload.formats.zarr.shards import (
     EMPTY,
     RangeFile,
@@ -67,7 +68,10 @@ def read_shard_spans_into(
 ) -> None:
     """Rows ``[start, stop)`` of each span into its ``out`` (C-contiguous), shard by shard in
     the order the spans first touch them; each shard file checked against its checksum first
-    when ``verifier`` asks for it, and opened once."""
+    when ``verifier`` asks for it, and opened once. Whole inner chunks of a local file (the
+    default load's) take :func:`.shard_local.read_whole_chunks`: their per-chunk work in numpy."""
+    if read_whole_chunks(layout, name, spans, outs, verifier, indexes, RUN_BYTES):
+        return
     for k, pieces in pieces_by_shard(layout, spans, outs).items():
         _read_pieces(layout, name, k, pieces, verifier, indexes)
 

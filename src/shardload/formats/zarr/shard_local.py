@@ -1,0 +1,185 @@
+"""Whole Blosc inner chunks of a local sharded array, many at once: the default load's reads.
+
+A shuffle group of the default load reads about 1,400 whole inner chunks of a few rows, a
+scattered sixth of every shard. Read piece by piece (:func:`.shard_spans._read_runs`), each
+chunk cost a Python generator, a few memoryviews, a tuple and a dict look-up on top of its
+``pread`` and ``decompress``: 0.05-0.1 CPU s an epoch more than a bare loop of the same system
+calls (docs/benchmarks.md, "Load: the default store, levers tried"). Here the spans' chunks,
+shards, index entries, offset order and runs of neighbouring chunks are found with numpy, a
+few calls per shard; what is left per chunk is one ``preadv`` per run of neighbouring chunks,
+its Blosc header's check and one ``decompress`` straight into the caller's array. The checks
+and the error messages are the one-span path's (:func:`.chunks.decode_into` raises them).
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import struct
+from collections.abc import Sequence
+from itertools import pairwise
+
+import numpy as np
+from numcodecs import blosc
+
+from shardload.errors import ChunkReadError
+from shardload.formats.checksums import Verifier, verify_file
+from shardload.formats.zarr.chunks import ChunkLayout, decode_into
+from shardload.formats.zarr.shards import EMPTY, ShardIndexCache, _pread_into, _scratch, shard_index
+
+_HEADER = struct.Struct("<III")  # a Blosc header's decoded, block and compressed sizes
+_NBYTES = operator.attrgetter("nbytes")
+_C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
+
+
+def read_whole_chunks(
+    layout: ChunkLayout,
+    name: str,
+    spans: Sequence[tuple[int, int]],
+    outs: Sequence[np.ndarray],
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+    run_bytes: int,
+) -> bool:
+    """Read the spans when each is one whole inner chunk of a local Blosc array and its ``out``
+    exactly that chunk's bytes, C-contiguous (shard by shard, in the order the spans first
+    touch them, each checked first when ``verifier`` asks); False, reading nothing, otherwise.
+    Runs of chunks that follow each other in a shard file are read with one ``preadv`` of up
+    to ``run_bytes`` (or one chunk)."""
+    spec = layout.shard
+    if spec is None or not layout.blosc or layout.opener is not None or not spans:
+        return False
+    rows = layout.chunk_rows
+    sp = np.array(spans, dtype=np.int64)
+    if sp.shape != (len(outs), 2):
+        return False
+    starts = sp[:, 0]
+    if ((sp[:, 1] - starts) != rows).any() or (starts % rows).any():
+        return False
+    if set(map(_NBYTES, outs)) != {rows * layout.row_bytes} or not all(map(_C_CONTIGUOUS, outs)):
+        return False
+    chunks = starts // rows
+    shard = chunks // spec.chunks
+    ks, first = np.unique(shard, return_index=True)
+    for k in ks[np.argsort(first, kind="stable")].tolist():
+        sel = np.flatnonzero(shard == k)
+        js = chunks[sel] - k * spec.chunks
+        _read_shard(layout, name, k, js, sel, outs, verifier, indexes, run_bytes)
+    return True
+
+
+def _read_shard(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    js: np.ndarray,
+    sel: np.ndarray,
+    outs: Sequence[np.ndarray],
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+    run_bytes: int,
+) -> None:
+    """Inner chunks ``js`` of shard ``k`` into ``outs[sel]``: the file opened once."""
+    path = layout.chunk_path(k)
+    if verifier is not None and verifier.needed(name, k):  # checked through mmap, then read
+        verify_file(verifier, name, k, path, what=f"shard {k}")
+    try:
+        with layout.open(path) as f:  # a local file: its descriptor
+            fd = f.fileno()
+            index = shard_index(layout, name, k, path, f, fd, indexes)
+            _read_chunks(layout, name, k, path, fd, index, js, sel, outs, run_bytes)
+    except FileNotFoundError as exc:
+        if layout.strict:
+            raise ChunkReadError(f"shard {k} of array {name!r} is missing: {path}") from exc
+        for q in sel.tolist():
+            _fill(layout, outs[q])
+    except OSError as exc:
+        raise ChunkReadError(
+            f"shard {k} of array {name!r} could not be read: {path}: {exc}"
+        ) from exc
+
+
+def _read_chunks(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    path: str,
+    fd: int,
+    index: np.ndarray,
+    js: np.ndarray,
+    sel: np.ndarray,
+    outs: Sequence[np.ndarray],
+    run_bytes: int,
+) -> None:
+    offs, sizes = index[js, 0], index[js, 1]
+    order = np.argsort(offs, kind="stable")
+    offs, sizes, js, sel = offs[order], sizes[order], js[order], sel[order]
+    empty = offs == np.uint64(EMPTY)
+    if empty.any():  # never written (checked with the index): the fill value
+        for q in sel[empty].tolist():
+            _fill(layout, outs[q])
+        keep = ~empty
+        offs, sizes, js, sel = offs[keep], sizes[keep], js[keep], sel[keep]
+    if not len(offs):
+        return
+    ends = offs + sizes
+    runs = _runs(offs, ends, run_bytes)
+    offs_l, sizes_l, js_l, sel_l = offs.tolist(), sizes.tolist(), js.tolist(), sel.tolist()
+    ends_l = ends.tolist()
+    full = layout.chunk_rows * layout.row_bytes
+    typesizes = (1, layout.dtype.itemsize)
+    bounds = np.array(runs)
+    scratch = _scratch(int((ends[bounds[1:] - 1] - offs[bounds[:-1]]).max()))
+    unpack, decompress, preadv = _HEADER.unpack_from, blosc.decompress, os.preadv
+    for i, m in pairwise(runs):
+        start = offs_l[i]
+        buf = scratch[: ends_l[m - 1] - start]
+        got = preadv(fd, [buf], start)
+        if got < len(buf):  # a short read: the rest, if the file has it
+            got += _pread_into(None, fd, buf[got:], start + got)
+        for q in range(i, m):
+            a, size = offs_l[q] - start, sizes_l[q]
+            raw = buf if m - i == 1 else buf[a : a + size]
+            if a + size > got:
+                raise ChunkReadError(
+                    f"{chunk_name(layout, k, js_l[q])} of array {name!r} is truncated: {path} "
+                    f"(expected {size} bytes at offset {offs_l[q]}, got {max(0, got - a)})"
+                )
+            out = outs[sel_l[q]]
+            if size >= 16:
+                nbytes, _, cbytes = unpack(raw, 4)
+                if cbytes == size and nbytes == full and raw[3] in typesizes:
+                    try:
+                        decompress(raw, out)  # in C, without the GIL
+                        continue
+                    except Exception:  # decode_into below raises the error naming it
+                        pass
+            what = chunk_name(layout, k, js_l[q])
+            dst = out.reshape(-1).view(np.uint8).data
+            decode_into(layout, raw, 0, layout.chunk_rows, dst, name=name, what=what, path=path)
+
+
+def _runs(offs: np.ndarray, ends: np.ndarray, run_bytes: int) -> list[int]:
+    """Where the runs of chunks (in offset order) start, and the end: a chunk joins the run
+    before it when it starts where that run's last chunk ends and the run stays within
+    ``run_bytes``."""
+    joins = offs[1:] == ends[:-1]
+    if not joins.any():
+        return list(range(len(offs) + 1))
+    bounds = [0]
+    offs_l, ends_l, joins_l = offs.tolist(), ends.tolist(), joins.tolist()
+    for q in range(1, len(offs_l)):
+        if not joins_l[q - 1] or ends_l[q] - offs_l[bounds[-1]] > run_bytes:
+            bounds.append(q)
+    bounds.append(len(offs_l))
+    return bounds
+
+
+def _fill(layout: ChunkLayout, out: np.ndarray) -> None:
+    np.frombuffer(out.reshape(-1).view(np.uint8).data, dtype=layout.dtype)[...] = layout.fill_value
+
+
+def chunk_name(layout: ChunkLayout, k: int, j: int) -> str:
+    """How errors name inner chunk ``j`` of shard ``k``."""
+    assert layout.shard is not None
+    return f"chunk {k * layout.shard.chunks + j} (inner chunk {j} of shard {k})"
