@@ -57,7 +57,7 @@ URL_RUN_BYTES = 8 << 20
 #: Requests in flight at once for one call.
 URL_THREADS = 8
 #: Shards fetched whole for their checksum at once by one call (each held whole meanwhile).
-CHECK_THREADS = 4
+CHECK_THREADS = 2
 
 #: one request: shard k's pieces ``pieces`` (sorted by offset), bytes [start, end) of ``path``
 Run = tuple[int, str, np.ndarray, list[Piece], int, int]
@@ -216,14 +216,13 @@ def _plan_shard(
 
 def _later(kept: KeptChunks | None, name: str, first: int, index: np.ndarray) -> np.ndarray:
     """The inner chunks of the shard (numbers within it) that this worker reads later and that
-    fit the room left to keep them, in offset order."""
+    fit the room left to keep them (the soonest read first), in offset order."""
     if kept is None:
         return np.zeros(0, np.int64)
     js = kept.wanted(name, np.arange(first, first + len(index), dtype=np.int64)) - first
     js = js[index[js, 0] != np.uint64(EMPTY)]
-    js = js[np.argsort(index[js, 0], kind="stable")]
-    fits = np.cumsum(index[js, 1].astype(np.int64)) <= kept.room()
-    return js[fits]
+    js = js[np.cumsum(index[js, 1].astype(np.int64)) <= kept.room()]
+    return js[np.argsort(index[js, 0], kind="stable")]
 
 
 def _keep(
