@@ -9,7 +9,7 @@ epoch of the default store fetched 5 times its size). The loader tells the reade
 worker and epoch (:func:`shardload.load.url_plan.plan_url_reads`), when this worker reads
 each inner chunk this epoch (the step of its plan); a fetched chunk that this worker still needs
 is kept (its compressed bytes, copied out of the answer) until the call that needs it takes it,
-within ``max_bytes`` (``SHARDLOAD_URL_KEEP_BYTES``, default 128 MiB). When full, the plan
+within ``max_bytes`` (``SHARDLOAD_URL_KEEP_BYTES``, default 64 MiB). When full, the plan
 decides as Belady's rule does: a chunk read sooner than the farthest-read kept one replaces it,
 a chunk read after every kept one is not kept (the first group's checked shards bring every
 chunk of the store: the bound keeps those the next groups read). The bound was 256 MiB with
@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 
 #: Kept chunk bytes at most per reader (per process), unless ``SHARDLOAD_URL_KEEP_BYTES`` says.
-KEEP_BYTES = 128 << 20
+KEEP_BYTES = 64 << 20
 KEEP_ENV = "SHARDLOAD_URL_KEEP_BYTES"
 
 
 def keep_bytes() -> int:
-    """The bound on kept bytes: ``SHARDLOAD_URL_KEEP_BYTES`` (0: keep nothing) or 128 MiB."""
+    """The bound on kept bytes: ``SHARDLOAD_URL_KEEP_BYTES`` (0: keep nothing) or 64 MiB."""
     raw = os.environ.get(KEEP_ENV, "").strip()
     if not raw:
         return KEEP_BYTES
