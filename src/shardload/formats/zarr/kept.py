@@ -13,8 +13,8 @@ within ``max_bytes`` (``SHARDLOAD_URL_KEEP_BYTES``, default 64 MiB). When full, 
 decides as Belady's rule does: a chunk read sooner than the farthest-read kept one replaces it,
 a chunk read after every kept one is not kept (the first group's checked shards bring every
 chunk of the store: the bound keeps those the next groups read). The bound was 256 MiB with
-the first fitting chunks kept; peak memory of an epoch by URL came back to what it was before
-chunks were kept (docs/benchmarks.md).
+the first fitting chunks kept; the median peak memory of an epoch by URL is back within what it
+was before chunks were kept, for more bytes fetched (docs/benchmarks.md).
 
 Kept bytes are the server's bytes for that chunk's offsets, from a shard checked against its
 checksum when the loader checks (a chunk is kept only from a checked shard, or where checks are
