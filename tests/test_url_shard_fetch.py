@@ -155,10 +155,15 @@ def test_plan_runs_merges_within_the_gap_and_bounds_each_request() -> None:
     ]
 
 
+def reads(ids: list[int]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Array ``x``'s reads, one a step, in the order given."""
+    return {"x": (np.array(ids), np.arange(len(ids)))}
+
+
 def test_kept_chunks_are_bounded_and_taken_once(monkeypatch) -> None:
     monkeypatch.setenv(KEEP_ENV, "10")
     kept = KeptChunks()
-    kept.plan({"x": np.array([1, 2, 0])})
+    kept.plan(reads([1, 1, 0, 1]))  # chunk 0 read once, chunk 1 three times, chunk 2 never
     assert kept.take("x", [0]) == {}  # read now: no read of chunk 0 left
     assert not kept.keep("x", 0, b"abc")  # read by no later call
     assert not kept.keep("x", 2, b"abc")  # never read by this worker
@@ -166,9 +171,56 @@ def test_kept_chunks_are_bounded_and_taken_once(monkeypatch) -> None:
     assert not kept.keep("x", 1, b"abcdef")  # kept already
     assert kept.take("x", [1]) == {1: b"abcdef"}
     assert kept.keep("x", 1, b"0123456789")  # read once more later; fits the 10 bytes
+    assert not kept.keep("x", 1, b"0123456789x")  # more than the bound: never kept
     assert kept.nbytes == 10
-    kept.plan({"x": np.array([1, 1, 1])})  # a new epoch: nothing kept
+    kept.plan(reads([1, 1, 1]))  # a new epoch: nothing kept
     assert len(kept) == 0 and kept.nbytes == 0
     monkeypatch.setenv(KEEP_ENV, "lots")
     with pytest.raises(ConfigError, match=KEEP_ENV):
         keep_bytes()
+
+
+def test_kept_chunks_keep_the_soonest_read_and_drop_the_farthest(monkeypatch) -> None:
+    """Full, the kept store makes room for a chunk read sooner than its farthest-read chunk by
+    dropping that one (Belady), and keeps no chunk read after all those kept."""
+    monkeypatch.setenv(KEEP_ENV, "9")
+    kept = KeptChunks()
+    kept.plan(reads([0, 5, 3, 4, 2, 1]))  # chunk 5 read at step 1, ..., chunk 1 at step 5
+    assert kept.take("x", [0]) == {}
+    assert kept.keep("x", 1, b"111") and kept.keep("x", 2, b"222") and kept.keep("x", 4, b"444")
+    assert kept.wanted("x", np.arange(6)).tolist() == [5, 3]  # the soonest read first
+    assert kept.keep("x", 3, b"333")  # read at step 2: chunk 1 (step 5) dropped
+    assert kept.nbytes == 9 and sorted(i for _, i in kept._data) == [2, 3, 4]
+    assert kept.dropped == 1
+    assert kept.keep("x", 5, b"555")  # read at step 1: chunk 2 (step 4) dropped
+    assert sorted(i for _, i in kept._data) == [3, 4, 5]
+    kept.plan(reads([0, 5, 3, 4, 2, 1]))
+    assert kept.keep("x", 3, b"333") and kept.keep("x", 5, b"555") and kept.keep("x", 4, b"444")
+    assert not kept.keep("x", 1, b"111")  # read after every kept chunk: not kept
+    assert not kept.keep("x", 2, b"222")
+    assert kept.nbytes == 9
+    assert [kept.take("x", [i]) for i in (5, 3, 4)] == [{5: b"555"}, {3: b"333"}, {4: b"444"}]
+    assert kept.nbytes == 0 and kept.keep("x", 2, b"222")
+
+
+def test_an_epoch_keeps_within_a_small_bound_and_drops_the_farthest(sharded, monkeypatch) -> None:
+    """A bound far below the chunks the first group's checked shards bring: kept bytes never
+    exceed it, chunks read sooner replace those read later, the batches are the same."""
+    root, local = sharded
+    monkeypatch.setenv(KEEP_ENV, str(4 << 10))
+    most, dropped = [0], [0]
+    keep = KeptChunks.keep
+
+    def counted(self: KeptChunks, name: str, i: int, view) -> bool:
+        ok = keep(self, name, i, view)
+        dropped[0] = max(dropped[0], self.dropped)
+        most[0] = max(most[0], self.nbytes)
+        assert self.nbytes <= self.max_bytes
+        return ok
+
+    monkeypatch.setattr(KeptChunks, "keep", counted)
+    with served_url(root) as (url, _):
+        store = shardload.open_store(url)
+        epoch(store, local)
+        epoch(store, local)
+    assert 0 < most[0] <= 4 << 10 and dropped[0] > 0

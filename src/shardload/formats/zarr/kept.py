@@ -6,10 +6,15 @@ requests that cover a group's chunks (:mod:`.shard_fetch`: neighbours within 1 M
 also bring most of the chunks between them, and the shard fetched whole for its checksum brings
 all of them. Without the plan those bytes were dropped and fetched again by later groups (an
 epoch of the default store fetched 5 times its size). The loader tells the reader, once per
-worker and epoch (:func:`shardload.load.url_plan.plan_url_reads`), how many times this worker
-will read each inner chunk this epoch; a fetched chunk that this worker still needs is kept
-(its compressed bytes, copied out of the answer) until the call that needs it takes it, as long
-as the kept bytes stay within ``max_bytes`` (``SHARDLOAD_URL_KEEP_BYTES``, default 256 MiB).
+worker and epoch (:func:`shardload.load.url_plan.plan_url_reads`), when this worker reads
+each inner chunk this epoch (the step of its plan); a fetched chunk that this worker still needs
+is kept (its compressed bytes, copied out of the answer) until the call that needs it takes it,
+within ``max_bytes`` (``SHARDLOAD_URL_KEEP_BYTES``, default 64 MiB). When full, the plan
+decides as Belady's rule does: a chunk read sooner than the farthest-read kept one replaces it,
+a chunk read after every kept one is not kept (the first group's checked shards bring every
+chunk of the store: the bound keeps those the next groups read). The bound was 256 MiB with
+the first fitting chunks kept; the median peak memory of an epoch by URL is back within what it
+was before chunks were kept, for more bytes fetched (docs/benchmarks.md).
 
 Kept bytes are the server's bytes for that chunk's offsets, from a shard checked against its
 checksum when the loader checks (a chunk is kept only from a checked shard, or where checks are
@@ -19,6 +24,7 @@ what is left. Without a plan (a read outside the loader), nothing is kept.
 
 from __future__ import annotations
 
+import heapq
 import os
 import threading
 import weakref
@@ -27,12 +33,12 @@ from typing import Any
 import numpy as np
 
 #: Kept chunk bytes at most per reader (per process), unless ``SHARDLOAD_URL_KEEP_BYTES`` says.
-KEEP_BYTES = 256 << 20
+KEEP_BYTES = 64 << 20
 KEEP_ENV = "SHARDLOAD_URL_KEEP_BYTES"
 
 
 def keep_bytes() -> int:
-    """The bound on kept bytes: ``SHARDLOAD_URL_KEEP_BYTES`` (0: keep nothing) or 256 MiB."""
+    """The bound on kept bytes: ``SHARDLOAD_URL_KEEP_BYTES`` (0: keep nothing) or 64 MiB."""
     raw = os.environ.get(KEEP_ENV, "").strip()
     if not raw:
         return KEEP_BYTES
@@ -48,33 +54,57 @@ def keep_bytes() -> int:
 
 
 class KeptChunks:
-    """One reader's plan (reads left of each inner chunk, by array) and its kept chunks."""
+    """One reader's plan (when this worker reads each inner chunk, by array) and its kept
+    chunks: at most ``max_bytes``, the soonest read first (Belady: when full, a chunk read
+    sooner than the farthest kept one takes its place; a chunk read later than all is not kept).
+    """
 
     def __init__(self) -> None:
         self.max_bytes = 0
         self.nbytes = 0
-        self._left: dict[str, np.ndarray] = {}
+        self.dropped = 0  # chunks dropped for sooner ones this epoch
+        self._when: dict[str, np.ndarray] = {}  # each array's read times, chunk by chunk
+        self._next: dict[str, np.ndarray] = {}  # per chunk: index into _when of its next read
+        self._end: dict[str, np.ndarray] = {}  # per chunk: end of its reads in _when
         self._data: dict[tuple[str, int], bytes] = {}
+        self._far: list[tuple[int, str, int]] = []  # kept chunks, farthest next read first
         self._lock = threading.Lock()
 
-    def plan(self, left: dict[str, np.ndarray]) -> None:
-        """A new epoch's reads left of each inner chunk, by array; what was kept is dropped."""
+    def plan(self, reads: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """A new epoch's reads, by array: each read's inner chunk and its time (a step of this
+        worker's plan, in the order it reads); what was kept is dropped."""
         max_bytes = keep_bytes()
+        when, nxt, end = {}, {}, {}
+        for name, (ids, times) in reads.items():
+            ids = np.asarray(ids, np.int64)
+            order = np.lexsort((np.asarray(times, np.int64), ids))
+            count = np.bincount(ids, minlength=int(ids.max()) + 1 if len(ids) else 0)
+            when[name] = np.asarray(times, np.int64)[order]
+            end[name] = np.cumsum(count)
+            nxt[name] = end[name] - count
         with self._lock:
-            self._left = {k: np.array(v, np.int64) for k, v in left.items()}
-            self._data, self.nbytes, self.max_bytes = {}, 0, max_bytes
+            self._when, self._next, self._end = when, nxt, end
+            self._data, self._far, self.nbytes, self.max_bytes = {}, [], 0, max_bytes
+            self.dropped = 0
+
+    def _soonest(self, name: str, i: int) -> int | None:
+        """When this worker next reads chunk ``i`` of ``name``; None if not this epoch."""
+        nxt = self._next.get(name)
+        if nxt is None or not 0 <= i < len(nxt) or nxt[i] >= self._end[name][i]:
+            return None
+        return int(self._when[name][nxt[i]])
 
     def take(self, name: str, chunks: list[int]) -> dict[int, bytes]:
         """A call reads ``chunks`` of ``name`` (inner chunk numbers of the array): each read
         counted, and those kept handed over (no longer kept)."""
         got: dict[int, bytes] = {}
         with self._lock:
-            left = self._left.get(name)
-            if left is None:
+            nxt = self._next.get(name)
+            if nxt is None:
                 return got
             for i in chunks:
-                if 0 <= i < len(left):
-                    left[i] -= 1
+                if 0 <= i < len(nxt) and nxt[i] < self._end[name][i]:
+                    nxt[i] += 1
                 data = self._data.pop((name, i), None)
                 if data is not None:
                     self.nbytes -= len(data)
@@ -82,31 +112,49 @@ class KeptChunks:
         return got
 
     def wanted(self, name: str, chunks: np.ndarray) -> np.ndarray:
-        """Which of ``chunks`` this worker reads later this epoch and are not kept yet."""
+        """Which of ``chunks`` this worker reads later this epoch and are not kept yet, the
+        soonest read first."""
         with self._lock:
-            left = self._left.get(name)
-            if left is None or self.nbytes >= self.max_bytes:
+            nxt = self._next.get(name)
+            if nxt is None or not self.max_bytes:
                 return chunks[:0]
-            ok = chunks[(chunks >= 0) & (chunks < len(left))]
-            ok = ok[left[ok] > 0]
-            return np.array([i for i in ok.tolist() if (name, i) not in self._data], np.int64)
+            ok = chunks[(chunks >= 0) & (chunks < len(nxt))]
+            ok = ok[nxt[ok] < self._end[name][ok]]
+            ok = np.array([i for i in ok.tolist() if (name, i) not in self._data], np.int64)
+            when = self._when[name][np.minimum(nxt[ok], len(self._when[name]) - 1)]
+            return ok[np.argsort(when, kind="stable")]
 
     def room(self) -> int:
-        """Bytes that may still be kept."""
+        """Bytes that may still be kept without dropping any."""
         with self._lock:
             return max(0, self.max_bytes - self.nbytes)
 
     def keep(self, name: str, i: int, view: Any) -> bool:
-        """Keep a copy of chunk ``i``'s bytes if this worker reads it later and they fit."""
+        """Keep a copy of chunk ``i``'s bytes if this worker reads it later and it fits, once
+        the kept chunks read after it are dropped if need be (the farthest first)."""
+        size = len(view)
         with self._lock:
-            left = self._left.get(name)
-            if left is None or not 0 <= i < len(left) or left[i] <= 0:
+            when = self._soonest(name, i)
+            if when is None or (name, i) in self._data or size > self.max_bytes:
                 return False
-            if (name, i) in self._data or self.nbytes + len(view) > self.max_bytes:
+            while self.nbytes + size > self.max_bytes and self._far:
+                far, far_name, j = self._far[0]  # the kept chunk read last (heap of -time)
+                data = self._data.get((far_name, j))
+                if data is None or self._soonest(far_name, j) != -far:
+                    heapq.heappop(self._far)  # taken since (or kept again): a stale entry
+                    continue
+                if -far <= when:
+                    return False  # every kept chunk is read before this one
+                heapq.heappop(self._far)
+                del self._data[(far_name, j)]
+                self.nbytes -= len(data)
+                self.dropped += 1
+            if self.nbytes + size > self.max_bytes:
                 return False
             data = bytes(view)
             self._data[(name, i)] = data
-            self.nbytes += len(data)
+            self.nbytes += size
+            heapq.heappush(self._far, (-when, name, i))
             return True
 
     def __len__(self) -> int:
@@ -137,11 +185,12 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def plan_kept(kept: KeptChunks, layouts: dict[str, Any], first: Any, last: Any) -> None:
-    """Plan ``kept`` from a worker's row spans ``[first, last)`` of this epoch: the reads of
-    each inner chunk of each sharded array of ``layouts`` (a ``ChunkLayout`` or None)."""
+    """Plan ``kept`` from a worker's row spans ``[first, last)`` of this epoch, in the order it
+    reads them: the inner chunks each span of each sharded array of ``layouts`` (a
+    ``ChunkLayout`` or None) reads, each at the span's step."""
     first = np.asarray(first, np.int64)
     last = np.asarray(last, np.int64)
-    left: dict[str, np.ndarray] = {}
+    reads: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name, layout in layouts.items():
         if layout is None or layout.shard is None or not len(first):
             continue
@@ -151,5 +200,5 @@ def plan_kept(kept: KeptChunks, layouts: dict[str, Any], first: Any, last: Any) 
         total = int(n.sum())
         starts = np.repeat(np.cumsum(n) - n, n)
         ids = np.repeat(a, n) + (np.arange(total, dtype=np.int64) - starts)
-        left[name] = np.bincount(ids, minlength=int(ids.max()) + 1 if total else 0)
-    kept.plan(left)
+        reads[name] = (ids, np.repeat(np.arange(len(first), dtype=np.int64), n))
+    kept.plan(reads)

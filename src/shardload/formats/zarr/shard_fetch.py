@@ -13,7 +13,7 @@ for the call, each decoded by the thread that fetched it as soon as it arrives (
 ``URL_THREADS`` spans of ``URL_RUN_BYTES`` at once).
 
 A shard whose checksum must still be checked is fetched whole, once per reader, and checked
-(:func:`.shard_spans._checked_once`); the call then decodes its chunks from those bytes and makes
+(:func:`_checked_whole`); the call then decodes its chunks from those bytes and makes
 no range request for that shard. At most ``CHECK_THREADS`` shards are held whole at once.
 
 Every check of the one-shard path holds here: a shard index's crc32c and bounds
@@ -42,7 +42,7 @@ from shardload.formats.zarr.shard_spans import (
     Fetch,
     Piece,
     _bytes_fetch,
-    _checked_once,
+    _checked_bytes,
     _read_runs,
     pieces_by_shard,
     read_spans_into,
@@ -57,7 +57,7 @@ URL_RUN_BYTES = 8 << 20
 #: Requests in flight at once for one call.
 URL_THREADS = 8
 #: Shards fetched whole for their checksum at once by one call (each held whole meanwhile).
-CHECK_THREADS = 4
+CHECK_THREADS = 2
 
 #: one request: shard k's pieces ``pieces`` (sorted by offset), bytes [start, end) of ``path``
 Run = tuple[int, str, np.ndarray, list[Piece], int, int]
@@ -186,14 +186,13 @@ def _plan_shard(
             if not pieces:
                 return []
         if verifier is not None and verifier.needed(name, k):
-            with checks:
-                data = _checked_once(layout, verifier, name, k, path)
-                if data is not None:  # decoded here, while the bytes are held
-                    index = _index(layout, name, k, path, data, indexes)
-                    _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), RUN_BYTES)
-                    if kept is not None:
-                        _keep(kept, name, k, index, memoryview(data), 0, len(data))
-                    return []
+            data = _checked_whole(layout, verifier, name, k, path, checks)
+            if data is not None:  # decoded here, while the bytes are held
+                index = _index(layout, name, k, path, data, indexes)
+                _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), RUN_BYTES)
+                if kept is not None:
+                    _keep(kept, name, k, index, memoryview(data), 0, len(data))
+                return []
         index = _index(layout, name, k, path, None, indexes)
         js = [p[0] for p in pieces]
         offs, sizes = index[js, 0], index[js, 1]
@@ -214,16 +213,39 @@ def _plan_shard(
     return runs
 
 
+def _checked_whole(
+    layout: ChunkLayout,
+    verifier: Verifier,
+    name: str,
+    k: int,
+    path: str,
+    checks: BoundedSemaphore,
+) -> bytes | None:
+    """Shard ``k`` fetched whole and checked (``.shard_spans._checked_once`` by URL), at most
+    ``checks`` at once: the semaphore is taken inside the shard's unit lock, so a call that
+    waits for a check another call makes gets its bytes (waiting for the semaphore first, it
+    found the shard checked and its bytes gone: a range request more)."""
+    with verifier.unit_lock(name, k) as unit:
+        if not verifier.needed(name, k):
+            return unit.data
+        with checks:
+            try:
+                with layout.open(path) as f:
+                    unit.data = _checked_bytes(verifier, name, k, path, f)
+            except OSError as exc:  # as verify_file: missing or unreadable, strict or not
+                raise ChunkReadError.from_os_error(exc, f"shard {k}", name, path) from exc
+        return unit.data
+
+
 def _later(kept: KeptChunks | None, name: str, first: int, index: np.ndarray) -> np.ndarray:
     """The inner chunks of the shard (numbers within it) that this worker reads later and that
-    fit the room left to keep them, in offset order."""
+    fit the room left to keep them (the soonest read first), in offset order."""
     if kept is None:
         return np.zeros(0, np.int64)
     js = kept.wanted(name, np.arange(first, first + len(index), dtype=np.int64)) - first
     js = js[index[js, 0] != np.uint64(EMPTY)]
-    js = js[np.argsort(index[js, 0], kind="stable")]
-    fits = np.cumsum(index[js, 1].astype(np.int64)) <= kept.room()
-    return js[fits]
+    js = js[np.cumsum(index[js, 1].astype(np.int64)) <= kept.room()]
+    return js[np.argsort(index[js, 0], kind="stable")]
 
 
 def _keep(

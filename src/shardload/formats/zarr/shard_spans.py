@@ -16,8 +16,7 @@ from __future__ import annotations
 import io
 import struct
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -37,14 +36,6 @@ from shardload.formats.zarr.shards import (
     _scratch,
     shard_index,
 )
-
-#: By URL, inner chunks with at most this many bytes between them share one range request
-#: (a request on loopback costs about as much as reading this many more bytes), and a
-#: request is at most ``URL_RUN_BYTES``.
-URL_GAP_BYTES = 256 << 10
-URL_RUN_BYTES = 16 << 20
-#: By URL, the range requests of one call in flight at once.
-URL_THREADS = 8
 
 #: Adjacent inner chunks are read with one ``pread`` up to this many bytes (the scratch
 #: buffer a reader thread keeps): fewer system calls, each without the GIL.
@@ -157,20 +148,6 @@ def _read_opened(
             index = shard_index(layout, name, k, path, f, fd, indexes)
             if layout.blosc and fd is not None:
                 _read_runs(layout, name, k, pieces, index, path, _local_fetch(fd))
-            elif layout.blosc and isinstance(f, RangeFile):  # by URL: few range requests
-                _read_runs(
-                    layout,
-                    name,
-                    k,
-                    pieces,
-                    index,
-                    path,
-                    f.fetch,
-                    gap=URL_GAP_BYTES,
-                    threads=URL_THREADS,
-                )
-            elif layout.blosc and data is not None:  # the checked whole shard
-                _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), gap=RUN_BYTES)
             else:  # raw inner chunks, or not a local file: the one-span path, piece by piece
                 for j, lo, hi, part in pieces:
                     a = j * layout.chunk_rows + lo
@@ -220,13 +197,14 @@ def _read_runs(
     path: str,
     fetch: Fetch,
     gap: int = 0,
-    threads: int = 1,
 ) -> None:
     """Blosc inner chunks of shard ``k`` in offset order, runs of chunks (up to ``RUN_BYTES``
     each, with at most ``gap`` bytes between one and the next) read with one ``fetch`` each,
     each chunk decoded into its piece; a check that fails hands the chunk to
-    :func:`.chunks.decode_into`, which raises the error naming it. ``threads`` > 1: that many
-    fetches at once (by URL; a pool of this call's own, never one a forked worker inherits)."""
+    :func:`.chunks.decode_into`, which raises the error naming it. By URL
+    (:mod:`.shard_fetch`) ``fetch`` slices bytes already fetched: ``gap`` > 0 lets runs span
+    up to ``gap`` bytes (one fetched request, or a checked whole shard), -1 reads each chunk
+    alone."""
     assert layout.shard is not None
     js = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
     offs, sizes = index[js, 0], index[js, 1]
@@ -234,7 +212,7 @@ def _read_runs(
     offs_l, sizes_l = offs.tolist(), sizes.tolist()
     full = layout.chunk_rows * layout.row_bytes
     typesizes = (1, layout.dtype.itemsize)
-    run_max = RUN_BYTES if not gap else URL_RUN_BYTES
+    run_max = max(RUN_BYTES, gap)
     runs: list[tuple[int, int, int, int]] = []  # order[i:m]: one fetch of bytes [start, end)
     n, i = len(order), 0
     while i < n:
@@ -254,33 +232,28 @@ def _read_runs(
             m += 1
         runs.append((i, m, start, end))
         i = m
-    with ExitStack() as stack:
-        if threads > 1 and len(runs) > 1:  # by URL: the requests in flight together
-            pool = stack.enter_context(ThreadPoolExecutor(min(threads, len(runs))))
-            fetched = pool.map(lambda r: fetch(r[2], r[3]), runs)
-        else:
-            fetched = (fetch(r[2], r[3]) for r in runs)
-        rows, unpack, decompress = layout.chunk_rows, _HEADER.unpack_from, blosc.decompress
-        for (i, m, start, _), (buf, got) in zip(runs, fetched, strict=True):
-            for q in order[i:m]:
-                j, lo, hi, part = pieces[q]
-                a, size = offs_l[q] - start, sizes_l[q]
-                raw = buf[a : a + size]
-                if a + size > got:
-                    raise ChunkReadError(
-                        f"{_what(layout, k, j)} of array {name!r} is truncated: {path} "
-                        f"(expected {size} bytes at offset {offs_l[q]}, got {max(0, got - a)})"
-                    )
-                if lo == 0 and hi == rows and size >= 16:
-                    nbytes, _, cbytes = unpack(raw, 4)
-                    if cbytes == size and nbytes == full and raw[3] in typesizes:
-                        try:
-                            decompress(raw, part)  # in C, without the GIL
-                            continue
-                        except Exception:  # decode_into below raises the error naming it
-                            pass
-                what = _what(layout, k, j)  # built only here: an f-string per chunk costs
-                decode_into(layout, raw, lo, hi, part, name=name, what=what, path=path)
+    fetched = (fetch(r[2], r[3]) for r in runs)
+    rows, unpack, decompress = layout.chunk_rows, _HEADER.unpack_from, blosc.decompress
+    for (i, m, start, _), (buf, got) in zip(runs, fetched, strict=True):
+        for q in order[i:m]:
+            j, lo, hi, part = pieces[q]
+            a, size = offs_l[q] - start, sizes_l[q]
+            raw = buf[a : a + size]
+            if a + size > got:
+                raise ChunkReadError(
+                    f"{_what(layout, k, j)} of array {name!r} is truncated: {path} "
+                    f"(expected {size} bytes at offset {offs_l[q]}, got {max(0, got - a)})"
+                )
+            if lo == 0 and hi == rows and size >= 16:
+                nbytes, _, cbytes = unpack(raw, 4)
+                if cbytes == size and nbytes == full and raw[3] in typesizes:
+                    try:
+                        decompress(raw, part)  # in C, without the GIL
+                        continue
+                    except Exception:  # decode_into below raises the error naming it
+                        pass
+            what = _what(layout, k, j)  # built only here: an f-string per chunk costs
+            decode_into(layout, raw, lo, hi, part, name=name, what=what, path=path)
 
 
 def _what(layout: ChunkLayout, k: int, j: int) -> str:
