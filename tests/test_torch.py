@@ -91,6 +91,29 @@ def test_each_pass_is_the_next_epoch_unless_set_epoch(store):
     assert sdl.state_dict()["dataset"]["epoch"] == 1
 
 
+def test_streaming_dataloader_keeps_its_workers_across_epochs_by_default(store):
+    """With workers, StreamingDataLoader's workers persist (DataLoader's default is new ones
+    each epoch): the second epoch is served by the first epoch's worker processes, and is the
+    next epoch; no workers or an explicit False stay as asked."""
+    sdl = StreamingDataLoader(
+        StreamingDataset(store, batch_size=8, split="train", seed=1), num_workers=2
+    )
+    assert sdl.persistent_workers
+    first = indices(sdl)
+    workers = sdl._iterator  # DataLoader keeps a persistent iterator (and its processes)
+    assert workers is not None
+    second = indices(sdl)
+    assert sdl._iterator is workers
+    assert first == epoch_of(store, 0, 2) and second == epoch_of(store, 1, 2)
+    assert not StreamingDataLoader(
+        StreamingDataset(store, batch_size=8), num_workers=0
+    ).persistent_workers
+    fresh = StreamingDataLoader(
+        StreamingDataset(store, batch_size=8), num_workers=2, persistent_workers=False
+    )
+    assert not fresh.persistent_workers
+
+
 def test_state_of_a_plain_dataloader_with_workers_is_refused(store):
     """The main process's dataset cannot see what DataLoader workers handed to the loop: its
     state_dict() raises, pointing to the loaders that count, instead of saying 0 batches."""

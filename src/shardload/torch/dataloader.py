@@ -35,6 +35,12 @@ class StreamingDataLoader(DataLoader):
     place, so ``in_order=False`` yields the same order too. No workers, or a ``collate_fn`` of
     your own (which would see bundles): no bundles, one batch per item as in ``DataLoader``.
     Only one loader should use a given dataset: the bundle size is set on it.
+
+    ``persistent_workers`` defaults to True when there are workers (``DataLoader``'s default is
+    False): the workers, their ring slots and open files serve every epoch instead of new
+    processes each epoch (later epochs of the default store through 2 workers took 0.31-0.74 s
+    against 0.65-1.40 s, 2026-11-28); ``set_epoch`` and ``load_state_dict`` reach them. Pass
+    ``persistent_workers=False`` for new workers each epoch.
     """
 
     def __init__(
@@ -53,6 +59,8 @@ class StreamingDataLoader(DataLoader):
             bundle = dataset.default_bundle
         if isinstance(bundle, bool) or not isinstance(bundle, int) or bundle < 1:
             raise ValueError(f"bundle must be an integer >= 1 or None, got {bundle!r}")
+        if kwargs.get("num_workers", 0) > 0:
+            kwargs.setdefault("persistent_workers", True)
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         own_collate = kwargs.get("collate_fn") is not None
         self.bundle = bundle
