@@ -69,3 +69,37 @@ def test_a_fresh_prepare_of_a_packed_netcdf4_file_imports_no_distributed_torch_o
         "out": str(tmp_path / "out.store"),
     }
     assert _prepare_modules(cfg) == []
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("distributed") is None,
+    reason="distributed is not installed: nothing could import it",
+)
+@pytest.mark.parametrize("at_load", [True, False])
+def test_a_fresh_window_view_prepare_imports_no_distributed_torch_or_matplotlib(tmp_path, at_load):
+    """The window view (series stored once, or the windows written), whose publish writes
+    the feature names as Zarr coordinates (``prep/coords.py``)."""
+    rng = np.random.default_rng(0)
+    ds = xr.Dataset(
+        {
+            f"v{i}": (("time", "lat", "lon", "lev"), rng.normal(size=(20, 4, 5, 2)).astype("f4"))
+            for i in range(2)
+        },
+        coords={"time": np.arange(20), "lat": np.arange(4.0), "lon": np.arange(5.0)},
+    )
+    src = tmp_path / "series.nc"
+    ds.to_netcdf(src, engine="h5netcdf")
+    cfg = {
+        "source": {"paths": [str(src)], "variables": ["v0", "v1"]},
+        "sample_dims": ["lat", "lon"],
+        "arrays": {"x": ["v0", "v1"]},
+        "view": {
+            "name": "window",
+            "lookback": 3,
+            "horizon": 1,
+            "targets": {"y": ["v0"]},
+            "at_load": at_load,
+        },
+        "out": str(tmp_path / "out.store"),
+    }
+    assert _prepare_modules(cfg) == []

@@ -53,7 +53,7 @@ from shardload.layout import (
 )
 from shardload.prep.disk import os_error, partial_path
 from shardload.prep.lock import OutputLock
-from shardload.util.durable import fsync_dir, fsync_tree, write_atomic
+from shardload.util.durable import collect_written, fsync_dir, fsync_tree, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -272,23 +272,29 @@ class BlockCommit:
         shutil.rmtree(self.root / STAGED_DIR, ignore_errors=True)
 
     def publish(self, files: Mapping[str, bytes | Callable[[BinaryIO], object]]) -> None:
-        """fsync the tree, write ``files`` (path relative to the store root: bytes, or a function
-        writing into the open file, as :func:`write_atomic` takes) in order,
-        each durably, then rename ``OUT.partial`` to ``OUT``. The last file is the one that makes
-        the store complete (the manifest).
+        """Write ``files`` (path relative to the store root: bytes, or a function writing into
+        the open file, as :func:`write_atomic` takes) but the last, fsync them with the whole
+        tree in one pass, write the last durably, then rename ``OUT.partial`` to ``OUT``. The
+        last file is the one that makes the store complete (the manifest).
 
         An existing ``OUT`` is moved aside and deleted only with ``overwrite``; the progress
         records are removed after the rename (a crash between leaves a harmless ``_progress``).
         """
         shutil.rmtree(self.root / STAGED_DIR, ignore_errors=True)
-        # every array file on disk before the manifest says complete (files fsynced before
-        # their block's record are not synced again)
-        fsync_tree(self.root, skip=self.synced)
-        for rel, data in files.items():
-            path = self.root / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, data)
-            fsync_dir(path.parent)
+        *first, last = files.items()
+        with collect_written(defer=True):  # fsynced by the pass below, with the arrays' files
+            for rel, data in first:
+                path = self.root / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, data, deferrable=True)
+        # every file and folder on disk before the manifest says complete, in one pass of
+        # fsyncs issued together (files fsynced before their block's record are not again, nor
+        # the progress records, each durable since it was written and removed below)
+        fsync_tree(self.root, skip=self.synced, prune=(PROGRESS_DIR,))
+        path = self.root / last[0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, last[1])
+        fsync_dir(path.parent)
         old = None
         if self.out.exists():
             if not self.overwrite:

@@ -283,9 +283,12 @@ def _dated_stats(
 def _share_view(job: PrepareJob, view: View) -> None:
     """The view the write tasks in this process use: the driver's own, or (one sample dim,
     rows not read by the view itself) the source re-opened with dask chunks aligned to the
-    store's chunks; threads here share it."""
+    store's chunks; threads here share it. A view whose row reader serves all it reads is
+    the driver's own: its dask chunks are never read (the source is opened once)."""
     cfg = job.config
-    if job.read_chunks:  # the source again, in dask chunks of whole source units
+    if getattr(view, "read_by_rows", False) and job.origin is None:
+        share_view(job.fingerprint, view)
+    elif job.read_chunks:  # the source again, in dask chunks of whole source units
         share_view(job.fingerprint, build(cfg, read_chunks=job.read_chunks))
     elif (
         job.dataset is None

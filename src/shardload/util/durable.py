@@ -22,9 +22,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -113,15 +115,41 @@ def write_atomic(
         raise
 
 
-def fsync_tree(root: Path, *, skip: Container[str] = ()) -> None:
+#: threads of :func:`fsync_all`: fsyncs issued together share the filesystem's journal commits
+FSYNC_THREADS = 16
+
+
+def fsync_all(paths: Iterable[str | os.PathLike[str]], *, folders: Iterable[Path] = ()) -> None:
+    """fsync every path of ``paths`` (errors raise) and every folder of ``folders`` (where the
+    filesystem allows it, as :func:`fsync_dir`), each once, all of them issued at once from a
+    few threads. On ext4 each fsync of a small file that waits alone costs a journal commit
+    (2-25 ms on the development VM's disk); fsyncs in flight together share one. Returns when
+    all are durable."""
+    files = list(dict.fromkeys(os.fspath(p) for p in paths))
+    dirs = [d for d in dict.fromkeys(Path(f) for f in folders) if os.fspath(d) not in files]
+    jobs: list[Callable[[], None]] = [functools.partial(fsync_path, f) for f in files]
+    jobs += [functools.partial(fsync_dir, d) for d in dirs]
+    if len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    with ThreadPoolExecutor(min(FSYNC_THREADS, len(jobs)), "shardload-sync-pass") as pool:
+        for fut in [pool.submit(job) for job in jobs]:
+            fut.result()  # the first error raises (after all were issued)
+
+
+def fsync_tree(root: Path, *, skip: Container[str] = (), prune: Container[str] = ()) -> None:
     """fsync every file and folder under ``root``, but the files in ``skip`` (paths as
-    ``str(root / ...)``: files already fsynced)."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(folder, name)
-            if path not in skip:
-                fsync_path(path)
-        fsync_dir(Path(folder))
+    ``str(root / ...)``: files already fsynced) and the folders ``root / NAME`` for the names in
+    ``prune`` (with all they hold), all at once (:func:`fsync_all`)."""
+    files: list[str] = []
+    folders: list[Path] = []
+    for folder, subs, names in os.walk(root):
+        if folder == os.fspath(root):
+            subs[:] = [s for s in subs if s not in prune]
+        files += [p for p in (os.path.join(folder, n) for n in names) if p not in skip]
+        folders.append(Path(folder))
+    fsync_all(files, folders=folders)
 
 
 def fsync_dir(path: Path) -> None:

@@ -104,6 +104,13 @@ class FlatView:
         return {}
 
     @property
+    def read_by_rows(self) -> bool:
+        """Whether its row reader serves every variable it reads (then the lazy dataset's
+        chunks play no part in a read)."""
+        names = {str(d.name) for das in self._vars.values() for d in das}
+        return self.rows is not None and names <= set(self.rows.names)
+
+    @property
     def sample_source(self) -> xr.DataArray:
         """A source variable, sample-major: its coords hold the sample dims' coordinates."""
         return next(iter(self._vars.values()))[0]
