@@ -175,12 +175,29 @@ def resolve_prefetch(
     0) a group's worth of chunks ahead when default groups are larger than
     ``DEFAULT_SHUFFLE_CHUNKS`` (:func:`whole_chunk_group`: small chunks, so at most
     ``WHOLE_CHUNK_GROUP_BYTES`` decoded ahead, as ``DEFAULT_PREFETCH`` chunks of the default
-    size), else ``DEFAULT_PREFETCH`` segments. Decides no row order (not in the plan)."""
+    size), else ``DEFAULT_PREFETCH`` segments; by URL, unsharded chunk files up to
+    ``URL_IN_FLIGHT`` chunks ahead within the same decoded bytes, across groups. Decides no row order (not in the plan)."""
     if prefetch is not None:
         return check_nonneg("prefetch", prefetch)
     if piece_rows or isinstance(store.reader, WindowReader) or raw_rows(store, sel.arrays):
         return DEFAULT_PREFETCH
-    return max(DEFAULT_PREFETCH, min(shuffle_chunks, whole_chunk_group(store, sel)))
+    group = whole_chunk_group(store, sel)
+    ahead = max(DEFAULT_PREFETCH, min(shuffle_chunks, group))
+    if not store.is_local and not _sharded(store, sel.arrays):
+        # chunk files by URL: each waits a round trip, so the files of the groups after the
+        # current one are asked for together, up to the requests in flight and the same
+        # decoded bytes (``group`` chunks hold WHOLE_CHUNK_GROUP_BYTES)
+        from shardload.move.remote import URL_IN_FLIGHT
+
+        ahead = max(ahead, min(URL_IN_FLIGHT, group))
+    return ahead
+
+
+def _sharded(store: Store, names: tuple[str, ...]) -> bool:
+    """Some of ``names`` are sharded Zarr arrays (by URL their calls plan their own requests
+    per group: ``formats/zarr/shard_fetch.py``)."""
+    layout = getattr(store.reader, "layout", None)
+    return callable(layout) and any(getattr(layout(n), "shard", None) for n in names)
 
 
 def default_threads(prefetch: int, readers: int, *, local: bool) -> int:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from shardload.move.retries import stop_on
+
 
 class ReadPool:
     """Threads in lanes: ``ReadPool({"read": 4, "take": 4})``; ``submit(lane, fn, *args)``.
@@ -37,6 +39,7 @@ class ReadPool:
         self._started = dict.fromkeys(lanes, 0)
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._stop = threading.Event()  # set at shutdown: retries of running reads give up
 
     def submit(self, lane: str, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         """Run ``fn(*args)`` in a thread of ``lane``; its result or error in the future."""
@@ -74,7 +77,8 @@ class ReadPool:
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
-                result = fn(*args)
+                with stop_on(self._stop):
+                    result = fn(*args)
             except BaseException as exc:  # handed to the consumer, as an executor does
                 fut.set_exception(exc)
             else:
@@ -86,6 +90,7 @@ class ReadPool:
         lanes), stop every thread."""
         if sys.is_finalizing():  # an iterator left open at exit, closed by the interpreter's
             return  # teardown: its daemon threads are frozen (one may hold the lock) and never end
+        self._stop.set()
         with self._lock:
             self._closed = True
             for queue in self._queue.values():

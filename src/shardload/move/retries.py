@@ -7,8 +7,10 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from shardload.errors import RemoteError, RemoteNotFoundError
@@ -22,6 +24,28 @@ _ENV = {
     "backoff_s": "SHARDLOAD_RETRY_BACKOFF_S",
     "timeout_s": "SHARDLOAD_TIMEOUT_S",
 }
+
+
+_STOP = threading.local()
+
+
+@contextmanager
+def stop_on(event: threading.Event | None) -> Iterator[None]:
+    """Retries in this thread meanwhile end once ``event`` is set: the loader's pool sets it
+    when its iterator closes (``load/pool.py``), so a read nobody waits for any more gives up
+    instead of retrying a gone server for seconds. Threads a read starts pass it on
+    (:func:`current_stop`)."""
+    prev = getattr(_STOP, "event", None)
+    _STOP.event = event
+    try:
+        yield
+    finally:
+        _STOP.event = prev
+
+
+def current_stop() -> threading.Event | None:
+    """The event that ends this thread's retries (:func:`stop_on`), if any."""
+    return getattr(_STOP, "event", None)
 
 
 def default_option(name: str) -> float:
@@ -121,6 +145,7 @@ def call_with_retries(
     RemoteError
         When a non-transient error occurs, or the last retry failed; names ``url`` and ``what``.
     """
+    stop = current_stop()
     for attempt in range(retries + 1):
         try:
             return func()
@@ -137,6 +162,11 @@ def call_with_retries(
                 raise RemoteError(
                     f"cannot read {_describe(url, what)}: {_short(exc)}{_hint(exc)}"
                 ) from exc
+            if stop is not None and stop.is_set():
+                raise RemoteError(
+                    f"cannot read {_describe(url, what)}: {_short(exc)} (not retried: the "
+                    "reader was closed)"
+                ) from exc
             if attempt == retries:
                 raise RemoteError(
                     f"cannot read {_describe(url, what)} after {retries + 1} attempts: {_short(exc)}"
@@ -150,5 +180,11 @@ def call_with_retries(
                 retries,
                 delay,
             )
-            time.sleep(delay)
+            if stop is None:
+                time.sleep(delay)
+            elif stop.wait(delay):  # closed meanwhile: nobody wants these bytes any more
+                raise RemoteError(
+                    f"cannot read {_describe(url, what)}: {_short(exc)} (not retried: the "
+                    "reader was closed)"
+                ) from exc
     raise AssertionError("unreachable")  # pragma: no cover

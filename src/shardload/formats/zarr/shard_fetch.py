@@ -48,6 +48,7 @@ from shardload.formats.zarr.shard_spans import (
     read_spans_into,
 )
 from shardload.formats.zarr.shards import EMPTY, RangeFile, ShardIndexCache, shard_index
+from shardload.move.retries import current_stop, stop_on
 
 #: Inner chunks with at most this many bytes between them share one request: a request costs
 #: about as much as this many more bytes of its answer on loopback (docs/benchmarks.md).
@@ -133,13 +134,19 @@ def read_url_shards(
     always = verifier is not None and verifier.enabled and verifier.mode == "always"
     kept = kept_for(indexes) if indexes is not None and not always else None
     checks = BoundedSemaphore(CHECK_THREADS)
+    stop = current_stop()  # the loader's close ends these threads' retries too
     with ThreadPoolExecutor(URL_THREADS) as pool:
 
         def plan(k: int) -> list[Run]:
-            return _plan_shard(layout, name, k, by_shard[k], verifier, indexes, checks, kept)
+            with stop_on(stop):
+                return _plan_shard(layout, name, k, by_shard[k], verifier, indexes, checks, kept)
+
+        def fetch(r: Run) -> None:
+            with stop_on(stop):
+                _fetch_run(layout, name, r, kept)
 
         runs = [r for rs in pool.map(plan, list(by_shard)) for r in rs]
-        for _ in pool.map(lambda r: _fetch_run(layout, name, r, kept), runs):
+        for _ in pool.map(fetch, runs):
             pass
 
 
