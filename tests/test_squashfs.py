@@ -6,6 +6,7 @@ and skips, saying why, where they or FUSE are missing."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -134,8 +135,11 @@ def test_streaming_dataset_workers_read_through_the_mount(store, image, context)
     for b in batches:
         check_values(store, {k: v.numpy() for k, v in b.items()})
     assert mounts_at(ds.store.root) == 1
+    root = ds.store.root
+    del loader, ds  # its workers persist (the default) until the loader goes
+    gc.collect()
     squashfs.unmount(image)
-    wait_unmounted(ds.store.root)
+    wait_unmounted(root)
 
 
 USER = """
