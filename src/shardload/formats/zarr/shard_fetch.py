@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from threading import BoundedSemaphore
 from typing import Any
 
@@ -47,7 +46,13 @@ from shardload.formats.zarr.shard_spans import (
     pieces_by_shard,
     read_spans_into,
 )
-from shardload.formats.zarr.shards import EMPTY, RangeFile, ShardIndexCache, shard_index
+from shardload.formats.zarr.shards import (
+    EMPTY,
+    RangeFile,
+    ShardIndexCache,
+    shard_errors,
+    shard_index,
+)
 from shardload.move.retries import current_stop, stop_on
 
 #: Inner chunks with at most this many bytes between them share one request: a request costs
@@ -150,22 +155,6 @@ def read_url_shards(
             pass
 
 
-@contextmanager
-def _shard_errors(layout: ChunkLayout, name: str, k: int, path: str, pieces: list[Piece]) -> Any:
-    """Errors reading shard ``k`` as the one-shard path names them (``_read_opened``)."""
-    try:
-        yield
-    except FileNotFoundError as exc:
-        if layout.strict:
-            raise ChunkReadError(f"shard {k} of array {name!r} is missing: {path}") from exc
-        for *_, part in pieces:
-            np.frombuffer(part, dtype=layout.dtype)[...] = layout.fill_value
-    except OSError as exc:
-        raise ChunkReadError(
-            f"shard {k} of array {name!r} could not be read: {path}: {exc}"
-        ) from exc
-
-
 def _plan_shard(
     layout: ChunkLayout,
     name: str,
@@ -182,7 +171,7 @@ def _plan_shard(
     path = layout.chunk_path(k)
     first = k * layout.shard.chunks
     runs: list[Run] = []
-    with _shard_errors(layout, name, k, path, pieces):
+    with shard_errors(layout, name, k, path, (part for *_, part in pieces)):
         held = kept.take(name, [first + p[0] for p in pieces]) if kept is not None else {}
         if held:  # from earlier requests (a chunk each: gap -1 runs none together)
             index = _index(layout, name, k, path, None, indexes)
@@ -291,7 +280,7 @@ def _fetch_run(layout: ChunkLayout, name: str, run: Run, kept: KeptChunks | None
     """One request: bytes [start, end) of the shard, its pieces decoded from them, the chunks
     between them that this worker reads later kept."""
     k, path, index, pieces, start, end = run
-    with _shard_errors(layout, name, k, path, pieces):
+    with shard_errors(layout, name, k, path, (part for *_, part in pieces)):
         buf, got = RangeFile(layout.opener.fs, path).fetch(start, end)
         _read_runs(layout, name, k, pieces, index, path, _slices(buf, got, start), end - start)
         if kept is not None and len(pieces) < len(index):

@@ -25,7 +25,14 @@ from numcodecs import blosc
 from shardload.errors import ChunkReadError
 from shardload.formats.checksums import Verifier, verify_file
 from shardload.formats.zarr.chunks import ChunkLayout, decode_into
-from shardload.formats.zarr.shards import EMPTY, ShardIndexCache, _pread_into, _scratch, shard_index
+from shardload.formats.zarr.shards import (
+    EMPTY,
+    ShardIndexCache,
+    _pread_into,
+    _scratch,
+    shard_errors,
+    shard_index,
+)
 
 _HEADER = struct.Struct("<III")  # a Blosc header's decoded, block and compressed sizes
 _NBYTES = operator.attrgetter("nbytes")
@@ -83,20 +90,11 @@ def _read_shard(
     path = layout.chunk_path(k)
     if verifier is not None and verifier.needed(name, k):  # checked through mmap, then read
         verify_file(verifier, name, k, path, what=f"shard {k}")
-    try:
-        with layout.open(path) as f:  # a local file: its descriptor
-            fd = f.fileno()
-            index = shard_index(layout, name, k, path, f, fd, indexes)
-            _read_chunks(layout, name, k, path, fd, index, js, sel, outs, run_bytes)
-    except FileNotFoundError as exc:
-        if layout.strict:
-            raise ChunkReadError(f"shard {k} of array {name!r} is missing: {path}") from exc
-        for q in sel.tolist():
-            _fill(layout, outs[q])
-    except OSError as exc:
-        raise ChunkReadError(
-            f"shard {k} of array {name!r} could not be read: {path}: {exc}"
-        ) from exc
+    parts = (_bytes_of(outs[q]) for q in sel.tolist())
+    with shard_errors(layout, name, k, path, parts), layout.open(path) as f:  # a local file
+        fd = f.fileno()
+        index = shard_index(layout, name, k, path, f, fd, indexes)
+        _read_chunks(layout, name, k, path, fd, index, js, sel, outs, run_bytes)
 
 
 def _read_chunks(
@@ -175,8 +173,12 @@ def _runs(offs: np.ndarray, ends: np.ndarray, run_bytes: int) -> list[int]:
     return bounds
 
 
+def _bytes_of(out: np.ndarray) -> memoryview:
+    return out.reshape(-1).view(np.uint8).data
+
+
 def _fill(layout: ChunkLayout, out: np.ndarray) -> None:
-    np.frombuffer(out.reshape(-1).view(np.uint8).data, dtype=layout.dtype)[...] = layout.fill_value
+    np.frombuffer(_bytes_of(out), dtype=layout.dtype)[...] = layout.fill_value
 
 
 def chunk_name(layout: ChunkLayout, k: int, j: int) -> str:

@@ -34,6 +34,7 @@ from shardload.formats.zarr.shards import (
     _pread_into,
     _read_inner_chunks,
     _scratch,
+    shard_errors,
     shard_index,
 )
 
@@ -142,25 +143,18 @@ def _read_opened(
     data: bytes | None,
 ) -> None:
     """The pieces of shard ``k``: from ``data`` (its checked bytes) or the file, opened once."""
-    try:
-        with nullcontext(io.BytesIO(data)) if data is not None else layout.open(path) as f:
-            fd = _fileno(f)
-            index = shard_index(layout, name, k, path, f, fd, indexes)
-            if layout.blosc and fd is not None:
-                _read_runs(layout, name, k, pieces, index, path, _local_fetch(fd))
-            else:  # raw inner chunks, or not a local file: the one-span path, piece by piece
-                for j, lo, hi, part in pieces:
-                    a = j * layout.chunk_rows + lo
-                    _read_inner_chunks(layout, name, k, a, a + hi - lo, part, f, fd, index, path)
-    except FileNotFoundError as exc:
-        if layout.strict:
-            raise ChunkReadError(f"shard {k} of array {name!r} is missing: {path}") from exc
-        for *_, part in pieces:
-            np.frombuffer(part, dtype=layout.dtype)[...] = layout.fill_value
-    except OSError as exc:
-        raise ChunkReadError(
-            f"shard {k} of array {name!r} could not be read: {path}: {exc}"
-        ) from exc
+    with (
+        shard_errors(layout, name, k, path, (part for *_, part in pieces)),
+        nullcontext(io.BytesIO(data)) if data is not None else layout.open(path) as f,
+    ):
+        fd = _fileno(f)
+        index = shard_index(layout, name, k, path, f, fd, indexes)
+        if layout.blosc and fd is not None:
+            _read_runs(layout, name, k, pieces, index, path, _local_fetch(fd))
+        else:  # raw inner chunks, or not a local file: the one-span path, piece by piece
+            for j, lo, hi, part in pieces:
+                a = j * layout.chunk_rows + lo
+                _read_inner_chunks(layout, name, k, a, a + hi - lo, part, f, fd, index, path)
 
 
 def _local_fetch(fd: int) -> Fetch:

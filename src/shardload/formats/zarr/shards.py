@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import google_crc32c
@@ -354,3 +356,23 @@ def _pread_into(f: Any, fd: int | None, dst: memoryview, offset: int) -> int:
 
     f.seek(offset)
     return readinto_full(f, dst)
+
+
+@contextmanager
+def shard_errors(
+    layout: ChunkLayout, name: str, k: int, path: str, parts: Iterable[Any]
+) -> Iterator[None]:
+    """How every reader of shard ``k`` names its errors: a missing file is an error naming the
+    shard when the layout is strict, else ``parts`` (writable buffers of the rows asked for,
+    taken only then) get the fill value; any other ``OSError`` names the shard and file."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if layout.strict:
+            raise ChunkReadError(f"shard {k} of array {name!r} is missing: {path}") from exc
+        for part in parts:
+            np.frombuffer(part, dtype=layout.dtype)[...] = layout.fill_value
+    except OSError as exc:
+        raise ChunkReadError(
+            f"shard {k} of array {name!r} could not be read: {path}: {exc}"
+        ) from exc
