@@ -29,6 +29,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numcodecs import blosc
@@ -36,6 +37,33 @@ from numpy.lib.stride_tricks import as_strided
 
 from shardload.formats.zarr.shards import shard_index
 from shardload.store.core import open_store
+
+
+def bare_loop(
+    lay: Any,
+    chunks: np.ndarray,
+    index: dict[int, tuple[str, np.ndarray]],
+    raw: np.ndarray,
+    small: np.ndarray,
+) -> None:
+    """The limit's loop over inner chunks ``chunks`` of array ``x`` (in the given order): one
+    ``os.preadv`` into ``raw`` and one ``blosc.decompress`` into ``small`` each; ``index``
+    caches each shard's path and index."""
+    assert lay.shard is not None
+    for c in chunks.tolist():
+        k, j = divmod(c, lay.shard.chunks)
+        if k not in index:
+            p = lay.chunk_path(k)
+            with open(p, "rb") as f:
+                index[k] = (p, shard_index(lay, "x", k, p, f, f.fileno(), None))
+        p, ix = index[k]
+        off, size = int(ix[j, 0]), int(ix[j, 1])
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.preadv(fd, [raw[:size]], off)
+        finally:
+            os.close(fd)
+        blosc.decompress(raw[:size], small)
 
 
 def main() -> None:
@@ -95,21 +123,7 @@ def main() -> None:
     raw = np.empty(4 * rows * rb + 4096, np.uint8)
 
     def bare() -> None:
-        assert lay.shard is not None
-        for c in chunks.tolist():
-            k, j = divmod(c, lay.shard.chunks)
-            if k not in index:
-                p = lay.chunk_path(k)
-                with open(p, "rb") as f:
-                    index[k] = (p, shard_index(lay, "x", k, p, f, f.fileno(), None))
-            p, ix = index[k]
-            off, size = int(ix[j, 0]), int(ix[j, 1])
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.preadv(fd, [raw[:size]], off)
-            finally:
-                os.close(fd)
-            blosc.decompress(raw[:size], small)
+        bare_loop(lay, chunks, index, raw, small)
 
     gather()
     want = [o.copy() for o in batches]

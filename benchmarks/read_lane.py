@@ -20,9 +20,8 @@ import sys
 import time
 
 import numpy as np
-from numcodecs import blosc
+from decode_floor import bare_loop
 
-from shardload.formats.zarr.shards import shard_index
 from shardload.store.core import open_store
 
 
@@ -50,20 +49,7 @@ def main() -> None:
         rd.read_spans_into("x", ranges, outs)  # type: ignore[attr-defined]
 
     def bare() -> None:
-        for c in np.sort(chunks).tolist():
-            k, j = divmod(c, lay.shard.chunks)
-            if k not in index:
-                p = lay.chunk_path(k)
-                with open(p, "rb") as f:
-                    index[k] = (p, shard_index(lay, "x", k, p, f, f.fileno(), None))
-            p, ix = index[k]
-            off, size = int(ix[j, 0]), int(ix[j, 1])
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.preadv(fd, [raw[:size]], off)
-            finally:
-                os.close(fd)
-            blosc.decompress(raw[:size], small)
+        bare_loop(lay, np.sort(chunks), index, raw, small)
 
     read()
     bare()
