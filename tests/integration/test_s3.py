@@ -264,6 +264,25 @@ def test_an_existing_store_or_foreign_objects_are_not_overwritten(s3_env, tmp_pa
         store.read("x")
 
 
+def _throttled_prepare(tmp_path: Path, conf: Path) -> subprocess.Popen:
+    """``shardload prepare CONF`` in its own process and session, each block slowed by 0.3 s
+    (``SHARDLOAD_THROTTLE_S``), its home under ``tmp_path``: a run to kill mid-write."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": SRC,
+        "SHARDLOAD_THROTTLE_S": "0.3",
+        "SHARDLOAD_HOME": str(tmp_path / "home"),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def _kill_when(proc: subprocess.Popen, ready: Any, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while not ready():
@@ -286,20 +305,7 @@ def test_a_killed_prepare_resumes_and_leaves_nothing_a_reader_takes_for_data(
     url = f"s3://{bucket}/store"
     conf = tmp_path / "conf.yaml"
     conf.write_text(yaml.safe_dump(_config(tmp_path, url, out_storage_options=opts)))
-    env = {
-        **os.environ,
-        "PYTHONPATH": SRC,
-        "SHARDLOAD_THROTTLE_S": "0.3",
-        "SHARDLOAD_HOME": str(tmp_path / "home"),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _throttled_prepare(tmp_path, conf)
     fs = _fs(opts)
     uploads = tmp_path / "home" / "uploads"
 

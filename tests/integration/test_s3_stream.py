@@ -183,9 +183,6 @@ def test_killed_while_streaming_the_rerun_sends_no_noted_object_again(
     """kill -9 once some blocks' objects are uploaded, noted and removed locally, while other
     blocks are still written: the prefix is no store; the re-run puts none of the noted
     objects again and publishes a store equal to a clean run's."""
-    import os
-    import subprocess
-    import sys
 
     import yaml
 
@@ -193,20 +190,7 @@ def test_killed_while_streaming_the_rerun_sends_no_noted_object_again(
     url = f"s3://{bucket}/store"
     conf = tmp_path / "conf.yaml"
     conf.write_text(yaml.safe_dump(_s3._config(tmp_path, url, out_storage_options=opts)))
-    env = {
-        **os.environ,
-        "PYTHONPATH": _s3.SRC,
-        "SHARDLOAD_THROTTLE_S": "0.3",
-        "SHARDLOAD_HOME": str(tmp_path / "home"),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shardload", "prepare", str(conf), "--no-progress"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _s3._throttled_prepare(tmp_path, conf)
     partial = tmp_path / "home" / "uploads"
 
     def noted() -> set[str]:
