@@ -106,6 +106,9 @@ class LiveServer:
                 self.proc.wait(10)
         for t in self._threads:
             t.join(5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
 
     def __enter__(self) -> LiveServer:
         return self
