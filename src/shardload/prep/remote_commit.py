@@ -12,7 +12,8 @@ and uploaded from there (docs/design.md, "Writing a store to S3"):
    manifest is deleted), and lets a re-run remove what an earlier run left there; a prefix
    holding other objects and no such mark is refused without ``overwrite``;
 3. as each block is recorded, its final files are put (checked: size, and the ETag against
-   the file's MD5) and their local copies removed
+   the file's MD5, or where the ETag is not an MD5 -- SSE-KMS, SSE-C -- the bytes read back)
+   and their local copies removed
    (:class:`~shardload.prep.remote_stream.BlockStreamer`): local disk holds the blocks in
    flight, not the store;
 4. at publish, every other file of the local store but the manifest is uploaded (a re-run
@@ -121,6 +122,7 @@ class RemoteCommit(BlockCommit):
             lock_url=self.url + LOCK_SUFFIX,
         )
         self._streamer: BlockStreamer | None = None
+        self._warned_read_back = False
 
     def __enter__(self) -> RemoteCommit:
         try:
@@ -282,8 +284,9 @@ class RemoteCommit(BlockCommit):
             )
 
     def _put_checked(self, rel: str, path: Path) -> str:
-        """Put one file and check the object: its size and ETag against the file's; the
-        ETag."""
+        """Put one file and check the object: its size, and its ETag against the file's MD5;
+        where they differ, its bytes read back against the file's (buckets encrypted with
+        SSE-KMS or SSE-C give ETags that are not MD5s). The object's ETag."""
         key = f"{self.prefix}/{rel}"
         time.sleep(float(os.environ.get(THROTTLE_ENV) or 0))  # testing aid (kill tests)
         self._remote_lock.check()  # a run that lost its lock writes nothing more
@@ -291,14 +294,34 @@ class RemoteCommit(BlockCommit):
         self.fs.put_file(str(path), key, chunksize=PART_BYTES)
         self.fs.invalidate_cache(key)
         info = self.fs.info(key)
-        if info.get("size") != size or str(info.get("ETag", "")).strip('"') != want:
-            raise StoreError(
-                f"object {self.url}/{rel} differs from {path} after its upload (size "
-                f"{info.get('size')} for {size} bytes, ETag {info.get('ETag')} for {want}); "
-                "re-run to resume. Buckets whose ETags are not MD5s (SSE-KMS) are not "
-                "supported yet"
+        got = str(info.get("ETag", "")).strip('"')
+        if info.get("size") == size and (got == want or self._read_back_equal(key, path)):
+            return got
+        raise StoreError(
+            f"object {self.url}/{rel} differs from {path} after its upload (size "
+            f"{info.get('size')} for {size} bytes, ETag {info.get('ETag')} for {want}, and its "
+            "bytes read back differ); re-run to resume"
+        )
+
+    def _read_back_equal(self, key: str, path: Path) -> bool:
+        """The object ``key`` holds the bytes of ``path``, read back part by part (used where
+        its ETag is not the file's MD5: an encrypted bucket's, or a damaged object)."""
+        with self.fs.open(key, "rb", block_size=PART_BYTES) as remote, open(path, "rb") as f:
+            while True:
+                a, b = f.read(PART_BYTES), remote.read(PART_BYTES)
+                if a != b:
+                    return False
+                if not a:
+                    break
+        if not self._warned_read_back:
+            self._warned_read_back = True
+            log.warning(
+                "the ETags of %s are not the MD5s of the objects' bytes (a bucket encrypted "
+                "with SSE-KMS or SSE-C, or a server that does not use MD5s): each object is "
+                "checked by reading it back after its upload, one more download per object",
+                self.url,
             )
-        return want
+        return True
 
 
 def _local_files(root: Path) -> dict[str, Path]:
