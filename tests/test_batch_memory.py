@@ -3,8 +3,10 @@ huge page, not once per 4 KiB page (load/recycle.py)."""
 
 from __future__ import annotations
 
+import gc
 import resource
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +95,36 @@ def test_recycler_cuts_page_aligned_buffers_from_shared_slabs():
     for i, h in enumerate(held):  # no two batches share memory
         h["x"][:] = i
     assert [int(h["x"][0, 0]) for h in held] == list(range(5))
+
+
+def test_the_next_epoch_reuses_the_last_epochs_batch_memory(big_npy, monkeypatch):
+    """A store's next iterator takes up the memory its last one's batches left (already
+    faulted in): the second epoch makes no new batch memory (each iterator made its own)."""
+    from shardload.load import recycle
+
+    made = []
+    real = recycle.huge_empty
+
+    def counting(nbytes: int) -> np.ndarray:
+        made.append(nbytes)
+        return real(nbytes)
+
+    monkeypatch.setattr(recycle, "huge_empty", counting)
+    store = shardload.open_store(big_npy.url)  # a store object no other test has read
+    first = [b["index"].copy() for b in shardload.iter_batches(store, batch_size=BATCH, epoch=0)]
+    assert made  # the first epoch's batches
+    made.clear()
+    second = [b["index"].copy() for b in shardload.iter_batches(store, batch_size=BATCH, epoch=1)]
+    assert made == []
+    assert len(first) == len(second) and not all(
+        np.array_equal(a, b) for a, b in zip(first, second, strict=True)
+    )
+    # another batch size is another layout: its own memory
+    for _ in shardload.iter_batches(store, batch_size=BATCH // 2, epoch=1):
+        pass
+    assert made
+    # the memory goes with the store
+    ref = weakref.ref(store)
+    del store
+    gc.collect()
+    assert ref() is None
