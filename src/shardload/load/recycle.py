@@ -7,11 +7,21 @@ batches over a small set of buffers and takes a buffer back when the last array 
 the batch or of any view the caller made (``torch.from_numpy`` tensors included), is garbage:
 the arrays of a batch all view one non-owning wrapper array, and a ``weakref.finalize`` on that
 wrapper returns the buffer. A caller that keeps batches just makes the recycler allocate more.
+
+Buffers are cut from *slabs* of about :data:`SLAB_BYTES` (:func:`huge_empty`): private
+anonymous memory aligned on 2 MiB and advised for transparent huge pages on Linux, so the
+kernel's copy into a fresh batch faults once per 2 MiB instead of once per 4 KiB page (numpy
+advises only arrays of 4 MiB or more, and a batch is often less): 12,000 faults an epoch of
+the 406 MB raw store of ``benchmarks/raw_goal.py`` became about 30 (docs/design.md, "Batch
+memory in huge pages").
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +36,34 @@ Specs = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 Allocate = Callable[[int], "dict[str, np.ndarray] | None"]
 #: The batch key of the samples' global row numbers (int64).
 INDEX_KEY = "index"
+
+
+#: Batch buffers are cut from slabs of at least this many bytes (one buffer when larger).
+SLAB_BYTES = 16 << 20
+#: Transparent huge pages: a slab starts on this boundary (x86-64 and arm64 with 4 KiB pages).
+HUGE_PAGE = 2 << 20
+#: Each buffer of a slab starts on a page: the kernel copies files into aligned memory faster
+#: (``shardload.formats.base.aligned_empty``).
+PAGE = 4096
+_MADV_HUGEPAGE = 14  # Linux; Python 3.11's mmap module does not name it
+
+
+def huge_empty(nbytes: int) -> np.ndarray:
+    """``nbytes`` of uninitialised memory (uint8) starting on a :data:`HUGE_PAGE` boundary,
+    advised ``MADV_HUGEPAGE`` (Linux, private anonymous ``mmap``; freed when the last view
+    goes): its first touch faults a 2 MiB page at a time where transparent huge pages are
+    ``always`` or ``madvise``. Elsewhere, a page-aligned ``np.empty``."""
+    if not sys.platform.startswith("linux"):
+        raw = np.empty(nbytes + PAGE, np.uint8)
+        off = (-raw.ctypes.data) % PAGE
+        return raw[off : off + nbytes]
+    size = -(-max(1, nbytes) // HUGE_PAGE) * HUGE_PAGE
+    m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = np.frombuffer(m, np.uint8)
+    off = (-raw.ctypes.data) % HUGE_PAGE
+    with contextlib.suppress(OSError):  # a kernel without transparent huge pages: 4 KiB pages
+        m.madvise(_MADV_HUGEPAGE, off, size)
+    return raw[off : off + nbytes]
 
 
 def batch_specs(store: Store, names: Sequence[str]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -88,11 +126,21 @@ class BatchRecycler:
         self._idle: list[np.ndarray] = []
         self._lock = threading.Lock()
         self.allocated = 0  # buffers ever made (for tests and logs)
+        self._stride = -(-self.buffer_bytes // PAGE) * PAGE
+        self._per_slab = max(1, min(self.keep, SLAB_BYTES // self._stride))
+        self._slab: np.ndarray | None = None  # the rest of the current slab
 
     def _give_back(self, buf: np.ndarray) -> None:
         with self._lock:
             if len(self._idle) < self.keep:
                 self._idle.append(buf)
+
+    def _cut(self) -> np.ndarray:  # under the lock
+        """A new buffer: the next one of the current slab (a new slab when it is used up)."""
+        if self._slab is None or len(self._slab) < self.buffer_bytes:
+            self._slab = huge_empty(self._per_slab * self._stride)
+        buf, self._slab = self._slab[: self.buffer_bytes], self._slab[self._stride :]
+        return buf
 
     def allocate(self, rows: int) -> dict[str, np.ndarray] | None:
         """Arrays for a batch of ``rows`` rows over a reused buffer, or None if too many rows."""
@@ -100,9 +148,9 @@ class BatchRecycler:
             return None
         with self._lock:
             buf = self._idle.pop() if self._idle else None
-        if buf is None:
-            buf = np.empty(self.buffer_bytes, np.uint8)
-            self.allocated += 1
+            if buf is None:
+                buf = self._cut()
+                self.allocated += 1
         raw = np.frombuffer(buf.data, np.uint8)  # views of it keep it (not buf) as base
         weakref.finalize(raw, self._give_back, buf)
         return batch_views(raw, self.specs, self.offsets, rows)

@@ -101,6 +101,51 @@ def plan_group_reads(
     return order, np.append(starts, len(order)), c[starts]
 
 
+def plan_span_reads(
+    spans: Spans, want: np.ndarray, bounds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`plan_group_reads` of a group's rows ``want`` (indices into the rows of ``spans``,
+    in stream order; each at most once) by sorting its *segments* (a few hundred) instead of
+    its rows (thousands): a segment of a range is consecutive file rows of one chunk, and the
+    segments of a chunk never overlap, so the rows sorted by (chunk, file row) are the segments
+    sorted by (chunk, first file row), each expanded (pure; ``bounds``: the chunks' first global
+    rows). Explicit-row segments (a resumed group) are sorted by row.
+
+    Returns ``(order, run_starts, run_chunk, file_rows)``, ``file_rows`` in sorted order.
+
+    >>> from shardload.plan.spans import Spans
+    >>> sp = Spans(*(np.array(v) for v in ([1, 0, 1], [14, 0, 10], [0, 8, 0], [2, 10, 1], [-1] * 3)))
+    >>> o, s, c, r = plan_span_reads(sp, np.array([4, 0, 2, 3, 1]), np.array([0, 10, 20]))
+    >>> o.tolist(), s.tolist(), c.tolist(), r.tolist()
+    ([2, 3, 0, 1, 4], [0, 2, 3, 5], [0, 1, 1], [8, 9, 0, 4, 5])
+    """
+    if len(spans) == 0 or (spans.ex >= 0).any():
+        rows = spans_rows(spans)[want]
+        chunks = spans_chunks(spans)[want]
+        order, run_starts, run_chunk = plan_group_reads(chunks, rows - bounds[chunks])
+        return order, run_starts, run_chunk, (rows - bounds[chunks])[order]
+    fr0 = spans.base + spans.lo - bounds[spans.chunk]  # each segment's first file row
+    if int(fr0.max()) < 1 << 32:
+        seg = np.argsort((spans.chunk.astype(np.int64) << 32) | fr0)
+    else:
+        seg = np.lexsort((fr0, spans.chunk))
+    lens = (spans.hi - spans.lo)[seg]
+    total = int(spans.cum[-1])
+    step = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    inv = np.full(total, -1, np.int64)
+    inv[want] = np.arange(len(want), dtype=np.int64)
+    order = inv[np.repeat(spans.cum[:-1][seg], lens) + step]  # the stream index of each row
+    r = np.repeat(fr0[seg], lens) + step
+    c = np.repeat(spans.chunk[seg], lens)
+    if len(want) < total:  # rows left out (a resume, or the epoch's end)
+        keep = order >= 0
+        order, r, c = order[keep], r[keep], c[keep]
+    brk = np.ones(len(order), bool)
+    brk[1:] = (c[1:] != c[:-1]) | (r[1:] != r[:-1] + 1)
+    starts = np.flatnonzero(brk)
+    return order, np.append(starts, len(order)), c[starts], r
+
+
 def groups_in_flight(*, prefetch: int, shuffle_chunks: int) -> int:
     """Shuffle groups a scatter reader fills at once: the current one and
     ``ceil(prefetch / shuffle_chunks)`` ahead (pure).
@@ -211,15 +256,13 @@ class ScatterReader(GroupReader):
         where = f"worker {self.worker} of rank {self.rank}: a group's order"
         check_indices(want, int(spans.cum[-1]) if len(spans) else 0, where)
         rows = spans_rows(spans)[want]  # global rows, in stream order
-        chunks = spans_chunks(spans)[want]
         cut = group_batches(at, n, b)
         k0 = int(cut[0, 0])
         outs = [self._batch(int(k)) for k in cut[:, 0]]
         for (_, dst, src, cnt), out in zip(cut.tolist(), outs, strict=True):
             out[self.index_key][dst : dst + cnt] = rows[src : src + cnt]
-        srt, run_starts, run_chunk = plan_group_reads(chunks, rows - bounds[chunks])
+        srt, run_starts, run_chunk, file_rows = plan_span_reads(spans, want, bounds)
         pos = (at + srt).astype(np.uint64)  # stream position of each sorted row
-        file_rows = (rows - bounds[chunks])[srt]
         run_row = file_rows[run_starts[:-1]]
         # the file rows each run's chunk must hold: runs are sorted by (chunk, row), so the
         # end of a chunk's last run, spread over its runs

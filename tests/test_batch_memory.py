@@ -1,0 +1,130 @@
+"""Batch memory of the in-process loader: the kernel's copy into fresh batches faults once per
+huge page, not once per 4 KiB page (load/recycle.py)."""
+
+from __future__ import annotations
+
+import gc
+import resource
+import sys
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import shardload
+from shardload.load.recycle import HUGE_PAGE, PAGE, BatchRecycler, huge_empty
+
+ROWS, FEATURES, BATCH = 4096, 1024, 256  # 16 MiB of float32 rows: 16 batches of 1 MiB
+
+
+def _thp_on() -> bool:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return "[never]" not in text
+
+
+needs_thp = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not _thp_on(),
+    reason="transparent huge pages are off (or not Linux)",
+)
+
+
+@pytest.fixture(scope="module")
+def big_npy(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("batchmem")
+    values = np.arange(ROWS * FEATURES, dtype="f4").reshape(ROWS, FEATURES)
+    xr.Dataset({"a": (("sample", "f"), values)}).to_netcdf(tmp / "src.nc")
+    prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
+    return prepare(
+        {
+            "source": {"paths": [str(tmp / "src.nc")]},
+            "sample_dims": ["sample"],
+            "view": "flat",
+            "arrays": {"x": ["a"]},
+            "format": "npy",
+            "compression": "none",
+            "chunk_rows": 512,
+            "out": str(tmp / "store"),
+        }
+    )
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+@needs_thp
+def test_an_epoch_faults_per_huge_page_not_per_page(big_npy):
+    """An epoch of 16 MiB of batches faults in far fewer than its 4,096 pages (the batches of
+    a fresh iterator were fresh ``np.empty`` memory, faulted page by page: ~4,100 faults)."""
+    for _ in shardload.iter_batches(big_npy, batch_size=BATCH, epoch=0):  # imports, rings
+        pass
+    before = _faults()
+    n = 0
+    for b in shardload.iter_batches(big_npy, batch_size=BATCH, epoch=1):
+        assert np.array_equal(b["x"][:, 0], b["index"].astype("f4") * FEATURES)
+        n += 1
+    faults = _faults() - before
+    pages = n * BATCH * FEATURES * 4 // PAGE
+    assert n == ROWS // BATCH
+    assert faults < pages // 4, f"{faults} page faults for {pages} pages of batches"
+
+
+def test_huge_empty_is_aligned_and_writable():
+    a = huge_empty(3 * HUGE_PAGE + 5)
+    assert len(a) == 3 * HUGE_PAGE + 5 and a.dtype == np.uint8
+    assert a.ctypes.data % (HUGE_PAGE if sys.platform.startswith("linux") else PAGE) == 0
+    a[:] = 7
+    assert int(a.sum()) == 7 * len(a)
+
+
+def test_recycler_cuts_page_aligned_buffers_from_shared_slabs():
+    specs = {"x": ((1000,), np.dtype("f4")), "index": ((), np.dtype("i8"))}
+    r = BatchRecycler(specs, 64, keep=8)
+    held = [r.allocate(64) for _ in range(5)]
+    bases = sorted(h["x"].ctypes.data for h in held)
+    assert all(b % PAGE == 0 for b in bases)
+    assert r.allocated == 5
+    # buffers of one slab follow each other, a page-rounded buffer apart
+    stride = -(-r.buffer_bytes // PAGE) * PAGE
+    assert np.diff(bases).tolist() == [stride] * 4
+    for i, h in enumerate(held):  # no two batches share memory
+        h["x"][:] = i
+    assert [int(h["x"][0, 0]) for h in held] == list(range(5))
+
+
+def test_the_next_epoch_reuses_the_last_epochs_batch_memory(big_npy, monkeypatch):
+    """A store's next iterator takes up the memory its last one's batches left (already
+    faulted in): the second epoch makes no new batch memory (each iterator made its own)."""
+    from shardload.load import recycle
+
+    made = []
+    real = recycle.huge_empty
+
+    def counting(nbytes: int) -> np.ndarray:
+        made.append(nbytes)
+        return real(nbytes)
+
+    monkeypatch.setattr(recycle, "huge_empty", counting)
+    store = shardload.open_store(big_npy.url)  # a store object no other test has read
+    first = [b["index"].copy() for b in shardload.iter_batches(store, batch_size=BATCH, epoch=0)]
+    assert made  # the first epoch's batches
+    made.clear()
+    second = [b["index"].copy() for b in shardload.iter_batches(store, batch_size=BATCH, epoch=1)]
+    assert made == []
+    assert len(first) == len(second) and not all(
+        np.array_equal(a, b) for a, b in zip(first, second, strict=True)
+    )
+    # another batch size is another layout: its own memory
+    for _ in shardload.iter_batches(store, batch_size=BATCH // 2, epoch=1):
+        pass
+    assert made
+    # the memory goes with the store
+    ref = weakref.ref(store)
+    del store
+    gc.collect()
+    assert ref() is None

@@ -1,0 +1,79 @@
+"""The scatter reader's plan of a group's reads: sorted by segment, not by row
+(load/scatter.py ``plan_span_reads``), the same runs as sorting every row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shardload
+from _stores import check_values, make_store
+from shardload.load import scatter
+from shardload.load.scatter import plan_group_reads, plan_span_reads
+from shardload.plan.spans import Spans, spans_chunks, spans_rows
+
+
+def _random_spans(rng: np.random.Generator) -> tuple[Spans, np.ndarray]:
+    """Non-overlapping range segments of a few chunks, in a random order; chunk bounds."""
+    sizes = rng.integers(1, 40, rng.integers(1, 6))
+    bounds = np.concatenate(([0], np.cumsum(sizes)))
+    chunk, base, lo, hi = [], [], [], []
+    for c, size in enumerate(sizes.tolist()):
+        cuts = np.unique(np.concatenate(([0, size], rng.integers(0, size, rng.integers(0, 6)))))
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            if rng.random() < 0.8:  # some pieces belong to other groups
+                piece = int(rng.integers(a, b + 1))  # base: a piece start, lo: inside it
+                chunk.append(c), base.append(bounds[c] + piece), lo.append(a - piece)
+                hi.append(b - piece)
+    if not chunk:
+        chunk, base, lo, hi = [0], [0], [0], [1]
+    perm = rng.permutation(len(chunk))
+    cols = [np.asarray(v, np.int64)[perm] for v in (chunk, base, lo, hi)]
+    return Spans(*cols, np.full(len(chunk), -1, np.int64)), bounds
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_segment_sort_plans_the_same_runs_as_the_row_sort(seed):
+    rng = np.random.default_rng(seed)
+    spans, bounds = _random_spans(rng)
+    n = spans.num_rows
+    order = rng.permutation(n)
+    want = order[int(rng.integers(0, n // 2 + 1)) :] if seed % 3 == 0 else order
+    want = want[: int(rng.integers(1, len(want) + 1))] if seed % 2 else want
+    rows, chunks = spans_rows(spans)[want], spans_chunks(spans)[want]
+    o1, s1, c1 = plan_group_reads(chunks, rows - bounds[chunks])
+    o2, s2, c2, r2 = plan_span_reads(spans, want, bounds)
+    assert o2.tolist() == o1.tolist() and s2.tolist() == s1.tolist()
+    assert c2.tolist() == c1.tolist()
+    assert r2.tolist() == (rows - bounds[chunks])[o1].tolist()
+
+
+class _Sorts:
+    """numpy, but for ``argsort`` / ``lexsort``, which record how many keys they sort."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def __getattr__(self, name: str):
+        return getattr(np, name)
+
+    def argsort(self, a, *args, **kw):
+        self.sizes.append(len(a))
+        return np.argsort(a, *args, **kw)
+
+    def lexsort(self, keys, *args, **kw):
+        self.sizes.append(len(keys[0]))
+        return np.lexsort(keys, *args, **kw)
+
+
+def test_the_scatter_planner_sorts_segments_not_rows(tmp_path, monkeypatch):
+    """A default group of a raw store holds 256 small pieces and thousands of rows: planning
+    its reads sorts the pieces (it sorted every row: one ``argsort`` of the group's rows)."""
+    store = make_store(tmp_path, n=3000, chunk_rows=500)
+    sorts = _Sorts()
+    monkeypatch.setattr(scatter, "np", sorts)
+    batches = list(shardload.iter_batches(store, batch_size=64, epoch=1))
+    for b in batches:
+        check_values(store, b)
+    assert sorted(np.concatenate([b["index"] for b in batches]).tolist()) == list(range(3000))
+    assert sorts.sizes and max(sorts.sizes) <= 512, sorts.sizes  # pieces, not 3,000 rows
