@@ -4,8 +4,10 @@ huge page, not once per 4 KiB page (load/recycle.py)."""
 from __future__ import annotations
 
 import gc
+import os
 import resource
 import sys
+import time
 import weakref
 from pathlib import Path
 
@@ -128,3 +130,51 @@ def test_the_next_epoch_reuses_the_last_epochs_batch_memory(big_npy, monkeypatch
     del store
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_with_recyclers_of_its_own(big_npy):
+    """A child forked while a parent's thread holds the recyclers' lock neither deadlocks nor
+    takes the parent's idle buffers."""
+    import threading
+
+    from shardload.load import batches
+
+    store = shardload.open_store(big_npy)
+    list(shardload.iter_batches(store, batch_size=64, seed=0))
+    assert batches._RECYCLERS
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with batches._RECYCLERS_LOCK:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one epoch, then report how many recyclers it inherited
+        try:
+            n = len(batches._RECYCLERS)
+            list(shardload.iter_batches(store, batch_size=64, seed=0))
+            os.write(w, str(n).encode())
+        finally:
+            os._exit(0)
+    release.set()
+    t.join()
+    os.close(w)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child deadlocked on the parent's recycler lock")
+    with os.fdopen(r, "rb") as f:
+        assert f.read() == b"0"

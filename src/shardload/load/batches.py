@@ -363,6 +363,18 @@ _RECYCLERS: weakref.WeakKeyDictionary[Store, dict[tuple[Any, ...], BatchRecycler
 _RECYCLERS_LOCK = threading.Lock()
 
 
+def _forget_recyclers_in_child() -> None:
+    """A forked worker starts with recyclers of its own: the parent's locks may have been held
+    by one of its threads at the fork, and their idle buffers are the parent's."""
+    global _RECYCLERS_LOCK
+    _RECYCLERS_LOCK = threading.Lock()
+    _RECYCLERS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_recyclers_in_child)
+
+
 def batch_recycler(
     store: Store, names: Sequence[str], plan: EpochPlan, prefetch: int, *, chunk_rows: int
 ) -> BatchRecycler:
