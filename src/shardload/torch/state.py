@@ -45,6 +45,8 @@ _SPEC_BYTES = 1 << 16
 # Channel integers
 _PASS, _PASS_ID, _SHIFT, _UNCOUNTED = range(4)
 _INTS = 4
+#: the start method of the channel's lock until a spawned worker needs another (Channel)
+_LOCK_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 WORKER_KEYS = ("epoch", "leg", "worker", "num_workers", "rank_world", "worker_batches")
 
@@ -92,9 +94,12 @@ class Channel:
     def __init__(self, spec: dict[str, Any] | None = None, ints: np.ndarray | None = None) -> None:
         self._spec = torch.zeros(_SPEC_BYTES, dtype=torch.uint8).share_memory_()
         self._ints_t = torch.zeros(_INTS, dtype=torch.int64).share_memory_()
-        # a spawn-context lock: a fork-context one is unlinked at once and cannot reach spawned
-        # workers
-        self.lock: Any = multiprocessing.get_context("spawn").Lock()
+        # A fork-context lock (where there is fork): a spawn-context one starts
+        # multiprocessing's resource tracker, a Python process of its own (about 0.03 CPU s),
+        # in every program that builds a dataset. A fork-context lock cannot reach spawned
+        # workers, so the first pickling for one swaps in a spawn-context lock (__reduce__).
+        self.lock: Any = multiprocessing.get_context(_LOCK_START).Lock()
+        self._spawnable = _LOCK_START != "fork"
         self.ints = self._ints_t.numpy()
         if ints is not None:
             self.ints[:] = ints
@@ -157,13 +162,24 @@ class Channel:
 
     def __reduce__(self) -> tuple[Any, ...]:
         if mp_context.get_spawning_popen() is not None:  # starting a worker: share
+            self._make_spawnable()
             return (_shared_channel, (self._spec, self._ints_t, self.lock))
         return (_private_channel, (self.read(), self.ints.copy()))
+
+    def _make_spawnable(self) -> None:
+        """Main process, pickling the channel for a spawned or forkserver worker: a lock that
+        reaches it (spawn context) from now on. Workers forked before keep the fork-context
+        lock: only one loader, with one start method, should use a dataset."""
+        if self._spawnable:
+            return
+        new = multiprocessing.get_context("spawn").Lock()
+        with self.lock:
+            self.lock, self._spawnable = new, True
 
 
 def _shared_channel(spec: torch.Tensor, ints: torch.Tensor, lock: Any) -> Channel:
     ch = Channel.__new__(Channel)
-    ch._spec, ch._ints_t, ch.lock = spec, ints, lock
+    ch._spec, ch._ints_t, ch.lock, ch._spawnable = spec, ints, lock, True
     ch.ints = ints.numpy()
     return ch
 
