@@ -1,7 +1,9 @@
-"""What starting StreamingDataLoader workers costs (issue 25): no process beside the workers."""
+"""What starting StreamingDataLoader workers costs (issue 25): no process beside the workers,
+and the epoch planned once, in the main process, for the workers a pass starts."""
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 
@@ -11,7 +13,9 @@ from _stores import make_store
 from conftest import SRC
 
 torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, get_worker_info  # noqa: E402
 
+from shardload.load.spec import LoadSpec  # noqa: E402
 from shardload.torch import StreamingDataLoader, StreamingDataset  # noqa: E402
 
 pytestmark = [
@@ -64,3 +68,68 @@ def test_spawn_workers_after_fork_workers_share_the_epoch(store):
     assert [b["index"].tolist() for b in dl] == fork
     ds2.set_epoch(0)  # persistent spawned workers: the epoch set again reaches them
     assert [b["index"].tolist() for b in dl] == fork
+
+
+class _Counter:
+    """Calls of LoadSpec.plan in DataLoader workers (a fork-shared counter)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.value = multiprocessing.get_context("fork").Value("i", 0)
+        plan = LoadSpec.plan
+
+        def counted(spec, **kw):  # type: ignore[no-untyped-def]
+            if get_worker_info() is not None:
+                with self.value.get_lock():
+                    self.value.value += 1
+            return plan(spec, **kw)
+
+        monkeypatch.setattr(LoadSpec, "plan", counted)
+
+    def take(self) -> int:
+        n, self.value.value = self.value.value, 0
+        return n
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_new_workers_take_the_main_process_plan(store, monkeypatch, persistent):
+    """Workers a pass starts plan nothing: the main process planned the pass before forking
+    them (before: each worker planned the whole world's epoch again). Values and order are
+    those of a plain DataLoader over the same dataset."""
+    plans = _Counter(monkeypatch)
+    ds = StreamingDataset(store.url, batch_size=16, split="train", seed=3)
+    dl = StreamingDataLoader(ds, num_workers=2, persistent_workers=persistent)
+    first = [b["index"].tolist() for b in dl]
+    assert plans.take() == 0
+    second = [b["index"].tolist() for b in dl]
+    plans.take()  # persistent workers plan later epochs themselves
+    ref = StreamingDataset(store.url, batch_size=16, split="train", seed=3)
+    plain = DataLoader(ref, batch_size=None, num_workers=2, persistent_workers=True)
+    assert [b["index"].tolist() for b in plain] == first
+    assert [b["index"].tolist() for b in plain] == second
+    assert first != second
+
+
+def test_unbundled_fresh_workers_take_the_main_process_plan(store, monkeypatch):
+    """A collate_fn of one's own (no bundles): fresh workers still find the pass planned."""
+    plans = _Counter(monkeypatch)
+    ds = StreamingDataset(store.url, batch_size=16, split="train", seed=4)
+    dl = StreamingDataLoader(ds, num_workers=2, collate_fn=lambda b: b)
+    got = [b["index"].tolist() for b in dl]
+    assert plans.take() == 0
+    assert sorted(i for b in got for i in b) == sorted(set(i for b in got for i in b))
+    assert len(got) == len(ds)
+
+
+def test_a_plan_of_other_arguments_is_refused(store):
+    """read_batches(plan=...) checks the plan is of its world, workers and epoch: a plan of
+    another epoch would serve other rows without a word."""
+    from shardload.errors import PlanError
+    from shardload.load.batches import read_batches
+
+    spec = StreamingDataset(store.url, batch_size=16, split="train").spec
+    other = spec.plan(world_size=1, num_workers=2, epoch=1)
+    with pytest.raises(PlanError, match="epoch 1; this read is of 1, 2, epoch 0"):
+        read_batches(spec, num_workers=2, epoch=0, plan=other)
+    same = spec.plan(world_size=1, num_workers=2, epoch=0)
+    got = [b["index"].tolist() for b in read_batches(spec, num_workers=2, epoch=0, plan=same)]
+    assert got == [b["index"].tolist() for b in read_batches(spec, num_workers=2, epoch=0)]

@@ -71,10 +71,14 @@ class StreamingDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: StreamingDataset = self.dataset  # type: ignore[assignment]
         ds._begin(self.num_workers)
-        items: Iterator[Any] = super().__iter__()
-        if self._bundled:
+        fresh = self._iterator is None or not self.persistent_workers
+        plan = None
+        if self._bundled or (fresh and self.num_workers > 0):
+            # before the workers start: new ones inherit (or unpickle) this plan, not redo it
             rank, world = ds.group_rank_world()  # read groups: the plan is the groups'
             plan = ds._plan(rank, world, self.num_workers, ds._leg)
+        items: Iterator[Any] = super().__iter__()
+        if self._bundled and plan is not None:
             counts = [wp.num_batches for wp in plan.workers[rank]]
             items = _unbundle(items, counts, self.bundle)
         for batch in items:

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from shardload.errors import StateError
+from shardload.plan.epoch import EpochPlan
 from shardload.plan.resume import EpochState
 
 STATE_VERSION = 1
@@ -186,6 +187,39 @@ def _shared_channel(spec: torch.Tensor, ints: torch.Tensor, lock: Any) -> Channe
 
 def _private_channel(spec: dict[str, Any], ints: np.ndarray) -> Channel:
     return Channel(spec, ints)
+
+
+class PlanMemo:
+    """A dataset's epoch plans (``spec.plan``), the last two kept by their arguments.
+
+    The main process plans a pass before it starts its workers (it needs the plan for the
+    bundles' order anyway); new workers inherit it (fork) or unpickle it (spawn: about 0.3 ms,
+    against 3-5 ms to plan 8,192 chunks again) instead of each planning the whole world's epoch.
+    """
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self._kept: dict[tuple[Any, ...], EpochPlan] = {}
+
+    def get(self, world: int, num_workers: int, epoch: int, state: Any) -> EpochPlan:
+        """``spec.plan(world_size=world, num_workers=..., epoch=..., state=...)``."""
+        try:
+            key: tuple[Any, ...] | None = (
+                world,
+                num_workers,
+                epoch,
+                json.dumps(state, sort_keys=True),
+            )
+        except (TypeError, ValueError):  # not JSON (an EpochState): not kept
+            key = None
+        plan = self._kept.get(key) if key is not None else None
+        if plan is None:
+            plan = self.spec.plan(
+                world_size=world, num_workers=num_workers, epoch=epoch, state=state
+            )
+            if key is not None:
+                self._kept = {**dict(list(self._kept.items())[-1:]), key: plan}
+        return plan
 
 
 def pass_epoch(spec: Mapping[str, Any], pass_no: int, shift: int) -> tuple[int, Any]:
