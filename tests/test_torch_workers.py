@@ -133,3 +133,29 @@ def test_a_plan_of_other_arguments_is_refused(store):
     same = spec.plan(world_size=1, num_workers=2, epoch=0)
     got = [b["index"].tolist() for b in read_batches(spec, num_workers=2, epoch=0, plan=same)]
     assert got == [b["index"].tolist() for b in read_batches(spec, num_workers=2, epoch=0)]
+
+
+def test_persistent_workers_start_before_the_main_process_plans(store, monkeypatch):
+    """New workers wait for the main process's plan (they take it); persistent ones, whose
+    later passes they plan themselves, are sent on first (not delayed by that plan)."""
+    events: list[str] = []
+    start = DataLoader.__iter__
+
+    def started(self):  # type: ignore[no-untyped-def]
+        events.append("workers")
+        return start(self)
+
+    monkeypatch.setattr(DataLoader, "__iter__", started)
+    ds = StreamingDataset(store.url, batch_size=16, split="train", seed=5)
+    n, plan = len(ds), ds._plan
+
+    def planned(*a):  # type: ignore[no-untyped-def]
+        events.append("plan")
+        return plan(*a)
+
+    monkeypatch.setattr(ds, "_plan", planned)
+    dl = StreamingDataLoader(ds, num_workers=2)
+    for _ in range(2):
+        assert sum(1 for _ in dl) == n
+        events.append("|")
+    assert events == ["plan", "workers", "|", "workers", "plan", "|"]
