@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing
 import os
 import time
 
 import torch  # noqa: F401  (imported first, as a training program does)
 from torch.utils.data import get_worker_info
 
-T0 = [0.0]
+#: the epoch's start, shared with forked workers (persistent ones see each new epoch's)
+T0 = multiprocessing.get_context("fork").Value("d", 0.0, lock=False)
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def stamp(what: str) -> None:
-    print(f"    {what} at {time.perf_counter() - T0[0]:.3f} s", flush=True)
+    print(f"    {what} at {time.perf_counter() - T0.value:.3f} s", flush=True)
 
 
 def proc_cpu() -> tuple[float, float, int]:
@@ -117,7 +119,7 @@ def main() -> None:
     dl = ds = None
     for epoch in range(args.epochs):
         t0 = os.times()
-        T0[0] = time.perf_counter()
+        T0.value = time.perf_counter()
         print(f"  epoch {epoch}:")
         c = time.process_time()
         if dl is None or not args.persistent:
@@ -137,7 +139,7 @@ def main() -> None:
             if n == 1:
                 stamp("main: first batch")
         loop = time.process_time() - c
-        secs = time.perf_counter() - T0[0]
+        secs = time.perf_counter() - T0.value
         if not args.persistent:
             del dl, it
             dl = None

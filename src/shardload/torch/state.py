@@ -194,7 +194,7 @@ class PlanMemo:
 
     The main process plans a pass before it starts its workers (it needs the plan for the
     bundles' order anyway); new workers inherit it (fork) or unpickle it (spawn: about 0.3 ms,
-    against 3-5 ms to plan 8,192 chunks again) instead of each planning the whole world's epoch.
+    against 3-7 ms to plan 8,192 chunks again) instead of each planning the whole world's epoch.
     """
 
     def __init__(self, spec: Any) -> None:
