@@ -248,14 +248,23 @@ def read_batches(
     allocate: Allocate | None = None,
     padding_stats: PaddingStats | None = None,
     window_views: bool = False,
+    plan: EpochPlan | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The batches of one worker of one rank of ``spec``'s store (:func:`iter_batches` after
     its options are resolved): the epoch is planned, and checked, before this returns. With
-    read groups, ``rank`` and ``world_size`` are the world's; the plan is the groups'."""
+    read groups, ``rank`` and ``world_size`` are the world's; the plan is the groups'.
+    ``plan``: ``spec.plan`` of these arguments if the caller has it (a DataLoader worker gets
+    its main process's), instead of planning again."""
     if not 0 <= rank < world_size:
         raise PlanError(f"rank={rank} is not within 0..{world_size - 1}")
     rank, world_size, member = spec.split_rank(rank, world_size)
-    plan = spec.plan(world_size=world_size, num_workers=num_workers, epoch=epoch, state=state)
+    if plan is None:
+        plan = spec.plan(world_size=world_size, num_workers=num_workers, epoch=epoch, state=state)
+    elif (plan.world_size, plan.num_workers, plan.epoch) != (world_size, num_workers, epoch):
+        raise PlanError(
+            f"the plan given is of {plan.world_size} ranks, {plan.num_workers} workers, epoch "
+            f"{plan.epoch}; this read is of {world_size}, {num_workers}, epoch {epoch}"
+        )
     readers = max(1, int(num_workers))
     if not 0 <= worker < readers:
         raise PlanError(f"worker={worker} is not within 0..{readers - 1}")

@@ -71,15 +71,23 @@ class StreamingDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: StreamingDataset = self.dataset  # type: ignore[assignment]
         ds._begin(self.num_workers)
-        items: Iterator[Any] = super().__iter__()
+        plan = None
+        if self.num_workers > 0 and (self._iterator is None or not self.persistent_workers):
+            plan = self._pass_plan()  # before new workers start: they take it, not plan again
+        items: Iterator[Any] = super().__iter__()  # persistent workers: started before planning
         if self._bundled:
-            rank, world = ds.group_rank_world()  # read groups: the plan is the groups'
-            plan = ds._plan(rank, world, self.num_workers, ds._leg)
-            counts = [wp.num_batches for wp in plan.workers[rank]]
+            plan = self._pass_plan() if plan is None else plan
+            counts = [wp.num_batches for wp in plan.workers[ds.group_rank_world()[0]]]
             items = _unbundle(items, counts, self.bundle)
         for batch in items:
             ds._consumed += 1
             yield batch
+
+    def _pass_plan(self) -> Any:
+        """The plan of the pass just begun (read groups: the groups')."""
+        ds: StreamingDataset = self.dataset  # type: ignore[assignment]
+        rank, world = ds.group_rank_world()
+        return ds._plan(rank, world, self.num_workers, ds._leg)
 
     def state_dict(self) -> dict[str, Any]:
         return {"dataset": self.dataset.state_dict()}  # type: ignore[attr-defined]

@@ -20,6 +20,7 @@ from shardload.store.core import Store
 from shardload.torch.resume import ResumableDataset
 from shardload.torch.state import (
     Channel,
+    PlanMemo,
     dist_rank_world,
     env_rank_world,
     main_rank_world,
@@ -163,6 +164,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         self._worker_resume: dict[str, Any] | None = None  # a worker's own state (torchdata)
         self._worker_pos: dict[str, Any] | None = None  # where this worker stands
         self._ring: BatchRing | None = None
+        self._plans = PlanMemo(spec)  # the main process's plans, inherited by new workers
         batch_bytes = spec.batch_bytes()
         #: batches per worker item a StreamingDataLoader uses unless told (``plan_bundle``)
         self.default_bundle = plan_bundle(batch_bytes)
@@ -224,9 +226,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         return found
 
     def _plan(self, rank: int, world: int, num_workers: int, state: Any) -> Any:
-        return self.spec.plan(
-            world_size=world, num_workers=num_workers, epoch=self.epoch, state=state
-        )
+        return self._plans.get(world, num_workers, self.epoch, state)
 
     def _publish(self, epoch: int, state: dict[str, Any] | None) -> None:
         """Main process: the next pass is epoch ``epoch`` (resumed from ``state``)."""
@@ -303,7 +303,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             self.epoch = epoch
         ring = self._ring if info is not None and self._ring is not None else None
         ring = ring if ring is not None and ring.usable else None
-        if ring is not None and self.spec.split_rank(rank, world)[2] != self._ring_member:
+        groups, member = self.spec.split_rank(rank, world)[1:]
+        if ring is not None and member != self._ring_member:
             ring = None  # slots of another read group member's slices
         batches = read_batches(
             self.spec,
@@ -314,6 +315,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             epoch=epoch,
             state=state,
             skip_batches=skip,
+            plan=self._plans.get(groups, workers, epoch, state),
             allocate=(
                 functools.partial(ring.allocate, part=(worker, workers))
                 if ring is not None
