@@ -9,8 +9,6 @@ reader of the spec's read kind reads the worker's groups into batches in plan or
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +22,14 @@ from shardload.load.gather import gather_batches
 from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import check_nonneg
 from shardload.load.ragged import PaddingStats, ragged_batches
-from shardload.load.recycle import INDEX_KEY, Allocate, BatchRecycler, batch_specs, new_batch
+from shardload.load.recycle import (
+    INDEX_KEY,
+    Allocate,
+    BatchRecycler,
+    batch_specs,
+    new_batch,
+    store_recycler,
+)
 from shardload.load.scatter import batches_per_group, groups_in_flight, raw_sources, scatter_batches
 from shardload.load.spec import LoadSpec
 from shardload.load.url_plan import plan_url_reads
@@ -362,28 +367,6 @@ def _read(
         )
 
 
-#: Each open store's batch recyclers, by batch layout (arrays, batch size): the next epoch's
-#: iterator takes up the memory the last one's batches left, already faulted in, instead of
-#: fresh pages (zeroed by the kernel at first touch: ~8 ms of CPU an epoch of the 406 MB raw
-#: store, 2026-11-28). Freed with the store object.
-_RECYCLERS: weakref.WeakKeyDictionary[Store, dict[tuple[Any, ...], BatchRecycler]] = (
-    weakref.WeakKeyDictionary()
-)
-_RECYCLERS_LOCK = threading.Lock()
-
-
-def _forget_recyclers_in_child() -> None:
-    """A forked worker starts with recyclers of its own: the parent's locks may have been held
-    by one of its threads at the fork, and their idle buffers are the parent's."""
-    global _RECYCLERS_LOCK
-    _RECYCLERS_LOCK = threading.Lock()
-    _RECYCLERS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_recyclers_in_child)
-
-
 def batch_recycler(
     store: Store, names: Sequence[str], plan: EpochPlan, prefetch: int, *, chunk_rows: int
 ) -> BatchRecycler:
@@ -395,12 +378,4 @@ def batch_recycler(
     )
     groups = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks)
     keep = (groups + 1) * group_batches + 8
-    specs = batch_specs(store, names)
-    key = (tuple((k, s, d.str) for k, (s, d) in specs.items()), plan.batch_size)
-    with _RECYCLERS_LOCK:
-        mine = _RECYCLERS.setdefault(store, {})
-        rec = mine.get(key)
-        if rec is None:
-            rec = mine[key] = BatchRecycler(specs, plan.batch_size, keep=keep)
-    rec.keep = max(rec.keep, keep)
-    return rec
+    return store_recycler(store, batch_specs(store, names), plan.batch_size, keep=keep)
