@@ -8,8 +8,9 @@ through xarray's lazy decoding and dask for it. The values must be bit for bit t
 ``CFMaskCoder`` then ``CFScaleOffsetCoder`` (``xarray/coding/variables.py``), including:
 
 * the order: ``_Unsigned`` reinterprets the integers (and the ``_FillValue`` with them, not
-  ``missing_value``), then the mask converts to the float dtype and compares there (every
-  fill value, NaN ones dropped) and sets NaN, then ``* scale_factor`` and ``+ add_offset``
+  ``missing_value``), then the mask casts to the float dtype, compares the cast values with
+  every fill value (NaN ones dropped; numpy's promotion, so an int32 fill against float32
+  values compares in float64) and sets NaN, then ``* scale_factor`` and ``+ add_offset``
   in place, with the attributes' own numpy scalars (a float64 ``scale_factor`` on float32
   data computes in float64 and rounds once, as xarray does);
 * the float dtype: that of ``scale_factor`` and ``add_offset`` when both are float32 or both
