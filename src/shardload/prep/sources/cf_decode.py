@@ -136,6 +136,8 @@ def _plan(attrs: Mapping[str, Any], raw: np.dtype) -> CFDecode | None:
     mask_dtype = None
     if fills:
         mask_dtype = _choose_float_dtype(data, attrs) if packed else _promote(data)
+        if mask_dtype.kind != "f":
+            return None  # an integer scale_factor: xarray fails to set NaN (its error, its path)
         data = mask_dtype
     scale_dtype, sf, ao = None, None, None
     if packed:
