@@ -1,6 +1,6 @@
 """H5Rows (plain netCDF-4/HDF5 rows read with h5py) equals the lazy xarray path bit for bit,
 and prepare uses it: sample axis first or last in storage, compressed or not, CF-encoded
-variables left to xarray."""
+variables decoded as xarray decodes them (more cases: test_cf_decode.py)."""
 
 from __future__ import annotations
 
@@ -65,12 +65,13 @@ def _check(rows: H5Rows, ds: xr.Dataset, sample_dims, start: int, stop: int) -> 
         assert g.tobytes() == w.tobytes(), f"{name} rows {start}:{stop}"
 
 
-def test_rows_equal_the_lazy_path_and_encoded_variables_are_left_to_xarray(tmp_path):
+def test_rows_equal_the_lazy_path_and_encoded_variables_are_decoded_as_xarray(tmp_path):
     path = tmp_path / "rows.nc"
     ds = write_rows(path)
     rows = h5_rows(str(path), ds, ["row"])
     assert rows is not None
-    assert set(rows.names) == {"x", "flat", "z", "gap", "be"}  # not scaled / masked
+    assert set(rows.names) == {"x", "flat", "z", "gap", "be", "scaled", "masked"}
+    assert {n for n, v in rows.variables.items() if v.decode} == {"scaled", "masked"}
     for a, b in [(0, 64), (0, 300), (63, 65), (128, 300), (299, 300), (7, 7), (1, 190)]:
         _check(rows, ds, ["row"], a, b)
     again = pickle.loads(pickle.dumps(rows))  # what a worker process gets: no open handles
@@ -142,12 +143,19 @@ def test_prepare_rows_file_equals_xarray_values(tmp_path, scheduler):
 
 
 def test_real_era5_netcdf(tmp_path, era5_dir):
-    """The real ERA5 sample packs z and t with scale_factor: they stay on xarray's decoding.
-    The same values written plain (float64, chunked by xarray) are read by H5Rows, bit for bit,
+    """The real ERA5 sample stores z and t as float64 with scale_factor 0.1 and a NaN
+    _FillValue (contiguous): H5Rows reads them raw and scales them as xarray does, bit for bit. The same values written plain (float64, chunked by xarray) are read by H5Rows too,
     with the sample dims in the middle of the storage order."""
     src = era5_dir / "era5-levels-members.nc"
     ds = xr.open_dataset(src, engine="h5netcdf", chunks={})
-    assert h5_rows(str(src), ds, ["number", "time"]) is None
+    packed = h5_rows(str(src), ds, ["number", "time"])
+    assert packed is not None and set(packed.names) == {"z", "t"}
+    assert all(packed.variables[n].decode for n in ("z", "t"))  # decoded here, not by xarray
+    _check(packed, ds, ["number", "time"], 0, 40)
+    ref = xr.open_dataset(src)  # xarray's default engine
+    got = packed.read_rows(["z", "t"], 0, 40)
+    for n in ("z", "t"):
+        assert got[n].tobytes() == ref[n].values.reshape(40, *ref[n].shape[2:]).tobytes(), n
     plain = tmp_path / "plain.nc"
     enc = {v: {"chunksizes": (2, 1, 2, 61, 60)} for v in ("z", "t")}
     ds[["z", "t"]].load().to_netcdf(plain, engine="h5netcdf", encoding=enc)

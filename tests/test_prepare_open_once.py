@@ -1,9 +1,11 @@
-"""A plain netCDF-4 variable whose row reader serves every read: prepare opens the source once
-(the plan's view is the tasks' view; its dask chunks are never read)."""
+"""A netCDF-4 variable whose row reader serves every read: prepare opens the source once (the
+plan's view is the tasks' view; its dask chunks are never read). Plain or packed (int16 with
+scale_factor and _FillValue: the row reader decodes it as xarray does)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import xarray as xr
 
 import shardload
@@ -11,15 +13,23 @@ from shardload.prep import driver, tasks
 from shardload.prep.sources import open as source_open
 
 
-def test_plain_netcdf4_source_opened_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_netcdf4_source_opened_once(tmp_path, monkeypatch, packed):
     rng = np.random.default_rng(1)
     t = rng.normal(size=(64, 96)).astype("f4")
+    t[::7, ::5] = np.nan  # packed: written as the _FillValue
     ds = xr.Dataset(
         {"t": (("lat", "lon"), t)},
         coords={"lat": np.linspace(-80, 80, 64), "lon": np.linspace(0, 357, 96)},
     )
     src = tmp_path / "chunked.nc"
-    ds.to_netcdf(src, engine="h5netcdf", encoding={"t": {"chunksizes": (16, 16)}})
+    enc: dict = {"chunksizes": (16, 16)}
+    if packed:
+        enc |= {"dtype": "int16", "scale_factor": np.float32(0.01), "_FillValue": -999}
+    ds.to_netcdf(src, engine="h5netcdf", encoding={"t": enc})
+    if packed:
+        t = xr.open_dataset(src)["t"].values  # the values decoded by xarray
+        assert t.dtype == np.float32 and np.isnan(t).sum() == 10 * 20
     opens: list[object] = []
     real = source_open.open_source
 
@@ -43,9 +53,10 @@ def test_plain_netcdf4_source_opened_once(tmp_path, monkeypatch):
             "source": {"paths": [str(src)], "variables": ["t"]},
             "sample_dims": ["lat", "lon"],
             "arrays": {"x": ["t"]},
+            "nan": "ignore",
             "out": str(tmp_path / "store"),
         }
     )
     assert built and all(getattr(v, "rows", None) is not None for v in built)  # H5Rows
     assert len(opens) == 1, opens
-    np.testing.assert_array_equal(store.read("x").reshape(-1), t.reshape(-1))
+    assert store.read("x").reshape(-1).tobytes() == t.reshape(-1).tobytes()

@@ -15,6 +15,7 @@ import xarray as xr
 
 import shardload
 from shardload.plan import reads as plan_reads_mod
+from shardload.prep.sources import open as source_open
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_real_prepare import write_grib_levels
@@ -105,7 +106,7 @@ def test_grib_read_groups_resume_after_a_crash(tmp_path, grib_levels, monkeypatc
 
 def _packed_nc4(path: Path, shape=(216, 432), chunk=16) -> None:
     """An OISST-like field: int16 with scale_factor and a _FillValue over "land", in small
-    gzip chunks (what xarray decodes: the lazy read path, not the raw h5py one)."""
+    gzip chunks (the h5py row reader decodes it; tests of the lazy path turn that off)."""
     import h5netcdf
 
     ny, nx = shape
@@ -131,6 +132,7 @@ def _packed_nc4(path: Path, shape=(216, 432), chunk=16) -> None:
 def test_netcdf4_small_chunks_are_read_in_blocks_of_whole_chunks(tmp_path, monkeypatch):
     path = tmp_path / "sst.nc"
     _packed_nc4(path)
+    monkeypatch.setattr(source_open, "open_rows", lambda *a, **k: None)  # xarray + dask
     reads: list[tuple] = []
     real = h5py.Dataset.__getitem__
 
@@ -242,12 +244,14 @@ def test_zarr_variables_chunked_differently_along_the_samples(tmp_path):
 
 
 def test_netcdf4_chunks_larger_than_a_block_are_read_once_per_group(tmp_path, monkeypatch):
-    """Internal chunks of 400 rows, output chunks of 64 rows, CF-packed (the lazy path): blocks
-    are read in groups of whole chunks, once each, and a crash midway resumes to xarray's
-    values."""
+    """Internal chunks of 400 rows, output chunks of 64 rows, CF-packed, on the lazy path
+    (xarray + dask; the h5py row reader turned off): blocks are read in groups of whole
+    chunks, once each, and a crash midway resumes to xarray's values."""
     import h5netcdf
 
     from shardload.prep import tasks
+
+    monkeypatch.setattr(source_open, "open_rows", lambda *a, **k: None)
 
     path = tmp_path / "big_chunks.nc"
     rng = np.random.default_rng(3)

@@ -15,10 +15,10 @@ axis). :class:`H5Rows` reads what a write task needs directly:
   contiguous layout) hold whole rows, rows are byte ranges of the file: ``os.preadv`` straight
   into the destination, which releases the GIL (h5py serialises every call in one lock).
 
-Only variables whose raw values are what xarray returns are served: native numeric dtypes equal
-to the lazy variable's, and none of the CF encoding attributes xarray decodes (``scale_factor``,
-``add_offset``, ``missing_value``, ``_Unsigned``, a ``_FillValue`` other than NaN for floats).
-Any other variable stays on the lazy path, which decodes it. A test compares both, bit for bit.
+Numeric variables are served raw where xarray returns them raw, and decoded with
+:mod:`~shardload.prep.sources.cf_decode` where xarray decodes them (packed or masked: the raw
+block is read as above, then masked and scaled in numpy as xarray does); a variable whose
+decoding is not mirrored exactly there stays on the lazy path. Tests compare both, bit for bit.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import SourceError
+from shardload.prep.sources.cf_decode import CFDecode, plan_cf_decode
 
-_DECODE_ATTRS = ("scale_factor", "add_offset", "missing_value", "_Unsigned", "valid_range")
 #: open_kwargs that leave the values xarray returns unchanged (anything else: lazy path)
 _NEUTRAL_OPEN_KWARGS = frozenset({"chunks", "phony_dims", "cache", "lock", "inline_array"})
 CACHE_BYTES = 256 << 20  # decoded chunk-aligned pieces kept per process
@@ -53,6 +53,7 @@ class _Var:
     filtered: bool
     num_sample: int
     axes: tuple[int, ...]
+    decode: CFDecode | None = None  # packed / masked: read raw, decoded as xarray does
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -171,10 +172,15 @@ class H5Rows:
             dset = self._file()[var.path]
             shape = (stop - start, *var.row_shape)
             dst = (out or {}).get(name)
-            dtype = dset.dtype.newbyteorder("=")  # xarray too returns native byte order
+            raw_dtype = dset.dtype.newbyteorder("=")  # xarray too returns native byte order
+            dtype = var.decode.dtype if var.decode else raw_dtype
             if dst is None or dst.shape != shape or dst.dtype != dtype:
                 dst = np.empty(shape, dtype)
-            if stop > start:
+            if stop > start and var.decode is not None:
+                raw = np.empty(shape, raw_dtype)
+                self._read(var, dset, start, stop, raw)
+                var.decode.apply(raw, out=dst)
+            elif stop > start:
                 self._read(var, dset, start, stop, dst)
             res[name] = dst
         return res
@@ -369,14 +375,8 @@ def _plan(name: str, da: Any, node: Any, sample_dims: Sequence[str]) -> _Var | N
     dset = v._h5ds
     if dims != tuple(da.dims) or tuple(dset.shape) != tuple(da.shape) or not sample_dims:
         return None
-    dt = dset.dtype
-    if dt.kind not in "biuf" or dt.newbyteorder("=") != np.dtype(da.dtype).newbyteorder("="):
-        return None
-    attrs = dset.attrs
-    if any(k in attrs for k in _DECODE_ATTRS):
-        return None
-    fill = attrs.get("_FillValue")
-    if fill is not None and not (dt.kind == "f" and np.isnan(np.asarray(fill, np.float64)).all()):
+    decode = plan_cf_decode(v.attrs, dset.dtype, da.dtype)  # the attributes as xarray reads them
+    if decode is None:
         return None
     sample_axes = tuple(dims.index(d) for d in sample_dims)
     rest = tuple(i for i in range(len(dims)) if i not in sample_axes)
@@ -388,6 +388,7 @@ def _plan(name: str, da: Any, node: Any, sample_dims: Sequence[str]) -> _Var | N
         filtered=bool(dset.id.get_create_plist().get_nfilters()),
         num_sample=len(sample_axes),
         axes=sample_axes + rest,
+        decode=None if decode.identity else decode,
     )
 
 
