@@ -6,6 +6,12 @@ at space point ``s = r % S`` (``S`` = product of ``sample_dims``; window-major o
 ``w`` covers times ``[w*stride, w*stride + lookback)``; arrays have shape
 ``(samples, lookback, features)``. ``targets`` (optional) are taken ``horizon`` steps after the
 window's last time, shape ``(samples, features)``.
+
+A block of samples needs one time span ``[t0, t1)`` of every variable over all space points:
+each variable is read once per block (through xarray and dask, or with ``rows``, a
+:class:`~shardload.prep.views.rows.RowReader` whose rows are numbered over
+``(time_dim, *sample_dims)``, so the span is rows ``[t0 * S, t1 * S)``) and the windows are
+cut from it in numpy.
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ from shardload.errors import ViewError
 from shardload.manifest.core import ArraySpec
 from shardload.prep.views.base import check_features, check_numeric
 from shardload.prep.views.flat import feature_names
-from shardload.prep.views.rows import load_values
+from shardload.prep.views.rows import RowReader, load_values
+
+#: CF attributes of a packed variable: its values are decoded by xarray, on the lazy path
+PACKED = ("scale_factor", "add_offset")
 
 
 class WindowView:
@@ -36,6 +45,7 @@ class WindowView:
         horizon: int = 0,
         targets: Mapping[str, Sequence[str]] | None = None,
         dtype: str | None = None,
+        rows: RowReader | None = None,
     ) -> None:
         if lookback < 1 or stride < 1 or horizon < 0:
             raise ViewError(
@@ -70,6 +80,16 @@ class WindowView:
                 out, (0, len(feats)), dt, feats, {"variables": list(names), "target": is_target}
             )
         assert T is not None
+        self.rows = rows
+        #: variables ``rows`` reads (h5py, no dask); packed ones stay on the lazy path
+        self._served = {
+            str(d.name)
+            for das, _ in self._vars.values()
+            for d in das
+            if rows is not None
+            and d.name in rows.names
+            and not any(k in d.encoding or k in d.attrs for k in PACKED)
+        }
         self.S = (
             int(np.prod([ds.sizes[d] for d in self.sample_dims], dtype=np.int64))
             if self.sample_dims
@@ -137,13 +157,13 @@ class WindowView:
         w0, w1 = int(w[0]) if len(w) else 0, int(w[-1]) if len(w) else 0
         t0 = w0 * self.stride
         t1 = w1 * self.stride + self.lookback + self.horizon  # exclusive
+        slabs = self._slabs(t0, t1)
         out: dict[str, np.ndarray] = {}
         for name, (das, is_target) in self._vars.items():
             spec = self._specs[name]
             parts = []
             for da in das:
-                slab = load_values(da.isel({self.time_dim: slice(t0, t1)}))
-                slab = slab.reshape(slab.shape[0], self.S, -1)  # (time, space, features)
+                slab = slabs[str(da.name)]  # (time, space, features)
                 if is_target:
                     t = w * self.stride + self.lookback - 1 + self.horizon - t0
                     parts.append(slab[t, s])
@@ -152,3 +172,18 @@ class WindowView:
                     parts.append(slab[t, s[:, None]])
             out[name] = np.concatenate(parts, axis=-1).astype(spec.dtype, copy=False)
         return out
+
+    def _slabs(self, t0: int, t1: int) -> dict[str, np.ndarray]:
+        """Times ``[t0, t1)`` of every variable as ``(time, space, features)``, each read once:
+        those ``rows`` serves in one call, the others through the lazy dataset."""
+        das = {str(d.name): d for group, _ in self._vars.values() for d in group}
+        served = [n for n in das if n in self._served]
+        got: dict[str, np.ndarray] = {}
+        if served and self.rows is not None:
+            read = self.rows.read_rows(served, t0 * self.S, t1 * self.S)
+            got = {n: read[n].reshape(t1 - t0, self.S, -1) for n in served}
+        for n, da in das.items():
+            if n not in got:
+                slab = load_values(da.isel({self.time_dim: slice(t0, t1)}))
+                got[n] = slab.reshape(slab.shape[0], self.S, -1)
+        return got
