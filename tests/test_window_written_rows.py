@@ -148,3 +148,61 @@ def test_packed_variables_stay_on_the_lazy_path(tmp_path, monkeypatch):
     monkeypatch.setattr(source_open, "open_rows", lambda *a, **k: None)
     lazy = shardload.prepare(_cfg(src, tmp_path / "lazy.store"))
     _assert_same(fast, lazy)
+
+
+def _windows_by_index(view, start, stop):
+    """Samples ``[start, stop)`` of a window view by index arithmetic on the whole series (the
+    view's definition: sample ``r`` is window ``r // S`` at space point ``r % S``)."""
+    out = {}
+    r = np.arange(start, stop)
+    w, s = r // view.S, r % view.S
+    for name, (das, is_target) in view._vars.items():
+        parts = []
+        for da in das:
+            full = np.asarray(da.values).reshape(da.shape[0], view.S, -1)
+            t = w * view.stride + view.lookback - 1 + view.horizon
+            if is_target:
+                parts.append(full[t, s])
+            else:
+                t = (w * view.stride)[:, None] + np.arange(view.lookback)
+                parts.append(full[t, s[:, None]])
+        out[name] = np.concatenate(parts, axis=-1).astype(view.specs[name].dtype)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [None, "float32"])
+def test_windows_cut_from_a_time_span_equal_index_arithmetic(dtype):
+    """Any block (partial windows at both ends) of every lookback / stride / horizon, mixed
+    dtypes (an int64 beyond float64's exact range: cast once through the common dtype, as a
+    concatenation of the parts would), a variable with time after a space dim."""
+    rng = np.random.default_rng(0)
+    ds = xr.Dataset(
+        {
+            "a": (("time", "lat", "lon", "lev"), rng.normal(size=(T, 3, 4, 2)).astype("f4")),
+            "b": (("time", "lat", "lon"), rng.integers(-(2**60), 2**60, size=(T, 3, 4))),
+            "c": (("lat", "time", "lon"), rng.normal(size=(3, T, 4))),
+        }
+    )
+    for lookback, stride, horizon, sample_dims in [
+        (1, 1, 0, ("lat", "lon")),
+        (3, 1, 2, ("lat", "lon")),
+        (3, 2, 0, ("lon",)),
+        (4, 3, 1, ("lat", "lon")),
+    ]:
+        view = window.WindowView(
+            ds,
+            {"x": ["a", "b", "c"]},
+            sample_dims=sample_dims,
+            lookback=lookback,
+            stride=stride,
+            horizon=horizon,
+            targets={"y": ["b", "a"]},
+            dtype=dtype,
+        )
+        n = view.length
+        for start, stop in [(0, n), (0, 0), (5, 6), *rng.integers(0, n, (12, 2)).tolist()]:
+            start, stop = min(start, stop), max(start, stop)
+            got, want = view.read(start, stop), _windows_by_index(view, start, stop)
+            for k, v in want.items():
+                assert got[k].dtype == v.dtype and got[k].shape == v.shape
+                np.testing.assert_array_equal(got[k], v, err_msg=f"{k} [{start}, {stop})")

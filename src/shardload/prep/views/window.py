@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
+from numpy.lib.stride_tricks import sliding_window_view
 
 from shardload.errors import ViewError
 from shardload.manifest.core import ArraySpec
@@ -152,26 +153,43 @@ class WindowView:
         }
 
     def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        rows = np.arange(start, stop)
-        w, s = rows // self.S, rows % self.S
-        w0, w1 = int(w[0]) if len(w) else 0, int(w[-1]) if len(w) else 0
+        n = max(0, stop - start)
+        out = {k: np.empty((n, *s.shape[1:]), s.dtype) for k, s in self._specs.items()}
+        if n == 0:
+            return out
+        w0, w1 = start // self.S, (stop - 1) // self.S
         t0 = w0 * self.stride
         t1 = w1 * self.stride + self.lookback + self.horizon  # exclusive
-        slabs = self._slabs(t0, t1)
-        out: dict[str, np.ndarray] = {}
+        slabs = self._slabs(t0, t1)  # (time, space, features)
         for name, (das, is_target) in self._vars.items():
-            spec = self._specs[name]
-            parts = []
-            for da in das:
-                slab = slabs[str(da.name)]  # (time, space, features)
-                if is_target:
-                    t = w * self.stride + self.lookback - 1 + self.horizon - t0
-                    parts.append(slab[t, s])
-                else:
-                    t = (w * self.stride - t0)[:, None] + np.arange(self.lookback)
-                    parts.append(slab[t, s[:, None]])
-            out[name] = np.concatenate(parts, axis=-1).astype(spec.dtype, copy=False)
+            parts = [slabs[str(d.name)] for d in das]
+            # as np.concatenate of the parts, then a cast: each part to their common dtype
+            common = np.result_type(*[p.dtype for p in parts])
+            at = 0
+            for part in parts:
+                f = part.shape[-1]
+                res = out[name][..., at : at + f]
+                self._cut(part.astype(common, copy=False), res, is_target, start, stop)
+                at += f
         return out
+
+    def _cut(
+        self, slab: np.ndarray, res: np.ndarray, is_target: bool, start: int, stop: int
+    ) -> None:
+        """Samples ``[start, stop)`` of one variable into ``res``, from ``slab`` (times from
+        the first window's first, ``(time, space, features)``): window by window, a strided
+        copy of a sliding view (no index arrays, no concatenation)."""
+        S, w0 = self.S, start // self.S
+        last = self.lookback - 1 + self.horizon
+        wins = None if is_target else sliding_window_view(slab, self.lookback, axis=0)
+        for w in range(w0, (stop - 1) // S + 1):
+            a, b = max(start, w * S), min(stop, (w + 1) * S)  # samples of window w
+            t = (w - w0) * self.stride
+            sa, sb = a - w * S, b - w * S
+            if wins is None:
+                res[a - start : b - start] = slab[t + last, sa:sb]
+            else:  # (space, features, lookback) -> (space, lookback, features)
+                res[a - start : b - start] = wins[t, sa:sb].transpose(0, 2, 1)
 
     def _slabs(self, t0: int, t1: int) -> dict[str, np.ndarray]:
         """Times ``[t0, t1)`` of every variable as ``(time, space, features)``, each read once:
