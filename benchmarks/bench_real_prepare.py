@@ -19,6 +19,9 @@ Cases (``--cases``, default all):
               variables on (time 720, lat 32, lon 64, lev 4), 67.5 MiB, contiguous; the
               window view (``lookback: 12, horizon: 1``, target ``v0``; the series stored
               once, windows cut at load: the default), samples ``[lat, lon]``.
+  window-written
+              the same series and view with every window written (``at_load: false``, the
+              option): the store holds lookback x the series (x) and the targets.
   ecrad       the real ecRad input file of ../shared/data (``col_inputs`` of the radiation view
               is not a plain variable: the flat view over ``q``, ``temperature_hl``, samples
               ``[column]``; skipped when absent).
@@ -181,6 +184,20 @@ def cases(work: Path) -> dict[str, dict[str, Any]]:
             "label": "netCDF-4 series (720, 32, 64, 4) x 3 float32, window view (lookback 12, "
             "horizon 1), samples [lat, lon]",
         },
+        "window-written": {
+            "path": work / "series.nc",
+            "variables": ["v0", "v1", "v2"],
+            "sample_dims": ["lat", "lon"],
+            "view": {
+                "name": "window",
+                "lookback": 12,
+                "horizon": 1,
+                "targets": {"y": ["v0"]},
+                "at_load": False,
+            },
+            "make": lambda p: write_series(p),
+            "label": "the same series, written windows (at_load: false; lookback 12, horizon 1)",
+        },
         "era5-nc": {
             "path": era5 / "era5-levels-members.nc",
             "variables": ["z", "t"],
@@ -308,7 +325,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--cases", default="grib,nc4,nc4-plain,window,era5-nc,era5-grib,ecrad")
+    ap.add_argument(
+        "--cases", default="grib,nc4,nc4-plain,window,window-written,era5-nc,era5-grib,ecrad"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--imports", action="store_true", help="also print import times")

@@ -101,7 +101,7 @@ def build_source(
 ) -> tuple[View, Any]:
     """:func:`build`, and the lazy dataset the view reads."""
     from shardload.prep.sources.open import open_rows, open_source
-    from shardload.prep.views import build_view
+    from shardload.prep.views import build_view, row_dims
 
     if dataset is not None:
         if cfg.source.variables:
@@ -120,8 +120,8 @@ def build_source(
     ):
         sample_chunks = {(cfg.sample_dims or ("column",))[0]: chunk_rows}
     ds = open_source(cfg.source, sample_chunks=sample_chunks)
-    served = ("flat", "graph", "window")  # the window view: its series stored once (at_load)
-    rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in served else None
+    served = ("flat", "graph", "window")  # window: its series (at_load) or its time spans
+    rows = open_rows(cfg.source, ds, row_dims(cfg)) if cfg.view in served else None
     return build_view(ds, cfg, rows=rows), ds
 
 

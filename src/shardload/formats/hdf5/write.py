@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import sys
 import threading
@@ -30,6 +31,7 @@ from shardload.formats.base import FormatOptions
 from shardload.formats.checksums import digest
 from shardload.formats.hdf5.read import FILE_NAME, RAGGED_FILE
 from shardload.formats.ragged.write import value_chunk
+from shardload.manifest.names import PIECE_NAMES
 
 #: Feature names live in datasets ``/_features/NAME`` (one UTF-8 string per feature): an HDF5
 #: attribute is limited to 64 KiB (object header), i.e. a few thousand names.
@@ -51,14 +53,20 @@ def _write_error(exc: Exception, path: Path) -> Exception:
 
 
 def _write_features(f: Any, name: str, features: Sequence[str]) -> None:
+    """``/_features/NAME``, written :data:`PIECE_NAMES` names at a time: a wide array's names
+    (lazy :class:`~shardload.manifest.names.GridNames`, 32.5 M at N320) are never all held as
+    Python strings at once."""
     import h5py
 
     group = f.require_group(FEATURES_GROUP)
     if name in group:
         del group[name]
-    group.create_dataset(
-        name, data=np.array(features, dtype=object), dtype=h5py.string_dtype("utf-8")
-    )
+    n = len(features)
+    ds = group.create_dataset(name, shape=(n,), dtype=h5py.string_dtype("utf-8"))
+    names = iter(features)
+    for at in range(0, n, PIECE_NAMES):
+        piece = list(itertools.islice(names, PIECE_NAMES))
+        ds[at : at + len(piece)] = np.array(piece, dtype=object)
 
 
 def _filter(options: FormatOptions) -> dict[str, Any]:

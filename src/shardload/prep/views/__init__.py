@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 VIEWS = ("flat", "graph", "window", "function")
 
-__all__ = ["VIEWS", "ArraySpec", "View", "build_view"]
+__all__ = ["VIEWS", "ArraySpec", "View", "build_view", "row_dims"]
 
 
 def build_view(ds: xr.Dataset, cfg: PrepareConfig, *, rows: RowReader | None = None) -> View:
@@ -32,6 +32,16 @@ def build_view(ds: xr.Dataset, cfg: PrepareConfig, *, rows: RowReader | None = N
 
         return DatedView(view, dated)
     return view
+
+
+def row_dims(cfg: PrepareConfig) -> tuple[str, ...]:
+    """The dims over which the rows of the ``rows`` reader ``build_view`` takes are numbered:
+    ``sample_dims``, but ``(time_dim, *sample_dims)`` for written windows (``at_load: false``:
+    a block of windows reads one time span over all space points)."""
+    opts = cfg.view_options
+    if cfg.view == "window" and not opts.get("at_load", False):
+        return (str(opts.get("time_dim", "time")), *cfg.sample_dims)
+    return tuple(cfg.sample_dims)
 
 
 def _build_view(ds: xr.Dataset, cfg: PrepareConfig, *, rows: RowReader | None = None) -> View:
@@ -61,7 +71,9 @@ def _build_view(ds: xr.Dataset, cfg: PrepareConfig, *, rows: RowReader | None = 
             return WindowSeriesView(
                 ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype, rows=rows, **opts
             )
-        return WindowView(ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype, **opts)
+        return WindowView(
+            ds, cfg.arrays, sample_dims=cfg.sample_dims, dtype=cfg.dtype, rows=rows, **opts
+        )
     if cfg.view == "function":
         from shardload.prep.views.user import FunctionView
 

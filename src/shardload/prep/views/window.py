@@ -6,6 +6,12 @@ at space point ``s = r % S`` (``S`` = product of ``sample_dims``; window-major o
 ``w`` covers times ``[w*stride, w*stride + lookback)``; arrays have shape
 ``(samples, lookback, features)``. ``targets`` (optional) are taken ``horizon`` steps after the
 window's last time, shape ``(samples, features)``.
+
+A block of samples needs one time span ``[t0, t1)`` of every variable over all space points:
+each variable is read once per block (through xarray and dask, or with ``rows``, a
+:class:`~shardload.prep.views.rows.RowReader` whose rows are numbered over
+``(time_dim, *sample_dims)``, so the span is rows ``[t0 * S, t1 * S)``) and the windows are
+cut from it in numpy.
 """
 
 from __future__ import annotations
@@ -15,12 +21,16 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
+from numpy.lib.stride_tricks import sliding_window_view
 
 from shardload.errors import ViewError
 from shardload.manifest.core import ArraySpec
 from shardload.prep.views.base import check_features, check_numeric
 from shardload.prep.views.flat import feature_names
-from shardload.prep.views.rows import load_values
+from shardload.prep.views.rows import RowReader, load_values
+
+#: CF attributes of a packed variable: its values are decoded by xarray, on the lazy path
+PACKED = ("scale_factor", "add_offset")
 
 
 class WindowView:
@@ -36,6 +46,7 @@ class WindowView:
         horizon: int = 0,
         targets: Mapping[str, Sequence[str]] | None = None,
         dtype: str | None = None,
+        rows: RowReader | None = None,
     ) -> None:
         if lookback < 1 or stride < 1 or horizon < 0:
             raise ViewError(
@@ -70,6 +81,16 @@ class WindowView:
                 out, (0, len(feats)), dt, feats, {"variables": list(names), "target": is_target}
             )
         assert T is not None
+        self.rows = rows
+        #: variables ``rows`` reads (h5py, no dask); packed ones stay on the lazy path
+        self._served = {
+            str(d.name)
+            for das, _ in self._vars.values()
+            for d in das
+            if rows is not None
+            and d.name in rows.names
+            and not any(k in d.encoding or k in d.attrs for k in PACKED)
+        }
         self.S = (
             int(np.prod([ds.sizes[d] for d in self.sample_dims], dtype=np.int64))
             if self.sample_dims
@@ -132,23 +153,55 @@ class WindowView:
         }
 
     def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        rows = np.arange(start, stop)
-        w, s = rows // self.S, rows % self.S
-        w0, w1 = int(w[0]) if len(w) else 0, int(w[-1]) if len(w) else 0
+        n = max(0, stop - start)
+        out = {k: np.empty((n, *s.shape[1:]), s.dtype) for k, s in self._specs.items()}
+        if n == 0:
+            return out
+        w0, w1 = start // self.S, (stop - 1) // self.S
         t0 = w0 * self.stride
         t1 = w1 * self.stride + self.lookback + self.horizon  # exclusive
-        out: dict[str, np.ndarray] = {}
+        slabs = self._slabs(t0, t1)  # (time, space, features)
         for name, (das, is_target) in self._vars.items():
-            spec = self._specs[name]
-            parts = []
-            for da in das:
-                slab = load_values(da.isel({self.time_dim: slice(t0, t1)}))
-                slab = slab.reshape(slab.shape[0], self.S, -1)  # (time, space, features)
-                if is_target:
-                    t = w * self.stride + self.lookback - 1 + self.horizon - t0
-                    parts.append(slab[t, s])
-                else:
-                    t = (w * self.stride - t0)[:, None] + np.arange(self.lookback)
-                    parts.append(slab[t, s[:, None]])
-            out[name] = np.concatenate(parts, axis=-1).astype(spec.dtype, copy=False)
+            parts = [slabs[str(d.name)] for d in das]
+            # as np.concatenate of the parts, then a cast: each part to their common dtype
+            common = np.result_type(*[p.dtype for p in parts])
+            at = 0
+            for part in parts:
+                f = part.shape[-1]
+                res = out[name][..., at : at + f]
+                self._cut(part.astype(common, copy=False), res, is_target, start, stop)
+                at += f
         return out
+
+    def _cut(
+        self, slab: np.ndarray, res: np.ndarray, is_target: bool, start: int, stop: int
+    ) -> None:
+        """Samples ``[start, stop)`` of one variable into ``res``, from ``slab`` (times from
+        the first window's first, ``(time, space, features)``): window by window, a strided
+        copy of a sliding view (no index arrays, no concatenation)."""
+        S, w0 = self.S, start // self.S
+        last = self.lookback - 1 + self.horizon
+        wins = None if is_target else sliding_window_view(slab, self.lookback, axis=0)
+        for w in range(w0, (stop - 1) // S + 1):
+            a, b = max(start, w * S), min(stop, (w + 1) * S)  # samples of window w
+            t = (w - w0) * self.stride
+            sa, sb = a - w * S, b - w * S
+            if wins is None:
+                res[a - start : b - start] = slab[t + last, sa:sb]
+            else:  # (space, features, lookback) -> (space, lookback, features)
+                res[a - start : b - start] = wins[t, sa:sb].transpose(0, 2, 1)
+
+    def _slabs(self, t0: int, t1: int) -> dict[str, np.ndarray]:
+        """Times ``[t0, t1)`` of every variable as ``(time, space, features)``, each read once:
+        those ``rows`` serves in one call, the others through the lazy dataset."""
+        das = {str(d.name): d for group, _ in self._vars.values() for d in group}
+        served = [n for n in das if n in self._served]
+        got: dict[str, np.ndarray] = {}
+        if served and self.rows is not None:
+            read = self.rows.read_rows(served, t0 * self.S, t1 * self.S)
+            got = {n: read[n].reshape(t1 - t0, self.S, -1) for n in served}
+        for n, da in das.items():
+            if n not in got:
+                slab = load_values(da.isel({self.time_dim: slice(t0, t1)}))
+                got[n] = slab.reshape(slab.shape[0], self.S, -1)
+        return got
