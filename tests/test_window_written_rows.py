@@ -106,7 +106,7 @@ CASES = {
 def test_written_windows_read_with_h5py_equal_the_lazy_path(tmp_path, monkeypatch, case):
     """Bit for bit (values, dtypes, statistics, NaN counts), against a prepare whose source has
     no h5py reader: plain variables, one stored with ``lev`` before ``time``, one packed (read
-    lazily), gzip chunks, the window's stride / lookback / horizon / time_dim options."""
+    by h5py, decoded as xarray does), gzip chunks, the window's stride / lookback / horizon / time_dim options."""
     source_kw, cfg_kw = CASES[case]
     src = _series(tmp_path / "s.nc", **source_kw)
     lazily, load_values = set(), window.load_values
@@ -117,34 +117,35 @@ def test_written_windows_read_with_h5py_equal_the_lazy_path(tmp_path, monkeypatc
 
     monkeypatch.setattr(window, "load_values", record)
     fast = shardload.prepare(_cfg(src, tmp_path / "fast.store", **cfg_kw))
-    assert lazily == ({"v0"} if source_kw.get("packed") else set())  # the others: h5py
+    assert lazily == set()  # all through h5py
     monkeypatch.setattr(source_open, "open_rows", lambda *a, **k: None)
     lazy = shardload.prepare(_cfg(src, tmp_path / "lazy.store", **cfg_kw))
     _assert_same(fast, lazy)
     assert np.isnan(lazy.read("x", 0, len(lazy))).any()  # the NaN of v2 came through
 
 
-def test_packed_variables_stay_on_the_lazy_path(tmp_path, monkeypatch):
-    """A row reader that offers a packed variable (scale_factor) is not asked for it: xarray
-    decodes it, as before."""
+def test_packed_variables_are_read_by_h5py_and_decoded_as_xarray_does(tmp_path, monkeypatch):
+    """A packed variable (scale_factor, add_offset, _FillValue) of written windows is read by
+    the row reader, which decodes it as xarray does: the store equals the lazy path's."""
     src = _series(tmp_path / "s.nc", packed=True)
     real = source_open.open_rows
+    read: list[str] = []
 
-    class Offering:
+    class Recording:
         def __init__(self, inner):
-            self.inner, self.names = inner, (*inner.names, "v0")
+            self.inner, self.names = inner, inner.names
 
         def read_rows(self, names, start, stop, *, out=None):
-            assert "v0" not in names, "the packed variable v0 was read raw"
+            read.extend(names)
             return self.inner.read_rows(names, start, stop, out=out)
 
-    def offering(*a, **k):
+    def recording(*a, **k):
         inner = real(*a, **k)
-        assert inner is not None and "v0" not in inner.names
-        return Offering(inner)
+        return None if inner is None else Recording(inner)
 
-    monkeypatch.setattr(source_open, "open_rows", offering)
+    monkeypatch.setattr(source_open, "open_rows", recording)
     fast = shardload.prepare(_cfg(src, tmp_path / "fast.store"))
+    assert "v0" in read, "the packed variable v0 went through xarray"
     monkeypatch.setattr(source_open, "open_rows", lambda *a, **k: None)
     lazy = shardload.prepare(_cfg(src, tmp_path / "lazy.store"))
     _assert_same(fast, lazy)

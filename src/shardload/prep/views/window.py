@@ -29,10 +29,6 @@ from shardload.prep.views.base import check_features, check_numeric
 from shardload.prep.views.flat import feature_names
 from shardload.prep.views.rows import RowReader, load_values
 
-#: CF attributes of a packed variable: its values are decoded by xarray, on the lazy path
-PACKED = ("scale_factor", "add_offset")
-
-
 class WindowView:
     def __init__(
         self,
@@ -82,14 +78,13 @@ class WindowView:
             )
         assert T is not None
         self.rows = rows
-        #: variables ``rows`` reads (h5py, no dask); packed ones stay on the lazy path
+        #: variables ``rows`` reads (h5py, no dask; packed ones decoded as xarray does,
+        #: ``prep/sources/cf_decode.py``); the others stay on the lazy path
         self._served = {
             str(d.name)
             for das, _ in self._vars.values()
             for d in das
-            if rows is not None
-            and d.name in rows.names
-            and not any(k in d.encoding or k in d.attrs for k in PACKED)
+            if rows is not None and d.name in rows.names
         }
         self.S = (
             int(np.prod([ds.sizes[d] for d in self.sample_dims], dtype=np.int64))
