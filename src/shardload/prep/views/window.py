@@ -29,6 +29,7 @@ from shardload.prep.views.base import check_features, check_numeric
 from shardload.prep.views.flat import feature_names
 from shardload.prep.views.rows import RowReader, load_values
 
+
 class WindowView:
     def __init__(
         self,
