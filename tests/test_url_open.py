@@ -28,6 +28,7 @@ STORES = {
     # 2 shards per array: the first epoch fetches each whole (its checksum), all at once
     "zarr-shards": {"fmt": "zarr", "compression": "lz4", "chunk_rows": 8, "shard_chunks": 32},
     "zarr-chunks": {"fmt": "zarr", "compression": "zstd", "chunk_rows": 64},
+    "npy": {"fmt": "npy", "chunk_rows": 64},
 }
 KW = {"batch_size": 64, "seed": 5, "split": None}
 
