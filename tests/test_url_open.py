@@ -23,7 +23,7 @@ from shardload.testing.latency import latency_proxy
 
 pytestmark = pytest.mark.timeout(120)
 
-RTT_S = 0.05
+RTT_S = 0.1  # long beside a busy CPU's delays: a late thread is not a round trip
 STORES = {
     # 2 shards per array: the first epoch fetches each whole (its checksum), all at once
     "zarr-shards": {"fmt": "zarr", "compression": "lz4", "chunk_rows": 8, "shard_chunks": 32},
@@ -68,3 +68,24 @@ def test_an_epoch_by_url_waits_three_round_trips(tmp_path, kind) -> None:
     check_epoch(got, want)
     assert parent <= 3, (kind, parent, proxy.turns)
     assert in_worker <= 2, (kind, in_worker, proxy.turns)
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage"])
+@pytest.mark.parametrize("kind", ["zarr-shards", "npy"])
+def test_a_checksum_file_fetched_at_open_is_still_required(tmp_path, kind, damage) -> None:
+    """The checksum file comes with the manifest (or the metadata batch); one missing or
+    unreadable on the server is still an error naming it at the first check, never rows
+    served unchecked."""
+    from shardload.errors import ShardloadError
+
+    make_store(tmp_path, n=512, **STORES[kind])
+    sums = tmp_path / "store" / "checksums.npz"
+    if damage == "missing":
+        sums.unlink()
+    else:
+        sums.write_bytes(b"PK\x03\x04 not an npz")
+    with serving(tmp_path) as base:
+        store = shardload.open_store(f"{base}store")
+        with pytest.raises(ShardloadError, match=r"checksums\.npz") as err:
+            list(shardload.iter_batches(store, **KW))
+    assert ("missing" if damage == "missing" else "not readable") in str(err.value)

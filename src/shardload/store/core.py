@@ -24,7 +24,7 @@ from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX
 from shardload.manifest.consistency import check_manifest_consistent
 from shardload.manifest.core import Manifest
 from shardload.manifest.time import TimeAxis
-from shardload.store.files import StoreFiles
+from shardload.store.files import CARRY_BYTES, StoreFiles, read_manifest
 from shardload.store.incomplete import interrupted_error, partial_error
 from shardload.util.procs import ForkSafeLock
 
@@ -48,6 +48,8 @@ class Store:
         #: the manifest to check each array's own metadata against at the reader's first use
         #: (by URL in each process: opening costs one request; see :func:`open_store`)
         self.check_metadata_of: str | None = None
+        #: by URL, the checksum file fetched with the manifest (for each process's reader)
+        self.checksum_bytes: bytes | None = None
 
     # -- description ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -110,6 +112,11 @@ class Store:
 
             reader = open_window_reader(self.manifest, partial(open_reader, verify=self.verify))
         reader = reader or open_reader(self.manifest, verify=self.verify)
+        sums, verifier = self.checksum_bytes, getattr(reader, "verifier", None)
+        if sums is not None and verifier is not None:
+            verifier.take_sums(sums)
+            if len(sums) > CARRY_BYTES:  # not pickled into every worker
+                self.checksum_bytes = None
         where = self.check_metadata_of
         if where is not None and isinstance(reader, ChecksMetadata):
             reader.check_metadata(where)
@@ -332,7 +339,7 @@ def _is_mapper(obj: Any) -> bool:
 def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, verify: str) -> Store:
     if root.rstrip("/").endswith(PARTIAL_SUFFIX):
         raise partial_error(fs, root, url)
-    text = _read_manifest(fs, root)
+    text, sums = read_manifest(fs, root, sums=verify != "never")
     if text is None:
         if _exists(fs, f"{root}{PARTIAL_SUFFIX}") or _exists(fs, f"{root}/_progress"):
             raise interrupted_error(fs, root, url)
@@ -351,6 +358,7 @@ def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, veri
     # a manifest that lies (edited, damaged) is refused here, before any buffer is sized from it
     check_manifest_consistent(manifest, where=where)
     store = Store(manifest, fs, root, url=url, verify=verify)
+    store.checksum_bytes = sums if manifest.checksums else None
     # each array's own metadata against the manifest, one small read each: on open for a local
     # store; by URL at the reader's first use (before any read is sized), so that opening a
     # store costs one request (many ranks open it at once)
@@ -367,23 +375,6 @@ def _open_fs(url: str, remote: dict[str, Any]) -> tuple[Any, str]:
         return open_fs(url if "://" in url else Path(url).expanduser().resolve().as_uri(), **remote)
     path = url[len("file://") :] if url.startswith("file://") else url
     return LocalFS(), str(Path(path).expanduser().resolve())  # fsspec imported on first use
-
-
-def _read_manifest(fs: Any, root: str) -> bytes | None:
-    path = f"{root}/{MANIFEST_NAME}"
-    if is_local(fs):
-        try:
-            return Path(path).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:  # EIO: a damaged disk or SquashFS image
-            raise StoreError(f"the manifest {path} could not be read: {exc}") from exc
-    from shardload.move.remote import read_bytes
-
-    try:
-        return read_bytes(fs, path, what="the manifest")
-    except FileNotFoundError:
-        return None
 
 
 def _exists(fs: Any, path: str) -> bool:
