@@ -141,3 +141,23 @@ def test_a_damaged_file_by_url_is_an_error_naming_it(damaged, kind, verify) -> N
     for batch in shardload.iter_batches(intact, batch_size=64, seed=3):
         idx = np.asarray(batch["index"])
         np.testing.assert_array_equal(batch["x"], expected["x"][idx])
+
+
+def test_the_next_group_is_in_flight_while_one_is_used(npy_store, monkeypatch) -> None:
+    """By default a whole group ahead (``resolve_prefetch``): an epoch of 8 groups (checked
+    files not kept, so each group makes requests) waits 4 round trips one after another, one
+    per two groups; before (4 pieces of the next group ahead), 8: each group its own."""
+    monkeypatch.setenv("SHARDLOAD_URL_KEEP_BYTES", "0")
+    kw = {**KW, "shuffle_chunks": 8, "piece_rows": 16}  # 64 pieces of 16 rows: 8 groups
+    want = list(shardload.iter_batches(npy_store / "store", **kw))
+    with serving(npy_store) as base:
+        target = urlparse(base)
+        with latency_proxy(target.hostname, target.port, rtt_s=0.1) as (proxy, port):
+            store = shardload.open_store(f"http://127.0.0.1:{port}/store")
+            list(shardload.iter_batches(store, **kw))  # opening and checks: later epochs read
+            proxy.reset_counts()
+            got = list(shardload.iter_batches(store, **kw))
+            trips = proxy.round_trips()
+    for b, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(b["x"], w["x"])
+    assert trips <= 5, (trips, proxy.turns)
