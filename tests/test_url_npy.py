@@ -161,3 +161,16 @@ def test_the_next_group_is_in_flight_while_one_is_used(npy_store, monkeypatch) -
     for b, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(b["x"], w["x"])
     assert trips <= 5, (trips, proxy.turns)
+
+
+def test_rows_into_a_strided_or_wider_buffer_are_the_local_values(npy_store) -> None:
+    """Bytes are copied as stored: a buffer that is not C-contiguous, or of another dtype, is
+    filled from one of the array's own, never with raw bytes reinterpreted."""
+    want = shardload.open_store(npy_store / "store").read("x", 50, 150)
+    with serving(npy_store) as base:
+        reader = shardload.open_store(f"{base}store").reader
+        strided = np.zeros((100, 8), "f4")[:, ::2]
+        wider = np.zeros((100, 4), "f8")
+        reader.read_spans_into("x", [(50, 150), (50, 150)], [strided, wider])
+    np.testing.assert_array_equal(strided, want)
+    np.testing.assert_array_equal(wider, want.astype("f8"))

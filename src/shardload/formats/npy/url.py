@@ -49,8 +49,10 @@ URL_RUN_BYTES = 8 << 20
 #: Bytes of chunk files fetched whole for their checks at once, per reader (each is held
 #: until its pieces are copied out).
 CHECK_BYTES = 256 << 20
-#: Bytes asked for a chunk file's header (numpy writes 128; more are fetched when it says so).
+#: Bytes asked for a chunk file's header (numpy writes 128; more are fetched when it says so,
+#: up to ``MAX_HEADER_BYTES``: a damaged length field asks for no more than that).
 HEADER_BYTES = 4096
+MAX_HEADER_BYTES = 1 << 20
 
 #: one piece of a call: bytes [offset, offset + nbytes) of a chunk file into ``dst``
 Piece = tuple[int, int, memoryview]
@@ -137,7 +139,7 @@ class NpyUrlReader(NpyReader):
             need = 12 + int.from_bytes(data[8:12], "little") if len(data) >= 12 else 12
         else:
             need = 10 + int.from_bytes(data[8:10], "little") if len(data) >= 10 else 10
-        if len(data) < need:
+        if data[:6] == b"\x93NUMPY" and len(data) < need <= MAX_HEADER_BYTES:
             with self._requests:
                 data = read_bytes(self.fs, path, 0, need, what=f"chunk {i} of array {name!r}")
         info = self.manifest.arrays[name]
@@ -169,8 +171,20 @@ class NpyUrlReader(NpyReader):
     def read_spans_into(
         self, name: str, spans: Sequence[tuple[int, int]], outs: Sequence[np.ndarray]
     ) -> None:
-        """Rows ``[start, stop)`` of each span into its ``out`` (C-contiguous), in the
-        requests planned per chunk file (module docstring)."""
+        """Rows ``[start, stop)`` of each span into its ``out``, in the requests planned per
+        chunk file (module docstring); an ``out`` that is not C-contiguous, or of another
+        dtype, is filled from a buffer of the array's own (bytes are copied as stored)."""
+        dtype = np.dtype(self.manifest.arrays[name].dtype)
+        direct = [o.flags.c_contiguous and o.dtype == dtype for o in outs]
+        bufs = [o if ok else np.empty(o.shape, dtype) for o, ok in zip(outs, direct, strict=True)]
+        self._read_spans(name, spans, bufs)
+        for out, buf, ok in zip(outs, bufs, direct, strict=True):
+            if not ok:
+                out[...] = buf
+
+    def _read_spans(
+        self, name: str, spans: Sequence[tuple[int, int]], outs: Sequence[np.ndarray]
+    ) -> None:
         by_chunk = self._pieces(name, spans, outs)
         if not by_chunk:
             return
