@@ -169,6 +169,28 @@ class Verifier:
                     self._sums = read_checksums(self.fs, self.root)
         return self._sums
 
+    def sums_path(self) -> str | None:
+        """The checksum file, while it is still to be read and will be (else None): a reader by
+        URL fetches it together with its other metadata (:meth:`take_sums`)."""
+        if not self.enabled or self._sums is not None:
+            return None
+        return f"{self.root.rstrip('/')}/{CHECKSUMS_NAME}"
+
+    def take_sums(self, data: bytes) -> None:
+        """The checksum file's bytes, fetched by the reader with its other metadata. A file
+        that does not parse is left for :meth:`sums` to read again and report, at the first
+        check (as when nothing was fetched ahead)."""
+        path = self.sums_path()
+        if path is None:
+            return
+        try:
+            sums = decode_checksums(data, where=path)
+        except StoreError:
+            return
+        with self.unit_lock("", -1):
+            if self._sums is None:
+                self._sums = sums
+
     @contextmanager
     def unit_lock(self, name: str, unit: int) -> Iterator[CheckedUnit]:
         """Held while one thread checks unit ``unit`` of ``name`` by URL: the reader's other

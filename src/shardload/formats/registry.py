@@ -1,7 +1,8 @@
 """The formats a store can be written in, by name: the one place a format is named.
 
 Each entry says where the format's package lives (``read.py`` holds ``open_reader`` and, if it
-stores variable-length arrays, ``open_ragged``; ``write.py`` holds ``WRITER``) and what a config
+stores variable-length arrays, ``open_ragged``; ``write.py`` holds ``WRITER``; ``url.py``, if
+the entry says so, ``open_reader`` for a store read by URL) and what a config
 may ask of it, so that validating a config imports no format. The modules are imported on first
 use, as fsspec imports a filesystem: a missing optional dependency raises
 :class:`~shardload.errors.MissingDependencyError` naming the extra to install.
@@ -37,6 +38,8 @@ class FormatEntry:
     ragged: bool = False
     requires: tuple[str, ...] = ()
     extra: str | None = None
+    #: its reader by URL is ``url.py``'s ``open_reader`` (else ``read.py``'s, as locally)
+    url: bool = False
 
     @property
     def default_compression(self) -> str:
@@ -58,7 +61,7 @@ REGISTRY: Mapping[str, FormatEntry] = {
     e.name: e
     for e in (
         FormatEntry("zarr", "shardload.formats.zarr", shards=True, ragged=True),
-        FormatEntry("npy", "shardload.formats.npy", compressions=("none",), ragged=True),
+        FormatEntry("npy", "shardload.formats.npy", compressions=("none",), ragged=True, url=True),
         FormatEntry("hdf5", "shardload.formats.hdf5", ragged=True),
         FormatEntry("parquet", "shardload.formats.parquet", requires=("pyarrow",), extra="parquet"),
     )
@@ -80,8 +83,12 @@ def get_writer(name: str) -> Any:
 
 def open_reader(name: str, fs: Any, root: str, manifest: Any, *, verify: str) -> Any:
     """A reader (:class:`shardload.formats.base.ArrayReader`) of the fixed-shape arrays of a
-    store in format ``name``."""
-    return format_entry(name).module("read").open_reader(fs, root, manifest, verify=verify)
+    store in format ``name`` (by URL its ``url.py``'s where it has one)."""
+    from shardload.formats.base import is_local
+
+    entry = format_entry(name)
+    side = "url" if entry.url and not is_local(fs) else "read"
+    return entry.module(side).open_reader(fs, root, manifest, verify=verify)
 
 
 def open_ragged(name: str, fs: Any, root: str, manifest: Any) -> Any:

@@ -133,7 +133,7 @@ def iter_batches(
         requests in flight waiting their round trips together). Default
         ``prefetch`` (:func:`resolve_prefetch`): 4; on stores read by whole chunks, a
         group ahead, at most 64 MiB decoded (as 4 chunks of 16 MiB); by URL, unsharded chunk
-        files up to 32 ahead across groups within those 64 MiB.
+        files up to 32 ahead across groups within those 64 MiB, and an npy stack a group.
         Memory per reader is about ``(shuffle_chunks + prefetch)`` pieces of the selected
         arrays, plus the batches the caller holds.
     state

@@ -175,11 +175,16 @@ def resolve_prefetch(
     0) a group's worth of chunks ahead when default groups are larger than
     ``DEFAULT_SHUFFLE_CHUNKS`` (:func:`whole_chunk_group`: small chunks, so at most
     ``WHOLE_CHUNK_GROUP_BYTES`` decoded ahead, as ``DEFAULT_PREFETCH`` chunks of the default
-    size), else ``DEFAULT_PREFETCH`` segments; by URL, unsharded chunk files up to
-    ``URL_IN_FLIGHT`` chunks ahead within the same decoded bytes, across groups. Decides no row order (not in the plan)."""
+    size), else ``DEFAULT_PREFETCH`` segments (an npy stack by URL: a group's); by URL,
+    unsharded chunk files up to ``URL_IN_FLIGHT`` chunks ahead within the same decoded bytes,
+    across groups. Decides no row order (not in the plan)."""
     if prefetch is not None:
         return check_nonneg("prefetch", prefetch)
     if piece_rows or isinstance(store.reader, WindowReader) or raw_rows(store, sel.arrays):
+        if piece_rows and getattr(store.reader, "plans_requests", False):
+            # an npy stack by URL reads a group's pieces in planned requests, one call per
+            # array (formats/npy/url.py): the next group's call runs while this one is used
+            return max(DEFAULT_PREFETCH, shuffle_chunks)
         return DEFAULT_PREFETCH
     group = whole_chunk_group(store, sel)
     ahead = max(DEFAULT_PREFETCH, min(shuffle_chunks, group))

@@ -191,7 +191,10 @@ _READS_SPANS: dict[type, bool] = {}
 
 def _coalesces(store: Store, names: Sequence[str]) -> bool:
     """True when a reader of several spans per call reads some of ``names`` by URL from
-    shards (a Zarr reader's direct layout by URL exists for sharded arrays only)."""
+    shards (a Zarr reader's direct layout by URL exists for sharded arrays only), or plans
+    its requests itself (``plans_requests``: an npy stack by URL, formats/npy/url.py)."""
+    if getattr(store.reader, "plans_requests", False):
+        return True
     layout = getattr(store.reader, "layout", None)
     return callable(layout) and any(getattr(layout(n), "shard", None) for n in names)
 

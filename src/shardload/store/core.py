@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX
 from shardload.manifest.consistency import check_manifest_consistent
 from shardload.manifest.core import Manifest
 from shardload.manifest.time import TimeAxis
+from shardload.store.files import CARRY_BYTES, StoreFiles, read_manifest
 from shardload.store.incomplete import interrupted_error, partial_error
+from shardload.util.procs import ForkSafeLock
 
 
 class Store:
@@ -40,10 +43,13 @@ class Store:
         self._reader: ArrayReader | None = None
         self._ragged: Any = None
         self._pid = os.getpid()
+        self._opening = ForkSafeLock()
         self.hold: Any = None  # keeps what the store is read through alive (a SquashFS mount)
         #: the manifest to check each array's own metadata against at the reader's first use
-        #: (a store opened by URL: opening costs one request; see :func:`open_store`)
+        #: (by URL in each process: opening costs one request; see :func:`open_store`)
         self.check_metadata_of: str | None = None
+        #: by URL, the checksum file fetched with the manifest (for each process's reader)
+        self.checksum_bytes: bytes | None = None
 
     # -- description ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -87,23 +93,36 @@ class Store:
     # -- reading ---------------------------------------------------------------------------------
     @property
     def reader(self) -> ArrayReader:
-        if self._reader is None or self._pid != os.getpid():
-            fmt = self.manifest.format
+        reader = self._reader
+        if reader is not None and self._pid == os.getpid():
+            return reader
+        with self._opening:  # the reader's threads ask at once: one reader, checked first
+            if self._reader is None or self._pid != os.getpid():
+                self._reader = self._open_reader()
+                self._pid = os.getpid()
+            return self._reader
 
-            def open_reader(manifest: Manifest) -> ArrayReader:
-                return open_format_reader(fmt, self.fs, self.root, manifest, verify=self.verify)
+    def _open_reader(self) -> ArrayReader:
+        """A new reader, its arrays' metadata checked before any thread reads through it (by
+        URL in each process, the files its first reads need in one batch of requests)."""
+        open_reader = partial(open_format_reader, self.manifest.format, self.fs, self.root)
+        reader = None
+        if "window" in self.manifest.static:  # windows cut at load time (at_load: true)
+            from shardload.store.windows import open_window_reader
 
-            reader = None
-            if "window" in self.manifest.static:  # windows cut at load time (at_load: true)
-                from shardload.store.windows import open_window_reader
-
-                reader = open_window_reader(self.manifest, open_reader)
-            self._reader = reader or open_reader(self.manifest)
-            self._pid = os.getpid()
-            where, self.check_metadata_of = self.check_metadata_of, None
-            if where is not None and isinstance(self._reader, ChecksMetadata):
-                self._reader.check_metadata(where)
-        return self._reader
+            reader = open_window_reader(self.manifest, partial(open_reader, verify=self.verify))
+        reader = reader or open_reader(self.manifest, verify=self.verify)
+        sums, verifier = self.checksum_bytes, getattr(reader, "verifier", None)
+        if sums is not None and verifier is not None:
+            verifier.take_sums(sums)
+            if len(sums) > CARRY_BYTES:  # not pickled into every worker
+                self.checksum_bytes = None
+        where = self.check_metadata_of
+        if where is not None and isinstance(reader, ChecksMetadata):
+            reader.check_metadata(where)
+        if self.is_local:  # checked once; by URL in each process (a worker fetches its own)
+            self.check_metadata_of = None
+        return reader
 
     @property
     def ragged(self) -> tuple[str, ...]:
@@ -320,7 +339,7 @@ def _is_mapper(obj: Any) -> bool:
 def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, verify: str) -> Store:
     if root.rstrip("/").endswith(PARTIAL_SUFFIX):
         raise partial_error(fs, root, url)
-    text = _read_manifest(fs, root)
+    text, sums = read_manifest(fs, root, sums=verify != "never")
     if text is None:
         if _exists(fs, f"{root}{PARTIAL_SUFFIX}") or _exists(fs, f"{root}/_progress"):
             raise interrupted_error(fs, root, url)
@@ -339,6 +358,7 @@ def _open_at(fs: Any, root: str, url: str, *, arrays: Sequence[str] | None, veri
     # a manifest that lies (edited, damaged) is refused here, before any buffer is sized from it
     check_manifest_consistent(manifest, where=where)
     store = Store(manifest, fs, root, url=url, verify=verify)
+    store.checksum_bytes = sums if manifest.checksums else None
     # each array's own metadata against the manifest, one small read each: on open for a local
     # store; by URL at the reader's first use (before any read is sized), so that opening a
     # store costs one request (many ranks open it at once)
@@ -355,39 +375,6 @@ def _open_fs(url: str, remote: dict[str, Any]) -> tuple[Any, str]:
         return open_fs(url if "://" in url else Path(url).expanduser().resolve().as_uri(), **remote)
     path = url[len("file://") :] if url.startswith("file://") else url
     return LocalFS(), str(Path(path).expanduser().resolve())  # fsspec imported on first use
-
-
-def _read_manifest(fs: Any, root: str) -> bytes | None:
-    path = f"{root}/{MANIFEST_NAME}"
-    if is_local(fs):
-        try:
-            return Path(path).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:  # EIO: a damaged disk or SquashFS image
-            raise StoreError(f"the manifest {path} could not be read: {exc}") from exc
-    from shardload.move.remote import read_bytes
-
-    try:
-        return read_bytes(fs, path, what="the manifest")
-    except FileNotFoundError:
-        return None
-
-
-class StoreFiles:
-    """Reads a store's small files (the manifest's feature files) through the store's own
-    filesystem -- local, or the remote one with its retries and cache. Picklable."""
-
-    def __init__(self, fs: Any, root: str, *, url: str) -> None:
-        self.fs, self.root, self.url = fs, root, url
-
-    def __call__(self, rel: str) -> bytes:
-        path = f"{self.root}/{rel}"
-        if is_local(self.fs):
-            return Path(path).read_bytes()
-        from shardload.move.remote import read_bytes
-
-        return read_bytes(self.fs, path, what=f"{rel} of {self.url}")
 
 
 def _exists(fs: Any, path: str) -> bool:

@@ -12,7 +12,11 @@ The proxy counts requests in flight the only way a byte mover can: a connection 
 from the first client byte after the server's last answer byte until the next answer byte
 arrives from the server. HTTP/1.1 clients send one request at a time per connection, so the
 number of waiting connections is the number of requests in flight;
-:attr:`LatencyProxy.max_waiting` is its peak.
+:attr:`LatencyProxy.max_waiting` is its peak. Each request's turn, from the client's first
+byte (or, the first on a connection, from the connection's opening: its handshake included)
+to the first byte of its answer, is kept in :attr:`LatencyProxy.turns`;
+:meth:`LatencyProxy.round_trips` is the longest chain of turns each begun after the previous
+one was answered: the round trips a client waited for one after another.
 """
 
 from __future__ import annotations
@@ -37,10 +41,29 @@ class LatencyProxy:
         self.max_waiting = 0
         self.requests = 0  # requests seen (a connection's turns from answered to waiting)
         self.connections = 0
+        #: (sent, answered) of each request, ``time.monotonic()`` seconds (module docstring)
+        self.turns: list[tuple[float, float]] = []
 
     def reset_counts(self) -> None:
         self.max_waiting = self.waiting
         self.requests = self.connections = 0
+        self.turns = []
+
+    def round_trips(self, *, since: float = float("-inf"), until: float = float("inf")) -> int:
+        """The longest chain of requests sent in ``[since, until]`` (``time.monotonic()``)
+        each sent after the previous one's answer arrived: round trips waited for in turn.
+
+        >>> p = LatencyProxy("127.0.0.1", 1, rtt_s=1.0)
+        >>> p.turns = [(0.0, 1.0), (1.0, 2.0), (1.1, 2.1), (2.1, 3.1), (0.5, 1.5)]
+        >>> p.round_trips()
+        3
+        """
+        turns = sorted(t for t in self.turns if since <= t[0] <= until)
+        depth: list[int] = []
+        for sent, _ in turns:
+            before = [d for (_, answered), d in zip(turns, depth, strict=False) if answered <= sent]
+            depth.append(1 + max(before, default=0))
+        return max(depth, default=0)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.CancelledError):  # the proxy stops: nothing to report
@@ -48,13 +71,14 @@ class LatencyProxy:
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        opened = time.monotonic()
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.close()
             return
         await asyncio.sleep(self.rtt_s)  # the handshake's round trip
-        state = {"waiting": False}
+        state: dict = {"waiting": False, "sent": opened}  # the first turn: from the opening
         tasks = [
             asyncio.ensure_future(self._pipe(reader, up_writer, state, upstream=True)),
             asyncio.ensure_future(self._pipe(up_reader, writer, state, upstream=False)),
@@ -73,6 +97,11 @@ class LatencyProxy:
     def _mark(self, state: dict, waiting: bool) -> None:
         if state["waiting"] != waiting:
             state["waiting"] = waiting
+            now = time.monotonic()
+            if waiting:
+                state["sent"] = state.pop("sent", None) or now
+            else:
+                self.turns.append((state.pop("sent", now), now))
             self.waiting += 1 if waiting else -1
             self.requests += waiting
             self.max_waiting = max(self.max_waiting, self.waiting)

@@ -3,12 +3,13 @@ a record also keeps the process's start time and both must match.
 
 The start time is field 22 of ``/proc/PID/stat`` (clock ticks since boot), or psutil's
 ``create_time`` where there is no ``/proc`` (and psutil is installed). Where neither exists
-only the PID is checked.
+only the PID is checked. :class:`ForkSafeLock`: a thread lock a forked child makes anew.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 #: bits of a packed ``(start, pid)`` id (:func:`pack`) that hold the pid (pid_max <= 2**22)
 _PID_BITS = 23
@@ -90,3 +91,29 @@ def alive_packed(value: int) -> bool:
     if now is None:
         return alive(pid, None)
     return (now & ((1 << 40) - 1)) == start and alive(pid, None)
+
+
+class ForkSafeLock:
+    """A ``threading.Lock`` that a forked child, or an unpickled copy, gets anew: never one a
+    parent's thread held at the fork. ``with lock: ...``."""
+
+    def __init__(self) -> None:
+        self._pid, self._lock = os.getpid(), threading.Lock()
+
+    def __enter__(self) -> bool:
+        pid = os.getpid()
+        if self._pid != pid:
+            with _SWAP[0]:
+                if self._pid != pid:
+                    self._lock, self._pid = threading.Lock(), pid
+        return self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (ForkSafeLock, ())
+
+
+_SWAP = [threading.Lock()]  # guards a ForkSafeLock's first swap in a child (its own, too)
+os.register_at_fork(after_in_child=lambda: _SWAP.__setitem__(0, threading.Lock()))

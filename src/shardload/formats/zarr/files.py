@@ -65,3 +65,37 @@ class StoredFiles:
         if data is None:
             raise FileNotFoundError(path)
         return data
+
+    def prefetch_metadata(self, root: str, arrays: dict[str, Any], verifier: Any) -> None:
+        """By URL, the ``zarr.json`` of ``arrays`` (manifest entries, by name) of the store at
+        ``root`` and the checksum file, if ``verifier`` will read it, in one batch of requests
+        (:meth:`prefetch`): one round trip before the first reads, not one per file."""
+        paths = {
+            f"{root.rstrip('/')}/{a.path}/zarr.json": f"zarr.json of array {k!r}"
+            for k, a in arrays.items()
+        }
+        sums = verifier.sums_path()
+        got = self.prefetch({**paths, **({sums: "the checksum file"} if sums else {})})
+        if sums is not None and sums in got:
+            verifier.take_sums(got[sums])
+
+    def prefetch(self, paths: dict[str, str]) -> dict[str, bytes]:
+        """Fetch the small files ``{path: what}`` not yet kept, all at once (by URL: the
+        reader's metadata in one round trip, not one per file; local: nothing) and keep them
+        for :meth:`read_small`. Returns the bytes of those that could be read; a missing
+        file is kept as missing, any other failure left for :meth:`read_small` to meet and
+        report."""
+        if self.local:
+            return {}
+        from shardload.move.remote import read_many
+
+        with self._lock:
+            todo = [p for p in paths if p not in self._small]
+        got = read_many(self.fs, todo, what=paths)
+        with self._lock:
+            for p, data in got.items():
+                if isinstance(data, bytes):
+                    self._small.setdefault(p, data)
+                elif isinstance(data, FileNotFoundError):
+                    self._small.setdefault(p, None)
+            return {p: d for p in paths if isinstance(d := self._small.get(p), bytes)}

@@ -129,9 +129,9 @@ class ZarrReader:
         no manifest of its own to disagree with."""
         if not self.strict:
             return
-        for name, info in self.manifest.arrays.items():
-            if info.is_ragged:
-                continue
+        fixed = {k: a for k, a in self.manifest.arrays.items() if not a.is_ragged}
+        self.files.prefetch_metadata(self.root, fixed, self.verifier)  # by URL: one round trip
+        for name, info in fixed.items():
             path = f"{self.root.rstrip('/')}/{info.path}/zarr.json"
             try:
                 meta = json.loads(self._read_small(path, what=f"zarr.json of array {name!r}"))
