@@ -112,13 +112,18 @@ def test_ready_line_and_index(served) -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_open_store_costs_one_request(served, fmt) -> None:
+def test_open_store_costs_one_round_trip(served, fmt) -> None:
+    """Opening fetches the manifest and the checksum file, together (one round trip:
+    tests/test_url_open.py counts them behind the latency proxy), and nothing else."""
     _, server = served
     before = len(server.requests(f"/{fmt}/"))
     store = shardload.open_store(url_of(server, fmt))
     assert len(store) == 203
     logged = server.requests(f"/{fmt}/")[before:]
-    assert logged == [("GET", f"/{fmt}/shardload.json", 200)]
+    assert sorted(logged) == [
+        ("GET", f"/{fmt}/checksums.npz", 200),
+        ("GET", f"/{fmt}/shardload.json", 200),
+    ]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
