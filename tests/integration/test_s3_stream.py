@@ -200,15 +200,18 @@ def test_killed_while_streaming_the_rerun_sends_no_noted_object_again(
         lines = found[0].read_text().splitlines()
         return {json.loads(line)["rel"] for line in lines if line.endswith("}")}
 
-    _s3._kill_when(proc, lambda: len(noted()) >= 4)
+    _s3._kill_when(proc, lambda: len(noted()) >= 2 * STREAM_BLOCKS + 1)
     sent_before = noted()
     fs = _fs(opts)
     assert not fs.exists(f"{bucket}/store/shardload.json")
     with pytest.raises(shardload.errors.IncompleteStoreError, match="is not complete"):
         shardload.open_store(url, storage_options=opts)
-    for rel in sent_before:  # uploaded, checked, and no longer local
+    for rel in sent_before:  # uploaded and checked
         assert fs.exists(f"{bucket}/store/{rel}")
-        assert not list(partial.glob(f"*/store.partial/{rel}"))
+    # and no longer local, but for a file whose upload slot the kill stopped between its note
+    # and its removal: at most one a slot
+    local = [rel for rel in sent_before if list(partial.glob(f"*/store.partial/{rel}"))]
+    assert len(local) <= STREAM_BLOCKS < len(sent_before) - STREAM_BLOCKS, local
     puts: list[str] = []
     put = remote_commit.RemoteCommit._put_checked
 
