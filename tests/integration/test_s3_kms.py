@@ -24,8 +24,12 @@ import pytest
 import shardload
 from shardload.errors import IncompleteStoreError, StoreError
 
+from . import test_s3 as _s3
+
 pytest.importorskip("s3fs")
 pytest.importorskip("boto3")
+
+_config, _assert_same = _s3._config, _s3._assert_same
 
 KEY, SECRET = "shardload-kms-key", "shardload-kms-secret"
 
@@ -97,28 +101,6 @@ def kms_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict
         yield {"options": options, "bucket": bucket}
     finally:
         server.stop()
-
-
-def _config(tmp_path: Path, out: str, **extra: Any) -> dict[str, Any]:
-    from conftest import make_dataset
-
-    src = tmp_path / "src.nc"
-    if not src.exists():
-        make_dataset(120, seed=3).to_netcdf(src)
-    return {
-        "source": {"paths": [str(src)]},
-        "sample_dims": ["sample"],
-        "arrays": {"x": ["a", "b", "c"], "y": ["b"]},
-        "chunk_rows": 10,
-        "out": out,
-        **extra,
-    }
-
-
-def _assert_same(a: Any, b: Any) -> None:
-    assert sorted(a.arrays) == sorted(b.arrays)
-    for name in a.arrays:
-        np.testing.assert_array_equal(a.read(name), b.read(name), err_msg=name)
 
 
 def test_prepare_into_an_sse_kms_bucket_checks_each_object_by_reading_it_back(
