@@ -5,6 +5,7 @@ store. Against the moto server of ``test_s3.py``."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -49,12 +50,19 @@ def _data_config(tmp_path: Path, out: str, **extra: Any) -> dict[str, Any]:
 
 
 def _data_bytes(root: Path) -> int:
-    """Bytes of the local store's files, progress records left out (small metadata)."""
-    return sum(
-        p.stat().st_size
-        for p in root.rglob("*")
-        if p.is_file() and "_progress" not in p.relative_to(root).parts
-    )
+    """Bytes of the local store's files, progress records left out (small metadata).
+
+    Upload threads remove files while this walks the tree: a file gone between the listing
+    and its ``stat`` counts as 0 bytes (it no longer holds disk)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):  # os.walk skips vanished directories
+        dirnames[:] = [d for d in dirnames if d != "_progress"]
+        for name in filenames:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
 
 
 @pytest.mark.slow
