@@ -180,3 +180,39 @@ def test_a_forked_child_starts_with_recyclers_of_its_own(big_npy):
         pytest.fail("the forked child deadlocked on the parent's recycler lock")
     with os.fdopen(r, "rb") as f:
         assert f.read() == b"0"
+
+
+def test_default_store_epochs_reuse_the_last_epochs_group_buffers(tmp_path, monkeypatch):
+    """A compressed (gather) store's group buffers stay with the store: the second epoch's
+    groups take the first's memory (already faulted in) and allocate none. Before: each
+    iterator had its own pool, so every epoch allocated (and the kernel zeroed) them anew."""
+    from shardload.load import reader
+
+    values = np.arange(8192 * 64, dtype="f4").reshape(8192, 64)
+    xr.Dataset({"a": (("sample", "f"), values)}).to_netcdf(tmp_path / "src.nc")
+    store = shardload.prepare(
+        {
+            "source": {"paths": [str(tmp_path / "src.nc")]},
+            "sample_dims": ["sample"],
+            "arrays": {"x": ["a"]},
+            "out": str(tmp_path / "store"),
+        }
+    )
+    new = [0]
+    take = reader.BufferPool.take
+
+    def counted(self, name, shape, dtype):  # type: ignore[no-untyped-def]
+        want = int(np.prod(shape)) * np.dtype(dtype).itemsize + reader.READ_ALIGN
+        if not any(b.nbytes >= want for b in self._free.get(name, [])):
+            new[0] += 1
+        return take(self, name, shape, dtype)
+
+    monkeypatch.setattr(reader.BufferPool, "take", counted)
+    first = [b["x"].copy() for b in shardload.iter_batches(store, batch_size=64, epoch=0)]
+    assert new[0] > 0
+    new[0] = 0
+    second = [b["x"].copy() for b in shardload.iter_batches(store, batch_size=64, epoch=1)]
+    assert new[0] == 0, f"the second epoch allocated {new[0]} group buffers"
+    for got in (first, second):  # the reused memory still yields every row once
+        rows = np.concatenate(got)
+        assert np.array_equal(rows[np.argsort(rows[:, 0])], values)

@@ -26,11 +26,13 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from shardload.store.core import Store
+
+T = TypeVar("T")
 
 Specs = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 #: Where a batch of ``n`` rows goes (key -> array, keys as in a batch), or None for fresh arrays.
@@ -157,11 +159,12 @@ class BatchRecycler:
         return batch_views(raw, self.specs, self.offsets, rows)
 
 
-#: Each open store's batch recyclers, by batch layout (arrays, batch size): the next epoch's
-#: iterator takes up the memory the last one's batches left, already faulted in, instead of
-#: fresh pages (zeroed by the kernel at first touch: ~8 ms of CPU an epoch of the 406 MB raw
-#: store, 2026-11-28). Freed with the store object.
-_RECYCLERS: weakref.WeakKeyDictionary[Store, dict[tuple[Any, ...], BatchRecycler]] = (
+#: Each open store's batch recyclers, by batch layout (arrays, batch size), and its group
+#: buffer pools (:func:`store_kept`): the next epoch's iterator takes up the memory the last
+#: one's batches and groups left, already faulted in, instead of fresh pages (zeroed by the
+#: kernel at first touch: ~8 ms of CPU an epoch of the 406 MB raw store; the default store's
+#: two 67 MB group buffers an epoch were 6% of its CPU, 2026-11-28). Freed with the store object.
+_RECYCLERS: weakref.WeakKeyDictionary[Store, dict[tuple[Any, ...], Any]] = (
     weakref.WeakKeyDictionary()
 )
 _RECYCLERS_LOCK = threading.Lock()
@@ -183,10 +186,17 @@ def store_recycler(store: Store, specs: Specs, batch_rows: int, *, keep: int) ->
     """``store``'s recycler of batches of ``specs`` and ``batch_rows`` rows (made on first use,
     shared by its iterators, thread-safe), keeping at least ``keep`` buffers idle."""
     key = (tuple((k, s, np.dtype(d).str) for k, (s, d) in specs.items()), batch_rows)
-    with _RECYCLERS_LOCK:
-        mine = _RECYCLERS.setdefault(store, {})
-        rec = mine.get(key)
-        if rec is None:
-            rec = mine[key] = BatchRecycler(specs, batch_rows, keep=keep)
+    rec: BatchRecycler = store_kept(store, key, lambda: BatchRecycler(specs, batch_rows, keep=keep))
     rec.keep = max(rec.keep, keep)
     return rec
+
+
+def store_kept(store: Store, key: tuple[Any, ...], make: Callable[[], T]) -> T:
+    """What ``store`` keeps under ``key`` for its iterators (``make()`` on first use): memory
+    that outlives one epoch's iterator, freed with the store object, fresh in a forked child."""
+    with _RECYCLERS_LOCK:
+        mine = _RECYCLERS.setdefault(store, {})
+        got = mine.get(key)
+        if got is None:
+            got = mine[key] = make()
+    return cast(T, got)
