@@ -99,6 +99,48 @@ def test_recycler_cuts_page_aligned_buffers_from_shared_slabs():
     assert [int(h["x"][0, 0]) for h in held] == list(range(5))
 
 
+def _python_calls(fn):
+    """``fn()`` and the Python functions it ran (``sys.setprofile`` ``call`` events)."""
+    calls: list[str] = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        out = fn()
+    finally:
+        sys.setprofile(None)
+    return out, calls
+
+
+def test_a_recycled_batch_costs_few_python_calls_and_comes_back_with_its_last_view():
+    """A batch is allocated 256 times an epoch of the raw store: its bookkeeping is a weak
+    reference with a callback, not a ``weakref.finalize`` (~11 us of Python a batch, whose
+    ``__init__`` ran per batch), and its arrays are made in one call each."""
+    specs = {"x": ((1000,), np.dtype("f4")), "index": ((), np.dtype("i8"))}
+    r = BatchRecycler(specs, 64, keep=8)
+    r.allocate(64)  # one buffer, dropped at once: now idle
+    gc.collect()
+    finalizers = len(weakref.finalize._registry)  # type: ignore[attr-defined]
+    b, calls = _python_calls(lambda: r.allocate(64))
+    assert r.allocated == 1  # the idle buffer again
+    assert len(weakref.finalize._registry) == finalizers  # type: ignore[attr-defined]
+    assert len(calls) <= 4, calls  # the lambda, allocate, batch_views and its comprehension
+    assert b["x"].shape == (64, 1000) and b["index"].shape == (64,)
+    assert b["x"].flags.writeable and b["x"].flags.c_contiguous
+    view = b["x"][3:5]  # a view the caller keeps (as a tensor would) keeps the buffer
+    del b
+    gc.collect()
+    held = r.allocate(64)
+    assert r.allocated == 2 and not np.shares_memory(held["x"], view)
+    del view
+    gc.collect()
+    again = r.allocate(64)  # the first buffer came back with its last view
+    assert r.allocated == 2 and not np.shares_memory(again["x"], held["x"])
+
+
 def test_the_next_epoch_reuses_the_last_epochs_batch_memory(big_npy, monkeypatch):
     """A store's next iterator takes up the memory its last one's batches left (already
     faulted in): the second epoch makes no new batch memory (each iterator made its own)."""

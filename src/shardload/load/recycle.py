@@ -5,8 +5,8 @@ a virtual machine whose host backs guest memory lazily), and a loader that alloc
 batch for every batch touches the whole epoch's worth of it. :class:`BatchRecycler` hands out
 batches over a small set of buffers and takes a buffer back when the last array viewing it, of
 the batch or of any view the caller made (``torch.from_numpy`` tensors included), is garbage:
-the arrays of a batch all view one non-owning wrapper array, and a ``weakref.finalize`` on that
-wrapper returns the buffer. A caller that keeps batches just makes the recycler allocate more.
+the arrays of a batch all view one non-owning wrapper array, and a weak reference to that
+wrapper returns the buffer (its callback). A caller that keeps batches just makes the recycler allocate more.
 
 Buffers are cut from *slabs* of about :data:`SLAB_BYTES` (:func:`huge_empty`): private
 anonymous memory aligned on 2 MiB and advised for transparent huge pages on Linux, so the
@@ -102,12 +102,13 @@ def plan_batch_layout(specs: Specs, batch_rows: int) -> tuple[dict[str, int], in
 def batch_views(
     raw: np.ndarray, specs: Specs, offsets: Mapping[str, int], rows: int
 ) -> dict[str, np.ndarray]:
-    """The arrays of a ``rows``-row batch laid out in the uint8 buffer ``raw`` (views of it)."""
-    out = {}
-    for k, (shape, dtype) in specs.items():  # math.prod: np.prod costs ~10 us a call
-        nbytes = rows * math.prod(shape) * dtype.itemsize
-        out[k] = raw[offsets[k] : offsets[k] + nbytes].view(dtype).reshape((rows, *shape))
-    return out
+    """The arrays of a ``rows``-row batch laid out in the uint8 buffer ``raw`` (views of it,
+    each with ``raw`` as its base)."""
+    # one ndarray(buffer=) a key: a slice, view and reshape cost twice as much (a batch is
+    # allocated 256 times an epoch of the raw store, docs/benchmarks.md)
+    return {
+        k: np.ndarray((rows, *shape), dtype, raw, offsets[k]) for k, (shape, dtype) in specs.items()
+    }
 
 
 class BatchRecycler:
@@ -132,6 +133,14 @@ class BatchRecycler:
         self._stride = -(-self.buffer_bytes // PAGE) * PAGE
         self._per_slab = max(1, min(self.keep, SLAB_BYTES // self._stride))
         self._slab: np.ndarray | None = None  # the rest of the current slab
+        #: the buffers of batches handed out, by id of the weak reference to their wrapper
+        self._out: dict[int, tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
+
+    def _returned(self, ref: weakref.ref[np.ndarray]) -> None:
+        """The wrapper of a batch died (the last view of it went): its buffer is idle."""
+        got = self._out.pop(id(ref), None)
+        if got is not None:
+            self._give_back(got[1])
 
     def _give_back(self, buf: np.ndarray) -> None:
         with self._lock:
@@ -155,7 +164,10 @@ class BatchRecycler:
                 buf = self._cut()
                 self.allocated += 1
         raw = np.frombuffer(buf.data, np.uint8)  # views of it keep it (not buf) as base
-        weakref.finalize(raw, self._give_back, buf)
+        # a plain weak reference with a callback (~1 us), kept with its buffer until the
+        # wrapper dies: weakref.finalize cost ~11 us a batch (its Python-level registry)
+        ref = weakref.ref(raw, self._returned)
+        self._out[id(ref)] = (ref, buf)
         return batch_views(raw, self.specs, self.offsets, rows)
 
 

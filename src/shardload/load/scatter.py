@@ -25,6 +25,7 @@ chunks, rounded up to whole groups), which is what the batches would cost anyway
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -262,14 +263,13 @@ class ScatterReader(GroupReader):
         for (_, dst, src, cnt), out in zip(cut.tolist(), outs, strict=True):
             out[self.index_key][dst : dst + cnt] = rows[src : src + cnt]
         srt, run_starts, run_chunk, file_rows = plan_span_reads(spans, want, bounds)
-        pos = (at + srt).astype(np.uint64)  # stream position of each sorted row
         run_row = file_rows[run_starts[:-1]]
         # the file rows each run's chunk must hold: runs are sorted by (chunk, row), so the
         # end of a chunk's last run, spread over its runs
         last = np.flatnonzero(np.append(run_chunk[1:] != run_chunk[:-1], True))
         chunk_end = np.repeat(file_rows[run_starts[last + 1] - 1] + 1, np.diff(last, prepend=-1))
-        k_of = (pos // np.uint64(b)).astype(np.int64) - k0
-        in_b = pos % np.uint64(b)
+        k_of, in_b = np.divmod(at + srt, b)  # each sorted row's batch and place in it
+        k_of -= k0
         futs: list[Future[None]] = []
         nruns = len(run_chunk)
         # direct reads wait on the device, not the CPU: one reader thread takes the whole
@@ -277,13 +277,15 @@ class ScatterReader(GroupReader):
         # next group goes to another reader meanwhile): 1.12x the rows/s of one task per
         # reader thread, peak RSS 177 against 145 MiB (docs/benchmarks.md, session 10)
         one_task = self.files.direct and DIRECT_ONE_TASK
-        parts = np.linspace(0, nruns, (1 if one_task else self.readers) + 1).astype(np.int64)
+        tasks = 1 if one_task else self.readers
+        parts = [nruns * i // tasks for i in range(tasks + 1)]
         for a in self.names:
-            bases = np.array([o[a].ctypes.data for o in outs], np.uint64)
+            # .ctypes.data costs 4 us a call, __array_interface__ 3 (14 batches a group)
+            bases = np.array([o[a].__array_interface__["data"][0] for o in outs], np.int64)
             rb = self.row_bytes[a]
-            ptrs = bases[k_of] + in_b * np.uint64(rb)
+            ptrs = (bases[k_of] + in_b * rb).astype(np.uint64)
             iov, run_iov = plan_iovecs(ptrs, run_starts, rb)
-            for p0, p1 in zip(parts[:-1].tolist(), parts[1:].tolist(), strict=True):
+            for p0, p1 in itertools.pairwise(parts):
                 if p1 > p0:
                     futs.append(
                         pool.submit(

@@ -133,16 +133,33 @@ def deal_order(
     # rows in a random order, then (stable) by their segment's random rank: segment by segment
     perm = rng.permutation(n)
     rank: np.ndarray = rng.permutation(len(lengths)).astype(_small_int(len(lengths)))
-    seg_rank = rank[np.repeat(np.arange(len(lengths)), lengths)[perm]]
+    seg_rank = np.repeat(rank, lengths)[perm]
     listed = perm[np.argsort(seg_rank, kind="stable")]
-    # each stream position's place in its batch; positions by (place, batch) take the list
-    b = int(batch_size)
-    first = min(n, b - at % b)
-    pos = np.arange(n, dtype=np.int64)
-    place: np.ndarray = np.where(pos < first, pos, (pos - first) % b).astype(_small_int(b))
+    # the stream positions by (place in their batch, batch) take the list
     order = np.empty(n, np.int64)
-    order[np.argsort(place, kind="stable")] = listed
+    order[deal_positions(at, n, batch_size)] = listed
     return order
+
+
+def deal_positions(at: int, n: int, batch_size: int) -> np.ndarray:
+    """Stream positions ``at .. at + n`` (as ``0 .. n - 1``) sorted by their rank in their
+    batch's share of them, then by batch: the order in which :func:`deal_order` deals (pure). Computed as a
+    (place, batch) grid instead of a stable sort of each position's place (a third of
+    ``deal_order``'s time for a group of 3,500 rows).
+
+    >>> deal_positions(6, 7, 4).tolist()  # batches: positions 0-1, 2-5, 6
+    [0, 2, 6, 1, 3, 4, 5]
+    """
+    b = int(batch_size)
+    first = min(n, b - at % b)  # positions in the first batch (from place ``at % b`` on)
+    places = np.arange(min(b, n), dtype=np.int64)
+    later = -(-(n - first) // b)  # batches after the first
+    grid = np.empty((len(places), later + 1), np.int64)
+    grid[:, 0] = places  # the first batch's positions (ranked by position, as the later ones)
+    grid[:, 1:] = first + places[:, None] + b * np.arange(later, dtype=np.int64)
+    valid = grid < n
+    valid[:, 0] = places < first
+    return grid[valid]
 
 
 #: The shuffles by name. Today's default (``True``) is ``"pieces"``: small pieces of every chunk
