@@ -16,8 +16,9 @@ axis). :class:`H5Rows` reads what a write task needs directly:
   into the destination, which releases the GIL (h5py serialises every call in one lock).
 
 Numeric variables are served raw where xarray returns them raw, and decoded with
-:mod:`~shardload.prep.sources.cf_decode` where xarray decodes them (packed or masked: the raw
-block is read as above, then masked and scaled in numpy as xarray does); a variable whose
+:mod:`~shardload.prep.sources.cf_decode` where xarray decodes them (packed or masked: each raw
+piece read as above is masked and scaled in numpy as xarray does, straight into the block's
+rows; byte-range rows are read raw, then decoded); a variable whose
 decoding is not mirrored exactly there stays on the lazy path. Tests compare both, bit for bit.
 """
 
@@ -176,18 +177,24 @@ class H5Rows:
             dtype = var.decode.dtype if var.decode else raw_dtype
             if dst is None or dst.shape != shape or dst.dtype != dtype:
                 dst = np.empty(shape, dtype)
-            if stop > start and var.decode is not None:
-                raw = np.empty(shape, raw_dtype)
-                self._read(var, dset, start, stop, raw)
-                var.decode.apply(raw, out=dst)
-            elif stop > start:
+            if stop > start:
                 self._read(var, dset, start, stop, dst)
             res[name] = dst
         return res
 
     # -- one variable ---------------------------------------------------------------------------
     def _read(self, var: _Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> None:
-        if self._read_raw(var, dset, start, stop, dst):
+        """Rows ``[start, stop)`` of ``var`` into ``dst``, decoded (``var.decode``) when packed:
+        a packed variable's chunk-aligned pieces are decoded straight into ``dst``, a piece at
+        a time while it is in cache, with no raw copy of the block (decoding is elementwise:
+        the values are those of the whole block decoded at once)."""
+        decode = var.decode
+        if decode is not None and self._raw_layout(var, dset) is not None:
+            raw = np.empty(dst.shape, dset.dtype.newbyteorder("="))
+            self._read_raw(var, dset, start, stop, raw)
+            decode.apply(raw, out=dst)
+            return
+        if decode is None and self._read_raw(var, dset, start, stop, dst):
             return
         sizes = var.sample_sizes
         first = np.unravel_index(start, sizes)
@@ -219,7 +226,9 @@ class H5Rows:
             rows = sub.reshape(-1, *var.row_shape)  # sample-major rows pos..end of dim k
             g0 = base + pos * int(strides[k])  # global row of rows[0]
             a, b = max(start, g0), min(stop, g0 + len(rows))
-            if b > a:
+            if b > a and decode is not None:
+                decode.apply(rows[a - g0 : b - g0], out=dst[a - start : b - start])
+            elif b > a:
                 dst[a - start : b - start] = rows[a - g0 : b - g0]
             pos = end
 
