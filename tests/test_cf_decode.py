@@ -115,6 +115,49 @@ def test_decoded_into_a_strided_destination(tmp_path):
     assert buf[:, F:].tobytes() == _xarray(path)["i2_f4"].values[10:50].tobytes()
 
 
+def _packed_grid(path: Path, shape=(480, 600), chunks=(48, 60)) -> None:
+    """An OISST-like field: int16 with scale_factor, add_offset and _FillValue over a fifth of
+    the grid, gzip chunks, on (lat, lon)."""
+    rng = np.random.default_rng(4)
+    raw = rng.integers(-3000, 3000, size=shape, dtype=np.int16)
+    raw[rng.random(shape) < 0.2] = -999
+    with h5netcdf.File(path, "w") as f:
+        f.dimensions = {"lat": shape[0], "lon": shape[1]}
+        v = f.create_variable(
+            "sst", ("lat", "lon"), "i2", chunks=chunks, compression="gzip", fillvalue=np.int16(-999)
+        )
+        v.attrs.update(scale_factor=np.float32(0.01), add_offset=np.float32(15))
+        v[...] = raw
+
+
+def test_packed_pieces_are_decoded_into_the_block_without_a_raw_copy(tmp_path):
+    """A packed variable in gzip chunks is decoded a chunk-aligned piece at a time straight
+    into the block's rows: no raw int16 copy of the block and no block-sized mask beside the
+    pieces h5py decodes (before: the pieces, a raw block, then a block-sized mask of the fill
+    values while decoding it), and the values are xarray's bit for bit, across piece bounds."""
+    import tracemalloc
+
+    path = tmp_path / "grid.nc"
+    _packed_grid(path)
+    want = _xarray(path)["sst"].values.reshape(-1)
+    rows = h5_rows(str(path), xr.open_dataset(path, engine="h5netcdf", chunks={}), ["lat", "lon"])
+    assert rows is not None and rows.variables["sst"].decode is not None
+    for a, b in [(0, want.size), (5, 40_000), (28_799, 28_801), (want.size - 7, want.size)]:
+        got = rows.read_rows(["sst"], a, b)["sst"]
+        assert got.dtype == want.dtype and got.tobytes() == want[a:b].tobytes(), (a, b)
+    fresh = h5_rows(str(path), xr.open_dataset(path, engine="h5netcdf", chunks={}), ["lat", "lon"])
+    assert fresh is not None
+    out = np.empty(want.size, np.float32)
+    fresh._file()  # opened before the count
+    tracemalloc.start()
+    fresh.read_rows(["sst"], 0, want.size, out={"sst": out})
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    raw_bytes = want.size * 2  # the int16 pieces, kept in the piece cache
+    assert peak < 1.5 * raw_bytes, (peak, raw_bytes)
+    assert out.tobytes() == want.tobytes()
+
+
 def test_not_mirrored_stays_on_xarrays_path(tmp_path):
     """Time-like units (xarray may decode them as durations), a result dtype other than the
     lazy variable's, a multi-valued scale_factor: no decoding here, xarray's path serves them."""

@@ -299,3 +299,27 @@ def test_narrow_blocks_cost_about_what_wide_ones_do():
 
     narrow_s, wide_s = best(x), best(wide)
     assert narrow_s < 3 * wide_s, (narrow_s, wide_s)
+
+
+def test_a_nan_in_the_first_slab_stops_the_finite_pass_at_that_slab(monkeypatch):
+    """A block of few features with NaN (a packed field's ``_FillValue`` over land: one float32
+    feature per grid point) leaves the finite path at the first slab whose sum is NaN, not
+    after a whole pass of sums, min and max over the block (0.05 s to 0.04 s of CPU for the
+    9.3 M samples of issue 29's packed netCDF-4 case); its figures are the NaN path's."""
+    import shardload.prep.stats.block as stats
+
+    rng = np.random.default_rng(11)
+    x = (rng.normal(size=(400_000, 1)) * 10 + 3).astype("float32")
+    x[rng.random(x.shape) < 0.2] = np.nan
+    assert np.isnan(x[:100]).any()
+    calls = []
+    add_rows = stats._add_rows
+    monkeypatch.setattr(
+        stats, "_add_rows", lambda acc, rows: (calls.append(len(rows)), add_rows(acc, rows))
+    )
+    assert stats._partial_slabs(stats.as_features(x)) is None
+    assert len(calls) == 1, calls  # one slab summed, then the NaN path
+    monkeypatch.setattr(stats, "_add_rows", add_rows)
+    p, q = partial(x), stats._partial_slabs_nan(stats.as_features(x))
+    for f in ("count", "mean", "m2", "min", "max", "nan_count"):
+        np.testing.assert_array_equal(getattr(p, f), getattr(q, f))

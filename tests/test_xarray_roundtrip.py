@@ -202,3 +202,40 @@ def test_grid_coordinates_written_chunk_by_chunk_without_zarr_python(tmp_path, m
                 np.testing.assert_array_equal(got[name].values, stacked[name].values)
             assert (got["time"].values == stacked["time"].values).all()
             np.testing.assert_array_equal(got["x"].values[:, 0], stacked["t"].values)
+
+
+def test_a_first_publish_opens_no_zarr_group_to_delete_coordinates(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The coordinates of a first publish do not exist yet: no ``zarr.open_group`` to look for
+    them (a resumed publish still deletes and rewrites them, the test above)."""
+    import shutil
+    import sys
+
+    import zarr
+
+    from shardload.manifest.core import ArraySpec
+    from shardload.prep.coords import SampleCoords, write_zarr_metadata
+
+    store = _prepare(tmp_path, "zarr")
+    for name in ("number", "time", "x_feature"):  # as before the first publish wrote them
+        shutil.rmtree(Path(store.root) / name)
+    info = store.manifest.arrays["x"]
+    spec = ArraySpec("x", tuple(info.shape), np.dtype(info.dtype), info.features)
+    stacked = _source().stack(sample=["number", "time"])
+    coords = SampleCoords({"number": stacked["number"].values, "time": stacked["time"].values})
+    opened = []  # by prep/coords.py itself (xarray's to_zarr opens the group it writes to)
+    real = zarr.open_group
+
+    def open_group(*a, **k):
+        opened.append(sys._getframe(1).f_globals["__name__"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(zarr, "open_group", open_group)
+    write_zarr_metadata(store.root, {"x": spec}, coords, chunk_rows=8)
+    monkeypatch.setattr(zarr, "open_group", real)
+    assert "shardload.prep.coords" not in opened, opened
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with xr.open_zarr(store.root) as ds:
+            _check(ds, store)

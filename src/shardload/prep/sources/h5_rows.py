@@ -15,10 +15,9 @@ axis). :class:`H5Rows` reads what a write task needs directly:
   contiguous layout) hold whole rows, rows are byte ranges of the file: ``os.preadv`` straight
   into the destination, which releases the GIL (h5py serialises every call in one lock).
 
-Numeric variables are served raw where xarray returns them raw, and decoded with
-:mod:`~shardload.prep.sources.cf_decode` where xarray decodes them (packed or masked: the raw
-block is read as above, then masked and scaled in numpy as xarray does); a variable whose
-decoding is not mirrored exactly there stays on the lazy path. Tests compare both, bit for bit.
+Numeric variables are served raw where xarray returns them raw, else decoded by
+:mod:`~shardload.prep.sources.cf_decode` as xarray does (each raw piece into the block's rows);
+what it does not mirror exactly stays on the lazy path. Tests compare both, bit for bit.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from shardload.prep.sources.cf_decode import CFDecode, plan_cf_decode
 #: open_kwargs that leave the values xarray returns unchanged (anything else: lazy path)
 _NEUTRAL_OPEN_KWARGS = frozenset({"chunks", "phony_dims", "cache", "lock", "inline_array"})
 CACHE_BYTES = 256 << 20  # decoded chunk-aligned pieces kept per process
+_Layout = tuple[int, int | None, tuple[int | None, ...]]  # see H5Rows._raw_layout
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class H5Rows:
         self._fd: int | None = None
         self._lock = threading.Lock()
         self._cache = _PieceCache()
-        self._raw: dict[str, tuple[int, int | None, tuple[int | None, ...]] | None] = {}
+        self._raw: dict[str, _Layout | None] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # open handles stay in their process
         return {"path": self.path, "variables": self.variables}
@@ -176,18 +176,21 @@ class H5Rows:
             dtype = var.decode.dtype if var.decode else raw_dtype
             if dst is None or dst.shape != shape or dst.dtype != dtype:
                 dst = np.empty(shape, dtype)
-            if stop > start and var.decode is not None:
-                raw = np.empty(shape, raw_dtype)
-                self._read(var, dset, start, stop, raw)
-                var.decode.apply(raw, out=dst)
-            elif stop > start:
+            if stop > start:
                 self._read(var, dset, start, stop, dst)
             res[name] = dst
         return res
 
     # -- one variable ---------------------------------------------------------------------------
     def _read(self, var: _Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> None:
-        if self._read_raw(var, dset, start, stop, dst):
+        """Rows ``[start, stop)`` into ``dst``, packed pieces decoded straight into it."""
+        decode = var.decode
+        if decode is not None and self._raw_layout(var, dset) is not None:
+            raw = np.empty(dst.shape, dset.dtype.newbyteorder("="))
+            self._read_raw(var, dset, start, stop, raw)
+            decode.apply(raw, out=dst)
+            return
+        if decode is None and self._read_raw(var, dset, start, stop, dst):
             return
         sizes = var.sample_sizes
         first = np.unravel_index(start, sizes)
@@ -219,7 +222,9 @@ class H5Rows:
             rows = sub.reshape(-1, *var.row_shape)  # sample-major rows pos..end of dim k
             g0 = base + pos * int(strides[k])  # global row of rows[0]
             a, b = max(start, g0), min(stop, g0 + len(rows))
-            if b > a:
+            if b > a and decode is not None:  # straight into the block: no raw copy of it
+                decode.apply(rows[a - g0 : b - g0], out=dst[a - start : b - start])
+            elif b > a:
                 dst[a - start : b - start] = rows[a - g0 : b - g0]
             pos = end
 
@@ -291,13 +296,11 @@ class H5Rows:
             dst[...] = buf
         return True
 
-    def _raw_layout(
-        self, var: _Var, dset: Any
-    ) -> tuple[int, int | None, tuple[int | None, ...]] | None:
+    def _raw_layout(self, var: _Var, dset: Any) -> _Layout | None:
         """``(row bytes, offset of a contiguous layout, offset of each chunk)``, or None."""
         if var.name in self._raw:
             return self._raw[var.name]
-        layout: tuple[int, int | None, tuple[int | None, ...]] | None = None
+        layout: _Layout | None = None
         dt = dset.dtype
         plain = (
             not var.filtered

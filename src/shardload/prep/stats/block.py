@@ -77,6 +77,10 @@ def _add_rows(acc: np.ndarray, rows: np.ndarray) -> None:
         acc += np.add.reduce(rows, axis=0, dtype=np.float64)
 
 
+#: :func:`_partial_slabs` checks its running sums after each slab of at least this many rows
+_CHECK_ROWS = 64
+
+
 def _partial_slabs(v: np.ndarray) -> Partial | None:
     """The common case: numbers without NaN or infinity (float32 blocks whose sums are finite,
     and every integer or boolean block), float64 accumulators, no float64 copy of the block,
@@ -97,9 +101,15 @@ def _partial_slabs(v: np.ndarray) -> Partial | None:
     s1 = np.zeros(nf)
     mn: np.ndarray | None = None
     mx: np.ndarray | None = None
+    # few features: a sum that is no longer finite stops the pass (a NaN block, a packed
+    # field's _FillValue, goes to the NaN path at its first slab holding one, not after a
+    # whole pass of sums, min and max); checking is cheap where a slab holds many rows
+    check = step >= _CHECK_ROWS
     for r in range(0, n, step):
         blk = v[r : r + step]
         _add_rows(s1, blk)
+        if check and not np.isfinite(s1).all():
+            return None
         lo, hi = np.minimum.reduce(blk, axis=0), np.maximum.reduce(blk, axis=0)
         mn = lo if mn is None else np.minimum(mn, lo)
         mx = hi if mx is None else np.maximum(mx, hi)
@@ -147,7 +157,7 @@ def _partial_slabs_nan(v: np.ndarray) -> Partial | None:
         nans += np.add.reduce(nan, axis=0, dtype=np.int64)
         d = buf[: len(blk)]
         np.copyto(d, blk)
-        d[nan] = 0
+        np.copyto(d, 0, where=nan)  # as ``d[nan] = 0``, without gathering the NaN's indices
         _add_rows(s1, d)
         np.fmin(mn, np.fmin.reduce(blk, axis=0), out=mn)  # fmin / fmax skip NaN
         np.fmax(mx, np.fmax.reduce(blk, axis=0), out=mx)
@@ -161,7 +171,7 @@ def _partial_slabs_nan(v: np.ndarray) -> Partial | None:
         blk = v[r : r + step]
         d = buf[: len(blk)]
         np.subtract(blk, center, out=d)
-        d[np.isnan(d)] = 0  # NaN rows of the block: nothing; finite ones stay finite
+        np.copyto(d, 0, where=np.isnan(d))  # NaN rows: nothing; finite ones stay finite
         _add_rows(sd, d)
         np.multiply(d, d, out=d)
         _add_rows(sq, d)
