@@ -203,7 +203,7 @@ class Store:
         first batch then waits for no metadata): see :func:`.files.metadata_to_carry`."""
         if self.is_local or self.checksum_bytes is None or not self.manifest.checksums:
             return None
-        return metadata_to_carry(self._reader) or self.carried_metadata
+        return metadata_to_carry(self._reader) or getattr(self, "carried_metadata", None)
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
