@@ -68,6 +68,19 @@ class ChecksMetadata(Protocol):
     def check_metadata(self, where: str) -> None: ...
 
 
+@runtime_checkable
+class CarriesMetadata(Protocol):
+    """Optional capability (by URL): the metadata files this reader fetched and checked, as
+    ``{path: bytes}`` (:meth:`carried_metadata`), handed with a pickled Store to the reader of
+    a DataLoader worker, which keeps them (:meth:`take_metadata`) and checks them against the
+    manifest in :meth:`ChecksMetadata.check_metadata` as if it had fetched them, fetching none
+    of them again."""
+
+    def carried_metadata(self) -> dict[str, bytes]: ...
+
+    def take_metadata(self, carried: Mapping[str, bytes]) -> None: ...
+
+
 @dataclass(frozen=True)
 class RawChunk:
     """Where a chunk's rows lie, uncompressed and C-ordered, in a local file: row ``r`` is the

@@ -318,14 +318,21 @@ class RemoteFileSystem(AbstractFileSystem):
             lag_steps=lag_steps,
         )
 
-    def _cached_fd(self, path: str, what: str, *, ahead: bool = False) -> int:
+    def _cached_fd(
+        self, path: str, what: str, *, ahead: bool = False, fetched: list[bytes] | None = None
+    ) -> int:
+        """A descriptor on the node cache's checked copy of ``path``; ``fetched`` gets the
+        bytes when this call downloaded them (the caller then needs not read the copy back)."""
         cache = self.node_cache
         assert cache is not None
 
         def download() -> bytes:
             if ahead:  # one attempt: the loop's own read retries, and reports, a failure
                 return bytes(self.target.cat_file(path, **self._deadline))
-            return self._retry(lambda: self.target.cat_file(path, **self._deadline), path, what)
+            data = self._retry(lambda: self.target.cat_file(path, **self._deadline), path, what)
+            if fetched is not None:
+                fetched.append(data)
+            return data
 
         return cache.open(self.unstrip_protocol(path), download, what=what, ahead=ahead)
 
@@ -333,8 +340,13 @@ class RemoteFileSystem(AbstractFileSystem):
         self, path: str, start: int | None = None, end: int | None = None, what: str = "", **kw
     ) -> bytes:
         if self.spec.cache_dir is not None:
-            fd = self._cached_fd(path, what)
+            fetched: list[bytes] = []
+            fd = self._cached_fd(path, what, fetched=fetched)
             try:
+                if fetched:  # filled now: the bytes the cache checked and wrote, not read back
+                    a, b, _ = slice(start, end).indices(len(fetched[0]))
+                    whole = (a, b) == (0, len(fetched[0]))
+                    return fetched[0] if whole else fetched[0][a:b]
                 return remote_cache.read_range(fd, start, end)
             finally:
                 os.close(fd)

@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import IncompleteStoreError, StoreError
-from shardload.formats.base import ArrayReader, ChecksMetadata, LocalFS, is_local
+from shardload.formats.base import ArrayReader, CarriesMetadata, ChecksMetadata, LocalFS, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, VERIFY_ENV, check_verify
 from shardload.formats.registry import open_reader as open_format_reader
 from shardload.layout import MANIFEST_NAME, PARTIAL_SUFFIX
 from shardload.manifest.consistency import check_manifest_consistent
 from shardload.manifest.core import Manifest
 from shardload.manifest.time import TimeAxis
-from shardload.store.files import CARRY_BYTES, StoreFiles, read_manifest
+from shardload.store.files import CARRY_BYTES, StoreFiles, metadata_to_carry, read_manifest
 from shardload.store.incomplete import interrupted_error, partial_error
 from shardload.util.procs import ForkSafeLock
 
@@ -50,6 +50,9 @@ class Store:
         self.check_metadata_of: str | None = None
         #: by URL, the checksum file fetched with the manifest (for each process's reader)
         self.checksum_bytes: bytes | None = None
+        #: by URL, the arrays' metadata files a reader of another process fetched and checked
+        #: (``{path: bytes}``), for this process's reader (:meth:`_metadata_to_carry`)
+        self.carried_metadata: dict[str, bytes] | None = None
 
     # -- description ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -106,6 +109,7 @@ class Store:
         """A new reader, its arrays' metadata checked before any thread reads through it (by
         URL in each process, the files its first reads need in one batch of requests)."""
         open_reader = partial(open_format_reader, self.manifest.format, self.fs, self.root)
+        carried = self._metadata_to_carry()  # a forked child's: from its parent's reader
         reader = None
         if "window" in self.manifest.static:  # windows cut at load time (at_load: true)
             from shardload.store.windows import open_window_reader
@@ -117,6 +121,8 @@ class Store:
             verifier.take_sums(sums)
             if len(sums) > CARRY_BYTES:  # not pickled into every worker
                 self.checksum_bytes = None
+        if carried and isinstance(reader, CarriesMetadata):
+            reader.take_metadata(carried)  # checked against the manifest below, not fetched
         where = self.check_metadata_of
         if where is not None and isinstance(reader, ChecksMetadata):
             reader.check_metadata(where)
@@ -191,8 +197,17 @@ class Store:
             self._ragged.close()
             self._ragged = None
 
+    def _metadata_to_carry(self) -> dict[str, bytes] | None:
+        """By URL, what this process's reader (a forked child: its parent's) fetched and
+        checked of the arrays' metadata, for another process's reader (a DataLoader worker's
+        first batch then waits for no metadata): see :func:`.files.metadata_to_carry`."""
+        if self.is_local or self.checksum_bytes is None or not self.manifest.checksums:
+            return None
+        return metadata_to_carry(self._reader) or getattr(self, "carried_metadata", None)
+
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
+        d["carried_metadata"] = self._metadata_to_carry()
         d["_reader"] = None
         d["_ragged"] = None
         return d

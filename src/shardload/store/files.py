@@ -1,6 +1,7 @@
 """A store's small files, read through the store's own filesystem: the manifest (by URL with
 the checksum file, at once: :func:`read_manifest`) and the manifest's feature files
-(:class:`StoreFiles`)."""
+(:class:`StoreFiles`), and the arrays' metadata a reader carries to a DataLoader worker's
+(:func:`metadata_to_carry`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from shardload.errors import StoreError
-from shardload.formats.base import is_local
+from shardload.formats.base import CarriesMetadata, is_local
 from shardload.layout import CHECKSUMS_NAME, MANIFEST_NAME
 
 #: A checksum file fetched with the manifest goes with the Store into DataLoader workers (each
@@ -41,6 +42,24 @@ def read_manifest(fs: Any, root: str, *, sums: bool = False) -> tuple[bytes | No
         raise text
     found = got.get(extra)
     return text, found if isinstance(found, bytes) else None
+
+
+def metadata_to_carry(reader: Any) -> dict[str, bytes] | None:
+    """The arrays' metadata files ``reader`` fetched and checked by URL (``{path: bytes}``,
+    at most ``CARRY_BYTES``: each array's ``zarr.json``, an npy stack's last chunk headers),
+    for a reader of the same store in another process (:class:`CarriesMetadata`), or None.
+
+    A Store hands them on only with the checksum file it fetched with the manifest: the
+    manifest, the checksums and the metadata are then of one reading of the store; the worker
+    checks the metadata against the manifest again, and every stored file it reads against
+    those checksums before its rows are used (npy: the file whole, header included; Zarr: each
+    chunk or shard file), so a store rewritten since is a checksum error, never values read
+    through another version's metadata. Without them (``verify="never"``, no checksums, a
+    checksum file over ``CARRY_BYTES``) each worker fetches and checks its own."""
+    if not isinstance(reader, CarriesMetadata):
+        return None
+    got = reader.carried_metadata()
+    return got if got and sum(map(len, got.values())) <= CARRY_BYTES else None
 
 
 class StoreFiles:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -102,19 +102,25 @@ class NpyUrlReader(NpyReader):
         #: checked files kept whole for later calls (module docstring), least recent first
         self._kept: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._kept_bytes, self._keep_max = 0, keep_bytes()
+        #: the last chunk headers checked by :meth:`check_metadata` (for a worker's reader)
+        self._carried: dict[str, bytes] = {}
 
     def check_metadata(self, where: str) -> None:
         """As :meth:`NpyReader.check_metadata`, with each array's last chunk header and the
-        checksum file fetched in one batch of requests (one round trip, not one per file)."""
-        n = self.manifest.num_chunks
-        fixed = [k for k, a in self.manifest.arrays.items() if not a.is_ragged and n]
-        heads = {self.path(k, n - 1): (k, n - 1) for k in fixed}
+        checksum file fetched in one batch of requests (one round trip, not one per file);
+        none for a header another process's reader carried here (:meth:`take_metadata`),
+        checked the same way."""
+        heads = self._heads()
         sums = self.verifier.sums_path()
-        got = read_many(
-            self.fs,
-            [*heads, *([sums] if sums else [])],
-            what={p: f"chunk {i} of array {k!r}" for p, (k, i) in heads.items()},
-            ranges={p: (0, HEADER_BYTES) for p in heads},
+        todo = [p for p in heads if p not in self._carried]
+        got: dict[str, bytes | BaseException] = {**self._carried}
+        got.update(
+            read_many(
+                self.fs,
+                [*todo, *([sums] if sums else [])],
+                what={p: f"chunk {i} of array {k!r}" for p, (k, i) in heads.items()},
+                ranges={p: (0, HEADER_BYTES) for p in todo},
+            )
         )
         if sums is not None and isinstance(raw := got[sums], bytes):
             self.verifier.take_sums(raw)
@@ -125,11 +131,32 @@ class NpyUrlReader(NpyReader):
                     continue  # left to the read that needs it
                 if isinstance(data, BaseException):
                     raise data
-                self._offsets[(name, i)] = self._parse_header(name, i, data)
+                self._offsets[(name, i)] = offset = self._parse_header(name, i, data)
+                if len(data) >= offset:  # the header's bytes, for a worker's reader
+                    self._carried[path] = bytes(data[:offset])
             except ChunkReadError as exc:
                 raise StoreError(
                     f"{where} and the files of array {name!r} disagree: {exc}"
                 ) from exc
+
+    def _heads(self) -> dict[str, tuple[str, int]]:
+        """The last chunk file of each fixed array (its header is the arrays' metadata)."""
+        n = self.manifest.num_chunks
+        fixed = [k for k, a in self.manifest.arrays.items() if not a.is_ragged and n]
+        return {self.path(k, n - 1): (k, n - 1) for k in fixed}
+
+    def carried_metadata(self) -> dict[str, bytes]:
+        """The last chunk headers this reader fetched and checked (a dict copy: a forked child
+        reads it from the parent's reader without a lock)."""
+        return self._carried.copy()
+
+    def take_metadata(self, carried: Mapping[str, bytes]) -> None:
+        """Keep another process's :meth:`carried_metadata`: :meth:`check_metadata` checks
+        those headers against the manifest as if it had fetched them, and fetches none."""
+        heads = self._heads()
+        self._carried.update(
+            {p: d for p, d in carried.items() if p in heads and isinstance(d, bytes)}
+        )
 
     def _parse_header(self, name: str, i: int, data: bytes) -> int:
         """Chunk ``i``'s data offset from the first bytes of its file (fetching the rest of

@@ -4,13 +4,15 @@ filesystem's whole-file cache (:class:`StoredFiles`).
 By URL every request counts (issues 25 and 28): a stored file is fetched whole with one
 request (:class:`.shards.RangeFile`, no size query first as an fsspec file makes), and a small
 metadata file (an array's ``zarr.json``) once per reader, whichever of its threads asks first
-(an epoch of 32 reader threads had fetched one ``zarr.json`` 68 times).
+(an epoch of 32 reader threads had fetched one ``zarr.json`` 68 times), and in a DataLoader
+worker not at all when the main process's reader fetched it (:class:`CarriedMetadata`).
 """
 
 from __future__ import annotations
 
 import io
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from shardload.formats.base import is_local
@@ -99,3 +101,38 @@ class StoredFiles:
                 elif isinstance(data, FileNotFoundError):
                     self._small.setdefault(p, None)
             return {p: d for p in paths if isinstance(d := self._small.get(p), bytes)}
+
+
+class CarriedMetadata:
+    """The ``zarr.json`` files a shardload store's reader (``self.files``, ``self.strict``,
+    ``self.manifest``, ``self.root``) fetched by URL and checked, carried to the reader of a
+    DataLoader worker (:class:`shardload.formats.base.CarriesMetadata`): that reader keeps them
+    and its ``check_metadata`` checks them against the manifest as if it had fetched them."""
+
+    files: StoredFiles
+    strict: bool
+    manifest: Any
+    root: str
+
+    def _meta_paths(self) -> set[str]:
+        arrays = self.manifest.arrays.values()
+        return {f"{self.root.rstrip('/')}/{a.path}/zarr.json" for a in arrays if not a.is_ragged}
+
+    def carried_metadata(self) -> dict[str, bytes]:
+        """The arrays' kept ``zarr.json`` (a forked child reads this from the parent's reader:
+        no lock, which a parent's thread may have held at the fork; a dict copy is atomic)."""
+        if not self.strict or self.files.local:  # plain Zarr: nothing checks them
+            return {}
+        kept, want = self.files._small.copy(), self._meta_paths()
+        return {p: d for p, d in kept.items() if p in want and isinstance(d, bytes)}
+
+    def take_metadata(self, carried: Mapping[str, bytes]) -> None:
+        """Keep another process's :meth:`carried_metadata` as if fetched (checked by the
+        reader's ``check_metadata`` before any use)."""
+        if not self.strict or self.files.local:
+            return
+        want = self._meta_paths()
+        with self.files._lock:
+            for p, data in carried.items():
+                if p in want and isinstance(data, bytes):
+                    self.files._small.setdefault(p, data)

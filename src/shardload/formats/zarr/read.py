@@ -27,7 +27,7 @@ from shardload.formats.zarr.chunks import (
     load_stored_objects,
     plan_chunk_layout,
 )
-from shardload.formats.zarr.files import StoredFiles, is_cached
+from shardload.formats.zarr.files import CarriedMetadata, StoredFiles, is_cached
 from shardload.formats.zarr.kept import kept_for, plan_kept
 from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.ranges import fetch_rows_into
@@ -81,7 +81,7 @@ def open_group_readonly(fs: Any, root: str, *, strict: bool = False) -> Any:
     return zarr.open_group(store=store, mode="r")
 
 
-class ZarrReader:
+class ZarrReader(CarriedMetadata):
     """Reads row ranges. Local arrays in the simple layouts shardload writes (chunk files, or
     shards of inner chunks along rows; no codec but Blosc) are read chunk by chunk straight
     into the caller's buffer (:mod:`.chunks`, :mod:`.shards`); everything else goes
