@@ -7,13 +7,10 @@ or more before its data arrived, and a DataLoader worker (a pickled Store) three
 
 from __future__ import annotations
 
-import contextlib
 import doctest
-import logging
 import pickle
 import shutil
 import time
-from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import numpy as np
@@ -24,6 +21,7 @@ import shardload.testing.latency
 from _stores import make_store
 from shardload.move.serve import serving
 from shardload.testing.latency import latency_proxy
+from test_url_requests import access_log
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,28 +93,6 @@ def test_a_checksum_file_fetched_at_open_is_still_required(tmp_path, kind, damag
     assert ("missing" if damage == "missing" else "not readable") in str(err.value)
 
 
-@contextlib.contextmanager
-def _requests_seen() -> Iterator[list[tuple[float, str]]]:
-    """``(time.monotonic(), path)`` of each GET ``shardload serve`` answers meanwhile."""
-    seen: list[tuple[float, str]] = []
-
-    class Record(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            parts = record.getMessage().split()
-            if len(parts) >= 2 and parts[0] == "GET":
-                seen.append((time.monotonic(), parts[1]))
-
-    log = logging.getLogger("shardload.serve")
-    handler, level = Record(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
-        yield seen
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
-
-
 def _worker_requests(tmp_path, kind: str, context: str) -> tuple[list[str], list[str]]:
     """A StreamingDataLoader of one ``context`` worker over a store opened by URL in the main
     process (its epoch checked): the paths its worker asked the server for, and the store's
@@ -132,17 +108,17 @@ def _worker_requests(tmp_path, kind: str, context: str) -> tuple[list[str], list
         for p in (root / a).rglob("*")
         if p.is_file() and p.name != "zarr.json"
     )
-    with _requests_seen() as seen, serving(tmp_path) as base:
+    with access_log() as seen, serving(tmp_path) as base:
         opened = shardload.open_store(f"{base}store")
         ds = StreamingDataset(opened, **KW)  # sizes its reads: the main process's reader
         loader = StreamingDataLoader(ds, num_workers=1, multiprocessing_context=context)
-        since = time.monotonic()
+        since = len(seen)  # the requests answered from here on are the worker's
         got = list(loader)
     rows = sorted(int(i) for b in got for i in b["index"])
     assert rows == want
     for b in got:
         np.testing.assert_array_equal(b["y"][:, 0].numpy(), b["index"].numpy() * 10)
-    return sorted(p for t, p in seen if t >= since), files
+    return sorted(p for m, p, _ in seen[since:] if m == "GET"), files
 
 
 @pytest.mark.parametrize("kind", sorted(STORES))
