@@ -72,10 +72,7 @@ class StoredFiles:
         """By URL, the ``zarr.json`` of ``arrays`` (manifest entries, by name) of the store at
         ``root`` and the checksum file, if ``verifier`` will read it, in one batch of requests
         (:meth:`prefetch`): one round trip before the first reads, not one per file."""
-        paths = {
-            f"{root.rstrip('/')}/{a.path}/zarr.json": f"zarr.json of array {k!r}"
-            for k, a in arrays.items()
-        }
+        paths = {meta_path(root, a): f"zarr.json of array {k!r}" for k, a in arrays.items()}
         sums = verifier.sums_path()
         got = self.prefetch({**paths, **({sums: "the checksum file"} if sums else {})})
         if sums is not None and sums in got:
@@ -95,12 +92,32 @@ class StoredFiles:
             todo = [p for p in paths if p not in self._small]
         got = read_many(self.fs, todo, what=paths)
         with self._lock:
-            for p, data in got.items():
-                if isinstance(data, bytes):
-                    self._small.setdefault(p, data)
-                elif isinstance(data, FileNotFoundError):
-                    self._small.setdefault(p, None)
+            self._keep(got)
             return {p: d for p in paths if isinstance(d := self._small.get(p), bytes)}
+
+    def kept(self, paths: set[str]) -> dict[str, bytes]:
+        """The small files of ``paths`` kept so far (read without the lock, from a dict copy:
+        a forked child reads its parent's, whose lock a parent's thread may have held)."""
+        small = self._small.copy()
+        return {p: d for p, d in small.items() if p in paths and isinstance(d, bytes)}
+
+    def keep(self, got: Mapping[str, bytes | BaseException]) -> None:
+        """Keep fetched small files as :meth:`prefetch` does (a missing one as missing; any
+        other failure is not kept), leaving any already kept as it is."""
+        with self._lock:
+            self._keep(got)
+
+    def _keep(self, got: Mapping[str, bytes | BaseException]) -> None:
+        for p, data in got.items():
+            if isinstance(data, bytes):
+                self._small.setdefault(p, data)
+            elif isinstance(data, FileNotFoundError):
+                self._small.setdefault(p, None)
+
+
+def meta_path(root: str, array: Any) -> str:
+    """The ``zarr.json`` of a store's array (a manifest entry) under the store at ``root``."""
+    return f"{root.rstrip('/')}/{array.path}/zarr.json"
 
 
 class CarriedMetadata:
@@ -116,15 +133,14 @@ class CarriedMetadata:
 
     def _meta_paths(self) -> set[str]:
         arrays = self.manifest.arrays.values()
-        return {f"{self.root.rstrip('/')}/{a.path}/zarr.json" for a in arrays if not a.is_ragged}
+        return {meta_path(self.root, a) for a in arrays if not a.is_ragged}
 
     def carried_metadata(self) -> dict[str, bytes]:
         """The arrays' kept ``zarr.json`` (a forked child reads this from the parent's reader:
-        no lock, which a parent's thread may have held at the fork; a dict copy is atomic)."""
+        :meth:`StoredFiles.kept` takes no lock)."""
         if not self.strict or self.files.local:  # plain Zarr: nothing checks them
             return {}
-        kept, want = self.files._small.copy(), self._meta_paths()
-        return {p: d for p, d in kept.items() if p in want and isinstance(d, bytes)}
+        return self.files.kept(self._meta_paths())
 
     def take_metadata(self, carried: Mapping[str, bytes]) -> None:
         """Keep another process's :meth:`carried_metadata` as if fetched (checked by the
@@ -132,7 +148,4 @@ class CarriedMetadata:
         if not self.strict or self.files.local:
             return
         want = self._meta_paths()
-        with self.files._lock:
-            for p, data in carried.items():
-                if p in want and isinstance(data, bytes):
-                    self.files._small.setdefault(p, data)
+        self.files.keep({p: d for p, d in carried.items() if p in want and isinstance(d, bytes)})

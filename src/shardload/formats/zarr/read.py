@@ -27,7 +27,7 @@ from shardload.formats.zarr.chunks import (
     load_stored_objects,
     plan_chunk_layout,
 )
-from shardload.formats.zarr.files import CarriedMetadata, StoredFiles, is_cached
+from shardload.formats.zarr.files import CarriedMetadata, StoredFiles, is_cached, meta_path
 from shardload.formats.zarr.kept import kept_for, plan_kept
 from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.ranges import fetch_rows_into
@@ -132,7 +132,7 @@ class ZarrReader(CarriedMetadata):
         fixed = {k: a for k, a in self.manifest.arrays.items() if not a.is_ragged}
         self.files.prefetch_metadata(self.root, fixed, self.verifier)  # by URL: one round trip
         for name, info in fixed.items():
-            path = f"{self.root.rstrip('/')}/{info.path}/zarr.json"
+            path = meta_path(self.root, info)
             try:
                 meta = json.loads(self._read_small(path, what=f"zarr.json of array {name!r}"))
             except FileNotFoundError as exc:
