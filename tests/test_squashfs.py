@@ -405,3 +405,28 @@ def test_garbage_inside_an_image_is_an_error_naming_the_file(tools, tmp_path, wh
         for k in range(20):
             st.read("x", k * 1000, k * 1000 + 1000)
     assert re.search(r"chunk \d+ of array 'x'.*\.npy|shardload\.json|\.sqfs", str(err.value))
+
+
+def test_mounts_in_a_process_with_more_than_1024_open_files(store, image):
+    """The mount's start-up waits on the watcher's pipe with ``selectors``: in a process that
+    already holds over 1,024 files (a long test run, a training job with many shards open) the
+    pipe's descriptor is above select()'s limit, which failed with "filedescriptor out of
+    range in select()" before."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the open-file limit ({hard}) is below 1,200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        st = shardload.open_store(image)
+        root = Path(st.root)
+        for name in store.arrays:
+            np.testing.assert_array_equal(st.read(name), store.read(name))
+        squashfs.unmount(image)
+        wait_unmounted(root)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -23,7 +23,7 @@ import hashlib
 import json
 import logging
 import os
-import select
+import selectors
 import subprocess
 import sys
 import tempfile
@@ -250,10 +250,13 @@ def _start_watcher(image: Path, base: Path, squashfuse: str, fusermount: str) ->
     assert proc.stdout is not None
     line = b""
     deadline = time.monotonic() + READY_TIMEOUT_S
-    with proc.stdout:
+    # selectors, not select.select: a process with more than 1,024 open files gets descriptors
+    # that select() refuses ("filedescriptor out of range")
+    with proc.stdout, selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
         while not line.endswith(b"\n"):
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            if left <= 0 or not sel.select(left):
                 raise ImageError(f"mounting {image} took more than {READY_TIMEOUT_S:.0f} s")
             chunk = os.read(proc.stdout.fileno(), 4096)
             if not chunk:
