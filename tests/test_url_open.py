@@ -11,6 +11,7 @@ import doctest
 import pickle
 import shutil
 import time
+import urllib.request
 from urllib.parse import urlparse
 
 import numpy as np
@@ -112,13 +113,27 @@ def _worker_requests(tmp_path, kind: str, context: str) -> tuple[list[str], list
         opened = shardload.open_store(f"{base}store")
         ds = StreamingDataset(opened, **KW)  # sizes its reads: the main process's reader
         loader = StreamingDataLoader(ds, num_workers=1, multiprocessing_context=context)
-        since = len(seen)  # the requests answered from here on are the worker's
+        since = _settled(seen, base)  # the requests answered from here on are the worker's
         got = list(loader)
     rows = sorted(int(i) for b in got for i in b["index"])
     assert rows == want
     for b in got:
         np.testing.assert_array_equal(b["y"][:, 0].numpy(), b["index"].numpy() * 10)
     return sorted(p for m, p, _ in seen[since:] if m == "GET"), files
+
+
+def _settled(seen: list[tuple[str, str, int]], base: str) -> int:
+    """How many requests the server has logged once every request made so far is logged: the
+    server logs a request after answering it, so the main process's last ones (its feature
+    files, read for the dataset's fingerprint) may be logged after it went on. One more
+    request, logged after those, marks the point (a CI run had taken one for the worker's)."""
+    mark = "/store/shardload.json?settled"
+    with urllib.request.urlopen(f"{base}store/shardload.json?settled") as r:
+        r.read()
+    deadline = time.monotonic() + 30
+    while not any(p == mark for _, p, _ in seen) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(seen)
 
 
 @pytest.mark.parametrize("kind", sorted(STORES))
