@@ -18,13 +18,23 @@ Printed: a line per RTT, then the ratios the issue asks about: the loader at eac
 the loader at 0 ms (goal at 20 ms: >= 0.8) and the loader at 0 ms against the plain GET at 0 ms
 (goal >= 0.8).
 
+``--same-store`` times instead the epochs of ONE opened store (``open_store(url)`` once, then
+``iter_batches(store, epoch=e)`` for e = 0 .. ``--repeats``): epoch 0 is the reader's first
+(its shards fetched whole for their checksums), the others are later epochs. Each gets a line:
+wall seconds, client CPU seconds (the process's CPU less that of the server's and the proxy's
+threads), the requests the proxy saw and the bytes the client fetched
+(``shardload.move.remote.read_bytes``).
+
 Usage::
 
     python benchmarks/bench_url_latency.py --workdir /tmp/bul --rows 16384
+    python benchmarks/bench_url_latency.py --workdir /tmp/bul --rows 16384 --store default \
+        --rtt-ms 0,20 --repeats 3 --same-store
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +76,56 @@ def plain_get(url: str, store: Path, threads: list[int], repeats: int) -> float:
     return best
 
 
+def _thread_cpu(names: tuple[str, ...]) -> float:
+    """CPU seconds of this process's live threads named ``names`` (the server and proxy)."""
+    import threading
+
+    total = 0.0
+    for t in threading.enumerate():
+        if t.name in names and t.ident is not None:
+            with contextlib.suppress(OSError, ProcessLookupError):
+                total += time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+    return total
+
+
+def same_store_epochs(url: str, proxy: object, epochs: int, batch_size: int, seed: int) -> None:
+    """Epochs 0 .. ``epochs`` of one store opened once by ``url``, a line each."""
+    import shardload
+    import shardload.move.remote as remote
+
+    fetched = [0]
+    read_bytes = remote.read_bytes
+
+    def counted(*args: object, **kw: object) -> bytes:
+        data = read_bytes(*args, **kw)  # type: ignore[arg-type]
+        fetched[0] += len(data)
+        return data
+
+    remote.read_bytes = counted  # type: ignore[assignment]
+    servers = ("shardload-serve", "shardload-latency-proxy")
+    try:
+        store = shardload.open_store(url)
+        for e in range(epochs + 1):
+            proxy.reset_counts()  # type: ignore[attr-defined]
+            fetched[0] = 0
+            cpu0, srv0, t = time.process_time(), _thread_cpu(servers), time.perf_counter()
+            rows = 0
+            for b in shardload.iter_batches(
+                store, batch_size=batch_size, seed=seed, shuffle=True, epoch=e
+            ):
+                rows += len(b["index"])
+            wall = time.perf_counter() - t
+            cpu = time.process_time() - cpu0 - (_thread_cpu(servers) - srv0)
+            print(
+                f"  epoch {e} ({'first' if e == 0 else 'later'}): {wall:.2f} s wall, "
+                f"client CPU {cpu:.2f} s, {proxy.requests} requests, "  # type: ignore[attr-defined]
+                f"{fetched[0] / 2**20:.1f} MiB fetched, {rows} rows",
+                flush=True,
+            )
+    finally:
+        remote.read_bytes = read_bytes  # type: ignore[assignment]
+
+
 def main(argv: list[str] | None = None) -> None:
     from bench_default_layout import STORES, build, data_files, store_arguments
     from bench_default_url import epoch
@@ -75,6 +135,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rtt-ms", default="0,20,100", help="round-trip times to add (ms)")
     ap.add_argument("--threads", default="8,32", help="thread counts of the plain GET")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--same-store",
+        action="store_true",
+        help="time epochs 0..repeats of one opened store (later epochs), no plain GET",
+    )
     a = ap.parse_args(argv)
 
     from shardload.move.serve import serving
@@ -95,6 +160,10 @@ def main(argv: list[str] | None = None) -> None:
         for rtt_ms in [float(x) for x in a.rtt_ms.split(",")]:
             with latency_proxy(target.hostname, target.port, rtt_s=rtt_ms / 1000) as (proxy, port):
                 url = f"http://127.0.0.1:{port}/{store.name}"
+                if a.same_store:
+                    print(f"RTT {rtt_ms:5.0f} ms, one opened store:", flush=True)
+                    same_store_epochs(url, proxy, a.repeats, a.batch_size, a.seed)
+                    continue
                 get = plain_get(url, store, threads, a.repeats)
                 times = []
                 proxy.reset_counts()

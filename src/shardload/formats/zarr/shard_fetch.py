@@ -64,6 +64,10 @@ URL_RUN_BYTES = 8 << 20
 URL_THREADS = 8
 #: Shards fetched whole for their checksum at once by one call (each held whole meanwhile).
 CHECK_THREADS = 2
+#: A checked shard whose planned requests cover at least this share of its chunk bytes is
+#: fetched whole again in one request (and checked again), its bytes shared by the calls that
+#: wait for it meanwhile (the next group's, read ahead), instead of each call's range requests.
+URL_WHOLE_SHARE = 0.5
 
 #: one request: shard k's pieces ``pieces`` (sorted by offset), bytes [start, end) of ``path``
 Run = tuple[int, str, np.ndarray, list[Piece], int, int]
@@ -184,10 +188,7 @@ def _plan_shard(
         if verifier is not None and verifier.needed(name, k):
             data = _checked_whole(layout, verifier, name, k, path, checks)
             if data is not None:  # decoded here, while the bytes are held
-                index = _index(layout, name, k, path, data, indexes)
-                _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), RUN_BYTES)
-                if kept is not None:
-                    _keep(kept, name, k, index, memoryview(data), 0, len(data))
+                _from_whole(layout, name, k, path, pieces, data, indexes, kept)
                 return []
         index = _index(layout, name, k, path, None, indexes)
         js = [p[0] for p in pieces]
@@ -206,7 +207,40 @@ def _plan_shard(
             mine = [pieces[q] for q in pos if q < n]
             if mine:  # a run of chunks to keep only is left for the group that reads them
                 runs.append((k, path, index, mine, start, end))
+        if verifier is not None and _dense(runs, index):
+            data = _checked_whole(layout, verifier, name, k, path, checks, again=True)
+            assert data is not None
+            _from_whole(layout, name, k, path, pieces, data, indexes, kept)
+            return []
     return runs
+
+
+def _dense(runs: list[Run], index: np.ndarray) -> bool:
+    """Whether ``runs`` cover at least ``URL_WHOLE_SHARE`` of the shard's chunk bytes: then
+    the shard is fetched whole instead (:func:`_checked_whole` with ``again``)."""
+    if not runs:
+        return False
+    sizes = index[:, 1][index[:, 0] != np.uint64(EMPTY)]
+    covered = sum(end - start for *_, start, end in runs)
+    return covered >= URL_WHOLE_SHARE * int(sizes.sum())
+
+
+def _from_whole(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    path: str,
+    pieces: list[Piece],
+    data: bytes,
+    indexes: ShardIndexCache | None,
+    kept: KeptChunks | None,
+) -> None:
+    """Shard ``k``'s pieces decoded from its whole, checked bytes, and the chunks this worker
+    reads later kept."""
+    index = _index(layout, name, k, path, data, indexes)
+    _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), RUN_BYTES)
+    if kept is not None:
+        _keep(kept, name, k, index, memoryview(data), 0, len(data))
 
 
 def _checked_whole(
@@ -216,18 +250,26 @@ def _checked_whole(
     k: int,
     path: str,
     checks: BoundedSemaphore,
+    *,
+    again: bool = False,
 ) -> bytes | None:
     """Shard ``k`` fetched whole and checked (``.shard_spans._checked_once`` by URL), at most
     ``checks`` at once: the semaphore is taken inside the shard's unit lock, so a call that
     waits for a check another call makes gets its bytes (waiting for the semaphore first, it
-    found the shard checked and its bytes gone: a range request more)."""
+    found the shard checked and its bytes gone: a range request more). ``again``: a shard
+    already checked is fetched (and checked, when the store has checksums) once more, unless
+    a call that this one waited for left its bytes."""
     with verifier.unit_lock(name, k) as unit:
-        if not verifier.needed(name, k):
+        needed = verifier.needed(name, k)
+        if not needed and (unit.data is not None or not again):
             return unit.data
         with checks:
             try:
                 with layout.open(path) as f:
-                    unit.data = _checked_bytes(verifier, name, k, path, f)
+                    if verifier.enabled:
+                        unit.data = _checked_bytes(verifier, name, k, path, f)
+                    else:
+                        unit.data = f.read()
             except OSError as exc:  # as verify_file: missing or unreadable, strict or not
                 raise ChunkReadError.from_os_error(exc, f"shard {k}", name, path) from exc
         return unit.data
