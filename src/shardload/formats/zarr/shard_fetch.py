@@ -15,6 +15,11 @@ for the call, each decoded by the thread that fetched it as soon as it arrives (
 A shard whose checksum must still be checked is fetched whole, once per reader, and checked
 (:func:`_checked_whole`); the call then decodes its chunks from those bytes and makes
 no range request for that shard. At most ``CHECK_THREADS`` shards are held whole at once.
+A shard already checked whose planned requests would cover at least ``URL_WHOLE_SHARE`` of it
+(a later epoch: a group needs a dense share of every shard) is fetched whole again the same
+way and checked again: one request instead of several, and the next group's call, planned
+meanwhile, waits for those bytes instead of fetching the same spans for itself (a later epoch
+of the default store by URL fetched it twice over in 26 range requests; now as a first epoch).
 
 Every check of the one-shard path holds here: a shard index's crc32c and bounds
 (:func:`.shards.shard_index`), each inner chunk's Blosc header against the index, a short answer
