@@ -136,9 +136,10 @@ def _state(store: str, k: int, *, world: int, workers: int) -> dict:
     """The resume state a rank saves after ``k`` batches of the epoch (``shardload.torch``
     saves this: the plan position and the data's fingerprint)."""
     spec = LoadSpec.build(store, **{k_: v for k_, v in KW.items() if k_ != "epoch"})
-    plan = spec.plan(world_size=world, num_workers=workers, epoch=KW["epoch"])
-    state = plan_state(plan, k).to_dict()
-    state["dataset"] = spec.fingerprint
+    with spec.store:  # by URL: its connections end here, not at a garbage collection
+        plan = spec.plan(world_size=world, num_workers=workers, epoch=KW["epoch"])
+        state = plan_state(plan, k).to_dict()
+        state["dataset"] = spec.fingerprint
     return state
 
 

@@ -86,7 +86,7 @@ def iter_batches(
     Parameters
     ----------
     store
-        A path, an fsspec URL, or a :class:`~shardload.store.core.Store`.
+        A path, an fsspec URL (closed when the iterator ends or is dropped), or a Store.
     batch_size, drop_last
         Samples per batch; a rank's last batch may be short unless ``drop_last``.
     rank, world_size, worker, num_workers
@@ -225,19 +225,36 @@ def iter_batches(
         read_group_size=read_group_size,
         read_group_axis=read_group_axis,
     )
-    return read_batches(
-        spec,
-        rank=rank,
-        world_size=world_size,
-        worker=worker,
-        num_workers=num_workers,
-        epoch=epoch,
-        state=state,
-        skip_batches=skip_batches,
-        allocate=allocate,
-        padding_stats=padding_stats,
-        window_views=window_views,
-    )
+    owned = None if isinstance(store, Store) else spec.store  # opened here: closed here
+    try:
+        batches = read_batches(
+            spec,
+            rank=rank,
+            world_size=world_size,
+            worker=worker,
+            num_workers=num_workers,
+            epoch=epoch,
+            state=state,
+            skip_batches=skip_batches,
+            allocate=allocate,
+            padding_stats=padding_stats,
+            window_views=window_views,
+        )
+    except BaseException:
+        if owned is not None:
+            owned.close()
+        raise
+    return batches if owned is None else _closing(batches, owned)
+
+
+def _closing(batches: Iterator[dict[str, np.ndarray]], store: Store) -> Iterator[Any]:
+    """``batches``, then the store ``iter_batches`` opened from a path or URL closed (the
+    epoch read, or the iterator dropped): its files and connections go now, not when a
+    garbage collection finds them."""
+    try:
+        yield from batches
+    finally:
+        store.close()
 
 
 def read_batches(

@@ -250,6 +250,16 @@ class NodeCache:
         log.debug("cached %s (%d bytes)", url, len(data))
         return fd
 
+    def close(self) -> None:
+        """End the read-ahead (a fetch under way completes) and close the copies held open
+        (``Store.close``); the cache stays usable."""
+        if self.plan is not None:
+            self.plan.close()
+        with self._lock:
+            held, self._held = list(self._held.values()), OrderedDict()
+        for fd in held:
+            os.close(fd)
+
     def _hold(self, key: str, fd: int) -> None:
         with self._lock:
             old = self._held.pop(key, None)

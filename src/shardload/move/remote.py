@@ -34,7 +34,7 @@ from shardload.errors import RemoteError
 from shardload.move import cache as remote_cache
 from shardload.move.cache_files import evict_lru
 from shardload.move.cache_prefetch import CachePlan
-from shardload.move.http_client import http_options, is_http
+from shardload.move.http_client import close_client, http_options, is_http
 from shardload.move.retries import call_with_retries, default_option
 
 __all__ = [
@@ -287,11 +287,15 @@ class RemoteFileSystem(AbstractFileSystem):
             self._cache_pid = os.getpid()
         return self._cache
 
-    def stop_read_ahead(self) -> None:
-        """End the node cache's read-ahead (a fetch under way completes): ``Store.close``."""
+    def release(self) -> None:
+        """``Store.close``: end the node cache's read-ahead and held copies
+        (:meth:`NodeCache.close`) and this process's connections (a later read opens new ones)."""
         cache = self.node_cache if self.spec.cache_dir is not None else None
-        if cache is not None and cache.plan is not None:
-            cache.plan.close()
+        if cache is not None:
+            cache.close()
+        target, self._target = self._target, None
+        if target is not None and self._pid == os.getpid():  # a forked child's are its parent's
+            close_client(target)
 
     def plan_cache(
         self,
@@ -384,9 +388,7 @@ class RemoteFileSystem(AbstractFileSystem):
     def exists(self, path: str, **kwargs: Any) -> bool:
         try:
             self.info(path)
-        except FileNotFoundError:
-            return False
-        except RemoteError:
+        except (FileNotFoundError, RemoteError):
             return False
         return True
 

@@ -61,7 +61,10 @@ def source_fingerprint(src: str | os.PathLike, kind: str, storage_options=None) 
             data = (Path(src).expanduser() / MANIFEST_NAME).read_bytes()
         else:
             fs, root = open_fs(str(src), storage_options=storage_options)
-            data = read_bytes(fs, f"{root}/{MANIFEST_NAME}", what="the manifest")
+            try:
+                data = read_bytes(fs, f"{root}/{MANIFEST_NAME}", what="the manifest")
+            finally:  # its connections now, not at a garbage collection (each fs has its own)
+                fs.release()
     except (FileNotFoundError, RemoteNotFoundError):
         return None
     return hashlib.sha256(data).hexdigest()
@@ -103,7 +106,9 @@ def source_size(src: str | os.PathLike, kind: str, storage_options=None) -> int:
         return sum(_list_dir(Path(src).expanduser()).values())
     if kind == "tar":
         return sum(m.size for m in _tar_members(Path(src)) if m.isfile())
-    return sum(_list_url(str(src), storage_options)[2].values())
+    fs, _, files = _list_url(str(src), storage_options)
+    fs.release()
+    return sum(files.values())
 
 
 def copy_store(src: str | os.PathLike, kind: str, tmp: Path, storage_options=None) -> Path:
@@ -144,8 +149,11 @@ def copy_store(src: str | os.PathLike, kind: str, tmp: Path, storage_options=Non
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_bytes(data)
 
-        with ThreadPoolExecutor(URL_THREADS) as pool:
-            list(pool.map(fetch, expected))
+        try:
+            with ThreadPoolExecutor(URL_THREADS) as pool:
+                list(pool.map(fetch, expected))
+        finally:
+            fs.release()
         top = tmp
     got = _list_dir(top)
     missing = {rel for rel, size in expected.items() if got.get(rel) != size}

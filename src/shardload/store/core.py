@@ -188,8 +188,8 @@ class Store:
         return {k: self.read(k, start, stop) for k in (names or self.arrays)}
 
     def close(self) -> None:
-        if hasattr(self.fs, "stop_read_ahead"):  # a node cache's read-ahead (cache_dir)
-            self.fs.stop_read_ahead()
+        if hasattr(self.fs, "release"):  # by URL: the cache's read-ahead, the connections
+            self.fs.release()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
