@@ -36,6 +36,7 @@ class OpenChunks:
         self._tables: dict[str, np.ndarray] = {}  # name -> (4, chunks): fd, offset, row, size
         self._direct: dict[str, np.ndarray] = {}  # name -> O_DIRECT fd per chunk (-2: refused)
         self._count = 0
+        self._gen = 0  # one more at each close (files opened meanwhile are the opener's)
         self._lock = threading.Lock()
 
     def direct_fds(
@@ -55,8 +56,12 @@ class OpenChunks:
             for c in np.unique(chunks[t[chunks] == -1]).tolist():
                 if self._count >= self.limit:
                     break
+                rc = raw(c)
+                if rc.opener is not None:  # a node cache's copy: opened by it, never by path
+                    t[c] = -2
+                    continue
                 try:
-                    t[c] = os.open(raw(c).path, os.O_RDONLY | _O_CLOEXEC | _O_DIRECT)
+                    t[c] = os.open(rc.path, os.O_RDONLY | _O_CLOEXEC | _O_DIRECT)
                     self._count += 1
                 except OSError:  # EINVAL: no O_DIRECT here; a vanished file: lookup names it
                     t[c] = -2
@@ -77,22 +82,36 @@ class OpenChunks:
         """``(fd, offset, row_bytes, owned)`` for each of ``chunks`` (chunk ids of ``name``,
         repeats allowed), each chunk checked to hold ``rows`` rows (per entry); ``owned``: the
         descriptors the caller closes (the cache was full)."""
+        top = int(chunks.max(initial=-1)) + 1
         with self._lock:
-            t = self._tables.get(name)
-            if t is None or t.shape[1] <= int(chunks.max(initial=-1)):
-                t = self._table(name, int(chunks.max()) + 1)
+            t = self._table(name, top)
+            todo = np.unique(chunks[t[0, chunks] < 0]).tolist()  # first use this epoch
+            todo = todo[: max(0, self.limit - self._count)]
+            self._count += len(todo)
+            gen = self._gen
+        # opened outside the lock: an opener may fetch the file (a node cache's fill), a
+        # local chunk may be hashed first (its check), and the other readers go on meanwhile
+        opened: list[tuple[int, tuple[int, RawChunk, int]]] = []
+        owned: list[int] = []
+        try:
+            for c in todo:
+                opened.append((c, _open_sized(raw(c), name, c)))
+        except BaseException:
+            for _, (fd, _, _) in opened:
+                os.close(fd)
+            with self._lock:
+                self._count -= len(todo) if gen == self._gen else 0
+            raise
+        with self._lock:
+            t = self._table(name, top)
+            for c, (fd, rc, size) in opened:
+                if gen != self._gen or t[0, c] >= 0:  # closed meanwhile, or opened by another
+                    owned.append(fd)
+                    self._count -= 1 if gen == self._gen else 0
+                else:
+                    t[:, c] = fd, rc.offset, rc.row_bytes, size
             got = t[:, chunks]
             miss = got[0] < 0
-            if miss.any():  # first use of these chunks this epoch
-                for c in np.unique(chunks[miss]).tolist():
-                    if self._count >= self.limit:
-                        break
-                    fd, rc, size = _open_sized(raw(c), name, c)
-                    t[:, c] = fd, rc.offset, rc.row_bytes, size
-                    self._count += 1
-                got = t[:, chunks]
-                miss = got[0] < 0
-        owned: list[int] = []
         try:
             if miss.any():  # over the limit: opened here, closed by the caller
                 for c in np.unique(chunks[miss]).tolist():
@@ -121,6 +140,7 @@ class OpenChunks:
             self._tables.clear()
             self._direct.clear()
             self._count = 0
+            self._gen += 1
         for fd in fds:
             os.close(fd)
 
@@ -139,7 +159,10 @@ def _fd_budget() -> int:
 
 def _open_sized(rc: RawChunk, name: str, chunk: int) -> tuple[int, RawChunk, int]:
     try:
-        fd = os.open(rc.path, os.O_RDONLY | _O_CLOEXEC)
+        if rc.opener is not None:  # a node cache's copy: checked, and its offset known, once open
+            fd, rc = rc.opener()
+        else:
+            fd = os.open(rc.path, os.O_RDONLY | _O_CLOEXEC)
     except OSError as exc:
         raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", name, rc.path) from exc
     try:

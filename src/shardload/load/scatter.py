@@ -63,10 +63,16 @@ def raw_rows(store: Store, names: Sequence[str]) -> bool:
 
 
 def raw_sources(store: Store, names: Sequence[str]) -> Callable[[str, int], RawChunk] | None:
-    """``raw(name, chunk)`` when every array in ``names`` is raw rows in local files and this
-    platform has ``preadv``; else None (the loader reads into group buffers and gathers)."""
+    """``raw(name, chunk)`` when every array in ``names`` is raw rows in local files (or in a
+    node cache's copies of an npy stack: ``formats/npy/cached.py``) and this platform has
+    ``preadv``; else None (the loader reads into group buffers and gathers)."""
     reader = store.reader
-    if _preadv() is None or not raw_rows(store, names):
+    if _preadv() is None:
+        return None
+    cached = getattr(reader, "cached_raw_chunk", None)  # a node cache's copies (no I/O here)
+    if callable(cached) and names and all(cached(n, 0) is not None for n in names):
+        return lambda name, chunk: cached(name, chunk)
+    if not raw_rows(store, names):
         return None
     assert isinstance(reader, RawChunks)
 
