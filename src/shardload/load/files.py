@@ -82,36 +82,20 @@ class OpenChunks:
         """``(fd, offset, row_bytes, owned)`` for each of ``chunks`` (chunk ids of ``name``,
         repeats allowed), each chunk checked to hold ``rows`` rows (per entry); ``owned``: the
         descriptors the caller closes (the cache was full)."""
-        top = int(chunks.max(initial=-1)) + 1
+        todo: list[int] = []
         with self._lock:
-            t = self._table(name, top)
-            todo = np.unique(chunks[t[0, chunks] < 0]).tolist()  # first use this epoch
-            todo = todo[: max(0, self.limit - self._count)]
-            self._count += len(todo)
-            gen = self._gen
-        # opened outside the lock: an opener may fetch the file (a node cache's fill), a
-        # local chunk may be hashed first (its check), and the other readers go on meanwhile
-        opened: list[tuple[int, tuple[int, RawChunk, int]]] = []
-        owned: list[int] = []
-        try:
-            for c in todo:
-                opened.append((c, _open_sized(raw(c), name, c)))
-        except BaseException:
-            for _, (fd, _, _) in opened:
-                os.close(fd)
-            with self._lock:
-                self._count -= len(todo) if gen == self._gen else 0
-            raise
-        with self._lock:
-            t = self._table(name, top)
-            for c, (fd, rc, size) in opened:
-                if gen != self._gen or t[0, c] >= 0:  # closed meanwhile, or opened by another
-                    owned.append(fd)
-                    self._count -= 1 if gen == self._gen else 0
-                else:
-                    t[:, c] = fd, rc.offset, rc.row_bytes, size
+            t = self._tables.get(name)
+            if t is None or t.shape[1] <= int(chunks.max(initial=-1)):
+                t = self._table(name, int(chunks.max()) + 1)
             got = t[:, chunks]
             miss = got[0] < 0
+            if miss.any():  # first use of these chunks this epoch
+                todo = np.unique(chunks[miss]).tolist()[: max(0, self.limit - self._count)]
+                self._count += len(todo)
+            gen = self._gen
+        owned: list[int] = []
+        if todo:
+            got, miss = self._open_new(raw, name, chunks, todo, gen, owned)
         try:
             if miss.any():  # over the limit: opened here, closed by the caller
                 for c in np.unique(chunks[miss]).tolist():
@@ -132,6 +116,40 @@ class OpenChunks:
                 os.close(d)
             raise
         return fd, offset, row_bytes, owned
+
+    def _open_new(
+        self,
+        raw: Callable[[int], RawChunk],
+        name: str,
+        chunks: np.ndarray,
+        todo: list[int],
+        gen: int,
+        owned: list[int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Open ``todo`` (counted already) outside the lock: an opener may fetch the file (a
+        node cache's fill) and a local chunk may be hashed first (its check), while the other
+        readers go on. A file another reader opened meanwhile, or opened after :meth:`close`,
+        goes to ``owned``. Returns the table's entries of ``chunks`` and which are missing."""
+        opened: list[tuple[int, tuple[int, RawChunk, int]]] = []
+        try:
+            for c in todo:
+                opened.append((c, _open_sized(raw(c), name, c)))
+        except BaseException:
+            for _, (fd, _, _) in opened:
+                os.close(fd)
+            with self._lock:
+                self._count -= len(todo) if gen == self._gen else 0
+            raise
+        with self._lock:
+            t = self._table(name, int(chunks.max()) + 1)
+            for c, (fd, rc, size) in opened:
+                if gen != self._gen or t[0, c] >= 0:
+                    owned.append(fd)
+                    self._count -= 1 if gen == self._gen else 0
+                else:
+                    t[:, c] = fd, rc.offset, rc.row_bytes, size
+            got = t[:, chunks]
+            return got, got[0] < 0
 
     def close(self) -> None:
         with self._lock:
