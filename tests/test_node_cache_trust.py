@@ -105,3 +105,37 @@ def test_a_copy_rewritten_with_its_mtime_put_back_is_fetched_again(tmp_path: Pat
         assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
         assert len(srv.data_requests(before)) == 1  # that file, fetched again
         assert store.fs.node_cache.stats["refetched"] == 1
+
+
+def held_deleted(folder: Path) -> int:
+    """Descriptors of this process on files of ``folder`` that were deleted (evicted copies)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        n += target.startswith(str(folder)) and target.endswith(" (deleted)")
+    return n
+
+
+def test_a_bounded_cache_holds_no_evicted_copy_open_for_the_epoch(tmp_path: Path) -> None:
+    """Rows are read in place from the copies, but with ``cache_bytes`` a copy's descriptor
+    serves one read task, not the epoch: an evicted copy kept open would hold its bytes (in
+    ``/dev/shm``: memory) past the bound until the epoch ends."""
+    from shardload.move.cache import HELD_FILES
+
+    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
+    local = shardload.open_store(tmp_path / "src" / "store")
+    folder = tmp_path / "cache"
+    with serving(tmp_path / "src") as srv:
+        store = shardload.open_store(f"{srv.url}/store", cache_dir=folder, cache_bytes=3000)
+        x = np.full((len(local), 4), np.nan, dtype="f4")
+        most = 0
+        for b in shardload.iter_batches(store, batch_size=16, seed=3, threads=1, prefetch=1):
+            x[b["index"]] = b["x"]
+            most = max(most, held_deleted(folder))
+        stats = store.fs.node_cache.stats
+        assert stats["evicted"] + stats["bypassed"] > HELD_FILES + 4, stats  # copies dropped
+    assert np.array_equal(x, local.read("x", 0, len(local)))
+    assert most <= HELD_FILES + 4, most

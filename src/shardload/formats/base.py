@@ -92,6 +92,9 @@ class RawChunk:
     #: a node cache's copy (``formats/npy/cached.py``): opens the checked copy and returns a
     #: descriptor the caller closes and the chunk with its offset; ``path`` names it in errors
     opener: Callable[[], tuple[int, RawChunk]] | None = field(default=None, compare=False)
+    #: its descriptor serves one read task, not the epoch (a bounded node cache may evict the
+    #: copy: a descriptor kept open would keep its bytes in ``/dev/shm`` past the bound)
+    transient: bool = False
 
 
 @runtime_checkable

@@ -143,13 +143,16 @@ class OpenChunks:
         with self._lock:
             t = self._table(name, int(chunks.max()) + 1)
             for c, (fd, rc, size) in opened:
-                if gen != self._gen or t[0, c] >= 0:
+                if gen != self._gen or t[0, c] >= 0 or rc.transient:
                     owned.append(fd)
                     self._count -= 1 if gen == self._gen else 0
                 else:
                     t[:, c] = fd, rc.offset, rc.row_bytes, size
             got = t[:, chunks]
-            return got, got[0] < 0
+        for c, (fd, rc, size) in opened:  # this task's own descriptors
+            if rc.transient:
+                got[:, chunks == c] = np.array([fd, rc.offset, rc.row_bytes, size])[:, None]
+        return got, got[0] < 0
 
     def close(self) -> None:
         with self._lock:

@@ -66,7 +66,8 @@ def open_chunk(reader: NpyUrlReader, name: str, i: int, row_bytes: int) -> tuple
     except BaseException:
         os.close(fd)
         raise
-    return fd, RawChunk(path, offset, row_bytes)
+    bounded = getattr(reader.fs.spec, "cache_bytes", None) is not None
+    return fd, RawChunk(path, offset, row_bytes, transient=bounded)
 
 
 def fd_digest(fd: int) -> int:
