@@ -294,7 +294,7 @@ def test_read_ahead_skips_a_file_the_cache_would_drop(tmp_path: Path) -> None:
     from shardload.move.cache_prefetch import CachePlan
 
     urls = [f"http://h/store/x/{i:06d}.npy" for i in range(4)]
-    cache = NodeCache(tmp_path, cache_bytes=2 * 1000 + 400)  # two files and their records
+    cache = NodeCache(tmp_path, cache_bytes=2 * 1000 + 500)  # two files and their records
     times = {key_of(u): np.asarray([t], np.int64) for t, u in zip([1, 5, 3, 9], urls, strict=True)}
     cache.plan = CachePlan(times, [])
     for u in urls[:2]:  # read at steps 1 and 5

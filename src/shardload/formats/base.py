@@ -7,8 +7,8 @@ capabilities are small runtime-checkable protocols. Formats are picked by name i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -89,6 +89,12 @@ class RawChunk:
     path: str
     offset: int
     row_bytes: int
+    #: a node cache's copy (``formats/npy/cached.py``): opens the checked copy and returns a
+    #: descriptor the caller closes and the chunk with its offset; ``path`` names it in errors
+    opener: Callable[[], tuple[int, RawChunk]] | None = field(default=None, compare=False)
+    #: its descriptor serves one read task, not the epoch (a bounded node cache may evict the
+    #: copy: a descriptor kept open would keep its bytes in ``/dev/shm`` past the bound)
+    transient: bool = False
 
 
 @runtime_checkable

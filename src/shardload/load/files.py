@@ -36,6 +36,7 @@ class OpenChunks:
         self._tables: dict[str, np.ndarray] = {}  # name -> (4, chunks): fd, offset, row, size
         self._direct: dict[str, np.ndarray] = {}  # name -> O_DIRECT fd per chunk (-2: refused)
         self._count = 0
+        self._gen = 0  # one more at each close (files opened meanwhile are the opener's)
         self._lock = threading.Lock()
 
     def direct_fds(
@@ -55,8 +56,12 @@ class OpenChunks:
             for c in np.unique(chunks[t[chunks] == -1]).tolist():
                 if self._count >= self.limit:
                     break
+                rc = raw(c)
+                if rc.opener is not None:  # a node cache's copy: opened by it, never by path
+                    t[c] = -2
+                    continue
                 try:
-                    t[c] = os.open(raw(c).path, os.O_RDONLY | _O_CLOEXEC | _O_DIRECT)
+                    t[c] = os.open(rc.path, os.O_RDONLY | _O_CLOEXEC | _O_DIRECT)
                     self._count += 1
                 except OSError:  # EINVAL: no O_DIRECT here; a vanished file: lookup names it
                     t[c] = -2
@@ -77,6 +82,7 @@ class OpenChunks:
         """``(fd, offset, row_bytes, owned)`` for each of ``chunks`` (chunk ids of ``name``,
         repeats allowed), each chunk checked to hold ``rows`` rows (per entry); ``owned``: the
         descriptors the caller closes (the cache was full)."""
+        todo: list[int] = []
         with self._lock:
             t = self._tables.get(name)
             if t is None or t.shape[1] <= int(chunks.max(initial=-1)):
@@ -84,15 +90,12 @@ class OpenChunks:
             got = t[:, chunks]
             miss = got[0] < 0
             if miss.any():  # first use of these chunks this epoch
-                for c in np.unique(chunks[miss]).tolist():
-                    if self._count >= self.limit:
-                        break
-                    fd, rc, size = _open_sized(raw(c), name, c)
-                    t[:, c] = fd, rc.offset, rc.row_bytes, size
-                    self._count += 1
-                got = t[:, chunks]
-                miss = got[0] < 0
+                todo = np.unique(chunks[miss]).tolist()[: max(0, self.limit - self._count)]
+                self._count += len(todo)
+            gen = self._gen
         owned: list[int] = []
+        if todo:
+            got, miss = self._open_new(raw, name, chunks, todo, gen, owned)
         try:
             if miss.any():  # over the limit: opened here, closed by the caller
                 for c in np.unique(chunks[miss]).tolist():
@@ -114,6 +117,43 @@ class OpenChunks:
             raise
         return fd, offset, row_bytes, owned
 
+    def _open_new(
+        self,
+        raw: Callable[[int], RawChunk],
+        name: str,
+        chunks: np.ndarray,
+        todo: list[int],
+        gen: int,
+        owned: list[int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Open ``todo`` (counted already) outside the lock: an opener may fetch the file (a
+        node cache's fill) and a local chunk may be hashed first (its check), while the other
+        readers go on. A file another reader opened meanwhile, or opened after :meth:`close`,
+        goes to ``owned``. Returns the table's entries of ``chunks`` and which are missing."""
+        opened: list[tuple[int, tuple[int, RawChunk, int]]] = []
+        try:
+            for c in todo:
+                opened.append((c, _open_sized(raw(c), name, c)))
+        except BaseException:
+            for _, (fd, _, _) in opened:
+                os.close(fd)
+            with self._lock:
+                self._count -= len(todo) if gen == self._gen else 0
+            raise
+        with self._lock:
+            t = self._table(name, int(chunks.max()) + 1)
+            for c, (fd, rc, size) in opened:
+                if gen != self._gen or t[0, c] >= 0 or rc.transient:
+                    owned.append(fd)
+                    self._count -= 1 if gen == self._gen else 0
+                else:
+                    t[:, c] = fd, rc.offset, rc.row_bytes, size
+            got = t[:, chunks]
+        for c, (fd, rc, size) in opened:  # this task's own descriptors
+            if rc.transient:
+                got[:, chunks == c] = np.array([fd, rc.offset, rc.row_bytes, size])[:, None]
+        return got, got[0] < 0
+
     def close(self) -> None:
         with self._lock:
             fds = [int(fd) for t in self._tables.values() for fd in t[0] if fd >= 0]
@@ -121,6 +161,7 @@ class OpenChunks:
             self._tables.clear()
             self._direct.clear()
             self._count = 0
+            self._gen += 1
         for fd in fds:
             os.close(fd)
 
@@ -139,7 +180,10 @@ def _fd_budget() -> int:
 
 def _open_sized(rc: RawChunk, name: str, chunk: int) -> tuple[int, RawChunk, int]:
     try:
-        fd = os.open(rc.path, os.O_RDONLY | _O_CLOEXEC)
+        if rc.opener is not None:  # a node cache's copy: checked, and its offset known, once open
+            fd, rc = rc.opener()
+        else:
+            fd = os.open(rc.path, os.O_RDONLY | _O_CLOEXEC)
     except OSError as exc:
         raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", name, rc.path) from exc
     try:

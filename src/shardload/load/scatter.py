@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -63,10 +64,16 @@ def raw_rows(store: Store, names: Sequence[str]) -> bool:
 
 
 def raw_sources(store: Store, names: Sequence[str]) -> Callable[[str, int], RawChunk] | None:
-    """``raw(name, chunk)`` when every array in ``names`` is raw rows in local files and this
-    platform has ``preadv``; else None (the loader reads into group buffers and gathers)."""
+    """``raw(name, chunk)`` when every array in ``names`` is raw rows in local files (or in a
+    node cache's copies of an npy stack: ``formats/npy/cached.py``) and this platform has
+    ``preadv``; else None (the loader reads into group buffers and gathers)."""
     reader = store.reader
-    if _preadv() is None or not raw_rows(store, names):
+    if _preadv() is None:
+        return None
+    cached = getattr(reader, "cached_raw_chunk", None)  # a node cache's copies (no I/O here)
+    if callable(cached) and names and all(cached(n, 0) is not None for n in names):
+        return lambda name, chunk: cached(name, chunk)
+    if not raw_rows(store, names):
         return None
     assert isinstance(reader, RawChunks)
 
@@ -76,6 +83,10 @@ def raw_sources(store: Store, names: Sequence[str]) -> Callable[[str, int], RawC
         return got
 
     return raw
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def plan_group_reads(
@@ -196,6 +207,9 @@ class ScatterReader(GroupReader):
         self.new_batch, self.allocate = new_batch, allocate
         self.readers = max(1, threads)
         self.lanes = {"plan": 1, "read": self.readers}
+        # a group's read tasks per array: one per reader thread, but for a node cache's copies
+        # of a store by URL (its threads, URL_IN_FLIGHT, are for fills) one per CPU
+        self.tasks = self.readers if store.is_local else min(self.readers, _cpus())
         self.ahead = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks) - 1
         arrays = store.manifest.arrays
         store_bytes = sum(arrays[a].row_bytes * int(store.manifest.chunk_bounds[-1]) for a in names)
@@ -277,7 +291,7 @@ class ScatterReader(GroupReader):
         # next group goes to another reader meanwhile): 1.12x the rows/s of one task per
         # reader thread, peak RSS 177 against 145 MiB (docs/benchmarks.md, session 10)
         one_task = self.files.direct and DIRECT_ONE_TASK
-        tasks = 1 if one_task else self.readers
+        tasks = 1 if one_task else self.tasks
         parts = [nruns * i // tasks for i in range(tasks + 1)]
         for a in self.names:
             # .ctypes.data costs 4 us a call, __array_interface__ 3 (14 batches a group)

@@ -9,25 +9,24 @@ read of a cached file is a local ``pread``.
   ``flock`` on ``NAME.lock`` to fill ``NAME``; others wait and then find it. The kernel drops
   the lock of a process that dies, so a killed filler blocks no one.
 - **Kill-safe.** A download is written to ``NAME.tmp-PID-START``, checked, and renamed into
-  place; its record ``NAME.sum`` (size, XXH3-64, inode, mtime and boot id of the copy) is
-  written the same way just before. A name present without a matching record is never served.
+  place; its record ``NAME.sum`` (size, XXH3-64, inode, mtime, ctime and boot id of the copy)
+  is written the same way just after. A name present without a matching record is never served.
   The temporary files of dead processes (PID and start time, ``util/procs.py``) are removed.
   Nothing is fsynced (a killed process loses nothing the page cache holds; fsyncing each copy
   cost the first epoch 0.6x of direct reads on a shared disk): a copy written before the
   machine's last boot is hashed again before it is trusted.
 - **Checked before trusted.** A download is compared with the store's digest when the plan
   gave one (``NodeCache.digests``), and refused (``ChunkReadError`` naming the URL) when they
-  differ. A cached copy whose size, inode or mtime differ from its record is hashed again: if
-  it no longer matches, it is dropped and fetched again, never served.
+  differ. A copy whose size, inode, mtime or ctime differ from its record is hashed again: if it no
+  longer matches, it is dropped and fetched again, never served. A reader may take the record's
+  digest as the copy's (:meth:`NodeCache.vouched_digest`: no hashing in each process).
 - **Bounded.** Above ``cache_bytes`` the entry whose next use is farthest in the loader's plan
   (Belady, :mod:`shardload.plan.cache_plan`) is evicted; without a plan, the least recently
   used (the record's mtime, refreshed on every hit). With a plan, a file read again later than
-  everything held is served without being kept. Only files directly inside the folder are
-  ever deleted, never the source.
+  everything held is served without being kept. Only files inside the folder are deleted.
 
-Cache names are a hash of the file's URL: a store re-prepared under the same URL needs a fresh
-cache folder (or its records catch the change only where the store has checksums).
-"""
+Cache names are a hash of the file's URL: give a store re-prepared under the same URL a fresh
+folder (records catch the change only where the store has checksums)."""
 
 from __future__ import annotations
 
@@ -53,6 +52,7 @@ from shardload.move.cache_files import (
     TMP_MARK,
     remove_entry,
     scan,
+    write_record,
 )
 from shardload.util.locks import locked
 from shardload.util.procs import my_start_time
@@ -85,9 +85,10 @@ def _digest_fd(fd: int) -> int:
 
 
 def _stamp(st: os.stat_result) -> list[Any]:
-    """What must not change for a copy to be trusted unhashed: its size, inode, mtime, and the
-    boot that wrote it (copies are not fsynced: after a crash, each is hashed once again)."""
-    return [st.st_size, st.st_ino, st.st_mtime_ns, _boot_id()]
+    """What must not change for a copy to be trusted unhashed: its size, inode, mtime, ctime
+    (any write or ``utime`` sets it, and nothing sets it back) and the boot that wrote it (copies
+    are not fsynced: after a crash, each is hashed once again)."""
+    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, _boot_id()]
 
 
 @functools.cache
@@ -125,11 +126,11 @@ class NodeCache:
         self.stats = dict(
             hits=0, fills=0, refetched=0, bypassed=0, evicted=0, prefetched=0, skipped=0
         )
-        self._trusted: set[tuple[str, tuple[int, ...]]] = set()
+        # (key, stamp) of copies trusted in this process -> the XXH3-64 of those bytes
+        self._trusted: dict[tuple[str, tuple[Any, ...]], int] = {}
         self._lock = threading.Lock()
         self._swept = False
-        # copies served without being kept, still open: the reader opens a file several times
-        # for one use (header, checksum, rows), and each would fetch it again
+        # copies served without being kept, held open: a reader opens a file more than once
         self._held: OrderedDict[str, int] = OrderedDict()
 
     # -- opening -------------------------------------------------------------------------------
@@ -166,6 +167,16 @@ class NodeCache:
             if ahead:
                 self._count("prefetched")
             return fd
+
+    def vouched_digest(self, fd: int, url: str) -> int | None:
+        """The XXH3-64 recorded for the very bytes open at ``fd`` (same stamp), else None: a
+        reader compares it with the store's checksum instead of hashing (docs/design.md)."""
+        stamp = _stamp(os.fstat(fd))
+        got = self._trusted.get((key_of(url), tuple(stamp)))  # trusted or filled here
+        if got is None:
+            rec = _read_record(cache_name(self.dir, url))
+            got = rec.get("xxh3") if rec is not None and rec.get("stamp") == stamp else None
+        return got if isinstance(got, int) else None
 
     def _open_trusted(self, local: str, key: str, *, drop: bool) -> int | None:
         """A descriptor on the copy if it is trusted; else None, and with ``drop`` (the caller
@@ -208,9 +219,9 @@ class NodeCache:
             ok = True  # unchanged since it was checked
         else:
             ok = st.st_size == rec.get("size") and _digest_fd(fd) == want
-        if ok:
+        if ok and isinstance(want, int):
             with self._lock:
-                self._trusted.add(stamp)
+                self._trusted[stamp] = want
         return ok
 
     def _fill(self, url: str, key: str, local: str, data: bytes, what: str) -> int:
@@ -230,14 +241,16 @@ class NodeCache:
             os.lseek(fd, 0, os.SEEK_SET)  # callers read it as a file from its start
             rec = dict(url=url, size=len(data), xxh3=got, stamp=_stamp(os.fstat(fd)))
             rec["checked"] = "store checksum" if want is not None else "fetched bytes"
-            record = json.dumps(rec).encode()
 
             def publish() -> None:  # under the eviction lock: a concurrent fill sees it
-                _write_record(local, record)
-                os.replace(tmp, local)
+                os.replace(tmp, local)  # then the stamp: a rename changes the copy's ctime
+                rec["stamp"] = self._remember(key, fd, got)
+                write_record(local, json.dumps(rec).encode())
 
-            if not self._make_room(key, len(data) + len(record), publish):  # records count
+            size = len(data) + len(json.dumps(rec))  # records count
+            if not self._make_room(key, size, publish):
                 os.remove(tmp)  # served from the open copy, not kept (Belady: needed last)
+                self._remember(key, fd, got)
                 self._count("bypassed")
                 self._hold(key, fd)
                 return fd
@@ -251,14 +264,20 @@ class NodeCache:
         return fd
 
     def close(self) -> None:
-        """End the read-ahead (a fetch under way completes) and close the copies held open
-        (``Store.close``); the cache stays usable."""
+        """End the read-ahead and close the copies held open (``Store.close``); stays usable."""
         if self.plan is not None:
             self.plan.close()
         with self._lock:
             held, self._held = list(self._held.values()), OrderedDict()
         for fd in held:
             os.close(fd)
+
+    def _remember(self, key: str, fd: int, digest: int) -> list[Any]:
+        """Note the digest of the copy open at ``fd`` (for :meth:`vouched_digest`); its stamp."""
+        stamp = _stamp(os.fstat(fd))
+        with self._lock:
+            self._trusted[(key, tuple(stamp))] = digest
+        return stamp
 
     def _hold(self, key: str, fd: int) -> None:
         with self._lock:
@@ -363,25 +382,6 @@ class NodeCache:
 
 class NotKept(Exception):
     """A read-ahead the cache declined: the file would be evicted before it is read."""
-
-
-def _write_record(local: str, record: bytes) -> None:
-    tmp = f"{local}{SUM_SUFFIX}{TMP_MARK}{os.getpid()}-{my_start_time() or 0}"
-    with open(tmp, "wb") as f:
-        f.write(record)
-    os.replace(tmp, local + SUM_SUFFIX)
-
-
-def open_cached(
-    cache_dir: str | os.PathLike,
-    url: str,
-    download: Callable[[], bytes],
-    *,
-    cache_bytes: int | None = None,
-) -> int:
-    """A read-only descriptor on the cached copy of ``url`` (a :class:`NodeCache` without a
-    plan: least recently used out)."""
-    return NodeCache(cache_dir, cache_bytes).open(url, download)
 
 
 def read_range(fd: int, start: int | None, end: int | None) -> bytes:

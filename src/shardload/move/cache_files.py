@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from shardload.util.locks import try_lock
-from shardload.util.procs import alive
+from shardload.util.procs import alive, my_start_time
 
 log = logging.getLogger("shardload.remote")
 
@@ -35,6 +35,14 @@ def remove_entry(cache_dir: str, name: str) -> int:
         return _remove(path)
     finally:
         os.close(fd)
+
+
+def write_record(local: str, record: bytes) -> None:
+    """Write the record ``NAME.sum`` of the copy ``local`` (atomically: renamed into place)."""
+    tmp = f"{local}{SUM_SUFFIX}{TMP_MARK}{os.getpid()}-{my_start_time() or 0}"
+    with open(tmp, "wb") as f:
+        f.write(record)
+    os.replace(tmp, local + SUM_SUFFIX)
 
 
 def _remove(path: str) -> int:

@@ -12,10 +12,9 @@ The filesystem is described by a picklable :class:`RemoteSpec` and reopens its f
 in each process (fsspec's async filesystems are not fork-safe), so a Store holding it can go to
 DataLoader workers under fork, spawn or forkserver.
 
-Defaults of the read options come from the environment when not given:
-``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25), ``SHARDLOAD_TIMEOUT_S`` (30);
-for http(s) URLs also the token and the trusted certificates (``SHARDLOAD_TOKEN``,
-``SHARDLOAD_CA_FILE``: :mod:`shardload.move.http_client`).
+Read options default to ``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25),
+``SHARDLOAD_TIMEOUT_S`` (30); http(s) URLs also take ``SHARDLOAD_TOKEN`` and
+``SHARDLOAD_CA_FILE`` (:mod:`shardload.move.http_client`).
 """
 
 from __future__ import annotations
@@ -212,11 +211,8 @@ def _full_url(fs: Any, path: str) -> str:
 
 class RemoteFileSystem(AbstractFileSystem):
     """A read-only filesystem over fsspec's filesystem of a URL: retries, cache, fork safety.
-
-    Paths are those of the wrapped filesystem (full URLs for HTTP, ``bucket/key`` for S3).
-    Only reading and listing are offered; ``open`` gives a read-only file (a local file when
-    cached).
-    """
+    Paths are those of the wrapped filesystem (full URLs for HTTP, ``bucket/key`` for S3);
+    ``open`` gives a read-only file (a local file when cached)."""
 
     protocol = ("shardload-remote",)
     cachable = False
@@ -252,9 +248,8 @@ class RemoteFileSystem(AbstractFileSystem):
 
     @property
     def _deadline(self) -> dict[str, Any]:
-        """A hard deadline for one call of an async filesystem, enforced by the waiting thread
-        (fsspec's ``sync(timeout=)``), above the HTTP client's own connect/read timeouts: a call
-        whose event loop never answers becomes a (retried) timeout instead of a hang."""
+        """A hard deadline for one call of an async filesystem (fsspec's ``sync(timeout=)``),
+        above the client's own timeouts: a silent event loop is a (retried) timeout, no hang."""
         if getattr(self.target, "async_impl", False):
             return {"timeout": 2 * self.spec.timeout_s + 1}
         return {}
@@ -308,8 +303,7 @@ class RemoteFileSystem(AbstractFileSystem):
         """The loader's plan for the cache (``move/cache_prefetch.py``): the steps at which the
         node reads each path, this process's reads ``(step, path)`` in order, the store's
         digests by path; ``lag_steps``: how far the loop reads ahead. A no-op without ``cache_dir``."""
-        cache = self.node_cache
-        if cache is None:
+        if (cache := self.node_cache) is None:
             return
         key = {p: remote_cache.key_of(self.unstrip_protocol(p)) for p in times}
         if cache.plan is not None:
@@ -339,6 +333,16 @@ class RemoteFileSystem(AbstractFileSystem):
             return data
 
         return cache.open(self.unstrip_protocol(path), download, what=what, ahead=ahead)
+
+    def cached_copy(self, path: str, *, what: str, digest: int | None) -> tuple[int, int | None]:
+        """A descriptor (the caller closes it) on the node cache's checked copy of ``path``,
+        fetched when missing or not matching ``digest`` (the store's), and the digest its
+        record vouches for (``NodeCache.vouched_digest``)."""
+        cache, url = self.node_cache, self.unstrip_protocol(path)
+        if digest is not None and cache is not None:
+            cache.digests[remote_cache.key_of(url)] = int(digest)
+        fd = self._cached_fd(path, what)
+        return fd, cache.vouched_digest(fd, url) if cache is not None else None
 
     def cat_file(  # type: ignore[override]
         self, path: str, start: int | None = None, end: int | None = None, what: str = "", **kw

@@ -34,8 +34,11 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import ChunkReadError, StoreError
+from shardload.formats.base import RawChunk
 from shardload.formats.checksums import DEFAULT_VERIFY, digest
+from shardload.formats.npy import cached
 from shardload.formats.npy.read import NpyReader, _header_len
+from shardload.formats.zarr.files import is_cached
 from shardload.formats.zarr.kept import keep_bytes
 from shardload.manifest.core import Manifest
 from shardload.move.remote import URL_IN_FLIGHT, read_bytes, read_many
@@ -191,6 +194,13 @@ class NpyUrlReader(NpyReader):
             with self._header_lock:
                 self._offsets.setdefault(key, offset)
         return self._offsets[key]
+
+    def cached_raw_chunk(self, name: str, i: int) -> RawChunk | None:
+        """Chunk ``i`` as raw rows of its node cache copy (``formats/npy/cached.py``), or None
+        (no ``cache_dir``, or a ragged array). No I/O until the chunk is opened."""
+        if not is_cached(self.fs) or self.manifest.arrays[name].is_ragged:
+            return None
+        return cached.raw_chunk(self, name, i)
 
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
         self.read_spans_into(name, [(start, stop)], [out])
