@@ -256,14 +256,9 @@ class RemoteFileSystem(AbstractFileSystem):
 
     # -- reads ----------------------------------------------------------------------------------
     def _retry(self, func: Callable[[], T], path: str, what: str) -> T:
-        s = self.spec
-        return call_with_retries(
-            func,
-            url=self.unstrip_protocol(path),
-            what=what or self._name(path),
-            retries=s.retries,
-            backoff_s=s.backoff_s,
-        )
+        url, s = self.unstrip_protocol(path), self.spec
+        what = what or self._name(path)
+        return call_with_retries(func, url=url, what=what, retries=s.retries, backoff_s=s.backoff_s)
 
     def _name(self, path: str, what: str = "file") -> str:
         """``file x/000004.npy`` (the path inside the store) for error messages."""
@@ -285,8 +280,7 @@ class RemoteFileSystem(AbstractFileSystem):
     def release(self) -> None:
         """``Store.close``: end the node cache's read-ahead and held copies
         (:meth:`NodeCache.close`) and this process's connections (a later read opens new ones)."""
-        cache = self.node_cache if self.spec.cache_dir is not None else None
-        if cache is not None:
+        if (cache := self.node_cache) is not None:
             cache.close()
         target, self._target = self._target, None
         if target is not None and self._pid == os.getpid():  # a forked child's are its parent's
