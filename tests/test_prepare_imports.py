@@ -1,8 +1,9 @@
 """A fresh ``shardload prepare`` of a local file imports only what its path needs (issue 29
 item 10): never ``distributed`` (dask's ``get_scheduler`` imports it, 0.18 s, when the
 synchronous scheduler is named by its string), torch or matplotlib; and where h5py reads
-every row of a netCDF-4 file, not ``dask.array`` either (0.25-0.9 s with what it imports:
-the source is opened without dask chunks, the Zarr coordinates written without dask)."""
+every row of a netCDF-4 file, neither dask nor sparse (0.4-0.5 s with what they import: the
+source is opened without dask chunks nor indexes, the Zarr coordinates written without
+dask)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from conftest import SRC
 
 NEVER_ON_PREPARE = ("distributed", "torch", "matplotlib")
 #: not imported by a prepare whose rows h5py reads (a source without dates or strings, which
-#: xarray's own decoding and ``Variable`` checks against dask arrays, importing it)
-NOT_ON_H5PY_PREPARE = (*NEVER_ON_PREPARE, "dask.array")
+#: xarray's own decoding and ``Variable`` check against dask arrays, importing them): not dask
+#: at all, nor sparse (numba, scipy), which xarray's checks while it builds indexes import
+NOT_ON_H5PY_PREPARE = (*NEVER_ON_PREPARE, "dask", "dask.array", "sparse")
 
 
 def _chunked_nc(path):

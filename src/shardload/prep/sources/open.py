@@ -2,8 +2,9 @@
 
 Nothing is loaded: variables are dask arrays over the files' own chunking (``chunks={}``), and
 views index them. Several files combine along a dimension (``combine``/``concat_dim``). A
-source whose rows a row reader reads (:func:`rows_first`) is opened without dask first: its
-variables are then xarray's lazily indexed backend arrays, which only describe it.
+source whose rows a row reader reads (:func:`rows_first`) is opened without dask (nor
+default indexes) first: its variables are then xarray's lazily indexed backend arrays, which
+only describe it.
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ def open_source(
 ) -> xr.Dataset:
     """Open the configured inputs as one lazy dataset.
 
-    ``dask_chunks=False``: no dask (``chunks=None``, ``cache=False``): xarray's lazily indexed
-    backend arrays, for a view whose row reader reads every row (``import dask.array`` alone
-    takes 0.25 s or more in a fresh process).
+    ``dask_chunks=False``: no dask (``chunks=None``, ``cache=False``, no default indexes):
+    xarray's lazily indexed backend arrays, for a view whose row reader reads every row
+    (``import dask.array`` alone takes 0.25 s or more in a fresh process).
 
     ``chunks`` (dask chunks of whole source units, from
     :func:`~shardload.prep.sources.layout.plan_reads`) takes the place of ``sample_chunks``
@@ -112,6 +113,9 @@ def open_source(
     if not dask_chunks:
         kw["chunks"] = None
         kw.setdefault("cache", False)  # a read through it (none expected) keeps nothing
+        # no pandas indexes either: xarray's checks while building them import dask and
+        # sparse (numba, scipy: 0.15-0.25 s in a fresh process); views read coordinates' values
+        kw.setdefault("create_default_indexes", False)
     if cfg.combine == "nested" and len(paths) > 1 and not cfg.concat_dim:
         raise SourceError("source.concat_dim is needed with combine: nested")
     where = paths[0] if len(paths) == 1 else f"{len(paths)} files ({paths[0]} ...)"
