@@ -14,6 +14,7 @@ import xarray as xr
 
 import shardload
 from shardload.prep import driver, tasks
+from shardload.prep.config import load_config
 from shardload.prep.sources import open as source_open
 
 
@@ -96,3 +97,19 @@ def test_a_variable_h5py_does_not_serve_is_read_through_dask_as_before(tmp_path,
     assert len(views) == 1 and not views[0].read_by_rows
     assert views[0].sample_source.chunks is not None  # dask, as before
     np.testing.assert_array_equal(store.read("x"), np.column_stack([a, flag]))
+
+
+def test_an_xarray_without_create_default_indexes_still_opens_without_dask(tmp_path, monkeypatch):
+    """xarray before 2025.7 has no ``create_default_indexes``: the source is opened without
+    dask chunks, with its indexes, and prepared the same."""
+    monkeypatch.setattr(source_open, "_opens_without_indexes", lambda: False)
+    src = tmp_path / "src.nc"
+    t = np.arange(12 * 8, dtype="f4").reshape(12, 8)
+    xr.Dataset({"t": (("lat", "lon"), t)}, coords={"lat": np.arange(12.0)}).to_netcdf(
+        src, engine="h5netcdf", encoding={"t": {"chunksizes": (4, 4)}}
+    )
+    cfg = {"source": {"paths": [str(src)]}, "sample_dims": ["lat", "lon"], "arrays": {"x": ["t"]}}
+    view, ds = tasks.build_source(load_config(cfg | {"out": str(tmp_path / "unused")}))
+    assert list(ds.indexes) == ["lat"] and view.sample_source.chunks is None
+    store = shardload.prepare(cfg | {"out": str(tmp_path / "store")})
+    np.testing.assert_array_equal(store.read("x").reshape(12, 8), t)

@@ -9,6 +9,8 @@ only describe it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import os
@@ -57,6 +59,12 @@ def open_kwargs(cfg: SourceConfig, engine: str | None) -> dict[str, Any]:
     if backend:
         kw["backend_kwargs"] = backend
     return kw
+
+
+@functools.cache
+def _opens_without_indexes() -> bool:
+    """Whether this xarray's ``open_dataset`` takes ``create_default_indexes`` (2025.7 on)."""
+    return "create_default_indexes" in inspect.signature(xr.open_dataset).parameters
 
 
 def _open_one_target(path: str, engine: str | None, cfg: SourceConfig) -> Any:
@@ -115,7 +123,8 @@ def open_source(
         kw.setdefault("cache", False)  # a read through it (none expected) keeps nothing
         # no pandas indexes either: xarray's checks while building them import dask and
         # sparse (numba, scipy: 0.15-0.25 s in a fresh process); views read coordinates' values
-        kw.setdefault("create_default_indexes", False)
+        if _opens_without_indexes():
+            kw.setdefault("create_default_indexes", False)
     if cfg.combine == "nested" and len(paths) > 1 and not cfg.concat_dim:
         raise SourceError("source.concat_dim is needed with combine: nested")
     where = paths[0] if len(paths) == 1 else f"{len(paths)} files ({paths[0]} ...)"
