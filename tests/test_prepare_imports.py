@@ -1,6 +1,9 @@
 """A fresh ``shardload prepare`` of a local file imports only what its path needs (issue 29
 item 10): never ``distributed`` (dask's ``get_scheduler`` imports it, 0.18 s, when the
-synchronous scheduler is named by its string), torch or matplotlib."""
+synchronous scheduler is named by its string), torch or matplotlib; and where h5py reads
+every row of a netCDF-4 file, neither dask nor sparse (0.4-0.5 s with what they import: the
+source is opened without dask chunks nor indexes, the Zarr coordinates written without
+dask)."""
 
 from __future__ import annotations
 
@@ -16,11 +19,15 @@ import xarray as xr
 from conftest import SRC
 
 NEVER_ON_PREPARE = ("distributed", "torch", "matplotlib")
+#: not imported by a prepare whose rows h5py reads (a source without dates or strings, which
+#: xarray's own decoding and ``Variable`` check against dask arrays, importing them): not dask
+#: at all, nor sparse (numba, scipy), which xarray's checks while it builds indexes import
+NOT_ON_H5PY_PREPARE = (*NEVER_ON_PREPARE, "dask", "dask.array", "sparse")
 
 
 def _chunked_nc(path):
     """A (40, 48) field packed as int16 with ``scale_factor`` and ``_FillValue`` (as OISST) in
-    8x8 gzip chunks: prepare reads it through xarray's decoding, in dask chunks."""
+    8x8 gzip chunks: h5py reads it, decoded as xarray does (``prep/sources/cf_decode.py``)."""
     rng = np.random.default_rng(0)
     sst = rng.normal(size=(40, 48)).astype("float32")
     sst[0, :5] = np.nan
@@ -34,13 +41,12 @@ def _chunked_nc(path):
     return path
 
 
-def _prepare_modules(cfg: dict) -> list[str]:
-    """Run ``shardload.prepare(cfg)`` in a fresh interpreter; the modules of
-    NEVER_ON_PREPARE it imported."""
+def _prepare_modules(cfg: dict, modules: tuple[str, ...] = NOT_ON_H5PY_PREPARE) -> list[str]:
+    """Run ``shardload.prepare(cfg)`` in a fresh interpreter; the ``modules`` it imported."""
     probe = (
         "import json, sys\nimport shardload\n"
         f"shardload.prepare(json.loads({json.dumps(cfg)!r}))\n"
-        f"print(json.dumps(sorted(m for m in {NEVER_ON_PREPARE!r} if m in sys.modules)))"
+        f"print(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))"
     )
     res = subprocess.run(
         [sys.executable, "-c", probe],
@@ -54,12 +60,13 @@ def _prepare_modules(cfg: dict) -> list[str]:
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("distributed") is None,
-    reason="distributed is not installed: nothing could import it",
+    importlib.util.find_spec("distributed") is None or importlib.util.find_spec("dask") is None,
+    reason="distributed or dask is not installed: nothing could import it",
 )
-def test_a_fresh_prepare_of_a_packed_netcdf4_file_imports_no_distributed_torch_or_matplotlib(
+def test_a_fresh_prepare_of_a_packed_netcdf4_file_imports_no_dask_array_nor_distributed(
     tmp_path,
 ):
+    """Nor ``dask.array``: h5py reads (and decodes) every row."""
     src = _chunked_nc(tmp_path / "field.nc")
     cfg = {
         "source": {"paths": [str(src)], "variables": ["sst"]},
@@ -72,13 +79,14 @@ def test_a_fresh_prepare_of_a_packed_netcdf4_file_imports_no_distributed_torch_o
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("distributed") is None,
-    reason="distributed is not installed: nothing could import it",
+    importlib.util.find_spec("distributed") is None or importlib.util.find_spec("dask") is None,
+    reason="distributed or dask is not installed: nothing could import it",
 )
 @pytest.mark.parametrize("at_load", [True, False])
-def test_a_fresh_window_view_prepare_imports_no_distributed_torch_or_matplotlib(tmp_path, at_load):
+def test_a_fresh_window_view_prepare_imports_no_dask_array_nor_distributed(tmp_path, at_load):
     """The window view (series stored once, or the windows written), whose publish writes
-    the feature names as Zarr coordinates (``prep/coords.py``)."""
+    the feature names as Zarr coordinates (``prep/coords.py``); nor ``dask.array``: h5py
+    reads every series."""
     rng = np.random.default_rng(0)
     ds = xr.Dataset(
         {

@@ -208,7 +208,8 @@ def test_a_first_publish_opens_no_zarr_group_to_delete_coordinates(
     tmp_path: Path, monkeypatch
 ) -> None:
     """The coordinates of a first publish do not exist yet: no ``zarr.open_group`` to look for
-    them (a resumed publish still deletes and rewrites them, the test above)."""
+    them and nothing deleted (a resumed publish still deletes and rewrites them, the test
+    above); the group is opened once, to create the numeric ones."""
     import shutil
     import sys
 
@@ -231,11 +232,79 @@ def test_a_first_publish_opens_no_zarr_group_to_delete_coordinates(
         opened.append(sys._getframe(1).f_globals["__name__"])
         return real(*a, **k)
 
+    deleted: list[str] = []
     monkeypatch.setattr(zarr, "open_group", open_group)
+    monkeypatch.setattr(zarr.Group, "__delitem__", lambda self, key: deleted.append(key))
     write_zarr_metadata(store.root, {"x": spec}, coords, chunk_rows=8)
-    monkeypatch.setattr(zarr, "open_group", real)
-    assert "shardload.prep.coords" not in opened, opened
+    monkeypatch.undo()
+    assert opened.count("shardload.prep.coords") <= 1 and not deleted, (opened, deleted)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with xr.open_zarr(store.root) as ds:
             _check(ds, store)
+
+
+@pytest.mark.parametrize("dtype", ["f2", "f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u8"])
+def test_coordinates_have_the_zarr_metadata_xarray_writes(tmp_path: Path, dtype: str) -> None:
+    """Numeric sample coordinates and feature names get their Zarr metadata from
+    ``prep/coords.py`` itself (no dask graph): byte for byte what xarray's
+    ``to_zarr(compute=False)`` of dask arrays writes, with date, string and boolean
+    coordinates (written by xarray) beside them: every ``zarr.json``, the group's
+    attributes and consolidated metadata included; the values read back."""
+    import warnings
+
+    da = pytest.importorskip("dask.array")
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    from shardload.manifest.core import ArraySpec
+    from shardload.prep.coords import SampleCoords, write_zarr_metadata
+
+    shape = (3, 4)
+    axes = {
+        "lev": np.arange(3).astype(dtype),
+        "time": pd.date_range("2020-01-01", periods=3).values,
+        "label": np.array(["a", "bb", "ccc", "d"]),
+        "flag": np.array([True, False, True, False]),
+        "x_a": np.linspace(0, 1, 4).astype(dtype),
+    }
+    coords = SampleCoords(axes, shape, {"lev": 0, "time": 0, "label": 1, "flag": 1, "x_a": 1})
+    specs = {
+        "x": ArraySpec("x", (12, 3), np.dtype("f4"), ("t", "u[1]", "vvvv")),
+        "y": ArraySpec("y", (12, 1), np.dtype("f4"), ("y",)),
+    }
+    ours, ref = tmp_path / "ours", tmp_path / "ref"
+    for root in (ours, ref):
+        zarr.open_group(str(root), mode="w", zarr_format=3)
+    write_zarr_metadata(ours, specs, coords, chunk_rows=5)
+    # the reference: xarray writes every array's metadata, dask placeholders for the lazy ones
+    lz4 = {"compressors": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)}
+    variables, encoding = {}, {}
+    for name in axes:
+        full = coords.full(name)
+        data = full if full.dtype.kind not in "fiu" else da.empty(12, chunks=12, dtype=full.dtype)
+        variables[name] = xr.Variable(("sample",), data)
+        encoding[name] = {"chunks": (12,), **lz4}
+    for name, width in (("x", 4), ("y", 1)):
+        dim = f"{name}_feature"
+        variables[dim] = xr.Variable(
+            (dim,), da.empty(len(specs[name].features), dtype=f"<U{width}")
+        )
+        encoding[dim] = {"chunks": (len(specs[name].features),)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        xr.Dataset(coords=xr.Coordinates(variables, indexes={})).to_zarr(
+            str(ref), mode="a", consolidated=False, zarr_format=3, encoding=encoding, compute=False
+        )
+        zarr.consolidate_metadata(str(ref), zarr_format=3)
+    metas = sorted(p.relative_to(ref) for p in ref.rglob("zarr.json"))
+    assert metas == sorted(p.relative_to(ours) for p in ours.rglob("zarr.json"))
+    assert len(metas) == 1 + len(axes) + 2
+    for rel in metas:
+        assert (ours / rel).read_bytes() == (ref / rel).read_bytes(), rel
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with xr.open_zarr(ours) as ds:
+            for name in axes:
+                np.testing.assert_array_equal(ds[name].values, coords.full(name))
+            assert list(ds["x_feature"].values) == ["t", "u[1]", "vvvv"]

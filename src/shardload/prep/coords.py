@@ -16,6 +16,7 @@ warns about each file that is not Zarr: the manifest, ``metadata.json``, ...).
 
 from __future__ import annotations
 
+import base64
 import io
 import itertools
 import json
@@ -151,13 +152,13 @@ def write_zarr_metadata(
 
     Each sample coordinate is written in chunks of a whole number of the arrays' chunks, about
     :data:`COORD_CHUNK_BYTES` each: one file per array chunk would be thousands of files to
-    write, sync and later delete, and zarr's shards cost as much again in per-chunk calls."""
-    import dask.array
-    import xarray as xr
-    import zarr
-    from zarr.codecs import BloscCodec
+    write, sync and later delete, and zarr's shards cost as much again in per-chunk calls.
 
-    variables: dict[str, Any] = {}
+    Numeric coordinates and feature names get the metadata xarray's ``to_zarr`` gives them
+    (:func:`_create_like_xarray`; tests compare the bytes for every dtype) and their chunks
+    written here: no dask graph, no xarray encoding. Others (dates, strings, booleans) are
+    CF-encoded and written whole by xarray."""
+    variables: dict[str, Any] = {}  # through xarray: encoded and written whole
     encoding: dict[str, Any] = {}
     native: dict[str, int] = {}  # numbers: their chunks are written here, not by zarr-python
     length = _coord_length(coords)
@@ -165,20 +166,11 @@ def write_zarr_metadata(
         if name not in specs:
             dtype = coords.dtype(name)
             rows = coord_chunk_rows(length, dtype.itemsize, chunk_rows)
-            if dtype.kind in "fiu":  # xarray writes the array's metadata only
-                lazy = dask.array.empty(
-                    (length,), chunks=(rows,), dtype=dtype, name=f"coord-{name}"
-                )
-                data: Any = lazy
+            if dtype.kind in "fiu":
                 native[name] = rows
-            else:
-                data = coords.full(name)
-            variables[name] = xr.Variable(("sample",), data)
-            encoding[name] = {
-                "chunks": (rows,),
-                # lz4: a repeated axis packs to a few percent at memory speed
-                "compressors": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),),
-            }
+                continue
+            variables[name] = coords.full(name)
+            encoding[name] = {"chunks": (rows,), "compressors": (_coord_codec(),)}
     named: dict[str, tuple[Sequence[str], int]] = {}  # feature names: written here in slabs
     for name, spec in specs.items():
         dim = f"{name}_feature"
@@ -186,34 +178,95 @@ def write_zarr_metadata(
         wide = names and not spec.ragged and len(spec.shape) > 1 and dim not in specs
         if wide and names is not None and len(names) == spec.shape[-1]:
             dtype = np.dtype(f"<U{max(1, _longest_name(names))}")
-            rows = coord_chunk_rows(len(names), dtype.itemsize, 1)
-            lazy = dask.array.empty((len(names),), chunks=(rows,), dtype=dtype, name=dim)
-            variables[dim] = xr.Variable((dim,), lazy)
-            encoding[dim] = {"chunks": (rows,)}
-            named[dim] = (names, rows)
+            named[dim] = (names, coord_chunk_rows(len(names), dtype.itemsize, 1))
+    written = [*variables, *native, *named]
     with warnings.catch_warnings():
         # zarr's notes that consolidated metadata and fixed-length strings are not yet in the
         # Zarr v3 specification, and that the manifest and other files are not Zarr nodes
         warnings.simplefilter("ignore")
+        import zarr
+
+        group = _group_without(root, written)
+        arrays: dict[str, Any] = {}  # the feature names' arrays, as created
         if variables:
-            # a resumed publish writes them again; a first one opens no group to look (each
-            # zarr-python call is a round trip to its event loop's thread: 0.05 s of wall time
-            # at a load average of 5 on 2 cores)
-            if any((Path(root) / name).exists() for name in variables):
-                group = zarr.open_group(str(root), mode="a", zarr_format=3)
-                for name in variables:
-                    if name in group:
-                        del group[name]
-            # compute=False: the lazy (numeric) coordinates' metadata only, the others whole
-            kw: dict[str, Any] = {"compute": False} if native or named else {}
-            xr.Dataset(coords=xr.Coordinates(variables, indexes={})).to_zarr(
-                str(root), mode="a", consolidated=False, zarr_format=3, encoding=encoding, **kw
+            import xarray as xr
+
+            plain = {k: xr.Variable(("sample",), v) for k, v in variables.items()}
+            xr.Dataset(coords=xr.Coordinates(plain, indexes={})).to_zarr(
+                str(root), mode="a", consolidated=False, zarr_format=3, encoding=encoding
             )
+        if native or named:
+            group = group or zarr.open_group(str(root), mode="a", zarr_format=3)
+            for name, rows in native.items():
+                dtype = coords.dtype(name)
+                _create_like_xarray(group, name, "sample", dtype, length, rows, _coord_codec())
+            for dim, (names, rows) in named.items():
+                dtype = np.dtype(f"<U{max(1, _longest_name(names))}")
+                arrays[dim] = _create_like_xarray(group, dim, dim, dtype, len(names), rows)
+            # xarray's global attribute naming the coordinates that are not dimensions
+            others = sorted(n for n in [*variables, *native] if n != "sample")
+            attrs: dict[str, Any] = {"coordinates": " ".join(others)} if others else {}
+            if group.attrs.asdict() != attrs:
+                group.attrs.put(attrs)
         for name, rows in native.items():
             _write_coord_chunks(Path(root) / name, coords, name, length, rows)
         for dim, (names, rows) in named.items():
-            _write_names(Path(root) / dim, names, rows)
+            _write_names(arrays[dim], names, rows)
         zarr.consolidate_metadata(str(root), zarr_format=3)
+
+
+def _coord_codec() -> Any:
+    """A sample coordinate's compressor. lz4: a repeated axis packs to a few percent at
+    memory speed."""
+    from zarr.codecs import BloscCodec
+
+    return BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+
+
+def _group_without(root: Path, names: Sequence[str]) -> Any:
+    """The Zarr group at ``root`` without arrays ``names``, where a resumed publish wrote them
+    before; None where none exists (a first publish opens no group to look: each zarr-python
+    call is a round trip to its event loop's thread, 0.05 s of wall time at a load average of
+    5 on 2 cores)."""
+    import zarr
+
+    if not any((Path(root) / name).exists() for name in names):
+        return None
+    group = zarr.open_group(str(root), mode="a", zarr_format=3)
+    for name in names:
+        if name in group:
+            del group[name]
+    return group
+
+
+#: ``_FillValue`` as xarray's ``to_zarr`` writes it for a float variable (NaN, float64, base64)
+_NAN_FILL_VALUE = base64.standard_b64encode(np.float64(np.nan).tobytes()).decode()
+
+
+def _create_like_xarray(
+    group: Any,
+    name: str,
+    dim: str,
+    dtype: np.dtype,
+    length: int,
+    rows: int,
+    compressor: Any = None,
+) -> Any:
+    """The metadata of a 1-D array ``name`` along ``dim`` as xarray's ``to_zarr`` (Zarr v3)
+    writes it for a variable without attributes or encoding but ``chunks`` (and
+    ``compressors``): floats with fill value NaN and attribute ``_FillValue``, others with
+    zarr's default fill value and compressors. No chunk is written; returns the array."""
+    floating = dtype.kind == "f"
+    return group.create_array(
+        name=name,
+        shape=(length,),
+        dtype=dtype,
+        chunks=(rows,),
+        fill_value=np.nan if floating else None,
+        compressors=(compressor,) if compressor is not None else "auto",
+        dimension_names=(dim,),
+        attributes={"_FillValue": _NAN_FILL_VALUE} if floating else {},
+    )
 
 
 def _longest_name(names: Sequence[str]) -> int:
@@ -224,14 +277,11 @@ def _longest_name(names: Sequence[str]) -> int:
     return max(map(len, names), default=0)
 
 
-def _write_names(folder: Path, names: Sequence[str], rows: int) -> None:
-    """A feature-name coordinate whose metadata xarray wrote, a chunk of ``rows`` names at a
-    time: the whole array of fixed-length strings (4 bytes a character of the longest name)
-    and xarray's copies of it took 1.6 GB for the 2 M names of a 110 x 308 x 60 grid, most
-    of the memory of its prepare, and would take tens of GB at N320."""
-    import zarr
-
-    arr = zarr.open_array(str(folder), mode="r+")
+def _write_names(arr: Any, names: Sequence[str], rows: int) -> None:
+    """A feature-name coordinate (the zarr array ``arr``, its metadata written), a chunk of
+    ``rows`` names at a time: the whole array of fixed-length strings (4 bytes a character of
+    the longest name) and xarray's copies of it took 1.6 GB for the 2 M names of a
+    110 x 308 x 60 grid, most of the memory of its prepare, and would take tens of GB at N320."""
     it = iter(names)
     for a in range(0, len(names), rows):
         slab = list(itertools.islice(it, rows))

@@ -98,7 +98,7 @@ def write_store(
         num_blocks=-(-bounds.num_chunks // (cfg.shard_chunks or 1)),
     )
     dated = _dated_stats(cfg, view, bounds, splits, split_rows)
-    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset, reads, origin, dated)
+    job = _plan_job(cfg, commit, specs, bounds, fingerprint, dataset, reads, view, origin, dated)
     _share_view(job, view)
     num_blocks = job.num_blocks
     _log_plan(job, len(specs), row_bytes)
@@ -237,6 +237,7 @@ def _plan_job(
     fingerprint: str,
     dataset: Any,
     reads: ReadPlan,
+    view: View,
     origin: RowOrigin | None = None,
     dated: Any = None,
 ) -> PrepareJob:
@@ -257,6 +258,7 @@ def _plan_job(
         blocks_per_read=reads.blocks_per_read,
         read_chunks=reads.chunks,
         dated=dated,
+        read_by_rows=bool(getattr(view, "read_by_rows", False)) and origin is None,
     )
 
 
@@ -284,12 +286,12 @@ def _share_view(job: PrepareJob, view: View) -> None:
     """The view the write tasks in this process use: the driver's own, or (one sample dim,
     rows not read by the view itself) the source re-opened with dask chunks aligned to the
     store's chunks; threads here share it. A view whose row reader serves all it reads is
-    the driver's own: its dask chunks are never read (the source is opened once)."""
+    the driver's own: it has no dask chunks (the source is opened once, without dask)."""
     cfg = job.config
-    if getattr(view, "read_by_rows", False) and job.origin is None:
+    if job.read_by_rows:
         share_view(job.fingerprint, view)
     elif job.read_chunks:  # the source again, in dask chunks of whole source units
-        share_view(job.fingerprint, build(cfg, read_chunks=job.read_chunks))
+        share_view(job.fingerprint, build(cfg, read_chunks=job.read_chunks, rows_first=False))
     elif (
         job.dataset is None
         and job.origin is None
@@ -297,7 +299,7 @@ def _share_view(job: PrepareJob, view: View) -> None:
         and (len(cfg.sample_dims) == 1 or cfg.source.kind == "radiation")
         and getattr(view, "rows", None) is None
     ):
-        share_view(job.fingerprint, build(cfg, job.chunk_rows))
+        share_view(job.fingerprint, build(cfg, job.chunk_rows, rows_first=False))
     else:
         share_view(job.fingerprint, view)
 

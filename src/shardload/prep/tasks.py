@@ -55,6 +55,8 @@ class PrepareJob:
     read_chunks: tuple[tuple[str, int], ...] | None = None
     #: a dated store: what its statistics cover (:class:`~shardload.prep.stats.dated.DatedStats`)
     dated: Any = None
+    #: the view's row reader serves every read: a worker opens the source without dask
+    read_by_rows: bool = False
 
     @property
     def bounds(self) -> RegularBounds:
@@ -85,12 +87,19 @@ def build(
     chunk_rows: int | None = None,
     dataset: Any = None,
     read_chunks: tuple[tuple[str, int], ...] | None = None,
+    *,
+    rows_first: bool = True,
 ) -> View:
     """Open the source and build the view; with ``chunk_rows``, dask chunks along a single
     sample dim match the store's chunks (each task then reads only its own rows); with
     ``read_chunks``, the source is opened with these dask chunks (whole source units). A
-    ``dataset`` (the caller's lazy ``xarray.Dataset``) replaces the source, chunks as they are."""
-    return build_source(cfg, chunk_rows, dataset, read_chunks)[0]
+    ``dataset`` (the caller's lazy ``xarray.Dataset``) replaces the source, chunks as they are.
+    ``rows_first``: see :func:`build_source`."""
+    return build_source(cfg, chunk_rows, dataset, read_chunks, rows_first=rows_first)[0]
+
+
+#: views that say whether their row reader serves every read (``read_by_rows``)
+_ROWS_FIRST_VIEWS = ("flat", "window")
 
 
 def build_source(
@@ -98,8 +107,15 @@ def build_source(
     chunk_rows: int | None = None,
     dataset: Any = None,
     read_chunks: tuple[tuple[str, int], ...] | None = None,
+    *,
+    rows_first: bool = True,
 ) -> tuple[View, Any]:
-    """:func:`build`, and the lazy dataset the view reads."""
+    """:func:`build`, and the lazy dataset the view reads.
+
+    ``rows_first``: a source h5py may read (:func:`~shardload.prep.sources.open.rows_first`)
+    is opened without dask first; where the view's row reader then serves every read, that
+    view is the one returned (no dask is imported, none of its chunks planned), else the source
+    is opened again as below, in dask chunks."""
     from shardload.prep.sources.open import open_rows, open_source
     from shardload.prep.views import build_view, row_dims
 
@@ -107,6 +123,10 @@ def build_source(
         if cfg.source.variables:
             dataset = dataset[list(cfg.source.variables)]
         return build_view(dataset, cfg), dataset
+    if rows_first:
+        by_rows = _build_read_by_rows(cfg)
+        if by_rows is not None:
+            return by_rows
     if read_chunks:
         ds = open_source(cfg.source, chunks=dict(read_chunks))
         rows = open_rows(cfg.source, ds, cfg.sample_dims) if cfg.view in ("flat", "graph") else None
@@ -125,6 +145,24 @@ def build_source(
     return build_view(ds, cfg, rows=rows), ds
 
 
+def _build_read_by_rows(cfg: PrepareConfig) -> tuple[View, Any] | None:
+    """The view of the source opened without dask, where its row reader serves every read
+    (``view.read_by_rows``); None otherwise, or where the source is not one h5py may read."""
+    from shardload.prep.sources.open import open_rows, open_source, rows_first
+    from shardload.prep.views import build_view, row_dims
+
+    dims = row_dims(cfg)
+    if cfg.view not in _ROWS_FIRST_VIEWS or not rows_first(cfg.source, dims):
+        return None
+    ds = open_source(cfg.source, dask_chunks=False)
+    rows = open_rows(cfg.source, ds, dims)
+    view = build_view(ds, cfg, rows=rows) if rows is not None else None
+    if view is not None and getattr(view, "read_by_rows", False):
+        return view, ds
+    ds.close()
+    return None
+
+
 def share_view(fingerprint: str, view: View) -> None:
     """Make ``view`` the one tasks of ``fingerprint`` use in this process (threads share it)."""
     _SHARED.clear()
@@ -138,7 +176,13 @@ def _view(job: PrepareJob) -> View:
         _VIEWS[job.fingerprint] = (
             job.origin.open_view()
             if job.origin is not None
-            else build(job.config, job.chunk_rows, job.dataset, job.read_chunks)
+            else build(
+                job.config,
+                job.chunk_rows,
+                job.dataset,
+                job.read_chunks,
+                rows_first=job.read_by_rows,
+            )
         )
     return _VIEWS[job.fingerprint]
 

@@ -1,11 +1,16 @@
 """Open raw inputs lazily with xarray + dask: files, globs, lists, folders (Zarr) and URLs.
 
 Nothing is loaded: variables are dask arrays over the files' own chunking (``chunks={}``), and
-views index them. Several files combine along a dimension (``combine``/``concat_dim``).
+views index them. Several files combine along a dimension (``combine``/``concat_dim``). A
+source whose rows a row reader reads (:func:`rows_first`) is opened without dask (nor
+default indexes) first: its variables are then xarray's lazily indexed backend arrays, which
+only describe it.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import os
@@ -56,6 +61,12 @@ def open_kwargs(cfg: SourceConfig, engine: str | None) -> dict[str, Any]:
     return kw
 
 
+@functools.cache
+def _opens_without_indexes() -> bool:
+    """Whether this xarray's ``open_dataset`` takes ``create_default_indexes`` (2025.7 on)."""
+    return "create_default_indexes" in inspect.signature(xr.open_dataset).parameters
+
+
 def _open_one_target(path: str, engine: str | None, cfg: SourceConfig) -> Any:
     """What xarray opens: a local path, or for URLs a file object (netCDF/HDF5) / mapper (zarr)."""
     if not is_url(path):
@@ -73,8 +84,13 @@ def open_source(
     *,
     sample_chunks: dict[str, int] | None = None,
     chunks: dict[str, int] | None = None,
+    dask_chunks: bool = True,
 ) -> xr.Dataset:
     """Open the configured inputs as one lazy dataset.
+
+    ``dask_chunks=False``: no dask (``chunks=None``, ``cache=False``, no default indexes):
+    xarray's lazily indexed backend arrays, for a view whose row reader reads every row
+    (``import dask.array`` alone takes 0.25 s or more in a fresh process).
 
     ``chunks`` (dask chunks of whole source units, from
     :func:`~shardload.prep.sources.layout.plan_reads`) takes the place of ``sample_chunks``
@@ -102,6 +118,13 @@ def open_source(
     kw = open_kwargs(cfg, engine)
     if (chunks or sample_chunks) and "chunks" not in cfg.open_kwargs:
         kw["chunks"] = dict(chunks or sample_chunks or {})
+    if not dask_chunks:
+        kw["chunks"] = None
+        kw.setdefault("cache", False)  # a read through it (none expected) keeps nothing
+        # no pandas indexes either: xarray's checks while building them import dask and
+        # sparse (numba, scipy: 0.15-0.25 s in a fresh process); views read coordinates' values
+        if _opens_without_indexes():
+            kw.setdefault("create_default_indexes", False)
     if cfg.combine == "nested" and len(paths) > 1 and not cfg.concat_dim:
         raise SourceError("source.concat_dim is needed with combine: nested")
     where = paths[0] if len(paths) == 1 else f"{len(paths)} files ({paths[0]} ...)"
@@ -330,15 +353,35 @@ def open_rows(cfg: SourceConfig, ds: xr.Dataset, sample_dims: Sequence[str]) -> 
     return radiation_rows(expand_paths(cfg.paths, so), outputs, ds)
 
 
-def _plain_rows(cfg: SourceConfig, ds: xr.Dataset, sample_dims: Sequence[str]) -> Any:
-    """:class:`~shardload.prep.sources.h5_rows.H5Rows` for one local netCDF-4/HDF5 file opened
-    with neutral options (None otherwise)."""
-    from shardload.prep.sources.h5_rows import h5_rows, open_kwargs_are_neutral
+def rows_first(cfg: SourceConfig, sample_dims: Sequence[str]) -> bool:
+    """Whether a view of this source may be read by h5py alone (:func:`open_rows`), so that it
+    is opened without dask first (``open_source(dask_chunks=False)``): one local netCDF-4/HDF5
+    file, neutral options, no dask ``chunks`` of the user's."""
+    return _h5_file(cfg, sample_dims) is not None and "chunks" not in cfg.open_kwargs
 
+
+def _h5_file(cfg: SourceConfig, sample_dims: Sequence[str]) -> str | None:
+    """The one local netCDF-4/HDF5 file, opened with neutral options, whose plain variables
+    :class:`~shardload.prep.sources.h5_rows.H5Rows` may read (None otherwise)."""
+    from shardload.prep.sources.h5_rows import open_kwargs_are_neutral
+
+    if cfg.kind == "radiation" or not sample_dims:
+        return None
     paths = expand_paths(cfg.paths, dict(cfg.storage_options))
     if len(paths) != 1 or is_url(paths[0]) or not open_kwargs_are_neutral(cfg.open_kwargs):
         return None
-    if (cfg.engine or guess_engine(paths[0])) != "h5netcdf" or not sample_dims:
+    if (cfg.engine or guess_engine(paths[0])) != "h5netcdf":
+        return None
+    return paths[0]
+
+
+def _plain_rows(cfg: SourceConfig, ds: xr.Dataset, sample_dims: Sequence[str]) -> Any:
+    """:class:`~shardload.prep.sources.h5_rows.H5Rows` for one local netCDF-4/HDF5 file opened
+    with neutral options (None otherwise)."""
+    from shardload.prep.sources.h5_rows import h5_rows
+
+    path = _h5_file(cfg, sample_dims)
+    if path is None:
         return None
     phony = str(cfg.open_kwargs.get("phony_dims", "sort"))
-    return h5_rows(paths[0], ds, sample_dims, group=cfg.group, phony_dims=phony)
+    return h5_rows(path, ds, sample_dims, group=cfg.group, phony_dims=phony)

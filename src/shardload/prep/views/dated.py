@@ -56,6 +56,11 @@ class DatedView:
         """The inner view's row reader (the driver asks whether the view reads rows itself)."""
         return getattr(self.inner, "rows", None)
 
+    @property
+    def read_by_rows(self) -> bool:
+        """Whether the inner view's row reader serves every read."""
+        return bool(getattr(self.inner, "read_by_rows", False))
+
     def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
         src = self.dated.source_rows
         i0, i1 = (int(i) for i in np.searchsorted(src, [start, stop]))

@@ -8,15 +8,17 @@ the rows out of it. Only that slab is read from disk.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
-import dask
-import dask.local
 import numpy as np
 import xarray as xr
 
 from shardload.errors import ViewError
+
+if TYPE_CHECKING:
+    import dask.array
 
 
 @runtime_checkable
@@ -122,12 +124,13 @@ def read_many(
         got = read_many([das[i] for i in left], sample_dims, start, stop) if left else []
         it = iter(got)
         return [np.asarray(dests[i]) if t is not None else next(it) for i, t in enumerate(into)]
-    with synchronous():
-        values = (
-            dask.compute(*lazy)
-            if any(isinstance(v, dask.array.Array) for v in lazy)
-            else [np.asarray(s.values) for s in slabs]
-        )
+    if any(_is_dask_array(v) for v in lazy):
+        import dask
+
+        with synchronous():
+            values = dask.compute(*lazy)
+    else:
+        values = [np.asarray(s.values) for s in slabs]
     rows = []
     for v, s, (lo, hi) in zip(values, slabs, cuts, strict=True):
         rest = tuple(s.shape[len(sample_dims) :])
@@ -144,6 +147,8 @@ def _store_striped(lazy: dask.array.Array, target: np.ndarray) -> None:
     rows: chunks split along the feature axes (GRIB: one message per level) fill a stripe of
     whole rows while it is in cache, where storing each chunk in turn writes strided columns
     over the whole destination once per chunk (10x slower for 21 messages)."""
+    import dask
+
     with synchronous():
         flat = lazy.to_delayed().ravel().tolist()
         parts = dask.compute(*flat)
@@ -168,7 +173,7 @@ def _store_striped(lazy: dask.array.Array, target: np.ndarray) -> None:
 def _store_target(lazy: object, cut: tuple[int, int], dest: np.ndarray | None) -> np.ndarray | None:
     """``dest`` seen with the slab's shape, where the slab is a dask array of several chunks
     that holds exactly the rows of ``dest`` (else None: computed and cut as usual)."""
-    if dest is None or not isinstance(lazy, dask.array.Array) or lazy.npartitions < 2:
+    if dest is None or not _is_dask_array(lazy) or lazy.npartitions < 2:
         return None
     shape = tuple(int(n) for n in lazy.shape)
     rows = int(np.prod(shape[: lazy.ndim - (dest.ndim - 1)], dtype=np.int64))
@@ -212,7 +217,17 @@ def synchronous() -> Any:
     """``dask.config.set`` of the synchronous scheduler, as the function itself: by its name
     (``"synchronous"``) dask's ``get_scheduler`` first imports ``distributed`` (0.18 s in a
     fresh process, where installed) to look for a client that a write task never uses."""
+    import dask
+    import dask.local
+
     return dask.config.set(scheduler=dask.local.get_sync)
+
+
+def _is_dask_array(v: object) -> TypeGuard[dask.array.Array]:
+    """Whether ``v`` is a dask array, without importing dask (0.05-0.1 s in a fresh process,
+    for a prepare whose rows h5py reads): none exists unless ``dask.array`` was imported."""
+    module = sys.modules.get("dask.array")
+    return module is not None and isinstance(v, module.Array)
 
 
 def load_values(da: xr.DataArray) -> np.ndarray:

@@ -132,6 +132,13 @@ class WindowView:
         return self.num_windows * self.S
 
     @property
+    def read_by_rows(self) -> bool:
+        """Whether its row reader serves every variable it reads (no read through the lazy
+        dataset)."""
+        names = {str(d.name) for das, _ in self._vars.values() for d in das}
+        return self.rows is not None and names <= self._served
+
+    @property
     def specs(self) -> Mapping[str, ArraySpec]:
         return self._specs
 

@@ -172,6 +172,13 @@ class WindowSeriesView(SeriesLayout):
         return self.windows.num_windows
 
     @property
+    def read_by_rows(self) -> bool:
+        """Whether its row reader serves every series it reads (no read through the lazy
+        dataset)."""
+        served = bool(self.sample_dims) and self.rows is not None
+        return served and set(self._served) == set(self._series)
+
+    @property
     def window_specs(self) -> Mapping[str, ArraySpec]:
         return self.windows.specs
 
