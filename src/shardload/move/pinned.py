@@ -82,9 +82,9 @@ class Pins:
 def changed(url: str, want: Version, got: Version | None = None) -> RemoteChangedError:
     now = f" (now {got.etag or got.modified})" if got else ""
     return RemoteChangedError(
-        f"{url} changed on the server since this reader first read and checked it "
-        f"(version {want.etag or want.modified}{now}): the store was rewritten under the "
-        "reader; open it again"
+        f"{url} changed on the server since this reader first read it (version "
+        f"{want.etag or want.modified}{now}): the store was rewritten under the reader, whose "
+        "checks hold for the version first read; open the store again"
     )
 
 
