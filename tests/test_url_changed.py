@@ -34,9 +34,10 @@ def store_of(tmp_path, fmt: str):
     return tmp_path
 
 
-def rewrite_row(root, row: int, *, keep_mtime: bool) -> np.ndarray:
+def rewrite_row(root, row: int, *, keep_mtime: bool, later_s: int = 0) -> np.ndarray:
     """Row ``row`` of array x changed in its file on the server, the file's size kept (and
-    its mtime, if ``keep_mtime``): the new row."""
+    its mtime, if ``keep_mtime``; else ``later_s`` seconds after the old one at least): the
+    new row."""
     local = shardload.open_store(root / "store")
     old = np.ascontiguousarray(local.read("x", row, row + 1))
     new = old + np.float32(1000)
@@ -50,6 +51,8 @@ def rewrite_row(root, row: int, *, keep_mtime: bool) -> np.ndarray:
     path.write_bytes(data.replace(old.tobytes(), new.tobytes()))
     if keep_mtime:
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif later_s:
+        os.utime(path, (st.st_atime, max(path.stat().st_mtime, st.st_mtime + later_s)))
     assert path.stat().st_size == st.st_size
     return new
 

@@ -25,7 +25,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @contextlib.contextmanager
-def plain_server(root: Path, *, etag: bool, date: bool, ranges: bool) -> Iterator[tuple]:
+def plain_server(
+    root: Path, *, etag: bool, date: bool, ranges: bool, weak: bool = False
+) -> Iterator[tuple]:
     """``http://127.0.0.1:PORT/store`` serving ``root``, and the requests answered: (path,
     status, Range header or None)."""
     seen: list[tuple[str, int, str | None]] = []
@@ -48,8 +50,10 @@ def plain_server(root: Path, *, etag: bool, date: bool, ranges: bool) -> Iterato
                 f'"{st.st_mtime_ns:x}-{st.st_size:x}"',
                 formatdate(st.st_mtime, usegmt=True),
             )
+            tag = f"W/{tag}" if weak else tag  # If-Match compares strongly: never matches
             match, since = self.headers.get("If-Match"), self.headers.get("If-Unmodified-Since")
-            if ranges and ((match and match != tag) or (since and since != stamp)):
+            refused = match and (match != tag or match.startswith("W/"))
+            if ranges and (refused or (since and since != stamp)):
                 seen.append((self.path, 412, self.headers.get("Range")))
                 self.send_error(412)
                 return
@@ -110,7 +114,8 @@ def test_a_date_only_server_gets_if_unmodified_since(tmp_path, monkeypatch, fmt)
         seen.clear()
         np.testing.assert_array_equal(store.read("x", ROW, ROW + 2), want)
         assert {s for p, s, r in seen if "/x/" in p} == {206}, seen  # ranges, no check again
-        rewrite_row(root, ROW, keep_mtime=False)
+        # a date has whole seconds: a rewrite within the second of the check is not seen
+        rewrite_row(root, ROW, keep_mtime=False, later_s=2)
         with pytest.raises(RemoteChangedError, match=r"changed on the server since"):
             store.read("x", ROW, ROW + 2)
 
@@ -129,3 +134,18 @@ def test_a_server_ignoring_ranges_and_preconditions_is_caught_by_its_etag(
         rewrite_row(root, ROW, keep_mtime=False)
         with pytest.raises(RemoteChangedError, match=r"changed on the server since"):
             store.read("x", ROW, ROW + 2)
+
+
+def test_a_weak_etag_is_compared_not_sent(tmp_path, monkeypatch) -> None:
+    """A weak ETag (``W/"..."``) never matches ``If-Match`` (RFC 9110 compares strongly): sent,
+    every read of a checked file would be refused. The answers' weak ETags are compared
+    instead: the file rewritten is still an error."""
+    monkeypatch.setenv(KEEP_ENV, "0")
+    root = store_of(tmp_path, "zarr")
+    with plain_server(root, etag=True, date=False, ranges=True, weak=True) as (url, seen):
+        store, want = checked_then_read(url)
+        np.testing.assert_array_equal(store.read("x", ROW, ROW + 2), want)
+        rewrite_row(root, ROW, keep_mtime=False)
+        with pytest.raises(RemoteChangedError, match=r"changed on the server since"):
+            store.read("x", ROW, ROW + 2)
+        assert 412 not in [s for _, s, _ in seen], seen

@@ -10,14 +10,17 @@ round trip more):
 
 - ``If-Match: <ETag>`` where the server gave an ETag (``shardload serve``: aiohttp's
   ``FileResponse``, whose ETag is the file's mtime in nanoseconds and its size; S3);
-- ``If-Unmodified-Since: <Last-Modified>`` where it gave only that (weaker: a rewrite within the
-  same second goes unseen);
+- ``If-Unmodified-Since: <Last-Modified>`` where it gave only that, or a weak ETag (``W/``,
+  which If-Match never matches; weaker: a rewrite within the same second goes unseen, but
+  the answer's weak ETag is still compared);
 - neither: the file is not pinned (:meth:`Pins.pinned` False), and the reader checks it again,
   fetched whole, at every read (``formats.checksums.Verifier.check``).
 
-The answer is checked too: a 412, a 200 to a range request, or an ETag / Last-Modified that is
-not the pinned one raise :class:`~shardload.errors.RemoteChangedError` naming the URL.
-Protocols other than http(s) and s3 are read as fsspec reads them, unpinned.
+The answer is checked too: a 412, an ETag / Last-Modified that is not the pinned one, or a 200
+to a range request that does not name the pinned version raise
+:class:`~shardload.errors.RemoteChangedError` naming the URL (a 200 naming it, from a server
+that ignores ranges, is cut to the range asked). The pins go with the filesystem to DataLoader
+workers. Protocols other than http(s) and s3 are read as fsspec reads them, unpinned.
 """
 
 from __future__ import annotations
@@ -125,9 +128,9 @@ async def _http_get(
         if start == end:
             return b"", want or Version(), True
         headers["Range"] = await fs._process_limits(path, start, end)
-    if want and want.etag:
+    if want and want.etag and not want.etag.startswith("W/"):
         headers["If-Match"] = want.etag
-    elif want and want.modified:
+    elif want and want.modified:  # (a weak ETag never matches If-Match: compared below)
         headers["If-Unmodified-Since"] = want.modified
     session = await fs.set_session()
     async with session.get(fs.encode_url(path), headers=headers, **kw) as r:
