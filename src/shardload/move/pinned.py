@@ -25,6 +25,7 @@ workers. Protocols other than http(s) and s3 are read as fsspec reads them, unpi
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,7 @@ class Pins:
 
     def __init__(self, by_path: dict[str, Version] | None = None) -> None:
         self.by_path: dict[str, Version] = dict(by_path or {})
-        self._lock = threading.Lock()
+        self._lock, self._pid = threading.Lock(), os.getpid()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Pins, (dict(self.by_path),))
@@ -75,7 +76,12 @@ class Pins:
         return bool(self.by_path.get(path))
 
     def settle(self, path: str, got: Version, url: str) -> None:
-        """Pin ``got`` for ``path`` if none is, else check ``got`` is the pinned version."""
+        """Pin ``got`` for ``path`` if none is, else check ``got`` is the pinned version (an
+        answer naming no version pins and checks nothing)."""
+        if not got:
+            return
+        if self._pid != os.getpid():  # never a lock a parent's thread held at the fork
+            self._lock, self._pid = threading.Lock(), os.getpid()
         with self._lock:
             want = self.by_path.setdefault(path, got)
         if want.differs(got):
