@@ -71,6 +71,11 @@ class RemoteNotFoundError(RemoteError, FileNotFoundError):
     """A remote file does not exist (HTTP 404 or the backend's FileNotFoundError); not retried."""
 
 
+class RemoteChangedError(RemoteError, ChunkReadError):
+    """A file read by URL changed on the server since the reader first read (and checked) it:
+    a 412 to its precondition, or an answer naming another version (``move/pinned.py``)."""
+
+
 class StagingError(ShardloadError):
     """A store cannot be staged (no space, incomplete copy, bad archive)."""
 

@@ -587,3 +587,34 @@ def test_overwrite_killed_after_removing_the_old_manifest_is_no_store(
     store = shardload.prepare(cfg, progress=False)
     assert store.manifest.chunk_rows == 6
     _assert_same(store, shardload.prepare(_config(tmp_path, str(tmp_path / "l")), progress=False))
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "npy"])
+def test_an_object_overwritten_after_its_check_is_an_error_at_a_range_read(
+    s3_env, tmp_path, monkeypatch, fmt
+):
+    """A file checked whole, then overwritten in the bucket (same size, other bytes): the next
+    range read of it carries ``IfMatch`` with the ETag of the checked version, and S3 refuses
+    it: an error naming the object, never its new values (issue 28; before: served)."""
+    from shardload.errors import RemoteChangedError
+    from shardload.formats.zarr.kept import KEEP_ENV
+
+    monkeypatch.setenv(KEEP_ENV, "0")  # no checked bytes kept: later reads are range requests
+    url, opts = f"s3://{s3_env['bucket']}/store", s3_env["options"]
+    extra = {"format": fmt, "compression": "none", "chunk_rows": 8}
+    if fmt == "zarr":
+        extra["shard_chunks"] = 8
+    shardload.prepare(_config(tmp_path, url, out_storage_options=opts, **extra), progress=False)
+    local = shardload.prepare(_config(tmp_path, str(tmp_path / "local"), **extra), progress=False)
+    store = shardload.open_store(url, storage_options=opts)
+    row = 70
+    assert store.read("x").shape[0] == 120  # every file of x fetched whole and checked
+    np.testing.assert_array_equal(store.read("x", row, row + 1), local.read("x", row, row + 1))
+    old = np.ascontiguousarray(local.read("x", row, row + 1)).tobytes()
+    fs = _fs(opts)
+    hits = [p for p in fs.find(f"{s3_env['bucket']}/store/x") if old in fs.cat_file(p)]
+    assert len(hits) == 1, hits
+    data = fs.cat_file(hits[0])
+    fs.pipe_file(hits[0], data.replace(old, bytes(b ^ 0x40 for b in old)))
+    with pytest.raises(RemoteChangedError, match=r"changed on the server since"):
+        store.read("x", row, row + 1)

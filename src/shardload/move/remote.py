@@ -34,6 +34,7 @@ from shardload.move import cache as remote_cache
 from shardload.move.cache_files import evict_lru
 from shardload.move.cache_prefetch import CachePlan
 from shardload.move.http_client import close_client, http_options, is_http
+from shardload.move.pinned import Pins, pinned_cat
 from shardload.move.retries import call_with_retries, default_option
 
 __all__ = [
@@ -172,14 +173,10 @@ def read_many(
     what: Mapping[str, str] | None = None,
     ranges: Mapping[str, tuple[int, int]] | None = None,
 ) -> dict[str, bytes | BaseException]:
-    """Read small files, all at once (up to ``METADATA_IN_FLIGHT`` requests in flight): a
-    store's metadata by URL in one round trip instead of one per file (issue 28).
-
-    Each file is read as :func:`read_bytes` reads it (retries, the node cache), whole or its
-    bytes ``ranges[path]`` (start, end); ``what`` names them for errors. Returns each path's
-    bytes, or the exception its read raised (the caller decides which are errors: a missing
-    file may be one only when it is used).
-    """
+    """Read small files at once (``METADATA_IN_FLIGHT`` in flight): a store's metadata by URL
+    in one round trip (issue 28). Each is read as :func:`read_bytes` reads it, whole or its
+    bytes ``ranges[path]`` (start, end); ``what`` names them. Returns each path's bytes, or the
+    exception its read raised (the caller decides which are errors)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from shardload.move.retries import current_stop, stop_on
@@ -223,6 +220,7 @@ class RemoteFileSystem(AbstractFileSystem):
         self.spec = spec
         self._pid = -1
         self._target: Any = None
+        self.pins = Pins()  # the version of each file first read: ``move/pinned.py``
         self.root = self.target_and_root()[1]
 
     def target_and_root(self) -> tuple[Any, str]:
@@ -237,7 +235,11 @@ class RemoteFileSystem(AbstractFileSystem):
         return self.target_and_root()[0]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RemoteFileSystem, (self.spec,))
+        return (RemoteFileSystem, (self.spec,), {"pins": self.pins})
+
+    def pinned(self, path: str) -> bool:
+        """Whether reads of ``path`` are tied to one version (``Verifier.check``)."""
+        return self.spec.cache_dir is not None or self.pins.pinned(path)
 
     def __repr__(self) -> str:
         return f"<RemoteFileSystem {self.spec.url}>"
@@ -262,8 +264,7 @@ class RemoteFileSystem(AbstractFileSystem):
 
     def _name(self, path: str, what: str = "file") -> str:
         """``file x/000004.npy`` (the path inside the store) for error messages."""
-        root = self.root.rstrip("/")
-        rel = path[len(root) + 1 :] if path.startswith(root + "/") else path
+        rel = path[len(r) + 1 :] if path.startswith((r := self.root.rstrip("/")) + "/") else path
         return f"{what} {rel}" if rel else what
 
     @property
@@ -352,8 +353,9 @@ class RemoteFileSystem(AbstractFileSystem):
                 return remote_cache.read_range(fd, start, end)
             finally:
                 os.close(fd)
+        url, fs, kw = self.unstrip_protocol(path), self.target, self._deadline
         return self._retry(
-            lambda: self.target.cat_file(path, start=start, end=end, **self._deadline), path, what
+            lambda: pinned_cat(fs, path, start, end, self.pins, url, **kw), path, what
         )
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:

@@ -1,0 +1,202 @@
+"""Reads by URL tied to the version of each file first read (issue 28).
+
+A file read by URL is checked against its checksum once per reader: fetched whole and hashed.
+Later reads of parts of it are range requests that are not hashed. Were the file rewritten on
+the server meanwhile (a store prepared again in place, an object overwritten in a bucket), those
+ranges would hold other values, served silently. So each reader (per process) pins the version
+of every file the first answer for it names (its ``ETag``, else its ``Last-Modified``), and every
+later request for that file carries a precondition on that version, on the same request (no
+round trip more):
+
+- ``If-Match: <ETag>`` where the server gave an ETag (``shardload serve``: aiohttp's
+  ``FileResponse``, whose ETag is the file's mtime in nanoseconds and its size; S3);
+- ``If-Unmodified-Since: <Last-Modified>`` where it gave only that, or a weak ETag (``W/``,
+  which If-Match never matches; weaker: a rewrite within the same second goes unseen, but
+  the answer's weak ETag is still compared);
+- neither: the file is not pinned (:meth:`Pins.pinned` False), and the reader checks it again,
+  fetched whole, at every read (``formats.checksums.Verifier.check``).
+
+The answer is checked too: a 412, an ETag / Last-Modified that is not the pinned one, or a 200
+to a range request that does not name the pinned version raise
+:class:`~shardload.errors.RemoteChangedError` naming the URL (a 200 naming it, from a server
+that ignores ranges, is cut to the range asked). The pins go with the filesystem to DataLoader
+workers. Protocols other than http(s) and s3 are read as fsspec reads them, unpinned.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from shardload.errors import RemoteChangedError
+
+__all__ = ["Pins", "Version", "pinned_cat"]
+
+
+@dataclass(frozen=True)
+class Version:
+    """A file's version as a server named it: its ``ETag`` and ``Last-Modified`` (verbatim)."""
+
+    etag: str | None = None
+    modified: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.etag or self.modified)
+
+    def same(self, other: Version) -> bool:
+        """Whether ``other`` names this version by the validator pinned (ETag, else date)."""
+        if self.etag:
+            return self.etag == other.etag
+        return bool(self.modified) and self.modified == other.modified
+
+    def differs(self, other: Version) -> bool:
+        """Whether an answer naming ``other`` is of another version than this one."""
+        if self.etag and other.etag:
+            return self.etag != other.etag
+        return bool(self.modified and other.modified and self.modified != other.modified)
+
+
+class Pins:
+    """The version pinned for each path (per process; picklable as its dict)."""
+
+    def __init__(self, by_path: dict[str, Version] | None = None) -> None:
+        self.by_path: dict[str, Version] = dict(by_path or {})
+        self._lock, self._pid = threading.Lock(), os.getpid()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Pins, (dict(self.by_path),))
+
+    def get(self, path: str) -> Version | None:
+        return self.by_path.get(path)
+
+    def pinned(self, path: str) -> bool:
+        """Whether reads of ``path`` are tied to one version (it has an ETag or a date)."""
+        return bool(self.by_path.get(path))
+
+    def settle(self, path: str, got: Version, url: str) -> None:
+        """Pin ``got`` for ``path`` if none is, else check ``got`` is the pinned version (an
+        answer naming no version pins and checks nothing)."""
+        if not got:
+            return
+        if self._pid != os.getpid():  # never a lock a parent's thread held at the fork
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        with self._lock:
+            want = self.by_path.setdefault(path, got)
+        if want.differs(got):
+            raise changed(url, want, got)
+
+
+def changed(url: str, want: Version, got: Version | None = None) -> RemoteChangedError:
+    now = f" (now {got.etag or got.modified})" if got else ""
+    return RemoteChangedError(
+        f"{url} changed on the server since this reader first read it (version "
+        f"{want.etag or want.modified}{now}): the store was rewritten under the reader, whose "
+        "checks hold for the version first read; open the store again"
+    )
+
+
+def pinned_cat(
+    target: Any, path: str, start: int | None, end: int | None, pins: Pins, url: str, **kw: Any
+) -> bytes:
+    """``path[start:end]`` read by ``target`` (fsspec's filesystem) with a precondition on the
+    version of ``path`` in ``pins`` (pinning the answer's when none is); where the protocol is
+    neither http(s) nor s3, read as fsspec reads it (unpinned)."""
+    protocol = target.protocol if isinstance(target.protocol, str) else target.protocol[0]
+    if protocol in ("http", "https"):
+        get = _http_get
+    elif protocol in ("s3", "s3a"):
+        get = _s3_get
+    else:
+        return bytes(target.cat_file(path, start=start, end=end, **kw))
+    from fsspec.asyn import sync
+
+    want = pins.get(path)
+    data, got, asked = sync(target.loop, get, target, path, start, end, want, url, **kw)
+    if not asked:  # a 200 to a range request: the whole file, of the version pinned only if
+        if want and not want.same(got):  # it says so (a server ignoring ranges: cut)
+            raise changed(url, want, got)
+        data = data[slice(start, end)]
+    pins.settle(path, got, url)
+    return data
+
+
+async def _http_get(
+    fs: Any, path: str, start: int | None, end: int | None, want: Version | None, url: str
+) -> tuple[bytes, Version, bool]:
+    """A GET of ``path`` (a range of it) on fsspec's session, with the precondition on
+    ``want``: its bytes, the version it names, whether it is the answer asked for."""
+    kw = fs.kwargs.copy()
+    headers = dict(kw.pop("headers", None) or {})
+    ranged = start is not None or end is not None
+    if ranged:
+        if start == end:
+            return b"", want or Version(), True
+        headers["Range"] = await fs._process_limits(path, start, end)
+    if want and want.etag and not want.etag.startswith("W/"):
+        headers["If-Match"] = want.etag
+    elif want and want.modified:  # (a weak ETag never matches If-Match: compared below)
+        headers["If-Unmodified-Since"] = want.modified
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), headers=headers, **kw) as r:
+        if r.status == 412:
+            raise changed(url, want or Version())
+        fs._raise_not_found_for_status(r, path)
+        got = Version(r.headers.get("ETag"), r.headers.get("Last-Modified"))
+        out = await r.read()
+    return out, got, r.status == 206 or not ranged
+
+
+async def _s3_get(
+    fs: Any, path: str, start: int | None, end: int | None, want: Version | None, url: str
+) -> tuple[bytes, Version, bool]:
+    """``get_object`` of ``path`` (a range of it) with ``IfMatch`` / ``IfUnmodifiedSince``."""
+    bucket, key, version_id = fs.split_path(path)
+    kw: dict[str, Any] = dict(fs.req_kw)
+    if version_id:
+        kw["VersionId"] = version_id
+    if start is not None or end is not None:
+        if start == end:
+            return b"", want or Version(), True
+        kw["Range"] = await fs._process_limits(path, start, end)
+    if want and want.etag:
+        kw["IfMatch"] = want.etag
+    elif want and want.modified:
+        from email.utils import parsedate_to_datetime
+
+        kw["IfUnmodifiedSince"] = parsedate_to_datetime(want.modified)
+    try:
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **kw)
+    except OSError as exc:
+        if want and _precondition_failed(exc):
+            raise changed(url, want) from exc
+        raise
+    try:
+        out = await resp["Body"].read()
+    finally:
+        resp["Body"].close()
+    modified = resp.get("LastModified")
+    if modified is not None and not isinstance(modified, str):
+        from datetime import timezone
+        from email.utils import format_datetime
+
+        modified = format_datetime(modified.astimezone(timezone.utc), usegmt=True)
+    return out, Version(resp.get("ETag"), modified), True
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (s3fs's translation of botocore's error) is S3's 412."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            err = response.get("Error", {})
+            meta = response.get("ResponseMetadata", {})
+            if (
+                err.get("Code") in ("PreconditionFailed", "412")
+                or meta.get("HTTPStatusCode") == 412
+            ):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return "PreconditionFailed" in str(exc) or "412" in str(exc)
