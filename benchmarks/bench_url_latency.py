@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
@@ -88,9 +89,10 @@ def _thread_cpu(names: tuple[str, ...]) -> float:
     return total
 
 
-def same_store_epochs(url: str, proxy: object, epochs: int, batch_size: int, seed: int) -> None:
-    """Epochs 0 .. ``epochs`` of one store opened once by ``url``, a line each."""
-    import shardload
+@contextlib.contextmanager
+def bytes_fetched() -> Iterator[list[int]]:
+    """Counts the bytes the client fetches (``move.remote.read_bytes``) into ``[n]`` while open;
+    the caller may zero it between phases."""
     import shardload.move.remote as remote
 
     fetched = [0]
@@ -102,8 +104,18 @@ def same_store_epochs(url: str, proxy: object, epochs: int, batch_size: int, see
         return data
 
     remote.read_bytes = counted  # type: ignore[assignment]
-    servers = ("shardload-serve", "shardload-latency-proxy")
     try:
+        yield fetched
+    finally:
+        remote.read_bytes = read_bytes  # type: ignore[assignment]
+
+
+def same_store_epochs(url: str, proxy: object, epochs: int, batch_size: int, seed: int) -> None:
+    """Epochs 0 .. ``epochs`` of one store opened once by ``url``, a line each."""
+    import shardload
+
+    servers = ("shardload-serve", "shardload-latency-proxy")
+    with bytes_fetched() as fetched:
         store = shardload.open_store(url)
         for e in range(epochs + 1):
             proxy.reset_counts()  # type: ignore[attr-defined]
@@ -122,8 +134,6 @@ def same_store_epochs(url: str, proxy: object, epochs: int, batch_size: int, see
                 f"{fetched[0] / 2**20:.1f} MiB fetched, {rows} rows",
                 flush=True,
             )
-    finally:
-        remote.read_bytes = read_bytes  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> None:

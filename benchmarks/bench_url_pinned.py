@@ -28,19 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def sparse_reads(url: str, proxy: object, reads: int, batch_size: int, seed: int) -> str:
     """The line for ``reads`` 2-row reads of one opened store after its first epoch."""
+    from bench_url_latency import bytes_fetched
+
     import shardload
-    import shardload.move.remote as remote
 
-    fetched = [0]
-    read_bytes = remote.read_bytes
-
-    def counted(*args: object, **kw: object) -> bytes:
-        data = read_bytes(*args, **kw)  # type: ignore[arg-type]
-        fetched[0] += len(data)
-        return data
-
-    remote.read_bytes = counted  # type: ignore[assignment]
-    try:
+    with bytes_fetched() as fetched:
         store = shardload.open_store(url)
         for _ in shardload.iter_batches(store, batch_size=batch_size, seed=seed, epoch=0):
             pass  # every file checked
@@ -57,8 +49,6 @@ def sparse_reads(url: str, proxy: object, reads: int, batch_size: int, seed: int
             f"{proxy.requests} requests, "  # type: ignore[attr-defined]
             f"{fetched[0] / 2**20:.2f} MiB fetched"
         )
-    finally:
-        remote.read_bytes = read_bytes  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> None:
