@@ -111,3 +111,38 @@ def test_a_fresh_window_view_prepare_imports_no_dask_array_nor_distributed(tmp_p
         "out": str(tmp_path / "out.store"),
     }
     assert _prepare_modules(cfg) == []
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("distributed") is None or importlib.util.find_spec("dask") is None,
+    reason="distributed or dask is not installed: nothing could import it",
+)
+def test_a_fresh_dated_prepare_to_zarr_imports_no_dask_array(tmp_path):
+    """A dated source (a time axis, h5py reading every row) prepared to Zarr: its sample
+    coordinate ``time`` is CF-encoded and written by ``prep/coords.py``, not through an
+    ``xarray.Variable`` (which imports ``dask.array`` to check for dask arrays); xarray's
+    store opening decodes the dates written. (xarray's decoding of the source's dates still
+    imports ``dask``, not ``dask.array``, and ``sparse``.)"""
+    rng = np.random.default_rng(0)
+    n = 24
+    ds = xr.Dataset(
+        {"t": (("time", "lat", "lon"), rng.normal(size=(n, 4, 5)).astype("f4"))},
+        coords={
+            "time": np.datetime64("2020-01-01T00") + np.arange(n) * np.timedelta64(6, "h"),
+            "lat": np.arange(4.0),
+            "lon": np.arange(5.0),
+        },
+    )
+    src = tmp_path / "dated.nc"
+    ds.to_netcdf(src, engine="h5netcdf")
+    cfg = {
+        "source": {"paths": [str(src)], "variables": ["t"]},
+        "sample_dims": ["time"],
+        "arrays": {"state": ["t"]},
+        "dates": {"frequency": "6h"},
+        "format": "zarr",
+        "out": str(tmp_path / "out.store"),
+    }
+    assert _prepare_modules(cfg, (*NEVER_ON_PREPARE, "dask.array")) == []
+    with xr.open_zarr(tmp_path / "out.store") as got:
+        np.testing.assert_array_equal(got["time"].values, ds["time"].values)
