@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from conftest import SRC
+from conftest import SRC, python_env
 
 NEVER_ON_PREPARE = ("distributed", "torch", "matplotlib")
 #: not imported by a prepare whose rows h5py reads (a source without dates or strings, which
@@ -146,3 +146,28 @@ def test_a_fresh_dated_prepare_to_zarr_imports_no_dask_array(tmp_path):
     assert _prepare_modules(cfg, (*NEVER_ON_PREPARE, "dask.array")) == []
     with xr.open_zarr(tmp_path / "out.store") as got:
         np.testing.assert_array_equal(got["time"].values, ds["time"].values)
+
+
+def test_shardload_prepare_on_the_command_line_imports_no_sample_generator(tmp_path):
+    """``shardload prepare``: the parser imports every command's module (``shardload
+    sample`` too), not the radiation sample's generator (its fields and writer)."""
+    cfg = {
+        "source": {"paths": [str(_chunked_nc(tmp_path / "field.nc"))], "variables": ["sst"]},
+        "sample_dims": ["lat", "lon"],
+        "arrays": {"x": ["sst"]},
+        "nan": "warn",
+        "out": str(tmp_path / "out.store"),
+    }
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    probe = (
+        "import json, sys\nfrom shardload.cli.app import main\n"
+        f"rc = main(['-q', 'prepare', {str(tmp_path / 'cfg.json')!r}])\n"
+        "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith('shardload.'))]))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=python_env()
+    )
+    assert res.returncode == 0, res.stderr
+    rc, imported = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rc == 0 and "shardload.samples.cli" in imported  # the parser imported it
+    assert "shardload.samples.radiation" not in imported
