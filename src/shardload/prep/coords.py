@@ -234,8 +234,8 @@ def _as_stored(coords: SampleCoords, name: str) -> tuple[SampleCoords, dict[str,
 
     A grid's axis is encoded rather than its expansion: xarray infers the units from the
     first date that is not NaT and the unit that divides every step between consecutive
-    values, the same in both (a step of the expansion is 0, a step of the axis, or minus a sum
-    of them), and the encoding is elementwise."""
+    values, the same in both (a step of the expansion is 0 or a sum of the axis' steps, of
+    either sign), and the encoding is elementwise."""
     values = np.asarray(coords.values[name])
     if values.dtype.kind != "M":
         return coords, {}
