@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from conftest import SRC
+from conftest import SRC, python_env
 
 NEVER_ON_PREPARE = ("distributed", "torch", "matplotlib")
 #: not imported by a prepare whose rows h5py reads (a source without dates or strings, which
@@ -111,3 +111,63 @@ def test_a_fresh_window_view_prepare_imports_no_dask_array_nor_distributed(tmp_p
         "out": str(tmp_path / "out.store"),
     }
     assert _prepare_modules(cfg) == []
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("distributed") is None or importlib.util.find_spec("dask") is None,
+    reason="distributed or dask is not installed: nothing could import it",
+)
+def test_a_fresh_dated_prepare_to_zarr_imports_no_dask_array(tmp_path):
+    """A dated source (a time axis, h5py reading every row) prepared to Zarr: its sample
+    coordinate ``time`` is CF-encoded and written by ``prep/coords.py``, not through an
+    ``xarray.Variable`` (which imports ``dask.array`` to check for dask arrays); xarray's
+    store opening decodes the dates written. (xarray's decoding of the source's dates still
+    imports ``dask``, not ``dask.array``, and ``sparse``.)"""
+    rng = np.random.default_rng(0)
+    n = 24
+    ds = xr.Dataset(
+        {"t": (("time", "lat", "lon"), rng.normal(size=(n, 4, 5)).astype("f4"))},
+        coords={
+            "time": np.datetime64("2020-01-01T00") + np.arange(n) * np.timedelta64(6, "h"),
+            "lat": np.arange(4.0),
+            "lon": np.arange(5.0),
+        },
+    )
+    src = tmp_path / "dated.nc"
+    ds.to_netcdf(src, engine="h5netcdf")
+    cfg = {
+        "source": {"paths": [str(src)], "variables": ["t"]},
+        "sample_dims": ["time"],
+        "arrays": {"state": ["t"]},
+        "dates": {"frequency": "6h"},
+        "format": "zarr",
+        "out": str(tmp_path / "out.store"),
+    }
+    assert _prepare_modules(cfg, (*NEVER_ON_PREPARE, "dask.array")) == []
+    with xr.open_zarr(tmp_path / "out.store") as got:
+        np.testing.assert_array_equal(got["time"].values, ds["time"].values)
+
+
+def test_shardload_prepare_on_the_command_line_imports_no_sample_generator(tmp_path):
+    """``shardload prepare``: the parser imports every command's module (``shardload
+    sample`` too), not the radiation sample's generator (its fields and writer)."""
+    cfg = {
+        "source": {"paths": [str(_chunked_nc(tmp_path / "field.nc"))], "variables": ["sst"]},
+        "sample_dims": ["lat", "lon"],
+        "arrays": {"x": ["sst"]},
+        "nan": "warn",
+        "out": str(tmp_path / "out.store"),
+    }
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    probe = (
+        "import json, sys\nfrom shardload.cli.app import main\n"
+        f"rc = main(['-q', 'prepare', {str(tmp_path / 'cfg.json')!r}])\n"
+        "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith('shardload.'))]))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=python_env()
+    )
+    assert res.returncode == 0, res.stderr
+    rc, imported = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rc == 0 and "shardload.samples.cli" in imported  # the parser imported it
+    assert "shardload.samples.radiation" not in imported

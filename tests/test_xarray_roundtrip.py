@@ -165,7 +165,7 @@ def test_grid_coordinates_written_chunk_by_chunk_without_zarr_python(tmp_path, m
     """The sample coordinates of a grid (``lat``/``lon`` per grid point) are expanded and
     written a chunk at a time by prepare, not through zarr-python (0.4-0.9 s of a 2 s prepare
     for a 9.3 M-point grid, issue 29), and ``xr.open_zarr`` gives the source's values; the
-    time axis (datetimes, which xarray encodes) still goes through xarray."""
+    time axis too, CF-encoded as xarray encodes it (2026-11-28)."""
     import zarr
 
     import shardload.prep.coords as coords
@@ -183,7 +183,7 @@ def test_grid_coordinates_written_chunk_by_chunk_without_zarr_python(tmp_path, m
     setitem = zarr.Array.__setitem__
 
     def refuse(self, key, value):
-        if self.path in ("lat", "lon"):
+        if self.path in ("lat", "lon", "time"):
             raise AssertionError(f"coordinate {self.path} written through zarr-python")
         setitem(self, key, value)
 
@@ -249,7 +249,7 @@ def test_coordinates_have_the_zarr_metadata_xarray_writes(tmp_path: Path, dtype:
     """Numeric sample coordinates and feature names get their Zarr metadata from
     ``prep/coords.py`` itself (no dask graph): byte for byte what xarray's
     ``to_zarr(compute=False)`` of dask arrays writes, with date, string and boolean
-    coordinates (written by xarray) beside them: every ``zarr.json``, the group's
+    coordinates beside them: every ``zarr.json``, the group's
     attributes and consolidated metadata included; the values read back."""
     import warnings
 
@@ -308,3 +308,78 @@ def test_coordinates_have_the_zarr_metadata_xarray_writes(tmp_path: Path, dtype:
             for name in axes:
                 np.testing.assert_array_equal(ds[name].values, coords.full(name))
             assert list(ds["x_feature"].values) == ["t", "u[1]", "vvvv"]
+
+
+def _dates(start: str, unit: str, step: int, n: int = 7, nat: tuple[int, ...] = ()) -> np.ndarray:
+    out = np.datetime64(start, unit) + np.arange(n) * step
+    out[list(nat)] = np.datetime64("NaT")
+    return out
+
+
+#: sample coordinate axes of several kinds, resolutions and start dates (NaT, before 1582)
+_AXES = {
+    "hours-ns": _dates("2020-01-01T00", "ns", 6 * 3600 * 10**9),
+    "minutes-s": _dates("1979-03-01T12:00", "s", 90 * 60),
+    "days-D": _dates("1900-02-03", "D", 1),
+    "hours-h": _dates("2020-01-01T05", "h", 3),
+    "ms": _dates("2020-01-01T05:00:00.250", "ms", 1500),
+    "julian": _dates("1500-01-01", "s", 86400),
+    "nat": _dates("2020-01-01", "ns", 6 * 3600 * 10**9, nat=(0, 4)),
+    "label": np.array(["a", "bb", "ccc", "d", "", "ff", "é"]),
+    "flag": np.array([True, False, True, False, False, True, True]),
+    "z": np.arange(7) * (1 + 2j),
+}
+
+
+@pytest.mark.parametrize("axis", [0, 1], ids=["slowest", "fastest"])
+def test_date_string_and_boolean_coordinates_are_the_bytes_xarray_writes(
+    tmp_path: Path, monkeypatch, axis: int
+) -> None:
+    """Dates (CF-encoded: units, calendar, int64, as xarray's ``to_zarr`` encodes them),
+    strings, booleans and complex numbers along the samples are written by
+    ``prep/coords.py`` without ``to_zarr`` (whose ``xarray.Variable`` imports ``dask.array``):
+    every file the same bytes as xarray's ``to_zarr`` of the expanded values writes, metadata,
+    chunks and consolidated metadata; ``xr.open_zarr`` decodes them back."""
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    import shardload.prep.coords as mod
+    from shardload.prep.coords import SampleCoords, coord_chunk_rows, write_zarr_metadata
+
+    monkeypatch.setattr(mod, "COORD_CHUNK_BYTES", 64)  # several chunks per coordinate
+    shape = (7, 2) if axis == 0 else (2, 7)
+    coords = SampleCoords(_AXES, shape, dict.fromkeys(_AXES, axis))
+    ours, ref = tmp_path / "ours", tmp_path / "ref"
+    for root in (ours, ref):
+        zarr.open_group(str(root), mode="w", zarr_format=3)
+
+    def refuse(*a, **k):
+        raise AssertionError("written through xarray's to_zarr")
+
+    with monkeypatch.context() as m:
+        m.setattr(xr.Dataset, "to_zarr", refuse)
+        write_zarr_metadata(ours, {}, coords, chunk_rows=2)
+    lz4 = (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
+    variables, encoding = {}, {}
+    for name in _AXES:
+        full = coords.full(name)
+        variables[name] = xr.Variable(("sample",), full)
+        rows = coord_chunk_rows(len(full), full.dtype.itemsize, 2)
+        encoding[name] = {"chunks": (rows,), "compressors": lz4}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        xr.Dataset(coords=xr.Coordinates(variables, indexes={})).to_zarr(
+            str(ref), mode="a", consolidated=False, zarr_format=3, encoding=encoding
+        )
+        zarr.consolidate_metadata(str(ref), zarr_format=3)
+    files = sorted(p.relative_to(ref) for p in ref.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(ours) for p in ours.rglob("*") if p.is_file())
+    assert len([f for f in files if f.parts[0] == "hours-ns"]) > 2  # several chunks
+    for rel in files:
+        assert (ours / rel).read_bytes() == (ref / rel).read_bytes(), rel
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with xr.open_zarr(ours) as got, xr.open_zarr(ref) as want:
+            for name in _AXES:
+                np.testing.assert_array_equal(got[name].values, want[name].values)
+                np.testing.assert_array_equal(got[name].values, coords.full(name))

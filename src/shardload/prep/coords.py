@@ -154,19 +154,24 @@ def write_zarr_metadata(
     :data:`COORD_CHUNK_BYTES` each: one file per array chunk would be thousands of files to
     write, sync and later delete, and zarr's shards cost as much again in per-chunk calls.
 
-    Numeric coordinates and feature names get the metadata xarray's ``to_zarr`` gives them
-    (:func:`_create_like_xarray`; tests compare the bytes for every dtype) and their chunks
-    written here: no dask graph, no xarray encoding. Others (dates, strings, booleans) are
-    CF-encoded and written whole by xarray."""
+    Numbers, booleans, strings, dates and feature names get the metadata xarray's ``to_zarr``
+    gives them (:func:`_create_like_xarray`; dates CF-encoded by xarray's own
+    ``encode_cf_datetime``, :func:`_as_stored`; tests compare every file's bytes) and their
+    chunks written here: no ``xarray.Variable``, which imports ``dask.array`` (0.25-0.4 s in a
+    fresh process) to check for dask arrays. Others (durations) are CF-encoded and written
+    whole by xarray."""
     variables: dict[str, Any] = {}  # through xarray: encoded and written whole
     encoding: dict[str, Any] = {}
-    native: dict[str, int] = {}  # numbers: their chunks are written here, not by zarr-python
+    native: dict[str, int] = {}  # written here: their chunks by prepare's own writer
     length = _coord_length(coords)
+    stored: dict[str, dict[str, str]] = {}  # dates: their CF attributes
     for name in coords.values:
         if name not in specs:
             dtype = coords.dtype(name)
             rows = coord_chunk_rows(length, dtype.itemsize, chunk_rows)
-            if dtype.kind in "fiu":
+            as_stored = _as_stored(coords, name) if dtype.kind in _OWN_KINDS else None
+            if as_stored is not None:
+                coords, stored[name] = as_stored
                 native[name] = rows
                 continue
             variables[name] = coords.full(name)
@@ -199,7 +204,8 @@ def write_zarr_metadata(
             group = group or zarr.open_group(str(root), mode="a", zarr_format=3)
             for name, rows in native.items():
                 dtype = coords.dtype(name)
-                _create_like_xarray(group, name, "sample", dtype, length, rows, _coord_codec())
+                codec, cf = _coord_codec(), stored[name]
+                _create_like_xarray(group, name, "sample", dtype, length, rows, codec, cf)
             for dim, (names, rows) in named.items():
                 dtype = np.dtype(f"<U{max(1, _longest_name(names))}")
                 arrays[dim] = _create_like_xarray(group, dim, dim, dtype, len(names), rows)
@@ -213,6 +219,36 @@ def write_zarr_metadata(
         for dim, (names, rows) in named.items():
             _write_names(arrays[dim], names, rows)
         zarr.consolidate_metadata(str(root), zarr_format=3)
+
+
+#: The kinds of sample coordinates written here: numbers, booleans, strings and dates.
+_OWN_KINDS = "biufcUM"
+
+
+def _as_stored(coords: SampleCoords, name: str) -> tuple[SampleCoords, dict[str, str]] | None:
+    """``coords`` with coordinate ``name`` as xarray's ``to_zarr`` stores it, and the
+    attributes it gives it: dates as the integers of xarray's CF encoding
+    (``encode_cf_datetime``: the units and calendar it infers, after pandas' conversion of
+    their resolution as ``xarray.Variable`` does), others as they are. None where xarray would
+    store dates as floats (then xarray writes them).
+
+    A grid's axis is encoded rather than its expansion: xarray infers the units from the
+    first date that is not NaT and the unit that divides every step between consecutive
+    values, the same in both (a step of the expansion is 0 or a sum of the axis' steps, of
+    either sign), and the encoding is elementwise."""
+    values = np.asarray(coords.values[name])
+    if values.dtype.kind != "M":
+        return coords, {}
+    import pandas as pd
+    from xarray.coding.times import encode_cf_datetime
+
+    values = np.asarray(pd.Series(values.ravel(), copy=False)).reshape(values.shape)
+    num, units, calendar = encode_cf_datetime(values)
+    num = np.asarray(num)
+    if num.dtype != np.dtype("int64"):
+        return None
+    coded = replace(coords, values={**coords.values, name: num})
+    return coded, {"units": units, "calendar": calendar}
 
 
 def _coord_codec() -> Any:
@@ -251,11 +287,13 @@ def _create_like_xarray(
     length: int,
     rows: int,
     compressor: Any = None,
+    attributes: Mapping[str, str] | None = None,
 ) -> Any:
     """The metadata of a 1-D array ``name`` along ``dim`` as xarray's ``to_zarr`` (Zarr v3)
-    writes it for a variable without attributes or encoding but ``chunks`` (and
-    ``compressors``): floats with fill value NaN and attribute ``_FillValue``, others with
-    zarr's default fill value and compressors. No chunk is written; returns the array."""
+    writes it for a variable without encoding but ``chunks`` (and ``compressors``), its
+    ``attributes`` (the CF ones of dates) stored: floats with fill value NaN and attribute
+    ``_FillValue``, others with zarr's default fill value and compressors. No chunk is
+    written; returns the array."""
     floating = dtype.kind == "f"
     return group.create_array(
         name=name,
@@ -265,7 +303,7 @@ def _create_like_xarray(
         fill_value=np.nan if floating else None,
         compressors=(compressor,) if compressor is not None else "auto",
         dimension_names=(dim,),
-        attributes={"_FillValue": _NAN_FILL_VALUE} if floating else {},
+        attributes={"_FillValue": _NAN_FILL_VALUE} if floating else dict(attributes or {}),
     )
 
 
@@ -297,12 +335,12 @@ def _coord_length(coords: SampleCoords) -> int:
 def _write_coord_chunks(
     folder: Path, coords: SampleCoords, name: str, length: int, rows: int
 ) -> None:
-    """The chunks of a numeric sample coordinate whose metadata xarray wrote, each expanded
-    from the grid's axis, encoded and written here as the store's arrays are
-    (:func:`~shardload.formats.zarr.write.write_chunk`; fsynced by the publish): zarr-python's
-    pipeline and the whole expanded coordinates took 0.4-0.9 s for the 75 MB of a 9.3 M-sample
-    grid's ``lat`` and ``lon``. Through zarr-python where xarray stored them other than as
-    they are (a CF encoding)."""
+    """The chunks of a sample coordinate whose metadata is written (its values as stored:
+    dates CF-encoded), each expanded from the grid's axis, encoded and written here as the
+    store's arrays are (:func:`~shardload.formats.zarr.write.write_chunk`; fsynced by the
+    publish): zarr-python's pipeline and the whole expanded coordinates took 0.4-0.9 s for the
+    75 MB of a 9.3 M-sample grid's ``lat`` and ``lon``. Through zarr-python where the values
+    are not numbers (booleans, strings) or the layout is not one prepare writes."""
     import zarr
 
     from shardload.formats.zarr.chunks import load_chunk_layout
@@ -311,12 +349,14 @@ def _write_coord_chunks(
 
     dtype = coords.dtype(name)
     bounds = (*range(0, length, rows), length)
-    meta = json.loads((folder / "zarr.json").read_text())
-    layout = load_chunk_layout(
-        str(folder), dtype=dtype, shape=(length,), chunk_bounds=bounds, strict=True
-    )
-    as_is = set(meta.get("attributes") or {}) <= {"_FillValue"}
-    if layout is None or not as_is or np.dtype(meta.get("data_type")) != dtype:
+    layout = None
+    if dtype.kind in "fiu":
+        meta = json.loads((folder / "zarr.json").read_text())
+        if np.dtype(meta.get("data_type")) == dtype:
+            layout = load_chunk_layout(
+                str(folder), dtype=dtype, shape=(length,), chunk_bounds=bounds, strict=True
+            )
+    if layout is None:
         zarr.open_array(str(folder), mode="r+")[:] = coords.full(name)
         return
     with collect_written(defer=True):  # the publish's pass fsyncs the store's files

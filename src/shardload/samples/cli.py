@@ -6,11 +6,10 @@ import argparse
 import logging
 from pathlib import Path
 
-from shardload.samples.radiation import (
+from shardload.samples.radiation_sizes import (
     DEFAULT_BLOCK_COLUMNS,
     DEFAULT_COLUMNS,
     REAL_COLUMNS_PER_PATCH,
-    write_radiation_sample,
 )
 
 log = logging.getLogger(__name__)
@@ -87,6 +86,8 @@ def register(subparsers) -> None:
 
 def run_radiation(args: argparse.Namespace) -> int:
     """Run ``shardload sample radiation`` with parsed ``args``; return the exit status."""
+    from shardload.samples.radiation import write_radiation_sample
+
     files = write_radiation_sample(
         args.out,
         columns=args.columns,

@@ -34,20 +34,19 @@ from shardload.samples.radiation_fields import (
     generate_inputs,
     generate_outputs,
 )
+from shardload.samples.radiation_sizes import (
+    DEFAULT_BLOCK_COLUMNS,
+    DEFAULT_COLUMNS,
+    UNIT_COLUMNS,
+)
+from shardload.samples.radiation_sizes import (
+    REAL_COLUMNS_PER_PATCH as REAL_COLUMNS_PER_PATCH,  # re-exported: public before
+)
 from shardload.samples.stamp import sample_stamp, why_outdated
 from shardload.version import __version__
 
 log = logging.getLogger(__name__)
 
-#: Columns per file by default: a demo-sized pair (~40 MB) written in well under a second.
-#: The real dataset has 16,960 columns per patch file.
-DEFAULT_COLUMNS = 2048
-#: Columns generated and written at a time (~90 MB of float64 temporaries).
-DEFAULT_BLOCK_COLUMNS = 4096
-#: Columns of one random stream; blocks are whole multiples of it.
-UNIT_COLUMNS = 256
-#: Columns per patch file in the real MAELSTROM dataset.
-REAL_COLUMNS_PER_PATCH = 16_960
 TIMESTEPS = tuple(range(0, 3501, 125))
 PATCHES = tuple(range(16))
 #: netCDF flavour: the classic data model of ecrad_meridian.nc, stored in HDF5 so variables can
