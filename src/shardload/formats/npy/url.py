@@ -7,7 +7,8 @@ about 1,200 requests by URL (202 per file, a size query and a header read per fi
 thread besides, docs/benchmarks.md). So the loader hands a group's spans of an array to one
 call (:meth:`NpyUrlReader.read_spans_into`), which plans its requests per chunk file as
 ``formats/zarr/shard_fetch.py`` does per shard: the pieces sorted by offset, neighbours at
-most ``URL_GAP_BYTES`` apart merged into one request of at most ``URL_RUN_BYTES``, and
+most ``URL_GAP_BYTES`` (256 KiB, ``formats/zarr/ranges.py``) apart merged into one request
+of at most ``URL_RUN_BYTES``, and
 ``URL_IN_FLIGHT`` requests in flight at most for all of a reader's calls together.
 
 A chunk file whose checksum must still be checked is fetched whole, once per reader (the

@@ -12,10 +12,11 @@ The default load reads a shuffle group as many small pieces drawn from every chu
 for one request per piece, an epoch of a 2,000-row store of one 512 KB chunk file made 134
 requests. So the loader hands a group's spans of an array to one call
 (:meth:`RawUrlReads.read_spans_into`), which plans its requests per chunk file as an npy stack
-by URL does (``formats/npy/url.py``): the pieces sorted by offset, neighbours at most
-``URL_GAP_BYTES`` apart merged into one request of at most ``URL_RUN_BYTES`` (a group needing a
-dense share of a file fetches it in one span), ``URL_IN_FLIGHT`` requests in flight at most for
-all of a reader's calls together (memory: as many answers of at most ``URL_RUN_BYTES``).
+by URL does (``formats/npy/url.py``, with the same constants): the pieces sorted by offset,
+neighbours at most ``URL_GAP_BYTES`` (256 KiB) apart merged into one request of at most
+``URL_RUN_BYTES`` (a group needing a dense share of a file fetches it in one span),
+``URL_IN_FLIGHT`` requests in flight at most for all of a reader's calls together (memory: as
+many answers of at most ``URL_RUN_BYTES``).
 
 Checksums cover a whole stored file (:mod:`shardload.formats.checksums`), so a range cannot be
 checked on its own. When ``verify`` asks for a chunk (by URL ``"auto"`` means the first time
@@ -50,9 +51,12 @@ from shardload.formats.zarr.kept import keep_bytes
 from shardload.move.remote import URL_IN_FLIGHT, read_bytes
 from shardload.move.retries import current_stop, stop_on
 
-#: Pieces with at most this many bytes between them share one request (a request costs about
-#: as much as 1 MB more of its answer through ``shardload serve`` on loopback).
-URL_GAP_BYTES = 1 << 20
+#: Pieces with at most this many bytes between them share one request. A request costs about
+#: as much as 1 MB more of its answer through ``shardload serve`` on loopback, one at a time;
+#: but a default group's pieces (tens of KB) lie a few hundred KB apart in every file, so
+#: 1 MiB merged nearly all of each file: 3 times the store's bytes fetched an epoch, slower
+#: than a request per piece (docs/benchmarks.md, "raw rows by URL"). 256 KiB: 1.1 times.
+URL_GAP_BYTES = 256 << 10
 #: One request asks for at most this many bytes (and the memory a fetching thread holds).
 URL_RUN_BYTES = 8 << 20
 #: Bytes of chunk files fetched whole for their checks at once, per reader (each is held
