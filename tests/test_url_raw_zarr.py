@@ -98,3 +98,23 @@ def test_pieces_far_apart_are_separate_requests(raw_store, monkeypatch) -> None:
     for (a, b), out in zip(spans, outs, strict=True):
         np.testing.assert_array_equal(out, local.read("x", a, b))
     assert [(p, s) for _, p, s in seen if "/x/c/" in p] == [("/store/x/c/0/0", 206)] * 2
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "npy"])
+def test_pieces_farther_apart_than_the_gap_are_not_merged(tmp_path, fmt) -> None:
+    """Two rows about 320 KB apart in one 640 KB chunk file: two range requests, not one of the
+    bytes between (``URL_GAP_BYTES`` is 256 KiB: a default group's pieces of a large file lie a
+    few hundred KB apart, and merging them fetched about 3 times the store an epoch)."""
+    make_store(tmp_path, fmt=fmt, compression="none", n=40_000, chunk_rows=40_000)
+    local = shardload.open_store(tmp_path / "store")
+    spans = [(0, 1), (20_000, 20_001)]  # x: 16 bytes a row
+    with access_log() as seen, serving(tmp_path) as base:
+        reader = shardload.open_store(f"{base}store", verify="never").reader
+        seen.clear()  # the open's reads
+        outs = [np.full((1, 4), np.nan, "f4") for _ in spans]
+        reader.read_spans_into("x", spans, outs)
+    for (a, b), out in zip(spans, outs, strict=True):
+        np.testing.assert_array_equal(out, local.read("x", a, b))
+    data = [(p, s) for _, p, s in seen if p.startswith("/store/x/") and "zarr.json" not in p]
+    assert len(data) == 2, data  # (an npy header: read at the open)
+    assert {s for _, s in data} == {206}, data
