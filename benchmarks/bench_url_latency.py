@@ -2,8 +2,9 @@
 against the fastest plain parallel GET of the same files at each.
 
 The store is one of ``bench_default_layout``'s (``--store``: ``default``, compressed Zarr v3
-shards of small inner chunks; ``chunks16``, compressed Zarr chunks of 16 MiB; ``npy``) or
-``npy1m`` / ``zarr1m`` (npy or compressed Zarr chunks of about 1 MiB, the default), built
+shards of small inner chunks; ``chunks16``, compressed Zarr chunks of 16 MiB; ``npy``),
+``npy1m`` / ``zarr1m`` (npy or compressed Zarr chunks of about 1 MiB, the default) or ``raw``
+(prepare's default Zarr layout with ``compression: none``: raw chunk files, no shards), built
 under ``--workdir`` unless an equal one is there. It is served with
 ``shardload.move.serve.serving`` on 127.0.0.1 (a thread of this process) and reached through
 ``shardload.testing.latency.latency_proxy`` (another thread), which delays each direction by
@@ -35,6 +36,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import time
 from collections.abc import Iterator
@@ -50,6 +52,7 @@ sys.path.insert(0, str(HERE))
 EXTRA_STORES = {
     "npy1m": {"format": "npy", "target_chunk_bytes": "1MiB"},
     "zarr1m": {"target_chunk_bytes": "1MiB"},
+    "raw": {"compression": "none"},
 }
 
 
@@ -103,11 +106,17 @@ def bytes_fetched() -> Iterator[list[int]]:
         fetched[0] += len(data)
         return data
 
-    remote.read_bytes = counted  # type: ignore[assignment]
+    # and in the modules that imported the name (formats/npy/url.py, formats/zarr/ranges.py)
+    for name in ("shardload.formats.npy.url", "shardload.formats.zarr.ranges"):
+        importlib.import_module(name)
+    users = [m for m in list(sys.modules.values()) if getattr(m, "read_bytes", None) is read_bytes]
+    for m in users:
+        m.read_bytes = counted  # type: ignore[attr-defined]
     try:
         yield fetched
     finally:
-        remote.read_bytes = read_bytes  # type: ignore[assignment]
+        for m in users:
+            m.read_bytes = read_bytes  # type: ignore[attr-defined]
 
 
 def same_store_epochs(url: str, proxy: object, epochs: int, batch_size: int, seed: int) -> None:

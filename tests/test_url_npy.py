@@ -9,7 +9,6 @@ per thread that checked it at the same time."""
 from __future__ import annotations
 
 import collections
-import doctest
 from urllib.parse import urlparse
 
 import numpy as np
@@ -27,12 +26,6 @@ from test_url_requests import access_log
 pytestmark = pytest.mark.timeout(120)
 
 KW = {"batch_size": 64, "seed": 5, "split": None}
-
-
-def test_plan_runs_doctest() -> None:
-    import shardload.formats.npy.url
-
-    assert doctest.testmod(shardload.formats.npy.url).failed == 0
 
 
 @pytest.fixture(scope="module")

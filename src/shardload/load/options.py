@@ -15,6 +15,7 @@ import numpy as np
 from shardload.errors import PlanError, ShuffleQualityWarning
 from shardload.load.kinds import reads_rows_in_place
 from shardload.load.ragged import ragged_names
+from shardload.load.reader import plans_requests
 from shardload.load.scatter import raw_rows
 from shardload.load.select import Selection, plan_piece_rows
 from shardload.load.windows import WindowReader
@@ -181,9 +182,10 @@ def resolve_prefetch(
     if prefetch is not None:
         return check_nonneg("prefetch", prefetch)
     if piece_rows or isinstance(store.reader, WindowReader) or raw_rows(store, sel.arrays):
-        if piece_rows and getattr(store.reader, "plans_requests", False):
-            # an npy stack by URL reads a group's pieces in planned requests, one call per
-            # array (formats/npy/url.py): the next group's call runs while this one is used
+        if piece_rows and plans_requests(store, sel.arrays):
+            # raw rows by URL (an npy stack, a raw Zarr array) read a group's pieces in
+            # planned requests, one call per array (formats/npy/url.py, formats/zarr/ranges.py):
+            # the next group's call runs while this one is used
             return max(DEFAULT_PREFETCH, shuffle_chunks)
         return DEFAULT_PREFETCH
     group = whole_chunk_group(store, sel)

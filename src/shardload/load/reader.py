@@ -189,11 +189,21 @@ def _spans_error(store: Store, name: str, chunks: Sequence[int], exc: Exception)
 _READS_SPANS: dict[type, bool] = {}
 
 
+def plans_requests(store: Store, names: Sequence[str]) -> bool:
+    """True when the reader plans its own requests for a call's spans of some of ``names``:
+    an npy stack by URL (``plans_requests``, formats/npy/url.py), a raw Zarr array by URL
+    (``ZarrReader.ranged``, formats/zarr/ranges.py)."""
+    if getattr(store.reader, "plans_requests", False):
+        return True
+    ranged = getattr(store.reader, "ranged", None)
+    return callable(ranged) and any(ranged(n) is not None for n in names)
+
+
 def _coalesces(store: Store, names: Sequence[str]) -> bool:
     """True when a reader of several spans per call reads some of ``names`` by URL from
     shards (a Zarr reader's direct layout by URL exists for sharded arrays only), or plans
-    its requests itself (``plans_requests``: an npy stack by URL, formats/npy/url.py)."""
-    if getattr(store.reader, "plans_requests", False):
+    its requests itself (:func:`plans_requests`)."""
+    if plans_requests(store, names):
         return True
     layout = getattr(store.reader, "layout", None)
     return callable(layout) and any(getattr(layout(n), "shard", None) for n in names)
@@ -248,7 +258,8 @@ def submit_segments(
         # a sharded array by URL: one call per array for what is submitted (the group), which
         # plans its range requests over all of it and keeps them in flight itself
         # (formats/zarr/shard_fetch.py): a group split into tasks met each shard's chunks
-        # too sparsely to share a request (about 6,000 requests an epoch of 8,192 chunks)
+        # too sparsely to share a request (about 6,000 requests an epoch of 8,192 chunks);
+        # raw rows by URL (npy, raw Zarr) likewise, per chunk file (a request per piece before)
         task = int(g.offsets[-1]) * row_bytes
     # the task: segments i..j-1, whole ones, until their rows reach ``task`` bytes (at least one)
     want = int(g.offsets[i]) + -(-task // max(1, row_bytes))

@@ -7,7 +7,8 @@ about 1,200 requests by URL (202 per file, a size query and a header read per fi
 thread besides, docs/benchmarks.md). So the loader hands a group's spans of an array to one
 call (:meth:`NpyUrlReader.read_spans_into`), which plans its requests per chunk file as
 ``formats/zarr/shard_fetch.py`` does per shard: the pieces sorted by offset, neighbours at
-most ``URL_GAP_BYTES`` apart merged into one request of at most ``URL_RUN_BYTES``, and
+most ``URL_GAP_BYTES`` (256 KiB, ``formats/zarr/ranges.py``) apart merged into one request
+of at most ``URL_RUN_BYTES``, and
 ``URL_IN_FLIGHT`` requests in flight at most for all of a reader's calls together.
 
 A chunk file whose checksum must still be checked is fetched whole, once per reader (the
@@ -26,9 +27,8 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -40,48 +40,22 @@ from shardload.formats.npy import cached
 from shardload.formats.npy.read import NpyReader, _header_len
 from shardload.formats.zarr.files import is_cached
 from shardload.formats.zarr.kept import keep_bytes
+from shardload.formats.zarr.ranges import (
+    CHECK_BYTES,
+    URL_GAP_BYTES,
+    URL_RUN_BYTES,
+    ByteBudget,
+    Piece,
+    plan_runs,
+)
 from shardload.manifest.core import Manifest
 from shardload.move.remote import URL_IN_FLIGHT, read_bytes, read_many
 from shardload.move.retries import current_stop, stop_on
 
-#: Pieces with at most this many bytes between them share one request (a request costs about
-#: as much as 1 MB more of its answer through ``shardload serve`` on loopback).
-URL_GAP_BYTES = 1 << 20
-#: One request asks for at most this many bytes (and the memory a fetching thread holds).
-URL_RUN_BYTES = 8 << 20
-#: Bytes of chunk files fetched whole for their checks at once, per reader (each is held
-#: until its pieces are copied out).
-CHECK_BYTES = 256 << 20
 #: Bytes asked for a chunk file's header (numpy writes 128; more are fetched when it says so,
 #: up to ``MAX_HEADER_BYTES``: a damaged length field asks for no more than that).
 HEADER_BYTES = 4096
 MAX_HEADER_BYTES = 1 << 20
-
-#: one piece of a call: bytes [offset, offset + nbytes) of a chunk file into ``dst``
-Piece = tuple[int, int, memoryview]
-
-
-def plan_runs(pieces: Sequence[tuple[int, int]], *, gap_bytes: int, run_bytes: int) -> list:
-    """The requests for byte ranges ``(offset, nbytes)`` of one file: ``(positions, start,
-    end)``, positions in offset order, ranges at most ``gap_bytes`` apart in one request of at
-    most ``run_bytes`` (one range at least).
-
-    >>> plan_runs([(0, 100), (5000, 10), (100, 20)], gap_bytes=0, run_bytes=10**6)
-    [([0, 2], 0, 120), ([1], 5000, 5010)]
-    >>> plan_runs([(0, 100), (100, 20), (5000, 10)], gap_bytes=10**6, run_bytes=4000)
-    [([0, 1], 0, 120), ([2], 5000, 5010)]
-    """
-    runs: list[tuple[list[int], int, int]] = []
-    for q in sorted(range(len(pieces)), key=lambda q: pieces[q][0]):
-        o, n = pieces[q]
-        if runs:
-            pos, start, last = runs[-1]
-            if o <= last + gap_bytes and max(last, o + n) - start <= run_bytes:
-                pos.append(q)
-                runs[-1] = (pos, start, max(last, o + n))
-                continue
-        runs.append(([q], o, o + n))
-    return runs
 
 
 def open_reader(
@@ -100,7 +74,7 @@ class NpyUrlReader(NpyReader):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._requests = threading.BoundedSemaphore(URL_IN_FLIGHT)  # of all calls together
-        self._checking = _Budget(CHECK_BYTES)
+        self._checking = ByteBudget(CHECK_BYTES)
         self._header_lock = threading.Lock()  # guards the headers' offsets and the kept files
         #: checked files kept whole for later calls (module docstring), least recent first
         self._kept: OrderedDict[tuple[str, int], bytes] = OrderedDict()
@@ -356,23 +330,3 @@ class NpyUrlReader(NpyReader):
                     f"(expected {nbytes} bytes at offset {off}, got {len(got)})"
                 )
             dst[:] = got
-
-
-class _Budget:
-    """At most ``most`` bytes taken at once (a single larger take waits for an empty budget)."""
-
-    def __init__(self, most: int) -> None:
-        self.most, self.used = most, 0
-        self.cond = threading.Condition()
-
-    @contextmanager
-    def take(self, nbytes: int) -> Iterator[None]:
-        with self.cond:
-            self.cond.wait_for(lambda: self.used == 0 or self.used + nbytes <= self.most)
-            self.used += nbytes
-        try:
-            yield
-        finally:
-            with self.cond:
-                self.used -= nbytes
-                self.cond.notify_all()

@@ -1,80 +1,280 @@
-"""Raw Zarr chunks read by URL: the rows of a piece of a chunk in one ranged request.
+"""Raw Zarr chunks read by URL: a call's rows in few range requests per chunk file (issues 25
+and 28).
 
 A Zarr chunk file that shardload wrote without compression or shards is the chunk's rows,
 C-ordered, row ``r`` at byte ``r * row_bytes`` (:class:`.chunks.ChunkLayout` with no Blosc
-codec). By URL such a chunk is read as the local reader reads it: the rows asked for, one HTTP
-range request (``Range: bytes=a-b``) per chunk they touch, instead of the whole chunk through
-zarr-python. That is what lets the loader plan pieces of chunks for a store read by URL as it
-does for the same store on a disk (the same batches for the same seed, epoch and world:
-:mod:`shardload.load.kinds`).
+codec). By URL such a chunk is read as the local reader reads it: the rows asked for, by HTTP
+range requests (``Range: bytes=a-b``), instead of the whole chunk through zarr-python. That is
+what lets the loader plan pieces of chunks for a store read by URL as it does for the same
+store on a disk (the same batches for the same seed, epoch and world: :mod:`shardload.load.kinds`).
+
+The default load reads a shuffle group as many small pieces drawn from every chunk file; asked
+for one request per piece, an epoch of a 2,000-row store of one 512 KB chunk file made 134
+requests. So the loader hands a group's spans of an array to one call
+(:meth:`RawUrlReads.read_spans_into`), which plans its requests per chunk file as an npy stack
+by URL does (``formats/npy/url.py``, with the same constants): the pieces sorted by offset,
+neighbours at most ``URL_GAP_BYTES`` (256 KiB) apart merged into one request of at most
+``URL_RUN_BYTES`` (a group needing a dense share of a file fetches it in one span),
+``URL_IN_FLIGHT`` requests in flight at most for all of a reader's calls together (memory: as
+many answers of at most ``URL_RUN_BYTES``).
 
 Checksums cover a whole stored file (:mod:`shardload.formats.checksums`), so a range cannot be
 checked on its own. When ``verify`` asks for a chunk (by URL ``"auto"`` means the first time
 each process reads it, as ``"first-epoch"``; ``"always"``: every read), the whole file is
-fetched once, hashed and checked, and the rows asked for are served from those same bytes;
-the process's later reads of that chunk fetch only their rows. No row reaches a caller from a
-file this process has not found to match its checksum (unless ``verify="never"``).
+fetched once per reader (the reader's other threads wanting it meanwhile wait for that check and
+use its bytes; at most ``CHECK_BYTES`` of files at once), hashed and checked, and the rows asked
+for are served from those bytes; it is kept for the later calls (the loader's later groups read
+other pieces of it) within ``SHARDLOAD_URL_KEEP_BYTES`` per reader (64 MiB by default, the least
+recently used dropped first; not with ``verify="always"``). Later range requests of a checked
+file carry ``If-Match`` on the version checked (``move/pinned.py``). No row reaches a caller
+from a file this process has not found to match its checksum (unless ``verify="never"``); a
+short answer (a truncated file) and a missing file (an HTTP 404, never the fill value zarr
+would serve) are errors naming the chunk.
 """
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from shardload.errors import ChunkReadError
 from shardload.formats.checksums import Verifier, digest
-from shardload.formats.zarr.chunks import ChunkLayout, row_parts
+from shardload.formats.zarr.chunks import ChunkLayout, plan_chunk_layout, row_parts
+from shardload.formats.zarr.kept import keep_bytes
+from shardload.move.remote import URL_IN_FLIGHT, read_bytes
+from shardload.move.retries import current_stop, stop_on
+
+#: Pieces with at most this many bytes between them share one request. A request costs about
+#: as much as 1 MB more of its answer through ``shardload serve`` on loopback, one at a time;
+#: but a default group's pieces (tens of KB) lie a few hundred KB apart in every file, so
+#: 1 MiB merged nearly all of each file: 3 times the store's bytes fetched an epoch, slower
+#: than a request per piece (docs/benchmarks.md, "raw rows by URL"). 256 KiB: 1.1 times.
+URL_GAP_BYTES = 256 << 10
+#: One request asks for at most this many bytes (and the memory a fetching thread holds).
+URL_RUN_BYTES = 8 << 20
+#: Bytes of chunk files fetched whole for their checks at once, per reader (each is held
+#: until its pieces are copied out).
+CHECK_BYTES = 256 << 20
+
+#: one piece of a call: bytes [offset, offset + nbytes) of a chunk file into ``dst``
+Piece = tuple[int, int, memoryview]
 
 
-def fetch_rows_into(
-    fs: Any,
-    layout: ChunkLayout,
-    name: str,
-    start: int,
-    stop: int,
-    out: np.ndarray,
-    verifier: Verifier | None = None,
-) -> None:
-    """Rows ``[start, stop)`` of a raw array into ``out`` (C-contiguous, ``stop - start``
-    rows), one ranged read per chunk they touch (or the whole chunk, checked, when
-    ``verifier`` asks for it first)."""
-    if stop <= start:
-        return
-    dst = out.reshape(-1).view(np.uint8).data
-    rb = layout.row_bytes
-    for i, a, b, at in row_parts(start, stop, layout.chunk_rows):
-        _fetch_chunk_part(fs, layout, name, i, a, b, dst[at * rb : (at + b - a) * rb], verifier)
+def plan_runs(pieces: Sequence[tuple[int, int]], *, gap_bytes: int, run_bytes: int) -> list:
+    """The requests for byte ranges ``(offset, nbytes)`` of one file: ``(positions, start,
+    end)``, positions in offset order, ranges at most ``gap_bytes`` apart in one request of at
+    most ``run_bytes`` (one range at least).
+
+    >>> plan_runs([(0, 100), (5000, 10), (100, 20)], gap_bytes=0, run_bytes=10**6)
+    [([0, 2], 0, 120), ([1], 5000, 5010)]
+    >>> plan_runs([(0, 100), (100, 20), (5000, 10)], gap_bytes=10**6, run_bytes=4000)
+    [([0, 1], 0, 120), ([2], 5000, 5010)]
+    """
+    runs: list[tuple[list[int], int, int]] = []
+    for q in sorted(range(len(pieces)), key=lambda q: pieces[q][0]):
+        o, n = pieces[q]
+        if runs:
+            pos, start, last = runs[-1]
+            if o <= last + gap_bytes and max(last, o + n) - start <= run_bytes:
+                pos.append(q)
+                runs[-1] = (pos, start, max(last, o + n))
+                continue
+        runs.append(([q], o, o + n))
+    return runs
 
 
-def _fetch_chunk_part(
-    fs: Any,
-    layout: ChunkLayout,
-    name: str,
-    i: int,
-    a: int,
-    b: int,
-    dst: memoryview,
-    verifier: Verifier | None,
-) -> None:
-    from shardload.move.remote import read_bytes
-
-    path = layout.chunk_path(i)
-    url = fs.unstrip_protocol(path) if hasattr(fs, "unstrip_protocol") else path
-    rb = layout.row_bytes
-    what = f"chunk {i} of array {name!r}"
+def raw_layout(
+    root: str, name: str, info: Any, manifest: Any, read_small: Any
+) -> ChunkLayout | None:
+    """The layout of array ``info`` of a shardload store at ``root`` when its chunk files are raw
+    rows (no codec but bytes, no shards), from its ``zarr.json`` (``read_small(path, what=)``);
+    else None (zarr-python reads it, and reports a missing or damaged ``zarr.json``)."""
+    folder = f"{root.rstrip('/')}/{info.path}"
     try:
-        if verifier is not None and verifier.needed(name, i):
-            whole = read_bytes(fs, path, what=what)
-            verifier.check(name, i, digest(whole), path=url, what=f"chunk {i}")
-            raw: Any = memoryview(whole)[a * rb : b * rb]
-        else:
-            raw = read_bytes(fs, path, a * rb, b * rb, what=what)
-    except FileNotFoundError as exc:  # an HTTP 404: never the fill value zarr would serve
-        raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {url}") from exc
-    if len(raw) != len(dst):
-        raise ChunkReadError(
-            f"chunk {i} of array {name!r} is truncated or corrupt: {url} (expected {len(dst)} "
-            f"bytes at offset {a * rb}, got {len(raw)})"
+        meta = json.loads(read_small(f"{folder}/zarr.json", what=f"array {name!r}"))
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    layout = plan_chunk_layout(
+        meta,
+        folder=folder,
+        dtype=np.dtype(info.dtype),
+        shape=tuple(info.shape),
+        chunk_bounds=manifest.chunk_bounds,
+        strict=True,
+    )
+    return None if layout is None or layout.blosc else layout
+
+
+class RawUrlReads:
+    """A Zarr reader's raw chunk files by URL: a call's spans in planned range requests, checked
+    files kept (module docstring). One per reader."""
+
+    def __init__(self, fs: Any, verifier: Verifier) -> None:
+        self.fs, self.verifier = fs, verifier
+        self._requests = threading.BoundedSemaphore(URL_IN_FLIGHT)  # of all calls together
+        self._checking = ByteBudget(CHECK_BYTES)
+        self._lock = threading.Lock()  # guards the kept files
+        self._kept: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # least recent first
+        self._kept_bytes, self._keep_max = 0, keep_bytes()
+
+    def read_spans_into(
+        self,
+        layout: ChunkLayout,
+        name: str,
+        spans: Sequence[tuple[int, int]],
+        outs: Sequence[np.ndarray],
+    ) -> None:
+        """Rows ``[start, stop)`` of each span into its ``out`` (C-contiguous, of the layout's
+        dtype): per chunk file, checked whole or in planned range requests."""
+        rb = layout.row_bytes
+        by_chunk: dict[int, list[Piece]] = {}
+        for (start, stop), out in zip(spans, outs, strict=True):
+            dst = out.reshape(-1).view(np.uint8).data
+            for i, a, b, at in row_parts(start, stop, layout.chunk_rows):
+                by_chunk.setdefault(i, []).append(
+                    (a * rb, (b - a) * rb, dst[at * rb : (at + b - a) * rb])
+                )
+        if not by_chunk:
+            return
+        if len(by_chunk) == 1:  # one file: no thread to start (a single read)
+            for run in self._plan(layout, name, *next(iter(by_chunk.items()))):
+                self._fetch(layout, name, *run)
+            return
+        halt = current_stop()  # the loader's close ends these threads' retries too
+        with ThreadPoolExecutor(URL_IN_FLIGHT) as pool:  # threads start as tasks wait
+
+            def plan(item: tuple[int, list[Piece]]) -> list:
+                with stop_on(halt):
+                    return self._plan(layout, name, *item)
+
+            def fetch(run: tuple) -> None:
+                with stop_on(halt):
+                    self._fetch(layout, name, *run)
+
+            runs = [r for rs in pool.map(plan, list(by_chunk.items())) for r in rs]
+            for _ in pool.map(fetch, runs):
+                pass
+
+    def _plan(self, layout: ChunkLayout, name: str, i: int, pieces: list[Piece]) -> list:
+        """Chunk ``i``: its pieces copied from its checked bytes (no run left), or its runs
+        ``(i, start, end, pieces)``."""
+        always = self.verifier.enabled and self.verifier.mode == "always"
+        whole = None if always else self._kept_file(name, i)
+        if whole is None and self.verifier.needed(name, i):
+            whole = self._checked_whole(layout, name, i)
+            if whole is not None and not always:
+                self._keep(name, i, whole)
+        if whole is not None:
+            _copy(self.fs, layout, name, i, pieces, memoryview(whole), 0)
+            return []
+        runs = plan_runs(
+            [(o, n) for o, n, _ in pieces], gap_bytes=URL_GAP_BYTES, run_bytes=URL_RUN_BYTES
         )
-    dst[:] = raw
+        return [(i, start, end, [pieces[q] for q in pos]) for pos, start, end in runs]
+
+    def _kept_file(self, name: str, i: int) -> bytes | None:
+        with self._lock:
+            data = self._kept.get((name, i))
+            if data is not None:
+                self._kept.move_to_end((name, i))
+            return data
+
+    def _keep(self, name: str, i: int, data: bytes) -> None:
+        """Keep a checked file's bytes for later calls, the least recently used dropped beyond
+        ``keep_bytes()``."""
+        if len(data) > self._keep_max:
+            return
+        with self._lock:
+            if (name, i) in self._kept:
+                return
+            self._kept[(name, i)] = data
+            self._kept_bytes += len(data)
+            while self._kept_bytes > self._keep_max:
+                self._kept_bytes -= len(self._kept.popitem(last=False)[1])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._kept_bytes = 0
+
+    def _checked_whole(self, layout: ChunkLayout, name: str, i: int) -> bytes | None:
+        """Chunk file ``i`` fetched whole and checked, once per reader: a thread that waited
+        for another's check gets its bytes (None: checked earlier, bytes gone)."""
+        with self.verifier.unit_lock(name, i) as unit:
+            if not self.verifier.needed(name, i):
+                return unit.data
+            path = layout.chunk_path(i)
+            with self._checking.take(layout.chunk_rows * layout.row_bytes), self._requests:
+                whole = _get(self.fs, layout, name, i, None)
+            self.verifier.check(name, i, digest(whole), path=_url(self.fs, path), what=f"chunk {i}")
+            unit.data = whole
+            return whole
+
+    def _fetch(
+        self, layout: ChunkLayout, name: str, i: int, start: int, end: int, pieces: list[Piece]
+    ) -> None:
+        """One request: bytes [start, end) of chunk file ``i``, its pieces copied out."""
+        with self._requests:
+            data = _get(self.fs, layout, name, i, (start, end))
+        _copy(self.fs, layout, name, i, pieces, memoryview(data), start)
+
+
+def _url(fs: Any, path: str) -> str:
+    return fs.unstrip_protocol(path) if hasattr(fs, "unstrip_protocol") else path
+
+
+def _get(fs: Any, layout: ChunkLayout, name: str, i: int, span: tuple[int, int] | None) -> Any:
+    """Chunk file ``i`` whole (``span`` None) or bytes ``span`` of it; a missing file (an
+    HTTP 404) named, never the fill value zarr would serve."""
+    path = layout.chunk_path(i)
+    try:
+        if span is None:
+            return read_bytes(fs, path, what=f"chunk {i} of array {name!r}")
+        return read_bytes(fs, path, *span, what=f"chunk {i} of array {name!r}")
+    except FileNotFoundError as exc:
+        raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {_url(fs, path)}") from exc
+
+
+def _copy(
+    fs: Any, layout: ChunkLayout, name: str, i: int, pieces: list[Piece], data: memoryview, at: int
+) -> None:
+    """Each piece ``(offset, nbytes, dst)`` from ``data`` (the file's bytes from ``at``); a short
+    answer is a truncated file, named."""
+    for off, nbytes, dst in pieces:
+        got = data[off - at : off - at + nbytes]
+        if len(got) != nbytes:
+            raise ChunkReadError(
+                f"chunk {i} of array {name!r} is truncated or corrupt: "
+                f"{_url(fs, layout.chunk_path(i))} (expected {nbytes} bytes at offset {off}, "
+                f"got {len(got)})"
+            )
+        dst[:] = got
+
+
+class ByteBudget:
+    """At most ``most`` bytes taken at once (a single larger take waits for an empty budget)."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.used = most, 0
+        self.cond = threading.Condition()
+
+    @contextmanager
+    def take(self, nbytes: int) -> Iterator[None]:
+        with self.cond:
+            self.cond.wait_for(lambda: self.used == 0 or self.used + nbytes <= self.most)
+            self.used += nbytes
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.used -= nbytes
+                self.cond.notify_all()

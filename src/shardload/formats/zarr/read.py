@@ -25,12 +25,11 @@ from shardload.formats.zarr.chunks import (
     StoredObjects,
     load_chunk_layout,
     load_stored_objects,
-    plan_chunk_layout,
 )
 from shardload.formats.zarr.files import CarriedMetadata, StoredFiles, is_cached, meta_path
 from shardload.formats.zarr.kept import kept_for, plan_kept
 from shardload.formats.zarr.meta import check_zarr_meta
-from shardload.formats.zarr.ranges import fetch_rows_into
+from shardload.formats.zarr.ranges import RawUrlReads, raw_layout
 from shardload.formats.zarr.rows import read_rows_into
 from shardload.formats.zarr.shard_fetch import read_url_spans_into
 from shardload.formats.zarr.shard_spans import read_spans_into
@@ -111,6 +110,7 @@ class ZarrReader(CarriedMetadata):
         }
         self.strict = manifest.provenance.get("source") != "plain zarr"
         self.verifier = Verifier(fs, root, manifest, verify, files=True)
+        self.raw_url = RawUrlReads(fs, self.verifier)  # raw chunk files by URL (:meth:`ranged`)
 
     def _opener(self) -> Any:
         return self.files.opener()
@@ -195,35 +195,16 @@ class ZarrReader(CarriedMetadata):
 
     def ranged(self, name: str) -> ChunkLayout | None:
         """By URL (without a whole-file cache), the layout of a raw array (a shardload array
-        without compression or shards): its rows are read with one ranged request per chunk
-        they touch (:mod:`.ranges`), so a piece of a chunk costs its own bytes; else None."""
+        without compression or shards): a call's rows are read in range requests planned per
+        chunk file (:mod:`.ranges`), so a piece of a chunk costs its own bytes; else None."""
         if name not in self._ranged:
             layout = None
             if not is_local(self.fs) and not is_cached(self.fs) and self.strict:
-                layout = self._raw_layout(name)
+                info = self.manifest.arrays[name]
+                if name not in self._cf and not info.is_ragged:
+                    layout = raw_layout(self.root, name, info, self.manifest, self._read_small)
             self._ranged[name] = layout
         return self._ranged[name]
-
-    def _raw_layout(self, name: str) -> ChunkLayout | None:
-        info = self.manifest.arrays[name]
-        if name in self._cf or info.is_ragged:
-            return None
-        folder = f"{self.root.rstrip('/')}/{info.path}"
-        try:
-            meta = json.loads(self._read_small(f"{folder}/zarr.json", what=f"array {name!r}"))
-        except (FileNotFoundError, ValueError):  # zarr-python's read reports it, naming it
-            return None
-        if not isinstance(meta, dict):
-            return None
-        layout = plan_chunk_layout(
-            meta,
-            folder=folder,
-            dtype=np.dtype(info.dtype),
-            shape=tuple(info.shape),
-            chunk_bounds=self.manifest.chunk_bounds,
-            strict=True,
-        )
-        return None if layout is None or layout.blosc else layout
 
     def raw_chunk(self, name: str, i: int) -> RawChunk | None:
         """Chunk ``i`` of ``name`` as raw rows in a local file (uncompressed shardload arrays)."""
@@ -250,7 +231,7 @@ class ZarrReader(CarriedMetadata):
             return
         ranged = self.ranged(name)
         if ranged is not None and out.flags.c_contiguous and out.dtype == ranged.dtype:
-            fetch_rows_into(self.fs, ranged, name, start, stop, out, self.verifier)
+            self.raw_url.read_spans_into(ranged, name, [(start, stop)], [out])
         else:
             out[...] = self._read_zarr(name, start, stop)
 
@@ -258,11 +239,15 @@ class ZarrReader(CarriedMetadata):
         self, name: str, spans: Sequence[tuple[int, int]], outs: Sequence[np.ndarray]
     ) -> None:
         """Several spans, each into its ``out``: a sharded array's shards opened once per call
-        (:mod:`.shard_spans`); otherwise span by span, as :meth:`read_into`."""
+        (:mod:`.shard_spans`), a raw array's by URL in requests planned per chunk file
+        (:mod:`.ranges`); otherwise span by span, as :meth:`read_into`."""
         lay = None if name in self._cf else self.layout(name)  # CF arrays: decoded by read_into
         if lay is not None and all(o.flags.c_contiguous and o.dtype == lay.dtype for o in outs):
             read = read_url_spans_into if isinstance(lay.opener, RangeOpener) else read_spans_into
             return read(lay, name, spans, outs, self.verifier, self._indexes)
+        raw = self.ranged(name)
+        if raw is not None and all(o.flags.c_contiguous and o.dtype == raw.dtype for o in outs):
+            return self.raw_url.read_spans_into(raw, name, spans, outs)
         for (start, stop), out in zip(spans, outs, strict=True):
             self.read_into(name, start, stop, out)
 
@@ -298,7 +283,7 @@ class ZarrReader(CarriedMetadata):
         if ranged is not None:
             info = self.manifest.arrays[name]
             out = np.empty((max(0, stop - start), *info.row_shape), dtype=ranged.dtype)
-            fetch_rows_into(self.fs, ranged, name, start, stop, out, self.verifier)
+            self.raw_url.read_spans_into(ranged, name, [(start, stop)], [out])
             return out
         return self._read_zarr(name, start, stop)
 
@@ -345,6 +330,7 @@ class ZarrReader(CarriedMetadata):
         self._arrays.clear()
         self._layouts.clear()
         self._ranged.clear()
+        self.raw_url.clear()
         self._objects.clear()
         self._indexes.clear()
         self._group = None
