@@ -40,7 +40,12 @@ class Model(L.LightningModule):
 def main() -> None:
     store, out = sys.argv[1], sys.argv[2]
     ds = StreamingDataset(store, batch_size=16, split="train", seed=3)
-    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    # CPython before 3.11.8 (gh-112275): a child forked while another thread holds the
+    # interpreter's thread-state lock hangs in os.fork() for good. New workers forked each epoch
+    # while the last epoch's queue threads exit hit it (a CI run hung once, py-spy and gdb:
+    # _PyThreadState_DeleteExcept); such interpreters start the workers from a forkserver.
+    ctx = "forkserver" if sys.version_info < (3, 11, 8) else None
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=ctx)
     trainer = L.Trainer(
         strategy="ddp",
         devices=2,
