@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import io
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -39,12 +38,12 @@ from shardload.formats.checksums import DEFAULT_VERIFY, digest
 from shardload.formats.npy import cached
 from shardload.formats.npy.read import NpyReader, _header_len
 from shardload.formats.zarr.files import is_cached
-from shardload.formats.zarr.kept import keep_bytes
 from shardload.formats.zarr.ranges import (
     CHECK_BYTES,
     URL_GAP_BYTES,
     URL_RUN_BYTES,
     ByteBudget,
+    KeptFiles,
     Piece,
     plan_runs,
 )
@@ -75,10 +74,9 @@ class NpyUrlReader(NpyReader):
         super().__init__(*args, **kwargs)
         self._requests = threading.BoundedSemaphore(URL_IN_FLIGHT)  # of all calls together
         self._checking = ByteBudget(CHECK_BYTES)
-        self._header_lock = threading.Lock()  # guards the headers' offsets and the kept files
-        #: checked files kept whole for later calls (module docstring), least recent first
-        self._kept: OrderedDict[tuple[str, int], bytes] = OrderedDict()
-        self._kept_bytes, self._keep_max = 0, keep_bytes()
+        self._header_lock = threading.Lock()  # guards the headers' offsets
+        #: checked files kept whole for later calls (module docstring)
+        self.kept = KeptFiles()
         #: the last chunk headers checked by :meth:`check_metadata` (for a worker's reader)
         self._carried: dict[str, bytes] = {}
 
@@ -244,11 +242,11 @@ class NpyUrlReader(NpyReader):
         """Chunk ``i``: checked whole and its pieces copied from those bytes (no run left), or
         its runs ``(i, start, end, pieces)``."""
         always = self.verifier.enabled and self.verifier.mode == "always"
-        whole = None if always else self._kept_file(name, i)
+        whole = None if always else self.kept.get(name, i)
         if whole is None and self.verifier.needed(name, i):
             whole = self._checked_whole(name, i)
             if whole is not None and not always:
-                self._keep(name, i, whole)
+                self.kept.keep(name, i, whole)
         if whole is not None:
             offset = self._offsets.get((name, i))
             if offset is None:
@@ -266,31 +264,9 @@ class NpyUrlReader(NpyReader):
         )
         return [(i, start, end, [placed[q] for q in pos]) for pos, start, end in runs]
 
-    def _kept_file(self, name: str, i: int) -> bytes | None:
-        with self._header_lock:
-            data = self._kept.get((name, i))
-            if data is not None:
-                self._kept.move_to_end((name, i))
-            return data
-
-    def _keep(self, name: str, i: int, data: bytes) -> None:
-        """Keep a checked file's bytes for later calls (the loader's later groups read other
-        pieces of it), the least recently used dropped beyond ``keep_bytes()``."""
-        if len(data) > self._keep_max:
-            return
-        with self._header_lock:
-            if (name, i) in self._kept:
-                return
-            self._kept[(name, i)] = data
-            self._kept_bytes += len(data)
-            while self._kept_bytes > self._keep_max:
-                self._kept_bytes -= len(self._kept.popitem(last=False)[1])
-
     def close(self) -> None:
         super().close()
-        with self._header_lock:
-            self._kept.clear()
-            self._kept_bytes = 0
+        self.kept.clear()
 
     def _checked_whole(self, name: str, i: int) -> bytes | None:
         """Chunk file ``i`` fetched whole and checked, once per reader: a thread that waited

@@ -114,6 +114,39 @@ def raw_layout(
     return None if layout is None or layout.blosc else layout
 
 
+class KeptFiles:
+    """Checked files' bytes kept for a reader's later calls (its later groups read other pieces
+    of them), the least recently used dropped beyond ``keep_bytes()``; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # least recent first
+        self._bytes, self._max = 0, keep_bytes()
+
+    def get(self, name: str, i: int) -> bytes | None:
+        with self._lock:
+            data = self._files.get((name, i))
+            if data is not None:
+                self._files.move_to_end((name, i))
+            return data
+
+    def keep(self, name: str, i: int, data: bytes) -> None:
+        if len(data) > self._max:
+            return
+        with self._lock:
+            if (name, i) in self._files:
+                return
+            self._files[(name, i)] = data
+            self._bytes += len(data)
+            while self._bytes > self._max:
+                self._bytes -= len(self._files.popitem(last=False)[1])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._files.clear()
+            self._bytes = 0
+
+
 class RawUrlReads:
     """A Zarr reader's raw chunk files by URL: a call's spans in planned range requests, checked
     files kept (module docstring). One per reader."""
@@ -122,9 +155,7 @@ class RawUrlReads:
         self.fs, self.verifier = fs, verifier
         self._requests = threading.BoundedSemaphore(URL_IN_FLIGHT)  # of all calls together
         self._checking = ByteBudget(CHECK_BYTES)
-        self._lock = threading.Lock()  # guards the kept files
-        self._kept: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # least recent first
-        self._kept_bytes, self._keep_max = 0, keep_bytes()
+        self.kept = KeptFiles()
 
     def read_spans_into(
         self,
@@ -168,11 +199,11 @@ class RawUrlReads:
         """Chunk ``i``: its pieces copied from its checked bytes (no run left), or its runs
         ``(i, start, end, pieces)``."""
         always = self.verifier.enabled and self.verifier.mode == "always"
-        whole = None if always else self._kept_file(name, i)
+        whole = None if always else self.kept.get(name, i)
         if whole is None and self.verifier.needed(name, i):
             whole = self._checked_whole(layout, name, i)
             if whole is not None and not always:
-                self._keep(name, i, whole)
+                self.kept.keep(name, i, whole)
         if whole is not None:
             _copy(self.fs, layout, name, i, pieces, memoryview(whole), 0)
             return []
@@ -181,30 +212,8 @@ class RawUrlReads:
         )
         return [(i, start, end, [pieces[q] for q in pos]) for pos, start, end in runs]
 
-    def _kept_file(self, name: str, i: int) -> bytes | None:
-        with self._lock:
-            data = self._kept.get((name, i))
-            if data is not None:
-                self._kept.move_to_end((name, i))
-            return data
-
-    def _keep(self, name: str, i: int, data: bytes) -> None:
-        """Keep a checked file's bytes for later calls, the least recently used dropped beyond
-        ``keep_bytes()``."""
-        if len(data) > self._keep_max:
-            return
-        with self._lock:
-            if (name, i) in self._kept:
-                return
-            self._kept[(name, i)] = data
-            self._kept_bytes += len(data)
-            while self._kept_bytes > self._keep_max:
-                self._kept_bytes -= len(self._kept.popitem(last=False)[1])
-
     def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-            self._kept_bytes = 0
+        self.kept.clear()
 
     def _checked_whole(self, layout: ChunkLayout, name: str, i: int) -> bytes | None:
         """Chunk file ``i`` fetched whole and checked, once per reader: a thread that waited
