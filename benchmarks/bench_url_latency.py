@@ -106,8 +106,8 @@ def bytes_fetched() -> Iterator[list[int]]:
         fetched[0] += len(data)
         return data
 
-    # and in the modules that imported the name (formats/npy/url.py, formats/zarr/ranges.py)
-    for name in ("shardload.formats.npy.url", "shardload.formats.zarr.ranges"):
+    # and in the modules that imported the name (formats/npy/url.py)
+    for name in ("shardload.formats.npy.url",):
         importlib.import_module(name)
     users = [m for m in list(sys.modules.values()) if getattr(m, "read_bytes", None) is read_bytes]
     for m in users:

@@ -138,4 +138,8 @@ def test_a_bounded_cache_holds_no_evicted_copy_open_for_the_epoch(tmp_path: Path
         stats = store.fs.node_cache.stats
         assert stats["evicted"] + stats["bypassed"] > HELD_FILES + 4, stats  # copies dropped
     assert np.array_equal(x, local.read("x", 0, len(local)))
-    assert most <= HELD_FILES + 4, most
+    # one read task (threads=1: one per array and group, here the whole epoch) holds the copies
+    # of its own files, which may be evicted meanwhile; beyond them only HELD_FILES. Before the
+    # per-task limit every copy read in the epoch stayed open (60 here)
+    one_task = -(-len(local) // 7)  # an array's chunk files
+    assert most <= HELD_FILES + one_task, (most, one_task)

@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import ChunkReadError
+from shardload.formats.base import is_local
 from shardload.formats.checksums import Verifier, digest
 from shardload.formats.zarr.chunks import ChunkLayout, plan_chunk_layout, row_parts
 from shardload.formats.zarr.kept import keep_bytes
-from shardload.move.remote import URL_IN_FLIGHT, read_bytes
 from shardload.move.retries import current_stop, stop_on
 
 #: Pieces with at most this many bytes between them share one request. A request costs about
@@ -153,7 +153,8 @@ class RawUrlReads:
 
     def __init__(self, fs: Any, verifier: Verifier) -> None:
         self.fs, self.verifier = fs, verifier
-        self._requests = threading.BoundedSemaphore(URL_IN_FLIGHT)  # of all calls together
+        #: of all calls together (a local store's reader, which never calls, imports no fsspec)
+        self._requests = threading.BoundedSemaphore(1 if is_local(fs) else _remote().URL_IN_FLIGHT)
         self._checking = ByteBudget(CHECK_BYTES)
         self.kept = KeptFiles()
 
@@ -181,7 +182,7 @@ class RawUrlReads:
                 self._fetch(layout, name, *run)
             return
         halt = current_stop()  # the loader's close ends these threads' retries too
-        with ThreadPoolExecutor(URL_IN_FLIGHT) as pool:  # threads start as tasks wait
+        with ThreadPoolExecutor(_remote().URL_IN_FLIGHT) as pool:  # threads start as tasks wait
 
             def plan(item: tuple[int, list[Piece]]) -> list:
                 with stop_on(halt):
@@ -237,6 +238,13 @@ class RawUrlReads:
         _copy(self.fs, layout, name, i, pieces, memoryview(data), start)
 
 
+def _remote() -> Any:
+    """:mod:`shardload.move.remote`, imported when a store by URL is read (it imports fsspec)."""
+    from shardload.move import remote
+
+    return remote
+
+
 def _url(fs: Any, path: str) -> str:
     return fs.unstrip_protocol(path) if hasattr(fs, "unstrip_protocol") else path
 
@@ -244,7 +252,7 @@ def _url(fs: Any, path: str) -> str:
 def _get(fs: Any, layout: ChunkLayout, name: str, i: int, span: tuple[int, int] | None) -> Any:
     """Chunk file ``i`` whole (``span`` None) or bytes ``span`` of it; a missing file (an
     HTTP 404) named, never the fill value zarr would serve."""
-    path = layout.chunk_path(i)
+    path, read_bytes = layout.chunk_path(i), _remote().read_bytes
     try:
         if span is None:
             return read_bytes(fs, path, what=f"chunk {i} of array {name!r}")
