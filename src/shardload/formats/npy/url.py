@@ -45,6 +45,7 @@ from shardload.formats.zarr.ranges import (
     ByteBudget,
     KeptFiles,
     Piece,
+    copy_pieces,
     plan_runs,
 )
 from shardload.manifest.core import Manifest
@@ -296,13 +297,4 @@ class NpyUrlReader(NpyReader):
         self._copy(name, i, placed, memoryview(data), start)
 
     def _copy(self, name: str, i: int, placed: list[Piece], data: memoryview, at: int) -> None:
-        """Each piece ``(offset, nbytes, dst)`` from ``data`` (the file's bytes from ``at``);
-        a short answer is a truncated file, named."""
-        for off, nbytes, dst in placed:
-            got = data[off - at : off - at + nbytes]
-            if len(got) != nbytes:
-                raise ChunkReadError(
-                    f"chunk {i} of array {name!r} is truncated or corrupt: {self.path(name, i)} "
-                    f"(expected {nbytes} bytes at offset {off}, got {len(got)})"
-                )
-            dst[:] = got
+        copy_pieces(placed, data, at, i, name, lambda: self.path(name, i))

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -264,15 +264,20 @@ def _get(fs: Any, layout: ChunkLayout, name: str, i: int, span: tuple[int, int] 
 def _copy(
     fs: Any, layout: ChunkLayout, name: str, i: int, pieces: list[Piece], data: memoryview, at: int
 ) -> None:
-    """Each piece ``(offset, nbytes, dst)`` from ``data`` (the file's bytes from ``at``); a short
-    answer is a truncated file, named."""
+    copy_pieces(pieces, data, at, i, name, lambda: _url(fs, layout.chunk_path(i)))
+
+
+def copy_pieces(
+    pieces: list[Piece], data: memoryview, at: int, i: int, name: str, where: Callable[[], str]
+) -> None:
+    """Each piece ``(offset, nbytes, dst)`` of chunk file ``i`` of array ``name`` from ``data``
+    (the file's bytes from ``at``); a short answer is a truncated file, named by ``where()``."""
     for off, nbytes, dst in pieces:
         got = data[off - at : off - at + nbytes]
         if len(got) != nbytes:
             raise ChunkReadError(
-                f"chunk {i} of array {name!r} is truncated or corrupt: "
-                f"{_url(fs, layout.chunk_path(i))} (expected {nbytes} bytes at offset {off}, "
-                f"got {len(got)})"
+                f"chunk {i} of array {name!r} is truncated or corrupt: {where()} "
+                f"(expected {nbytes} bytes at offset {off}, got {len(got)})"
             )
         dst[:] = got
 
