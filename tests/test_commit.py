@@ -245,3 +245,28 @@ def test_cli_prepare_refused_while_another_run_holds_the_output(tmp_path, small_
     assert f"shardload prepare: error: another prepare is writing {tmp_path / 'store'}" in err
     assert f"pid {os.getpid()}" in err and "Traceback" not in err
     assert not (tmp_path / "store.partial").exists()
+
+
+def test_a_resumed_run_removes_temporary_files_a_killed_run_left(tmp_path):
+    """kill -9 inside write_atomic leaves ``.NAME.tmp-PID-THREAD`` (and HDF5's ``NAME.tmp``) in
+    ``OUT.partial``: the run that resumes it (holding the lock, so every such file is a dead
+    run's) removes them, so the published store, and the objects uploaded from it, hold none."""
+    out = tmp_path / "store"
+    with make(out, n=2) as c:
+        c.start(lambda root: (root / "x").mkdir())
+        c.record(0, {"v": np.zeros(1)})
+    left = [
+        c.root / ".checksums.npz.tmp-2147483000-140095134870400",
+        c.root / "x" / ".zarr.json.tmp-2147483000-1",
+        c.root / "data.h5.tmp",
+    ]
+    for p in left:
+        p.write_bytes(b"half")
+    (c.root / "x" / "c.tmp-notes").write_bytes(b"kept")  # a name write_atomic never makes
+    with make(out, n=2) as c:
+        assert c.start(lambda root: None) == {0}
+        assert not any(p.exists() for p in left)
+        c.record(1, {"v": np.zeros(1)})
+        c.publish({"shardload.json": b"{}"})
+    names = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert names == ["shardload.json", "x/c.tmp-notes"]

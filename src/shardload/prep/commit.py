@@ -53,7 +53,13 @@ from shardload.layout import (
 )
 from shardload.prep.disk import os_error, partial_path
 from shardload.prep.lock import OutputLock
-from shardload.util.durable import collect_written, fsync_dir, fsync_tree, write_atomic
+from shardload.util.durable import (
+    collect_written,
+    fsync_dir,
+    fsync_tree,
+    remove_temporaries,
+    write_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +168,11 @@ class BlockCommit:
                 old = None
             if old == self.fingerprint:
                 self.done = self.recorded()
+                removed = remove_temporaries(self.root)
+                if removed:
+                    log.info(
+                        "removed %d temporary file(s) a killed run left in %s", removed, self.root
+                    )
                 return self.done
             log.warning("%s is from another config or source; restarting it", self.root)
             shutil.rmtree(self.root)

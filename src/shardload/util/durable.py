@@ -24,6 +24,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import re
 import threading
 from collections.abc import Callable, Container, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +88,24 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: the names :func:`write_atomic` (``.NAME.tmp-PID-THREAD``) and the HDF5 writer
+#: (``NAME.h5.tmp``) give a file before it is renamed into place
+TEMPORARY_NAME = re.compile(r"^\..+\.tmp-\d+-\d+$|^.+\.h5\.tmp$")
+
+
+def remove_temporaries(root: Path) -> int:
+    """Remove every file under ``root`` named as a temporary of :func:`write_atomic` or the
+    HDF5 writer (a killed writer's; the caller holds the folder's lock, so no live writer has
+    one). Returns how many were removed."""
+    removed = 0
+    for path in root.rglob("*.tmp*"):
+        if TEMPORARY_NAME.match(path.name) and path.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def write_atomic(
