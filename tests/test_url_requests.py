@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
@@ -27,10 +28,28 @@ pytestmark = pytest.mark.timeout(120)
 METADATA = ("shardload.json", "checksums.npz", "x/zarr.json", "y/zarr.json")
 
 
+class Seen(list):
+    """The access log's lines so far. ``clear()`` first waits until no line has come for
+    ``QUIET_S``: aiohttp logs a request after its body is sent, so the line of a request the
+    client has already received (an open's reads) can come after the client went on."""
+
+    QUIET_S = 0.3
+
+    def clear(self) -> None:
+        deadline, count, since = time.monotonic() + 10, len(self), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            if len(self) != count:
+                count, since = len(self), time.monotonic()
+            elif time.monotonic() - since >= self.QUIET_S:
+                break
+        super().clear()
+
+
 @contextlib.contextmanager
 def access_log() -> Iterator[list[tuple[str, str, int]]]:
     """(method, path, status) of each request ``shardload serve`` answers meanwhile."""
-    seen: list[tuple[str, str, int]] = []
+    seen: list[tuple[str, str, int]] = Seen()
 
     class Record(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
