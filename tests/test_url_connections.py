@@ -147,6 +147,9 @@ def test_a_never_started_epoch_by_url_holds_no_connection_once_dropped(url, no_c
 def test_a_never_started_epoch_by_url_holds_no_connection_once_closed(url, no_collection):
     for _ in range(TIMES):
         batches = shardload.iter_batches(url + "npy", batch_size=8)
-        batches.close()  # type: ignore[attr-defined]
+        batches.close()
         assert client_connections(url) == 0
         assert list(batches) == []  # a closed iterator yields nothing more
+        with shardload.iter_batches(url + "zarr", batch_size=8) as started:
+            assert len(next(started)["index"]) == 8
+        assert client_connections(url) == 0
