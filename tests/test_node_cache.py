@@ -12,7 +12,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -97,6 +97,26 @@ def epoch_rows(store, epoch: int, **kw) -> tuple[int, np.ndarray]:
         x[b["index"]] = b["x"]
         count += len(b["index"])
     return count, x
+
+
+def assert_damaged_copy_fetched_again(tmp_path: Path, damage: Callable[[Path], None]) -> None:
+    """A store served and its node cache filled by an epoch, then ``damage(path)`` done to the
+    copy of ``x/000003.npy``: the next epoch fetches that file again (one data request, one
+    refetch) and reads the right rows, never the damaged copy's."""
+    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
+    local = shardload.open_store(tmp_path / "src" / "store")
+    cache = tmp_path / "cache"
+    with serving(tmp_path / "src") as srv:
+        url = f"{srv.url}/store"
+        epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
+        (victim,) = [q for q in cache.glob("*" + SUM_SUFFIX) if "/x/000003.npy" in q.read_text()]
+        damage(cache / victim.name.removesuffix(SUM_SUFFIX))
+        before = len(srv.paths)
+        store = shardload.open_store(url, cache_dir=cache)
+        n, x = epoch_rows(store, 1)
+        assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
+        assert len(srv.data_requests(before)) == 1  # that file, fetched again
+        assert store.fs.node_cache.stats["refetched"] == 1
 
 
 @pytest.fixture(params=["npy", "zarr", "parquet"])
@@ -225,23 +245,12 @@ def test_kill_9_mid_fill_leaves_nothing_trusted(tmp_path: Path) -> None:
 
 
 def test_a_corrupted_cache_file_is_dropped_and_fetched_again(tmp_path: Path) -> None:
-    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
-    local = shardload.open_store(tmp_path / "src" / "store")
-    cache = tmp_path / "cache"
-    with serving(tmp_path / "src") as srv:
-        url = f"{srv.url}/store"
-        epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
-        (victim,) = [q for q in cache.glob("*.sum") if "/x/000003.npy" in q.read_text()]
-        path = cache / victim.name.removesuffix(".sum")
+    def corrupt(path: Path) -> None:
         data = bytearray(path.read_bytes())
         data[-8:] = b"\xff" * 8  # the last row's bytes: a wrong value if served
         path.write_bytes(bytes(data))
-        before = len(srv.paths)
-        store = shardload.open_store(url, cache_dir=cache)
-        n, x = epoch_rows(store, 1)
-        assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
-        assert len(srv.data_requests(before)) == 1  # that file, fetched again
-        assert store.fs.node_cache.stats["refetched"] == 1
+
+    assert_damaged_copy_fetched_again(tmp_path, corrupt)
 
 
 def test_a_corrupt_file_at_the_source_is_refused_not_cached(tmp_path: Path) -> None:

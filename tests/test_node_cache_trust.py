@@ -15,12 +15,11 @@ import numpy as np
 import xxhash
 
 import shardload
-from shardload.move.cache import SUM_SUFFIX
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _stores import make_store
 from conftest import python_env
-from test_node_cache import data_files, epoch_rows, serving
+from test_node_cache import assert_damaged_copy_fetched_again, data_files, epoch_rows, serving
 
 #: A later epoch in a new process (as a new DataLoader worker or rank): the hashes of whole
 #: data files it computes (any caller: the reader's check, the cache's), its rows' digest.
@@ -80,14 +79,8 @@ def test_a_copy_rewritten_with_its_mtime_put_back_is_fetched_again(tmp_path: Pat
     """A copy changed in place after it was recorded, its size and mtime restored (as a copy
     tool preserving times would leave it): its ctime moved, so the record no longer vouches
     for it; it is hashed, dropped and fetched again, never served."""
-    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
-    local = shardload.open_store(tmp_path / "src" / "store")
-    cache = tmp_path / "cache"
-    with serving(tmp_path / "src") as srv:
-        url = f"{srv.url}/store"
-        epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
-        (victim,) = [q for q in cache.glob("*" + SUM_SUFFIX) if "/x/000003.npy" in q.read_text()]
-        path = cache / victim.name.removesuffix(SUM_SUFFIX)
+
+    def rewrite_in_place(path: Path) -> None:
         st = os.stat(path)
         with open(path, "r+b") as f:  # the same inode, the same size
             f.seek(-8, os.SEEK_END)
@@ -99,12 +92,8 @@ def test_a_copy_rewritten_with_its_mtime_put_back_is_fetched_again(tmp_path: Pat
             st.st_ino,
             st.st_mtime_ns,
         )
-        before = len(srv.paths)
-        store = shardload.open_store(url, cache_dir=cache)
-        n, x = epoch_rows(store, 1)
-        assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
-        assert len(srv.data_requests(before)) == 1  # that file, fetched again
-        assert store.fs.node_cache.stats["refetched"] == 1
+
+    assert_damaged_copy_fetched_again(tmp_path, rewrite_in_place)
 
 
 def held_deleted(folder: Path) -> int:

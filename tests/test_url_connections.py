@@ -99,6 +99,9 @@ def test_a_store_given_to_iter_batches_stays_open(url):
     with shardload.open_store(url + "npy") as st:
         for _batch in shardload.iter_batches(st, batch_size=8):
             pass
+        shardload.iter_batches(st, batch_size=8).close()  # closed before its first batch
+        unstarted = shardload.iter_batches(st, batch_size=8)
+        del unstarted  # dropped before its first batch
         assert client_connections(url) > 0
         assert len(st.read("x")) == len(st)
 
@@ -127,3 +130,26 @@ def test_a_closed_store_holds_no_copy_of_its_node_cache(url, tmp_path):
             st.read("x")
             assert open_copies() > 0 and st.fs.node_cache.stats["bypassed"] > 0
         assert open_copies() == 0
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "npy", "hdf5"])
+def test_a_never_started_epoch_by_url_holds_no_connection_once_dropped(url, no_collection, fmt):
+    """An iterator made and dropped before its first batch (as a loop that breaks at once, or
+    torchdata on loading a finished state) releases the store it opened at once: a generator
+    never started runs no ``finally``, so before, only a garbage collection closed it."""
+    for _ in range(TIMES):
+        batches = shardload.iter_batches(url + fmt, batch_size=8)
+        assert client_connections(url) > 0  # opening the store by URL read its manifest
+        del batches
+        assert client_connections(url) == 0
+
+
+def test_a_never_started_epoch_by_url_holds_no_connection_once_closed(url, no_collection):
+    for _ in range(TIMES):
+        batches = shardload.iter_batches(url + "npy", batch_size=8)
+        batches.close()
+        assert client_connections(url) == 0
+        assert list(batches) == []  # a closed iterator yields nothing more
+        with shardload.iter_batches(url + "zarr", batch_size=8) as started:
+            assert len(next(started)["index"]) == 8
+        assert client_connections(url) == 0

@@ -21,7 +21,7 @@ from shardload.errors import ShardloadError
 from shardload.move.serve import serving
 from shardload.testing.latency import latency_proxy
 from test_corruption import BAD_CHUNK, _expected, _prepare, corrupt
-from test_url_requests import access_log
+from test_url_requests import access_log, assert_same_batches, spans_read_twice
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,10 +52,7 @@ def test_an_epoch_fetches_each_file_once(npy_store) -> None:
             got = list(shardload.iter_batches(store, **KW))
             first = len(seen)
             again = list(shardload.iter_batches(store, **KW))
-    for epoch in (got, again):
-        for b, w in zip(epoch, want, strict=True):
-            for k in ("index", "x", "y"):
-                np.testing.assert_array_equal(b[k], w[k])
+    assert_same_batches(want, got, again)
     files = files_of(npy_store / "store")
     whole = collections.Counter(p.removeprefix("/store/") for m, p, s in seen if s == 200)
     ranged = [p.removeprefix("/store/") for m, p, s in seen if s == 206]
@@ -71,15 +68,7 @@ def test_a_call_reads_a_file_in_one_request(npy_store, verify, monkeypatch) -> N
     range request per file and call (its pieces lie within 1 MiB), or the file checked whole
     and then one range request."""
     monkeypatch.setenv("SHARDLOAD_URL_KEEP_BYTES", "0")
-    local = shardload.open_store(npy_store / "store")
-    spans = [(r, r + 1) for r in range(0, 192, 2)]
-    with access_log() as seen, serving(npy_store) as base:
-        reader = shardload.open_store(f"{base}store", verify=verify).reader
-        for _ in range(2):
-            outs = [np.full((1, 4), np.nan, "f4") for _ in spans]
-            reader.read_spans_into("x", spans, outs)
-            for (a, b), out in zip(spans, outs, strict=True):
-                np.testing.assert_array_equal(out, local.read("x", a, b))
+    seen = spans_read_twice(npy_store, verify=verify)
     files = ["/store/x/000000.npy", "/store/x/000001.npy", "/store/x/000002.npy"]
     got = collections.Counter((p, s) for m, p, s in seen if p in files)
     assert [m for m, _, _ in seen if m != "GET"] == []

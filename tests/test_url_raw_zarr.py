@@ -15,7 +15,7 @@ import pytest
 import shardload
 from _stores import make_store
 from shardload.move.serve import serving
-from test_url_requests import access_log
+from test_url_requests import access_log, assert_same_batches, spans_read_twice
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,10 +50,7 @@ def test_an_epoch_fetches_each_chunk_file_once(raw_store) -> None:
         got = list(shardload.iter_batches(store, **KW))
         first = list(seen)
         again = list(shardload.iter_batches(store, **KW))
-    for epoch in (got, again):
-        for b, w in zip(epoch, want, strict=True):
-            for k in ("index", "x", "y"):
-                np.testing.assert_array_equal(b[k], w[k])
+    assert_same_batches(want, got, again)
     files = chunk_files(raw_store / "store")
     data = [(p.removeprefix("/store/"), s) for _, p, s in first if "/c/" in p]
     assert collections.Counter(data) == {(f, 200): 1 for f in files}, data
@@ -66,15 +63,7 @@ def test_a_call_reads_a_chunk_file_in_one_request(raw_store, verify, monkeypatch
     per file and call (its pieces lie within 1 MiB), or the file checked whole and then one
     range request; the rows those of the local store."""
     monkeypatch.setenv("SHARDLOAD_URL_KEEP_BYTES", "0")
-    local = shardload.open_store(raw_store / "store")
-    spans = [(r, r + 1) for r in range(0, 192, 2)]
-    with access_log() as seen, serving(raw_store) as base:
-        reader = shardload.open_store(f"{base}store", verify=verify).reader
-        for _ in range(2):
-            outs = [np.full((1, 4), np.nan, "f4") for _ in spans]
-            reader.read_spans_into("x", spans, outs)
-            for (a, b), out in zip(spans, outs, strict=True):
-                np.testing.assert_array_equal(out, local.read("x", a, b))
+    seen = spans_read_twice(raw_store, verify=verify)
     files = ["/store/x/c/0/0", "/store/x/c/1/0", "/store/x/c/2/0"]
     got = collections.Counter((p, s) for _, p, s in seen if p in files)
     assert [p for _, p, _ in seen if "/x/c/" in p and p not in files] == []

@@ -85,6 +85,30 @@ def epoch_requests(tmp_path, store) -> tuple[list[tuple[str, str, int]], list[st
     return [(m, p.removeprefix("/store/"), s) for m, p, s in seen], files
 
 
+def assert_same_batches(want, *epochs) -> None:
+    """Each of ``epochs`` is the batches of ``want``: index, x and y equal, in order."""
+    for epoch in epochs:
+        for b, w in zip(epoch, want, strict=True):
+            for k in ("index", "x", "y"):
+                np.testing.assert_array_equal(b[k], w[k])
+
+
+def spans_read_twice(folder, *, verify: str) -> list[tuple[str, str, int]]:
+    """The requests of two calls of one reader by URL (``verify``) reading 96 one-row spans of
+    ``x`` (rows 0, 2, ..., 190) of ``folder/store`` served; each call's rows checked against
+    the store read from its folder."""
+    local = shardload.open_store(folder / "store")
+    spans = [(r, r + 1) for r in range(0, 192, 2)]
+    with access_log() as seen, serving(folder) as base:
+        reader = shardload.open_store(f"{base}store", verify=verify).reader
+        for _ in range(2):
+            outs = [np.full((1, 4), np.nan, "f4") for _ in spans]
+            reader.read_spans_into("x", spans, outs)
+            for (a, b), out in zip(spans, outs, strict=True):
+                np.testing.assert_array_equal(out, local.read("x", a, b))
+    return seen
+
+
 def test_chunk_files_by_url_are_each_fetched_once(tmp_path) -> None:
     store = make_store(tmp_path, fmt="zarr", compression="zstd", n=1024, chunk_rows=16)
     seen, files = epoch_requests(tmp_path, store)

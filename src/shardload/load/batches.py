@@ -21,6 +21,7 @@ from shardload.load.dated import dated_window_batches
 from shardload.load.gather import gather_batches
 from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import check_nonneg
+from shardload.load.owned import Batches
 from shardload.load.ragged import PaddingStats, ragged_batches
 from shardload.load.recycle import (
     INDEX_KEY,
@@ -75,7 +76,7 @@ def iter_batches(
     read_group_size: ReadGroupSize = 1,
     read_group_axis: ReadGroupAxis = -1,
     window_views: bool = False,
-) -> Iterator[dict[str, np.ndarray]]:
+) -> Batches:
     """Batches of one worker of one rank, as dicts of numpy arrays plus ``"index"``.
 
     Every rank gets the same number of batches (``mode`` ``"drop"`` or ``"pad"``), and the
@@ -86,7 +87,9 @@ def iter_batches(
     Parameters
     ----------
     store
-        A path, an fsspec URL (closed when the iterator ends or is dropped), or a Store.
+        A path, an fsspec URL, or a Store. A store opened here from a path or URL is closed
+        when the iterator ends, fails, is closed (``.close()``, a ``with`` block) or is
+        dropped, started or not; a Store passed in stays open.
     batch_size, drop_last
         Samples per batch; a rank's last batch may be short unless ``drop_last``.
     rank, world_size, worker, num_workers
@@ -244,17 +247,7 @@ def iter_batches(
         if owned is not None:
             owned.close()
         raise
-    return batches if owned is None else _closing(batches, owned)
-
-
-def _closing(batches: Iterator[dict[str, np.ndarray]], store: Store) -> Iterator[Any]:
-    """``batches``, then the store ``iter_batches`` opened from a path or URL closed (the
-    epoch read, or the iterator dropped): its files and connections go now, not when a
-    garbage collection finds them."""
-    try:
-        yield from batches
-    finally:
-        store.close()
+    return Batches(batches, owned)
 
 
 def read_batches(

@@ -17,6 +17,7 @@ from shardload.load.ring import BatchRing
 from shardload.load.spec import LoadSpec
 from shardload.plan.read_groups import ReadGroupAxis, ReadGroupSize, RowSlice
 from shardload.store.core import Store
+from shardload.torch.closing import ClosingDataset
 from shardload.torch.resume import ResumableDataset
 from shardload.torch.state import (
     Channel,
@@ -37,7 +38,7 @@ from shardload.torch.transport import (
 __all__ = ["StreamingDataset"]
 
 
-class StreamingDataset(ResumableDataset, IterableDataset):
+class StreamingDataset(ResumableDataset, ClosingDataset, IterableDataset):
     """Batches of a store for one rank, split over the DataLoader's workers.
 
     Use with ``DataLoader(ds, batch_size=None, num_workers=W)`` (or :class:`StreamingDataLoader`
@@ -46,7 +47,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
     pass epoch ``e``. Each item is a dict of tensors, one per array, and ``"index"`` (int64
     global rows). Every rank yields the same number of batches (``mode`` ``"drop"``/``"pad"``).
     Memory per worker is about ``shuffle_chunks + prefetch`` pieces (chunks, or pieces of
-    ``piece_rows`` rows: see :func:`shardload.iter_batches`).
+    ``piece_rows`` rows: see :func:`shardload.iter_batches`). ``close()`` (or a ``with`` block)
+    closes the store it opened from a path or URL (``ClosingDataset``; workers close theirs).
 
     Parameters
     ----------
@@ -140,6 +142,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             read_group_axis=read_group_axis,
         )
         self.store, self.selection, self.split = spec.store, spec.selection, split
+        self._own_store(store)  # a path or URL: close() closes what was opened here
         self.options = spec.options  # the epoch plan's (PlanOptions)
         self.read_options = {"prefetch": spec.prefetch, "threads": threads}
         self.fingerprint = spec.fingerprint
@@ -294,6 +297,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             epoch, state = self.epoch, self._leg
         else:
             guard_worker_exit()
+            self._close_at_worker_exit()  # this worker's own copy of the store
             rank, world = self._worker_rank_world()
             worker, workers = info.id, info.num_workers
             resume, self._worker_resume = self._worker_resume, None

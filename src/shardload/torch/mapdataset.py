@@ -16,12 +16,13 @@ from shardload.load.batches import INDEX_KEY
 from shardload.load.dated import DATES_KEY
 from shardload.load.spec import LoadSpec
 from shardload.store.core import Store
+from shardload.torch.closing import ClosingDataset
 from shardload.torch.transport import guard_worker_exit
 
 __all__ = ["MapDataset"]
 
 
-class MapDataset(Dataset):
+class MapDataset(ClosingDataset, Dataset):
     """Random access by position in a selection: ``ds[i]`` is a dict of tensors for one row,
     plus ``"index"`` (its global row).
 
@@ -33,6 +34,9 @@ class MapDataset(Dataset):
     With ``window=K`` (a dated store, see ``iter_batches``): ``ds[i]`` is the ``i``-th window
     of ``K`` states every ``window_step`` rows whose every date exists, ``NAME`` of shape
     ``(K, *row_shape)``, ``"dates"`` (int64 seconds since 1970) and ``"index"`` (its first row).
+
+    ``close()`` (or a ``with`` block) closes the store it opened from a path or URL and drops
+    its cached chunks and memory maps; a DataLoader worker closes its own copy as it exits.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class MapDataset(Dataset):
             window_step=window_step,
         )
         self.store, self.selection = spec.store, spec.selection
+        self._own_store(store)  # a path or URL: close() closes what was opened here
         self.window = spec.window  # (K, step) or None
         ragged = spec.ragged
         if ragged:  # a row of one has no fixed shape: default collation cannot stack it
@@ -110,6 +115,7 @@ class MapDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         guard_worker_exit()
+        self._close_at_worker_exit()  # this worker's own copy of the store
         g = self.global_row(i)
         if self.window is not None:
             return self._window(g)
@@ -141,6 +147,11 @@ class MapDataset(Dataset):
         out[DATES_KEY] = torch.from_numpy(self.store.time.dates[rows].view(np.int64))
         out[INDEX_KEY] = torch.tensor(g, dtype=torch.int64)
         return out
+
+    def close(self) -> None:
+        """As :meth:`ClosingDataset.close`, and the cached chunks (memory maps) dropped."""
+        self._cache.clear()
+        super().close()
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
