@@ -24,7 +24,7 @@ the loader at 0 ms (goal at 20 ms: >= 0.8) and the loader at 0 ms against the pl
 (its shards fetched whole for their checksums), the others are later epochs. Each gets a line:
 wall seconds, client CPU seconds (the process's CPU less that of the server's and the proxy's
 threads), the requests the proxy saw and the bytes the client fetched
-(``shardload.move.remote.read_bytes``).
+(``shardload.move.remote.read_bytes`` and a shard's ``RangeFile._view``).
 
 Usage::
 
@@ -99,12 +99,21 @@ def bytes_fetched() -> Iterator[list[int]]:
     import shardload.move.remote as remote
 
     fetched = [0]
-    read_bytes = remote.read_bytes
+    from shardload.formats.zarr.shards import RangeFile
+
+    read_bytes, read_view = remote.read_bytes, RangeFile._view
 
     def counted(*args: object, **kw: object) -> bytes:
         data = read_bytes(*args, **kw)  # type: ignore[arg-type]
         fetched[0] += len(data)
         return data
+
+    def counted_view(*args: object, **kw: object) -> memoryview:
+        data = read_view(*args, **kw)  # type: ignore[arg-type]
+        fetched[0] += len(data)
+        return data
+
+    RangeFile._view = counted_view  # type: ignore[method-assign,assignment]
 
     # and in the modules that imported the name (formats/npy/url.py)
     for name in ("shardload.formats.npy.url",):
@@ -115,6 +124,7 @@ def bytes_fetched() -> Iterator[list[int]]:
     try:
         yield fetched
     finally:
+        RangeFile._view = read_view  # type: ignore[method-assign]
         for m in users:
             m.read_bytes = read_bytes  # type: ignore[attr-defined]
 

@@ -1,0 +1,98 @@
+"""A large answer by URL is read into one buffer as its blocks arrive (``move/pinned.py``).
+
+aiohttp's ``read()`` keeps every block of a body until it joins them into a new ``bytes``: a
+shard of 64 MiB fetched whole for its checksum held 128 MiB at the end of its request, all of it
+fresh memory (about 0.10 CPU s of 0.35 in a first epoch by URL of the default store). Counted
+here with tracemalloc: the memory a whole fetch allocates, against the size of the answer. The
+guarantees stay: a body cut short is retried and never served, and a store read this way gives
+the same batches as its folder and names a corrupt shard."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import shardload
+import shardload.move.pinned as pinned
+from shardload.errors import ChunkReadError, RemoteError
+from shardload.formats.zarr.shards import RangeFile
+from shardload.move.remote import open_fs, read_bytes
+from shardload.move.serve import serving
+from test_remote import PAYLOAD, fast_fs, flaky_server
+from test_url_shard_fetch import KW, epoch, served_url, sharded  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.timeout(120)
+
+SIZE = 8 << 20
+
+
+def _peak(fn):
+    """``fn()``'s result and the most memory it held at once beyond what it started with."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_whole_fetch_holds_its_answer_once(tmp_path) -> None:
+    """A shard's range fetch of 8 MiB peaks at about 8 MiB (before: about 16, the blocks and
+    their join), with the same bytes."""
+    data = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
+    (tmp_path / "blob").write_bytes(data)
+    with serving(tmp_path) as base:
+        fs, root = open_fs(base.rstrip("/"))
+        path = f"{root}/blob"
+        assert read_bytes(fs, path, 0, 16) == data[:16]  # the session is open before counting
+        (view, got), peak = _peak(lambda: RangeFile(fs, path).fetch(0, SIZE))
+        assert got == SIZE and view == data
+        assert peak < 1.5 * SIZE, f"a fetch of {SIZE} bytes held {peak} bytes at once"
+        whole, peak = _peak(lambda: RangeFile(fs, path).whole())
+        assert whole == data and whole.readonly
+        assert peak < 1.5 * SIZE, f"a whole read of {SIZE} bytes held {peak} bytes at once"
+        assert isinstance(read_bytes(fs, path), bytes)  # other readers still get bytes
+
+
+@pytest.mark.parametrize("failure", ["half", "drop", "503"])
+def test_a_body_cut_short_is_retried_and_never_served(failure, monkeypatch) -> None:
+    monkeypatch.setattr(pinned, "INTO_BYTES", 1)  # the 16 KiB payload read into a buffer
+    with flaky_server([failure, failure, "ok"]) as (url, seen):
+        fs, path = fast_fs(url)
+        assert fs.cat_file(path, view=True) == PAYLOAD
+        assert fs.cat_file(path, 10, 5000, view=True) == PAYLOAD[10:5000]
+    assert seen == [failure, failure, "ok", "ok"]
+    with flaky_server(["half"]) as (url, seen):
+        fs, path = fast_fs(url, retries=2)
+        with pytest.raises(RemoteError, match=r"data\.bin"):
+            fs.cat_file(path, view=True)
+    assert len(seen) == 3
+
+
+def test_an_epoch_read_into_buffers_is_the_folders(sharded, monkeypatch) -> None:  # noqa: F811
+    """Every shard (all under 1 MiB here) read into a buffer: the same batches as the folder."""
+    monkeypatch.setattr(pinned, "INTO_BYTES", 1)
+    calls = []
+    into = pinned._read_into
+    monkeypatch.setattr(pinned, "_read_into", lambda r: calls.append(1) or into(r))
+    root, local = sharded
+    with served_url(root) as (url, _):
+        store = shardload.open_store(url)
+        epoch(store, local)
+        epoch(store, local)  # a later epoch: range requests, also into buffers
+    assert len(calls) >= 8  # the 8 shards' checks at least
+
+
+def test_a_corrupt_shard_read_into_a_buffer_is_named(sharded, monkeypatch) -> None:  # noqa: F811
+    monkeypatch.setattr(pinned, "INTO_BYTES", 1)
+    root, _ = sharded
+    path = root / "store" / "x" / "c" / "1" / "0"
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    corrupt = pytest.raises(ChunkReadError, match=r"shard 1 of array 'x' is corrupt")
+    with served_url(root) as (url, _), corrupt:
+        list(shardload.iter_batches(url, **KW))
