@@ -5,14 +5,21 @@ shard of 64 MiB fetched whole for its checksum held 128 MiB at the end of its re
 fresh memory (about 0.10 CPU s of 0.35 in a first epoch by URL of the default store). Counted
 here with tracemalloc: the memory a whole fetch allocates, against the size of the answer. The
 guarantees stay: a body cut short is retried and never served, and a store read this way gives
-the same batches as its folder and names a corrupt shard."""
+the same batches as its folder and names a corrupt shard. The client's read-stall timeout of
+such a read is one timer made once a period (before: one made and cancelled per block received),
+counted at the event loop; a body that stalls half way is still a (retried) timeout."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 import tracemalloc
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from aiohttp import web
 
 import shardload
 import shardload.move.pinned as pinned
@@ -77,7 +84,7 @@ def test_an_epoch_read_into_buffers_is_the_folders(sharded, monkeypatch) -> None
     monkeypatch.setattr(pinned, "INTO_BYTES", 1)
     calls = []
     into = pinned._read_into
-    monkeypatch.setattr(pinned, "_read_into", lambda r: calls.append(1) or into(r))
+    monkeypatch.setattr(pinned, "_read_into", lambda r, *a: calls.append(1) or into(r, *a))
     root, local = sharded
     with served_url(root) as (url, _):
         store = shardload.open_store(url)
@@ -96,3 +103,79 @@ def test_a_corrupt_shard_read_into_a_buffer_is_named(sharded, monkeypatch) -> No
     corrupt = pytest.raises(ChunkReadError, match=r"shard 1 of array 'x' is corrupt")
     with served_url(root) as (url, _), corrupt:
         list(shardload.iter_batches(url, **KW))
+
+
+def test_a_large_answer_makes_no_timer_per_block(tmp_path, monkeypatch) -> None:
+    """An 8 MiB fetch arrives in dozens of blocks; aiohttp's ``sock_read`` made a timer for
+    each (``call_at``); the stall check makes one for the request (and one per period)."""
+    (tmp_path / "blob").write_bytes(bytes(SIZE))
+    timers = []
+    call_at = asyncio.BaseEventLoop.call_at
+
+    def counted(loop, when, callback, *args, **kw):
+        timers.append(callback)
+        return call_at(loop, when, callback, *args, **kw)
+
+    with serving(tmp_path) as base:
+        fs, root = open_fs(base.rstrip("/"), timeout_s=30)
+        path = f"{root}/blob"
+        assert read_bytes(fs, path, 0, 16) == bytes(16)
+        monkeypatch.setattr(asyncio.BaseEventLoop, "call_at", counted)
+        blocks = []
+        moved = pinned._Stall.moved
+        monkeypatch.setattr(pinned._Stall, "moved", lambda st: blocks.append(1) or moved(st))
+        view, got = RangeFile(fs, path).fetch(0, SIZE)
+        monkeypatch.undo()
+    assert got == SIZE and view == bytes(SIZE)
+    assert len(blocks) >= 16, blocks  # many blocks: before, a timer each
+    assert len(timers) <= 4, f"{len(timers)} timers for {len(blocks)} blocks"
+
+
+@contextlib.contextmanager
+def halting_server(body: bytes) -> Iterator[str]:
+    """A server that sends the headers and half of ``body``, then nothing for a minute."""
+    ready, state = threading.Event(), {}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        await resp.write(body[: len(body) // 2])
+        await asyncio.sleep(60)
+        return resp
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/data.bin", handle)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        state["port"] = runner.addresses[0][1]
+        state["loop"], state["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        ready.set()
+        await state["stop"].wait()
+        await runner.cleanup()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield f"http://127.0.0.1:{state['port']}/data.bin"
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(10)
+
+
+@pytest.mark.parametrize("size", [16 << 10, 2 << 20])  # joined, and into one buffer
+def test_a_body_that_stalls_half_way_is_a_timeout(size, monkeypatch) -> None:
+    """As aiohttp's own read-stall timeout was (fsspec names it ``FSTimeoutError``): retried,
+    then an error naming the file, long before the call's hard deadline."""
+    fired = []
+    error = pinned._Stall.error
+    monkeypatch.setattr(pinned._Stall, "error", lambda st, url: fired.append(1) or error(st, url))
+    with halting_server(bytes(size)) as url:
+        fs, path = fast_fs(url, retries=1, timeout_s=0.5)
+        with pytest.raises(RemoteError, match=r"after 2 attempts: FSTimeoutError"):
+            fs.cat_file(path, view=True)
+    assert len(fired) == 2  # each attempt ended by the stall check, not the hard deadline

@@ -26,11 +26,15 @@ Asked for a view (``view=True``, the shard reads of ``formats/zarr``), an answer
 ``INTO_BYTES`` with a ``Content-Length`` is read into one buffer of that size as its blocks
 arrive, each block dropped once copied: aiohttp's ``read()`` holds every block until it joins
 them into a new ``bytes``, so the process touches twice the answer's memory, all of it fresh
-(a 64 MiB shard on loopback: about 0.10 CPU s against 0.06, docs/benchmarks.md).
+(a 64 MiB shard on loopback: about 0.10 CPU s against 0.06, docs/benchmarks.md). Such a read
+keeps the client's read-stall timeout (aiohttp's ``sock_read``, ``timeout_s``) with one timer
+checked once a period (:class:`_Stall`) instead of aiohttp's, cancelled and made again for
+every block received.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from dataclasses import dataclass
@@ -164,33 +168,100 @@ async def _http_get(
     elif want and want.modified:  # (a weak ETag never matches If-Match: compared below)
         headers["If-Unmodified-Since"] = want.modified
     session = await fs.set_session()
-    async with session.get(fs.encode_url(path), headers=headers, **kw) as r:
-        if r.status == 412:
-            raise changed(url, want or Version())
-        fs._raise_not_found_for_status(r, path)
-        got = Version(r.headers.get("ETag"), r.headers.get("Last-Modified"))
-        out = await _read_into(r) if view else await r.read()
+    stall = _Stall.of(session, kw) if view else None
+    try:
+        async with session.get(fs.encode_url(path), headers=headers, **kw) as r:
+            if r.status == 412:
+                raise changed(url, want or Version())
+            fs._raise_not_found_for_status(r, path)
+            got = Version(r.headers.get("ETag"), r.headers.get("Last-Modified"))
+            out = await _read_into(r, stall) if view else await r.read()
+    except asyncio.CancelledError:
+        if stall is None or not stall.fired:
+            raise
+        raise stall.error(url) from None
+    finally:
+        if stall is not None:
+            stall.close()
     return out, got, r.status == 206 or not ranged
 
 
-async def _read_into(r: Any) -> bytes | memoryview:
+async def _read_into(r: Any, stall: _Stall | None = None) -> bytes | memoryview:
     """The answer's body in one buffer of its ``Content-Length``, each block copied in as it
-    arrives (``bytes`` from ``read()`` when it is small, of unknown length or encoded). A
-    body cut short raises aiohttp's payload error; one longer than announced is an error."""
+    arrives (joined as ``read()`` joins them when it is small, of unknown length or encoded);
+    each block tells ``stall``. A body cut short raises aiohttp's payload error; one longer
+    than announced is an error."""
     n = r.content_length
-    if n is None or n < INTO_BYTES or r.headers.get("Content-Encoding", "identity") != "identity":
-        return bytes(await r.read())
+    if r.headers.get("Content-Encoding", "identity") != "identity":
+        n = None  # the length on the wire, not of the decoded body
+    if n is None or n < INTO_BYTES:
+        blocks = []
+        async for block in r.content.iter_any():
+            if stall is not None:
+                stall.moved()
+            blocks.append(block)
+        return b"".join(blocks)
     import numpy as np
 
     buf = np.empty(n, np.uint8).data  # no zero-fill: every byte is written below
     at = 0
     async for block in r.content.iter_any():
+        if stall is not None:
+            stall.moved()
         end = at + len(block)
         if end > n:
             raise OSError(f"{r.url}: the answer is longer than its Content-Length ({n} bytes)")
         buf[at:end] = block
         at = end
     return buf[:at]
+
+
+class _Stall:
+    """The read-stall timeout of one request (the session's ``sock_read``, which the request
+    then goes without): the task reading it is cancelled when nothing came for ``timeout_s``,
+    checked by one timer made again once per period, not once per block."""
+
+    @classmethod
+    def of(cls, session: Any, kw: dict[str, Any]) -> _Stall | None:
+        """Take over ``session``'s read-stall timeout for a request with options ``kw`` (None
+        when it has none, or the request its own timeout)."""
+        timeout = getattr(session, "timeout", None)
+        if "timeout" in kw or timeout is None or not timeout.sock_read:
+            return None
+        import aiohttp
+
+        keep = ("total", "connect", "sock_connect", "ceil_threshold")
+        kw["timeout"] = aiohttp.ClientTimeout(**{k: getattr(timeout, k) for k in keep})
+        return cls(float(timeout.sock_read))
+
+    def __init__(self, timeout_s: float) -> None:
+        self.loop, self.task = asyncio.get_running_loop(), asyncio.current_task()
+        self.timeout_s, self.fired = timeout_s, False
+        self.last = self.loop.time()
+        self.handle = self.loop.call_at(self.last + timeout_s, self._check)
+
+    def moved(self) -> None:
+        """Bytes came."""
+        self.last = self.loop.time()
+
+    def _check(self) -> None:
+        due = self.last + self.timeout_s
+        if self.loop.time() < due:
+            self.handle = self.loop.call_at(due, self._check)
+        elif self.task is not None:
+            self.fired = True
+            self.task.cancel()
+
+    def error(self, url: str) -> Exception:
+        """The error of a fired timeout, as aiohttp's own (retried, as transient)."""
+        import aiohttp
+
+        if self.task is not None and hasattr(self.task, "uncancel"):
+            self.task.uncancel()  # this cancellation is handled here (Python 3.11+)
+        return aiohttp.ServerTimeoutError(f"{url}: no data for {self.timeout_s:g} s")
+
+    def close(self) -> None:
+        self.handle.cancel()
 
 
 async def _s3_get(
