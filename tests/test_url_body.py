@@ -179,3 +179,21 @@ def test_a_body_that_stalls_half_way_is_a_timeout(size, monkeypatch) -> None:
         with pytest.raises(RemoteError, match=r"after 2 attempts: FSTimeoutError"):
             fs.cat_file(path, view=True)
     assert len(fired) == 2  # each attempt ended by the stall check, not the hard deadline
+
+
+def test_a_raw_zarr_chunk_file_is_checked_from_one_buffer(tmp_path) -> None:
+    """A raw Zarr chunk file by URL (4 MiB) fetched whole for its checksum: its answer is held
+    once (before: about twice, the blocks and their join); the rows are the folder's."""
+    from _stores import make_store
+
+    rows = 1 << 18  # x: 16 bytes a row, one 4 MiB chunk file
+    make_store(tmp_path, fmt="zarr", compression="none", n=rows, chunk_rows=rows).close()
+    local = shardload.open_store(tmp_path / "store")
+    size = (tmp_path / "store" / "x" / "c" / "0" / "0").stat().st_size
+    with serving(tmp_path) as base:
+        store = shardload.open_store(f"{base}store")
+        out = np.zeros((10, 4), np.float32)
+        _, peak = _peak(lambda: store.reader.read_spans_into("x", [(5, 15)], [out]))
+        np.testing.assert_array_equal(out, local.read("x", 5, 15))
+        store.close()
+    assert peak < 1.5 * size, f"a check of a {size}-byte chunk file held {peak} bytes at once"
