@@ -24,7 +24,7 @@ the loader at 0 ms (goal at 20 ms: >= 0.8) and the loader at 0 ms against the pl
 (its shards fetched whole for their checksums), the others are later epochs. Each gets a line:
 wall seconds, client CPU seconds (the process's CPU less that of the server's and the proxy's
 threads), the requests the proxy saw and the bytes the client fetched
-(``shardload.move.remote.read_bytes``).
+(``shardload.move.remote.RemoteFileSystem.cat_file``).
 
 Usage::
 
@@ -36,7 +36,6 @@ Usage::
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 import time
 from collections.abc import Iterator
@@ -94,29 +93,25 @@ def _thread_cpu(names: tuple[str, ...]) -> float:
 
 @contextlib.contextmanager
 def bytes_fetched() -> Iterator[list[int]]:
-    """Counts the bytes the client fetches (``move.remote.read_bytes``) into ``[n]`` while open;
-    the caller may zero it between phases."""
-    import shardload.move.remote as remote
+    """Counts the bytes the client fetches (every read of a store by URL, as ``bytes`` or as a
+    view, is a ``move.remote.RemoteFileSystem.cat_file``) into ``[n]`` while open; the caller
+    may zero it between phases."""
+    from shardload.move.remote import RemoteFileSystem
 
     fetched = [0]
-    read_bytes = remote.read_bytes
+    cat_file = RemoteFileSystem.cat_file
 
-    def counted(*args: object, **kw: object) -> bytes:
-        data = read_bytes(*args, **kw)  # type: ignore[arg-type]
-        fetched[0] += len(data)
+    def counted(fs: RemoteFileSystem, *args: object, **kw: object) -> object:
+        data = cat_file(fs, *args, **kw)  # type: ignore[arg-type]
+        if not (kw.get("view") and fs.spec.cache_dir is not None):  # (that one calls again)
+            fetched[0] += len(data)
         return data
 
-    # and in the modules that imported the name (formats/npy/url.py)
-    for name in ("shardload.formats.npy.url",):
-        importlib.import_module(name)
-    users = [m for m in list(sys.modules.values()) if getattr(m, "read_bytes", None) is read_bytes]
-    for m in users:
-        m.read_bytes = counted  # type: ignore[attr-defined]
+    RemoteFileSystem.cat_file = counted  # type: ignore[method-assign,assignment]
     try:
         yield fetched
     finally:
-        for m in users:
-            m.read_bytes = read_bytes  # type: ignore[attr-defined]
+        RemoteFileSystem.cat_file = cat_file  # type: ignore[method-assign]
 
 
 def same_store_epochs(url: str, proxy: object, epochs: int, batch_size: int, seed: int) -> None:

@@ -183,13 +183,13 @@ def test_by_url_a_call_reads_a_shards_chunks_with_few_requests(sharded, monkeypa
     from shardload.move.serve import serving
 
     requests: list[tuple[str, int | None, int | None]] = []
-    real = remote.read_bytes
+    real = remote.RemoteFileSystem.cat_file  # every read by URL, as bytes or as a view
 
-    def spy(fs, path, start=None, end=None, *, what=""):  # type: ignore[no-untyped-def]
+    def spy(fs, path, start=None, end=None, *args, **kw):  # type: ignore[no-untyped-def]
         requests.append((path, start, end))
-        return real(fs, path, start, end, what=what)
+        return real(fs, path, start, end, *args, **kw)
 
-    monkeypatch.setattr(remote, "read_bytes", spy)
+    monkeypatch.setattr(remote.RemoteFileSystem, "cat_file", spy)
     local = shardload.open_store(sharded)
     per_shard = ROWS * PER_SHARD
     # shard 1's inner chunks shuffled, and pieces inside and across them

@@ -44,17 +44,18 @@ def epoch(store, e: int, local) -> None:
 
 @pytest.fixture
 def fetched(monkeypatch) -> list[int]:
-    """Bytes of data files (``/c/``) the client fetched, request by request."""
+    """Bytes of data files (``/c/``) the client fetched, request by request (every read of a
+    store by URL, as bytes or as a view, is a ``RemoteFileSystem.cat_file``)."""
     got: list[int] = []
-    read_bytes = remote.read_bytes
+    cat_file = remote.RemoteFileSystem.cat_file
 
     def counted(fs, path, *args, **kw):
-        data = read_bytes(fs, path, *args, **kw)
+        data = cat_file(fs, path, *args, **kw)
         if "/c/" in str(path):
             got.append(len(data))
         return data
 
-    monkeypatch.setattr(remote, "read_bytes", counted)
+    monkeypatch.setattr(remote.RemoteFileSystem, "cat_file", counted)
     return got
 
 

@@ -131,7 +131,7 @@ class CheckedUnit:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.users = 0
-        self.data: bytes | None = None
+        self.data: Any = None  # bytes, or a read-only memoryview (a shard by URL)
 
 
 class Verifier:

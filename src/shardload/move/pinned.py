@@ -21,10 +21,20 @@ to a range request that does not name the pinned version raise
 :class:`~shardload.errors.RemoteChangedError` naming the URL (a 200 naming it, from a server
 that ignores ranges, is cut to the range asked). The pins go with the filesystem to DataLoader
 workers. Protocols other than http(s) and s3 are read as fsspec reads them, unpinned.
+
+Asked for a view (``view=True``, the shard reads of ``formats/zarr``), an answer of at least
+``INTO_BYTES`` with a ``Content-Length`` is read into one buffer of that size as its blocks
+arrive, each block dropped once copied: aiohttp's ``read()`` holds every block until it joins
+them into a new ``bytes``, so the process touches twice the answer's memory, all of it fresh
+(a 64 MiB shard on loopback: about 0.10 CPU s against 0.06, docs/benchmarks.md). Such a read
+keeps the client's read-stall timeout (aiohttp's ``sock_read``, ``timeout_s``) with one timer
+checked once a period (:class:`_Stall`) instead of aiohttp's, cancelled and made again for
+every block received.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from dataclasses import dataclass
@@ -32,7 +42,10 @@ from typing import Any
 
 from shardload.errors import RemoteChangedError
 
-__all__ = ["Pins", "Version", "pinned_cat"]
+__all__ = ["INTO_BYTES", "Pins", "Version", "pinned_cat"]
+
+#: An answer read for a view with at least this many bytes goes into one buffer as it arrives.
+INTO_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -98,33 +111,49 @@ def changed(url: str, want: Version, got: Version | None = None) -> RemoteChange
 
 
 def pinned_cat(
-    target: Any, path: str, start: int | None, end: int | None, pins: Pins, url: str, **kw: Any
-) -> bytes:
+    target: Any,
+    path: str,
+    start: int | None,
+    end: int | None,
+    pins: Pins,
+    url: str,
+    *,
+    view: bool = False,
+    **kw: Any,
+) -> Any:
     """``path[start:end]`` read by ``target`` (fsspec's filesystem) with a precondition on the
     version of ``path`` in ``pins`` (pinning the answer's when none is); where the protocol is
-    neither http(s) nor s3, read as fsspec reads it (unpinned)."""
+    neither http(s) nor s3, read as fsspec reads it (unpinned). ``bytes``, or with ``view`` a
+    read-only memoryview (a large HTTP answer read into one buffer: the module docstring)."""
     protocol = target.protocol if isinstance(target.protocol, str) else target.protocol[0]
     if protocol in ("http", "https"):
         get = _http_get
     elif protocol in ("s3", "s3a"):
         get = _s3_get
     else:
-        return bytes(target.cat_file(path, start=start, end=end, **kw))
+        data = bytes(target.cat_file(path, start=start, end=end, **kw))
+        return memoryview(data) if view else data
     from fsspec.asyn import sync
 
     want = pins.get(path)
-    data, got, asked = sync(target.loop, get, target, path, start, end, want, url, **kw)
+    data, got, asked = sync(target.loop, get, target, path, start, end, want, url, view, **kw)
     if not asked:  # a 200 to a range request: the whole file, of the version pinned only if
         if want and not want.same(got):  # it says so (a server ignoring ranges: cut)
             raise changed(url, want, got)
         data = data[slice(start, end)]
     pins.settle(path, got, url)
-    return data
+    return memoryview(data).toreadonly() if view else data
 
 
 async def _http_get(
-    fs: Any, path: str, start: int | None, end: int | None, want: Version | None, url: str
-) -> tuple[bytes, Version, bool]:
+    fs: Any,
+    path: str,
+    start: int | None,
+    end: int | None,
+    want: Version | None,
+    url: str,
+    view: bool = False,
+) -> tuple[bytes | memoryview, Version, bool]:
     """A GET of ``path`` (a range of it) on fsspec's session, with the precondition on
     ``want``: its bytes, the version it names, whether it is the answer asked for."""
     kw = fs.kwargs.copy()
@@ -139,17 +168,110 @@ async def _http_get(
     elif want and want.modified:  # (a weak ETag never matches If-Match: compared below)
         headers["If-Unmodified-Since"] = want.modified
     session = await fs.set_session()
-    async with session.get(fs.encode_url(path), headers=headers, **kw) as r:
-        if r.status == 412:
-            raise changed(url, want or Version())
-        fs._raise_not_found_for_status(r, path)
-        got = Version(r.headers.get("ETag"), r.headers.get("Last-Modified"))
-        out = await r.read()
+    stall = _Stall.of(session, kw) if view else None
+    try:
+        async with session.get(fs.encode_url(path), headers=headers, **kw) as r:
+            if r.status == 412:
+                raise changed(url, want or Version())
+            fs._raise_not_found_for_status(r, path)
+            got = Version(r.headers.get("ETag"), r.headers.get("Last-Modified"))
+            out = await _read_into(r, stall) if view else await r.read()
+    except asyncio.CancelledError:
+        if stall is None or not stall.fired:
+            raise
+        raise stall.error(url) from None
+    finally:
+        if stall is not None:
+            stall.close()
     return out, got, r.status == 206 or not ranged
 
 
+async def _read_into(r: Any, stall: _Stall | None = None) -> bytes | memoryview:
+    """The answer's body in one buffer of its ``Content-Length``, each block copied in as it
+    arrives (joined as ``read()`` joins them when it is small, of unknown length or encoded);
+    each block tells ``stall``. A body cut short raises aiohttp's payload error; one longer
+    than announced is an error."""
+    n = r.content_length
+    if r.headers.get("Content-Encoding", "identity") != "identity":
+        n = None  # the length on the wire, not of the decoded body
+    if n is None or n < INTO_BYTES:
+        blocks = []
+        async for block in r.content.iter_any():
+            if stall is not None:
+                stall.moved()
+            blocks.append(block)
+        return b"".join(blocks)
+    import numpy as np
+
+    buf = np.empty(n, np.uint8).data  # no zero-fill: every byte is written below
+    at = 0
+    async for block in r.content.iter_any():
+        if stall is not None:
+            stall.moved()
+        end = at + len(block)
+        if end > n:
+            raise OSError(f"{r.url}: the answer is longer than its Content-Length ({n} bytes)")
+        buf[at:end] = block
+        at = end
+    return buf[:at]
+
+
+class _Stall:
+    """The read-stall timeout of one request (the session's ``sock_read``, which the request
+    then goes without): the task reading it is cancelled when nothing came for ``timeout_s``,
+    checked by one timer made again once per period, not once per block."""
+
+    @classmethod
+    def of(cls, session: Any, kw: dict[str, Any]) -> _Stall | None:
+        """Take over ``session``'s read-stall timeout for a request with options ``kw`` (None
+        when it has none, or the request its own timeout)."""
+        timeout = getattr(session, "timeout", None)
+        if "timeout" in kw or timeout is None or not timeout.sock_read:
+            return None
+        import aiohttp
+
+        keep = ("total", "connect", "sock_connect", "ceil_threshold")
+        kw["timeout"] = aiohttp.ClientTimeout(**{k: getattr(timeout, k) for k in keep})
+        return cls(float(timeout.sock_read))
+
+    def __init__(self, timeout_s: float) -> None:
+        self.loop, self.task = asyncio.get_running_loop(), asyncio.current_task()
+        self.timeout_s, self.fired = timeout_s, False
+        self.last = self.loop.time()
+        self.handle = self.loop.call_at(self.last + timeout_s, self._check)
+
+    def moved(self) -> None:
+        """Bytes came."""
+        self.last = self.loop.time()
+
+    def _check(self) -> None:
+        due = self.last + self.timeout_s
+        if self.loop.time() < due:
+            self.handle = self.loop.call_at(due, self._check)
+        elif self.task is not None:
+            self.fired = True
+            self.task.cancel()
+
+    def error(self, url: str) -> Exception:
+        """The error of a fired timeout, as aiohttp's own (retried, as transient)."""
+        import aiohttp
+
+        if self.task is not None and hasattr(self.task, "uncancel"):
+            self.task.uncancel()  # this cancellation is handled here (Python 3.11+)
+        return aiohttp.ServerTimeoutError(f"{url}: no data for {self.timeout_s:g} s")
+
+    def close(self) -> None:
+        self.handle.cancel()
+
+
 async def _s3_get(
-    fs: Any, path: str, start: int | None, end: int | None, want: Version | None, url: str
+    fs: Any,
+    path: str,
+    start: int | None,
+    end: int | None,
+    want: Version | None,
+    url: str,
+    view: bool = False,
 ) -> tuple[bytes, Version, bool]:
     """``get_object`` of ``path`` (a range of it) with ``IfMatch`` / ``IfUnmodifiedSince``."""
     bucket, key, version_id = fs.split_path(path)

@@ -113,12 +113,9 @@ def open_fs(
 ) -> tuple[RemoteFileSystem, str]:
     """Open the filesystem of ``url`` (see :class:`RemoteSpec` for the options).
 
-    Options left as None take their default from the environment (module docstring).
-
-    Returns
-    -------
-    (fs, root_path)
-        The filesystem and the store's path on it (what ``fs.find`` / ``read_bytes`` take).
+    Options left as None take their default from the environment (module docstring). Returns
+    ``(fs, root_path)``: the filesystem and the store's path on it (what ``fs.find`` /
+    ``read_bytes`` take).
     """
     spec = RemoteSpec(
         url=url,
@@ -341,7 +338,10 @@ class RemoteFileSystem(AbstractFileSystem):
 
     def cat_file(  # type: ignore[override]
         self, path: str, start: int | None = None, end: int | None = None, what: str = "", **kw
-    ) -> bytes:
+    ) -> Any:
+        view = bool(kw.pop("view", False))  # a read-only memoryview: move/pinned.py
+        if view and self.spec.cache_dir is not None:  # a checked local copy's bytes
+            return memoryview(self.cat_file(path, start, end, what))
         if self.spec.cache_dir is not None:
             fetched: list[bytes] = []
             fd = self._cached_fd(path, what, fetched=fetched)
@@ -355,7 +355,7 @@ class RemoteFileSystem(AbstractFileSystem):
                 os.close(fd)
         url, fs, kw = self.unstrip_protocol(path), self.target, self._deadline
         return self._retry(
-            lambda: pinned_cat(fs, path, start, end, self.pins, url, **kw), path, what
+            lambda: pinned_cat(fs, path, start, end, self.pins, url, view=view, **kw), path, what
         )
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:

@@ -120,17 +120,18 @@ class KeptFiles:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._files: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # least recent first
+        self._files: OrderedDict[tuple[str, int], Any] = OrderedDict()  # least recent first
         self._bytes, self._max = 0, keep_bytes()
 
-    def get(self, name: str, i: int) -> bytes | None:
+    def get(self, name: str, i: int) -> Any:
+        """The kept bytes (``bytes`` or a read-only memoryview), or None."""
         with self._lock:
             data = self._files.get((name, i))
             if data is not None:
                 self._files.move_to_end((name, i))
             return data
 
-    def keep(self, name: str, i: int, data: bytes) -> None:
+    def keep(self, name: str, i: int, data: Any) -> None:
         if len(data) > self._max:
             return
         with self._lock:
@@ -216,7 +217,7 @@ class RawUrlReads:
     def clear(self) -> None:
         self.kept.clear()
 
-    def _checked_whole(self, layout: ChunkLayout, name: str, i: int) -> bytes | None:
+    def _checked_whole(self, layout: ChunkLayout, name: str, i: int) -> memoryview | None:
         """Chunk file ``i`` fetched whole and checked, once per reader: a thread that waited
         for another's check gets its bytes (None: checked earlier, bytes gone)."""
         with self.verifier.unit_lock(name, i) as unit:
@@ -250,13 +251,15 @@ def _url(fs: Any, path: str) -> str:
 
 
 def _get(fs: Any, layout: ChunkLayout, name: str, i: int, span: tuple[int, int] | None) -> Any:
-    """Chunk file ``i`` whole (``span`` None) or bytes ``span`` of it; a missing file (an
-    HTTP 404) named, never the fill value zarr would serve."""
-    path, read_bytes = layout.chunk_path(i), _remote().read_bytes
+    """Chunk file ``i`` whole (``span`` None) or bytes ``span`` of it, as a read-only view (by
+    URL a large answer read into one buffer as it arrives: ``move/pinned.py``); a missing file
+    (an HTTP 404) named, never the fill value zarr would serve."""
+    path, remote = layout.chunk_path(i), _remote()
+    what = f"chunk {i} of array {name!r}"
     try:
-        if span is None:
-            return read_bytes(fs, path, what=f"chunk {i} of array {name!r}")
-        return read_bytes(fs, path, *span, what=f"chunk {i} of array {name!r}")
+        if isinstance(fs, remote.RemoteFileSystem):
+            return fs.cat_file(path, *(span or (None, None)), what, view=True)
+        return memoryview(remote.read_bytes(fs, path, *(span or (None, None)), what=what))
     except FileNotFoundError as exc:
         raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {_url(fs, path)}") from exc
 

@@ -43,6 +43,7 @@ from shardload.formats.zarr.chunks import ChunkLayout
 from shardload.formats.zarr.kept import KeptChunks, kept_for
 from shardload.formats.zarr.shard_spans import (
     RUN_BYTES,
+    BufferFile,
     Fetch,
     Piece,
     _bytes_fetch,
@@ -236,7 +237,7 @@ def _from_whole(
     k: int,
     path: str,
     pieces: list[Piece],
-    data: bytes,
+    data: memoryview,
     indexes: ShardIndexCache | None,
     kept: KeptChunks | None,
 ) -> None:
@@ -257,7 +258,7 @@ def _checked_whole(
     checks: BoundedSemaphore,
     *,
     again: bool = False,
-) -> bytes | None:
+) -> memoryview | None:
     """Shard ``k`` fetched whole and checked (``.shard_spans._checked_once`` by URL), at most
     ``checks`` at once: the semaphore is taken inside the shard's unit lock, so a call that
     waits for a check another call makes gets its bytes (waiting for the semaphore first, it
@@ -274,7 +275,7 @@ def _checked_whole(
                     if verifier.enabled:
                         unit.data = _checked_bytes(verifier, name, k, path, f)
                     else:
-                        unit.data = f.read()
+                        unit.data = f.whole()
             except OSError as exc:  # as verify_file: missing or unreadable, strict or not
                 raise ChunkReadError.from_os_error(exc, f"shard {k}", name, path) from exc
         return unit.data
@@ -314,12 +315,10 @@ def _index(
     name: str,
     k: int,
     path: str,
-    data: bytes | None,
+    data: memoryview | None,
     indexes: ShardIndexCache | None,
 ) -> np.ndarray:
-    import io
-
-    f: Any = io.BytesIO(data) if data is not None else RangeFile(layout.opener.fs, path)
+    f: Any = BufferFile(data) if data is not None else RangeFile(layout.opener.fs, path)
     return shard_index(layout, name, k, path, f, None, indexes)
 
 

@@ -13,7 +13,6 @@ messages are built only when a check fails, and then the same as the one-span pa
 
 from __future__ import annotations
 
-import io
 import struct
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -114,7 +113,7 @@ def _read_pieces(
 
 def _checked_once(
     layout: ChunkLayout, verifier: Verifier, name: str, k: int, path: str
-) -> bytes | None:
+) -> memoryview | None:
     """By URL, shard ``k`` fetched whole and checked by one of the reader's threads while the
     others wanting it wait (:meth:`~shardload.formats.checksums.Verifier.unit_lock`): the
     checked bytes, for this thread and those that waited for them; None when it was checked
@@ -140,12 +139,12 @@ def _read_opened(
     pieces: list[Piece],
     indexes: ShardIndexCache | None,
     path: str,
-    data: bytes | None,
+    data: memoryview | None,
 ) -> None:
     """The pieces of shard ``k``: from ``data`` (its checked bytes) or the file, opened once."""
     with (
         shard_errors(layout, name, k, path, (part for *_, part in pieces)),
-        nullcontext(io.BytesIO(data)) if data is not None else layout.open(path) as f,
+        nullcontext(BufferFile(data)) if data is not None else layout.open(path) as f,
     ):
         fd = _fileno(f)
         index = shard_index(layout, name, k, path, f, fd, indexes)
@@ -165,14 +164,15 @@ def _local_fetch(fd: int) -> Fetch:
     return fetch
 
 
-def _checked_bytes(verifier: Verifier, name: str, k: int, path: str, f: RangeFile) -> bytes:
-    """Shard ``k`` fetched whole (one request) and checked against its checksum: its bytes."""
-    data = f.read()
+def _checked_bytes(verifier: Verifier, name: str, k: int, path: str, f: RangeFile) -> memoryview:
+    """Shard ``k`` fetched whole (one request) and checked against its checksum: its bytes
+    (a read-only view)."""
+    data = f.whole()
     verifier.check(name, k, digest(data), path=path, what=f"shard {k}")
     return data
 
 
-def _bytes_fetch(data: bytes) -> Fetch:
+def _bytes_fetch(data: bytes | memoryview) -> Fetch:
     view = memoryview(data)  # no copy (a BytesIO's getbuffer would copy shared bytes)
 
     def fetch(start: int, end: int) -> tuple[memoryview, int]:
@@ -180,6 +180,26 @@ def _bytes_fetch(data: bytes) -> Fetch:
         return buf, len(buf)
 
     return fetch
+
+
+class BufferFile:
+    """A read-only file over bytes already fetched (a shard's, for its index): no copy, as
+    ``io.BytesIO`` makes of anything but ``bytes``."""
+
+    def __init__(self, data: Any) -> None:
+        self.view, self._pos = memoryview(data).cast("B"), 0
+        self.size = len(self.view)
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = pos if whence == 0 else self.size + pos
+        return self._pos
+
+    def readinto(self, dst: Any) -> int:
+        view = memoryview(dst).cast("B")
+        got = self.view[self._pos : self._pos + len(view)]
+        view[: len(got)] = got
+        self._pos += len(got)
+        return len(got)
 
 
 def _read_runs(

@@ -287,11 +287,24 @@ class RangeFile:
 
         return read_bytes(self.fs, self.path, start, end, what=os.path.basename(self.path))
 
+    def _view(self, start: int | None, end: int | None) -> memoryview:
+        """The bytes as a read-only view: by URL a large answer read into one buffer as it
+        arrives, never joined (``move/pinned.py``)."""
+        from shardload.move.remote import RemoteFileSystem
+
+        if not isinstance(self.fs, RemoteFileSystem):
+            return memoryview(self._get(start, end))
+        return self.fs.cat_file(self.path, start, end, os.path.basename(self.path), view=True)
+
     def fetch(self, start: int, end: int) -> tuple[memoryview, int]:
         """Bytes ``[start, end)`` in one range request: the buffer and its length (shorter
         only past the end of the file)."""
-        data = self._get(start, end) if end > start else b""
-        return memoryview(data), len(data)
+        data = self._view(start, end) if end > start else memoryview(b"")
+        return data, len(data)
+
+    def whole(self) -> memoryview:
+        """The whole file in one request (a shard's checksum), as a read-only view."""
+        return self._view(None, None)
 
     def read(self, n: int = -1) -> bytes:
         if n < 0:
