@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardload.errors import StateError
+from shardload.load.arena import group_arena, serve_group_buffers
 from shardload.load.batches import INDEX_KEY, read_batches
 from shardload.load.ring import BatchRing
 from shardload.load.spec import LoadSpec
@@ -46,7 +47,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
     pass epoch ``e``. Each item is a dict of tensors, one per array, and ``"index"`` (int64
     global rows). Every rank yields the same number of batches (``mode`` ``"drop"``/``"pad"``).
     Memory per worker is about ``shuffle_chunks + prefetch`` pieces (chunks, or pieces of
-    ``piece_rows`` rows: see :func:`shardload.iter_batches`).
+    ``piece_rows`` rows: see :func:`shardload.iter_batches`); forked workers' group buffers
+    live in shared memory the dataset keeps for the next workers (``load/arena.py``).
 
     Parameters
     ----------
@@ -172,9 +174,12 @@ class StreamingDataset(ResumableDataset, IterableDataset):
         # ring slot fits it; their batches take the stock hand-off (load/ragged.py)
         # read groups: slots of this rank's slices (a rank found otherwise later: no ring)
         self._ring_member = spec.split_rank(*self.rank_world())[2]
+        most = min(16, max(2, os.cpu_count() or 1))  # workers the shared memory is sized for
+        # forked workers' group buffers, kept for the next workers (load/arena.py)
+        self._arena = group_arena(spec, workers=most) if hasattr(os, "fork") else None
         if ring_slots != 0 and hasattr(os, "fork") and spec.kind != "ragged":
             slots = ring_slots or spec.ring_slots(
-                workers=min(16, max(2, os.cpu_count() or 1)),
+                workers=most,
                 # bundles: the one being filled, prefetch_factor (2) queued, one being reordered
                 extra=8 + 4 * self.default_bundle,
             )
@@ -294,6 +299,8 @@ class StreamingDataset(ResumableDataset, IterableDataset):
             epoch, state = self.epoch, self._leg
         else:
             guard_worker_exit()
+            if self._arena is not None and self._arena.usable:
+                serve_group_buffers(self._arena, self.spec.store, self.selection.arrays)
             rank, world = self._worker_rank_world()
             worker, workers = info.id, info.num_workers
             resume, self._worker_resume = self._worker_resume, None
@@ -378,7 +385,7 @@ class StreamingDataset(ResumableDataset, IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()  # the Store pickles without open handles
-        d["_ring"] = None  # shared by fork only: spawned workers use the stock hand-off
+        d["_ring"] = d["_arena"] = None  # shared by fork only: spawned workers use their own
         # Pickled as the DataLoader starts spawn / forkserver workers: the main process's rank
         # and world go with it (a worker's own copy carries what it knows).
         if get_worker_info() is None:
