@@ -8,6 +8,7 @@ from __future__ import annotations
 import doctest
 import os
 import pickle
+import select
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +135,51 @@ def test_spawned_workers_get_no_arena(store):
 
 def test_arena_doctests():
     assert doctest.testmod(arena_mod).failed == 0
+
+
+def _claim_in_child(arena, hold_r: int, report_w: int) -> None:  # type: ignore[no-untyped-def]
+    """In a forked child: take a buffer, write a byte of it, report the region, wait."""
+    try:
+        buf = arena.take(4096)
+        region = -1
+        if buf is not None:
+            buf[0] = 1
+            region = arena._region
+        os.write(report_w, region.to_bytes(2, "little", signed=True))
+        os.read(hold_r, 1)  # hold the region until the parent says so
+    finally:
+        os._exit(0)
+
+
+def _report(fd: int) -> int:
+    """A child's region (-1: none), or a failure instead of waiting forever."""
+    assert select.select([fd], [], [], 60)[0], "a child did not report"
+    return int.from_bytes(os.read(fd, 2), "little", signed=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_live_workers_never_share_a_region_and_dead_ones_give_theirs_up():
+    """Three forked processes at once over an arena of 2 regions: two claim one each, the third
+    takes private memory; once they exited, a new process claims a region again."""
+    arena = arena_mod.GroupArena(4096, regions=2, slots=2)
+    hold_r, hold_w = os.pipe()
+    report_r, report_w = os.pipe()
+    pids = []
+    for _ in range(3):
+        pid = os.fork()
+        if pid == 0:
+            _claim_in_child(arena, hold_r, report_w)
+        pids.append(pid)
+    got = sorted(_report(report_r) for _ in pids)
+    assert got == [-1, 0, 1]
+    os.write(hold_w, b"xxx")
+    for pid in pids:
+        os.waitpid(pid, 0)
+    pid = os.fork()
+    if pid == 0:
+        _claim_in_child(arena, hold_r, report_w)
+    assert _report(report_r) in (0, 1)
+    os.write(hold_w, b"x")
+    os.waitpid(pid, 0)
+    for fd in (hold_r, hold_w, report_r, report_w):
+        os.close(fd)
