@@ -2,7 +2,8 @@
 processes) each epoch, or one loader with ``persistent_workers=True`` (issue 25: each fresh
 worker pays its start, imports and fresh pages again). Prints each epoch's seconds and the CPU
 seconds of all epochs: the main process and the workers (a fresh loader's workers are reaped
-after their epoch; persistent ones are read from ``/proc`` before the loader shuts down).
+after their epoch; persistent ones are read from ``/proc`` before the loader shuts down); then
+the workers' user and system CPU seconds of each epoch (read from ``/proc``).
 
 Usage::
 
@@ -23,9 +24,20 @@ from shardload.torch import StreamingDataLoader, StreamingDataset
 
 
 def _cpu(pid: int) -> float:
+    return sum(_user_system(pid))
+
+
+def _user_system(pid: int) -> tuple[float, float]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _workers_cpu(loader: StreamingDataLoader) -> tuple[float, float]:
+    """The user and system CPU s of ``loader``'s live workers so far."""
+    got = [_user_system(w.pid) for w in loader._iterator._workers]  # type: ignore[union-attr]
+    return sum(u for u, _ in got), sum(s for _, s in got)
 
 
 def main() -> None:
@@ -40,12 +52,16 @@ def main() -> None:
     kw = {"num_workers": args.workers, "prefetch_factor": 2}
     keep = StreamingDataLoader(ds, persistent_workers=True, **kw) if args.persistent else None
     n = 0
+    per_epoch = []  # the workers' (user, system) CPU s of each epoch
     for e in range(args.epochs):
         ds.set_epoch(e)
         t = time.perf_counter()
         loader = keep if keep is not None else StreamingDataLoader(ds, **kw)
+        before = _workers_cpu(loader) if keep is not None and e else (0.0, 0.0)
         n = sum(1 for _ in loader)
         walls.append(time.perf_counter() - t)
+        now = _workers_cpu(loader)
+        per_epoch.append((now[0] - before[0], now[1] - before[1]))
         if keep is None:
             del loader
             gc.collect()
@@ -60,6 +76,10 @@ def main() -> None:
         f"persistent={bool(args.persistent)}: {n} batches an epoch; epochs "
         f"{', '.join(f'{w:.2f}' for w in walls)} s; CPU s of {args.epochs} epochs: main "
         f"{main_cpu:.2f}, workers {workers_cpu:.2f}; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "workers' CPU s by epoch (user + system): "
+        + ", ".join(f"{u + s:.2f} ({u:.2f} + {s:.2f})" for u, s in per_epoch)
     )
 
 

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardload.errors import StateError
+from shardload.load.arena import group_arena, serve_group_buffers
 from shardload.load.batches import INDEX_KEY, read_batches
 from shardload.load.ring import BatchRing
 from shardload.load.spec import LoadSpec
@@ -47,8 +48,9 @@ class StreamingDataset(ResumableDataset, ClosingDataset, IterableDataset):
     pass epoch ``e``. Each item is a dict of tensors, one per array, and ``"index"`` (int64
     global rows). Every rank yields the same number of batches (``mode`` ``"drop"``/``"pad"``).
     Memory per worker is about ``shuffle_chunks + prefetch`` pieces (chunks, or pieces of
-    ``piece_rows`` rows: see :func:`shardload.iter_batches`). ``close()`` (or a ``with`` block)
-    closes the store it opened from a path or URL (``ClosingDataset``; workers close theirs).
+    ``piece_rows`` rows: see :func:`shardload.iter_batches`; forked workers' group buffers are
+    kept for the next workers: ``load/arena.py``). ``close()`` / ``with`` closes a store it
+    opened from a path or URL (``ClosingDataset``; workers close theirs).
 
     Parameters
     ----------
@@ -171,13 +173,14 @@ class StreamingDataset(ResumableDataset, ClosingDataset, IterableDataset):
         batch_bytes = spec.batch_bytes()
         #: batches per worker item a StreamingDataLoader uses unless told (``plan_bundle``)
         self.default_bundle = plan_bundle(batch_bytes)
-        # variable-length arrays: a batch's width is known once it is gathered, so no fixed
-        # ring slot fits it; their batches take the stock hand-off (load/ragged.py)
+        # ragged arrays: no fixed ring slot fits a batch (load/ragged.py: the stock hand-off);
         # read groups: slots of this rank's slices (a rank found otherwise later: no ring)
         self._ring_member = spec.split_rank(*self.rank_world())[2]
+        most = min(16, max(2, os.cpu_count() or 1))  # workers the shared memory is sized for
+        self._arena = group_arena(spec, workers=most) if hasattr(os, "fork") else None
         if ring_slots != 0 and hasattr(os, "fork") and spec.kind != "ragged":
             slots = ring_slots or spec.ring_slots(
-                workers=min(16, max(2, os.cpu_count() or 1)),
+                workers=most,
                 # bundles: the one being filled, prefetch_factor (2) queued, one being reordered
                 extra=8 + 4 * self.default_bundle,
             )
@@ -298,6 +301,7 @@ class StreamingDataset(ResumableDataset, ClosingDataset, IterableDataset):
         else:
             guard_worker_exit()
             self._close_at_worker_exit()  # this worker's own copy of the store
+            serve_group_buffers(self._arena, self.spec.store, self.selection.arrays)
             rank, world = self._worker_rank_world()
             worker, workers = info.id, info.num_workers
             resume, self._worker_resume = self._worker_resume, None
@@ -382,7 +386,7 @@ class StreamingDataset(ResumableDataset, ClosingDataset, IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()  # the Store pickles without open handles
-        d["_ring"] = None  # shared by fork only: spawned workers use the stock hand-off
+        d["_ring"] = d["_arena"] = None  # shared by fork only: spawned workers use their own
         # Pickled as the DataLoader starts spawn / forkserver workers: the main process's rank
         # and world go with it (a worker's own copy carries what it knows).
         if get_worker_info() is None:
