@@ -34,6 +34,7 @@ import numpy as np
 
 from shardload.errors import SourceError
 from shardload.prep.sources.cf_decode import CFDecode, plan_cf_decode
+from shardload.prep.sources.transpose import copy_rows
 
 #: open_kwargs that leave the values xarray returns unchanged (anything else: lazy path)
 _NEUTRAL_OPEN_KWARGS = frozenset({"chunks", "phony_dims", "cache", "lock", "inline_array"})
@@ -217,15 +218,14 @@ class H5Rows:
             else:
                 end = hi_k
                 region = self._region(var, first, k, pos, end)
-                sub = self._read_region(dset, region)
-                sub = self._cut(var, sub, region, first, k, pos, end)
-            rows = sub.reshape(-1, *var.row_shape)  # sample-major rows pos..end of dim k
-            g0 = base + pos * int(strides[k])  # global row of rows[0]
-            a, b = max(start, g0), min(stop, g0 + len(rows))
+                sub = self._cut(var, self._read_region(dset, region), region, first, k, pos, end)
+            g0, n_sub = base + pos * int(strides[k]), int(np.prod(sub.shape[: var.num_sample]))
+            a, b = max(start, g0), min(stop, g0 + n_sub)  # rows of sub (g0: its first) in dst
             if b > a and decode is not None:  # straight into the block: no raw copy of it
+                rows = sub.reshape(-1, *var.row_shape)  # sample-major rows pos..end of dim k
                 decode.apply(rows[a - g0 : b - g0], out=dst[a - start : b - start])
-            elif b > a:
-                dst[a - start : b - start] = rows[a - g0 : b - g0]
+            elif b > a:  # transposed straight into the block, in cache-sized blocks
+                copy_rows(dst[a - start : b - start], sub, a - g0, b - g0, var.num_sample)
             pos = end
 
     def _region(
