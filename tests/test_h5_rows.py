@@ -164,3 +164,31 @@ def test_real_era5_netcdf(tmp_path, era5_dir):
         rows = h5_rows(str(plain), ds2, dims)
         assert rows is not None and set(rows.names) == {"z", "t"}
         _check(rows, ds2, dims, a, b)
+
+
+def test_planning_reads_only_the_attributes_xarray_decodes_with(tmp_path, monkeypatch):
+    """A packed variable with many other attributes (an ERA5 file from GRIB carries about 30
+    ``GRIB_*`` ones): the row reader's plan reads the values of the CF attributes it decodes
+    with, not of every attribute (before: all of them, 159 attribute reads for the two
+    variables of the real ERA5 file), and decodes as xarray does."""
+    path = tmp_path / "many.nc"
+    with h5netcdf.File(path, "w") as f:
+        f.dimensions = {"row": 50, "f": 3}
+        v = f.create_variable("p", ("row", "f"), "i2", fillvalue=np.int16(-1))
+        v.attrs.update(scale_factor=np.float32(0.5), add_offset=np.float32(2.0), units="K")
+        v.attrs.update({f"GRIB_key{i}": f"value {i}" for i in range(40)})
+        v[...] = np.arange(150, dtype="i2").reshape(50, 3) % 7 - 1
+    ds = xr.open_dataset(path, engine="h5netcdf", chunks={})
+    reads = []
+    real = h5py.AttributeManager.__getitem__
+
+    def counting(self, name):
+        reads.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(h5py.AttributeManager, "__getitem__", counting)
+    rows = h5_rows(str(path), ds, ["row"])
+    monkeypatch.setattr(h5py.AttributeManager, "__getitem__", real)
+    assert rows is not None and rows.variables["p"].decode is not None
+    assert not [r for r in reads if r.startswith("GRIB_")], sorted(set(reads))
+    _check(rows, ds, ["row"], 0, 50)

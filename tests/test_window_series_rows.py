@@ -74,3 +74,37 @@ def test_window_series_read_with_h5py_equal_the_lazy_path(tmp_path, monkeypatch,
             np.testing.assert_array_equal(
                 getattr(fast.manifest.stats[name], f), getattr(lazy.manifest.stats[name], f)
             )
+
+
+def test_a_small_contiguous_series_is_read_once_whole_not_a_slab_per_block(tmp_path, monkeypatch):
+    """Each block of space points of a time-major series needs a run of every step; a
+    contiguous variable of at most ``WHOLE_BYTES`` is read once whole (``preadv``), each block
+    cut from it: every byte of the variables read from the file once, no HDF5 slab read (before:
+    one strided slab per block and variable, rows at lat boundaries read twice)."""
+    from shardload.prep.sources.h5_rows import H5Rows
+
+    src = _series(tmp_path / "s.nc")
+    with xr.open_dataset(src) as ds:
+        var_bytes = sum(ds[v].nbytes for v in ("v0", "v1", "v2"))
+    got = {"bytes": 0, "slabs": 0}
+    blocks = []
+    pread, region, read_rows = H5Rows._pread, H5Rows._read_region, H5Rows.read_rows
+
+    def counting_rows(self, names, start, stop, **kw):
+        blocks.append((start, stop))
+        return read_rows(self, names, start, stop, **kw)
+
+    def counting_pread(self, view, offset, var):
+        got["bytes"] += len(view)
+        return pread(self, view, offset, var)
+
+    def counting_region(self, dset, r):
+        got["slabs"] += 1
+        return region(self, dset, r)
+
+    monkeypatch.setattr(H5Rows, "_pread", counting_pread)
+    monkeypatch.setattr(H5Rows, "_read_region", counting_region)
+    monkeypatch.setattr(H5Rows, "read_rows", counting_rows)
+    shardload.prepare(_cfg(src, tmp_path / "a.store"))
+    assert len(blocks) > 2  # several blocks, some starting inside a lat row
+    assert got == {"bytes": var_bytes, "slabs": 0}

@@ -37,6 +37,8 @@ _TIME_UNITS = frozenset(
     {"days", "hours", "minutes", "seconds", "milliseconds", "microseconds", "nanoseconds"}
 )
 _PACKING = ("scale_factor", "add_offset")
+#: the attributes a plan reads (xarray's mask, scale and time decoding look at these)
+_READ = (*_PACKING, "_FillValue", "missing_value", "_Unsigned", "units")
 
 
 @dataclass(frozen=True)
@@ -83,12 +85,15 @@ def plan_cf_decode(
     raw, want = np.dtype(raw_dtype).newbyteorder("="), np.dtype(want).newbyteorder("=")
     if raw.kind not in "biuf" or raw.fields is not None:
         return None
-    if not any(k in attrs for k in (*_PACKING, "_FillValue", "missing_value", "_Unsigned")):
+    names = set(attrs)  # the names only: a file's other attributes (GRIB_*, history) unread
+    if not names & {*_PACKING, "_FillValue", "missing_value", "_Unsigned"}:
         return CFDecode(None, (), None, None, None, None, raw) if raw == want else None
     if raw.kind == "b":
         return None
     attrs = {
-        k: _text(v) if k not in ("_FillValue", "missing_value") else v for k, v in attrs.items()
+        k: _text(attrs[k]) if k not in ("_FillValue", "missing_value") else attrs[k]
+        for k in _READ
+        if k in names
     }
     units = attrs.get("units")
     if isinstance(units, str) and ("since" in units or units.strip() in _TIME_UNITS):

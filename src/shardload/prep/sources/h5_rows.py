@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +33,13 @@ import numpy as np
 
 from shardload.errors import SourceError
 from shardload.prep.sources.cf_decode import CFDecode, plan_cf_decode
+from shardload.prep.sources.pieces import PieceCache
+from shardload.prep.sources.transpose import copy_rows
 
 #: open_kwargs that leave the values xarray returns unchanged (anything else: lazy path)
 _NEUTRAL_OPEN_KWARGS = frozenset({"chunks", "phony_dims", "cache", "lock", "inline_array"})
-CACHE_BYTES = 256 << 20  # decoded chunk-aligned pieces kept per process
 _Layout = tuple[int, int | None, tuple[int | None, ...]]  # see H5Rows._raw_layout
+WHOLE_BYTES = 64 << 20  # a contiguous variable up to this size is read whole (H5Rows._whole)
 
 
 @dataclass(frozen=True)
@@ -64,54 +65,6 @@ class _Var:
         return tuple(self.shape[a] for a in self.axes[: self.num_sample])
 
 
-class _PieceCache:
-    """Decoded pieces by key, shared by threads: the first asker reads, the others wait for it.
-    Least recently used pieces go once the cache holds more than ``max_bytes``."""
-
-    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self._items: OrderedDict[Any, _Entry] = OrderedDict()
-
-    def get(self, key: Any, load: Any) -> np.ndarray:
-        with self._lock:
-            entry = self._items.get(key)
-            mine = entry is None
-            if entry is None:
-                entry = self._items[key] = _Entry()
-            self._items.move_to_end(key)
-        if not mine:
-            entry.done.wait()
-            if entry.value is None:
-                raise SourceError(f"reading piece {key} failed in another thread: {entry.error}")
-            return entry.value
-        try:
-            entry.value = load()
-        except BaseException as exc:
-            entry.error = exc
-            with self._lock:
-                self._items.pop(key, None)
-            raise
-        finally:
-            entry.done.set()
-        self._evict()
-        return entry.value
-
-    def _evict(self) -> None:
-        with self._lock:
-            total = sum(e.value.nbytes for e in self._items.values() if e.value is not None)
-            while total > self.max_bytes and len(self._items) > 1:
-                _, old = self._items.popitem(last=False)
-                total -= old.value.nbytes if old.value is not None else 0
-
-
-class _Entry:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.value: np.ndarray | None = None
-        self.error: BaseException | None = None
-
-
 class H5Rows:
     """``read_rows(names, start, stop)`` of plain variables of one local netCDF-4/HDF5 file,
     rows numbered in C order over ``sample_dims`` (see :mod:`shardload.prep.views.rows`)."""
@@ -126,7 +79,7 @@ class H5Rows:
         self._h5: Any = None
         self._fd: int | None = None
         self._lock = threading.Lock()
-        self._cache = _PieceCache()
+        self._cache = PieceCache()
         self._raw: dict[str, _Layout | None] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # open handles stay in their process
@@ -203,6 +156,7 @@ class H5Rows:
         k_ax = var.axes[k]
         # pieces along the varying dim: chunk-aligned (decoded once, cached) when filtered
         step = var.chunks[k_ax] if (var.filtered and var.chunks) else None
+        whole = None if step else self._whole(var, dset)  # a small contiguous one, read once
         lo_k, hi_k = int(first[k]), int(last[k]) + 1
         pos = lo_k
         while pos < hi_k:
@@ -214,18 +168,20 @@ class H5Rows:
                     (var.name, region), lambda r=region: self._read_region(dset, r)
                 )
                 sub = self._cut(var, piece, region, first, k, pos, end)
+            elif whole is not None:
+                end, region = hi_k, tuple((0, n) for n in var.shape)
+                sub = self._cut(var, whole, region, first, k, pos, end)
             else:
                 end = hi_k
                 region = self._region(var, first, k, pos, end)
-                sub = self._read_region(dset, region)
-                sub = self._cut(var, sub, region, first, k, pos, end)
-            rows = sub.reshape(-1, *var.row_shape)  # sample-major rows pos..end of dim k
-            g0 = base + pos * int(strides[k])  # global row of rows[0]
-            a, b = max(start, g0), min(stop, g0 + len(rows))
+                sub = self._cut(var, self._read_region(dset, region), region, first, k, pos, end)
+            g0, n_sub = base + pos * int(strides[k]), int(np.prod(sub.shape[: var.num_sample]))
+            a, b = max(start, g0), min(stop, g0 + n_sub)  # rows of sub (g0: its first) in dst
             if b > a and decode is not None:  # straight into the block: no raw copy of it
+                rows = sub.reshape(-1, *var.row_shape)  # sample-major rows pos..end of dim k
                 decode.apply(rows[a - g0 : b - g0], out=dst[a - start : b - start])
-            elif b > a:
-                dst[a - start : b - start] = rows[a - g0 : b - g0]
+            elif b > a:  # transposed straight into the block, in cache-sized blocks
+                copy_rows(dst[a - start : b - start], sub, a - g0, b - g0, var.num_sample)
             pos = end
 
     def _region(
@@ -270,6 +226,28 @@ class H5Rows:
         if buf.size:
             dset.read_direct(buf, tuple(slice(a, b) for a, b in region))
         return buf
+
+    def _whole(self, var: _Var, dset: Any) -> np.ndarray | None:
+        """A contiguous, unfiltered variable of at most :data:`WHOLE_BYTES`, whole: read once
+        per process with ``preadv`` (no GIL held) and kept with the pieces, where each block
+        would read a strided slab of it through HDF5 (a time-major series read by space
+        points: every block reads a run of every step). None for any other variable."""
+        dt = dset.dtype
+        nbytes = int(np.prod(var.shape, dtype=np.int64)) * dt.itemsize
+        if var.filtered or var.chunks is not None or not 0 < nbytes <= WHOLE_BYTES:
+            return None
+        if not dt.isnative or dt.kind not in "biuf" or dset.external is not None:
+            return None
+        offset = dset.id.get_offset()
+        if offset is None:  # never written (fill values): read through h5py
+            return None
+
+        def load() -> np.ndarray:
+            buf = np.empty(var.shape, dt)
+            self._pread(buf.data.cast("B"), int(offset), var)
+            return buf
+
+        return self._cache.get((var.name, "whole"), load)
 
     # -- unfiltered rows that are byte ranges of the file -----------------------------------------
     def _read_raw(self, var: _Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> bool:
