@@ -10,8 +10,9 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -32,8 +33,6 @@ def flaky_server(modes: list[str]) -> Iterator[tuple[str, list[str]]]:
     Yields the file URL and the list of modes served so far.
     """
     seen: list[str] = []
-    ready = threading.Event()
-    state: dict = {}
 
     async def handle(request: web.Request) -> web.StreamResponse:
         mode = modes[min(len(seen), len(modes) - 1)]
@@ -57,10 +56,21 @@ def flaky_server(modes: list[str]) -> Iterator[tuple[str, list[str]]]:
         await resp.write(body)
         return resp
 
+    with serving_handler(handle, shutdown_timeout=0.5) as url:
+        yield url, seen
+
+
+@contextlib.contextmanager
+def serving_handler(handle: Callable[..., Any], *, shutdown_timeout: float) -> Iterator[str]:
+    """An aiohttp server on 127.0.0.1 in a thread, answering GETs of ``/data.bin`` with
+    ``handle``; yields that URL, stops when the block ends."""
+    ready = threading.Event()
+    state: dict = {}
+
     async def main() -> None:
         app = web.Application()
         app.router.add_get("/data.bin", handle)
-        runner = web.AppRunner(app, shutdown_timeout=0.5)
+        runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -74,7 +84,7 @@ def flaky_server(modes: list[str]) -> Iterator[tuple[str, list[str]]]:
     thread.start()
     assert ready.wait(10)
     try:
-        yield f"http://127.0.0.1:{state['port']}/data.bin", seen
+        yield f"http://127.0.0.1:{state['port']}/data.bin"
     finally:
         state["loop"].call_soon_threadsafe(state["stop"].set)
         thread.join(10)

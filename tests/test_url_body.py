@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import tracemalloc
 from collections.abc import Iterator
 
@@ -27,7 +26,7 @@ from shardload.errors import ChunkReadError, RemoteError
 from shardload.formats.zarr.shards import RangeFile
 from shardload.move.remote import open_fs, read_bytes
 from shardload.move.serve import serving
-from test_remote import PAYLOAD, fast_fs, flaky_server
+from test_remote import PAYLOAD, fast_fs, flaky_server, serving_handler
 from test_url_shard_fetch import KW, epoch, served_url, sharded  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -134,7 +133,6 @@ def test_a_large_answer_makes_no_timer_per_block(tmp_path, monkeypatch) -> None:
 @contextlib.contextmanager
 def halting_server(body: bytes) -> Iterator[str]:
     """A server that sends the headers and half of ``body``, then nothing for a minute."""
-    ready, state = threading.Event(), {}
 
     async def handle(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse()
@@ -144,27 +142,8 @@ def halting_server(body: bytes) -> Iterator[str]:
         await asyncio.sleep(60)
         return resp
 
-    async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/data.bin", handle)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        state["port"] = runner.addresses[0][1]
-        state["loop"], state["stop"] = asyncio.get_running_loop(), asyncio.Event()
-        ready.set()
-        await state["stop"].wait()
-        await runner.cleanup()
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    try:
-        yield f"http://127.0.0.1:{state['port']}/data.bin"
-    finally:
-        state["loop"].call_soon_threadsafe(state["stop"].set)
-        thread.join(10)
+    with serving_handler(handle, shutdown_timeout=0.1) as url:
+        yield url
 
 
 @pytest.mark.parametrize("size", [16 << 10, 2 << 20])  # joined, and into one buffer
