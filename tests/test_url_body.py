@@ -22,7 +22,7 @@ from aiohttp import web
 
 import shardload
 import shardload.move.pinned as pinned
-from shardload.errors import ChunkReadError, RemoteError
+from shardload.errors import RemoteError
 from shardload.formats.zarr.shards import RangeFile
 from shardload.move.remote import open_fs, read_bytes
 from shardload.move.serve import serving
@@ -90,18 +90,6 @@ def test_an_epoch_read_into_buffers_is_the_folders(sharded, monkeypatch) -> None
         epoch(store, local)
         epoch(store, local)  # a later epoch: range requests, also into buffers
     assert len(calls) >= 8  # the 8 shards' checks at least
-
-
-def test_a_corrupt_shard_read_into_a_buffer_is_named(sharded, monkeypatch) -> None:  # noqa: F811
-    monkeypatch.setattr(pinned, "INTO_BYTES", 1)
-    root, _ = sharded
-    path = root / "store" / "x" / "c" / "1" / "0"
-    data = bytearray(path.read_bytes())
-    data[100] ^= 0xFF
-    path.write_bytes(bytes(data))
-    corrupt = pytest.raises(ChunkReadError, match=r"shard 1 of array 'x' is corrupt")
-    with served_url(root) as (url, _), corrupt:
-        list(shardload.iter_batches(url, **KW))
 
 
 def test_a_large_answer_makes_no_timer_per_block(tmp_path, monkeypatch) -> None:

@@ -131,7 +131,12 @@ def test_a_shard_gone_after_its_check_is_an_error_naming_it(sharded) -> None:
             list(shardload.iter_batches(store, **KW))
 
 
-def test_a_corrupt_shard_by_url_is_named(sharded) -> None:
+@pytest.mark.parametrize("into_bytes", [None, 1])  # 1: every answer read into one buffer
+def test_a_corrupt_shard_by_url_is_named(sharded, into_bytes, monkeypatch) -> None:
+    if into_bytes is not None:
+        import shardload.move.pinned as pinned
+
+        monkeypatch.setattr(pinned, "INTO_BYTES", into_bytes)
     root, _ = sharded
     path = root / "store" / "x" / "c" / "1" / "0"
     data = bytearray(path.read_bytes())
