@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardload.formats.base import is_local
+from shardload.formats.copies import CopyOpener
 from shardload.formats.zarr.shards import RangeOpener
 
 
@@ -39,8 +40,8 @@ class StoredFiles:
         for the whole file; the local copy when the filesystem caches whole files."""
         if self.local:
             return None
-        if self.cached:
-            return lambda p: self.fs.open(p, "rb")
+        if self.cached:  # checked by the copies' records (formats/copies.py)
+            return CopyOpener(self.fs)
         return RangeOpener(self.fs)
 
     def meta_opener(self) -> Any:
