@@ -1,7 +1,8 @@
 """A Zarr store (the default format) read through the node cache (issue 28): its cached chunk
-files and shards are trusted across processes by their records, as an npy stack's are (no
-whole-file read and hash in each new process), raw chunks are read in place from the copies,
-and a copy changed on disk, or a store changed on the server, is never served silently."""
+files and shards (and a Parquet store's chunk files) are trusted across processes by their
+records, as an npy stack's are (no whole-file read and hash in each new process), raw chunks
+are read in place from the copies, and a copy changed on disk, or a store changed on the
+server, is never served silently."""
 
 from __future__ import annotations
 
@@ -54,12 +55,17 @@ def rewrite_in_place(path: Path) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [*LAYOUTS, "parquet"])
 def test_a_later_epoch_in_a_new_process_hashes_no_zarr_copy(tmp_path: Path, layout: str) -> None:
-    """Epoch 2 of a Zarr store in a new process (a new DataLoader worker or rank): every
-    copy's record vouches for it; no cached file is hashed (each was read whole and hashed
-    once per process before), no data request, the right rows."""
-    root = zarr_store(tmp_path, layout)
+    """Epoch 2 of a Zarr (or Parquet) store in a new process (a new DataLoader worker or
+    rank): every copy's record vouches for it; no cached file is hashed (each was read whole
+    and hashed once per process before), no data request, the right rows."""
+    if layout == "parquet":
+        pytest.importorskip("pyarrow")
+        make_store(tmp_path / "src", fmt="parquet", n=203, chunk_rows=7, name="store")
+        root = tmp_path / "src" / "store"
+    else:
+        root = zarr_store(tmp_path, layout)
     local = shardload.open_store(root)
     digests = [int(xxhash.xxh3_64_intdigest((root / f).read_bytes())) for f in data_files(root)]
     with serving(tmp_path / "src") as srv:

@@ -3,7 +3,7 @@ trusted across processes by its record, and read in place.
 
 A store opened with ``cache_dir`` is read by URL, every stored file through the node cache
 (``move/cache.py``), which hands out a descriptor on a local copy of it. Every format reading
-such copies (an npy stack, Zarr chunk files and shards) checks a copy here, once per process,
+such copies (an npy stack, Zarr chunk files and shards, Parquet chunk files) checks a copy here, once per process,
 before any of its bytes are used:
 
 - **vouched**: the copy's record in the cache holds the XXH3-64 computed from these very bytes
@@ -28,6 +28,11 @@ import xxhash
 
 from shardload.errors import ChunkReadError
 from shardload.formats.base import RawChunk
+
+
+def is_cached(fs: Any) -> bool:
+    """A remote filesystem with a whole-file cache (each stored file a local copy once fetched)."""
+    return getattr(getattr(fs, "spec", None), "cache_dir", None) is not None
 
 
 class CopyOpener:
@@ -61,6 +66,16 @@ def open_checked_copy(fs: Any, verifier: Any, name: str, unit: int, path: str, *
         os.close(fd)
         raise
     return fd
+
+
+def read_checked_copy(
+    fs: Any, verifier: Any, name: str, unit: int, path: str, *, what: str
+) -> bytes:
+    """The bytes of stored file ``path`` (unit ``unit`` of ``name``) from its node cache copy,
+    checked as :func:`open_checked_copy` says (a Parquet chunk, decoded whole anyway)."""
+    fd = open_checked_copy(fs, verifier, name, unit, path, what=what)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 def raw_copy(fs: Any, verifier: Any, name: str, i: int, path: str, row_bytes: int) -> RawChunk:

@@ -71,6 +71,7 @@ def cache_name(cache_dir: str | os.PathLike, url: str) -> str:
     return os.path.join(cache_dir, key_of(url))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked up to 3 times per file open
 def key_of(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:40]
 
@@ -171,10 +172,9 @@ class NodeCache:
             return fd
 
     def replan(self, plan: Any, digests: dict[str, int]) -> bool:
-        """Use ``plan`` (a :class:`~shardload.move.cache_prefetch.CachePlan`) from now on, the
-        last one's read-ahead stopped, and note the store's ``digests`` (by cache key). Returns
-        whether every file of this process's reads is here already (a warm epoch); then, in an
-        unbounded cache (nothing evicts them), nothing is read ahead."""
+        """Use ``plan`` (a ``CachePlan``) from now on, the last one's read-ahead stopped; note
+        the store's ``digests`` (by key). Whether every file of this process's reads is here
+        already (a warm epoch: then, unbounded, nothing evicts them, nothing is read ahead)."""
         if self.plan is not None:
             self.plan.close()
         self.digests.update(digests)

@@ -16,13 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardload.formats.base import is_local
-from shardload.formats.copies import CopyOpener
+from shardload.formats.copies import CopyOpener, is_cached
 from shardload.formats.zarr.shards import RangeOpener
-
-
-def is_cached(fs: Any) -> bool:
-    """A remote filesystem with a whole-file cache (each chunk a local file once fetched)."""
-    return getattr(getattr(fs, "spec", None), "cache_dir", None) is not None
 
 
 class StoredFiles:
