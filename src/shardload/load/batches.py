@@ -290,11 +290,11 @@ def read_batches(
     readers = max(1, int(num_workers))
     if not 0 <= worker < readers:
         raise PlanError(f"worker={worker} is not within 0..{readers - 1}")
+    threads = spec.reader_threads(readers)
     skip = check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
-    warm = plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule (cache_dir)
-    threads = spec.reader_threads(readers, warm_cache=warm)
+    plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule (cache_dir only)
     st = spec.member_store(member)
     plan_url_reads(st, spec.selection.arrays, plan, rank, worker)  # by URL: what to keep
     kind = spec.kind if st is spec.store else read_kind(st, spec.selection.arrays)

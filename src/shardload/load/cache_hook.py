@@ -6,10 +6,7 @@ the store was opened with ``cache_dir``. The epoch's plan and the next epoch's (
 node read each chunk (``plan.cache_plan.plan_node_reads``), then into the stored files that hold
 those rows (npy and Parquet chunk files, Zarr chunk or shard files) with the store's digests
 of them. The cache evicts by that schedule and reads this worker's next files ahead
-(``move/cache_prefetch.py``). When every file this worker reads this epoch is in the cache
-already, the epoch's reads are local: the loop then reads with a local store's reader threads
-(``LoadSpec.reader_threads``), not the many a store by URL keeps in flight, which on a few
-CPUs only contend (measured: 0.04 CPU s of an epoch's 0.30, docs/benchmarks.md).
+(``move/cache_prefetch.py``).
 
 The ranks of this node: ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (set by torchrun) when present
 (node ranks are consecutive), else this rank alone.
@@ -62,15 +59,13 @@ def unit_files(reader: Any, name: str, start: int, stop: int) -> list[tuple[int,
     return []
 
 
-def plan_node_cache(spec: LoadSpec, plan: EpochPlan, rank: int, worker: int) -> bool:
+def plan_node_cache(spec: LoadSpec, plan: EpochPlan, rank: int, worker: int) -> None:
     """Hand the cache of ``spec``'s store this epoch's and the next one's reads (no-op unless
-    the store was opened with ``cache_dir``). Returns whether every file this worker reads
-    this epoch is in the cache already (a warm epoch: its reads are local; False without a
-    cache)."""
+    the store was opened with ``cache_dir``)."""
     store = spec.store
-    plan_cache: Callable[..., bool] | None = getattr(store.fs, "plan_cache", None)
+    plan_cache: Callable[..., None] | None = getattr(store.fs, "plan_cache", None)
     if plan_cache is None or getattr(store.fs, "node_cache", None) is None:
-        return False
+        return
     following = spec.plan(
         world_size=plan.world_size, num_workers=plan.num_workers, epoch=plan.epoch + 1
     )
@@ -97,14 +92,13 @@ def plan_node_cache(spec: LoadSpec, plan: EpochPlan, rank: int, worker: int) -> 
             if me:
                 mine.append((t, path))
     digests = {p: d for found in files.values() for p, d in found if d is not None}
-    warm = plan_cache(
+    plan_cache(
         {p: np.unique(np.asarray(t, np.int64)) for p, t in times.items()},
         mine,
         digests,
         lag_steps=lag_steps(plan, rank, worker, spec.prefetch),
     )
     log.debug("cache plan: %d files, %d reads of this worker", len(times), len(mine))
-    return bool(warm)
 
 
 def lag_steps(plan: EpochPlan, rank: int, worker: int, prefetch: int) -> int:

@@ -236,14 +236,12 @@ class LoadSpec:
             **self.options,
         )
 
-    def reader_threads(self, readers: int, *, warm_cache: bool = False) -> int:
+    def reader_threads(self, readers: int) -> int:
         """Reader threads of one of ``readers`` readers of a rank (``threads``, or the default
-        share of this machine's CPUs: :func:`~shardload.load.options.default_threads`).
-        ``warm_cache``: every file this reader reads this epoch is in the store's node cache
-        already (``load/cache_hook.py``), so its reads are local: a local store's threads."""
+        share of this machine's CPUs: :func:`~shardload.load.options.default_threads`)."""
         if self.threads is None:  # windows of dates: a batch's reads spread over the threads
             ahead = max(self.prefetch, 4) if self.kind == "dated" else self.prefetch
-            return default_threads(ahead, readers, local=self.store.is_local or warm_cache)
+            return default_threads(ahead, readers, local=self.store.is_local)
         return max(1, int(self.threads))
 
     @property

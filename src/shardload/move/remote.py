@@ -294,13 +294,13 @@ class RemoteFileSystem(AbstractFileSystem):
         digests: Mapping[str, int],
         *,
         lag_steps: int = 0,
-    ) -> bool:
+    ) -> None:
         """The loader's plan for the cache (``move/cache_prefetch.py``): the steps at which the
         node reads each path, this process's reads ``(step, path)`` in order, the store's
-        digests by path; ``lag_steps``: how far the loop reads ahead. Returns whether the cache
-        holds every file of this process's reads (:meth:`NodeCache.replan`)."""
+        digests by path; ``lag_steps``: how far the loop reads ahead. A no-op without
+        ``cache_dir``; no read-ahead when every file is cached already (:meth:`NodeCache.replan`)."""
         if (cache := self.node_cache) is None:
-            return False
+            return
         key = {p: remote_cache.key_of(self.unstrip_protocol(p)) for p in times}
         plan = CachePlan(
             {key[p]: t for p, t in times.items()},
@@ -308,7 +308,7 @@ class RemoteFileSystem(AbstractFileSystem):
             lambda p: os.close(self._cached_fd(p, "", ahead=True)),
             lag_steps=lag_steps,
         )
-        return cache.replan(plan, {key[p]: int(d) for p, d in digests.items() if p in key})
+        cache.replan(plan, {key[p]: int(d) for p, d in digests.items() if p in key})
 
     def _cached_fd(
         self, path: str, what: str, *, ahead: bool = False, fetched: list[bytes] | None = None
