@@ -27,7 +27,6 @@ from typing import Any
 import xxhash
 
 from shardload.errors import ChunkReadError
-from shardload.formats.base import RawChunk
 
 
 def is_cached(fs: Any) -> bool:
@@ -76,21 +75,6 @@ def read_checked_copy(
     fd = open_checked_copy(fs, verifier, name, unit, path, what=what)
     with os.fdopen(fd, "rb") as f:
         return f.read()
-
-
-def raw_copy(fs: Any, verifier: Any, name: str, i: int, path: str, row_bytes: int) -> RawChunk:
-    """Chunk ``i`` of ``name``, rows of ``row_bytes`` from the start of the stored file
-    ``path`` (an uncompressed Zarr chunk), as a :class:`~.base.RawChunk` of its node cache copy:
-    no I/O until the loader opens it (``load/files.py``); then the copy is fetched if missing
-    and checked (:func:`open_checked_copy`), and its rows go by ``preadv`` straight into their
-    batches, as from a local folder."""
-    bounded = getattr(fs.spec, "cache_bytes", None) is not None
-
-    def opener() -> tuple[int, RawChunk]:
-        fd = open_checked_copy(fs, verifier, name, i, path, what=f"chunk {i}")
-        return fd, RawChunk(path, 0, row_bytes, transient=bounded)
-
-    return RawChunk(path, -1, row_bytes, opener=opener)
 
 
 def fd_digest(fd: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 from shardload.errors import ChunkReadError, ShardloadError, StoreError
 from shardload.formats.base import RawChunk, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, verify_file
-from shardload.formats.copies import is_cached, raw_copy
+from shardload.formats.copies import is_cached
 from shardload.formats.ragged.read import GroupedRagged
 from shardload.formats.zarr.cf import CFDecoding
 from shardload.formats.zarr.chunks import (
@@ -220,14 +220,6 @@ class ZarrReader(CarriedMetadata):
         # before the caller's reads scatter the chunk's rows anywhere
         verify_file(self.verifier, name, i, path, what=f"chunk {i}")
         return RawChunk(path, 0, layout.row_bytes)
-
-    def cached_raw_chunk(self, name: str, i: int) -> RawChunk | None:
-        """Chunk ``i`` of ``name`` as raw rows of its node cache copy (uncompressed shardload
-        arrays read with ``cache_dir``: ``formats/copies.py``), or None. No I/O here."""
-        layout = None if not self.files.cached or name in self._cf else self.layout(name)
-        if layout is None or layout.blosc or not layout.strict or layout.shard is not None:
-            return None
-        return raw_copy(self.fs, self.verifier, name, i, layout.chunk_path(i), layout.row_bytes)
 
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)`` into ``out`` (C-contiguous): directly from the chunk files
