@@ -1,6 +1,7 @@
 """The node cache (issue 28): its goals measured in one run, on one store served over loopback.
 
-One npy store made by ``shardload.prepare`` from generated data (default 200 MB, 2 MB chunks),
+One store made by ``shardload.prepare`` from generated data (default 200 MB, 2 MB chunks; npy,
+uncompressed, or ``--format zarr`` and ``--compression``: the default Zarr store is ``lz4``),
 served by ``shardload serve`` in a subprocess on 127.0.0.1; every epoch is one full shuffled
 epoch of ``iter_batches`` (batch 256, groups of ``--shuffle-chunks`` chunks), in this process:
 
@@ -20,6 +21,7 @@ Usage::
 
     python benchmarks/bench_cache.py                   # 200 MB, cache under the work folder
     python benchmarks/bench_cache.py --size-mb 400 --cache-root /dev/shm
+    python benchmarks/bench_cache.py --format zarr --compression lz4 --cache-root /dev/shm
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def downloads(store) -> int:
 
 
 def file_reads(path: Path, args: argparse.Namespace, epochs: int) -> int:
-    """File reads the plan makes over ``epochs`` (npy: one file per chunk and array)."""
+    """File reads the plan makes over ``epochs`` (one file per chunk and array: npy, Zarr
+    without shards)."""
     spec = LoadSpec.build(path, batch_size=args.batch_size, shuffle_chunks=args.shuffle_chunks)
     plans = [spec.plan(world_size=1, num_workers=1, epoch=e) for e in range(epochs)]
     return len(plan_node_reads(plans, [0]).chunk) * len(spec.selection.arrays)
@@ -84,6 +87,8 @@ def main() -> None:
     ap.add_argument("--chunk-mb", type=float, default=2.0)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--shuffle-chunks", type=int, default=4)
+    ap.add_argument("--format", default="npy", choices=["npy", "zarr"])
+    ap.add_argument("--compression", default="none", help="none, lz4, zstd (Zarr only)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the timed epochs (median)")
     ap.add_argument("--cache-root", default=None, help="where the cache folders go (/dev/shm...)")
     ap.add_argument("--out", default="bench-results")
@@ -98,9 +103,12 @@ def main() -> None:
 
 
 def measure(args: argparse.Namespace, work: Path, croot: Path) -> None:
-    path = make_store(work, args.size_mb, "npy", "none", args.chunk_mb)
+    path = make_store(work, args.size_mb, args.format, args.compression, args.chunk_mb)
     size = store_bytes(path)
-    print(f"store: {size / 1e6:.0f} MB, npy, {args.chunk_mb} MB chunks; cache in {croot}")
+    print(
+        f"store: {size / 1e6:.0f} MB, {args.format} ({args.compression}), {args.chunk_mb} MB "
+        f"chunks; cache in {croot}"
+    )
     res: dict[str, dict] = {}
 
     def show(name: str, r: dict) -> dict:

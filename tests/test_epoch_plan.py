@@ -587,3 +587,30 @@ def test_deal_order_sorts_only_the_segment_ranks():
     finally:
         sys.setprofile(None)
     assert len([s for s in sorts if s == "argsort"]) <= 2, sorts  # np.argsort -> ndarray.argsort
+
+
+@pytest.mark.parametrize("skip", [0, 1, 2, 4])
+@pytest.mark.parametrize("shuffle_chunks", [1, 2, 3])
+def test_worker_spans_are_the_groups_spans_without_dealing_them(
+    skip, shuffle_chunks, monkeypatch
+) -> None:
+    """``worker_spans`` (what a planner of reads needs: where a worker's rows lie) is the
+    concatenation of ``iter_worker_spans``' groups, resumed ones included, and deals no
+    group's rows (the loop deals each group once, as it reads it)."""
+    from shardload.plan.resume import skip_worker_batches
+
+    plan = plan_epoch(
+        [5, 3, 6, 2, 7, 4], batch_size=3, num_workers=2, shuffle_chunks=shuffle_chunks
+    )
+    plans = [skip_worker_batches(plan, 0, w, skip) for w in range(2)]
+    want = [[s for s, _ in groups_mod.iter_worker_spans(p, 0, w)] for w, p in enumerate(plans)]
+    dealt: list[int] = []
+    real = groups_mod._group_order
+    monkeypatch.setattr(groups_mod, "_group_order", lambda *a: dealt.append(1) or real(*a))
+    for w, p in enumerate(plans):
+        got = groups_mod.worker_spans(p, 0, w)
+        for col in ("chunk", "base", "lo", "hi", "ex"):
+            cat = [getattr(s, col) for s in want[w]]
+            expect = np.concatenate(cat).tolist() if cat else []
+            assert getattr(got, col).tolist() == expect, col
+    assert dealt == []

@@ -30,6 +30,7 @@ import numpy as np
 import xxhash
 
 from shardload.errors import ChunkReadError, ConfigError, ShardloadError, StoreError
+from shardload.formats.copies import CopyOpener, open_checked_copy
 from shardload.formats.ledger import file_version, open_ledger
 from shardload.layout import CHECKSUMS_NAME
 from shardload.util.npy_header import load_npz
@@ -298,12 +299,17 @@ def verify_file(
     """Check one stored file (a chunk or a shard) against its checksum, if ``verifier`` asks.
     A file read through ``opener`` (by URL) is fetched by one of the reader's threads at a time
     (:meth:`Verifier.unit_lock`), and by the others not at all once
-    it passed."""
+    it passed; a node cache's copy (a :class:`~.copies.CopyOpener`) is trusted by its record,
+    unread, when that vouches for it (:mod:`.copies`)."""
     if not verifier.needed(name, unit, path if opener is None else None):
         return
     if opener is not None:
         with verifier.unit_lock(name, unit):
-            if verifier.needed(name, unit):
+            if not verifier.needed(name, unit):
+                return
+            if isinstance(opener, CopyOpener):
+                os.close(open_checked_copy(opener.fs, verifier, name, unit, path, what=what))
+            else:
                 _verify_file(verifier, name, unit, path, opener=opener, what=what)
         return
     _verify_file(verifier, name, unit, path, opener=None, what=what)

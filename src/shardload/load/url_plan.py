@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from shardload.plan.epoch import EpochPlan
-from shardload.plan.groups import iter_worker_spans
+from shardload.plan.groups import worker_spans
 
 
 def plan_url_reads(
@@ -25,13 +23,9 @@ def plan_url_reads(
     plan_reads: Callable[..., None] | None = getattr(store.reader, "plan_reads", None)
     if plan_reads is None or store.is_local:
         return
-    firsts, lasts = [], []
-    for spans, _ in iter_worker_spans(plan, rank, worker):
-        ranges = spans.ex < 0
-        first = (spans.base + spans.lo)[ranges]
-        firsts.append(first)
-        lasts.append(first + (spans.hi - spans.lo)[ranges])
+    spans = worker_spans(plan, rank, worker)  # no group's rows dealt: only where they lie
+    ranges = spans.ex < 0
+    first = (spans.base + spans.lo)[ranges]
+    last = first + (spans.hi - spans.lo)[ranges]
     arrays = store.manifest.arrays
-    first = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
-    last = np.concatenate(lasts) if lasts else np.zeros(0, np.int64)
     plan_reads([n for n in names if n in arrays], first, last)

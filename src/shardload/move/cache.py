@@ -50,10 +50,12 @@ from shardload.move.cache_files import (
     LOCK_SUFFIX,
     SUM_SUFFIX,
     TMP_MARK,
+    holds_all,
     remove_entry,
     scan,
     write_record,
 )
+from shardload.move.cache_files import read_range as read_range  # the remote fs reads copies
 from shardload.util.locks import locked
 from shardload.util.procs import my_start_time
 
@@ -69,6 +71,7 @@ def cache_name(cache_dir: str | os.PathLike, url: str) -> str:
     return os.path.join(cache_dir, key_of(url))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked up to 3 times per file open
 def key_of(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:40]
 
@@ -167,6 +170,19 @@ class NodeCache:
             if ahead:
                 self._count("prefetched")
             return fd
+
+    def replan(self, plan: Any, digests: dict[str, int]) -> bool:
+        """Use ``plan`` (a ``CachePlan``) from now on, the last one's read-ahead stopped; note
+        the store's ``digests`` (by key). Whether every file of this process's reads is here
+        already (a warm epoch: then, unbounded, nothing evicts them, nothing is read ahead)."""
+        if self.plan is not None:
+            self.plan.close()
+        self.digests.update(digests)
+        warm = holds_all(self.dir, set(plan.files()))
+        if warm and self.cache_bytes is None:
+            plan.fetch = None
+        self.plan = plan
+        return warm
 
     def vouched_digest(self, fd: int, url: str) -> int | None:
         """The XXH3-64 recorded for the very bytes open at ``fd`` (same stamp), else None: a
@@ -382,19 +398,3 @@ class NodeCache:
 
 class NotKept(Exception):
     """A read-ahead the cache declined: the file would be evicted before it is read."""
-
-
-def read_range(fd: int, start: int | None, end: int | None) -> bytes:
-    """Bytes ``[start:end]`` of an open file, Python slice rules (negative = from the end)."""
-    size = os.fstat(fd).st_size
-    a, b, _ = slice(start, end).indices(size)
-    if b <= a:
-        return b""
-    parts, pos = [], a
-    while pos < b:
-        got = os.pread(fd, b - pos, pos)
-        if not got:
-            break
-        parts.append(got)
-        pos += len(got)
-    return b"".join(parts)

@@ -1,6 +1,7 @@
 """The files of a node cache folder: listing them, removing entries, the dead fills' leftovers.
 
-Used by :mod:`shardload.move.cache`; :func:`evict_lru` is the bound without a plan.
+Used by :mod:`shardload.move.cache`; :func:`evict_lru` is the bound without a plan,
+:func:`read_range` a range of a copy.
 """
 
 from __future__ import annotations
@@ -110,3 +111,29 @@ def evict_lru(cache_dir: str | os.PathLike, cache_bytes: int) -> int:
     if freed:
         log.debug("cache %s: evicted %d bytes", cache_dir, freed)
     return freed
+
+
+def holds_all(cache_dir: str, keys: set[str]) -> bool:
+    """Whether every one of ``keys`` has a copy and a record in ``cache_dir`` now (one listing;
+    whether each is trusted is decided when it is opened)."""
+    try:
+        names = set(os.listdir(cache_dir))
+    except FileNotFoundError:
+        return not keys
+    return all(k in names and k + SUM_SUFFIX in names for k in keys)
+
+
+def read_range(fd: int, start: int | None, end: int | None) -> bytes:
+    """Bytes ``[start:end]`` of an open file, Python slice rules (negative = from the end)."""
+    size = os.fstat(fd).st_size
+    a, b, _ = slice(start, end).indices(size)
+    if b <= a:
+        return b""
+    parts, pos = [], a
+    while pos < b:
+        got = os.pread(fd, b - pos, pos)
+        if not got:
+            break
+        parts.append(got)
+        pos += len(got)
+    return b"".join(parts)

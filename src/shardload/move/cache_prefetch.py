@@ -70,6 +70,10 @@ class CachePlan:
         self.fetched = 0
         self._lock = threading.Lock()
 
+    def files(self) -> list[str]:
+        """The keys of this process's reads."""
+        return list(self._mine_at)
+
     def knows(self, key: str) -> bool:
         return key in self.times
 

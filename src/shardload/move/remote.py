@@ -294,25 +294,23 @@ class RemoteFileSystem(AbstractFileSystem):
     ) -> None:
         """The loader's plan for the cache (``move/cache_prefetch.py``): the steps at which the
         node reads each path, this process's reads ``(step, path)`` in order, the store's
-        digests by path; ``lag_steps``: how far the loop reads ahead. A no-op without ``cache_dir``."""
+        digests by path; ``lag_steps``: how far the loop reads ahead. A no-op without
+        ``cache_dir``; no read-ahead when every file is cached already (:meth:`NodeCache.replan`)."""
         if (cache := self.node_cache) is None:
             return
         key = {p: remote_cache.key_of(self.unstrip_protocol(p)) for p in times}
-        if cache.plan is not None:
-            cache.plan.close()
-        cache.digests.update({key[p]: int(d) for p, d in digests.items() if p in key})
-        cache.plan = CachePlan(
+        plan = CachePlan(
             {key[p]: t for p, t in times.items()},
             [(t, key[p], p) for t, p in mine],
             lambda p: os.close(self._cached_fd(p, "", ahead=True)),
             lag_steps=lag_steps,
         )
+        cache.replan(plan, {key[p]: int(d) for p, d in digests.items() if p in key})
 
     def _cached_fd(
         self, path: str, what: str, *, ahead: bool = False, fetched: list[bytes] | None = None
     ) -> int:
-        """A descriptor on the node cache's checked copy of ``path``; ``fetched`` gets the
-        bytes when this call downloaded them (the caller then needs not read the copy back)."""
+        """A descriptor on the cache's checked copy of ``path`` (``fetched``: the bytes fetched)."""
         cache = self.node_cache
         assert cache is not None
 

@@ -34,6 +34,7 @@ __all__ = [
     "iter_worker_groups",
     "iter_worker_spans",
     "worker_rows",
+    "worker_spans",
 ]
 
 
@@ -92,6 +93,23 @@ def iter_worker_spans(
         wp, plan.shuffle_chunks, plan.shuffle, plan.batch_size, plan
     ):
         yield spans, order[skip:]
+
+
+def worker_spans(plan: EpochPlan, rank: int, worker: int) -> Spans:
+    """The segments one worker reads, from the shuffle group holding its first row not yet
+    consumed (a resume's ``skip_rows``) to its end: the spans of :func:`iter_worker_spans`,
+    without dealing each group's rows (for planners that need the rows read, not their order).
+
+    >>> from shardload.plan.epoch import plan_epoch
+    >>> plan = plan_epoch([2, 2, 2], batch_size=2, num_workers=0, shuffle=False, shuffle_chunks=2)
+    >>> worker_spans(plan, 0, 0).chunk.tolist()
+    [0, 1, 2]
+    """
+    wp = plan.workers[rank][worker]
+    k = max(1, int(plan.shuffle_chunks))
+    bounds = _group_bounds(wp.spans, k)
+    first = max(0, int(np.searchsorted(bounds, wp.skip_rows, "right")) - 1)
+    return wp.spans.seg(first * k, len(wp.spans))
 
 
 def iter_worker_groups(

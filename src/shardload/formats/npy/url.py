@@ -35,9 +35,9 @@ import numpy as np
 from shardload.errors import ChunkReadError, StoreError
 from shardload.formats.base import RawChunk
 from shardload.formats.checksums import DEFAULT_VERIFY, digest
+from shardload.formats.copies import is_cached
 from shardload.formats.npy import cached
 from shardload.formats.npy.read import NpyReader, _header_len
-from shardload.formats.zarr.files import is_cached
 from shardload.formats.zarr.ranges import (
     CHECK_BYTES,
     URL_GAP_BYTES,

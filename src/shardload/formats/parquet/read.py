@@ -1,8 +1,9 @@
 """Reading Parquet stores: one Parquet file per chunk and array, ``NAME/CCCCCC.parquet`` (the
 mapping of arrays onto columns: :mod:`shardload.formats.parquet.write`).
 
-A chunk is read whole (one ranged request for a URL), checked against its checksum (over the
-file's bytes) as ``verify`` says, decoded by pyarrow and its rows copied out; the last decoded
+A chunk is read whole (one ranged request for a URL; through a node cache, its copy, trusted
+by its record when that vouches for it: ``formats/copies.py``), checked against its checksum
+(over the file's bytes) as ``verify`` says, decoded by pyarrow and its rows copied out; the last decoded
 chunk of each array is kept, so row ranges inside one chunk decode it once.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 from shardload.errors import ChunkReadError, require
 from shardload.formats.base import is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest
+from shardload.formats.copies import is_cached, read_checked_copy
 from shardload.manifest.core import Manifest
 
 CHUNK_NAME = "{:06d}.parquet"
@@ -47,6 +49,7 @@ class ParquetReader:
         require("pyarrow", "parquet")
         self.fs, self.root, self.manifest = fs, root.rstrip("/"), manifest
         self.local = is_local(fs)
+        self.cached = not self.local and is_cached(fs)  # read from a node cache's copies
         self.bounds = np.asarray(manifest.chunk_bounds, dtype=np.int64)
         self.verifier = Verifier(fs, self.root, manifest, verify, files=False)
         self._last: dict[str, tuple[int, np.ndarray]] = {}
@@ -79,9 +82,12 @@ class ParquetReader:
         import pyarrow.parquet as pq
 
         path = self.path(name, i)
-        blob = self._bytes(name, i, path)
-        if self.verifier.needed(name, i):
-            self.verifier.check(name, i, digest(blob), path=path, what=f"chunk {i}")
+        if self.cached:  # a node cache's copy, trusted by its record when it vouches for it
+            blob = read_checked_copy(self.fs, self.verifier, name, i, path, what=f"chunk {i}")
+        else:
+            blob = self._bytes(name, i, path)
+            if self.verifier.needed(name, i):
+                self.verifier.check(name, i, digest(blob), path=path, what=f"chunk {i}")
         info = self.manifest.arrays[name]
         c0, c1 = self.manifest.chunk_range(i)
         shape = (c1 - c0, *info.row_shape)

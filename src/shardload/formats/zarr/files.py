@@ -16,12 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardload.formats.base import is_local
+from shardload.formats.copies import CopyOpener, is_cached
 from shardload.formats.zarr.shards import RangeOpener
-
-
-def is_cached(fs: Any) -> bool:
-    """A remote filesystem with a whole-file cache (each chunk a local file once fetched)."""
-    return getattr(getattr(fs, "spec", None), "cache_dir", None) is not None
 
 
 class StoredFiles:
@@ -39,8 +35,8 @@ class StoredFiles:
         for the whole file; the local copy when the filesystem caches whole files."""
         if self.local:
             return None
-        if self.cached:
-            return lambda p: self.fs.open(p, "rb")
+        if self.cached:  # checked by the copies' records (formats/copies.py)
+            return CopyOpener(self.fs)
         return RangeOpener(self.fs)
 
     def meta_opener(self) -> Any:

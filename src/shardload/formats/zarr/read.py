@@ -18,6 +18,7 @@ import numpy as np
 from shardload.errors import ChunkReadError, ShardloadError, StoreError
 from shardload.formats.base import RawChunk, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, verify_file
+from shardload.formats.copies import is_cached
 from shardload.formats.ragged.read import GroupedRagged
 from shardload.formats.zarr.cf import CFDecoding
 from shardload.formats.zarr.chunks import (
@@ -26,7 +27,7 @@ from shardload.formats.zarr.chunks import (
     load_chunk_layout,
     load_stored_objects,
 )
-from shardload.formats.zarr.files import CarriedMetadata, StoredFiles, is_cached, meta_path
+from shardload.formats.zarr.files import CarriedMetadata, StoredFiles, meta_path
 from shardload.formats.zarr.kept import kept_for, plan_kept
 from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.ranges import RawUrlReads, raw_layout

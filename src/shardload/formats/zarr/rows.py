@@ -14,6 +14,7 @@ import numpy as np
 from shardload.errors import ChunkReadError
 from shardload.formats.base import readinto_full
 from shardload.formats.checksums import Verifier, digest, verify_file
+from shardload.formats.copies import CopyOpener
 from shardload.formats.zarr.chunks import (
     ChunkLayout,
     decode_into,
@@ -102,6 +103,10 @@ def _read_chunk_part(
     rb = layout.row_bytes
     local = path if layout.opener is None else None
     check = verifier is not None and verifier.needed(name, i, local)
+    if check and isinstance(layout.opener, CopyOpener):  # a node cache's copy: by its record
+        assert verifier is not None
+        verify_file(verifier, name, i, path, opener=layout.opener, what=f"chunk {i}")
+        check = False
     try:
         with layout.open(path) as f:
             if not layout.blosc:
