@@ -108,3 +108,24 @@ def test_pieces_farther_apart_than_the_gap_are_not_merged(tmp_path, fmt) -> None
     data = [(p, s) for _, p, s in seen if p.startswith("/store/x/") and "zarr.json" not in p]
     assert len(data) == 2, data  # (an npy header: read at the open)
     assert {s for _, s in data} == {206}, data
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "npy"])
+def test_a_thread_that_asked_before_a_check_ended_gets_the_kept_bytes(tmp_path, fmt) -> None:
+    """Thread B saw chunk file 0 unchecked, then waited for its lock while thread A checked it
+    and kept its bytes: B finds them kept, not a range request more. Before, A kept the bytes
+    only after leaving the lock, so B (no one waiting any more when A left) got None and fetched
+    its pieces again: a worker's data file asked for twice (a flaky
+    ``test_url_open.py::test_a_forked_dataloader_worker_fetches_no_metadata[npy]``)."""
+    make_store(tmp_path, fmt=fmt, compression="none", n=256, chunk_rows=64)
+    with access_log() as seen, serving(tmp_path) as base:
+        reader = shardload.open_store(f"{base}store").reader
+        outs = [np.full((1, 4), np.nan, "f4")]
+        reader.read_spans_into("x", [(0, 1)], outs)  # thread A: checks file 0, keeps it
+        seen.clear()
+        if fmt == "npy":
+            got = reader._checked_whole("x", 0)  # thread B, once A's lock is free
+        else:
+            got = reader.raw_url._checked_whole(reader.ranged("x"), "x", 0)
+    assert got is not None and len(got) >= 64 * 16, got
+    assert seen == []

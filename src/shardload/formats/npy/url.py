@@ -246,8 +246,6 @@ class NpyUrlReader(NpyReader):
         whole = None if always else self.kept.get(name, i)
         if whole is None and self.verifier.needed(name, i):
             whole = self._checked_whole(name, i)
-            if whole is not None and not always:
-                self.kept.keep(name, i, whole)
         if whole is not None:
             offset = self._offsets.get((name, i))
             if offset is None:
@@ -273,8 +271,8 @@ class NpyUrlReader(NpyReader):
         """Chunk file ``i`` fetched whole and checked, once per reader: a thread that waited
         for another's check gets its bytes (None: checked earlier, bytes gone)."""
         with self.verifier.unit_lock(name, i) as unit:
-            if not self.verifier.needed(name, i):
-                return unit.data
+            if not self.verifier.needed(name, i):  # checked by a thread this one waited for,
+                return unit.data if unit.data is not None else self.kept.get(name, i)  # or kept
             path = self.path(name, i)
             c0, c1 = self.manifest.chunk_range(i)
             try:
@@ -284,6 +282,8 @@ class NpyUrlReader(NpyReader):
                 raise ChunkReadError.from_os_error(exc, f"chunk {i}", name, path) from exc
             self.verifier.check(name, i, digest(whole), path=path, what=f"chunk {i}")
             unit.data = whole
+            if self.verifier.mode != "always":  # kept before the lock goes: a thread that
+                self.kept.keep(name, i, whole)  # asked before this check ended finds them
             return whole
 
     def _fetch_run(self, name: str, i: int, start: int, end: int, placed: list[Piece]) -> None:

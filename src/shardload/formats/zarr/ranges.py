@@ -204,8 +204,6 @@ class RawUrlReads:
         whole = None if always else self.kept.get(name, i)
         if whole is None and self.verifier.needed(name, i):
             whole = self._checked_whole(layout, name, i)
-            if whole is not None and not always:
-                self.kept.keep(name, i, whole)
         if whole is not None:
             _copy(self.fs, layout, name, i, pieces, memoryview(whole), 0)
             return []
@@ -221,13 +219,15 @@ class RawUrlReads:
         """Chunk file ``i`` fetched whole and checked, once per reader: a thread that waited
         for another's check gets its bytes (None: checked earlier, bytes gone)."""
         with self.verifier.unit_lock(name, i) as unit:
-            if not self.verifier.needed(name, i):
-                return unit.data
+            if not self.verifier.needed(name, i):  # checked by a thread this one waited for,
+                return unit.data if unit.data is not None else self.kept.get(name, i)  # or kept
             path = layout.chunk_path(i)
             with self._checking.take(layout.chunk_rows * layout.row_bytes), self._requests:
                 whole = _get(self.fs, layout, name, i, None)
             self.verifier.check(name, i, digest(whole), path=_url(self.fs, path), what=f"chunk {i}")
             unit.data = whole
+            if self.verifier.mode != "always":  # kept before the lock goes: a thread that
+                self.kept.keep(name, i, whole)  # asked before this check ended finds them
             return whole
 
     def _fetch(
