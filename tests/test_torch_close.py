@@ -84,3 +84,41 @@ def test_each_worker_closes_its_own_copy_of_the_store_at_exit(
     assert client_connections(url) > 0  # the main process's own session is open
     ds.close()
     assert client_connections(url) == 0
+
+
+def test_a_lightning_data_module_closes_the_store_it_opened_at_teardown(tmp_path):
+    """``ShardloadDataModule`` given a URL opened its store and never closed it (its
+    connections lived until a garbage collection); Lightning's ``teardown`` now closes it, and
+    a later stage opens it anew. A Store passed in stays open."""
+    pytest.importorskip("lightning")
+    from _stores import make_store
+    from shardload.move.serve import serving
+    from shardload.torch.lightning import ShardloadDataModule
+
+    make_store(
+        tmp_path,
+        n=120,
+        chunk_rows=15,
+        fmt="npy",
+        compression="none",
+        splits={"train": 0.75, "val": 0.25},
+    )
+    local = ShardloadDataModule(tmp_path / "store", batch_size=8, test_split=None)
+    rows = {
+        k: sum(len(b["index"]) for b in f())
+        for k, f in (("train", local.train_dataloader), ("val", local.val_dataloader))
+    }
+    with serving(tmp_path) as base:
+        dm = ShardloadDataModule(f"{base}store", batch_size=8, test_split=None)
+        assert sum(len(b["index"]) for b in dm.train_dataloader()) == rows["train"] > 0
+        assert client_connections(base) > 0
+        dm.teardown("fit")
+        assert client_connections(base) == 0
+        assert sum(len(b["index"]) for b in dm.val_dataloader()) == rows["val"]  # usable again
+        dm.teardown("validate")
+        assert client_connections(base) == 0
+        with shardload.open_store(f"{base}store") as st:
+            given = ShardloadDataModule(st, batch_size=8, test_split=None)
+            list(given.val_dataloader())
+            given.teardown("validate")
+            assert client_connections(base) > 0  # the caller's store: still its connections

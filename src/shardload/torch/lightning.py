@@ -147,6 +147,7 @@ class ShardloadDataModule(pl.LightningDataModule):
         **dataset_options: Any,
     ) -> None:
         super().__init__()
+        self._owns_store = not isinstance(store, Store)  # a path or URL: opened, closed here
         self.store = open_store(store, storage_options=storage_options)
         self.batch_size, self.num_workers = int(batch_size), int(num_workers)
         self.splits = {"train": train_split, "val": val_split, "test": test_split}
@@ -166,6 +167,13 @@ class ShardloadDataModule(pl.LightningDataModule):
         self.dataset_options = dataset_options
         self._train: _EpochLoader | None = None
         self._train_state: Mapping[str, Any] | None = None
+
+    def teardown(self, stage: str) -> None:
+        """Lightning's end of ``fit`` / ``validate`` / ``test`` / ``predict``: the store this
+        module opened from a path or URL is closed (by URL: its connections; a Store passed in
+        stays open). The module stays usable: a later stage opens what it reads anew."""
+        if self._owns_store:
+            self.store.close()
 
     # -- loaders ---------------------------------------------------------------------------------
     def _dataset(self, split: str, *, shuffle: bool, mode: str) -> StreamingDataset:
