@@ -53,9 +53,16 @@ def test_a_later_epoch_in_a_new_process_hashes_no_copy(tmp_path: Path) -> None:
     the reader by URL hashed each file once per process), no data request, the right rows."""
     make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
     root = tmp_path / "src" / "store"
+    hashed = later_epoch_hashes(tmp_path, root)
+    assert hashed == 0, f"{hashed} whole-file hashes of cached copies in a later process"
+
+
+def later_epoch_hashes(tmp_path: Path, root: Path) -> int:
+    """The store at ``root`` (under ``tmp_path / "src"``) served, one epoch by URL filling the
+    cache, then an epoch in a new process: it made no data request and no cache fill and read
+    the right rows; returns how many cached copies it hashed whole."""
     local = shardload.open_store(root)
-    files = data_files(root)
-    digests = [int(xxhash.xxh3_64_intdigest((root / f).read_bytes())) for f in files]
+    digests = [int(xxhash.xxh3_64_intdigest((root / f).read_bytes())) for f in data_files(root)]
     with serving(tmp_path / "src") as srv:
         url, cache = f"{srv.url}/store", tmp_path / "cache"
         epoch_rows(shardload.open_store(url, cache_dir=cache), 0)  # fills the cache
@@ -72,7 +79,7 @@ def test_a_later_epoch_in_a_new_process_hashes_no_copy(tmp_path: Path) -> None:
         assert srv.data_requests(before) == []
     assert np.array_equal(np.asarray(x, dtype="f4"), local.read("x", 0, len(local)))
     assert fills == 0
-    assert hashed == 0, f"{hashed} whole-file hashes of cached copies in a later process"
+    return int(hashed)
 
 
 def test_a_copy_rewritten_with_its_mtime_put_back_is_fetched_again(tmp_path: Path) -> None:

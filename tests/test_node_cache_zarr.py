@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import xxhash
 
 import shardload
 from shardload.errors import ChunkReadError
@@ -22,9 +20,8 @@ from shardload.move.cache import SUM_SUFFIX
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _stores import make_store
-from conftest import python_env
 from test_node_cache import data_files, epoch_rows, serving
-from test_node_cache_trust import LATER_EPOCH
+from test_node_cache_trust import later_epoch_hashes
 
 #: Zarr layouts: raw chunk files (read in place), Blosc chunk files, Blosc shards.
 LAYOUTS = {
@@ -65,24 +62,7 @@ def test_a_later_epoch_in_a_new_process_hashes_no_zarr_copy(tmp_path: Path, layo
         root = tmp_path / "src" / "store"
     else:
         root = zarr_store(tmp_path, layout)
-    local = shardload.open_store(root)
-    digests = [int(xxhash.xxh3_64_intdigest((root / f).read_bytes())) for f in data_files(root)]
-    with serving(tmp_path / "src") as srv:
-        url, cache = f"{srv.url}/store", tmp_path / "cache"
-        epoch_rows(shardload.open_store(url, cache_dir=cache), 0)  # fills the cache
-        before = len(srv.paths)
-        out = subprocess.run(
-            [sys.executable, "-c", LATER_EPOCH, url, str(cache), json.dumps(digests)],
-            capture_output=True,
-            text=True,
-            env=python_env(),
-            timeout=120,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        hashed, fills, x = json.loads(out.stdout.splitlines()[-1])
-        assert srv.data_requests(before) == []
-    assert np.array_equal(np.asarray(x, dtype="f4"), local.read("x", 0, len(local)))
-    assert fills == 0
+    hashed = later_epoch_hashes(tmp_path, root)
     assert hashed == 0, f"{hashed} whole-file hashes of cached Zarr copies in a later process"
 
 
