@@ -58,6 +58,37 @@ def test_loading_a_local_store_imports_no_fsspec(default_store: Path) -> None:
     assert out.stdout.strip() == "False"
 
 
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_an_epoch_from_a_path_imports_no_fsspec(default_store: Path) -> None:
+    """``iter_batches(path)`` opens the store and closes it when the epoch ends: closing
+    imports nothing, and a program that takes one batch and exits (the store closed at the
+    interpreter's teardown) says nothing on stderr."""
+    out = _run(
+        "import sys, shardload\n"
+        f"n = sum(len(b['x']) for b in shardload.iter_batches({str(default_store)!r}, "
+        "batch_size=64))\n"
+        "print(n, 'fsspec' in sys.modules)\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3000", "False"]
+    out = _run(
+        "import shardload\n"
+        f"it = iter(shardload.iter_batches({str(default_store)!r}, batch_size=64))\n"
+        "print(len(next(it)['x']))\n"
+    )
+    assert out.returncode == 0 and out.stdout.split() == ["64"]
+    assert out.stderr == ""
+
+
 def test_local_fs_is_fsspec_local_on_first_use(tmp_path: Path) -> None:
     fs = base.LocalFS()
     assert base.is_local(fs) and fs.plan_cache is None and fs.node_cache is None

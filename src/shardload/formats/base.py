@@ -166,6 +166,10 @@ class LocalFS:
     # filesystem has them: load/cache_hook.py, formats/zarr/files.py): None, without fsspec
     plan_cache = node_cache = spec = None
 
+    def release(self) -> None:
+        """Nothing to release (``Store.close`` asks every filesystem; asking fsspec's would
+        import it, at every close of a store opened from a path)."""
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # pickle, copy and friends: this object's own
             raise AttributeError(name)
