@@ -258,3 +258,59 @@ def test_default_store_epochs_reuse_the_last_epochs_group_buffers(tmp_path, monk
     for got in (first, second):  # the reused memory still yields every row once
         rows = np.concatenate(got)
         assert np.array_equal(rows[np.argsort(rows[:, 0])], values)
+
+
+def test_epochs_from_a_path_reuse_the_last_epochs_memory(tmp_path, monkeypatch):
+    """``iter_batches(path)`` opens a store each epoch: the next epoch of the same path takes
+    up the group buffers and batch memory the last one's store kept (already faulted in),
+    and allocates none. Before: each epoch's store allocated them anew (fresh pages, zeroed
+    by the kernel). Another path does not take them up, and they go with the process."""
+    from shardload.load import reader, recycle
+
+    values = np.arange(8192 * 64, dtype="f4").reshape(8192, 64)
+    xr.Dataset({"a": (("sample", "f"), values)}).to_netcdf(tmp_path / "src.nc")
+    paths = []
+    for name in ("store", "other"):
+        shardload.prepare(
+            {
+                "source": {"paths": [str(tmp_path / "src.nc")]},
+                "sample_dims": ["sample"],
+                "arrays": {"x": ["a"]},
+                "out": str(tmp_path / name),
+            }
+        )
+        paths.append(str(tmp_path / name))
+    new = [0]
+    take = reader.BufferPool.take
+    made: list[int] = []
+    real = recycle.huge_empty
+
+    def counted(self, name, shape, dtype):  # type: ignore[no-untyped-def]
+        want = int(np.prod(shape)) * np.dtype(dtype).itemsize + reader.READ_ALIGN
+        if not any(b.nbytes >= want for b in self._free.get(name, [])):
+            new[0] += 1
+        return take(self, name, shape, dtype)
+
+    def counting(nbytes: int) -> np.ndarray:
+        made.append(nbytes)
+        return real(nbytes)
+
+    monkeypatch.setattr(reader.BufferPool, "take", counted)
+    monkeypatch.setattr(recycle, "huge_empty", counting)
+
+    def epoch(path: str, e: int) -> np.ndarray:
+        got = [b["x"].copy() for b in shardload.iter_batches(path, batch_size=64, epoch=e)]
+        rows = np.concatenate(got)
+        assert np.array_equal(rows[np.argsort(rows[:, 0])], values)  # every row once
+        return rows
+
+    first = epoch(paths[0], 0)
+    assert new[0] > 0 and made
+    first_made, new[0], made[:] = list(made), 0, []
+    second = epoch(paths[0], 1)
+    assert new[0] == 0, f"the second epoch allocated {new[0]} group buffers"
+    assert sum(made) < sum(first_made), (made, first_made)
+    assert not np.array_equal(first, second)
+    new[0] = 0
+    epoch(paths[1], 0)  # another store: its own memory
+    assert new[0] > 0

@@ -30,6 +30,7 @@ from shardload.load.recycle import (
     batch_specs,
     new_batch,
     store_recycler,
+    take_up_kept,
 )
 from shardload.load.scatter import batches_per_group, groups_in_flight, raw_sources, scatter_batches
 from shardload.load.spec import LoadSpec
@@ -229,6 +230,8 @@ def iter_batches(
         read_group_axis=read_group_axis,
     )
     owned = None if isinstance(store, Store) else spec.store  # opened here: closed here
+    if owned is not None:
+        take_up_kept(owned)  # the buffers the last epoch's store of this path kept
     try:
         batches = read_batches(
             spec,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from shardload.load.recycle import hand_on_kept
 from shardload.store.core import Store
 
 __all__ = ["Batches"]
@@ -48,6 +49,7 @@ class Batches(Iterator[dict[str, np.ndarray]]):
                 batches.close()
         finally:
             if owned is not None:
+                hand_on_kept(owned)  # its buffers, for the next epoch's store of this path
                 owned.close()
 
     def __enter__(self) -> Batches:
