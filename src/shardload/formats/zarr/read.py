@@ -258,7 +258,8 @@ class ZarrReader(CarriedMetadata):
         check asked for now (:mod:`.ahead`), the chunks to keep planned (:mod:`.kept`)."""
         if not (self.files.local or self.files.cached):
             layouts = {n: self.layout(n) for n in names}
-            fetch_ahead(ahead_for(self._indexes), layouts, self.verifier, first)
+            native = {n: lay for n, lay in layouts.items() if n not in self._cf}  # as read
+            fetch_ahead(ahead_for(self._indexes), native, self.verifier, first)
             plan_kept(kept_for(self._indexes), layouts, first, last)
 
     def array(self, name: str) -> Any:
