@@ -19,6 +19,11 @@ Printed: a line per RTT, then the ratios the issue asks about: the loader at eac
 the loader at 0 ms (goal at 20 ms: >= 0.8) and the loader at 0 ms against the plain GET at 0 ms
 (goal >= 0.8).
 
+``--server-process`` runs the server as ``shardload serve`` does, in a process of its own
+(``python -m shardload serve``), so its CPU and its GIL are not this process's, and at 0 ms
+reaches it directly, without the proxy (which then counts nothing: ``n/a``); at other RTTs the
+proxy stays a thread of this process. The plain GET and the loader read the same server.
+
 ``--same-store`` times instead the epochs of ONE opened store (``open_store(url)`` once, then
 ``iter_batches(store, epoch=e)`` for e = 0 .. ``--repeats``): epoch 0 is the reader's first
 (its shards fetched whole for their checksums), the others are later epochs. Each gets a line:
@@ -31,6 +36,8 @@ Usage::
     python benchmarks/bench_url_latency.py --workdir /tmp/bul --rows 16384
     python benchmarks/bench_url_latency.py --workdir /tmp/bul --rows 16384 --store default \
         --rtt-ms 0,20 --repeats 3 --same-store
+    python benchmarks/bench_url_latency.py --workdir /tmp/bul --rows 16384 --store default \
+        --rtt-ms 0 --repeats 3 --server-process
 """
 
 from __future__ import annotations
@@ -53,6 +60,58 @@ EXTRA_STORES = {
     "zarr1m": {"target_chunk_bytes": "1MiB"},
     "raw": {"compression": "none"},
 }
+
+
+class _NoProxy:
+    """Stands for the proxy at 0 ms with ``--server-process``: direct, nothing counted."""
+
+    requests = max_waiting = connections = 0
+
+    def reset_counts(self) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def served(root: Path, *, own_process: bool) -> Iterator[str]:
+    """The base URL of ``root`` served on 127.0.0.1: a thread of this process, or
+    ``python -m shardload serve`` in a process of its own."""
+    if not own_process:
+        from shardload.move.serve import serving
+
+        with serving(root, max_client_connections=512) as base:  # all from 127.0.0.1
+            yield base
+        return
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "shardload", "-q", "serve", str(root), "--port", str(port)]
+    proc = subprocess.Popen([*argv, "--max-client-connections", "512"])
+    try:
+        for _ in range(200):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.1):
+                break
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def reached(base: str, rtt_ms: float, *, direct: bool) -> Iterator[tuple[object, str]]:
+    """(proxy, base URL) to reach ``base`` at ``rtt_ms``: through the latency proxy, or at 0 ms
+    with ``direct`` without it."""
+    if direct and not rtt_ms:
+        yield _NoProxy(), base.rstrip("/")
+        return
+    from shardload.testing.latency import latency_proxy
+
+    target = urlparse(base)
+    with latency_proxy(target.hostname, target.port, rtt_s=rtt_ms / 1000) as (proxy, port):
+        yield proxy, f"http://127.0.0.1:{port}"
 
 
 def plain_get(url: str, store: Path, threads: list[int], repeats: int) -> float:
@@ -154,10 +213,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="time epochs 0..repeats of one opened store (later epochs), no plain GET",
     )
+    ap.add_argument(
+        "--server-process",
+        action="store_true",
+        help="serve from a process of its own (python -m shardload serve), 0 ms without proxy",
+    )
     a = ap.parse_args(argv)
-
-    from shardload.move.serve import serving
-    from shardload.testing.latency import latency_proxy
 
     STORES.update(EXTRA_STORES)
     work = Path(a.workdir)
@@ -168,12 +229,13 @@ def main(argv: list[str] | None = None) -> None:
     threads = [int(n) for n in a.threads.split(",")]
     print(f"store {store} ({a.store}): {len(files)} data files, {mib:.1f} MiB", flush=True)
     results: dict[float, tuple[float, float]] = {}
-    with serving(store.parent, max_client_connections=512) as base:  # all from 127.0.0.1
+    own = a.server_process
+    print(f"server: {'a process of its own' if own else 'a thread of this process'}", flush=True)
+    with served(store.parent, own_process=own) as base:
         epoch(f"{base}{store.name}", a.batch_size, a.seed)  # warm: imports, page cache
-        target = urlparse(base)
         for rtt_ms in [float(x) for x in a.rtt_ms.split(",")]:
-            with latency_proxy(target.hostname, target.port, rtt_s=rtt_ms / 1000) as (proxy, port):
-                url = f"http://127.0.0.1:{port}/{store.name}"
+            with reached(base, rtt_ms, direct=own) as (proxy, at):
+                url = f"{at}/{store.name}"
                 if a.same_store:
                     print(f"RTT {rtt_ms:5.0f} ms, one opened store:", flush=True)
                     same_store_epochs(url, proxy, a.repeats, a.batch_size, a.seed)
@@ -187,10 +249,16 @@ def main(argv: list[str] | None = None) -> None:
                     times.append(s)
                 best = min(times)
                 results[rtt_ms] = (best, get)
+                counts = (
+                    "no proxy: requests n/a"
+                    if isinstance(proxy, _NoProxy)
+                    else f"{proxy.requests // a.repeats} requests, at most "  # type: ignore[attr-defined]
+                    f"{proxy.max_waiting} in flight, "  # type: ignore[attr-defined]
+                    f"{proxy.connections // a.repeats} connections"  # type: ignore[attr-defined]
+                )
                 print(
                     f"RTT {rtt_ms:5.0f} ms: epoch {', '.join(f'{t:.2f}' for t in times)} s "
-                    f"({mib / best:.0f} MiB/s; {proxy.requests // a.repeats} requests, at most "
-                    f"{proxy.max_waiting} in flight, {proxy.connections // a.repeats} connections), "
+                    f"({mib / best:.0f} MiB/s; {counts}), "
                     f"plain GET {get:.2f} s ({mib / get:.0f} MiB/s), loader / GET {get / best:.3f}",
                     flush=True,
                 )

@@ -230,3 +230,24 @@ def test_an_epoch_keeps_within_a_small_bound_and_drops_the_farthest(sharded, mon
         epoch(store, local)
         epoch(store, local)
     assert 0 < most[0] <= 4 << 10 and dropped[0] > 0
+
+
+def test_whole_inner_chunks_by_url_skip_numcodecs_destination_check(sharded, monkeypatch) -> None:
+    """An epoch by URL decodes each whole inner chunk into numcodecs' own buffer and copies it
+    into the group: numcodecs checks a destination it is given in Python
+    (``ensure_contiguous_ndarray``, more CPU and GIL than decoding a chunk of a few KB), once per
+    chunk before. Counted at that check: none; the same batches."""
+    from numcodecs import blosc
+
+    calls = [0]
+    check = blosc.ensure_contiguous_ndarray
+
+    def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return check(*args, **kw)
+
+    root, local = sharded
+    with served_url(root) as (url, _):
+        monkeypatch.setattr(blosc, "ensure_contiguous_ndarray", counted)
+        epoch(url, local)
+    assert calls[0] == 0, calls

@@ -20,6 +20,7 @@ from shardload.formats.base import RawChunk, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, verify_file
 from shardload.formats.copies import is_cached
 from shardload.formats.ragged.read import GroupedRagged
+from shardload.formats.zarr.ahead import ahead_for, fetch_ahead
 from shardload.formats.zarr.cf import CFDecoding
 from shardload.formats.zarr.chunks import (
     ChunkLayout,
@@ -253,9 +254,13 @@ class ZarrReader(CarriedMetadata):
             self.read_into(name, start, stop, out)
 
     def plan_reads(self, names: Sequence[str], first: np.ndarray, last: np.ndarray) -> None:
-        """By URL, a worker's row spans ``[first, last)`` this epoch (:mod:`.kept`)."""
+        """By URL, a worker's row spans ``[first, last)`` this epoch: its first shards to
+        check asked for now (:mod:`.ahead`), the chunks to keep planned (:mod:`.kept`)."""
         if not (self.files.local or self.files.cached):
-            plan_kept(kept_for(self._indexes), {n: self.layout(n) for n in names}, first, last)
+            layouts = {n: self.layout(n) for n in names}
+            native = {n: lay for n, lay in layouts.items() if n not in self._cf}  # as read
+            fetch_ahead(ahead_for(self._indexes), native, self.verifier, first)
+            plan_kept(kept_for(self._indexes), layouts, first, last)
 
     def array(self, name: str) -> Any:
         with self._lock:  # reader threads may open arrays concurrently
@@ -328,6 +333,7 @@ class ZarrReader(CarriedMetadata):
             self.read(name, k * objects.rows, min((k + 1) * objects.rows, self.manifest.length))
 
     def close(self) -> None:
+        ahead_for(self._indexes).clear()
         self._arrays.clear()
         self._layouts.clear()
         self._ranged.clear()

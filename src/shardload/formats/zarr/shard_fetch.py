@@ -39,6 +39,7 @@ import numpy as np
 
 from shardload.errors import ChunkReadError
 from shardload.formats.checksums import Verifier
+from shardload.formats.zarr.ahead import Ahead, ahead_for
 from shardload.formats.zarr.chunks import ChunkLayout
 from shardload.formats.zarr.kept import KeptChunks, kept_for
 from shardload.formats.zarr.shard_spans import (
@@ -148,13 +149,16 @@ def read_url_shards(
     # ``verify="always"`` checks a shard each time it is read: no bytes kept across calls
     always = verifier is not None and verifier.enabled and verifier.mode == "always"
     kept = kept_for(indexes) if indexes is not None and not always else None
+    ahead = ahead_for(indexes) if indexes is not None and not always else None
     checks = BoundedSemaphore(CHECK_THREADS)
     stop = current_stop()  # the loader's close ends these threads' retries too
     with ThreadPoolExecutor(URL_THREADS) as pool:
 
         def plan(k: int) -> list[Run]:
             with stop_on(stop):
-                return _plan_shard(layout, name, k, by_shard[k], verifier, indexes, checks, kept)
+                return _plan_shard(
+                    layout, name, k, by_shard[k], verifier, indexes, checks, kept, ahead
+                )
 
         def fetch(r: Run) -> None:
             with stop_on(stop):
@@ -174,6 +178,7 @@ def _plan_shard(
     indexes: ShardIndexCache | None,
     checks: BoundedSemaphore,
     kept: KeptChunks | None,
+    ahead: Ahead | None = None,
 ) -> list[Run]:
     """Shard ``k``: its kept chunks decoded, the rest checked and decoded from the shard's
     whole bytes (no run left), or its runs."""
@@ -192,7 +197,7 @@ def _plan_shard(
             if not pieces:
                 return []
         if verifier is not None and verifier.needed(name, k):
-            data = _checked_whole(layout, verifier, name, k, path, checks)
+            data = _checked_whole(layout, verifier, name, k, path, checks, ahead=ahead)
             if data is not None:  # decoded here, while the bytes are held
                 _from_whole(layout, name, k, path, pieces, data, indexes, kept)
                 return []
@@ -258,21 +263,27 @@ def _checked_whole(
     checks: BoundedSemaphore,
     *,
     again: bool = False,
+    ahead: Ahead | None = None,
 ) -> memoryview | None:
     """Shard ``k`` fetched whole and checked (``.shard_spans._checked_once`` by URL), at most
     ``checks`` at once: the semaphore is taken inside the shard's unit lock, so a call that
     waits for a check another call makes gets its bytes (waiting for the semaphore first, it
     found the shard checked and its bytes gone: a range request more). ``again``: a shard
     already checked is fetched (and checked, when the store has checksums) once more, unless
-    a call that this one waited for left its bytes."""
+    a call that this one waited for left its bytes. ``ahead``: a first check takes the bytes
+    and digest fetched ahead (:mod:`.ahead`) when there are."""
     with verifier.unit_lock(name, k) as unit:
         needed = verifier.needed(name, k)
         if not needed and (unit.data is not None or not again):
             return unit.data
         with checks:
+            got = ahead.take(name, k) if ahead is not None and needed else None
             try:
                 with layout.open(path) as f:
-                    if verifier.enabled:
+                    if got is not None:  # compared here, before any of its bytes is used
+                        verifier.check(name, k, got[1], path=path, what=f"shard {k}")
+                        unit.data = got[0]
+                    elif verifier.enabled:
                         unit.data = _checked_bytes(verifier, name, k, path, f)
                     else:
                         unit.data = f.whole()
