@@ -23,6 +23,7 @@ from _stores import make_store
 from shardload.errors import ChunkReadError, ConfigError
 from shardload.formats.zarr.kept import KEEP_ENV, KeptChunks, keep_bytes
 from shardload.formats.zarr.shard_fetch import plan_runs
+from shardload.formats.zarr.shard_local import DECOMPRESS_CTX
 from shardload.move.serve import serving
 from shardload.testing.latency import latency_proxy
 from test_url_requests import access_log
@@ -233,10 +234,11 @@ def test_an_epoch_keeps_within_a_small_bound_and_drops_the_farthest(sharded, mon
 
 
 def test_whole_inner_chunks_by_url_skip_numcodecs_destination_check(sharded, monkeypatch) -> None:
-    """An epoch by URL decodes each whole inner chunk into numcodecs' own buffer and copies it
-    into the group: numcodecs checks a destination it is given in Python
-    (``ensure_contiguous_ndarray``, more CPU and GIL than decoding a chunk of a few KB), once per
-    chunk before. Counted at that check: none; the same batches."""
+    """An epoch by URL decodes each whole inner chunk with c-blosc straight into the group (or,
+    where that symbol is missing, into numcodecs' own buffer and copies it): numcodecs checks a
+    destination it is given in Python (``ensure_contiguous_ndarray``, more CPU and GIL than
+    decoding a chunk of a few KB), once per chunk before. Counted at that check and at numcodecs'
+    decompress: none; the same batches."""
     from numcodecs import blosc
 
     calls = [0]
@@ -246,8 +248,18 @@ def test_whole_inner_chunks_by_url_skip_numcodecs_destination_check(sharded, mon
         calls[0] += 1
         return check(*args, **kw)
 
+    decodes = [0]
+    decompress = blosc.decompress
+
+    def counted_decode(*args, **kw):  # type: ignore[no-untyped-def]
+        decodes[0] += 1
+        return decompress(*args, **kw)
+
     root, local = sharded
     with served_url(root) as (url, _):
         monkeypatch.setattr(blosc, "ensure_contiguous_ndarray", counted)
+        monkeypatch.setattr(blosc, "decompress", counted_decode)
         epoch(url, local)
     assert calls[0] == 0, calls
+    if DECOMPRESS_CTX is not None:  # c-blosc called straight into the group, no numcodecs call
+        assert decodes[0] == 0, decodes

@@ -13,6 +13,7 @@ messages are built only when a check fails, and then the same as the one-span pa
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -24,7 +25,7 @@ from numcodecs import blosc
 from shardload.errors import ChunkReadError
 from shardload.formats.checksums import Verifier, digest, verify_file
 from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts
-from shardload.formats.zarr.shard_local import read_whole_chunks
+from shardload.formats.zarr.shard_local import DECOMPRESS_CTX, read_whole_chunks
 from shardload.formats.zarr.shards import (
     EMPTY,
     RangeFile,
@@ -248,7 +249,9 @@ def _read_runs(
         i = m
     fetched = (fetch(r[2], r[3]) for r in runs)
     rows, unpack, decompress = layout.chunk_rows, _HEADER.unpack_from, blosc.decompress
+    ctx, address, of = DECOMPRESS_CTX, ctypes.addressof, ctypes.c_char.from_buffer
     for (i, m, start, _), (buf, got) in zip(runs, fetched, strict=True):
+        base = np.frombuffer(buf, np.uint8).ctypes.data if ctx is not None and got else 0
         for q in order[i:m]:
             j, lo, hi, part = pieces[q]
             a, size = offs_l[q] - start, sizes_l[q]
@@ -261,14 +264,18 @@ def _read_runs(
             if lo == 0 and hi == rows and size >= 16:
                 nbytes, _, cbytes = unpack(raw, 4)
                 if cbytes == size and nbytes == full and raw[3] in typesizes:
-                    try:
-                        # into numcodecs' own buffer, then copied: given a destination,
-                        # numcodecs checks it in Python (``ensure_contiguous_ndarray``, about
-                        # 5 us holding the GIL, as long as decoding a 12 KB chunk)
-                        part[:] = decompress(raw)
-                        continue
-                    except Exception:  # decode_into below raises the error naming it
-                        pass
+                    if ctx is not None:  # c-blosc straight into the piece, without the GIL
+                        if ctx(base + a, address(of(part)), full, 1) == full:
+                            continue
+                    else:
+                        try:
+                            # into numcodecs' own buffer, then copied: given a destination,
+                            # numcodecs checks it in Python (``ensure_contiguous_ndarray``,
+                            # about 5 us holding the GIL, as long as decoding a 12 KB chunk)
+                            part[:] = decompress(raw)
+                            continue
+                        except Exception:  # decode_into below raises the error naming it
+                            pass
             what = _what(layout, k, j)  # built only here: an f-string per chunk costs
             decode_into(layout, raw, lo, hi, part, name=name, what=what, path=path)
 
