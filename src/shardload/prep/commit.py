@@ -333,7 +333,7 @@ _REMOVING_LOCK = threading.Lock()
 def remove_later(path: Path) -> None:
     """Delete ``path`` (a replaced store, renamed out of the way: nothing reads it) in a
     background thread, so that a publish does not wait for the filesystem to unlink the old
-    store's files (0.1-0.2 s of a 0.4-0.8 s prepare of 70 MB on the development VM). Not a
+    store's files (0.08-0.19 s of a 0.4-0.8 s prepare of 70 MB on the development VM). Not a
     daemon: the interpreter waits for it at exit, so a process that ends normally leaves no
     ``OUT.old-*`` folder (a killed one may, as it could while deleting in the foreground)."""
     thread = threading.Thread(
