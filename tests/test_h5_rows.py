@@ -78,6 +78,37 @@ def test_rows_equal_the_lazy_path_and_encoded_variables_are_decoded_as_xarray(tm
     _check(again, ds, ["row"], 60, 200)
 
 
+def test_rows_planned_without_opening_the_file_with_h5netcdf_again(tmp_path, monkeypatch):
+    """The row reader is planned from h5py and the lazy dataset alone (h5netcdf resolving
+    every dimension scale of the file was a third of opening a source): no h5netcdf file is
+    opened, the attributes are still read as h5netcdf reads them (scaled and masked
+    variables decoded), and a variable netCDF-4 stores as ``_nc4_non_coord_NAME`` (named as a
+    dimension it is not the coordinate of) is found."""
+    path = tmp_path / "rows.nc"
+    write_rows(path).close()
+    with h5netcdf.File(path, "a") as f:
+        f.dimensions["g2"] = 3
+        f.create_variable("g2", ("row",), "f4")[...] = np.arange(300, dtype="f4")
+    with h5py.File(path, "r") as f:
+        assert "_nc4_non_coord_g2" in f
+    ds = xr.open_dataset(path, engine="h5netcdf", chunks={})
+    opened = []
+    real = h5netcdf.File.__init__
+
+    def counting(self, *a, **k):
+        opened.append(a)
+        real(self, *a, **k)
+
+    monkeypatch.setattr(h5netcdf.File, "__init__", counting)
+    rows = h5_rows(str(path), ds, ["row"])
+    monkeypatch.undo()
+    assert opened == [] and rows is not None
+    assert set(rows.names) == {"x", "flat", "z", "gap", "be", "scaled", "masked", "g2"}
+    assert {n for n, v in rows.variables.items() if v.decode} == {"scaled", "masked"}
+    for a, b in [(0, 300), (63, 65), (1, 190)]:
+        _check(rows, ds, ["row"], a, b)
+
+
 def test_grid_with_samples_last_equals_the_lazy_path(tmp_path):
     path = tmp_path / "grid.h5"
     write_grid(path)

@@ -95,3 +95,37 @@ def test_series_rows_are_transposed_into_the_block_in_cache_sized_copies(tmp_pat
         assert got.tobytes() == want.tobytes(), (start, stop)
         assert sum(b for b, _ in copies) == got.nbytes, (start, stop)
         assert max(f for _, f in copies) <= transpose.BLOCK * plane, (start, stop)
+
+
+def test_large_read_of_many_chunks_is_copied_into_its_rows_by_several_threads(monkeypatch):
+    """A read of many chunks split along the features (a GRIB file's messages, one per level)
+    is copied into its rows stripe by stripe by a few threads once it is large (the other
+    write tasks wait for that read): every stripe written once, the same bytes as the read."""
+    import os
+    import threading
+
+    import dask.array as da
+
+    from shardload.prep.views import rows as rows_module
+
+    monkeypatch.setattr(rows_module, "STRIPE_THREADS_BYTES", 1, raising=False)  # any read
+    monkeypatch.setattr(rows_module, "STRIPE_BYTES", 1024)  # many stripes
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    n, k = 5000, 6
+    values = _bits((n, k), "f4", seed=3)
+    lazy = xr.DataArray(da.from_array(values, chunks=(n, 1)), dims=("values", "level"))
+    writers: dict[str, int] = {}
+
+    class Recording(np.ndarray):
+        def __setitem__(self, key, value):
+            name = threading.current_thread().name
+            writers[name] = writers.get(name, 0) + 1
+            super().__setitem__(key, value)
+
+    dest = np.empty((n, k), "f4").view(Recording)
+    (got,) = read_many([lazy], ["values"], 0, n, out=[dest])
+    assert np.asarray(got).tobytes() == values.tobytes()
+    here = threading.current_thread().name
+    assert len(writers) == 2 and here in writers  # the reading thread and one more
+    assert all(w == here or w.startswith("shardload-stripes") for w in writers)
+    assert sum(writers.values()) == -(-n // (1024 // (k * 4))) * k  # each stripe of each chunk once

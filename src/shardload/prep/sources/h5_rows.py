@@ -330,14 +330,18 @@ def h5_rows(
     phony_dims: str = "sort",
 ) -> H5Rows | None:
     """An :class:`H5Rows` for the plain variables of ``ds`` (opened lazily from the local
-    netCDF-4/HDF5 file ``path``), or None where none qualifies."""
-    import h5netcdf
+    netCDF-4/HDF5 file ``path``), or None where none qualifies.
+
+    Each variable is looked up with h5py alone, its dims taken from ``ds`` (which has them
+    from the same file, ``phony_dims`` naming those without dimension scales) and its
+    attributes read as h5netcdf reads them: opening the file again with h5netcdf, which
+    resolves every dimension scale of the file first, was a third of opening the source
+    (issue 29)."""
     import h5py
 
     try:
         with h5py.File(path, "r") as h5:
-            nc = h5netcdf.File(h5, "r", phony_dims=phony_dims)
-            node = nc[group] if group else nc
+            node = h5[group] if group else h5
             found = {}
             for name in map(str, ds.data_vars):
                 var = _plan(name, ds[name], node, sample_dims)
@@ -348,15 +352,33 @@ def h5_rows(
     return H5Rows(path, found) if found else None
 
 
+#: netCDF-4's name for a variable named as a dimension it is not the coordinate of
+_NON_COORD = "_nc4_non_coord_"
+
+
+def _dataset(node: Any, name: str) -> Any:
+    """The h5py dataset of netCDF variable ``name`` in group ``node``, or None."""
+    import h5py
+
+    for key in (_NON_COORD + name, name):
+        obj = node.get(key)
+        if isinstance(obj, h5py.Dataset):
+            return obj
+    return None
+
+
 def _plan(name: str, da: Any, node: Any, sample_dims: Sequence[str]) -> _Var | None:
-    if name not in node.variables or not all(d in da.dims for d in sample_dims):
+    import h5py
+    from h5netcdf.attrs import Attributes
+
+    dset = _dataset(node, name)
+    if dset is None or not all(d in da.dims for d in sample_dims):
         return None
-    v = node.variables[name]
-    dims = tuple(v.dimensions)
-    dset = v._h5ds
-    if dims != tuple(da.dims) or tuple(dset.shape) != tuple(da.shape) or not sample_dims:
+    dims = tuple(da.dims)
+    if len(dims) != dset.ndim or tuple(dset.shape) != tuple(da.shape) or not sample_dims:
         return None
-    decode = plan_cf_decode(v.attrs, dset.dtype, da.dtype)  # the attributes as xarray reads them
+    attrs = Attributes(dset.attrs, lambda dtype: None, h5py)  # as h5netcdf returns them
+    decode = plan_cf_decode(attrs, dset.dtype, da.dtype)  # the attributes as xarray reads them
     if decode is None:
         return None
     sample_axes = tuple(dims.index(d) for d in sample_dims)
