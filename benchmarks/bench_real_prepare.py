@@ -30,7 +30,8 @@ Each timing runs in a fresh Python process that has already imported what it nee
 time is not the measure here: see ``--imports``), after one untimed run that warms the page
 cache: xarray opens the file (``xr.open_dataset(path)``, its default engine and no dask) and
 times ``ds[vars].load()`` (and the open, shown apart); shardload times ``shardload.prepare``
-with default settings (format, compression, chunking, scheduler), ``overwrite: true``.
+with default settings (format, compression, chunking, scheduler) into an OUT the untimed
+step before each run removed (``overwrite: true`` as well).
 Each is the best of ``--repeats`` runs. ``--imports`` also prints ``python -X importtime``'s
 cumulative import time of ``shardload.prep.driver`` and what prepare imports before any work.
 
@@ -241,7 +242,7 @@ print(json.dumps({"open_s": best_open, "load_s": best_load, "bytes": nbytes}))
 """
 
 SHARDLOAD_CHILD = """
-import json, sys, time
+import json, shutil, sys, time
 import shardload
 from shardload.prep import driver
 from shardload.prep.sources import open as source_open
@@ -249,6 +250,7 @@ cfg, repeats = json.loads(sys.argv[1]), int(sys.argv[2])
 best = float("inf")
 for _ in range(repeats + 1):  # the first run warms the cache
     source_open._GRIB.clear()  # each run scans its GRIB file, as xarray's open does
+    shutil.rmtree(cfg["out"], ignore_errors=True)  # a fresh OUT: deleting the last is not timed
     t0 = time.perf_counter()
     store = shardload.prepare(cfg)
     best = min(best, time.perf_counter() - t0)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +11,7 @@ import pytest
 
 from shardload.errors import StoreExistsError, StoreLockedError
 from shardload.formats.registry import get_writer
-from shardload.prep.commit import BlockCommit, wait_removed, write_block_durably
+from shardload.prep.commit import BlockCommit, write_block_durably
 from shardload.prep.lock import OutputLock
 
 
@@ -79,43 +77,7 @@ def test_publish_never_replaces_an_output_without_overwrite(tmp_path):
         c.publish({"shardload.json": b"{}"})
     assert (out / "shardload.json").exists() and not (out / "theirs").exists()
     assert not (out / "_progress").exists() and not c.root.exists()
-    assert wait_removed(timeout_s=60) and not list(tmp_path.glob("store.old-*"))
-
-
-def publish_one(out: Path, payload: bytes) -> None:
-    with make(out, n=1, overwrite=True) as c:
-        c.start(lambda root: None)
-        c.record(0, {"v": np.zeros(1)})
-        c.publish({"shardload.json": payload})
-
-
-def test_replaced_store_is_deleted_after_publish_returns(tmp_path, monkeypatch):
-    """The publish that replaces ``OUT`` returns before the old store's files are deleted (a
-    background thread deletes them): twice in a row, while neither deletion may start, both
-    old stores are there under names of their own, and both are gone once let go."""
-    out = tmp_path / "store"
-    publish_one(out, b"{1}")
-    gate, removers = threading.Event(), []
-    real = shutil.rmtree
-
-    def held(path, *args, **kw):
-        if Path(path).name.startswith("store.old-"):
-            removers.append(threading.current_thread().name)
-            if threading.current_thread() is not threading.main_thread():
-                gate.wait(60)
-        return real(path, *args, **kw)
-
-    monkeypatch.setattr(shutil, "rmtree", held)
-    try:
-        publish_one(out, b"{2}")
-        publish_one(out, b"{3}")
-        olds = sorted(tmp_path.glob("store.old-*"))
-        assert [(p / "shardload.json").read_bytes() for p in olds] == [b"{1}", b"{2}"]
-        assert (out / "shardload.json").read_bytes() == b"{3}"
-    finally:
-        gate.set()
-    assert wait_removed(timeout_s=60) and not list(tmp_path.glob("store.old-*"))
-    assert len(removers) == 2 and all(n.startswith("shardload-remove-") for n in removers)
+    assert not list(tmp_path.glob("store.old-*"))
 
 
 def test_existing_output_refused_before_anything_is_written(tmp_path):
