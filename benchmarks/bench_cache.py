@@ -12,6 +12,10 @@ epoch of ``iter_batches`` (batch 256, groups of ``--shuffle-chunks`` chunks), in
   50% x 3        ``cache_bytes`` = half the store, epochs 1-3, evictions from the plan (Belady)
                  and, the same again, least recently used (the plan hook switched off)
 
+``--warm-pairs N`` measures only epoch 2 against the local folder: the cache filled once, then
+N pairs (cached, local), each epoch with a fresh handle and the order alternating pair by pair;
+it prints each pair's ratios (rows/s and CPU) and their medians.
+
 Goals: fill >= 0.9 x direct; cached >= 0.9 x local, with no download (the cache's counters: every
 read of a store opened with ``cache_dir`` goes through it); at 50%, hits >= 1.5 x LRU's, where
 hits = file reads the plan makes (segments x arrays) - downloads. The page cache is warm (the
@@ -22,6 +26,7 @@ Usage::
     python benchmarks/bench_cache.py                   # 200 MB, cache under the work folder
     python benchmarks/bench_cache.py --size-mb 400 --cache-root /dev/shm
     python benchmarks/bench_cache.py --format zarr --compression lz4 --cache-root /dev/shm
+    python benchmarks/bench_cache.py --format zarr --compression lz4 --warm-pairs 12
 """
 
 from __future__ import annotations
@@ -92,14 +97,51 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the timed epochs (median)")
     ap.add_argument("--cache-root", default=None, help="where the cache folders go (/dev/shm...)")
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--warm-pairs", type=int, default=0, help="only epoch 2 against local")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-cache-"))
     croot = Path(tempfile.mkdtemp(prefix="bench-cache-", dir=args.cache_root))
     try:
-        measure(args, work, croot)
+        (warm_pairs if args.warm_pairs else measure)(args, work, croot)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(croot, ignore_errors=True)
+
+
+def warm_pairs(args: argparse.Namespace, work: Path, croot: Path) -> None:
+    """Epoch 2 from a full cache against the local folder, in alternating pairs."""
+    path = make_store(work, args.size_mb, args.format, args.compression, args.chunk_mb)
+    print(f"store: {store_bytes(path) / 1e6:.0f} MB, {args.format} ({args.compression}); {croot}")
+    epoch(shardload.open_store(path), epoch_no=5, args=args)  # first-use costs, page cache
+    server = Server(work / "served")
+    url = server.url + "bench"
+    try:
+        epoch(shardload.open_store(url, cache_dir=croot / "full"), epoch_no=0, args=args)
+        speed, cpu = [], []
+        for i in range(args.warm_pairs):
+            got = {}
+            for kind in ("cached", "local")[:: 1 if i % 2 == 0 else -1]:
+                st = (
+                    shardload.open_store(url, cache_dir=croot / "full")
+                    if kind == "cached"
+                    else None
+                )
+                r = epoch(st or shardload.open_store(path), epoch_no=1 + i % 3, args=args)
+                if st is not None:
+                    assert downloads(st) == 0, "epoch 2 fetched data"
+                got[kind] = r
+            speed.append(got["cached"]["rows_per_s"] / got["local"]["rows_per_s"])
+            cpu.append(got["cached"]["cpu_s"] / got["local"]["cpu_s"])
+            print(
+                f"  pair {i + 1}: cached {got['cached']['cpu_s']:.3f} CPU s, local "
+                f"{got['local']['cpu_s']:.3f}; rows/s cached/local {speed[-1]:.2f}",
+                flush=True,
+            )
+    finally:
+        server.stop()
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print(f"cached/local rows/s, median of {len(speed)} pairs: {med(speed):.2f}")
+    print(f"cached/local CPU s, median: {med(cpu):.2f} (local/cached: {1 / med(cpu):.2f})")
 
 
 def measure(args: argparse.Namespace, work: Path, croot: Path) -> None:

@@ -263,3 +263,52 @@ def test_whole_inner_chunks_by_url_skip_numcodecs_destination_check(sharded, mon
     assert calls[0] == 0, calls
     if DECOMPRESS_CTX is not None:  # c-blosc called straight into the group, no numcodecs call
         assert decodes[0] == 0, decodes
+
+
+def test_a_call_that_saw_a_shard_unchecked_takes_what_its_check_kept(tmp_path, monkeypatch):
+    """Call A checks shard 0 (fetched whole); call B, of a later group of the same worker, saw
+    it unchecked while A was checking but came to its lock only after A left (no one waiting:
+    the bytes gone). B's chunks, which A kept for it before leaving, are taken: no request
+    more. Before, A kept them only after leaving the lock, once B had counted them as read, so
+    B fetched them again (a range request for bytes the reader had just held)."""
+    import threading
+
+    import shardload.formats.zarr.shard_fetch as shard_fetch
+
+    make_store(tmp_path, fmt="zarr", compression="lz4", n=1024, chunk_rows=8, shard_chunks=32)
+    real = shard_fetch._checked_whole
+    a_checks, b_asked, a_done = threading.Event(), threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def ordered(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:  # A: B asks (sees the shard unchecked) while A checks
+            a_checks.set()
+            assert b_asked.wait(10)
+        else:  # B: at the lock once A has left and its call returned
+            b_asked.set()
+            assert a_done.wait(10)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(shard_fetch, "_checked_whole", ordered)
+    with access_log() as seen, serving(tmp_path) as base:
+        reader = shardload.open_store(f"{base}store").reader
+        reader.plan_reads(["x"], np.array([0, 64]), np.array([8, 72]))  # A's chunk, then B's
+        outs = {"A": np.zeros((8, 4), "f4"), "B": np.zeros((8, 4), "f4")}
+
+        def call(who: str, start: int) -> None:
+            if who == "B":
+                assert a_checks.wait(10)
+            reader.read_spans_into("x", [(start, start + 8)], [outs[who]])
+            if who == "A":
+                a_done.set()
+
+        threads = [threading.Thread(target=call, args=a) for a in (("A", 0), ("B", 64))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    np.testing.assert_array_equal(outs["A"][:, 0], np.arange(0, 8, dtype="f4"))
+    np.testing.assert_array_equal(outs["B"][:, 0], np.arange(64, 72, dtype="f4"))
+    count = data_requests(seen)
+    assert count == {("x/c/0/0", 200): 1}, count

@@ -42,7 +42,8 @@ class CopyOpener:
         self.fs = fs
 
     def __call__(self, path: str) -> Any:
-        return self.fs.open(path, "rb")
+        # unbuffered, as a local chunk file is opened (one read of the whole file follows)
+        return os.fdopen(self.fs.cached_copy(path, what="", digest=None)[0], "rb", buffering=0)
 
 
 def open_checked_copy(fs: Any, verifier: Any, name: str, unit: int, path: str, *, what: str) -> int:
@@ -65,6 +66,21 @@ def open_checked_copy(fs: Any, verifier: Any, name: str, unit: int, path: str, *
         os.close(fd)
         raise
     return fd
+
+
+def open_copy_checked(
+    opener: CopyOpener, verifier: Any, name: str, unit: int, path: str, *, what: str
+) -> Any:
+    """Stored file ``path`` (unit ``unit`` of ``name``) open for reading from its node cache
+    copy, unbuffered, checked first as :func:`open_checked_copy` says when ``verifier`` still
+    needs it (once per process and file; the reader's threads wait for one check): the
+    descriptor checked is the one read, not a second open of the copy."""
+    if verifier.needed(name, unit):
+        with verifier.unit_lock(name, unit):
+            if verifier.needed(name, unit):
+                fd = open_checked_copy(opener.fs, verifier, name, unit, path, what=what)
+                return os.fdopen(fd, "rb", buffering=0)
+    return opener(path)
 
 
 def read_checked_copy(

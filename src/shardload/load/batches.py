@@ -286,11 +286,11 @@ def read_batches(
     readers = max(1, int(num_workers))
     if not 0 <= worker < readers:
         raise PlanError(f"worker={worker} is not within 0..{readers - 1}")
-    threads = spec.reader_threads(readers)
     skip = check_nonneg("skip_batches", skip_batches)
     if skip:
         plan = skip_worker_batches(plan, rank, worker, skip)
-    plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule (cache_dir only)
+    warm = plan_node_cache(spec, plan, rank, worker)  # the node cache's schedule, if any
+    prefetch, threads = spec.read_ahead(readers, warm=bool(warm))  # warm: read in place
     st = spec.member_store(member)
     plan_url_reads(st, spec.selection.arrays, plan, rank, worker)  # by URL: what to keep
     kind = spec.kind if st is spec.store else read_kind(st, spec.selection.arrays)
@@ -302,7 +302,8 @@ def read_batches(
             "it cannot be combined with allocate= (whose memory is read as laid out)"
         )
     views = bool(window_views)
-    return _read(spec, st, kind, plan, rank, worker, threads, allocate, padding_stats, views)
+    ahead = (prefetch, threads)
+    return _read(spec, st, kind, plan, rank, worker, ahead, allocate, padding_stats, views)
 
 
 def _read(
@@ -312,14 +313,15 @@ def _read(
     plan: EpochPlan,
     rank: int,
     worker: int,
-    threads: int,
+    ahead: tuple[int, int],
     allocate: Allocate | None,
     padding_stats: PaddingStats | None,
     views: bool = False,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Run the group reader of ``kind`` over ``st`` (``spec``'s store, or a read group
-    member's slice of it; a generator: nothing runs before the first batch is asked for)."""
-    names, prefetch = spec.selection.arrays, spec.prefetch
+    member's slice of it; a generator: nothing runs before the first batch is asked for),
+    ``ahead``: its ``(prefetch, threads)``."""
+    names, (prefetch, threads) = spec.selection.arrays, ahead
     if kind == "ragged":
         yield from ragged_batches(
             st,

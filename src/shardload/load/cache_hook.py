@@ -59,13 +59,14 @@ def unit_files(reader: Any, name: str, start: int, stop: int) -> list[tuple[int,
     return []
 
 
-def plan_node_cache(spec: LoadSpec, plan: EpochPlan, rank: int, worker: int) -> None:
+def plan_node_cache(spec: LoadSpec, plan: EpochPlan, rank: int, worker: int) -> bool:
     """Hand the cache of ``spec``'s store this epoch's and the next one's reads (no-op unless
-    the store was opened with ``cache_dir``)."""
+    the store was opened with ``cache_dir``). Whether the cache holds every file this worker
+    reads this epoch already (a warm epoch: the loop reads it in place, as a local store)."""
     store = spec.store
-    plan_cache: Callable[..., None] | None = getattr(store.fs, "plan_cache", None)
+    plan_cache: Callable[..., bool] | None = getattr(store.fs, "plan_cache", None)
     if plan_cache is None or getattr(store.fs, "node_cache", None) is None:
-        return
+        return False
     following = spec.plan(
         world_size=plan.world_size, num_workers=plan.num_workers, epoch=plan.epoch + 1
     )
@@ -92,13 +93,14 @@ def plan_node_cache(spec: LoadSpec, plan: EpochPlan, rank: int, worker: int) -> 
             if me:
                 mine.append((t, path))
     digests = {p: d for found in files.values() for p, d in found if d is not None}
-    plan_cache(
+    warm = plan_cache(
         {p: np.unique(np.asarray(t, np.int64)) for p, t in times.items()},
         mine,
         digests,
         lag_steps=lag_steps(plan, rank, worker, spec.prefetch),
     )
     log.debug("cache plan: %d files, %d reads of this worker", len(times), len(mine))
+    return bool(warm)
 
 
 def lag_steps(plan: EpochPlan, rank: int, worker: int, prefetch: int) -> int:

@@ -170,7 +170,13 @@ def warn_unmixed(store: Store, sel: Selection, *, shuffle_chunks: int, batch_siz
 
 
 def resolve_prefetch(
-    store: Store, sel: Selection, prefetch: int | None, *, shuffle_chunks: int, piece_rows: int
+    store: Store,
+    sel: Selection,
+    prefetch: int | None,
+    *,
+    shuffle_chunks: int,
+    piece_rows: int,
+    local: bool | None = None,
 ) -> int:
     """``prefetch`` checked, or its default: for stores read by whole chunks (``piece_rows``
     0) a group's worth of chunks ahead when default groups are larger than
@@ -178,11 +184,13 @@ def resolve_prefetch(
     ``WHOLE_CHUNK_GROUP_BYTES`` decoded ahead, as ``DEFAULT_PREFETCH`` chunks of the default
     size), else ``DEFAULT_PREFETCH`` segments (an npy stack by URL: a group's); by URL,
     unsharded chunk files up to ``URL_IN_FLIGHT`` chunks ahead within the same decoded bytes,
-    across groups. Decides no row order (not in the plan)."""
+    across groups. ``local``: whether the store is read in place (default: ``store.is_local``;
+    True for an epoch the node cache holds whole). Decides no row order (not in the plan)."""
+    local = store.is_local if local is None else local
     if prefetch is not None:
         return check_nonneg("prefetch", prefetch)
     if piece_rows or isinstance(store.reader, WindowReader) or raw_rows(store, sel.arrays):
-        if piece_rows and plans_requests(store, sel.arrays):
+        if piece_rows and not local and plans_requests(store, sel.arrays):
             # raw rows by URL (an npy stack, a raw Zarr array) read a group's pieces in
             # planned requests, one call per array (formats/npy/url.py, formats/zarr/ranges.py):
             # the next group's call runs while this one is used
@@ -190,7 +198,7 @@ def resolve_prefetch(
         return DEFAULT_PREFETCH
     group = whole_chunk_group(store, sel)
     ahead = max(DEFAULT_PREFETCH, min(shuffle_chunks, group))
-    if not store.is_local and not _sharded(store, sel.arrays):
+    if not local and not _sharded(store, sel.arrays):
         # chunk files by URL: each waits a round trip, so the files of the groups after the
         # current one are asked for together, up to the requests in flight and the same
         # decoded bytes (``group`` chunks hold WHOLE_CHUNK_GROUP_BYTES)

@@ -64,8 +64,9 @@ class LoadSpec:
 
     ``selection`` is cut into pieces of ``piece_rows`` rows (0: whole chunks); ``options`` are
     the epoch plan's (``shuffle_chunks`` included: the pieces per shuffle group); ``kind`` picks
-    the group reader; ``prefetch`` counts the segments read ahead; ``threads`` is the user's
-    (None: :meth:`reader_threads` picks per reader). ``split`` and ``bucket`` as given.
+    the group reader; ``prefetch`` counts the segments read ahead (``warm_prefetch``: of an
+    epoch the node cache holds whole, read as a local store is; None: ``prefetch``); ``threads``
+    is the user's (None: :meth:`read_ahead` picks per reader). ``split`` and ``bucket`` as given.
     ``window``: ``(K, step)`` for windows of dates (kind ``"dated"``), else None.
     ``read_group_size`` and ``read_group_axis``: read groups (:meth:`split_rank`,
     :meth:`member_store`; ``shardload.plan.read_groups``).
@@ -83,6 +84,7 @@ class LoadSpec:
     window: tuple[int, int] | None = None
     read_group_size: ReadGroupSize = 1
     read_group_axis: ReadGroupAxis = -1
+    warm_prefetch: int | None = None
 
     @classmethod
     def build(
@@ -119,6 +121,7 @@ class LoadSpec:
             shuffle_chunks = named.group
         win = check_window(window, window_step)
         kind: ReadKind = "dated"
+        warm: int | None = None
         if win is not None:  # windows of dates (load/dated.py): their first rows are planned
             where = dict(split=split, chunks=chunks, rows=rows, arrays=arrays)
             sel, piece, group, ahead = select_windows(
@@ -137,7 +140,8 @@ class LoadSpec:
                 batch_size=batch_size,
                 missing_dates=missing_dates,
             )
-            ahead = resolve_prefetch(st, sel, prefetch, shuffle_chunks=group, piece_rows=piece)
+            resolve = functools.partial(resolve_prefetch, st, sel, prefetch, piece_rows=piece)
+            ahead, warm = resolve(shuffle_chunks=group), resolve(shuffle_chunks=group, local=True)
             if defaults:
                 warn_unmixed(st, sel, shuffle_chunks=group, batch_size=batch_size)
             kind = read_kind(st, sel.arrays)
@@ -165,6 +169,7 @@ class LoadSpec:
             window=win,
             read_group_size=levels[0] if len(levels) == 1 else levels,
             read_group_axis=read_group_axis,
+            warm_prefetch=warm,
         )
 
     # -- read groups ---------------------------------------------------------------------------
@@ -203,12 +208,8 @@ class LoadSpec:
         """The epoch plan's (chunks and the options a resume must keep), bucketed or not."""
         sel = self.selection
         fp = plan_fingerprint(sel.sizes, chunk_ids=sel.ids, chunk_starts=sel.starts, **self.options)
-        if (
-            resolve_buckets(self.store, sel.arrays, self.bucket, self.options["shuffle"])
-            is not None
-        ):
-            return bucketed_fingerprint(fp)
-        return fp
+        buckets = resolve_buckets(self.store, sel.arrays, self.bucket, self.options["shuffle"])
+        return fp if buckets is None else bucketed_fingerprint(fp)
 
     def resume_hint(self, fingerprint: str) -> str:
         """For a refused resume state: how to resume it, if it was saved with the earlier
@@ -236,13 +237,15 @@ class LoadSpec:
             **self.options,
         )
 
-    def reader_threads(self, readers: int) -> int:
-        """Reader threads of one of ``readers`` readers of a rank (``threads``, or the default
-        share of this machine's CPUs: :func:`~shardload.load.options.default_threads`)."""
+    def read_ahead(self, readers: int, *, warm: bool = False) -> tuple[int, int]:
+        """``(prefetch, threads)`` of one of ``readers`` readers of a rank: ``threads``, or the
+        default share of this machine's CPUs (:func:`~shardload.load.options.default_threads`);
+        ``warm``: an epoch the node cache holds whole, read in place as a local store is."""
+        ahead = self.warm_prefetch if warm and self.warm_prefetch is not None else self.prefetch
         if self.threads is None:  # windows of dates: a batch's reads spread over the threads
-            ahead = max(self.prefetch, 4) if self.kind == "dated" else self.prefetch
-            return default_threads(ahead, readers, local=self.store.is_local)
-        return max(1, int(self.threads))
+            most = max(ahead, 4) if self.kind == "dated" else ahead
+            return ahead, default_threads(most, readers, local=warm or self.store.is_local)
+        return ahead, max(1, int(self.threads))
 
     @property
     def ragged(self) -> list[str]:

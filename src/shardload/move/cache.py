@@ -179,8 +179,8 @@ class NodeCache:
             self.plan.close()
         self.digests.update(digests)
         warm = holds_all(self.dir, set(plan.files()))
-        if warm and self.cache_bytes is None:
-            plan.fetch = None
+        if warm and self.cache_bytes is None:  # nothing to fetch, nor to evict: no clock
+            plan.fetch, plan.clocked = None, False
         self.plan = plan
         return warm
 

@@ -69,6 +69,8 @@ class CachePlan:
         self._thread: threading.Thread | None = None
         self.fetched = 0
         self._lock = threading.Lock()
+        #: whether anything reads the clock (evictions under a bound, the read-ahead)
+        self.clocked = True
 
     def files(self) -> list[str]:
         """The keys of this process's reads."""
@@ -84,7 +86,7 @@ class CachePlan:
     def seen(self, key: str) -> None:
         """This process asks for ``key``: move the clock to its read, start what comes next."""
         at = self._mine_at.get(key)
-        if at is None:
+        if at is None or not self.clocked:
             return
         with self._lock:  # reader threads of the loop open files at once
             self._advance(at)

@@ -291,13 +291,14 @@ class RemoteFileSystem(AbstractFileSystem):
         digests: Mapping[str, int],
         *,
         lag_steps: int = 0,
-    ) -> None:
+    ) -> bool:
         """The loader's plan for the cache (``move/cache_prefetch.py``): the steps at which the
         node reads each path, this process's reads ``(step, path)`` in order, the store's
         digests by path; ``lag_steps``: how far the loop reads ahead. A no-op without
-        ``cache_dir``; no read-ahead when every file is cached already (:meth:`NodeCache.replan`)."""
+        ``cache_dir``; no read-ahead when every file is cached already (:meth:`NodeCache.replan`).
+        Whether every file of this process's reads is cached already (a warm epoch)."""
         if (cache := self.node_cache) is None:
-            return
+            return False
         key = {p: remote_cache.key_of(self.unstrip_protocol(p)) for p in times}
         plan = CachePlan(
             {key[p]: t for p, t in times.items()},
@@ -305,7 +306,7 @@ class RemoteFileSystem(AbstractFileSystem):
             lambda p: os.close(self._cached_fd(p, "", ahead=True)),
             lag_steps=lag_steps,
         )
-        cache.replan(plan, {key[p]: int(d) for p, d in digests.items() if p in key})
+        return cache.replan(plan, {key[p]: int(d) for p, d in digests.items() if p in key})
 
     def _cached_fd(
         self, path: str, what: str, *, ahead: bool = False, fetched: list[bytes] | None = None

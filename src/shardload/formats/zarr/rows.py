@@ -14,7 +14,7 @@ import numpy as np
 from shardload.errors import ChunkReadError
 from shardload.formats.base import readinto_full
 from shardload.formats.checksums import Verifier, digest, verify_file
-from shardload.formats.copies import CopyOpener
+from shardload.formats.copies import CopyOpener, open_copy_checked
 from shardload.formats.zarr.chunks import (
     ChunkLayout,
     decode_into,
@@ -103,16 +103,19 @@ def _read_chunk_part(
     rb = layout.row_bytes
     local = path if layout.opener is None else None
     check = verifier is not None and verifier.needed(name, i, local)
-    if check and isinstance(layout.opener, CopyOpener):  # a node cache's copy: by its record
-        assert verifier is not None
-        verify_file(verifier, name, i, path, opener=layout.opener, what=f"chunk {i}")
-        check = False
+    copy = check and isinstance(layout.opener, CopyOpener)  # checked by its record, as opened
+    check = check and not copy
+    what = f"chunk {i}"
     try:
-        with layout.open(path) as f:
+        with (
+            open_copy_checked(layout.opener, verifier, name, i, path, what=what)
+            if copy
+            else layout.open(path)
+        ) as f:
             if not layout.blosc:
                 if check:
                     assert verifier is not None
-                    verify_file(verifier, name, i, path, opener=layout.opener, what=f"chunk {i}")
+                    verify_file(verifier, name, i, path, opener=layout.opener, what=what)
                 f.seek(a * rb)
                 got = readinto_full(f, dst)
                 if got != len(dst):
@@ -135,11 +138,11 @@ def _read_chunk_part(
     if check:  # the compressed bytes are in memory already: hashing them costs little
         assert verifier is not None
         try:
-            verifier.check(name, i, digest(raw), path=path, what=f"chunk {i}")
+            verifier.check(name, i, digest(raw), path=path, what=what)
         except ChunkReadError:
             raise
         except Exception as exc:
             raise ChunkReadError(
                 f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
             ) from exc
-    decode_into(layout, raw, a, b, dst, name=name, what=f"chunk {i}", path=path)
+    decode_into(layout, raw, a, b, dst, name=name, what=what, path=path)

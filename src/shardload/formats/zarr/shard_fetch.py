@@ -186,8 +186,17 @@ def _plan_shard(
     path = layout.chunk_path(k)
     first = k * layout.shard.chunks
     runs: list[Run] = []
+    reads = [first + p[0] for p in pieces]
     with shard_errors(layout, name, k, path, (part for *_, part in pieces)):
-        held = kept.take(name, [first + p[0] for p in pieces]) if kept is not None else {}
+        if verifier is not None and verifier.needed(name, k):
+            data = _checked_whole(
+                layout, verifier, name, k, path, checks, indexes, kept, reads, ahead=ahead
+            )
+            if data is not None:  # decoded here, while the bytes are held
+                _from_whole(layout, name, k, path, pieces, data, indexes)
+                return []
+        # taken after the check: a call that checked the shard meanwhile kept these chunks
+        held = kept.take(name, reads) if kept is not None else {}
         if held:  # from earlier requests (a chunk each: gap -1 runs none together)
             index = _index(layout, name, k, path, None, indexes)
             mine = [p for p in pieces if first + p[0] in held]
@@ -195,11 +204,6 @@ def _plan_shard(
             _read_runs(layout, name, k, mine, index, path, _from_kept(at), -1)
             pieces = [p for p in pieces if first + p[0] not in held]
             if not pieces:
-                return []
-        if verifier is not None and verifier.needed(name, k):
-            data = _checked_whole(layout, verifier, name, k, path, checks, ahead=ahead)
-            if data is not None:  # decoded here, while the bytes are held
-                _from_whole(layout, name, k, path, pieces, data, indexes, kept)
                 return []
         index = _index(layout, name, k, path, None, indexes)
         js = [p[0] for p in pieces]
@@ -219,9 +223,9 @@ def _plan_shard(
             if mine:  # a run of chunks to keep only is left for the group that reads them
                 runs.append((k, path, index, mine, start, end))
         if verifier is not None and _dense(runs, index):
-            data = _checked_whole(layout, verifier, name, k, path, checks, again=True)
+            data = _checked_whole(layout, verifier, name, k, path, checks, indexes, kept, [], True)
             assert data is not None
-            _from_whole(layout, name, k, path, pieces, data, indexes, kept)
+            _from_whole(layout, name, k, path, pieces, data, indexes)
             return []
     return runs
 
@@ -244,14 +248,10 @@ def _from_whole(
     pieces: list[Piece],
     data: memoryview,
     indexes: ShardIndexCache | None,
-    kept: KeptChunks | None,
 ) -> None:
-    """Shard ``k``'s pieces decoded from its whole, checked bytes, and the chunks this worker
-    reads later kept."""
+    """Shard ``k``'s pieces decoded from its whole, checked bytes."""
     index = _index(layout, name, k, path, data, indexes)
     _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), RUN_BYTES)
-    if kept is not None:
-        _keep(kept, name, k, index, memoryview(data), 0, len(data))
 
 
 def _checked_whole(
@@ -261,7 +261,9 @@ def _checked_whole(
     k: int,
     path: str,
     checks: BoundedSemaphore,
-    *,
+    indexes: ShardIndexCache | None,
+    kept: KeptChunks | None,
+    reads: list[int],
     again: bool = False,
     ahead: Ahead | None = None,
 ) -> memoryview | None:
@@ -270,11 +272,19 @@ def _checked_whole(
     waits for a check another call makes gets its bytes (waiting for the semaphore first, it
     found the shard checked and its bytes gone: a range request more). ``again``: a shard
     already checked is fetched (and checked, when the store has checksums) once more, unless
-    a call that this one waited for left its bytes. ``ahead``: a first check takes the bytes
-    and digest fetched ahead (:mod:`.ahead`) when there are."""
+    a call that this one waited for left its bytes.
+
+    When bytes are returned, the call's ``reads`` (inner chunks) are counted as read
+    (``KeptChunks.take``; else the caller takes them). The chunks this worker reads later are
+    kept before the unit lock goes: a call that saw the shard unchecked before this check ended
+    but came to the lock after it (no one waiting: the bytes gone) takes them from there, where
+    it fetched its pieces again. ``ahead``: a first check takes the bytes and digest fetched
+    ahead (:mod:`.ahead`) when there are."""
     with verifier.unit_lock(name, k) as unit:
         needed = verifier.needed(name, k)
         if not needed and (unit.data is not None or not again):
+            if unit.data is not None and kept is not None:
+                kept.take(name, reads)
             return unit.data
         with checks:
             got = ahead.take(name, k) if ahead is not None and needed else None
@@ -289,7 +299,12 @@ def _checked_whole(
                         unit.data = f.whole()
             except OSError as exc:  # as verify_file: missing or unreadable, strict or not
                 raise ChunkReadError.from_os_error(exc, f"shard {k}", name, path) from exc
-        return unit.data
+        data = unit.data
+        if kept is not None:  # this call's reads first: its own chunks are not kept
+            kept.take(name, reads)
+            index = _index(layout, name, k, path, data, indexes)
+            _keep(kept, name, k, index, memoryview(data), 0, len(data))
+        return data
 
 
 def _later(kept: KeptChunks | None, name: str, first: int, index: np.ndarray) -> np.ndarray:
