@@ -23,6 +23,7 @@ from typing import Any
 
 from shardload.errors import ShardloadError
 from shardload.train import CHECKPOINT_NAME
+from shardload.train.needs import NEEDS, check_store_fits
 
 log = logging.getLogger("shardload.train")
 
@@ -243,6 +244,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"store {store.url} has no {split!r} split (it has {sorted(m.splits) or 'none'}); "
                 "prepare it with splits: {train: ..., val: ..., test: ...}"
             )
+    if args.model in NEEDS:
+        check_store_fits(args.model, m.arrays)
     out = _out_dir(args)
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and os.environ.get("NODE_RANK", "0") == "0":
         prepare_out(out, overwrite=args.overwrite, resume=args.resume)
