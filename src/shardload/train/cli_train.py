@@ -259,9 +259,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     _set_threads(args)
     pl.seed_everything(args.seed, verbose=False)
-    arrays = {"mlp": ("x", "y"), "lstm": ("x", "y"), "gnn": ("x", "edge_attr", "y")}.get(
-        args.model, ("state",)
-    )
+    arrays = NEEDS.get(args.model, ("state",))
     norm = None
     if args.normalize != "none":
         norm = Normalize(m, [a for a in arrays if a in m.arrays], method=args.normalize)
