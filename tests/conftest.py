@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -168,6 +169,22 @@ def stores(tmp_path: Path) -> Path:
     (root / "notastore").mkdir()
     (root / "README").write_text("hello")
     return root
+
+
+@pytest.fixture
+def young_gc():
+    """``gc.collect()`` in the test walks only what was made since it began.
+
+    A pytest-xdist worker runs many files in one process: the objects their imports and
+    fixtures left (over half a million) made each full collection take seconds there, and tests
+    that collect often (to run the finalizers of dropped batches) took minutes. They are frozen
+    (``gc.freeze``) for the test's duration; the test's own garbage, cycles included, is still
+    collected, and the frozen objects go back to the collector afterwards."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 from hypothesis import settings  # noqa: E402

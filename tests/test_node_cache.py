@@ -203,10 +203,11 @@ KILLED = textwrap.dedent(
     import shardload.move.cache as c
     real = os.replace
     count = [0]
+    record = sys.argv[3] == "record"
     def slow_replace(src, dst):
-        if not str(dst).endswith(".sum"):
+        if str(dst).endswith(".sum") == record:
             count[0] += 1
-            if count[0] == 3:  # the third file: written, its record in place, not renamed yet
+            if count[0] == 3:  # the third copy (or its record): written, not renamed yet
                 print("filling", flush=True)
                 time.sleep(600)
         real(src, dst)
@@ -218,14 +219,20 @@ KILLED = textwrap.dedent(
 )
 
 
-def test_kill_9_mid_fill_leaves_nothing_trusted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("moment", ["copy", "record"])
+def test_kill_9_mid_fill_leaves_nothing_trusted(tmp_path: Path, moment: str) -> None:
+    """A fill killed while its third copy (``copy``), or the record of its third copy already
+    renamed into place (``record``), waits to be renamed: its temporary file stays, and the
+    next epoch trusts nothing half made. The killed process's other fills (its read-ahead
+    thread, its reader) may be anywhere in theirs when it dies, a copy in place without its
+    record among them: such a name is dropped and fetched again, never served."""
     make_store(tmp_path / "src", n=203, chunk_rows=7, name="store")
     local = shardload.open_store(tmp_path / "src" / "store")
     cache = tmp_path / "cache"
     with serving(tmp_path / "src") as srv:
         url = f"{srv.url}/store"
         p = subprocess.Popen(
-            [sys.executable, "-c", KILLED, url, str(cache)],
+            [sys.executable, "-c", KILLED, url, str(cache), moment],
             stdout=subprocess.PIPE,
             text=True,
             env=python_env(),
@@ -233,14 +240,18 @@ def test_kill_9_mid_fill_leaves_nothing_trusted(tmp_path: Path) -> None:
         assert p.stdout is not None and p.stdout.readline().strip() == "filling"
         os.kill(p.pid, signal.SIGKILL)
         p.wait(30)
-        left = [q.name for q in cache.iterdir() if TMP_MARK in q.name]
-        assert left, "the killed fill left its temporary file"
-        for q in cache.iterdir():  # every name in place has its record: nothing half made
-            if q.suffix not in (".lock", ".sum") and TMP_MARK not in q.name:
-                assert (cache / (q.name + SUM_SUFFIX)).exists()
+        names = {q.name for q in cache.iterdir()}
+        assert [q for q in names if TMP_MARK in q], "the killed fill left its temporary file"
+        copies = {q for q in names if not q.endswith((".lock", ".sum")) and TMP_MARK not in q}
+        unrecorded = {q for q in copies if q + SUM_SUFFIX not in names}
+        if moment == "record":
+            assert unrecorded, "the third copy is in place without its record"
         store = shardload.open_store(url, cache_dir=cache)
         n, x = epoch_rows(store, 0)
     assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
+    # every name in place without its record was dropped and fetched again, and has one now
+    assert store.fs.node_cache.stats["refetched"] == len(unrecorded), unrecorded
+    assert all((cache / (q + SUM_SUFFIX)).exists() for q in unrecorded)
     assert not [q.name for q in cache.iterdir() if TMP_MARK in q.name]  # the dead pid's: gone
 
 

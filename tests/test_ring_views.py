@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from shardload.torch import StreamingDataLoader, StreamingDataset  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("young_gc")]
 SLOTS = 8  # far fewer than the batches of an epoch: every slot is reused while views live
 HOLD = 5  # batches whose views the loop holds at once (fewer than the slots: slots free)
 EPOCHS = 1

@@ -18,6 +18,7 @@ from shardload.torch import StreamingDataLoader, StreamingDataset  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(180),
+    pytest.mark.usefixtures("young_gc"),  # collections walk only each test's own objects
     # torchdata 0.11's StatefulDataLoader calls torch.set_vital, deprecated in newer torch
     pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
 ]

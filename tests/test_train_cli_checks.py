@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import sys
 
 import pytest
 
+from _stores import make_store
+from shardload.cli.app import main
 from shardload.errors import ShardloadError
 from shardload.train import cli_train
 
@@ -53,3 +56,23 @@ def test_resume_needs_last_checkpoint(tmp_path):
         cli_train.prepare_out(tmp_path, overwrite=False, resume=True)
     (tmp_path / "last.ckpt").write_bytes(b"x")
     cli_train.prepare_out(tmp_path, overwrite=False, resume=True)
+
+
+def test_an_earlier_run_is_refused_before_lightning_is_imported(tmp_path, monkeypatch, capsys):
+    """An --out that holds an earlier run, --resume without its checkpoint, or a store the
+    model cannot read, is refused once the store is opened, before Lightning and torch are
+    imported (seconds)."""
+    store = make_store(tmp_path, n=40, chunk_rows=8, splits={"train": 0.5, "val": 0.5})
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.csv").write_text("old")
+    monkeypatch.setenv(cli_train.OUT_ENV, "")  # the command sets it: put back afterwards
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)  # importing it fails
+    assert main(["train", "mlp", store.url, "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["train", "mlp", store.url, "--out", str(tmp_path / "new"), "--resume"]) == 2
+    assert "last.ckpt does not exist" in capsys.readouterr().err
+    # a flat store (x: samples, features) for the lstm, which reads windows
+    assert main(["train", "lstm", store.url, "--out", str(tmp_path / "lstm")]) == 2
+    assert "model lstm needs x of shape (samples, lookback, features)" in capsys.readouterr().err
+    assert not (tmp_path / "lstm").exists()  # refused before its folder was made

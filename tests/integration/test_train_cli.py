@@ -1,13 +1,20 @@
 """``shardload train {mlp,gnn,lstm} STORE`` from outside: a tiny store per model, a few steps,
-then the three outputs (metrics.csv with a row per epoch, the model, the loss plot)."""
+then the three outputs (metrics.csv with a row per epoch, the model, the loss plot).
+
+Each store is prepared once for the module, and the mlp runs are one chain (``mlp_runs``) whose
+runs several tests read: an uninterrupted run, a run cut mid-epoch into a folder an earlier run
+left (refused, then replaced with --overwrite), and that run resumed. Each run starts Python,
+Lightning and a DataLoader worker: seconds, many more on a loaded machine."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +35,16 @@ def radiation_raw(tmp_path_factory) -> Path:
     raw = tmp_path_factory.mktemp("raw")
     write_radiation_sample(raw, columns=96, patches=(0, 1), seed=0)
     return raw
+
+
+@pytest.fixture(scope="module")
+def flat_store(radiation_raw, tmp_path_factory) -> str:
+    return _radiation_store(radiation_raw, tmp_path_factory.mktemp("flat") / "flat", "flat")
+
+
+@pytest.fixture(scope="module")
+def window_store(tmp_path_factory) -> str:
+    return _window_store(tmp_path_factory.mktemp("window"))
 
 
 def _prepare(cfg: dict) -> str:
@@ -147,18 +164,60 @@ def _check_outputs(out: Path, *, epochs: int, radiation: bool) -> None:
     assert png and png[0].read_bytes()[:4] == b"\x89PNG"
 
 
-def test_train_mlp(radiation_raw, tmp_path):
-    store = _radiation_store(radiation_raw, tmp_path / "flat", "flat")
-    res = _train("mlp", store, tmp_path / "out", "--out", str(tmp_path / "out"))
+@dataclass
+class MlpRuns:
+    """The mlp chain, 9 steps an epoch (144 train rows / 16), --epochs 3 so that only
+    --max-steps ends a run early: ``whole`` ran 18 steps; ``refused`` is a run without
+    --overwrite into ``cut``, where an earlier run's metrics.csv lay; ``cut`` (as it was when
+    that run ended: ``cut_copy``, its stderr ``cut_stderr``) then ran 13 steps with --overwrite,
+    and was resumed to 18 steps."""
+
+    whole: Path
+    refused: subprocess.CompletedProcess
+    earlier: str  # metrics.csv of ``cut`` after the refused run
+    cut_copy: Path
+    cut_stderr: str
+    cut: Path
+
+
+CHAIN = ("--epochs", "3")
+EVERY_5 = ("--checkpoint-every", "5")  # the uninterrupted and the resumed run
+
+
+@pytest.fixture(scope="module")
+def mlp_runs(flat_store, tmp_path_factory) -> MlpRuns:
+    tmp = tmp_path_factory.mktemp("mlp")
+    whole, cut = tmp / "whole", tmp / "cut"
+    res = _train(
+        "mlp", flat_store, whole, "--out", str(whole), *CHAIN, *EVERY_5, "--max-steps", "18"
+    )
     assert res.returncode == 0, res.stderr[-3000:]
-    # --max-steps 3 with 2 epochs: the run stops after the first (3-step) epoch
-    _check_outputs(tmp_path / "out", epochs=1, radiation=True)
+    cut.mkdir()
+    (cut / "metrics.csv").write_text("an earlier run\n")
+    refused = _train("mlp", flat_store, cut, "--out", str(cut), *CHAIN, "--max-steps", "13")
+    earlier = (cut / "metrics.csv").read_text()
+    res = _train(
+        "mlp", flat_store, cut, "--out", str(cut), *CHAIN, "--max-steps", "13", "--overwrite"
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    cut_copy = shutil.copytree(cut, tmp / "cut-copy")
+    resumed = _train(
+        "mlp", flat_store, cut, "--out", str(cut), *CHAIN, *EVERY_5, "--max-steps", "18", "--resume"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return MlpRuns(whole, refused, earlier, cut_copy, res.stderr, cut)
+
+
+def test_train_mlp(mlp_runs):
+    # --max-steps 18 with 3 epochs: the run stops after the second (9-step) epoch
+    _check_outputs(mlp_runs.whole, epochs=2, radiation=True)
 
 
 @pytest.mark.distributed
-def test_train_mlp_ddp_two_processes(radiation_raw, tmp_path):
-    store = _radiation_store(radiation_raw, tmp_path / "flat", "flat")
-    res = _train("mlp", store, tmp_path / "out", "--out", str(tmp_path / "out"), "--devices", "2")
+def test_train_mlp_ddp_two_processes(flat_store, tmp_path):
+    res = _train(
+        "mlp", flat_store, tmp_path / "out", "--out", str(tmp_path / "out"), "--devices", "2"
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     _check_outputs(tmp_path / "out", epochs=1, radiation=True)
 
@@ -171,15 +230,14 @@ def test_train_gnn(radiation_raw, tmp_path):
     _check_outputs(tmp_path / "out", epochs=1, radiation=True)
 
 
-def test_train_lstm_default_out_and_wrong_store(tmp_path):
-    store = _window_store(tmp_path)
+def test_train_lstm_default_out_and_wrong_store(window_store, tmp_path):
     env_home = tmp_path / "home"
-    res = _train("lstm", store, tmp_path / "x")
+    res = _train("lstm", window_store, tmp_path / "x")
     assert res.returncode == 0, res.stderr[-3000:]
     outs = list((env_home / "artifacts").glob("lstm-*"))
     assert len(outs) == 1, outs
     _check_outputs(outs[0], epochs=1, radiation=False)
-    bad = _train("gnn", store, tmp_path / "x")
+    bad = _train("gnn", window_store, tmp_path / "x")
     assert bad.returncode == 2 and "graph store" in bad.stderr, bad.stderr[-2000:]
 
 
@@ -194,48 +252,32 @@ def _metrics(out: Path) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
-def test_max_steps_cut_epoch_is_validated(radiation_raw, tmp_path):
+def test_max_steps_cut_epoch_is_validated(mlp_runs):
     """--max-steps past the first epoch cuts the second one; it gets a validation too."""
-    store = _radiation_store(radiation_raw, tmp_path / "flat", "flat")
-    out = tmp_path / "out"
-    # 144 train rows / 16 = 9 steps an epoch: 11 steps end 2 steps into the second epoch
-    res = _train("mlp", store, out, "--out", str(out), "--max-steps", "11")
-    assert res.returncode == 0, res.stderr[-3000:]
-    with open(out / "metrics.csv") as f:
+    # 13 steps end 4 steps into the second epoch (of 3)
+    with open(mlp_runs.cut_copy / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     assert all(np.isfinite(float(r["val_loss"])) for r in rows), rows
-    assert "epoch 2/2" in res.stderr  # one line per epoch without a terminal
-    assert res.stderr.count("GPU available") <= 1  # Lightning's lines once, not twice
+    _check_outputs(mlp_runs.cut_copy, epochs=2, radiation=True)
+    assert "epoch 2/3" in mlp_runs.cut_stderr  # one line per epoch without a terminal
+    assert mlp_runs.cut_stderr.count("GPU available") <= 1  # Lightning's lines once, not twice
 
 
-def test_existing_out_refused_without_overwrite(radiation_raw, tmp_path):
-    store = _radiation_store(radiation_raw, tmp_path / "flat", "flat")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "metrics.csv").write_text("an earlier run\n")
-    res = _train("mlp", store, out, "--out", str(out))
+def test_existing_out_refused_without_overwrite(mlp_runs):
+    res = mlp_runs.refused
     assert res.returncode == 2 and "--overwrite" in res.stderr, res.stderr[-2000:]
-    assert (out / "metrics.csv").read_text() == "an earlier run\n"
-    res = _train("mlp", store, out, "--out", str(out), "--overwrite")
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert (out / "metrics.csv").read_text().startswith("epoch,")
+    assert mlp_runs.earlier == "an earlier run\n"
+    # the run with --overwrite replaced it
+    assert (mlp_runs.cut_copy / "metrics.csv").read_text().startswith("epoch,")
 
 
-def test_resume_mid_epoch_is_exact(radiation_raw, tmp_path):
+def test_resume_mid_epoch_is_exact(mlp_runs):
     """A run stopped 4 steps into its second epoch and resumed ends where an uninterrupted
     run ends: the same last validation loss and the same weights."""
     import torch
 
-    store = _radiation_store(radiation_raw, tmp_path / "flat", "flat")
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    args = ("--max-steps", "18", "--checkpoint-every", "5")  # 2 epochs of 9 steps
-    res = _train("mlp", store, whole, "--out", str(whole), *args)
-    assert res.returncode == 0, res.stderr[-3000:]
-    res = _train("mlp", store, cut, "--out", str(cut), "--max-steps", "13")
-    assert res.returncode == 0, res.stderr[-3000:]
-    res = _train("mlp", store, cut, "--out", str(cut), "--resume", *args)
-    assert res.returncode == 0, res.stderr[-3000:]
+    whole, cut = mlp_runs.whole, mlp_runs.cut
     assert _metrics(cut)["val_loss"] == _metrics(whole)["val_loss"]
     a = torch.load(whole / "model.ckpt", weights_only=False)["state_dict"]
     b = torch.load(cut / "model.ckpt", weights_only=False)["state_dict"]
@@ -245,7 +287,6 @@ def test_resume_mid_epoch_is_exact(radiation_raw, tmp_path):
         assert [int(r["epoch"]) for r in csv.DictReader(f)] == [0, 1]
 
 
-def test_resume_needs_a_checkpoint(tmp_path):
-    store = _window_store(tmp_path)
-    res = _train("lstm", store, tmp_path / "out", "--out", str(tmp_path / "out"), "--resume")
+def test_resume_needs_a_checkpoint(window_store, tmp_path):
+    res = _train("lstm", window_store, tmp_path / "out", "--out", str(tmp_path / "out"), "--resume")
     assert res.returncode == 2 and "last.ckpt" in res.stderr, res.stderr[-2000:]

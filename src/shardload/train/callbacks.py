@@ -18,9 +18,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-log = logging.getLogger("shardload.train")
+from shardload.train import CHECKPOINT_NAME
 
-CHECKPOINT_NAME = "last.ckpt"
+log = logging.getLogger("shardload.train")
 
 
 def save_atomic(trainer: pl.Trainer, path: Path) -> None:

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from shardload.errors import ShardloadError
+from shardload.train import CHECKPOINT_NAME
+from shardload.train.needs import NEEDS, check_store_fits
 
 log = logging.getLogger("shardload.train")
 
@@ -29,7 +31,7 @@ log = logging.getLogger("shardload.train")
 #: line, so a default folder named by the time would differ per rank)
 OUT_ENV = "SHARDLOAD_TRAIN_OUT"
 #: the files a run writes into --out (what --overwrite replaces)
-OUTPUTS = ("metrics.csv", "metrics.json", "last.ckpt", "model.ckpt", "loss.png")
+OUTPUTS = ("metrics.csv", "metrics.json", CHECKPOINT_NAME, "model.ckpt", "loss.png")
 
 
 def register(sub: Any) -> None:
@@ -183,8 +185,6 @@ def check_dependencies(model: str) -> bool:
 def prepare_out(out: Path, *, overwrite: bool, resume: bool) -> None:
     """Refuse an earlier run's folder unless --overwrite (its outputs are removed) or --resume
     (its last.ckpt must exist)."""
-    from shardload.train.callbacks import CHECKPOINT_NAME
-
     if resume:
         if not (out / CHECKPOINT_NAME).is_file():
             raise ShardloadError(f"--resume: {out / CHECKPOINT_NAME} does not exist")
@@ -234,13 +234,7 @@ def _set_threads(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     _check(args)
     plot = check_dependencies(args.model)
-    import lightning.pytorch as pl
-
-    _quiet_lightning()
     from shardload.store.core import open_store
-    from shardload.torch.lightning import ShardloadDataModule
-    from shardload.train.callbacks import CHECKPOINT_NAME, AtomicCheckpoint, StepLimit, save_atomic
-    from shardload.train.transforms import Normalize
 
     store = open_store(args.store)
     m = store.manifest
@@ -250,14 +244,22 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"store {store.url} has no {split!r} split (it has {sorted(m.splits) or 'none'}); "
                 "prepare it with splits: {train: ..., val: ..., test: ...}"
             )
+    if args.model in NEEDS:
+        check_store_fits(args.model, m.arrays)
     out = _out_dir(args)
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and os.environ.get("NODE_RANK", "0") == "0":
         prepare_out(out, overwrite=args.overwrite, resume=args.resume)
+    # Lightning and torch (seconds to import) once the store and --out are known to do
+    import lightning.pytorch as pl
+
+    _quiet_lightning()
+    from shardload.torch.lightning import ShardloadDataModule
+    from shardload.train.callbacks import AtomicCheckpoint, StepLimit, save_atomic
+    from shardload.train.transforms import Normalize
+
     _set_threads(args)
     pl.seed_everything(args.seed, verbose=False)
-    arrays = {"mlp": ("x", "y"), "lstm": ("x", "y"), "gnn": ("x", "edge_attr", "y")}.get(
-        args.model, ("state",)
-    )
+    arrays = NEEDS.get(args.model, ("state",))
     norm = None
     if args.normalize != "none":
         norm = Normalize(m, [a for a in arrays if a in m.arrays], method=args.normalize)
@@ -328,7 +330,6 @@ def _report(
     """metrics.json (the last val_loss beside the mean predictor's, and the task's own
     ``baselines`` where it has them: forecast's persistence), loss.png, a summary."""
     from shardload.train.baseline import mean_predictor_loss, write_metrics_json
-    from shardload.train.callbacks import CHECKPOINT_NAME
 
     extra = dict(baselines or {})
     if "val_loss_mean_predictor" in extra:

@@ -25,6 +25,7 @@ from torch import nn
 from shardload.errors import ShardloadError
 from shardload.train.graph import GraphBatcher
 from shardload.train.models import GNN, MLP, LSTMRegressor
+from shardload.train.needs import check_store_fits
 from shardload.train.transforms import INPUT_CLIP, Normalize
 
 log = logging.getLogger("shardload.train")
@@ -136,27 +137,12 @@ class ExampleTask(pl.LightningModule):
         """``self.model`` for ``self.kind`` from the store's shapes (and the heating-rate
         columns, where the store has them)."""
         arrays = manifest.arrays
-        need = ("x", "edge_attr", "y") if self.kind == "gnn" else ("x", "y")
-        missing = [a for a in need if a not in arrays]
-        if missing:
-            what = {
-                "mlp": "a flat store (x, y)",
-                "gnn": "a graph store (x, edge_attr, y)",
-                "lstm": "a window store with targets (x, y)",
-            }[self.kind]
-            raise ShardloadError(
-                f"model {self.kind} needs {what}; the store lacks {missing} (it has {sorted(arrays)})"
-            )
+        check_store_fits(self.kind, arrays)
         xs, ys = arrays["x"].shape, arrays["y"].shape
         self.model: nn.Module
         if self.kind == "mlp":
             self.model = MLP(int(np.prod(xs[1:])), int(np.prod(ys[1:])), hidden=hidden or 256)
         elif self.kind == "lstm":
-            if len(xs) != 3:
-                raise ShardloadError(
-                    f"model lstm needs x of shape (samples, lookback, features); the store's x "
-                    f"is {tuple(xs)}"
-                )
             self.model = LSTMRegressor(xs[2], int(np.prod(ys[1:])), hidden=hidden or 64)
         else:
             self.model = GNN(xs[2], arrays["edge_attr"].shape[2], ys[2], hidden=hidden or 64)
