@@ -22,9 +22,7 @@ threads' retries end then (``move.retries.stop_on``).
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -33,6 +31,7 @@ import numpy as np
 from shardload.formats.checksums import Verifier, digest
 from shardload.formats.zarr.shards import RangeFile, RangeOpener
 from shardload.move.retries import stop_on
+from shardload.util.owners import PerOwner
 
 #: Shards fetched ahead per reader and epoch (a call checks as many at once: ``CHECK_THREADS``).
 AHEAD_SHARDS = 2
@@ -130,24 +129,10 @@ def fetch_ahead(
         ahead.start(name, k, lay.opener.fs, lay.chunk_path(k))
 
 
-_AHEAD: weakref.WeakKeyDictionary[Any, Ahead] = weakref.WeakKeyDictionary()
-_AHEAD_LOCK = threading.Lock()
+#: per reader; a forked child's are its own (never a parent's bytes, futures or locks)
+_AHEAD: PerOwner[Ahead] = PerOwner(Ahead)
 
 
 def ahead_for(owner: Any) -> Ahead:
     """The GETs ahead of the reader that owns ``owner`` (its shard index cache)."""
-    with _AHEAD_LOCK:
-        got = _AHEAD.get(owner)
-        if got is None:
-            got = _AHEAD[owner] = Ahead()
-        return got
-
-
-def _after_fork() -> None:  # a child plans and fetches its own: never a parent's futures
-    global _AHEAD_LOCK
-    _AHEAD_LOCK = threading.Lock()
-    for owner in list(_AHEAD.keys()):
-        _AHEAD[owner] = Ahead()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+    return _AHEAD.get(owner)

@@ -27,10 +27,11 @@ from __future__ import annotations
 import heapq
 import os
 import threading
-import weakref
 from typing import Any
 
 import numpy as np
+
+from shardload.util.owners import PerOwner
 
 #: Kept chunk bytes at most per reader (per process), unless ``SHARDLOAD_URL_KEEP_BYTES`` says.
 KEEP_BYTES = 64 << 20
@@ -161,27 +162,13 @@ class KeptChunks:
         return len(self._data)
 
 
-_KEPT: weakref.WeakKeyDictionary[Any, KeptChunks] = weakref.WeakKeyDictionary()
-_KEPT_LOCK = threading.Lock()
+#: per reader; a forked child's are its own (never a parent's bytes, futures or locks)
+_KEPT: PerOwner[KeptChunks] = PerOwner(KeptChunks)
 
 
 def kept_for(owner: Any) -> KeptChunks:
     """The kept chunks of the reader that owns ``owner`` (its shard index cache)."""
-    with _KEPT_LOCK:
-        kept = _KEPT.get(owner)
-        if kept is None:
-            kept = _KEPT[owner] = KeptChunks()
-        return kept
-
-
-def _after_fork() -> None:  # a child plans its own reads: never a parent's bytes or locks
-    global _KEPT_LOCK
-    _KEPT_LOCK = threading.Lock()
-    for owner in list(_KEPT.keys()):
-        _KEPT[owner] = KeptChunks()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+    return _KEPT.get(owner)
 
 
 def plan_kept(kept: KeptChunks, layouts: dict[str, Any], first: Any, last: Any) -> None:
