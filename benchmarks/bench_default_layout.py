@@ -231,6 +231,84 @@ def run_case(store: Path, workers: int, batch_size: int, seed: int) -> dict[str,
     }
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of live process ``pid`` so far (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_epochs(store: Path, workers: int, batch_size: int, seed: int, epochs: int) -> dict:
+    """``epochs`` epochs of ONE default load (``StreamingDataLoader`` with its defaults:
+    persistent workers, so epoch 1 on is the steady state a training run spends its time in;
+    or ``iter_batches`` in the process), each timed with its CPU seconds (this process, and the
+    live workers read from ``/proc``); peak RSS (process + workers) over all of them."""
+    from loadbench_cases import PeakRSS, _vm_hwm_bytes, build_shardload
+
+    from shardload.plan.quality import quality
+
+    loader = "shardload-sdl" if workers else "shardload-iter"
+    m = json.loads((store / "shardload.json").read_text())
+    bounds = np.asarray(m["chunk_bounds"], np.int64)
+    x = m["arrays"]["x"]
+    row_bytes = int(np.prod(x["shape"][1:])) * np.dtype(x["dtype"]).itemsize
+    if workers:  # a training program imports torch before its first epoch: not the loader's
+        import torch  # noqa: F401
+    got_epochs: list[list[np.ndarray]] = []
+    per: list[dict[str, float]] = []
+    dl: Any = None
+    with PeakRSS() as mem:
+        for e in range(epochs):
+            t, own = time.perf_counter(), time.process_time()
+            if dl is None or not workers:
+                dl, index_of, _ = build_shardload(store, loader, workers, batch_size, seed, e)
+            else:
+                dl.dataset.set_epoch(e)
+            pids = pids_of(dl) if workers and e else []  # persistent: the same workers
+            wcpu0 = sum(_proc_cpu_s(p) for p in pids)
+            got, first = [], 0.0
+            for b in dl:
+                got.append(np.asarray(index_of(b), np.int64).copy())
+                if len(got) == 1:
+                    first = time.perf_counter() - t
+                    pids = pids or pids_of(dl)
+            seconds = time.perf_counter() - t
+            main_cpu = time.process_time() - own
+            wcpu = sum(_proc_cpu_s(p) for p in pids) - wcpu0 if workers else 0.0
+            got_epochs.append(got)
+            rows = sum(len(i) for i in got)
+            per.append(
+                {
+                    "seconds": seconds,
+                    "Bps": rows * row_bytes / seconds,
+                    "first_batch_s": first,
+                    "main_cpu_s": main_cpu,
+                    "workers_cpu_s": wcpu,
+                    "rows": rows,
+                }
+            )
+        mem.peak = max(mem.peak, mem.now())
+    del dl
+    gc.collect()
+    chunk_of = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    q = quality(got_epochs, chunk_of)
+    rows = per[0]["rows"]
+    return {
+        "workers": workers,
+        "rows": rows,
+        "complete": bool(np.array_equal(np.sort(np.concatenate(got_epochs[0])), np.arange(rows))),
+        "epochs": per,
+        "peak_rss_MiB": max(mem.peak, _vm_hwm_bytes()) / 2**20,
+        **{k: float(v) for k, v in q.items()},
+    }
+
+
+def pids_of(dl: Any) -> list[int]:
+    """The process ids of a DataLoader's live workers (none in the process)."""
+    it = getattr(dl, "_iterator", None)
+    return [w.pid for w in getattr(it, "_workers", [])]
+
+
 def describe(store: Path) -> dict[str, Any]:
     m = json.loads((store / "shardload.json").read_text())
     files = data_files(store)
@@ -272,6 +350,25 @@ def store_arguments(doc: str | None) -> argparse.ArgumentParser:
     return ap
 
 
+def print_epochs(what: str, rec: dict[str, Any] | None, case: dict[str, Any]) -> None:
+    """One line per epoch of one loader: GB/s, fraction of the limit, CPU s."""
+    print(
+        f"  {what}, one loader, {len(case['epochs'])} epochs: peak RSS "
+        f"{case['peak_rss_MiB']:.0f} MiB; chunks per batch ratio "
+        f"{case['chunks_per_batch_ratio']:.2f}x uniform, recurrence {case['recurrence']:.2f}: "
+        f"{_ok(case)}; complete epoch: {case['complete']}",
+        flush=True,
+    )
+    for i, ep in enumerate(case["epochs"]):
+        frac = f" = {ep['Bps'] / rec['limit_Bps']:.2f} of the limit" if rec else ""
+        print(
+            f"    epoch {i}: {ep['seconds']:.2f} s, {ep['Bps'] / 1e9:.2f} GB/s{frac}; CPU s: "
+            f"main {ep['main_cpu_s']:.2f}, workers {ep['workers_cpu_s']:.2f}; first batch at "
+            f"{ep['first_batch_s']:.2f} s",
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = store_arguments(__doc__)
     ap.add_argument("--workers", default="0,2", help="DataLoader workers per case (0: in-process)")
@@ -280,11 +377,23 @@ def main(argv: list[str] | None = None) -> None:
         default="default,chunks16",
         help=f"which stores, of {list(STORES)} (chunks16: the Zarr default before)",
     )
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=0,
+        help="N >= 1: N epochs of one loader per case (workers: persistent, the default), "
+        "each epoch's fraction of the limit and CPU s; 0: a fresh loader's epoch (and another)",
+    )
     ap.add_argument("--out", default=None, help="also write the records here (JSON)")
     ap.add_argument("--case", nargs=2, metavar=("STORE", "WORKERS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.case:  # a subprocess: one case, one JSON line
-        rec = run_case(Path(args.case[0]), int(args.case[1]), args.batch_size, args.seed)
+        store, w = Path(args.case[0]), int(args.case[1])
+        rec = (
+            run_epochs(store, w, args.batch_size, args.seed, args.epochs)
+            if args.epochs
+            else run_case(store, w, args.batch_size, args.seed)
+        )
         print(json.dumps(rec))
         return
     work = Path(args.workdir)
@@ -318,10 +427,14 @@ def main(argv: list[str] | None = None) -> None:
         for w in [int(v) for v in args.workers.split(",")]:
             cmd = [sys.executable, __file__, "--case", str(store), str(w)]
             cmd += ["--batch-size", str(args.batch_size), "--seed", str(args.seed)]
+            cmd += ["--epochs", str(args.epochs)]
             got = subprocess.run(cmd, check=True, capture_output=True, text=True)
             case = json.loads(got.stdout.strip().splitlines()[-1])
             records.append({**rec, **case})
             what = "in-process" if w == 0 else f"StreamingDataLoader, {w} workers"
+            if args.epochs:
+                print_epochs(what, rec if zarr else None, case)
+                continue
             ratio = (
                 f" = {case['Bps'] / rec['limit_Bps']:.2f} of the limit ({case['cpu_s']:.2f} CPU "
                 f"s: {case['cpu_s'] / rec['limit_cpu_s']:.1f}x the limit's)"
