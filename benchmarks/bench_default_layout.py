@@ -24,6 +24,8 @@ Usage::
 
     python benchmarks/bench_default_layout.py --workdir /tmp/bdl            # 65,536 x 6.2 KB
     python benchmarks/bench_default_layout.py --workdir /tmp/bdl --stores default,npy,hdf5
+    python benchmarks/bench_default_layout.py --workdir /tmp/bdl --stores default --workers 2 \
+        --epochs 4     # 4 epochs of one loader (persistent workers): each epoch's fraction
 """
 
 from __future__ import annotations
