@@ -27,6 +27,7 @@ from typing import Any
 
 from shardload.errors import ConfigError, require
 from shardload.prep.config import ExecutionConfig
+from shardload.prep.dask_logs import CancelledResultRace
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,9 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
                 # set in each worker process too: its loggers' levels come from more places
                 # (config it was sent, silence_logs) than the environment it inherited
                 client.run(_set_distributed_log_level, _worker_log_level())
+        tornado_log = logging.getLogger("tornado.application")
+        quiet = CancelledResultRace()
+        tornado_log.addFilter(quiet)
         try:
             info = client.scheduler_info().get("workers", {})
             workers = len(info) or n
@@ -120,6 +124,7 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
                 client.close()
             if cluster is not None:
                 cluster.close()
+            tornado_log.removeFilter(quiet)
     elif scheduler == "jobqueue":
         from shardload.prep.jobqueue import open_jobqueue
 

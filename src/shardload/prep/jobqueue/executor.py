@@ -11,16 +11,21 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from shardload.prep.dask_logs import CancelledResultRace
+
 log = logging.getLogger("shardload.jobqueue")
 
 
-class QuietSubmissionErrors(logging.Filter):
+class QuietSubmissionErrors(CancelledResultRace):
     """Drops the traceback tornado logs for a failed submission (dask-jobqueue raises it in a
-    callback nobody awaits): the run reports the same error once, as a ClusterError."""
+    callback nobody awaits): the run reports the same error once, as a ClusterError; and, as
+    on every distributed run, a result set on a task's cancelled future."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(exc, RuntimeError) and "Command exited with non-zero" in str(exc))
+        if isinstance(exc, RuntimeError) and "Command exited with non-zero" in str(exc):
+            return False
+        return super().filter(record)
 
 
 #: distributed's INFO chatter (scheduler start, client connections, worker retirement) drowns
