@@ -99,6 +99,27 @@ def epoch_rows(store, epoch: int, **kw) -> tuple[int, np.ndarray]:
     return count, x
 
 
+def warm_epoch_opens(
+    url: str, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, np.ndarray, list[tuple[str, bool]]]:
+    """Epoch 0 of the store at ``url`` fills the node cache ``cache``; epoch 1, by a new handle,
+    reads it warm. Epoch 1's rows and x values (:func:`epoch_rows`), and each ``(path, ahead)``
+    the cache opened a copy for during it (``ahead``: for its read-ahead)."""
+    from shardload.move.remote import RemoteFileSystem
+
+    epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
+    opens: list[tuple[str, bool]] = []
+    real = RemoteFileSystem._cached_fd
+
+    def counted(self, path: str, what: str, **kw):  # type: ignore[no-untyped-def]
+        opens.append((path, bool(kw.get("ahead"))))
+        return real(self, path, what, **kw)
+
+    monkeypatch.setattr(RemoteFileSystem, "_cached_fd", counted)
+    n, x = epoch_rows(shardload.open_store(url, cache_dir=cache), 1)
+    return n, x, opens
+
+
 def assert_damaged_copy_fetched_again(tmp_path: Path, damage: Callable[[Path], None]) -> None:
     """A store served and its node cache filled by an epoch, then ``damage(path)`` done to the
     copy of ``x/000003.npy``: the next epoch fetches that file again (one data request, one

@@ -18,7 +18,7 @@ import shardload.load.batches as batches
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _stores import make_store
-from test_node_cache import epoch_rows, serving
+from test_node_cache import epoch_rows, serving, warm_epoch_opens
 
 GROUP_READERS = ("gather_batches", "scatter_batches", "window_batches")
 STORES = {
@@ -67,23 +67,11 @@ def test_a_copy_is_opened_once_per_read_its_check_included(tmp_path: Path, monke
     """The first epoch of a new process (a fresh handle) over a warm cache, of Blosc chunk
     files read whole once an epoch: each copy is checked by its record and read through the
     same descriptor, one open, not two."""
-    from shardload.move.remote import RemoteFileSystem
-
     make_store(tmp_path / "src", n=203, chunk_rows=7, name="store", **STORES["zarr-lz4"])
     root, cache = tmp_path / "src" / "store", tmp_path / "cache"
-    opened: Counter[str] = Counter()
-    real = RemoteFileSystem._cached_fd
-
-    def counted(self, path: str, what: str, **kw):  # type: ignore[no-untyped-def]
-        if not kw.get("ahead") and "/c/" in path:  # chunk files
-            opened[path] += 1
-        return real(self, path, what, **kw)
-
     with serving(tmp_path / "src") as srv:
-        url = f"{srv.url}/store"
-        epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
-        monkeypatch.setattr(RemoteFileSystem, "_cached_fd", counted)
-        n, x = epoch_rows(shardload.open_store(url, cache_dir=cache), 1)
+        n, x, opens = warm_epoch_opens(f"{srv.url}/store", cache, monkeypatch)
+    opened = Counter(path for path, ahead in opens if not ahead and "/c/" in path)  # chunk files
     local = shardload.open_store(root)
     assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
     assert opened and max(opened.values()) == 1, f"copies opened {max(opened.values())} times"

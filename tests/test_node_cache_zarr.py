@@ -20,7 +20,7 @@ from shardload.move.cache import SUM_SUFFIX
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _stores import make_store
-from test_node_cache import data_files, epoch_rows, serving
+from test_node_cache import data_files, epoch_rows, serving, warm_epoch_opens
 from test_node_cache_trust import later_epoch_hashes
 
 #: Zarr layouts: raw chunk files (read in place), Blosc chunk files, Blosc shards.
@@ -137,23 +137,10 @@ def test_a_zarr_store_changed_on_the_server_is_refused_by_name(tmp_path: Path, l
 def test_a_warm_epoch_reads_nothing_ahead(tmp_path: Path, monkeypatch) -> None:
     """Epoch 2, every file of it in an unbounded cache (nothing can evict them): the cache's
     read-ahead, which opened and checked each copy once more before its read, does not run."""
-    from shardload.move.remote import RemoteFileSystem
-
     root = zarr_store(tmp_path, "raw")
     local = shardload.open_store(root)
-    cache = tmp_path / "cache"
-    ahead: list[str] = []
-    real = RemoteFileSystem._cached_fd
-
-    def counted(self, path: str, what: str, **kw):  # type: ignore[no-untyped-def]
-        if kw.get("ahead"):
-            ahead.append(path)
-        return real(self, path, what, **kw)
-
     with serving(tmp_path / "src") as srv:
-        url = f"{srv.url}/store"
-        epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
-        monkeypatch.setattr(RemoteFileSystem, "_cached_fd", counted)
-        n, x = epoch_rows(shardload.open_store(url, cache_dir=cache), 1)
+        n, x, opens = warm_epoch_opens(f"{srv.url}/store", tmp_path / "cache", monkeypatch)
+    ahead = [path for path, is_ahead in opens if is_ahead]
     assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
     assert ahead == []
