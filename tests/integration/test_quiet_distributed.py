@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +56,20 @@ def _start(cfg: Path, **env: str) -> subprocess.Popen:
     )
 
 
+@contextlib.contextmanager
+def _port_8787_taken() -> Iterator[None]:
+    """dask's default dashboard port in use, as when another cluster runs on this machine."""
+    with socket.socket() as s:
+        with contextlib.suppress(OSError):  # already taken: in use either way
+            s.bind(("", 8787))
+            s.listen()
+        yield
+
+
 def test_quiet_prints_nothing(tmp_path: Path) -> None:
-    proc = _start(_config(tmp_path))
-    _out, err = proc.communicate(timeout=240)
+    with _port_8787_taken():
+        proc = _start(_config(tmp_path))
+        _out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
     assert err == "", err
 

@@ -98,6 +98,9 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
                     threads_per_worker=cfg.threads_per_worker,
                     processes=True,
                     dashboard_address=None,
+                    # its HTTP server (health, metrics) on a free port, not 8787: a second
+                    # cluster on this machine (another prepare) warned "Port 8787 is already in use"
+                    scheduler_kwargs={"dashboard_address": ":0"},
                     # the workers' log level: `shardload -q` asks for errors only (cli/app.py)
                     silence_logs=_worker_log_level(),
                 )
@@ -118,6 +121,8 @@ def open_executor(cfg: ExecutionConfig) -> Iterator[tuple[Executor, int]]:
             # the workers are stopped below: their nanny's "still alive after 4 s, killing"
             # warnings are not news after a Ctrl-C
             logging.getLogger("distributed").setLevel(logging.ERROR)
+            if cluster is not None:  # ours: its workers and nannies are stopped below too
+                _silence_cluster(client)
             raise
         finally:
             if own:
@@ -192,6 +197,17 @@ def _worker_log_level() -> int:
     name = os.environ.get("DASK_LOGGING__DISTRIBUTED", "warning").strip().upper()
     level = logging.getLevelName(name)
     return max(logging.WARNING, level) if isinstance(level, int) else logging.WARNING
+
+
+def _silence_cluster(client: Any) -> None:
+    """After a Ctrl-C: the cluster's worker and nanny processes log nothing more. Stopping a
+    cluster mid-run makes a worker whose scheduler closed first log "Failed to communicate with
+    scheduler during heartbeat" with its traceback (errors, shown even under ``-q``)."""
+    for nanny in (False, True):
+        try:
+            client.run(_set_distributed_log_level, logging.CRITICAL + 1, nanny=nanny)
+        except Exception as exc:  # a worker already gone: nothing more to silence there
+            log.debug("silencing the cluster's logs after a Ctrl-C: %s", exc)
 
 
 def _set_distributed_log_level(level: int) -> None:
