@@ -171,3 +171,31 @@ def test_a_call_waiting_for_a_shard_in_check_is_handed_its_bytes_not_copies(
         np.testing.assert_array_equal(outs[who][:, 0], np.arange(start, start + 8, dtype="f4"))
     assert copied == [16], copied  # C's chunk only (before: [8, 16])
     assert data_requests(seen) == {("x/c/0/0", 200): 1}
+
+
+def _child_read(fs, path, q) -> None:  # type: ignore[no-untyped-def]
+    data = bytes(fs.cat_file(path, 3, 900, view=True))
+    q.put((data == PAYLOAD[3:900], reader_of(fs.target, 5).requests))
+
+
+def test_a_forked_child_reads_on_connections_of_its_own() -> None:
+    """A DataLoader worker forked from a process that read by URL: its GETs go on a reader of
+    its own (never the parent's kept-alive sockets), and the parent's goes on."""
+    import multiprocessing
+
+    with flaky_server(["ok"]) as (url, seen):
+        fs, path = fast_fs(url)
+        assert bytes(fs.cat_file(path, view=True)) == PAYLOAD
+        assert bytes(fs.cat_file(path, 0, 10, view=True)) == PAYLOAD[:10]
+        parent = reader_of(fs.target, 5)
+        assert parent.requests == 2
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        child = ctx.Process(target=_child_read, args=(fs, path, q))
+        child.start()
+        same, requests = q.get(timeout=30)
+        child.join(30)
+        assert same and requests == 1  # a fresh reader (the parent's had made 2)
+        assert bytes(fs.cat_file(path, 5, 50, view=True)) == PAYLOAD[5:50]
+        assert reader_of(fs.target, 5) is parent and parent.requests == 3
+    assert len(seen) == 4
