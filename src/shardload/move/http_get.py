@@ -4,9 +4,9 @@ socket straight into its buffer (issues 25 and 28).
 fsspec's HTTP filesystem runs every request of a process on one event-loop thread (aiohttp):
 each block of an answer is parsed there, handed over as a new ``bytes`` and copied into the
 buffer, and every call from a reading thread goes to that loop and back. For the shards a first
-epoch fetches whole, that loop thread cost about one core on loopback: an fsspec GET of the
-default store's two shards (95 MiB) took 0.14-0.17 CPU s, the same GETs here 0.04-0.05
-(docs/benchmarks.md, docs/design.md "Reading by URL"). Here the thread that wants the bytes makes
+epoch fetches whole, that loop thread cost about one core on loopback: the default store's two
+shards (95 MiB) took 0.19-0.47 s by fsspec's plain GETs, 0.08-0.18 s on ``http.client``
+(docs/benchmarks.md, "shards by URL on http.client"). Here the thread that wants the bytes makes
 the request on a kept-alive connection of its own and ``readinto``\\ s the body, a piece at a time,
 into one preallocated buffer: the kernel copies the bytes once, into their place.
 
@@ -19,8 +19,9 @@ whole answer (``2 * timeout_s + 1``, as the event loop's), the version precondit
 :class:`HTTPStatusError` (5xx, 408 and 429 retried by :mod:`.retries`, as aiohttp's), a body cut
 short or garbled as :class:`BrokenAnswer` (retried). A connection found closed by the server
 while idle is replaced once at once. At most ``CONNECTIONS_PER_STORE`` connections per opened
-store at once, an idle one closed after ``IDLE_KEEPALIVE_S``; all of them closed by
-:meth:`HttpReader.close` (``Store.close``); a forked child never uses its parent's.
+store and process at once (besides fsspec's pool, for everything else), an idle one closed
+after ``IDLE_KEEPALIVE_S``; all of them closed by :meth:`HttpReader.close` (``Store.close``,
+through ``http_client.close_client``); a forked child never uses its parent's.
 
 It is used only where the filesystem's options are ones it reproduces (headers, an
 ``ssl.SSLContext``, the timeout set by :mod:`.http_client`); any other client option (an
