@@ -13,7 +13,9 @@ RTT/2 and a new connection by one RTT. For each RTT in ``--rtt-ms``:
 - the epoch: ``iter_batches(url, batch_size=B, shuffle=True)``, a fresh iterator each time
   (best of ``--repeats``), and the most requests the proxy saw in flight at once;
 - the plain GET: every data file of array ``x`` fetched whole with fsspec's HTTP filesystem,
-  ``fs.cat`` of all at once (async gather) and pools of T threads (``--threads``), best of all.
+  ``fs.cat`` of all at once (async gather) and pools of T threads (``--threads``), best of all;
+  and the stdlib GET: the same files, a thread and an ``http.client`` connection each, read
+  into preallocated buffers (the loader's own way of fetching a shard since branch urlfast).
 
 Printed: a line per RTT, then the ratios the issue asks about: the loader at each RTT against
 the loader at 0 ms (goal at 20 ms: >= 0.8) and the loader at 0 ms against the plain GET at 0 ms
@@ -138,6 +140,47 @@ def plain_get(url: str, store: Path, threads: list[int], repeats: int) -> float:
     return best
 
 
+def plain_get_stdlib(url: str, store: Path, repeats: int) -> float:
+    """Seconds to GET every data file of ``store`` whole from ``url`` with the standard
+    library: a thread and an ``http.client`` connection per file, each body ``readinto`` one
+    preallocated buffer (what the loader's own GETs do, ``shardload.move.http_get``); best of
+    ``repeats``."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    import numpy as np
+    from bench_default_layout import data_files
+
+    files = data_files(store)
+    size = sum(p.stat().st_size for p in files)
+    at = urlsplit(url)
+    paths = [f"{at.path}/{p.relative_to(store).as_posix()}" for p in files]
+
+    def get(path: str) -> int:
+        conn = http.client.HTTPConnection(at.hostname or "127.0.0.1", at.port, timeout=30)
+        try:
+            conn.request("GET", path)
+            r = conn.getresponse()
+            n = int(r.getheader("Content-Length") or 0)
+            buf, got = np.empty(n, np.uint8).data, 0
+            while got < n:
+                k = r.readinto(buf[got : got + (1 << 20)])
+                if not k:
+                    raise EOFError(path)
+                got += k
+            return got
+        finally:
+            conn.close()
+
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        with ThreadPoolExecutor(len(paths)) as pool:
+            assert sum(pool.map(get, paths)) == size
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def _thread_cpu(names: tuple[str, ...]) -> float:
     """CPU seconds of this process's live threads named ``names`` (the server and proxy)."""
     import threading
@@ -241,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
                     same_store_epochs(url, proxy, a.repeats, a.batch_size, a.seed)
                     continue
                 get = plain_get(url, store, threads, a.repeats)
+                get_std = plain_get_stdlib(url, store, a.repeats)
                 times = []
                 proxy.reset_counts()
                 for _ in range(a.repeats):
@@ -259,7 +303,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(
                     f"RTT {rtt_ms:5.0f} ms: epoch {', '.join(f'{t:.2f}' for t in times)} s "
                     f"({mib / best:.0f} MiB/s; {counts}), "
-                    f"plain GET {get:.2f} s ({mib / get:.0f} MiB/s), loader / GET {get / best:.3f}",
+                    f"plain GET {get:.2f} s ({mib / get:.0f} MiB/s), loader / GET {get / best:.3f}; "
+                    f"stdlib GET {get_std:.2f} s, loader / stdlib GET {get_std / best:.3f}",
                     flush=True,
                 )
     if 0.0 in results:

@@ -34,6 +34,15 @@ pytestmark = pytest.mark.timeout(120)
 SIZE = 8 << 20
 
 
+@pytest.fixture
+def aiohttp_only(monkeypatch):
+    """Every GET through fsspec's aiohttp session, as where ``move/http_get.py`` does not
+    apply (other client options): what this file tests of that path."""
+    from shardload.move.http_get import HttpReader
+
+    monkeypatch.setattr(HttpReader, "of", classmethod(lambda cls, target, timeout_s: None))
+
+
 def _peak(fn):
     """``fn()``'s result and the most memory it held at once beyond what it started with."""
     tracemalloc.start()
@@ -78,7 +87,7 @@ def test_a_body_cut_short_is_retried_and_never_served(failure, monkeypatch) -> N
     assert len(seen) == 3
 
 
-def test_an_epoch_read_into_buffers_is_the_folders(sharded, monkeypatch) -> None:  # noqa: F811
+def test_an_epoch_read_into_buffers_is_the_folders(sharded, monkeypatch, aiohttp_only) -> None:  # noqa: F811
     """Every shard (all under 1 MiB here) read into a buffer: the same batches as the folder."""
     monkeypatch.setattr(pinned, "INTO_BYTES", 1)
     calls = []
@@ -92,7 +101,7 @@ def test_an_epoch_read_into_buffers_is_the_folders(sharded, monkeypatch) -> None
     assert len(calls) >= 8  # the 8 shards' checks at least
 
 
-def test_a_large_answer_makes_no_timer_per_block(tmp_path, monkeypatch) -> None:
+def test_a_large_answer_makes_no_timer_per_block(tmp_path, monkeypatch, aiohttp_only) -> None:
     """An 8 MiB fetch arrives in dozens of blocks; aiohttp's ``sock_read`` made a timer for
     each (``call_at``); the stall check makes one for the request (and one per period)."""
     (tmp_path / "blob").write_bytes(bytes(SIZE))
@@ -135,7 +144,7 @@ def halting_server(body: bytes) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("size", [16 << 10, 2 << 20])  # joined, and into one buffer
-def test_a_body_that_stalls_half_way_is_a_timeout(size, monkeypatch) -> None:
+def test_a_body_that_stalls_half_way_is_a_timeout(size, monkeypatch, aiohttp_only) -> None:
     """As aiohttp's own read-stall timeout was (fsspec names it ``FSTimeoutError``): retried,
     then an error naming the file, long before the call's hard deadline."""
     fired = []
@@ -146,6 +155,19 @@ def test_a_body_that_stalls_half_way_is_a_timeout(size, monkeypatch) -> None:
         with pytest.raises(RemoteError, match=r"after 2 attempts: FSTimeoutError"):
             fs.cat_file(path, view=True)
     assert len(fired) == 2  # each attempt ended by the stall check, not the hard deadline
+
+
+@pytest.mark.parametrize("size", [16 << 10, 2 << 20])
+def test_a_body_that_stalls_half_way_is_a_timeout_on_http_client(size) -> None:
+    """The same on ``move/http_get.py``'s connections: the socket's timeout, retried, then an
+    error naming the file."""
+    with halting_server(bytes(size)) as url:
+        fs, path = fast_fs(url, retries=1, timeout_s=0.5)
+        with pytest.raises(RemoteError, match=r"data\.bin.* after 2 attempts: TimeoutError"):
+            fs.cat_file(path, view=True)
+        from shardload.move.http_get import reader_of
+
+        assert reader_of(fs.target, 0.5).requests == 2
 
 
 def test_a_raw_zarr_chunk_file_is_checked_from_one_buffer(tmp_path) -> None:

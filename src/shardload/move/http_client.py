@@ -94,6 +94,9 @@ def close_client(fs: Any) -> None:
     now rather than when ``fs`` is garbage-collected, which for an object in a reference cycle
     waits for a full collection: a process opening stores by URL again and again (a notebook,
     every epoch's ``iter_batches(url)``) held a dozen sockets per closed store until then."""
+    reader = getattr(fs, "_shardload_reader", None)  # move/http_get.py's connections
+    if reader:
+        reader.close()
     session = getattr(fs, "_session", None)
     if session is not None and callable(getattr(fs, "close_session", None)):
         fs._session = None

@@ -119,12 +119,15 @@ def pinned_cat(
     url: str,
     *,
     view: bool = False,
+    reader: Any = None,
     **kw: Any,
 ) -> Any:
     """``path[start:end]`` read by ``target`` (fsspec's filesystem) with a precondition on the
     version of ``path`` in ``pins`` (pinning the answer's when none is); where the protocol is
     neither http(s) nor s3, read as fsspec reads it (unpinned). ``bytes``, or with ``view`` a
-    read-only memoryview (a large HTTP answer read into one buffer: the module docstring)."""
+    read-only memoryview (a large HTTP answer read into one buffer: the module docstring);
+    ``reader``: the :class:`.http_get.HttpReader` that makes an http(s) GET for a view
+    without fsspec's event loop, where it can (else None)."""
     protocol = target.protocol if isinstance(target.protocol, str) else target.protocol[0]
     if protocol in ("http", "https"):
         get = _http_get
@@ -136,7 +139,12 @@ def pinned_cat(
     from fsspec.asyn import sync
 
     want = pins.get(path)
-    data, got, asked = sync(target.loop, get, target, path, start, end, want, url, view, **kw)
+    answer: tuple[Any, Version, bool] | None = None
+    if view and reader is not None:  # move/http_get.py
+        answer = _own_get(reader, target, path, start, end, want, url)
+    if answer is None:
+        answer = sync(target.loop, get, target, path, start, end, want, url, view, **kw)
+    data, got, asked = answer
     if not asked:  # a 200 to a range request: the whole file, of the version pinned only if
         if want and not want.same(got):  # it says so (a server ignoring ranges: cut)
             raise changed(url, want, got)
@@ -184,6 +192,39 @@ async def _http_get(
         if stall is not None:
             stall.close()
     return out, got, r.status == 206 or not ranged
+
+
+def _own_get(
+    reader: Any,
+    fs: Any,
+    path: str,
+    start: int | None,
+    end: int | None,
+    want: Version | None,
+    url: str,
+) -> tuple[memoryview, Version, bool] | None:
+    """:func:`_http_get` by ``reader`` (:mod:`.http_get`): the same preconditions and
+    answers; None for what it leaves to aiohttp (odd limits, a redirect, an encoded body)."""
+    from shardload.move.http_get import Unsupported
+
+    ranged = start is not None or end is not None
+    if (start is not None and start < 0) or (end is not None and (end < 0 or end < (start or 0))):
+        return None
+    if ranged and start == end:
+        return memoryview(b""), want or Version(), True
+    headers = {}
+    if want and want.etag and not want.etag.startswith("W/"):
+        headers["If-Match"] = want.etag
+    elif want and want.modified:  # (a weak ETag never matches If-Match: compared below)
+        headers["If-Unmodified-Since"] = want.modified
+    try:
+        status, answer, body = reader.get(str(fs.encode_url(path)), start, end, headers)
+    except Unsupported:
+        return None
+    if status == 412:
+        raise changed(url, want or Version())
+    got = Version(answer.get("ETag"), answer.get("Last-Modified"))
+    return body, got, status == 206 or not ranged
 
 
 async def _read_into(r: Any, stall: _Stall | None = None) -> bytes | memoryview:

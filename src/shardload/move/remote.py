@@ -10,7 +10,7 @@ the same optional local cache of whole files (:mod:`shardload.move.cache`, bound
 
 The filesystem is described by a picklable :class:`RemoteSpec` and reopens its fsspec instance
 in each process (fsspec's async filesystems are not fork-safe), so a Store holding it can go to
-DataLoader workers under fork, spawn or forkserver.
+DataLoader workers under fork, spawn or forkserver. Shards by http(s): :mod:`.http_get`.
 
 Read options default to ``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25),
 ``SHARDLOAD_TIMEOUT_S`` (30); http(s) URLs also take ``SHARDLOAD_TOKEN`` and
@@ -34,6 +34,7 @@ from shardload.move import cache as remote_cache
 from shardload.move.cache_files import evict_lru
 from shardload.move.cache_prefetch import CachePlan
 from shardload.move.http_client import close_client, http_options, is_http
+from shardload.move.http_get import reader_of
 from shardload.move.pinned import Pins, pinned_cat
 from shardload.move.retries import call_with_retries, default_option
 
@@ -159,8 +160,7 @@ def read_bytes(
     )
 
 
-#: Requests in flight at once for :func:`read_many` (a store's metadata files).
-METADATA_IN_FLIGHT = 16
+METADATA_IN_FLIGHT = 16  # requests in flight at once for read_many (a store's metadata files)
 
 
 def read_many(
@@ -353,6 +353,7 @@ class RemoteFileSystem(AbstractFileSystem):
             finally:
                 os.close(fd)
         url, fs, kw = self.unstrip_protocol(path), self.target, self._deadline
+        kw["reader"] = reader_of(fs, self.spec.timeout_s) if view else None  # move/http_get.py
         return self._retry(
             lambda: pinned_cat(fs, path, start, end, self.pins, url, view=view, **kw), path, what
         )

@@ -74,6 +74,11 @@ def is_transient(exc: BaseException) -> bool:
         return False  # an untrusted certificate stays untrusted: say so at once
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
         return False
+    if _is_ssl(exc):
+        return False
+    status = _status(exc)  # (``move.http_get.HTTPStatusError``, an OSError, as aiohttp's)
+    if isinstance(status, int):
+        return status >= 500 or status in (408, 429)
     if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
         return True
     return isinstance(exc, (OSError, TimeoutError, ConnectionError))
@@ -97,6 +102,11 @@ def _status(exc: BaseException) -> int | None:
 
 
 def _is_ssl(exc: BaseException) -> bool:
+    """A certificate refused (aiohttp's error, or ``ssl``'s from ``move/http_get.py``)."""
+    import ssl
+
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return True
     try:
         from aiohttp import ClientSSLError
     except ImportError:  # pragma: no cover

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import ChunkReadError
-from shardload.formats.checksums import Verifier
+from shardload.formats.checksums import CheckedUnit, Verifier
 from shardload.formats.zarr.ahead import Ahead, ahead_for
 from shardload.formats.zarr.chunks import ChunkLayout
 from shardload.formats.zarr.kept import KeptChunks, kept_for
@@ -276,15 +276,14 @@ def _checked_whole(
 
     When bytes are returned, the call's ``reads`` (inner chunks) are counted as read
     (``KeptChunks.take``; else the caller takes them). The chunks this worker reads later are
-    kept before the unit lock goes: a call that saw the shard unchecked before this check ended
-    but came to the lock after it (no one waiting: the bytes gone) takes them from there, where
-    it fetched its pieces again. ``ahead``: a first check takes the bytes and digest fetched
-    ahead (:mod:`.ahead`) when there are."""
+    kept by the last call in the unit lock (:func:`_take_and_keep`): a call that saw the shard
+    unchecked before this check ended but came to the lock after it (the bytes gone) takes them
+    there. ``ahead``: a first check takes the bytes and digest fetched ahead (:mod:`.ahead`)."""
     with verifier.unit_lock(name, k) as unit:
         needed = verifier.needed(name, k)
         if not needed and (unit.data is not None or not again):
             if unit.data is not None and kept is not None:
-                kept.take(name, reads)
+                _take_and_keep(layout, name, k, path, unit, kept, reads, indexes)
             return unit.data
         with checks:
             got = ahead.take(name, k) if ahead is not None and needed else None
@@ -299,12 +298,30 @@ def _checked_whole(
                         unit.data = f.whole()
             except OSError as exc:  # as verify_file: missing or unreadable, strict or not
                 raise ChunkReadError.from_os_error(exc, f"shard {k}", name, path) from exc
-        data = unit.data
-        if kept is not None:  # this call's reads first: its own chunks are not kept
-            kept.take(name, reads)
-            index = _index(layout, name, k, path, data, indexes)
-            _keep(kept, name, k, index, memoryview(data), 0, len(data))
-        return data
+        if kept is not None:
+            _take_and_keep(layout, name, k, path, unit, kept, reads, indexes)
+        return unit.data
+
+
+def _take_and_keep(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    path: str,
+    unit: CheckedUnit,
+    kept: KeptChunks,
+    reads: list[int],
+    indexes: ShardIndexCache | None,
+) -> None:
+    """This call's ``reads`` of shard ``k`` counted, then, unless another call waits for the
+    unit's bytes (it gets them whole: none of its chunks copied for it), the chunks this
+    worker reads later kept (docs/design.md, "Reading shards by URL")."""
+    kept.take(name, reads)
+    if unit.users > 1:  # (read without the table lock: one arriving now waits for the bytes)
+        return
+    data = unit.data
+    index = _index(layout, name, k, path, data, indexes)
+    _keep(kept, name, k, index, memoryview(data), 0, len(data))
 
 
 def _later(kept: KeptChunks | None, name: str, first: int, index: np.ndarray) -> np.ndarray:
