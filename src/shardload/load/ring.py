@@ -5,9 +5,9 @@ The stock hand-off of a DataLoader worker moves every batch through a fresh shar
 segment (create, fill, send a file descriptor, map, unmap): for 1.5 MB batches that costs more
 than reading them. Here the main process maps one anonymous shared region *before* the workers
 fork (``MAP_SHARED | MAP_NORESERVE``: virtual only, a page costs memory once touched); a worker
-claims a free slot, gathers a batch straight into it and sends only ``(ring, slot, rows)``; the
-main process wraps the slot's rows as arrays (:meth:`BatchRing.lease`) and the slot becomes free
-when the last of those arrays, and of every view of them, is garbage.
+claims a free slot, gathers a batch straight into it and sends only ``(ring, slot, rows,
+mark)``; the main process wraps the slot's rows as arrays (:meth:`BatchRing.lease`) and the
+slot becomes free when the last of those arrays, and of every view of them, is garbage.
 
 A slot's state is one int64 in the region's header: 0 free, -1 held by the consumer (the main
 process), else the pid and start time of the worker filling it (:func:`shardload.util.procs.pack`),
