@@ -5,17 +5,20 @@ The stock hand-off of a DataLoader worker moves every batch through a fresh shar
 segment (create, fill, send a file descriptor, map, unmap): for 1.5 MB batches that costs more
 than reading them. Here the main process maps one anonymous shared region *before* the workers
 fork (``MAP_SHARED | MAP_NORESERVE``: virtual only, a page costs memory once touched); a worker
-claims a free slot, gathers a batch straight into it and sends only ``(ring, slot, rows)``; the
-main process wraps the slot's rows as arrays (:meth:`BatchRing.lease`) and the slot becomes free
-when the last of those arrays, and of every view of them, is garbage.
+claims a free slot, gathers a batch straight into it and sends only ``(ring, slot, rows,
+mark)``; the main process wraps the slot's rows as arrays (:meth:`BatchRing.lease`) and the
+slot becomes free when the last of those arrays, and of every view of them, is garbage.
 
 A slot's state is one int64 in the region's header: 0 free, -1 held by the consumer (the main
-process), else the pid and start time of the worker filling it (:func:`shardload.util.procs.pack`). Workers claim slots under a process-shared
-lock; only the main process frees them. A worker that finds no free slot gathers into fresh
-memory instead (the stock path for that batch), so a consumer that keeps many batches never
-blocks a worker and breaking out of a loop never deadlocks one. Slots held by workers that
-died are reclaimed (never slots the consumer holds). Torch-free: :mod:`shardload.torch` wraps
-the arrays.
+process), else the pid and start time of the worker filling it (:func:`shardload.util.procs.pack`),
+which it keeps until the consumer leases it. Workers claim slots under a process-shared lock,
+and the consumer leases under the same lock: a slot is leased only while it still holds its
+sender's mark (the batch's message carries it), else the lease raises. A worker that finds no
+free slot gathers into fresh memory instead (the stock path for that batch), so a consumer
+that keeps many batches never blocks a worker and breaking out of a loop never deadlocks one.
+Slots held by workers that died are reclaimed (never slots the consumer holds: the flags are
+read once, and a lease cannot land between that read and the reclaim's writes). Torch-free:
+:mod:`shardload.torch` wraps the arrays.
 
 A slot a worker claimed is freed when the batch is handed out (:meth:`BatchRing.sent`) or
 dropped (:meth:`BatchRing.free`); one whose arrays all became garbage without either (worker code
@@ -37,6 +40,7 @@ import multiprocessing
 import os
 import secrets
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -134,6 +138,7 @@ class BatchRing:
         self.sweep_every = max(32, self.slots // 2) if _MADV_REMOVE else 0
         self._frees = 0
         self._sweeping = False
+        self._leasing = 0  # main process: the thread inside lease() (holding the lock)
         self._idle = np.zeros(n, dtype=np.int64)  # main process: sweeps each slot went unused
         RINGS[self.token] = self
 
@@ -193,9 +198,16 @@ class BatchRing:
         return self._mark[1]
 
     def _reclaim_dead(self) -> None:
-        for mark in np.unique(self._flags[self._flags > 0]):
-            if not procs.alive_packed(int(mark)):
-                self._flags[self._flags == mark] = 0
+        """Free the slots of workers that died (under the lock).
+
+        The flags are read once: a second read could see a slot the consumer leased meanwhile
+        (-1, which as a mark is no live process's), and freeing it would hand a batch the
+        training loop still holds to a worker to overwrite.
+        """
+        flags = np.array(self._flags)
+        for mark in np.unique(flags[flags > 0]).tolist():
+            if not procs.alive_packed(mark):  # a dead worker's slots: only a reclaim changes them
+                self._flags[flags == mark] = 0
 
     def allocate(self, rows: int, part: tuple[int, int] = (0, 1)) -> dict[str, np.ndarray] | None:
         """Arrays for a batch of ``rows`` rows in a claimed slot (of ``part`` first, as in
@@ -248,11 +260,13 @@ class BatchRing:
             except Warning as exc:  # an "error" filter: a finalizer cannot raise, so print it
                 print(f"shardload: {exc}", file=sys.stderr)
 
-    def sent(self, slot: int) -> None:
-        """The batch in ``slot`` was handed to the consumer (which frees the slot)."""
+    def sent(self, slot: int) -> int:
+        """The batch in ``slot`` was handed to the consumer (which frees the slot); returns
+        this worker's mark, which the slot keeps until the consumer leases it (:meth:`lease`)."""
         cell = self._live.pop(slot, None)
         if cell is not None:
             cell[0] = True
+        return self._me()
 
     @property
     def orphaned(self) -> int:
@@ -291,7 +305,11 @@ class BatchRing:
         if self.sweep_every:
             self._frees += 1
             # not from inside a sweep (a garbage collection there can free leased batches)
-            if self._frees >= self.sweep_every and not self._sweeping:
+            if (
+                self._frees >= self.sweep_every
+                and not self._sweeping
+                and self._leasing != threading.get_ident()
+            ):
                 self._frees = 0
                 self.sweep()
 
@@ -330,13 +348,30 @@ class BatchRing:
                 released += 1
         return released
 
-    def lease(self, slot: int, rows: int) -> dict[str, np.ndarray]:
+    def lease(self, slot: int, rows: int, mark: int | None = None) -> dict[str, np.ndarray]:
         """The consumer's arrays of a slot's batch, in place (no copy).
 
-        The slot stays taken until every returned array, and every view of them (tensors from
-        ``torch.from_numpy`` included), is garbage; then a finalizer frees it.
+        ``mark``: the sender's (:meth:`sent`); if the slot no longer holds it (its worker died
+        and the slot was reclaimed), the batch is gone: raises RuntimeError rather than serve
+        the rows of whatever batch the slot holds now. The slot stays taken until every
+        returned array, and every view of them (tensors from ``torch.from_numpy`` included),
+        is garbage; then a finalizer frees it.
         """
-        self._flags[slot] = -1  # the consumer's now: never reclaimed as a dead worker's
+        me = threading.get_ident()
+        self._leasing = me  # no sweep from a finalizer in this thread while it holds the lock
+        try:
+            with self._lock:  # a claim's reclaim of dead workers' slots never runs meanwhile
+                held = int(self._flags[slot])
+                if mark is None or held == mark:
+                    self._flags[slot] = -1  # the consumer's now: never reclaimed
+        finally:
+            self._leasing = 0
+        if mark is not None and held != mark:
+            raise RuntimeError(
+                f"shardload ring slot {slot} no longer holds the batch a DataLoader worker sent "
+                f"in it (state {held}, expected {mark}): the worker died and the slot was "
+                "reclaimed before this process took the batch"
+            )
         raw = self._slot(slot)
         weakref.finalize(raw, self._consumed, slot)
         return batch_views(raw, self.specs, self.offsets, rows)

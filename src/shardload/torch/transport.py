@@ -68,24 +68,27 @@ class _RingBatch(dict):  # type: ignore[type-arg]
         self._sent[0] = True
         views = self._views
         if self.keys() == views.keys() and all(self[k] is v for k, v in views.items()):
-            self._ring.sent(self._slot)
-            return (_batch_from_ring, (self._ring.token, self._slot, self._rows))
+            mark = self._ring.sent(self._slot)  # the slot's state until the main process leases it
+            return (_batch_from_ring, (self._ring.token, self._slot, self._rows, mark))
         ids = {id(v) for v in views.values()}
         plain = {k: v.clone() if id(v) in ids else v for k, v in self.items()}
         self._ring.free(self._slot)
         return (dict, (plain,))
 
 
-def _batch_from_ring(token: str, slot: int, rows: int) -> dict[str, torch.Tensor]:
+def _batch_from_ring(
+    token: str, slot: int, rows: int, mark: int | None = None
+) -> dict[str, torch.Tensor]:
     """Main process: tensors over a batch's ring slot (no copy); the slot is freed when they,
-    and every view of them, are garbage."""
+    and every view of them, are garbage. ``mark``: the sending worker's, which the slot must
+    still hold (:meth:`~shardload.load.ring.BatchRing.lease`)."""
     ring = BatchRing.find(token)
     if ring is None:
         raise RuntimeError(
             "a shardload batch arrived from a DataLoader worker but its shared-memory ring is "
             "not mapped in this process (was the StreamingDataset garbage-collected?)"
         )
-    return _to_torch(ring.lease(slot, rows))
+    return _to_torch(ring.lease(slot, rows, mark))
 
 
 #: Most batches a :class:`StreamingDataLoader` worker sends per DataLoader item by default...
