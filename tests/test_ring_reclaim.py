@@ -127,3 +127,53 @@ def test_a_batch_whose_slot_was_reclaimed_is_refused_not_served_with_other_rows(
     with pytest.raises(RuntimeError, match="reclaimed"):
         pickle.loads(message)
     assert ring._flags[0] != -1  # not leased: the slot is not held by this process
+
+
+def test_a_private_batch_is_never_taken_for_a_slots_batch():
+    """A worker finding the ring full gathers a batch into memory of its own; it must go by the
+    stock hand-off, never as a slot's address. Before 2026-11-29 the slot of a batch was looked
+    up by ``id()`` of its first array: once that array object was gone (its slot still claimed,
+    the batch's other arrays alive) a new array could reuse the id and a private batch was sent
+    as that slot, whose rows are another batch's."""
+    ring = BatchRing(SPECS, 4, slots=2)
+    out = ring.allocate(4)
+    assert out is not None
+    first = next(iter(SPECS))
+    others = {k: v for k, v in out.items() if k != first}  # keep the slot's memory claimed
+    old_id = id(out[first])
+    del out
+    private = None
+    for _ in range(10_000):  # a fresh array taking the freed object's id (CPython reuses it)
+        candidate = np.zeros((4, 3), "f4")
+        if id(candidate) == old_id:
+            private = candidate
+            break
+        del candidate
+    if private is None:
+        pytest.skip("no array reused the freed id here")
+    assert ring.slot_of({first: private, **{k: v.copy() for k, v in others.items()}}) is None
+
+
+def test_a_slots_batch_is_found_by_its_memory_once():
+    """The batch from a slot is handed out once; a copy of it, or a batch of arrays at other
+    places, is not a slot's; a closed iterator frees what it claimed but never handed out."""
+    ring = BatchRing(SPECS, 4, slots=3)
+    a, b = ring.allocate(4), ring.allocate(2)
+    assert a is not None and b is not None
+    assert ring.slot_of({k: v.copy() for k, v in a.items()}) is None
+    assert ring.slot_of({"x": a["index"], "index": a["x"]}) is None  # wrong place in the slot
+    assert ring.slot_of(a) == 0 and ring.slot_of(a) is None  # handed out once
+    ring.release_unsent()  # b's slot: claimed, never handed out
+    assert list(np.asarray(ring._flags)) == [ring._me(), 0, 0]
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_does_not_wait_for_ever_on_a_lock_a_dead_worker_held(monkeypatch):
+    """A worker killed inside a claim leaves the ring's lock taken: the consumer's next lease
+    raises after ``LEASE_WAIT_S`` instead of hanging the training loop."""
+    monkeypatch.setattr(ring_mod, "LEASE_WAIT_S", 0.2)
+    ring = BatchRing(SPECS, 4, slots=2)
+    slot = _sent(ring)
+    ring._lock.acquire()  # as a worker killed while it held it
+    with pytest.raises(RuntimeError, match="lock was held"):
+        ring.lease(slot, 4, ring._me())

@@ -16,14 +16,13 @@ and the consumer leases under the same lock: a slot is leased only while it stil
 sender's mark (the batch's message carries it), else the lease raises. A worker that finds no
 free slot gathers into fresh memory instead (the stock path for that batch), so a consumer
 that keeps many batches never blocks a worker and breaking out of a loop never deadlocks one.
-Slots held by workers that died are reclaimed (never slots the consumer holds: the flags are
-read once, and a lease cannot land between that read and the reclaim's writes). Torch-free:
-:mod:`shardload.torch` wraps the arrays.
+Slots held by workers that died are reclaimed (never the consumer's: the flags are read once,
+and no lease lands between that read and the reclaim's writes). Torch-free.
 
 A slot a worker claimed is freed when the batch is handed out (:meth:`BatchRing.sent`) or
 dropped (:meth:`BatchRing.free`); one whose arrays all became garbage without either (worker code
 that yielded a *new* dict built from the batch, which the stock hand-off then copied) is freed by
-a finalizer, which also warns once per process: the batch took the slow path.
+a finalizer, which warns once per process. A batch is known for a slot's by where its memory is.
 
 Memory: a slot's pages cost memory from the first batch gathered into it. The main process
 sweeps the ring every ``sweep_every`` frees and gives the pages of slots left unused for two
@@ -63,6 +62,8 @@ _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswit
 _MADV_REMOVE = getattr(mmap, "MADV_REMOVE", 0)
 #: Sweeps a slot stays unused before its pages go back to the kernel.
 IDLE_SWEEPS = 2
+#: Longest the consumer waits for the ring's lock before it calls the run failed (seconds).
+LEASE_WAIT_S = 60.0
 #: Header words before the per-slot arrays: the count of orphaned slots.
 _HEAD = 1
 
@@ -130,7 +131,7 @@ class BatchRing:
         self._lock = multiprocessing.get_context("fork").Lock()
         self.owner = os.getpid()
         self.token = secrets.token_hex(8)
-        self._claimed: dict[int, int] = {}  # id(batch index array) -> slot, in a worker
+        self._start = np.frombuffer(self._mm, np.uint8, count=1).ctypes.data  # same after fork
         self._live: dict[int, list[bool]] = {}  # slot -> its claim's "done" cell, in a worker
         self._mapped: dict[int, int] = {}  # slot -> generation this process populated
         self._mark: tuple[int, int] | None = None  # (pid, slot mark) of this process
@@ -233,9 +234,7 @@ class BatchRing:
         cell = [False, False]  # this claim's: (sent or freed, handed out by slot_of)
         self._live[slot] = cell
         weakref.finalize(raw, self._orphaned, slot, cell)
-        out = batch_views(raw, self.specs, self.offsets, rows)
-        self._claimed[id(out[next(iter(out))])] = slot
-        return out
+        return batch_views(raw, self.specs, self.offsets, rows)
 
     def _orphaned(self, slot: int, cell: list[bool]) -> None:
         """Every array of a claimed batch is garbage, yet it was neither sent nor freed.
@@ -250,7 +249,6 @@ class BatchRing:
             del self._live[slot]
         self._flags[slot] = 0
         if not cell[1]:
-            self._claimed = {k: v for k, v in self._claimed.items() if v != slot}
             return
         self._head[0] += 1
         if not _WARNED[0]:
@@ -279,17 +277,30 @@ class BatchRing:
         return int(self._resident.sum())
 
     def slot_of(self, batch: Mapping[str, np.ndarray]) -> int | None:
-        """The slot a batch from :meth:`allocate` lives in (forgets it: handed out), or None."""
-        slot = self._claimed.pop(id(batch[next(iter(self.specs))]), None)
-        if slot is not None:
-            self._live[slot][1] = True
-        return slot
+        """The slot a batch from :meth:`allocate` lives in (now handed out), or None: found by
+        where its first array lies, in a slot this process claimed and has not handed out. A
+        batch in other memory (gathered privately when the ring was full) never is (a lookup
+        by ``id()`` of earlier batches' arrays could match a reused id).
+        """
+        key = next(iter(self.specs))
+        first = batch.get(key)
+        if not isinstance(first, np.ndarray):
+            return None
+        at = first.__array_interface__["data"][0] - self._start - self.header_bytes
+        slot, within = divmod(at, self.slot_bytes)
+        if at < 0 or slot >= self.slots or within != self.offsets[key]:
+            return None
+        cell = self._live.get(slot)
+        if cell is None or cell[0] or cell[1]:  # not a claim of this process waiting to go
+            return None
+        cell[1] = True
+        return int(slot)
 
     def release_unsent(self) -> None:
         """Free the slots this worker claimed but never handed out (a closed iterator)."""
-        for slot in self._claimed.values():
-            self.free(slot)
-        self._claimed.clear()
+        for slot, cell in list(self._live.items()):
+            if not cell[1]:
+                self.free(slot)
 
     def free(self, slot: int) -> None:
         """Free a slot whose batch will not be sent (or was sent as a copy)."""
@@ -305,11 +316,8 @@ class BatchRing:
         if self.sweep_every:
             self._frees += 1
             # not from inside a sweep (a garbage collection there can free leased batches)
-            if (
-                self._frees >= self.sweep_every
-                and not self._sweeping
-                and self._leasing != threading.get_ident()
-            ):
+            leasing = self._leasing == threading.get_ident()
+            if self._frees >= self.sweep_every and not self._sweeping and not leasing:
                 self._frees = 0
                 self.sweep()
 
@@ -360,10 +368,19 @@ class BatchRing:
         me = threading.get_ident()
         self._leasing = me  # no sweep from a finalizer in this thread while it holds the lock
         try:
-            with self._lock:  # a claim's reclaim of dead workers' slots never runs meanwhile
+            # a claim's reclaim of dead workers' slots never runs meanwhile; a worker killed
+            # while it held the lock (a claim takes microseconds) fails the run, not hangs it
+            if not self._lock.acquire(timeout=LEASE_WAIT_S):
+                raise RuntimeError(
+                    f"shardload: the shared-memory ring's lock was held for {LEASE_WAIT_S:.0f} s "
+                    "(a DataLoader worker killed while it claimed a slot?)"
+                )
+            try:
                 held = int(self._flags[slot])
                 if mark is None or held == mark:
                     self._flags[slot] = -1  # the consumer's now: never reclaimed
+            finally:
+                self._lock.release()
         finally:
             self._leasing = 0
         if mark is not None and held != mark:
