@@ -1,9 +1,10 @@
 """The node cache's trust memo (issue 28): a process remembers the copies it trusted by their
 stat, so a new handle on the same cache in the same process (each epoch of
 ``iter_batches(url, cache_dir=...)``, a store opened again) reads no copy's record and hashes
-no copy; and every change to a copy on disk (rewritten with its mtime put back by
+no copy; a large Blosc chunk file's copy is decoded from a mapping of it, not read into a
+buffer; and every change to a copy on disk (rewritten with its mtime put back by
 ``touch -r``, truncated, grown, renamed over) is still caught, by the same handle and by a new
-one: that file alone is fetched again and the right rows are read."""
+one, read or mapped: that file alone is fetched again and the right rows are read."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import pytest
 import xxhash
 
 import shardload
+import shardload.formats.copies as copies
+import shardload.formats.zarr.rows as zarr_rows
 import shardload.move.cache as cache_mod
 from shardload.move.cache import SUM_SUFFIX
 
@@ -28,6 +31,14 @@ from _stores import make_store
 from test_node_cache import data_files, epoch_rows, serving
 
 STORES = {"npy": dict(fmt="npy"), "zarr-lz4": dict(fmt="zarr", compression="lz4")}
+#: ``zarr-lz4`` with every copy mapped (the test store's chunk files are small)
+DAMAGED = [*STORES, "zarr-lz4-mapped"]
+
+
+def map_every_copy(monkeypatch) -> None:
+    """Decode every Blosc copy from its mapping, whatever its size (no-op before mappings)."""
+    monkeypatch.setattr(copies, "MAP_MIN_BYTES", 0, raising=False)
+
 
 #: Paths opened by this process while ``_OPENS[0]`` is a Counter (an audit hook: it sees
 #: ``open()`` and ``os.open`` alike, whichever module calls them).
@@ -44,7 +55,7 @@ sys.addaudithook(_audit)
 
 
 def served_store(tmp_path: Path, kind: str) -> Path:
-    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store", **STORES[kind])
+    make_store(tmp_path / "src", n=203, chunk_rows=7, name="store", **STORES[kind[:8]])
     return tmp_path / "src" / "store"
 
 
@@ -153,14 +164,16 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
 
 @pytest.mark.parametrize("handle", ["same", "new"])
 @pytest.mark.parametrize("damage", DAMAGES)
-@pytest.mark.parametrize("kind", STORES)
+@pytest.mark.parametrize("kind", DAMAGED)
 def test_a_copy_changed_after_this_process_trusted_it_is_fetched_again(
-    tmp_path: Path, kind: str, damage: str, handle: str
+    tmp_path: Path, monkeypatch, kind: str, damage: str, handle: str
 ) -> None:
     """This process fills the cache and reads an epoch from it with a second handle (so it has
     trusted every copy, by the fill and by the record); then one copy is changed on disk. The
     next epoch (the second handle again, or a third) fetches that file alone again and reads the
     right rows: the memo answers only for the stat it trusted."""
+    if kind.endswith("-mapped"):
+        map_every_copy(monkeypatch)
     root = served_store(tmp_path, kind)
     local = shardload.open_store(root)
     cache = tmp_path / "cache"
@@ -178,3 +191,29 @@ def test_a_copy_changed_after_this_process_trusted_it_is_fetched_again(
         assert n == len(local) and np.array_equal(x, local.read("x", 0, len(local)))
         assert [p.split("/", 2)[-1] for p in srv.data_requests(before)] == [rel]
         assert store.fs.node_cache.stats["refetched"] == refetched + 1
+
+
+def test_a_blosc_copy_is_decoded_from_its_mapping(tmp_path: Path, monkeypatch) -> None:
+    """A warm epoch of an lz4 Zarr store through the cache (every copy large enough to map):
+    no copy is read into a buffer (on tmpfs, ``/dev/shm``, a read costs about twice a disk's
+    page cache: docs/design.md); the right rows."""
+    map_every_copy(monkeypatch)
+    root = served_store(tmp_path, "zarr-lz4")
+    want = shardload.open_store(root).read("x", 0, 203)
+    cache = tmp_path / "cache"
+    read: list[int] = []
+    real = zarr_rows.read_whole
+
+    def counted(f: Any) -> Any:
+        target = os.readlink(f"/proc/self/fd/{f.fileno()}")
+        if Path(target).parent == cache:
+            read.append(os.fstat(f.fileno()).st_size)
+        return real(f)
+
+    with serving(tmp_path / "src") as srv:
+        url = f"{srv.url}/store"
+        epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
+        monkeypatch.setattr(zarr_rows, "read_whole", counted)
+        n, x = epoch_rows(shardload.open_store(url, cache_dir=cache), 1)
+    assert n == len(want) and np.array_equal(x, want)
+    assert read == [], f"{len(read)} copies read whole into a buffer, {sum(read)} bytes"
