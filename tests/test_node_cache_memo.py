@@ -8,6 +8,7 @@ one, read or mapped: that file alone is fetched again and the right rows are rea
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -21,7 +22,6 @@ import pytest
 import xxhash
 
 import shardload
-import shardload.formats.copies as copies
 import shardload.formats.zarr.rows as zarr_rows
 import shardload.move.cache as cache_mod
 from shardload.move.cache import SUM_SUFFIX
@@ -37,7 +37,25 @@ DAMAGED = [*STORES, "zarr-lz4-mapped"]
 
 def map_every_copy(monkeypatch) -> None:
     """Decode every Blosc copy from its mapping, whatever its size (no-op before mappings)."""
-    monkeypatch.setattr(copies, "MAP_MIN_BYTES", 0, raising=False)
+    try:
+        import shardload.formats.copy_maps as copy_maps
+    except ImportError:
+        return
+    monkeypatch.setattr(copy_maps, "MAP_MIN_BYTES", 0)
+
+
+def count_mappings(monkeypatch, folder: Path) -> list[int]:
+    """The sizes of the files of ``folder`` this process maps from now on."""
+    made: list[int] = []
+
+    class Counted(mmap.mmap):
+        def __new__(cls, fd: int, length: int, *a: Any, **k: Any) -> Any:
+            if fd >= 0 and Path(os.readlink(f"/proc/self/fd/{fd}")).parent == folder:
+                made.append(os.fstat(fd).st_size)
+            return super().__new__(cls, fd, length, *a, **k)
+
+    monkeypatch.setattr(mmap, "mmap", Counted)
+    return made
 
 
 #: Paths opened by this process while ``_OPENS[0]`` is a Counter (an audit hook: it sees
@@ -215,5 +233,29 @@ def test_a_blosc_copy_is_decoded_from_its_mapping(tmp_path: Path, monkeypatch) -
         epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
         monkeypatch.setattr(zarr_rows, "read_whole", counted)
         n, x = epoch_rows(shardload.open_store(url, cache_dir=cache), 1)
+        assert n == len(want) and np.array_equal(x, want)
+        mapped = count_mappings(monkeypatch, cache)
+        n, x = epoch_rows(shardload.open_store(url, cache_dir=cache), 2)  # a new handle
     assert n == len(want) and np.array_equal(x, want)
     assert read == [], f"{len(read)} copies read whole into a buffer, {sum(read)} bytes"
+    # the process kept the mappings of epoch 1 (an unbounded cache): none mapped again
+    assert mapped == [], f"{len(mapped)} copies mapped again, {sum(mapped)} bytes"
+
+
+def test_a_bounded_cache_keeps_no_mapping(tmp_path: Path, monkeypatch) -> None:
+    """With ``cache_bytes`` a copy may be evicted at any time: a mapping kept past its read
+    would hold the evicted copy's bytes (in ``/dev/shm``: memory) past the bound, so each
+    read maps its copy and unmaps it."""
+    from shardload.formats.copy_maps import KEPT
+
+    map_every_copy(monkeypatch)
+    root = served_store(tmp_path, "zarr-lz4")
+    want = shardload.open_store(root).read("x", 0, 203)
+    cache, kept = tmp_path / "cache", KEPT.bytes
+    with serving(tmp_path / "src") as srv:
+        url = f"{srv.url}/store"
+        epoch_rows(shardload.open_store(url, cache_dir=cache, cache_bytes=1 << 30), 0)
+        mapped = count_mappings(monkeypatch, cache)
+        n, x = epoch_rows(shardload.open_store(url, cache_dir=cache, cache_bytes=1 << 30), 1)
+    assert n == len(want) and np.array_equal(x, want)
+    assert mapped and KEPT.bytes == kept

@@ -17,10 +17,8 @@ before any of its bytes are used:
 
 ``verify="always"`` hashes the copy at every check, as it does every local file.
 
-A Blosc chunk file's copy of :data:`MAP_MIN_BYTES` or more is decoded from a read-only mapping
-of it (:func:`map_copy`), not from a copy of its bytes read into a buffer: reading a file on
-tmpfs (``/dev/shm``) copies it out page by page, at about twice the CPU of a disk file
-system's page cache (docs/design.md, "The node cache").
+A Blosc chunk file's large copy is decoded from a read-only mapping of it, not from its
+bytes read into a buffer (:mod:`.copy_maps`).
 """
 
 from __future__ import annotations
@@ -32,6 +30,12 @@ from typing import Any
 import xxhash
 
 from shardload.errors import ChunkReadError
+
+
+def keeps_maps(fs: Any) -> bool:
+    """Whether mappings of the cache's copies may outlive a read (:mod:`.copy_maps`): the
+    cache is unbounded, so nothing evicts a copy a mapping would keep in memory."""
+    return getattr(getattr(fs, "spec", None), "cache_bytes", 0) is None
 
 
 def is_cached(fs: Any) -> bool:
@@ -96,34 +100,6 @@ def read_checked_copy(
     fd = open_checked_copy(fs, verifier, name, unit, path, what=what)
     with os.fdopen(fd, "rb") as f:
         return f.read()
-
-
-#: Copies smaller than this are read, not mapped: a mapping's setup costs more than their copy.
-MAP_MIN_BYTES = 1 << 18
-
-
-def map_copy(f: Any) -> mmap.mmap | None:
-    """The whole node cache copy open as ``f``, mapped read-only (valid after ``f`` closes;
-    the caller closes it: :func:`unmap`), or None when it is small or cannot be mapped. A
-    copy is never truncated nor written in place by the cache (a fill writes a new file and
-    renames it in; an eviction unlinks it), so the mapping holds the bytes checked."""
-    try:
-        fd = f.fileno()
-        if os.fstat(fd).st_size < MAP_MIN_BYTES:
-            return None
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def unmap(m: mmap.mmap, view: memoryview) -> None:
-    """Release ``view`` and close its mapping from :func:`map_copy`, or leave them to close
-    when their last user goes (an error's traceback may still hold one)."""
-    try:
-        view.release()
-        m.close()
-    except BufferError:
-        pass
 
 
 def fd_digest(fd: int) -> int:

@@ -14,7 +14,8 @@ import numpy as np
 from shardload.errors import ChunkReadError
 from shardload.formats.base import readinto_full
 from shardload.formats.checksums import Verifier, digest, verify_file
-from shardload.formats.copies import CopyOpener, map_copy, open_copy_checked, unmap
+from shardload.formats.copies import CopyOpener, keeps_maps, open_copy_checked
+from shardload.formats.copy_maps import map_copy, unmap
 from shardload.formats.zarr.chunks import (
     ChunkLayout,
     decode_into,
@@ -125,8 +126,9 @@ def _read_chunk_part(
                         f"{len(dst)} bytes at offset {a * rb}, got {got})"
                     )
                 return
-            mapped = map_copy(f) if isinstance(layout.opener, CopyOpener) else None
-            raw = read_whole(f) if mapped is None else memoryview(mapped)
+            if isinstance(layout.opener, CopyOpener):
+                mapped = map_copy(f, keep=keeps_maps(layout.opener.fs))
+            raw = read_whole(f) if mapped is None else memoryview(mapped[0])
     except FileNotFoundError as exc:
         if layout.strict:
             raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
