@@ -8,6 +8,7 @@ one, read or mapped: that file alone is fetched again and the right rows are rea
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import subprocess
@@ -28,6 +29,7 @@ from shardload.move.cache import SUM_SUFFIX
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _stores import make_store
+from conftest import python_env
 from test_node_cache import data_files, epoch_rows, serving
 
 STORES = {"npy": dict(fmt="npy"), "zarr-lz4": dict(fmt="zarr", compression="lz4")}
@@ -259,3 +261,38 @@ def test_a_bounded_cache_keeps_no_mapping(tmp_path: Path, monkeypatch) -> None:
         n, x = epoch_rows(shardload.open_store(url, cache_dir=cache, cache_bytes=1 << 30), 1)
     assert n == len(want) and np.array_equal(x, want)
     assert mapped and KEPT.bytes == kept
+
+
+#: An epoch in a new process over a warm cache: which HTTP client modules it imported.
+NEW_PROCESS_EPOCH = """
+import json, sys, shardload
+store = shardload.open_store(sys.argv[1], cache_dir=sys.argv[2])
+for b in shardload.iter_batches(store, batch_size=16, seed=3, epoch=1):
+    pass
+stats = store.fs.node_cache.stats
+print(json.dumps([sorted(m for m in sys.modules if m.split(".")[0] == "aiohttp")[:3], stats]))
+"""
+
+
+def test_a_warm_epoch_in_a_new_process_starts_no_http_client(tmp_path: Path) -> None:
+    """A new process (a DataLoader worker without ``persistent_workers``) reading an epoch the
+    cache holds whole needs no request, so it imports and starts no HTTP client: importing
+    aiohttp cost such a process 0.1-0.2 CPU s, as much as reading 100 MB from the cache."""
+    root = served_store(tmp_path, "zarr-lz4")
+    cache = tmp_path / "cache"
+    with serving(tmp_path / "src") as srv:
+        url = f"{srv.url}/store"
+        epoch_rows(shardload.open_store(url, cache_dir=cache), 0)
+        filled = len(srv.paths)
+        out = subprocess.run(
+            [sys.executable, "-c", NEW_PROCESS_EPOCH, url, str(cache)],
+            capture_output=True,
+            text=True,
+            env=python_env(),
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert srv.paths[filled:] == []  # no request at all
+    client, stats = json.loads(out.stdout.splitlines()[-1])
+    assert stats["fills"] == 0 and stats["hits"] >= len(data_files(root))
+    assert client == [], f"HTTP client imported: {client}"

@@ -218,7 +218,8 @@ class RemoteFileSystem(AbstractFileSystem):
         self._pid = -1
         self._target: Any = None
         self.pins = Pins()  # the version of each file first read: ``move/pinned.py``
-        self.root = self.target_and_root()[1]
+        # HTTP: no client (aiohttp's import: 0.1-0.2 CPU s) until a read needs the server
+        self.root = spec.url.rstrip("/") if is_http(spec.url) else self.target_and_root()[1]
 
     def target_and_root(self) -> tuple[Any, str]:
         if self._target is None or self._pid != os.getpid():
@@ -242,8 +243,8 @@ class RemoteFileSystem(AbstractFileSystem):
         return f"<RemoteFileSystem {self.spec.url}>"
 
     # -- paths ----------------------------------------------------------------------------------
-    def unstrip_protocol(self, name: str) -> str:
-        return _full_url(self.target, name)
+    def unstrip_protocol(self, name: str) -> str:  # fsspec's HTTP paths are full URLs
+        return name if is_http(name) else _full_url(self.target, name)
 
     @property
     def _deadline(self) -> dict[str, Any]:
