@@ -14,7 +14,10 @@ epoch of ``iter_batches`` (batch 256, groups of ``--shuffle-chunks`` chunks), in
 
 ``--warm-pairs N`` measures only epoch 2 against the local folder: the cache filled once, then
 N pairs (cached, local), each epoch with a fresh handle and the order alternating pair by pair;
-it prints each pair's ratios (rows/s and CPU) and their medians.
+it prints each pair's ratios (rows/s and CPU) and their medians. ``--fresh-processes`` runs each
+of those epochs in a new Python process (as a DataLoader worker without ``persistent_workers``,
+which starts with nothing its predecessors trusted or mapped), timing the store's opening and
+its epoch (a local store imports its codecs when opened, one by URL at its first batch).
 
 Goals: fill >= 0.9 x direct; cached >= 0.9 x local, with no download (the cache's counters: every
 read of a store opened with ``cache_dir`` goes through it); at 50%, hits >= 1.5 x LRU's, where
@@ -27,6 +30,7 @@ Usage::
     python benchmarks/bench_cache.py --size-mb 400 --cache-root /dev/shm
     python benchmarks/bench_cache.py --format zarr --compression lz4 --cache-root /dev/shm
     python benchmarks/bench_cache.py --format zarr --compression lz4 --warm-pairs 12
+    python benchmarks/bench_cache.py --format zarr --compression lz4 --warm-pairs 8 --fresh-processes
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -98,7 +103,20 @@ def main() -> None:
     ap.add_argument("--cache-root", default=None, help="where the cache folders go (/dev/shm...)")
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--warm-pairs", type=int, default=0, help="only epoch 2 against local")
+    ap.add_argument("--fresh-processes", action="store_true", help="each warm pair's epoch alone")
+    ap.add_argument("--run-epoch", nargs=3, help=argparse.SUPPRESS)  # WHERE CACHE_DIR EPOCH
     args = ap.parse_args()
+    if args.run_epoch:  # the store's opening counted too: a local store imports its codecs
+        where, cache_dir, no = args.run_epoch  # there, one by URL at its first batch
+        t0, c0 = time.perf_counter(), time.process_time()
+        st = shardload.open_store(where, **({"cache_dir": cache_dir} if cache_dir else {}))
+        r = epoch(st, epoch_no=int(no), args=args)
+        s, cpu = time.perf_counter() - t0, time.process_time() - c0
+        r.update(seconds=s, cpu_s=cpu, rows_per_s=r["rows"] / s)
+        if cache_dir:
+            assert downloads(st) == 0, "epoch 2 fetched data"
+        print(json.dumps(r))
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-cache-"))
     croot = Path(tempfile.mkdtemp(prefix="bench-cache-", dir=args.cache_root))
     try:
@@ -121,6 +139,9 @@ def warm_pairs(args: argparse.Namespace, work: Path, croot: Path) -> None:
         for i in range(args.warm_pairs):
             got = {}
             for kind in ("cached", "local")[:: 1 if i % 2 == 0 else -1]:
+                if args.fresh_processes:
+                    got[kind] = epoch_alone(args, kind, url, path, croot / "full", 1 + i % 3)
+                    continue
                 st = (
                     shardload.open_store(url, cache_dir=croot / "full")
                     if kind == "cached"
@@ -142,6 +163,17 @@ def warm_pairs(args: argparse.Namespace, work: Path, croot: Path) -> None:
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     print(f"cached/local rows/s, median of {len(speed)} pairs: {med(speed):.2f}")
     print(f"cached/local CPU s, median: {med(cpu):.2f} (local/cached: {1 / med(cpu):.2f})")
+
+
+def epoch_alone(
+    args: argparse.Namespace, kind: str, url: str, path: Path, cache_dir: Path, no: int
+) -> dict[str, float]:
+    """One epoch in a new Python process (its figures: opening the store and the epoch)."""
+    where, cdir = (url, str(cache_dir)) if kind == "cached" else (str(path), "")
+    cmd = [sys.executable, __file__, "--run-epoch", where, cdir, str(no)]
+    cmd += ["--batch-size", str(args.batch_size), "--shuffle-chunks", str(args.shuffle_chunks)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout.splitlines()[-1]))
 
 
 def measure(args: argparse.Namespace, work: Path, croot: Path) -> None:

@@ -16,6 +16,9 @@ before any of its bytes are used:
   changed on disk is refetched, and a store changed on the server is refused by name.
 
 ``verify="always"`` hashes the copy at every check, as it does every local file.
+
+A Blosc chunk file's large copy is decoded from a read-only mapping of it, not from its
+bytes read into a buffer (:mod:`.copy_maps`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ from typing import Any
 import xxhash
 
 from shardload.errors import ChunkReadError
+
+
+def keeps_maps(fs: Any) -> bool:
+    """Whether mappings of the cache's copies may outlive a read (:mod:`.copy_maps`): the
+    cache is unbounded, so nothing evicts a copy a mapping would keep in memory."""
+    return getattr(getattr(fs, "spec", None), "cache_bytes", 0) is None
 
 
 def is_cached(fs: Any) -> bool:

@@ -19,7 +19,9 @@ read of a cached file is a local ``pread``.
   gave one (``NodeCache.digests``), and refused (``ChunkReadError`` naming the URL) when they
   differ. A copy whose size, inode, mtime or ctime differ from its record is hashed again: if it no
   longer matches, it is dropped and fetched again, never served. A reader may take the record's
-  digest as the copy's (:meth:`NodeCache.vouched_digest`: no hashing in each process).
+  digest as the copy's (:meth:`NodeCache.vouched_digest`: no hashing in each process). What a
+  process trusted it remembers by the copy's stat (``cache_trust.MEMO``): a new handle in the
+  same process reads no record of a copy unchanged since.
 - **Bounded.** Above ``cache_bytes`` the entry whose next use is farthest in the loader's plan
   (Belady, :mod:`shardload.plan.cache_plan`) is evicted; without a plan, the least recently
   used (the record's mtime, refreshed on every hit). With a plan, a file read again later than
@@ -56,6 +58,10 @@ from shardload.move.cache_files import (
     write_record,
 )
 from shardload.move.cache_files import read_range as read_range  # the remote fs reads copies
+from shardload.move.cache_trust import MEMO
+from shardload.move.cache_trust import digest_fd as _digest_fd
+from shardload.move.cache_trust import read_record as _read_record
+from shardload.move.cache_trust import stamp as _stamp
 from shardload.util.locks import locked
 from shardload.util.procs import my_start_time
 
@@ -76,42 +82,6 @@ def key_of(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:40]
 
 
-def _digest_fd(fd: int) -> int:
-    h = xxhash.xxh3_64()
-    pos = 0
-    while True:
-        got = os.pread(fd, 1 << 22, pos)
-        if not got:
-            return int(h.intdigest())
-        h.update(got)
-        pos += len(got)
-
-
-def _stamp(st: os.stat_result) -> list[Any]:
-    """What must not change for a copy to be trusted unhashed: its size, inode, mtime, ctime
-    (any write or ``utime`` sets it, and nothing sets it back) and the boot that wrote it (copies
-    are not fsynced: after a crash, each is hashed once again)."""
-    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, _boot_id()]
-
-
-@functools.cache
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:  # no such file: every process hashes each copy once
-        return f"pid-{os.getpid()}"
-
-
-def _read_record(local: str) -> dict[str, Any] | None:
-    try:
-        with open(local + SUM_SUFFIX, "rb") as f:
-            rec = json.loads(f.read())
-        return rec if isinstance(rec, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
 class NodeCache:
     """The cache folder ``cache_dir`` as seen by this process (see the module docstring).
 
@@ -129,8 +99,6 @@ class NodeCache:
         self.stats = dict(
             hits=0, fills=0, refetched=0, bypassed=0, evicted=0, prefetched=0, skipped=0
         )
-        # (key, stamp) of copies trusted in this process -> the XXH3-64 of those bytes
-        self._trusted: dict[tuple[str, tuple[Any, ...]], int] = {}
         self._lock = threading.Lock()
         self._swept = False
         # copies served without being kept, held open: a reader opens a file more than once
@@ -187,11 +155,11 @@ class NodeCache:
     def vouched_digest(self, fd: int, url: str) -> int | None:
         """The XXH3-64 recorded for the very bytes open at ``fd`` (same stamp), else None: a
         reader compares it with the store's checksum instead of hashing (docs/design.md)."""
-        stamp = _stamp(os.fstat(fd))
-        got = self._trusted.get((key_of(url), tuple(stamp)))  # trusted or filled here
+        st, local = os.fstat(fd), cache_name(self.dir, url)
+        got = MEMO.get(local, st)  # trusted or filled in this process
         if got is None:
-            rec = _read_record(cache_name(self.dir, url))
-            got = rec.get("xxh3") if rec is not None and rec.get("stamp") == stamp else None
+            rec = _read_record(local)
+            got = rec.get("xxh3") if rec is not None and rec.get("stamp") == _stamp(st) else None
         return got if isinstance(got, int) else None
 
     def _open_trusted(self, local: str, key: str, *, drop: bool) -> int | None:
@@ -223,21 +191,24 @@ class NodeCache:
         return None
 
     def _trusts(self, fd: int, local: str, key: str) -> bool:
+        """Whether the copy open at ``fd`` holds the bytes its record gives the digest of, and
+        that digest is the store's (when known): trusted in this process under the same stamp
+        (``cache_trust.MEMO``: no record read), else vouched for by its record, else hashed."""
         st = os.fstat(fd)
-        stamp = (key, tuple(_stamp(st)))
-        if stamp in self._trusted:
+        known = self.digests.get(key)
+        got = MEMO.get(local, st)
+        if got is not None and (known is None or got == known):
             return True
         rec = _read_record(local)
         if rec is None:
             return False
-        want = self.digests.get(key, rec.get("xxh3"))
+        want = rec.get("xxh3") if known is None else known
         if rec.get("stamp") == _stamp(st) and rec.get("xxh3") == want:
             ok = True  # unchanged since it was checked
         else:
             ok = st.st_size == rec.get("size") and _digest_fd(fd) == want
         if ok and isinstance(want, int):
-            with self._lock:
-                self._trusted[stamp] = want
+            MEMO.put(local, st, want)
         return ok
 
     def _fill(self, url: str, key: str, local: str, data: bytes, what: str) -> int:
@@ -260,13 +231,13 @@ class NodeCache:
 
             def publish() -> None:  # under the eviction lock: a concurrent fill sees it
                 os.replace(tmp, local)  # then the stamp: a rename changes the copy's ctime
-                rec["stamp"] = self._remember(key, fd, got)
+                rec["stamp"] = self._remember(local, fd, got)
                 write_record(local, json.dumps(rec).encode())
 
             size = len(data) + len(json.dumps(rec))  # records count
             if not self._make_room(key, size, publish):
                 os.remove(tmp)  # served from the open copy, not kept (Belady: needed last)
-                self._remember(key, fd, got)
+                self._remember(local, fd, got)
                 self._count("bypassed")
                 self._hold(key, fd)
                 return fd
@@ -288,12 +259,12 @@ class NodeCache:
         for fd in held:
             os.close(fd)
 
-    def _remember(self, key: str, fd: int, digest: int) -> list[Any]:
-        """Note the digest of the copy open at ``fd`` (for :meth:`vouched_digest`); its stamp."""
-        stamp = _stamp(os.fstat(fd))
-        with self._lock:
-            self._trusted[(key, tuple(stamp))] = digest
-        return stamp
+    def _remember(self, local: str, fd: int, digest: int) -> list[Any]:
+        """Note the digest of the copy of ``local`` open at ``fd`` (this process trusts it:
+        :meth:`vouched_digest`, later handles); its stamp."""
+        st = os.fstat(fd)
+        MEMO.put(local, st, digest)
+        return _stamp(st)
 
     def _hold(self, key: str, fd: int) -> None:
         with self._lock:

@@ -13,8 +13,7 @@ in each process (fsspec's async filesystems are not fork-safe), so a Store holdi
 DataLoader workers under fork, spawn or forkserver. Shards by http(s): :mod:`.http_get`.
 
 Read options default to ``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25),
-``SHARDLOAD_TIMEOUT_S`` (30); http(s) URLs also take ``SHARDLOAD_TOKEN`` and
-``SHARDLOAD_CA_FILE`` (:mod:`shardload.move.http_client`).
+``SHARDLOAD_TIMEOUT_S`` (30); http(s) also ``SHARDLOAD_TOKEN``, ``SHARDLOAD_CA_FILE``.
 """
 
 from __future__ import annotations
@@ -218,7 +217,8 @@ class RemoteFileSystem(AbstractFileSystem):
         self._pid = -1
         self._target: Any = None
         self.pins = Pins()  # the version of each file first read: ``move/pinned.py``
-        self.root = self.target_and_root()[1]
+        # HTTP: no client (aiohttp's import: 0.1-0.2 CPU s) until a read needs the server
+        self.root = spec.url.rstrip("/") if is_http(spec.url) else self.target_and_root()[1]
 
     def target_and_root(self) -> tuple[Any, str]:
         if self._target is None or self._pid != os.getpid():
@@ -242,8 +242,8 @@ class RemoteFileSystem(AbstractFileSystem):
         return f"<RemoteFileSystem {self.spec.url}>"
 
     # -- paths ----------------------------------------------------------------------------------
-    def unstrip_protocol(self, name: str) -> str:
-        return _full_url(self.target, name)
+    def unstrip_protocol(self, name: str) -> str:  # fsspec's HTTP paths are full URLs
+        return name if is_http(name) else _full_url(self.target, name)
 
     @property
     def _deadline(self) -> dict[str, Any]:

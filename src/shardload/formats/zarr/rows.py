@@ -14,7 +14,8 @@ import numpy as np
 from shardload.errors import ChunkReadError
 from shardload.formats.base import readinto_full
 from shardload.formats.checksums import Verifier, digest, verify_file
-from shardload.formats.copies import CopyOpener, open_copy_checked
+from shardload.formats.copies import CopyOpener, keeps_maps, open_copy_checked
+from shardload.formats.copy_maps import map_copy, unmap
 from shardload.formats.zarr.chunks import (
     ChunkLayout,
     decode_into,
@@ -106,6 +107,7 @@ def _read_chunk_part(
     copy = check and isinstance(layout.opener, CopyOpener)  # checked by its record, as opened
     check = check and not copy
     what = f"chunk {i}"
+    mapped = None  # a node cache copy's mapping, decoded in place (formats/copies.py)
     try:
         with (
             open_copy_checked(layout.opener, verifier, name, i, path, what=what)
@@ -124,7 +126,9 @@ def _read_chunk_part(
                         f"{len(dst)} bytes at offset {a * rb}, got {got})"
                     )
                 return
-            raw = read_whole(f)
+            if isinstance(layout.opener, CopyOpener):
+                mapped = map_copy(f, keep=keeps_maps(layout.opener.fs))
+            raw = read_whole(f) if mapped is None else memoryview(mapped[0])
     except FileNotFoundError as exc:
         if layout.strict:
             raise ChunkReadError(f"chunk {i} of array {name!r} is missing: {path}") from exc
@@ -145,4 +149,8 @@ def _read_chunk_part(
             raise ChunkReadError(
                 f"chunk {i} of array {name!r} is truncated or corrupt (Blosc): {path}: {exc}"
             ) from exc
-    decode_into(layout, raw, a, b, dst, name=name, what=what, path=path)
+    try:
+        decode_into(layout, raw, a, b, dst, name=name, what=what, path=path)
+    finally:
+        if mapped is not None:
+            unmap(mapped, raw)
