@@ -4,10 +4,11 @@ Blosc-lz4 with byte shuffle costs the encode of every chunk at prepare and a dec
 chunk read at load. On data it cannot shrink (float noise, packed integers, already-compressed
 values) that buys a few percent of bytes: float32 white noise saves 6%, int16 noise nothing,
 while real fields save 19-75% (docs/benchmarks.md, "Prepare: compression where it
-compresses"). Under ``auto`` the driver encodes the first chunks of each fixed-size array, at
-least :data:`SAMPLE_BYTES` of them, from the rows of the first write block (read as its task
-reads them, and kept for that task: :func:`~shardload.prep.tasks.read_first_block`), and
-keeps lz4 for each array they shrink by at least :data:`MIN_SAVING`; the others are stored
+compresses"). Under ``auto`` the driver encodes the start of each fixed-size array (about
+:data:`SAMPLE_BYTES`: whole chunks where they are small, the start of the first one where they
+are big), from the rows of the first write block (read as its task reads them, and kept for
+that task: :func:`~shardload.prep.tasks.read_first_block`), and keeps lz4 for each array it
+shrinks by at least :data:`MIN_SAVING`; the others are stored
 without a compressor (Zarr: no ``blosc`` codec in the array's chain).
 
 One decision per array, made once in the driver before the store is created: every write
@@ -35,17 +36,17 @@ log = logging.getLogger("shardload.prep.driver")  # the name users' logs have al
 #: what it saves on every real field measured (19% for ecRad's humidity and fluxes, 25-75% for
 #: ERA5, SST and smooth fields; docs/benchmarks.md).
 MIN_SAVING = 0.10
-#: At least this many decoded bytes of each array are encoded to decide (whole chunks, within
-#: the first write block): lz4's saving on smaller samples is noisy (4 KiB of float32 noise:
-#: 0.4%, 128 KiB and more: 6.4%).
+#: About this many decoded bytes of each array are encoded to decide (whole small chunks, or
+#: the start of a big one; within the first write block): lz4's saving on smaller samples is
+#: noisy (4 KiB of float32 noise: 0.4%, 128 KiB and more: 6.4%).
 SAMPLE_BYTES = 1 << 20
 #: lz4's level when the config gives none (the Zarr and HDF5 writers' default)
 LZ4_LEVEL = 5
 
 
 class CodecChoice(NamedTuple):
-    """What ``auto`` decided for one array, and on what: ``chunks`` chunks, ``raw_bytes``
-    decoded, ``lz4_bytes`` encoded."""
+    """What ``auto`` decided for one array, and on what: ``chunks`` pieces encoded apart
+    (:func:`plan_sample`), ``raw_bytes`` decoded, ``lz4_bytes`` encoded."""
 
     codec: str
     chunks: int
@@ -61,7 +62,7 @@ class CodecChoice(NamedTuple):
         kept = "stored lz4" if self.codec == "lz4" else "stored uncompressed"
         return (
             f"array {name!r}: lz4 saved {100 * self.saving:.1f}% on its first "
-            f"{self.chunks} chunk(s) ({self.raw_bytes / 2**20:.2f} MiB): {kept}"
+            f"{self.raw_bytes / 2**20:.2f} MiB ({self.chunks} piece(s)): {kept}"
         )
 
 
@@ -84,32 +85,42 @@ def plan_codecs(
     return out
 
 
-def sample_chunks(rows: np.ndarray, chunk_rows: int, sample_bytes: int = SAMPLE_BYTES) -> int:
-    """How many of the first chunks of ``rows`` (``chunk_rows`` each) hold at least
-    ``sample_bytes`` bytes, at most as many as ``rows`` holds (pure).
+def plan_sample(
+    num_rows: int, row_bytes: int, chunk_rows: int, sample_bytes: int = SAMPLE_BYTES
+) -> tuple[int, int]:
+    """``(piece_rows, pieces)``: the first ``pieces`` runs of ``piece_rows`` rows of
+    ``num_rows`` that are encoded to decide (pure). Chunks of at most ``sample_bytes``: whole
+    chunks, as many as hold ``sample_bytes`` (or all there are); bigger chunks: the first
+    ``sample_bytes`` of the first one (lz4 codes a chunk in blocks of at most 256 KiB, so
+    the first MiB of a chunk says what the chunk saves, at a fraction of its encode).
 
-    >>> sample_chunks(np.zeros((100, 256), "f4"), 10, sample_bytes=20_000)  # 10 KiB a chunk
-    2
-    >>> sample_chunks(np.zeros((15, 256), "f4"), 10, sample_bytes=10**9)
-    2
+    >>> plan_sample(100, 1024, 10, sample_bytes=20_000)   # 10 KiB chunks: 2 of them
+    (10, 2)
+    >>> plan_sample(15, 1024, 10, sample_bytes=10**9)     # fewer rows than asked: all
+    (10, 2)
+    >>> plan_sample(1000, 1024, 500, sample_bytes=65_536)  # 500 KiB chunks: 64 rows of one
+    (64, 1)
     """
-    chunk_bytes = max(1, chunk_rows * (rows.nbytes // max(1, len(rows))))
-    have = -(-len(rows) // max(1, chunk_rows))
-    return int(max(1, min(have, -(-sample_bytes // chunk_bytes))))
+    row_bytes, chunk_rows = max(1, row_bytes), max(1, chunk_rows)
+    want_rows = -(-sample_bytes // row_bytes)
+    piece = max(1, min(chunk_rows, want_rows, num_rows))
+    pieces = -(-min(want_rows, num_rows) // piece)
+    return piece, int(max(1, min(pieces, -(-num_rows // piece))))
 
 
 def measure_lz4(
     rows: np.ndarray, chunk_rows: int, *, level: int | None = None
 ) -> tuple[int, int, int]:
-    """``(chunks, raw_bytes, lz4_bytes)``: the first chunks of ``rows`` (:func:`sample_chunks`)
-    encoded one by one as the writers encode them (Blosc lz4, byte shuffle)."""
+    """``(pieces, raw_bytes, lz4_bytes)``: the first rows of ``rows`` (:func:`plan_sample`)
+    encoded one piece at a time as the writers encode a chunk (Blosc lz4, byte shuffle)."""
     from numcodecs import Blosc
 
     codec = Blosc(cname="lz4", clevel=LZ4_LEVEL if level is None else level, shuffle=Blosc.SHUFFLE)
-    n = sample_chunks(rows, chunk_rows)
+    row_bytes = rows.nbytes // max(1, len(rows))
+    piece, n = plan_sample(len(rows), row_bytes, chunk_rows)
     raw = packed = 0
     for i in range(n):
-        chunk = np.ascontiguousarray(rows[i * chunk_rows : (i + 1) * chunk_rows])
+        chunk = np.ascontiguousarray(rows[i * piece : (i + 1) * piece])
         raw += chunk.nbytes
         packed += len(codec.encode(chunk))
     return n, raw, packed
