@@ -232,3 +232,27 @@ def test_the_sample_reads_no_row_twice(
     store = prepare(source, tmp_path / "s", execution={"scheduler": "threads"}, **extra)
     assert store.manifest.options["array_compression"] == {"x": "none", "y": "lz4"}
     assert [v.rows for v in views] == [N]
+
+
+def test_raw_inner_chunks_of_a_shard_are_read_into_place(source: Path, tmp_path: Path) -> None:
+    """The default layout's raw array (shards of raw inner chunks): whole inner chunks are
+    read by the local shard reader straight into their buffers, the source's values; a shard
+    cut short is an error naming the array and the file."""
+    from shardload.errors import ChunkReadError
+    from shardload.formats.zarr.shard_local import read_whole_chunks
+
+    store = prepare(source, tmp_path / "s")
+    layout = store.reader.layout("x")
+    assert layout is not None and layout.shard is not None and not layout.blosc
+    rows = layout.chunk_rows
+    spans = [(i * rows, (i + 1) * rows) for i in (3, 0, 7, 8)]
+    outs = [np.empty((rows, 64), "f4") for _ in spans]
+    assert read_whole_chunks(layout, "x", spans, outs, None, None, 1 << 20)
+    want = xr.open_dataset(source).noise.values
+    for (a, b), out in zip(spans, outs, strict=True):
+        np.testing.assert_array_equal(out, want[a:b])
+    shard = Path(layout.chunk_path(0))
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ChunkReadError, match="'x'"):
+        read_whole_chunks(layout, "x", [(0, rows)], [outs[0]], None, None, 1 << 20)
