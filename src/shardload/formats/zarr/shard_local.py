@@ -1,4 +1,5 @@
-"""Whole Blosc inner chunks of a local sharded array, many at once: the default load's reads.
+"""Whole inner chunks of a local sharded array, many at once: the default load's reads
+(Blosc ones decoded into place; raw ones, of ``compression: auto`` or ``none``, read into place).
 
 A shuffle group of the default load reads about 1,400 whole inner chunks of a few rows, a
 scattered sixth of every shard. Read piece by piece (:func:`.shard_spans._read_runs`), each
