@@ -187,7 +187,7 @@ def test_valid_config_resolves():
         "walltime": "01:00:00",
         "job_extra_directives": ["--gres=gpu"],
     }
-    assert cfg.compression == "lz4" and load_config(base(format="npy")).compression == "none"
+    assert cfg.compression == "auto" and load_config(base(format="npy")).compression == "none"
 
 
 def test_overrides_are_yaml_then_strict():

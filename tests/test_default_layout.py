@@ -92,7 +92,7 @@ def test_default_prepare_writes_shards_of_small_inner_chunks(stores):
     # 82 MB, under 8,192 chunks of 128 KiB: 8,192 chunks or more, of 2 rows (8 KiB)
     assert m.arrays["x"].chunk_rows == rows == N // DEFAULT_MIN_CHUNKS == 2
     assert m.options["shard_chunks"] == per_shard == DEFAULT_SHARD_BYTES // (rows * F * 4)
-    assert m.options["compression"] == "lz4"
+    assert m.options["compression"] == "auto" and m.options["array_compression"] == {"x": "lz4"}
     files = sorted(p for p in (stores["default"] / "x" / "c").rglob("*") if p.is_file())
     num_chunks = len(m.chunk_bounds) - 1
     assert len(files) == -(-num_chunks // per_shard) == 2  # 82 MB: 2 shards of 64 MiB

@@ -50,7 +50,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--format", help="zarr | npy | hdf5 (config format; default zarr)")
     p.add_argument(
-        "--compression", help="none | zstd | lz4 (config compression; default: the format's)"
+        "--compression",
+        help="auto | none | zstd | lz4 (config compression; default: the format's)",
     )
     p.add_argument(
         "--compression-level", type=int, metavar="L", help="0-9 (config compression_level)"

@@ -22,7 +22,7 @@ Minimal config (all keys: docs/config.md):
   arrays: {x: [t, z]}                         # flattened after the sample axis, concatenated
   chunk_rows: 8                               # or target_chunk_bytes: 16MiB
   format: zarr                                # zarr | npy | hdf5
-  compression: lz4                            # none | zstd | lz4
+  compression: auto                           # auto (lz4 where it shrinks) | lz4 | zstd | none
   out: era5-store
 
 An interrupted run leaves OUT.partial and resumes when run again with the same config.
@@ -333,9 +333,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     print(f"store     {s['url']}")
-    print(
-        f"format    {s['format']} ({s['options'].get('compression', '?')})   complete: {s['complete']}"
-    )
+    comp, per = s["options"].get("compression", "?"), s["options"].get("array_compression")
+    comp += ": " + ", ".join(f"{k} {v}" for k, v in per.items()) if per else ""  # auto's choice
+    print(f"format    {s['format']} ({comp})   complete: {s['complete']}")
     print(f"length    {s['length']} samples in {s['num_chunks']} chunks of {s['chunk_rows']} rows")
     if s["size_bytes"] is not None:
         print(f"size      {s['size_bytes'] / 2**20:.1f} MiB on disk")

@@ -15,7 +15,15 @@ import numpy as np
 
 from shardload.manifest.core import ArraySpec
 
+#: The codec an array gets when nothing else decides it (``FormatOptions()``, a
+#: variable-length array of a store with ``compression: auto``).
 DEFAULT_COMPRESSION = "lz4"
+#: The config's default ``compression``: lz4 for each array whose first chunks it shrinks,
+#: none for the others (decided per array before the store is created: :mod:`shardload.prep.codecs`).
+AUTO = "auto"
+#: The manifest option (``shardload.json``'s ``options``) naming each array's stored codec
+#: when the config said ``compression: auto``.
+ARRAY_COMPRESSION = "array_compression"
 
 
 @dataclass(frozen=True)
@@ -23,13 +31,50 @@ class FormatOptions:
     compression: str = DEFAULT_COMPRESSION
     level: int | None = None
     shard_chunks: int | None = None  # zarr: chunks per shard (None: no sharding codec)
+    #: with ``compression: auto``: each fixed-size array's codec ("lz4" or "none"), decided
+    #: once before the store is created; arrays not named get :data:`DEFAULT_COMPRESSION`
+    codecs: Mapping[str, str] = field(default_factory=dict)
+
+    def for_array(self, name: str) -> FormatOptions:
+        """The options array ``name`` is written with: its own codec under ``auto``.
+
+        >>> FormatOptions(AUTO, codecs={"x": "none"}).for_array("x").compression
+        'none'
+        >>> FormatOptions(AUTO, codecs={"x": "none"}).for_array("y").compression
+        'lz4'
+        >>> FormatOptions("zstd").for_array("x").compression
+        'zstd'
+        """
+        if self.compression != AUTO:
+            return self
+        codec = self.codecs.get(name, DEFAULT_COMPRESSION)
+        return FormatOptions(codec, self.level, self.shard_chunks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "compression": self.compression,
             "level": self.level,
             "shard_chunks": self.shard_chunks,
         }
+        if self.compression == AUTO:
+            d[ARRAY_COMPRESSION] = dict(sorted(self.codecs.items()))
+        return d
+
+
+def array_compression(options: Mapping[str, Any], name: str) -> str:
+    """The codec array ``name`` of a store is stored with, from its manifest's ``options``
+    (pure): the store's ``compression``, or under ``auto`` the array's own.
+
+    >>> array_compression({"compression": "none"}, "x")
+    'none'
+    >>> opts = {"compression": "auto", "array_compression": {"x": "none"}}
+    >>> array_compression(opts, "x"), array_compression(opts, "ragged")
+    ('none', 'lz4')
+    """
+    compression = str(options.get("compression", "none"))
+    if compression != AUTO:
+        return compression
+    return str((options.get(ARRAY_COMPRESSION) or {}).get(name, DEFAULT_COMPRESSION))
 
 
 class ArrayReader(Protocol):

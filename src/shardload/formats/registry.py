@@ -21,7 +21,7 @@ from typing import Any
 
 from shardload.errors import ConfigError, MissingDependencyError
 
-COMPRESSIONS = ("none", "zstd", "lz4")
+COMPRESSIONS = ("auto", "none", "zstd", "lz4")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class FormatEntry:
 
     @property
     def default_compression(self) -> str:
-        return "lz4" if "lz4" in self.compressions else self.compressions[0]
+        """``auto`` (lz4 where it shrinks an array, else none) where the format compresses."""
+        return "auto" if "auto" in self.compressions else self.compressions[0]
 
     def module(self, side: str) -> Any:
         """``read`` or ``write``, imported on first use."""

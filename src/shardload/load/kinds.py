@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from shardload.formats.base import array_compression
 from shardload.load.ragged import ragged_names
 from shardload.load.scatter import raw_sources
 from shardload.load.windows import WindowReader
@@ -36,7 +37,8 @@ READ_KINDS: tuple[ReadKind, ...] = ("gather", "scatter", "ragged", "window", "da
 
 def stores_raw_rows(manifest: Manifest, names: Sequence[str]) -> bool:
     """Whether the manifest says every array in ``names`` is stored as raw rows: an npy stack,
-    or a Zarr store shardload wrote without compression and without shards (each chunk a file
+    or Zarr arrays shardload wrote without compression (``compression: none``, or ``auto``
+    that chose none for each of them) and without shards (each chunk a file
     of C-ordered rows, a row at ``row * row_bytes``); never variable-length or CF-encoded
     arrays (pure: the manifest only).
 
@@ -54,7 +56,10 @@ def stores_raw_rows(manifest: Manifest, names: Sequence[str]) -> bool:
     if manifest.format != "zarr" or manifest.provenance.get("source") == "plain zarr":
         return False
     opts = manifest.options
-    return opts.get("compression") == "none" and not opts.get("shard_chunks")
+    if opts.get("shard_chunks"):
+        return False
+    # each array's own codec: under compression auto, some arrays may be raw and others not
+    return all(array_compression(opts, n) == "none" for n in names)
 
 
 def reads_rows_in_place(store: Store, names: Sequence[str]) -> bool:

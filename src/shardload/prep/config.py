@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from shardload.errors import ConfigError
-from shardload.formats.base import DEFAULT_COMPRESSION
+from shardload.formats.base import AUTO
 from shardload.formats.registry import format_entry
 from shardload.plan.chunks import DEFAULT_TARGET_CHUNK_BYTES
 
@@ -91,7 +91,7 @@ class PrepareConfig:
     chunk_rows: int | None = None
     target_chunk_bytes: int = DEFAULT_TARGET_CHUNK_BYTES
     format: str = "zarr"
-    compression: str = DEFAULT_COMPRESSION
+    compression: str = AUTO
     compression_level: int | None = None
     shard_chunks: int | None = None
     #: No layout key given (chunk_rows, target_chunk_bytes, shard_chunks): prepare picks the

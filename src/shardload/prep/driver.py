@@ -25,6 +25,7 @@ from shardload.manifest.core import ArraySpec
 from shardload.plan.chunks import (
     RegularBounds,
 )
+from shardload.prep.codecs import choose_codecs
 from shardload.prep.commit import BlockCommit
 from shardload.prep.config import PrepareConfig, load_config
 from shardload.prep.disk import disk_full_error, is_disk_full
@@ -102,6 +103,7 @@ def write_store(
     _share_view(job, view)
     num_blocks = job.num_blocks
     _log_plan(job, len(specs), row_bytes)
+    options = choose_codecs(job, options)  # compression auto: each array's, before create
     create = _create_store(cfg, fmt, specs, bounds, options)
 
     with commit:

@@ -31,12 +31,14 @@ class SharedReads:
         self, key: Hashable, load: Callable[[], dict[str, Any]], *, uses: int
     ) -> dict[str, Any]:
         """The group ``key``'s rows, read with ``load`` by the first caller; the group is
-        dropped after ``uses`` takes."""
+        dropped after as many takes as the largest ``uses`` any caller gave (a caller that
+        reads a group early for another purpose takes it once more than its blocks)."""
         with self._lock:
             group = self._items.get(key)
             mine = group is None
             if group is None:
                 group = self._items[key] = _Group()
+            group.uses = max(group.uses, uses)
             self._items.move_to_end(key)
         if mine:
             try:
@@ -54,7 +56,7 @@ class SharedReads:
                 raise group.error or RuntimeError(f"reading rows {key} failed in another thread")
         with self._lock:
             group.taken += 1
-            if group.taken >= uses:
+            if group.taken >= group.uses:
                 self._items.pop(key, None)
             self._evict()
         return group.value
@@ -78,6 +80,7 @@ class _Group:
         self.value: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.taken = 0
+        self.uses = 1
 
     @property
     def nbytes(self) -> int:

@@ -187,29 +187,36 @@ def _view(job: PrepareJob) -> View:
     return _VIEWS[job.fingerprint]
 
 
-def _read_rows(job: PrepareJob, block: int) -> Mapping[str, Any]:
+def _read_rows(job: PrepareJob, block: int, *, keep: bool = False) -> Mapping[str, Any]:
     """The view's rows of one block: read alone, or sliced from the rows of its read group
     (``job.blocks_per_read`` consecutive blocks, read once per process: :mod:`shared_reads`)."""
     _, a, b = job.block(block)
-    per = job.blocks_per_read
-    if per <= 1:
+    per = max(1, job.blocks_per_read)
+    if per == 1 and block:  # read alone (block 0: perhaps read for the codec sample)
         return _view(job).read(a, b)
     group = block // per
     first, last = group * per, min((group + 1) * per, job.num_blocks) - 1
     start, stop = job.block(first)[1], job.block(last)[2]
-    rows = _SHARED.take(
-        (job.fingerprint, group), lambda: _view(job).read(start, stop), uses=last - first + 1
-    )
+    uses = last - first + 1 + int(keep)
+    rows = _SHARED.take((job.fingerprint, group), lambda: _view(job).read(start, stop), uses=uses)
     return {k: slice_rows(v, a - start, b - start) for k, v in rows.items()}
+
+
+def read_first_block(job: PrepareJob, *, keep: bool) -> Mapping[str, Any]:
+    """The rows of write block 0 as its task reads them; ``keep``: kept in this process for
+    that task (the codec sample, :mod:`shardload.prep.codecs`, then reads no row twice)."""
+    rows = _read_rows(job, 0, keep=keep)
+    if not keep:  # its read group too: no task here takes it
+        _SHARED.clear()
+    return rows
 
 
 def _read_block(
     job: PrepareJob, block: int, *, statistics: bool = True
 ) -> tuple[dict[str, Any], dict[str, Partial], dict[str, np.ndarray]]:
-    """The rows of one block, as the store's arrays (:class:`~shardload.manifest.ragged.RaggedRows` for
-    variable-length ones), their statistics partials and the block's notes (a dated store's
-    missing rows and NaN counts: :mod:`shardload.prep.stats.dated`). ``statistics=False``:
-    no partials of the fixed-size arrays (:func:`_fixed_partials` computes them apart)."""
+    """The rows of one block as the store's arrays (``RaggedRows`` for variable-length ones),
+    their statistics partials and the block's notes (a dated store's missing rows and NaN
+    counts: :mod:`shardload.prep.stats.dated`); ``statistics=False``: none of fixed arrays."""
     chunk, a, b = job.block(block)
     data = _read_rows(job, block)
     arrays: dict[str, Any] = {}

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import ChunkReadError, ShardloadError, StoreError, require
-from shardload.formats.base import is_local
+from shardload.formats.base import array_compression, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, digest
 from shardload.formats.ragged.read import GroupedRagged
 from shardload.manifest.core import Manifest
@@ -103,7 +103,7 @@ class Hdf5Reader:
         """A new h5py handle of the data file."""
         import h5py
 
-        if self.manifest.options.get("compression", "none") != "none":
+        if compressed(self.manifest):
             require("hdf5plugin", "hdf5")
         path = f"{self.root}/{FILE_NAME}"
         try:
@@ -219,7 +219,7 @@ class Hdf5Ragged(GroupedRagged):
 
         if self._file is None:
             path = f"{self.root}/{RAGGED_FILE}"
-            if self.manifest.options.get("compression", "none") != "none":
+            if compressed(self.manifest):
                 import hdf5plugin  # noqa: F401 - registers the Blosc2 filter
             try:
                 src = path if is_local(self.fs) else self.fs.open(path, "rb")
@@ -249,3 +249,8 @@ class Hdf5Ragged(GroupedRagged):
 
 def open_ragged(fs: Any, root: str, manifest: Manifest) -> Hdf5Ragged:
     return Hdf5Ragged(fs, root, manifest)
+
+
+def compressed(manifest: Manifest) -> bool:
+    """Whether any array of the store has a compression filter (hdf5plugin's Blosc2)."""
+    return any(array_compression(manifest.options, n) != "none" for n in manifest.arrays)

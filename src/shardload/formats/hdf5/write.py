@@ -70,6 +70,7 @@ def _write_features(f: Any, name: str, features: Sequence[str]) -> None:
 
 
 def _filter(options: FormatOptions) -> dict[str, Any]:
+    """The dataset's filter; ``options`` resolved for one array (:meth:`FormatOptions.for_array`)."""
     if options.compression == "none":
         return {}
     plugin = require("hdf5plugin", "hdf5")
@@ -113,7 +114,7 @@ class Hdf5Writer:
                         shape=tuple(spec.shape),
                         dtype=np.dtype(spec.dtype),
                         chunks=(max(1, rows), *spec.shape[1:]) if spec.shape[0] else None,
-                        **_filter(options),
+                        **_filter(options.for_array(name)),
                     )
                     if spec.features:
                         _write_features(f, name, spec.features)
@@ -217,7 +218,7 @@ class Hdf5Writer:
                     shape=(total,),
                     dtype=np.dtype(dtype),
                     chunks=(step,) if total else None,
-                    **_filter(options),
+                    **_filter(options.for_array(name)),
                 )
                 at = 0
                 for part in staged(name):
@@ -225,7 +226,10 @@ class Hdf5Writer:
                     at += len(part)
                 off = offsets[name]
                 g.create_dataset(
-                    "offsets", data=off, chunks=(min(rows + 1, len(off)),), **_filter(options)
+                    "offsets",
+                    data=off,
+                    chunks=(min(rows + 1, len(off)),),
+                    **_filter(options.for_array(name)),
                 )
             f.flush()
         with open(tmp, "rb+") as fh:

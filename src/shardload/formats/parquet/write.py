@@ -103,7 +103,11 @@ class ParquetWriter:
                 )
             (Path(root) / name).mkdir(parents=True, exist_ok=True)
         # write tasks in other processes (and a resumed run) read the options from the store
-        doc = {"compression": options.compression, "level": options.level}
+        doc = {
+            "compression": options.compression,
+            "level": options.level,
+            "codecs": dict(options.codecs),
+        }
         write_atomic(Path(root) / OPTIONS_FILE, json.dumps(doc).encode())
         return {name: name for name in specs}
 
@@ -111,7 +115,9 @@ class ParquetWriter:
         key = str(root)
         if key not in self._options:
             d = json.loads((Path(root) / OPTIONS_FILE).read_text())
-            self._options[key] = FormatOptions(d["compression"], d["level"])
+            self._options[key] = FormatOptions(
+                d["compression"], d["level"], codecs=d.get("codecs") or {}
+            )
         return self._options[key]
 
     def write_block(
@@ -124,7 +130,7 @@ class ParquetWriter:
         *,
         bounds: Sequence[int],
     ) -> dict[int, int]:
-        options = self._options_of(root)
+        options = self._options_of(root).for_array(name)
         i, offset = chunk_index, 0
         sums: dict[int, int] = {}
         while offset < len(data):

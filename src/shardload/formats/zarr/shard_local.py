@@ -1,4 +1,5 @@
-"""Whole Blosc inner chunks of a local sharded array, many at once: the default load's reads.
+"""Whole inner chunks of a local sharded array, many at once: the default load's reads
+(Blosc ones decoded into place; raw ones, of ``compression: auto`` or ``none``, read into place).
 
 A shuffle group of the default load reads about 1,400 whole inner chunks of a few rows, a
 scattered sixth of every shard. Read piece by piece (:func:`.shard_spans._read_runs`), each
@@ -71,13 +72,14 @@ def read_whole_chunks(
     indexes: ShardIndexCache | None,
     run_bytes: int,
 ) -> bool:
-    """Read the spans when each is one whole inner chunk of a local Blosc array and its ``out``
+    """Read the spans when each is one whole inner chunk of a local array (Blosc, or raw inner
+    chunks, read straight into place) and its ``out``
     exactly that chunk's bytes, C-contiguous (shard by shard, in the order the spans first
     touch them, each checked first when ``verifier`` asks); False, reading nothing, otherwise.
     Runs of chunks that follow each other in a shard file are read with one ``preadv`` of up
     to ``run_bytes`` (or one chunk)."""
     spec = layout.shard
-    if spec is None or not layout.blosc or layout.opener is not None or not spans:
+    if spec is None or layout.opener is not None or not spans:
         return False
     rows = layout.chunk_rows
     sp = np.array(spans, dtype=np.int64)
@@ -145,6 +147,9 @@ def _read_chunks(
         return
     ends = offs + sizes
     runs = _runs(offs, ends, run_bytes)
+    if not layout.blosc:  # raw inner chunks (compression auto or none): read into place
+        _read_raw(layout, name, k, path, fd, offs, sizes, js, sel, outs, runs)
+        return
     offs_l, sizes_l, js_l, sel_l = offs.tolist(), sizes.tolist(), js.tolist(), sel.tolist()
     ends_l = ends.tolist()
     full = layout.chunk_rows * layout.row_bytes
@@ -185,6 +190,41 @@ def _read_chunks(
             what = chunk_name(layout, k, js_l[q])
             dst = out.reshape(-1).view(np.uint8).data
             decode_into(layout, raw, 0, layout.chunk_rows, dst, name=name, what=what, path=path)
+
+
+def _read_raw(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    path: str,
+    fd: int,
+    offs: np.ndarray,
+    sizes: np.ndarray,
+    js: np.ndarray,
+    sel: np.ndarray,
+    outs: Sequence[np.ndarray],
+    runs: list[int],
+) -> None:
+    """Raw inner chunks (each exactly its rows' bytes) read with one ``preadv`` per run
+    straight into their ``outs``: no scratch buffer, no copy."""
+    full = layout.chunk_rows * layout.row_bytes
+    bad = np.flatnonzero(sizes != full)
+    if len(bad):
+        q = int(bad[0])
+        raise ChunkReadError(
+            f"{chunk_name(layout, k, int(js[q]))} of array {name!r} is corrupt: {path} holds "
+            f"{int(sizes[q])} bytes for it, its rows are {full} bytes"
+        )
+    offs_l, sel_l = offs.tolist(), sel.tolist()
+    for i, m in pairwise(runs):
+        parts = [_bytes_of(outs[sel_l[q]]) for q in range(i, m)]
+        want = full * (m - i)
+        got = os.preadv(fd, parts, offs_l[i])
+        if got < want:
+            raise ChunkReadError(
+                f"{chunk_name(layout, k, int(js[i]))} of array {name!r} is truncated: {path} "
+                f"(expected {want} bytes at offset {offs_l[i]}, got {got})"
+            )
 
 
 def _runs(offs: np.ndarray, ends: np.ndarray, run_bytes: int) -> list[int]:

@@ -1,6 +1,7 @@
 """Writing Zarr v3 stores: one group, one array per name, chunked along rows only.
 
-Compression is Blosc (zstd or lz4) with byte shuffle, or none. With ``shard_chunks`` the sharding
+Compression is Blosc (zstd or lz4) with byte shuffle, or none, per array (``compression: auto``
+decides each array's before :meth:`ZarrWriter.create`: :mod:`shardload.prep.codecs`). With ``shard_chunks`` the sharding
 codec packs that many chunks into one shard file; write blocks are then whole shards, so two
 tasks never write the same file. Plain chunks are encoded here and written as one file each
 (:func:`write_chunk`); whole shards are encoded here too (:mod:`.shard_write`), other
@@ -37,6 +38,7 @@ _LEVELS = {"zstd": 3, "lz4": 5}
 
 
 def compressors(options: FormatOptions) -> Any:
+    """An array's compressor; ``options`` resolved for it (:meth:`FormatOptions.for_array`)."""
     from zarr.codecs import BloscCname, BloscCodec
 
     if options.compression == "none":
@@ -100,7 +102,7 @@ class ZarrWriter:
                 chunks=(rows, *row_shape),
                 shards=shards,
                 dtype=np.dtype(spec.dtype),
-                compressors=compressors(options),
+                compressors=compressors(options.for_array(name)),
                 fill_value=0,
                 overwrite=True,
                 attributes=_feature_attrs(spec.features),
@@ -209,9 +211,10 @@ class ZarrWriter:
             sub = group.create_group(name, attributes={"shardload_ragged": True})
             step = value_chunk(lengths, bounds)
             total = int(lengths.sum())
-            values = _create_1d(sub, "values", (total,), step, dtype, f"{name}_value", options)
+            opts = options.for_array(name)  # lz4 under auto: no sample decides
+            values = _create_1d(sub, "values", (total,), step, dtype, f"{name}_value", opts)
             off = offsets[name]
-            o = _create_1d(sub, "offsets", off.shape, rows, np.int64, f"{name}_offset", options)
+            o = _create_1d(sub, "offsets", off.shape, rows, np.int64, f"{name}_offset", opts)
             o[:] = off
             at = _write_aligned(values, staged(name), step)
             if at != total:

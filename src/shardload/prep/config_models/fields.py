@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     FormatName = str
 else:  # the registry's names: the JSON schema's enum
     FormatName = Literal[FORMAT_NAMES]
-COMPRESSION_NAMES = ("none", "zstd", "lz4")
+COMPRESSION_NAMES = ("auto", "none", "zstd", "lz4")
 VIEW_NAMES = ("flat", "graph", "window", "function")
 SCHEDULERS = ("auto", "threads", "processes", "distributed", "jobqueue", "sync")
 #: keys people write that are not (or no longer) keys, with what to write instead

@@ -66,8 +66,10 @@ class PrepareModel(StrictModel):
     chunk_rows: PositiveInt | None = None
     target_chunk_bytes: Size = Field(2**24, description="e.g. 16MiB, 1GB or 4096 (bytes)")
     format: FormatName = "zarr"
-    compression: Literal["none", "zstd", "lz4"] | None = Field(
-        None, description="default: lz4, none for npy"
+    compression: Literal["auto", "none", "zstd", "lz4"] | None = Field(
+        None,
+        description="default: auto (lz4 for each array its first chunks shrink by 10% or more, "
+        "else none), none for npy",
     )
     compression_level: Annotated[int, Field(ge=0, le=9)] | None = None
     shard_chunks: PositiveInt | None = None
