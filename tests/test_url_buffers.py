@@ -14,6 +14,7 @@ import functools
 import http.server
 import resource
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -106,6 +107,22 @@ def test_free_buffers_are_bounded_and_dropped_on_close() -> None:
     assert pool.free == 0
     pool.take(2 << 20)
     assert pool.free == 0  # a closed pool keeps none
+
+
+def test_free_buffers_are_dropped_once_idle() -> None:
+    """A buffer free for ``idle_s`` goes back to the system (a timer): memory is not held
+    between reads far apart; one given back later waits its own time."""
+    pool = BufferPool()
+    pool.idle_s = 0.2
+    pool.take(2 << 20)  # (dropped at once: free)
+    assert pool.free == 1
+    for _ in range(200):
+        if not pool.free:
+            break
+        time.sleep(0.05)
+    assert pool.free == 0
+    pool.take(2 << 20)
+    assert (pool.allocated, pool.free) == (2, 1)  # a new one (none left), free again
 
 
 def test_small_answers_are_not_pooled() -> None:

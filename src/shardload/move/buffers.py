@@ -17,7 +17,8 @@ bytes (a call decoding, the checked shard left for the calls that wait for it, a
 ahead) holds the buffer; chunks kept for later groups are copies (:mod:`..formats.zarr.kept`).
 
 Memory: at most ``FREE_BUFFERS`` free buffers are kept (``SHARDLOAD_URL_FREE_BUFFERS``; 0 keeps
-none, as before), resident while the process lives; a take that finds none of its size class
+none, as before), each dropped once it has been free for ``FREE_IDLE_S`` (a timer thread, armed
+while any is free: the memory goes back between reads far apart, as before); a take that finds none of its size class
 drops a free one before allocating, so the buffers alive are never more than the most in use at
 once. Sizes are rounded up to a quarter of their power of two (pages never written are never
 resident). A forked child never uses its parent's.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -46,6 +48,8 @@ MIN_POOL_BYTES = 1 << 20
 #: two fetched ahead), unless ``SHARDLOAD_URL_FREE_BUFFERS`` says.
 FREE_BUFFERS = 4
 FREE_ENV = "SHARDLOAD_URL_FREE_BUFFERS"
+#: A free buffer not taken again within this many seconds is dropped.
+FREE_IDLE_S = 5.0
 
 
 def size_class(n: int) -> int:
@@ -81,7 +85,10 @@ class BufferPool:
     def __init__(self, *, free_buffers: int | None = None, min_bytes: int | None = None):
         self.free_buffers = max_free_buffers() if free_buffers is None else free_buffers
         self.min_bytes = MIN_POOL_BYTES if min_bytes is None else min_bytes
+        self.idle_s = FREE_IDLE_S
         self._free: list[np.ndarray] = []
+        self._since: list[float] = []  # when each free buffer was given back
+        self._timer: threading.Timer | None = None
         # re-entrant: a view may die (its finalizer gives a buffer back) in a thread inside take
         self._lock = threading.RLock()
         self._pid, self._closed = os.getpid(), False
@@ -96,15 +103,18 @@ class BufferPool:
         cap = size_class(n)
         base = None
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: none of its parent's
-                self._free, self._pid = [], os.getpid()
+            if self._pid != os.getpid():  # a forked child: none of its parent's (nor timer)
+                self._free, self._since, self._timer = [], [], None
+                self._pid = os.getpid()
             for i, b in enumerate(self._free):
                 if len(b) == cap:
                     base = self._free.pop(i)
+                    self._since.pop(i)
                     break
             else:
                 if self._free:  # none of this class: one fewer free, one more in use
                     self._free.pop(0)
+                    self._since.pop(0)
             if base is None:
                 self.allocated += 1
             else:
@@ -120,6 +130,32 @@ class BufferPool:
             mine = pid == self._pid == os.getpid() and not self._closed
             if mine and len(self._free) < self.free_buffers:
                 self._free.append(base)
+                self._since.append(time.monotonic())
+                self._arm(self.idle_s)
+
+    def _arm(self, delay_s: float) -> None:
+        """Start the timer that drops buffers free for ``idle_s`` (none pending; lock held)."""
+        if self._timer is not None:
+            return
+        timer = threading.Timer(delay_s, self._drop_idle)
+        timer.daemon, timer.name = True, "shardload-free-buffers"
+        try:
+            timer.start()
+        except RuntimeError:  # interpreter shutting down: nothing to give back to
+            return
+        self._timer = timer
+
+    def _drop_idle(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._pid != os.getpid():
+                return
+            now = time.monotonic()
+            keep = [i for i, t in enumerate(self._since) if now - t < self.idle_s]
+            self._free = [self._free[i] for i in keep]
+            self._since = [self._since[i] for i in keep]
+            if self._since:
+                self._arm(self._since[0] + self.idle_s - now)
 
     @property
     def free(self) -> int:
@@ -129,7 +165,7 @@ class BufferPool:
     def close(self) -> None:
         """Drop the free buffers; those in use are dropped when given back."""
         with self._lock:
-            self._free, self._closed = [], True
+            self._free, self._since, self._closed = [], [], True
 
 
 _SHARED: list[BufferPool] = []
