@@ -18,9 +18,9 @@ ahead) holds the buffer; chunks kept for later groups are copies (:mod:`..format
 
 Memory: at most ``FREE_BUFFERS`` free buffers are kept (``SHARDLOAD_URL_FREE_BUFFERS``; 0 keeps
 none, as before), each dropped once it has been free for ``FREE_IDLE_S`` (a timer thread, armed
-while any is free: the memory goes back between reads far apart, as before); a take that finds none of its size class
-drops a free one before allocating, so the buffers alive are never more than the most in use at
-once. Sizes are rounded up to a quarter of their power of two (pages never written are never
+while any is free: the memory goes back between reads far apart, as before); a take that finds
+none of its size class drops a free one before allocating, so the buffers alive are never more
+than the most in use at once. Sizes are rounded up to a quarter of their power of two (pages never written are never
 resident). A forked child never uses its parent's.
 """
 
