@@ -29,7 +29,7 @@ proxy stays a thread of this process. The plain GET and the loader read the same
 ``--same-store`` times instead the epochs of ONE opened store (``open_store(url)`` once, then
 ``iter_batches(store, epoch=e)`` for e = 0 .. ``--repeats``): epoch 0 is the reader's first
 (its shards fetched whole for their checksums), the others are later epochs. Each gets a line:
-wall seconds, client CPU seconds (the process's CPU less that of the server's and the proxy's
+wall seconds, client page faults (``ru_minflt``), client CPU seconds (the process's CPU less that of the server's and the proxy's
 threads), the requests the proxy saw and the bytes the client fetched
 (``shardload.move.remote.RemoteFileSystem.cat_file``).
 
@@ -45,6 +45,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -227,6 +228,7 @@ def same_store_epochs(url: str, proxy: object, epochs: int, batch_size: int, see
             proxy.reset_counts()  # type: ignore[attr-defined]
             fetched[0] = 0
             cpu0, srv0, t = time.process_time(), _thread_cpu(servers), time.perf_counter()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             rows = 0
             for b in shardload.iter_batches(
                 store, batch_size=batch_size, seed=seed, shuffle=True, epoch=e
@@ -237,7 +239,8 @@ def same_store_epochs(url: str, proxy: object, epochs: int, batch_size: int, see
             print(
                 f"  epoch {e} ({'first' if e == 0 else 'later'}): {wall:.2f} s wall, "
                 f"client CPU {cpu:.2f} s, {proxy.requests} requests, "  # type: ignore[attr-defined]
-                f"{fetched[0] / 2**20:.1f} MiB fetched, {rows} rows",
+                f"{fetched[0] / 2**20:.1f} MiB fetched, {rows} rows, "
+                f"{resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults} page faults",
                 flush=True,
             )
 
@@ -287,10 +290,14 @@ def main(argv: list[str] | None = None) -> None:
                 get_std = plain_get_stdlib(url, store, a.repeats)
                 times = []
                 proxy.reset_counts()
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                cpu = time.process_time()  # the client's (the server's too unless --server-process)
                 for _ in range(a.repeats):
                     s, rows = epoch(url, a.batch_size, a.seed)
                     assert rows == a.rows, (rows, a.rows)
                     times.append(s)
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+                cpu = time.process_time() - cpu
                 best = min(times)
                 results[rtt_ms] = (best, get)
                 counts = (
@@ -304,7 +311,9 @@ def main(argv: list[str] | None = None) -> None:
                     f"RTT {rtt_ms:5.0f} ms: epoch {', '.join(f'{t:.2f}' for t in times)} s "
                     f"({mib / best:.0f} MiB/s; {counts}), "
                     f"plain GET {get:.2f} s ({mib / get:.0f} MiB/s), loader / GET {get / best:.3f}; "
-                    f"stdlib GET {get_std:.2f} s, loader / stdlib GET {get_std / best:.3f}",
+                    f"stdlib GET {get_std:.2f} s, loader / stdlib GET {get_std / best:.3f}; "
+                    f"client page faults per epoch {faults // a.repeats}, "
+                    f"process CPU per epoch {cpu / a.repeats:.2f} s",
                     flush=True,
                 )
     if 0.0 in results:
@@ -315,6 +324,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"loader at {rtt_ms:.0f} ms / loader at 0 ms: {zero / best:.3f} (goal >= 0.8)"
                 )
         print(f"loader at 0 ms / plain GET at 0 ms: {results[0.0][1] / zero:.3f} (goal >= 0.8)")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"client peak RSS {peak:.0f} MiB (ru_maxrss)", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ epoch fetches whole, that loop thread cost about one core on loopback: the defau
 shards (95 MiB) took 0.19-0.47 s by fsspec's plain GETs, 0.08-0.18 s on ``http.client``
 (docs/benchmarks.md, "shards by URL on http.client"). Here the thread that wants the bytes makes
 the request on a kept-alive connection of its own and ``readinto``\\ s the body, a piece at a time,
-into one preallocated buffer: the kernel copies the bytes once, into their place.
+into one preallocated buffer: the kernel copies the bytes once, into their place. That buffer is
+one this process used before once it is free (:mod:`.buffers`): no fresh pages to zero.
 
 The same guarantees as the aiohttp path (:func:`.pinned._http_get`), which stays for what this
 reader does not do: the same headers (the bearer token of ``storage_options`` or
@@ -39,8 +40,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
-
+from shardload.move.buffers import BufferPool, shared_pool
 from shardload.move.http_client import (
     CONNECTIONS_PER_STORE,
     IDLE_KEEPALIVE_S,
@@ -80,6 +80,11 @@ class HttpReader:
         self._slots = threading.BoundedSemaphore(CONNECTIONS_PER_STORE)
         self._pid, self._closed = os.getpid(), False
         self.requests = 0  # made here (tests count them)
+
+    @property
+    def buffers(self) -> BufferPool:
+        """The process's pool of answer buffers (:mod:`.buffers`)."""
+        return shared_pool()
 
     @classmethod
     def of(cls, target: Any, timeout_s: float) -> HttpReader | None:
@@ -157,7 +162,7 @@ class HttpReader:
         if r.length is None:  # no Content-Length (chunked): read as it comes
             return memoryview(r.read()).toreadonly()
         n = int(r.length)
-        buf = np.empty(n, np.uint8).data  # no zero-fill: every byte is written below
+        buf = self.buffers.take(n)  # no zero-fill: every byte is written below
         at = 0
         while at < n:
             got = r.readinto(buf[at : min(n, at + PIECE_BYTES)])
