@@ -153,6 +153,15 @@ def pinned_cat(
     return memoryview(data).toreadonly() if view else data
 
 
+def _preconditions(want: Version | None) -> dict[str, str]:
+    """The headers that make a GET answer only from the version ``want`` (412 otherwise)."""
+    if want and want.etag and not want.etag.startswith("W/"):
+        return {"If-Match": want.etag}
+    if want and want.modified:  # (a weak ETag never matches If-Match: compared on arrival)
+        return {"If-Unmodified-Since": want.modified}
+    return {}
+
+
 async def _http_get(
     fs: Any,
     path: str,
@@ -171,10 +180,7 @@ async def _http_get(
         if start == end:
             return b"", want or Version(), True
         headers["Range"] = await fs._process_limits(path, start, end)
-    if want and want.etag and not want.etag.startswith("W/"):
-        headers["If-Match"] = want.etag
-    elif want and want.modified:  # (a weak ETag never matches If-Match: compared below)
-        headers["If-Unmodified-Since"] = want.modified
+    headers.update(_preconditions(want))
     session = await fs.set_session()
     stall = _Stall.of(session, kw) if view else None
     try:
@@ -212,13 +218,10 @@ def _own_get(
         return None
     if ranged and start == end:
         return memoryview(b""), want or Version(), True
-    headers = {}
-    if want and want.etag and not want.etag.startswith("W/"):
-        headers["If-Match"] = want.etag
-    elif want and want.modified:  # (a weak ETag never matches If-Match: compared below)
-        headers["If-Unmodified-Since"] = want.modified
     try:
-        status, answer, body = reader.get(str(fs.encode_url(path)), start, end, headers)
+        status, answer, body = reader.get(
+            str(fs.encode_url(path)), start, end, _preconditions(want)
+        )
     except Unsupported:
         return None
     if status == 412:
