@@ -22,10 +22,16 @@ import pytest
 
 import shardload
 import shardload.move.buffers as buffers
-from shardload.errors import ChunkReadError, ConfigError
+from shardload.errors import ConfigError
 from shardload.move.buffers import FREE_BUFFERS, BufferPool
 from shardload.move.http_get import HttpReader
-from test_url_shard_fetch import KW, epoch, served_url, sharded  # noqa: F401 (a fixture)
+from test_url_shard_fetch import (  # noqa: F401 (a fixture)
+    KW,
+    assert_corrupt_shard_named,
+    epoch,
+    served_url,
+    sharded,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -175,11 +181,4 @@ def test_a_corrupt_shard_is_still_named_with_reused_buffers(
     sharded,  # noqa: F811
     every_answer_pooled,
 ) -> None:
-    root, _ = sharded
-    path = root / "store" / "x" / "c" / "1" / "0"
-    data = bytearray(path.read_bytes())
-    data[100] ^= 0xFF
-    path.write_bytes(bytes(data))
-    corrupt = pytest.raises(ChunkReadError, match=r"shard 1 of array 'x' is corrupt")
-    with served_url(root) as (url, _), corrupt:
-        list(shardload.iter_batches(url, **KW))
+    assert_corrupt_shard_named(sharded[0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
@@ -138,7 +139,11 @@ def test_a_corrupt_shard_by_url_is_named(sharded, into_bytes, monkeypatch) -> No
         import shardload.move.pinned as pinned
 
         monkeypatch.setattr(pinned, "INTO_BYTES", into_bytes)
-    root, _ = sharded
+    assert_corrupt_shard_named(sharded[0])
+
+
+def assert_corrupt_shard_named(root: Path) -> None:
+    """One byte of shard 1 of ``x`` under ``root`` flipped: an epoch by URL names that shard."""
     path = root / "store" / "x" / "c" / "1" / "0"
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF
