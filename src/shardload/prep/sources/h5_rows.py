@@ -86,7 +86,8 @@ class H5Rows:
         out: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """Rows ``[start, stop)`` of variables ``names`` as ``(rows, *other dims)``; arrays of
-        that shape and the variable's dtype in ``out`` are filled in place (any strides)."""
+        that shape and the variable's dtype in ``out`` are filled in place (any strides); the
+        others of a variable kept as whole rows (:meth:`_whole`) are read-only views of them."""
         unknown = [n for n in names if n not in self.variables]
         if unknown:
             raise SourceError(f"{self.path}: H5Rows cannot read {unknown}; it reads {self.names}")
