@@ -108,3 +108,28 @@ def test_a_small_contiguous_series_is_read_once_whole_not_a_slab_per_block(tmp_p
     shardload.prepare(_cfg(src, tmp_path / "a.store"))
     assert len(blocks) > 2  # several blocks, some starting inside a lat row
     assert got == {"bytes": var_bytes, "slabs": 0}
+
+
+def test_a_small_contiguous_series_is_transposed_once_per_variable_not_per_block(
+    tmp_path, monkeypatch
+):
+    """A window prepare of a time-major contiguous series transposes each variable into its
+    space-major rows once (one ``copy_rows`` of all its bytes), every block's rows a slice of
+    them (before: one ``copy_rows`` per block and variable, each into a new array; the values
+    are compared with the lazy path's by the tests above)."""
+    from shardload.prep.sources import h5_rows
+
+    src = _series(tmp_path / "s.nc")
+    with xr.open_dataset(src) as ds:
+        sizes = sorted(ds[v].nbytes for v in ("v0", "v1", "v2"))
+    copies = []
+    real = h5_rows.copy_rows
+
+    def counting(dst, src_, lo, hi, lead):
+        copies.append(dst.nbytes)
+        return real(dst, src_, lo, hi, lead)
+
+    monkeypatch.setattr(h5_rows, "copy_rows", counting)
+    store = shardload.prepare(_cfg(src, tmp_path / "a.store"))
+    assert store.manifest.options["blocks"][1:-1]  # several write blocks
+    assert sorted(copies) == sizes  # one copy of each variable, all its bytes

@@ -26,13 +26,12 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shardload.errors import SourceError
-from shardload.prep.sources.cf_decode import CFDecode, plan_cf_decode
+from shardload.prep.sources.h5_vars import H5Var, plan_var
 from shardload.prep.sources.pieces import PieceCache
 from shardload.prep.sources.transpose import copy_rows
 
@@ -42,34 +41,11 @@ _Layout = tuple[int, int | None, tuple[int | None, ...]]  # see H5Rows._raw_layo
 WHOLE_BYTES = 64 << 20  # a contiguous variable up to this size is read whole (H5Rows._whole)
 
 
-@dataclass(frozen=True)
-class _Var:
-    """How one variable is stored: ``axes`` are the storage axes of the sample dims (in
-    ``sample_dims`` order) followed by the other axes (in storage order)."""
-
-    name: str
-    path: str  # inside the HDF5 file
-    shape: tuple[int, ...]
-    chunks: tuple[int, ...] | None
-    filtered: bool
-    num_sample: int
-    axes: tuple[int, ...]
-    decode: CFDecode | None = None  # packed / masked: read raw, decoded as xarray does
-
-    @property
-    def row_shape(self) -> tuple[int, ...]:
-        return tuple(self.shape[a] for a in self.axes[self.num_sample :])
-
-    @property
-    def sample_sizes(self) -> tuple[int, ...]:
-        return tuple(self.shape[a] for a in self.axes[: self.num_sample])
-
-
 class H5Rows:
     """``read_rows(names, start, stop)`` of plain variables of one local netCDF-4/HDF5 file,
     rows numbered in C order over ``sample_dims`` (see :mod:`shardload.prep.views.rows`)."""
 
-    def __init__(self, path: str, variables: Mapping[str, _Var]) -> None:
+    def __init__(self, path: str, variables: Mapping[str, H5Var]) -> None:
         self.path = path
         self.variables = dict(variables)
         self.names = tuple(self.variables)
@@ -110,7 +86,8 @@ class H5Rows:
         out: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """Rows ``[start, stop)`` of variables ``names`` as ``(rows, *other dims)``; arrays of
-        that shape and the variable's dtype in ``out`` are filled in place (any strides)."""
+        that shape and the variable's dtype in ``out`` are filled in place (any strides); the
+        others of a variable kept as whole rows (:meth:`_whole`) are read-only views of them."""
         unknown = [n for n in names if n not in self.variables]
         if unknown:
             raise SourceError(f"{self.path}: H5Rows cannot read {unknown}; it reads {self.names}")
@@ -127,15 +104,23 @@ class H5Rows:
             dst = (out or {}).get(name)
             raw_dtype = dset.dtype.newbyteorder("=")  # xarray too returns native byte order
             dtype = var.decode.dtype if var.decode else raw_dtype
+            whole = self._whole_rows(var, dset)
+            if whole is not None and (dst is None or dst.shape != shape or dst.dtype != dtype):
+                res[name] = whole[start:stop]  # a read-only view: no copy of the rows
+                continue
             if dst is None or dst.shape != shape or dst.dtype != dtype:
                 dst = np.empty(shape, dtype)
+            if whole is not None:
+                np.copyto(dst, whole[start:stop])
+                res[name] = dst
+                continue
             if stop > start:
                 self._read(var, dset, start, stop, dst)
             res[name] = dst
         return res
 
     # -- one variable ---------------------------------------------------------------------------
-    def _read(self, var: _Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> None:
+    def _read(self, var: H5Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> None:
         """Rows ``[start, stop)`` into ``dst``, packed pieces decoded straight into it."""
         decode = var.decode
         if decode is not None and self._raw_layout(var, dset) is not None:
@@ -185,7 +170,7 @@ class H5Rows:
             pos = end
 
     def _region(
-        self, var: _Var, first: Any, k: int, lo: int, hi: int
+        self, var: H5Var, first: Any, k: int, lo: int, hi: int
     ) -> tuple[tuple[int, int], ...]:
         """Storage-order ``(start, stop)`` per axis: sample dims before ``k`` one index (the
         chunk holding it, when filtered), ``k`` from ``lo`` to ``hi``, everything else full."""
@@ -202,7 +187,7 @@ class H5Rows:
 
     def _cut(
         self,
-        var: _Var,
+        var: H5Var,
         piece: np.ndarray,
         region: tuple[tuple[int, int], ...],
         first: Any,
@@ -227,11 +212,15 @@ class H5Rows:
             dset.read_direct(buf, tuple(slice(a, b) for a, b in region))
         return buf
 
-    def _whole(self, var: _Var, dset: Any) -> np.ndarray | None:
+    def _whole(self, var: H5Var, dset: Any, *, rows: bool = False) -> np.ndarray | None:
         """A contiguous, unfiltered variable of at most :data:`WHOLE_BYTES`, whole: read once
         per process with ``preadv`` (no GIL held) and kept with the pieces, where each block
         would read a strided slab of it through HDF5 (a time-major series read by space
-        points: every block reads a run of every step). None for any other variable."""
+        points: every block reads a run of every step). None for any other variable.
+
+        ``rows``: kept as its sample-major rows instead (``(rows, *row_shape)``, read-only),
+        transposed once in one pass; every block's rows are then a slice of it, where each
+        block transposed its own rows into a new array (:meth:`read_rows`)."""
         dt = dset.dtype
         nbytes = int(np.prod(var.shape, dtype=np.int64)) * dt.itemsize
         if var.filtered or var.chunks is not None or not 0 < nbytes <= WHOLE_BYTES:
@@ -247,10 +236,26 @@ class H5Rows:
             self._pread(buf.data.cast("B"), int(offset), var)
             return buf
 
+        def load_rows() -> np.ndarray:
+            n = int(np.prod(var.sample_sizes, dtype=np.int64))
+            out = np.empty((n, *var.row_shape), dt)
+            copy_rows(out, np.transpose(load(), var.axes), 0, n, var.num_sample)
+            out.flags.writeable = False
+            return out
+
+        if rows:
+            return self._cache.get((var.name, "rows"), load_rows)
         return self._cache.get((var.name, "whole"), load)
 
+    def _whole_rows(self, var: H5Var, dset: Any) -> np.ndarray | None:
+        """:meth:`_whole`'s rows of a variable served as they are stored (not packed) whose
+        rows are not byte ranges of the file; None for any other."""
+        if var.decode is not None or self._raw_layout(var, dset) is not None:
+            return None
+        return self._whole(var, dset, rows=True)
+
     # -- unfiltered rows that are byte ranges of the file -----------------------------------------
-    def _read_raw(self, var: _Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> bool:
+    def _read_raw(self, var: H5Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> bool:
         """Rows as byte ranges of the file, read with ``preadv``; False where they are not."""
         layout = self._raw_layout(var, dset)
         if layout is None:
@@ -274,7 +279,7 @@ class H5Rows:
             dst[...] = buf
         return True
 
-    def _raw_layout(self, var: _Var, dset: Any) -> _Layout | None:
+    def _raw_layout(self, var: H5Var, dset: Any) -> _Layout | None:
         """``(row bytes, offset of a contiguous layout, offset of each chunk)``, or None."""
         if var.name in self._raw:
             return self._raw[var.name]
@@ -307,7 +312,7 @@ class H5Rows:
         self._raw[var.name] = layout
         return layout
 
-    def _pread(self, view: memoryview, offset: int, var: _Var) -> None:
+    def _pread(self, view: memoryview, offset: int, var: H5Var) -> None:
         if self._fd is None:
             with self._lock:
                 if self._fd is None:
@@ -344,55 +349,12 @@ def h5_rows(
             node = h5[group] if group else h5
             found = {}
             for name in map(str, ds.data_vars):
-                var = _plan(name, ds[name], node, sample_dims)
+                var = plan_var(name, ds[name], node, sample_dims)
                 if var is not None:
                     found[name] = var
     except (OSError, KeyError, ValueError):
         return None  # the lazy path opens (or names the fault in) this file
     return H5Rows(path, found) if found else None
-
-
-#: netCDF-4's name for a variable named as a dimension it is not the coordinate of
-_NON_COORD = "_nc4_non_coord_"
-
-
-def _dataset(node: Any, name: str) -> Any:
-    """The h5py dataset of netCDF variable ``name`` in group ``node``, or None."""
-    import h5py
-
-    for key in (_NON_COORD + name, name):
-        obj = node.get(key)
-        if isinstance(obj, h5py.Dataset):
-            return obj
-    return None
-
-
-def _plan(name: str, da: Any, node: Any, sample_dims: Sequence[str]) -> _Var | None:
-    import h5py
-    from h5netcdf.attrs import Attributes
-
-    dset = _dataset(node, name)
-    if dset is None or not all(d in da.dims for d in sample_dims):
-        return None
-    dims = tuple(da.dims)
-    if len(dims) != dset.ndim or tuple(dset.shape) != tuple(da.shape) or not sample_dims:
-        return None
-    attrs = Attributes(dset.attrs, lambda dtype: None, h5py)  # as h5netcdf returns them
-    decode = plan_cf_decode(attrs, dset.dtype, da.dtype)  # the attributes as xarray reads them
-    if decode is None:
-        return None
-    sample_axes = tuple(dims.index(d) for d in sample_dims)
-    rest = tuple(i for i in range(len(dims)) if i not in sample_axes)
-    return _Var(
-        name=name,
-        path=dset.name,
-        shape=tuple(int(s) for s in dset.shape),
-        chunks=tuple(int(c) for c in dset.chunks) if dset.chunks else None,
-        filtered=bool(dset.id.get_create_plist().get_nfilters()),
-        num_sample=len(sample_axes),
-        axes=sample_axes + rest,
-        decode=None if decode.identity else decode,
-    )
 
 
 def open_kwargs_are_neutral(open_kwargs: Mapping[str, Any]) -> bool:
