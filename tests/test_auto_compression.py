@@ -256,3 +256,34 @@ def test_raw_inner_chunks_of_a_shard_are_read_into_place(source: Path, tmp_path:
     shard.write_bytes(data[: len(data) // 2])
     with pytest.raises(ChunkReadError, match="'x'"):
         read_whole_chunks(layout, "x", [(0, rows)], [outs[0]], None, None, 1 << 20)
+
+
+def test_raw_inner_chunks_survive_short_reads(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``preadv`` may return fewer bytes than asked before the end of a file (network and
+    parallel file systems do): the raw inner chunks' run is finished, as a Blosc run is, not
+    called truncated."""
+    import os
+
+    from shardload.formats.zarr.shard_local import read_whole_chunks
+
+    store = prepare(source, tmp_path / "s")
+    layout = store.reader.layout("x")
+    assert layout is not None and layout.shard is not None and not layout.blosc
+    rows = layout.chunk_rows
+    spans = [(i * rows, (i + 1) * rows) for i in range(6)]  # one run of 6 chunks
+    outs = [np.empty((rows, 64), "f4") for _ in spans]
+    real, calls = os.preadv, []
+
+    def short(fd: int, buffers: list, offset: int) -> int:  # at most 1,000 bytes of the first
+        calls.append(offset)
+        return real(fd, [memoryview(buffers[0]).cast("B")[:1000]], offset)
+
+    monkeypatch.setattr(os, "preadv", short)
+    assert read_whole_chunks(layout, "x", spans, outs, None, None, 1 << 20)
+    monkeypatch.undo()
+    want = xr.open_dataset(source).noise.values
+    for (a, b), out in zip(spans, outs, strict=True):
+        np.testing.assert_array_equal(out, want[a:b])
+    assert len(calls) > len(spans)  # the run was read in short pieces

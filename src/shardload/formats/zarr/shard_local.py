@@ -206,7 +206,8 @@ def _read_raw(
     runs: list[int],
 ) -> None:
     """Raw inner chunks (each exactly its rows' bytes) read with one ``preadv`` per run
-    straight into their ``outs``: no scratch buffer, no copy."""
+    straight into their ``outs``: no scratch buffer, no copy; a short read is finished part by
+    part (:func:`_pread_into`), as a Blosc run's is, and only a file that ends early is an error."""
     full = layout.chunk_rows * layout.row_bytes
     bad = np.flatnonzero(sizes != full)
     if len(bad):
@@ -220,11 +221,29 @@ def _read_raw(
         parts = [_bytes_of(outs[sel_l[q]]) for q in range(i, m)]
         want = full * (m - i)
         got = os.preadv(fd, parts, offs_l[i])
+        if got < want:  # a short read: the rest, if the file has it
+            got = _finish_parts(fd, parts, got, offs_l[i])
         if got < want:
             raise ChunkReadError(
                 f"{chunk_name(layout, k, int(js[i]))} of array {name!r} is truncated: {path} "
                 f"(expected {want} bytes at offset {offs_l[i]}, got {got})"
             )
+
+
+def _finish_parts(fd: int, parts: Sequence[memoryview], got: int, start: int) -> int:
+    """After a ``preadv`` of ``parts`` from byte ``start`` of ``fd`` read ``got`` bytes: the
+    rest of each part read; the bytes read in all (fewer only where the file ends)."""
+    pos = 0
+    for part in parts:
+        n = len(part)
+        if pos + n > got:
+            skip = got - pos
+            more = _pread_into(None, fd, part[skip:], start + got)
+            got += more
+            if skip + more < n:
+                return got
+        pos += n
+    return got
 
 
 def _runs(offs: np.ndarray, ends: np.ndarray, run_bytes: int) -> list[int]:
