@@ -21,6 +21,8 @@ DEFAULT_COMPRESSION = "lz4"
 #: The config's default ``compression``: lz4 for each array whose first chunks it shrinks,
 #: none for the others (decided per array before the store is created: :mod:`shardload.prep.codecs`).
 AUTO = "auto"
+#: Blosc levels when the config gives none (the writers' and ``auto``'s measure).
+DEFAULT_LEVELS = {"zstd": 3, "lz4": 5}
 #: The manifest option (``shardload.json``'s ``options``) naming each array's stored codec
 #: when the config said ``compression: auto``.
 ARRAY_COMPRESSION = "array_compression"

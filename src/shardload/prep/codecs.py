@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shardload.formats.base import AUTO, FormatOptions
+from shardload.formats.base import AUTO, DEFAULT_LEVELS, FormatOptions
 
 log = logging.getLogger("shardload.prep.driver")  # the name users' logs have always shown
 
@@ -40,8 +40,6 @@ MIN_SAVING = 0.10
 #: the start of a big one; within the first write block): lz4's saving on smaller samples is
 #: noisy (4 KiB of float32 noise: 0.4%, 128 KiB and more: 6.4%).
 SAMPLE_BYTES = 1 << 20
-#: lz4's level when the config gives none (the Zarr and HDF5 writers' default)
-LZ4_LEVEL = 5
 
 
 class CodecChoice(NamedTuple):
@@ -115,7 +113,9 @@ def measure_lz4(
     encoded one piece at a time as the writers encode a chunk (Blosc lz4, byte shuffle)."""
     from numcodecs import Blosc
 
-    codec = Blosc(cname="lz4", clevel=LZ4_LEVEL if level is None else level, shuffle=Blosc.SHUFFLE)
+    codec = Blosc(
+        cname="lz4", clevel=DEFAULT_LEVELS["lz4"] if level is None else level, shuffle=Blosc.SHUFFLE
+    )
     row_bytes = rows.nbytes // max(1, len(rows))
     piece, n = plan_sample(len(rows), row_bytes, chunk_rows)
     raw = packed = 0

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import StoreError, require
-from shardload.formats.base import FormatOptions
+from shardload.formats.base import DEFAULT_LEVELS, FormatOptions
 from shardload.formats.checksums import digest
 from shardload.formats.hdf5.read import FILE_NAME, RAGGED_FILE
 from shardload.formats.ragged.write import value_chunk
@@ -76,7 +76,7 @@ def _filter(options: FormatOptions) -> dict[str, Any]:
     plugin = require("hdf5plugin", "hdf5")
     # Blosc2, not Blosc: Blosc's HDF5 "set_local" callback fails when netCDF4's own copy of
     # libhdf5 was loaded first (as it is when sources are netCDF files).
-    level = options.level or (3 if options.compression == "zstd" else 5)
+    level = options.level or DEFAULT_LEVELS[options.compression]
     return dict(
         plugin.Blosc2(cname=options.compression, clevel=level, filters=plugin.Blosc2.SHUFFLE)
     )

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import StoreError
-from shardload.formats.base import FormatOptions
+from shardload.formats.base import DEFAULT_LEVELS, FormatOptions
 from shardload.formats.checksums import digest, file_digest
 from shardload.formats.ragged.write import value_chunk
 from shardload.formats.zarr.chunks import (
@@ -34,8 +34,6 @@ from shardload.formats.zarr.chunks import (
 from shardload.formats.zarr.shard_write import whole_shards, write_shards
 from shardload.util.durable import file_written
 
-_LEVELS = {"zstd": 3, "lz4": 5}
-
 
 def compressors(options: FormatOptions) -> Any:
     """An array's compressor; ``options`` resolved for it (:meth:`FormatOptions.for_array`)."""
@@ -43,7 +41,7 @@ def compressors(options: FormatOptions) -> Any:
 
     if options.compression == "none":
         return None
-    level = options.level if options.level is not None else _LEVELS[options.compression]
+    level = options.level if options.level is not None else DEFAULT_LEVELS[options.compression]
     return BloscCodec(cname=BloscCname(options.compression), clevel=level, shuffle="shuffle")
 
 
