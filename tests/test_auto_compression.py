@@ -158,6 +158,20 @@ def test_auto_in_other_formats(source: Path, tmp_path: Path) -> None:
     np.testing.assert_array_equal(store.read("y", 0, N), xr.open_dataset(source).smooth.values)
 
 
+@pytest.mark.parametrize("level", [0, 9, None])
+def test_hdf5_keeps_the_level_given_zero_included(
+    source: Path, tmp_path: Path, level: int | None
+) -> None:
+    """``compression_level: 0`` (Blosc's copy, 0-9 in docs/config.md) is written as 0, not
+    as the default level 5; ``None`` is the default."""
+    import h5py
+
+    prepare(source, tmp_path / "h", format="hdf5", compression="lz4", compression_level=level)
+    with h5py.File(tmp_path / "h" / "data.h5") as f:
+        (options,) = f["y"]._filters.values()  # Blosc2's: clevel at index 4
+    assert options[4] == (5 if level is None else level)
+
+
 def test_raw_arrays_are_read_in_place_and_batches_are_those_of_lz4(
     source: Path, tmp_path: Path
 ) -> None:

@@ -76,7 +76,7 @@ def _filter(options: FormatOptions) -> dict[str, Any]:
     plugin = require("hdf5plugin", "hdf5")
     # Blosc2, not Blosc: Blosc's HDF5 "set_local" callback fails when netCDF4's own copy of
     # libhdf5 was loaded first (as it is when sources are netCDF files).
-    level = options.level or DEFAULT_LEVELS[options.compression]
+    level = options.level if options.level is not None else DEFAULT_LEVELS[options.compression]
     return dict(
         plugin.Blosc2(cname=options.compression, clevel=level, filters=plugin.Blosc2.SHUFFLE)
     )
