@@ -14,6 +14,8 @@ axis). :class:`H5Rows` reads what a write task needs directly:
 * for unfiltered variables whose sample dim is the first one in storage, and whose chunks (or
   contiguous layout) hold whole rows, rows are byte ranges of the file: ``os.preadv`` straight
   into the destination, which releases the GIL (h5py serialises every call in one lock).
+* other contiguous, unfiltered variables are mapped (:mod:`~shardload.prep.sources.mapped`):
+  each block's rows transposed straight from the page cache, no HDF5 gather, the GIL left.
 
 Numeric variables are served raw where xarray returns them raw, else decoded by
 :mod:`~shardload.prep.sources.cf_decode` as xarray does (each raw piece into the block's rows);
@@ -39,7 +41,7 @@ from shardload.prep.sources.transpose import copy_rows
 #: open_kwargs that leave the values xarray returns unchanged (anything else: lazy path)
 _NEUTRAL_OPEN_KWARGS = frozenset({"chunks", "phony_dims", "cache", "lock", "inline_array"})
 _Layout = tuple[int, int | None, tuple[int | None, ...]]  # see H5Rows._raw_layout
-WHOLE_BYTES = 64 << 20  # a contiguous variable up to this size is read whole (H5Rows._whole)
+WHOLE_BYTES = 64 << 20  # a contiguous variable up to this size is kept as rows (H5Rows._whole)
 
 
 class H5Rows:
