@@ -22,6 +22,11 @@ Cases (``--cases``, default all):
   window-written
               the same series and view with every window written (``at_load: false``, the
               option): the store holds lookback x the series (x) and the targets.
+  window-large, flat-large (not in the default list: ask for them)
+              a series 4x as long, (2880, 32, 64, 4) x 3 float32 = 283 MB, contiguous (over
+              the 64 MiB per variable kept as whole rows): the window view as ``window``, and
+              the flat view (samples ``[lat, lon]``, each a row of 2880 x 4 values per
+              variable); the per-byte cost of a prepare, apart from its fixed cost.
   ecrad       the real ecRad input file of ../shared/data (``col_inputs`` of the radiation view
               is not a plain variable: the flat view over ``q``, ``temperature_hl``, samples
               ``[column]``; skipped when absent).
@@ -151,6 +156,10 @@ def write_nc4_small_chunks(
 
 
 # -- cases ---------------------------------------------------------------------------------
+#: the series of ``window-large`` and ``flat-large`` (283 MB; ``window``'s is 720 steps)
+LARGE_SERIES = (2880, 32, 64, 4)
+
+
 def cases(work: Path) -> dict[str, dict[str, Any]]:
     """name -> {path, variables, sample_dims, engine (xarray's), make (or None)}."""
     era5 = CACHE / "era5"
@@ -199,6 +208,22 @@ def cases(work: Path) -> dict[str, dict[str, Any]]:
             },
             "make": lambda p: write_series(p),
             "label": "the same series, written windows (at_load: false; lookback 12, horizon 1)",
+        },
+        "window-large": {
+            "path": work / "series_large.nc",
+            "variables": ["v0", "v1", "v2"],
+            "sample_dims": ["lat", "lon"],
+            "view": {"name": "window", "lookback": 12, "horizon": 1, "targets": {"y": ["v0"]}},
+            "make": lambda p: write_series(p, shape=LARGE_SERIES),
+            "label": "netCDF-4 series (2880, 32, 64, 4) x 3 float32, window view (lookback 12, "
+            "horizon 1), samples [lat, lon]",
+        },
+        "flat-large": {
+            "path": work / "series_large.nc",
+            "variables": ["v0", "v1", "v2"],
+            "sample_dims": ["lat", "lon"],
+            "make": lambda p: write_series(p, shape=LARGE_SERIES),
+            "label": "the same (2880, 32, 64, 4) x 3 series, flat view, samples [lat, lon]",
         },
         "era5-nc": {
             "path": era5 / "era5-levels-members.nc",

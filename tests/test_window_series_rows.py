@@ -76,19 +76,22 @@ def test_window_series_read_with_h5py_equal_the_lazy_path(tmp_path, monkeypatch,
             )
 
 
-def test_a_small_contiguous_series_is_read_once_whole_not_a_slab_per_block(tmp_path, monkeypatch):
+def test_a_small_contiguous_series_is_read_in_place_not_a_slab_per_block(tmp_path, monkeypatch):
     """Each block of space points of a time-major series needs a run of every step; a
-    contiguous variable of at most ``WHOLE_BYTES`` is read once whole (``preadv``), each block
-    cut from it: every byte of the variables read from the file once, no HDF5 slab read (before:
-    one strided slab per block and variable, rows at lat boundaries read twice)."""
+    contiguous variable is mapped once (:mod:`~shardload.prep.sources.mapped`), each block cut
+    from the map: no byte copied out of the file before its transpose (``preadv``), no HDF5
+    slab read (before: one strided slab per block and variable, rows at lat boundaries read
+    twice; then one ``preadv`` of each whole variable, then its transpose)."""
+    from shardload.prep.sources import h5_rows
     from shardload.prep.sources.h5_rows import H5Rows
 
     src = _series(tmp_path / "s.nc")
     with xr.open_dataset(src) as ds:
         var_bytes = sum(ds[v].nbytes for v in ("v0", "v1", "v2"))
-    got = {"bytes": 0, "slabs": 0}
+    got = {"bytes": 0, "slabs": 0, "mapped": 0}
     blocks = []
     pread, region, read_rows = H5Rows._pread, H5Rows._read_region, H5Rows.read_rows
+    mapped = h5_rows.map_contiguous
 
     def counting_rows(self, names, start, stop, **kw):
         blocks.append((start, stop))
@@ -102,12 +105,18 @@ def test_a_small_contiguous_series_is_read_once_whole_not_a_slab_per_block(tmp_p
         got["slabs"] += 1
         return region(self, dset, r)
 
+    def counting_map(*a, **k):
+        arr = mapped(*a, **k)
+        got["mapped"] += arr.nbytes
+        return arr
+
     monkeypatch.setattr(H5Rows, "_pread", counting_pread)
     monkeypatch.setattr(H5Rows, "_read_region", counting_region)
     monkeypatch.setattr(H5Rows, "read_rows", counting_rows)
+    monkeypatch.setattr(h5_rows, "map_contiguous", counting_map)
     shardload.prepare(_cfg(src, tmp_path / "a.store"))
     assert len(blocks) > 2  # several blocks, some starting inside a lat row
-    assert got == {"bytes": var_bytes, "slabs": 0}
+    assert got == {"bytes": 0, "slabs": 0, "mapped": var_bytes}
 
 
 def test_a_small_contiguous_series_is_transposed_once_per_variable_not_per_block(

@@ -14,6 +14,8 @@ axis). :class:`H5Rows` reads what a write task needs directly:
 * for unfiltered variables whose sample dim is the first one in storage, and whose chunks (or
   contiguous layout) hold whole rows, rows are byte ranges of the file: ``os.preadv`` straight
   into the destination, which releases the GIL (h5py serialises every call in one lock).
+* other contiguous, unfiltered variables are mapped (:mod:`~shardload.prep.sources.mapped`):
+  each block's rows transposed straight from the page cache, no HDF5 gather, the GIL left.
 
 Numeric variables are served raw where xarray returns them raw, else decoded by
 :mod:`~shardload.prep.sources.cf_decode` as xarray does (each raw piece into the block's rows);
@@ -32,13 +34,14 @@ import numpy as np
 
 from shardload.errors import SourceError
 from shardload.prep.sources.h5_vars import H5Var, plan_var
+from shardload.prep.sources.mapped import map_contiguous
 from shardload.prep.sources.pieces import PieceCache
 from shardload.prep.sources.transpose import copy_rows
 
 #: open_kwargs that leave the values xarray returns unchanged (anything else: lazy path)
 _NEUTRAL_OPEN_KWARGS = frozenset({"chunks", "phony_dims", "cache", "lock", "inline_array"})
 _Layout = tuple[int, int | None, tuple[int | None, ...]]  # see H5Rows._raw_layout
-WHOLE_BYTES = 64 << 20  # a contiguous variable up to this size is read whole (H5Rows._whole)
+WHOLE_BYTES = 64 << 20  # a contiguous variable up to this size is kept as rows (H5Rows._whole)
 
 
 class H5Rows:
@@ -57,6 +60,7 @@ class H5Rows:
         self._lock = threading.Lock()
         self._cache = PieceCache()
         self._raw: dict[str, _Layout | None] = {}
+        self._maps: dict[str, np.ndarray | None] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # open handles stay in their process
         return {"path": self.path, "variables": self.variables}
@@ -141,7 +145,7 @@ class H5Rows:
         k_ax = var.axes[k]
         # pieces along the varying dim: chunk-aligned (decoded once, cached) when filtered
         step = var.chunks[k_ax] if (var.filtered and var.chunks) else None
-        whole = None if step else self._whole(var, dset)  # a small contiguous one, read once
+        whole = None if step else self._mapped(var, dset)  # a contiguous one, read in place
         lo_k, hi_k = int(first[k]), int(last[k]) + 1
         pos = lo_k
         while pos < hi_k:
@@ -212,47 +216,51 @@ class H5Rows:
             dset.read_direct(buf, tuple(slice(a, b) for a, b in region))
         return buf
 
-    def _whole(self, var: H5Var, dset: Any, *, rows: bool = False) -> np.ndarray | None:
-        """A contiguous, unfiltered variable of at most :data:`WHOLE_BYTES`, whole: read once
-        per process with ``preadv`` (no GIL held) and kept with the pieces, where each block
-        would read a strided slab of it through HDF5 (a time-major series read by space
-        points: every block reads a run of every step). None for any other variable.
+    def _mapped(self, var: H5Var, dset: Any) -> np.ndarray | None:
+        """A contiguous, unfiltered variable as a read-only array over a map of the file
+        (:mod:`~shardload.prep.sources.mapped`): blocks transpose their rows straight from
+        the page cache, where each read a strided slab of it through HDF5 first (a
+        time-major series read by space points: every block reads a run of every step).
+        None for any other variable."""
+        if var.name not in self._maps:
+            dt = dset.dtype
+            nbytes = int(np.prod(var.shape, dtype=np.int64)) * dt.itemsize
+            arr = None
+            offset = None
+            plain = not var.filtered and var.chunks is None and nbytes > 0
+            if plain and dt.isnative and dt.kind in "biuf" and dset.external is None:
+                offset = dset.id.get_offset()  # None: never written (fill values): h5py
+            if offset is not None:
+                arr = map_contiguous(self.path, int(offset), var.shape, dt, name=var.name)
+            with self._lock:
+                self._maps.setdefault(var.name, arr)
+        return self._maps[var.name]
 
-        ``rows``: kept as its sample-major rows instead (``(rows, *row_shape)``, read-only),
-        transposed once in one pass; every block's rows are then a slice of it, where each
-        block transposed its own rows into a new array (:meth:`read_rows`)."""
-        dt = dset.dtype
-        nbytes = int(np.prod(var.shape, dtype=np.int64)) * dt.itemsize
-        if var.filtered or var.chunks is not None or not 0 < nbytes <= WHOLE_BYTES:
+    def _whole(self, var: H5Var, dset: Any) -> np.ndarray | None:
+        """A contiguous, unfiltered variable of at most :data:`WHOLE_BYTES` as its
+        sample-major rows (``(rows, *row_shape)``, read-only), transposed once per process in
+        one pass from the map of the file (:meth:`_mapped`) and kept with the pieces; every
+        block's rows are then a slice of it, where each block transposed its own rows into a
+        new array (:meth:`read_rows`). None for any other variable."""
+        mapped = self._mapped(var, dset)
+        if mapped is None or mapped.nbytes > WHOLE_BYTES:
             return None
-        if not dt.isnative or dt.kind not in "biuf" or dset.external is not None:
-            return None
-        offset = dset.id.get_offset()
-        if offset is None:  # never written (fill values): read through h5py
-            return None
-
-        def load() -> np.ndarray:
-            buf = np.empty(var.shape, dt)
-            self._pread(buf.data.cast("B"), int(offset), var)
-            return buf
 
         def load_rows() -> np.ndarray:
             n = int(np.prod(var.sample_sizes, dtype=np.int64))
-            out = np.empty((n, *var.row_shape), dt)
-            copy_rows(out, np.transpose(load(), var.axes), 0, n, var.num_sample)
+            out = np.empty((n, *var.row_shape), mapped.dtype)
+            copy_rows(out, np.transpose(mapped, var.axes), 0, n, var.num_sample)
             out.flags.writeable = False
             return out
 
-        if rows:
-            return self._cache.get((var.name, "rows"), load_rows)
-        return self._cache.get((var.name, "whole"), load)
+        return self._cache.get((var.name, "rows"), load_rows)
 
     def _whole_rows(self, var: H5Var, dset: Any) -> np.ndarray | None:
         """:meth:`_whole`'s rows of a variable served as they are stored (not packed) whose
         rows are not byte ranges of the file; None for any other."""
         if var.decode is not None or self._raw_layout(var, dset) is not None:
             return None
-        return self._whole(var, dset, rows=True)
+        return self._whole(var, dset)
 
     # -- unfiltered rows that are byte ranges of the file -----------------------------------------
     def _read_raw(self, var: H5Var, dset: Any, start: int, stop: int, dst: np.ndarray) -> bool:
