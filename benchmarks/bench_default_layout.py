@@ -120,7 +120,9 @@ def read_decode_limit(store: Path, *, repeats: int = 3) -> dict[str, Any]:
 
     m = json.loads((store / "shardload.json").read_text())
     per_shard = m["options"].get("shard_chunks")
-    raw = m["options"].get("array_compression", {}).get("x") == "none"  # read, not decoded
+    from shardload.formats.base import array_compression
+
+    raw = array_compression(m["options"], "x") == "none"  # read, not decoded
     x = m["arrays"]["x"]
     row_bytes = int(np.prod(x["shape"][1:])) * np.dtype(x["dtype"]).itemsize
     chunk_bytes = int(x["chunk_rows"]) * row_bytes
@@ -319,6 +321,8 @@ def pids_of(dl: Any) -> list[int]:
 
 
 def describe(store: Path) -> dict[str, Any]:
+    from shardload.formats.base import array_compression
+
     m = json.loads((store / "shardload.json").read_text())
     files = data_files(store)
     nbytes = sum(p.stat().st_size for p in files)
@@ -328,8 +332,7 @@ def describe(store: Path) -> dict[str, Any]:
         "inner_chunks": len(m["chunk_bounds"]) - 1,
         "chunk_rows": m["arrays"]["x"]["chunk_rows"],
         "shard_chunks": m["options"].get("shard_chunks"),
-        "compression": m["options"].get("array_compression", {}).get("x")
-        or m["options"].get("compression"),
+        "compression": array_compression(m["options"], "x"),
     }
 
 
