@@ -300,9 +300,9 @@ class Manifest:
             return cls(
                 format=str(d["format"]),
                 length=int(d["length"]),
-                chunk_bounds=tuple(int(b) for b in d["chunk_bounds"]),
+                chunk_bounds=tuple(map(int, d["chunk_bounds"])),
                 arrays=arrays,
-                splits={k: tuple(int(i) for i in v) for k, v in d.get("splits", {}).items()},
+                splits={k: tuple(map(int, v)) for k, v in d.get("splits", {}).items()},
                 stats=stats,
                 static=dict(d.get("static", {})),
                 options=dict(d.get("options", {})),

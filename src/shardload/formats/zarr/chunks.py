@@ -142,8 +142,10 @@ def plan_chunk_layout(
             return None
         shard, chunk_shape, codecs = planned
     rows = chunk_shape[0]
-    bounds = [int(b) for b in chunk_bounds]
-    if bounds != [min(i * rows, shape[0]) for i in range(len(bounds))] or bounds[-1] != shape[0]:
+    bounds = np.asarray(chunk_bounds, dtype=np.int64)  # numpy: a store has thousands of chunks
+    if not len(bounds) or bounds[-1] != shape[0]:
+        return None
+    if not np.array_equal(bounds, np.minimum(np.arange(len(bounds)) * rows, shape[0])):
         return None
     names = [c.get("name") if isinstance(c, dict) else None for c in codecs]
     if set(names) not in _CODECS_OK or len(names) != len(set(names)) or names[0] != "bytes":
