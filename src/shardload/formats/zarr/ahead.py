@@ -102,7 +102,7 @@ def fetch_ahead(
     *,
     shards: int = AHEAD_SHARDS,
 ) -> None:
-    """Start the GETs of the first ``shards`` shards still to check of the sharded Blosc arrays
+    """Start the GETs of the first ``shards`` shards still to check of the sharded arrays
     by URL of ``layouts`` (a ``ChunkLayout`` or None each), in the order a worker whose spans
     start at rows ``first`` (in the order it reads them) first reads them; what an earlier plan
     started and left is dropped first."""
@@ -112,7 +112,7 @@ def fetch_ahead(
     rows = np.asarray(first, np.int64)
     wanted: list[tuple[int, str, int]] = []  # (first span reading it, array, shard)
     for name, lay in layouts.items():
-        if lay is None or lay.shard is None or not lay.blosc:
+        if lay is None or lay.shard is None:
             continue
         if not isinstance(lay.opener, RangeOpener) or not len(rows):
             continue

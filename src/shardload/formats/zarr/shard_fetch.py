@@ -127,8 +127,8 @@ def read_url_spans_into(
     indexes: ShardIndexCache | None,
 ) -> None:
     """Several spans of an array by URL (``.shard_spans.read_spans_into`` for other layouts):
-    a sharded array's Blosc inner chunks as :func:`read_url_shards` reads them."""
-    if layout.shard is None or not layout.blosc:
+    a sharded array's inner chunks (Blosc or raw) as :func:`read_url_shards` reads them."""
+    if layout.shard is None:
         read_spans_into(layout, name, spans, outs, verifier, indexes)
         return
     read_url_shards(layout, name, pieces_by_shard(layout, spans, outs), verifier, indexes)
