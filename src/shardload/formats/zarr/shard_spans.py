@@ -183,6 +183,30 @@ def _bytes_fetch(data: bytes | memoryview) -> Fetch:
     return fetch
 
 
+def _slices(buf: memoryview, got: int, at: int) -> Fetch:
+    """Bytes [start, end) of a file out of ``buf``, its bytes [at, at + got)."""
+
+    def fetch(start: int, end: int) -> tuple[memoryview, int]:
+        view = buf[start - at : min(end, at + got) - at]
+        return view, len(view)
+
+    return fetch
+
+
+def _from_kept(at: dict[int, bytes]) -> Fetch:
+    """Kept chunks by their offset in the shard (each its own run)."""
+
+    def fetch(start: int, end: int) -> tuple[memoryview, int]:
+        data = memoryview(at[start])
+        return data, len(data)
+
+    return fetch
+
+
+def _no_fetch(start: int, end: int) -> tuple[memoryview, int]:  # pragma: no cover - never called
+    raise AssertionError("a never-written inner chunk is not fetched")
+
+
 class BufferFile:
     """A read-only file over bytes already fetched (a shard's, for its index): no copy, as
     ``io.BytesIO`` makes of anything but ``bytes``."""
