@@ -1,10 +1,13 @@
 """Throughput at distance (issue 28): the loader's epoch by URL at several round-trip times,
 against the fastest plain parallel GET of the same files at each.
 
-The store is one of ``bench_default_layout``'s (``--store``: ``default``, compressed Zarr v3
-shards of small inner chunks; ``chunks16``, compressed Zarr chunks of 16 MiB; ``npy``),
+The store is one of ``bench_default_layout``'s (``--store``: ``default``, Zarr v3 shards of
+small inner chunks, stored raw where lz4 does not shrink the data, as this benchmark's noise;
+``chunks16``, compressed Zarr chunks of 16 MiB; ``npy``),
 ``npy1m`` / ``zarr1m`` (npy or compressed Zarr chunks of about 1 MiB, the default) or ``raw``
-(prepare's default Zarr layout with ``compression: none``: raw chunk files, no shards), built
+(prepare's default Zarr layout with ``compression: none``: raw chunk files, no shards) or
+``lz4`` (the default layout with ``compression: lz4``: what it writes for data that compresses),
+built
 under ``--workdir`` unless an equal one is there. It is served with
 ``shardload.move.serve.serving`` on 127.0.0.1 (a thread of this process) and reached through
 ``shardload.testing.latency.latency_proxy`` (another thread), which delays each direction by
@@ -62,6 +65,7 @@ EXTRA_STORES = {
     "npy1m": {"format": "npy", "target_chunk_bytes": "1MiB"},
     "zarr1m": {"target_chunk_bytes": "1MiB"},
     "raw": {"compression": "none"},
+    "lz4": {"compression": "lz4"},
 }
 
 

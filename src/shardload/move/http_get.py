@@ -53,6 +53,9 @@ __all__ = ["BrokenAnswer", "HTTPStatusError", "HttpReader", "Unsupported", "read
 #: An answer is read into its buffer at most this many bytes per call (the deadline's checks).
 PIECE_BYTES = 1 << 20
 
+#: this thread's watcher of the answer it reads (``cb(buf, at, n)`` after each piece)
+WATCH = threading.local()
+
 
 class HTTPStatusError(OSError):
     """An answer of status >= 400 (other than 404 and 412): ``status`` as aiohttp's error."""
@@ -164,11 +167,16 @@ class HttpReader:
         n = int(r.length)
         buf = self.buffers.take(n)  # no zero-fill: every byte is written below
         at = 0
+        watch = getattr(WATCH, "cb", None)
+        if watch is not None:
+            watch(buf, 0, n)
         while at < n:
             got = r.readinto(buf[at : min(n, at + PIECE_BYTES)])
             if not got:
                 raise http.client.IncompleteRead(bytes(0), n - at)
             at += got
+            if watch is not None:
+                watch(buf, at, n)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url}: the answer took over {deadline:.0f} s")
         return buf.toreadonly()

@@ -13,8 +13,10 @@ the order this worker first reads them, each in a thread of its own that fetches
 
 Nothing is trusted earlier: the call that checks the shard takes those bytes and their digest
 (:meth:`Ahead.take`, waiting for the GET when it is still running) under the shard's
-``Verifier.unit_lock``, compares the digest with the store's checksum and decodes only then,
-as with bytes it fetched itself. A GET ahead that failed is dropped and the call fetches the
+``Verifier.unit_lock`` and compares the digest with the store's checksum, as with bytes it
+fetched itself; it may decode the shard's chunks into its own rows while the bytes arrive
+(:class:`Stream`, :mod:`.streamed`), but those stand only once that check passed. A GET ahead
+that failed is dropped and the call fetches the
 shard as before, so every error is raised and named where it was. What was fetched ahead and
 not taken is dropped at the next plan (the next epoch) and when the reader closes; those
 threads' retries end then (``move.retries.stop_on``).
@@ -40,12 +42,58 @@ AHEAD_SHARDS = 2
 Fetched = tuple[memoryview, int]
 
 
+class Stream:
+    """One GET ahead as it arrives (:mod:`.streamed` decodes from it): its buffer, how many
+    bytes are in, which attempt (a retry reads into a new buffer). Told by the GET's thread
+    (``move.http_get.WATCH``); a GET that ``http.client`` does not read tells nothing, and
+    the waiters learn at its end that there is nothing to decode from."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.buf: Any = None
+        self.at = self.total = 0
+        self.attempts = 0
+        self.over = False
+
+    def update(self, buf: Any, at: int, n: int) -> None:
+        """``at`` of the answer's ``n`` bytes are in ``buf``."""
+        with self.cond:
+            if buf is not self.buf:
+                self.buf, self.attempts, self.total = buf, self.attempts + 1, n
+            self.at = at
+            self.cond.notify_all()
+
+    def end(self) -> None:
+        """The GET is over (its bytes all in, or failed)."""
+        with self.cond:
+            self.over = True
+            self.cond.notify_all()
+
+    def wait(self, end: int) -> tuple[Any, int] | None:
+        """The buffer and its attempt once its bytes up to ``end`` are in; None when the GET
+        ended without them."""
+        with self.cond:
+            while not self.over and (self.buf is None or self.at < end):
+                self.cond.wait()
+            if self.buf is None or self.at < end:
+                return None
+            return self.buf, self.attempts
+
+    def size(self) -> int | None:
+        """The answer's length once it is known; None when the GET ended without telling."""
+        with self.cond:
+            while not self.over and self.buf is None:
+                self.cond.wait()
+            return self.total if self.buf is not None else None
+
+
 class Ahead:
     """One reader's GETs started ahead: a future per ``(array, shard)``, taken once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._futures: dict[tuple[str, int], Future[Fetched]] = {}
+        self._streams: dict[tuple[str, int], Stream] = {}
         self._stop = threading.Event()
 
     def start(self, name: str, k: int, fs: Any, path: str) -> None:
@@ -55,16 +103,25 @@ class Ahead:
             if (name, k) in self._futures:
                 return
             self._futures[(name, k)] = fut
+            stream = self._streams[(name, k)] = Stream()
         stop = self._stop
         threading.Thread(
-            target=_fetch, args=(fut, fs, path, stop), daemon=True, name="shardload-ahead"
+            target=_fetch, args=(fut, fs, path, stop, stream), daemon=True, name="shardload-ahead"
         ).start()
+
+    def stream(self, name: str, k: int) -> Stream | None:
+        """The GET ahead of shard ``k`` as it arrives (once), or None."""
+        with self._lock:
+            if (name, k) not in self._futures:
+                return None
+            return self._streams.pop((name, k), None)
 
     def take(self, name: str, k: int) -> Fetched | None:
         """The bytes and digest of shard ``k`` fetched ahead (waiting for the GET), once; None
         when none was started or it failed (the caller fetches it)."""
         with self._lock:
             fut = self._futures.pop((name, k), None)
+            self._streams.pop((name, k), None)  # (its buffer: not held past the take)
         if fut is None:
             return None
         try:
@@ -76,6 +133,7 @@ class Ahead:
         """Drop what was not taken; the retries of GETs still running end."""
         with self._lock:
             self._futures.clear()
+            self._streams.clear()
             self._stop.set()
             self._stop = threading.Event()
 
@@ -83,15 +141,23 @@ class Ahead:
         return len(self._futures)
 
 
-def _fetch(fut: Future[Fetched], fs: Any, path: str, stop: threading.Event) -> None:
+def _fetch(fut: Future[Fetched], fs: Any, path: str, stop: threading.Event, stream: Stream) -> None:
+    from shardload.move.http_get import WATCH
+
     if not fut.set_running_or_notify_cancel():  # pragma: no cover - never cancelled
         return
+    WATCH.cb = stream.update  # (this thread's answers only)
     try:
         with stop_on(stop):
             data = RangeFile(fs, path).whole()
+            WATCH.cb = None
+            stream.end()  # before the digest: a decode waiting for the last run goes on
             fut.set_result((data, digest(data)))
     except BaseException as exc:  # taken as None: the call fetches and reports it
         fut.set_exception(exc)
+    finally:
+        WATCH.cb = None
+        stream.end()
 
 
 def fetch_ahead(
@@ -102,7 +168,7 @@ def fetch_ahead(
     *,
     shards: int = AHEAD_SHARDS,
 ) -> None:
-    """Start the GETs of the first ``shards`` shards still to check of the sharded Blosc arrays
+    """Start the GETs of the first ``shards`` shards still to check of the sharded arrays
     by URL of ``layouts`` (a ``ChunkLayout`` or None each), in the order a worker whose spans
     start at rows ``first`` (in the order it reads them) first reads them; what an earlier plan
     started and left is dropped first."""
@@ -112,7 +178,7 @@ def fetch_ahead(
     rows = np.asarray(first, np.int64)
     wanted: list[tuple[int, str, int]] = []  # (first span reading it, array, shard)
     for name, lay in layouts.items():
-        if lay is None or lay.shard is None or not lay.blosc:
+        if lay is None or lay.shard is None:
             continue
         if not isinstance(lay.opener, RangeOpener) or not len(rows):
             continue

@@ -45,11 +45,13 @@ from shardload.formats.zarr.kept import KeptChunks, kept_for
 from shardload.formats.zarr.shard_spans import (
     RUN_BYTES,
     BufferFile,
-    Fetch,
     Piece,
     _bytes_fetch,
     _checked_bytes,
+    _from_kept,
+    _no_fetch,
     _read_runs,
+    _slices,
     pieces_by_shard,
     read_spans_into,
 )
@@ -60,6 +62,7 @@ from shardload.formats.zarr.shards import (
     shard_errors,
     shard_index,
 )
+from shardload.formats.zarr.streamed import Early, decode_arriving, decoded_from
 from shardload.move.retries import current_stop, stop_on
 
 #: Inner chunks with at most this many bytes between them share one request: a request costs
@@ -127,8 +130,8 @@ def read_url_spans_into(
     indexes: ShardIndexCache | None,
 ) -> None:
     """Several spans of an array by URL (``.shard_spans.read_spans_into`` for other layouts):
-    a sharded array's Blosc inner chunks as :func:`read_url_shards` reads them."""
-    if layout.shard is None or not layout.blosc:
+    a sharded array's inner chunks (Blosc or raw) as :func:`read_url_shards` reads them."""
+    if layout.shard is None:
         read_spans_into(layout, name, spans, outs, verifier, indexes)
         return
     read_url_shards(layout, name, pieces_by_shard(layout, spans, outs), verifier, indexes)
@@ -189,11 +192,15 @@ def _plan_shard(
     reads = [first + p[0] for p in pieces]
     with shard_errors(layout, name, k, path, (part for *_, part in pieces)):
         if verifier is not None and verifier.needed(name, k):
+            early: list[Early | None] = []  # the pieces decoded as the shard arrived
             data = _checked_whole(
-                layout, verifier, name, k, path, checks, indexes, kept, reads, ahead=ahead
-            )
-            if data is not None:  # decoded here, while the bytes are held
-                _from_whole(layout, name, k, path, pieces, data, indexes)
+                layout, verifier, name, k, path, checks, indexes, kept, reads, ahead=ahead,
+                arriving=(pieces, early),
+            )  # fmt: skip
+            if data is not None:  # decoded here (unless that stands), while the bytes are held
+                index = _index(layout, name, k, path, data, indexes)
+                if not early or not decoded_from(early[0], data, index):
+                    _from_whole(layout, name, k, path, pieces, data, indexes)
                 return []
         # taken after the check: a call that checked the shard meanwhile kept these chunks
         held = kept.take(name, reads) if kept is not None else {}
@@ -266,6 +273,7 @@ def _checked_whole(
     reads: list[int],
     again: bool = False,
     ahead: Ahead | None = None,
+    arriving: tuple[list[Piece], list[Early | None]] | None = None,
 ) -> memoryview | None:
     """Shard ``k`` fetched whole and checked (``.shard_spans._checked_once`` by URL), at most
     ``checks`` at once: the semaphore is taken inside the shard's unit lock, so a call that
@@ -278,7 +286,10 @@ def _checked_whole(
     (``KeptChunks.take``; else the caller takes them). The chunks this worker reads later are
     kept by the last call in the unit lock (:func:`_take_and_keep`): a call that saw the shard
     unchecked before this check ended but came to the lock after it (the bytes gone) takes them
-    there. ``ahead``: a first check takes the bytes and digest fetched ahead (:mod:`.ahead`)."""
+    there. ``ahead``: a first check takes the bytes and digest fetched ahead (:mod:`.ahead`),
+    and with ``arriving`` (the call's pieces, a list) decodes them while that GET's bytes
+    arrive, first (:mod:`.streamed`; what it did is put in the list: it stands only if
+    :func:`.streamed.decoded_from` says so once the check passed)."""
     with verifier.unit_lock(name, k) as unit:
         needed = verifier.needed(name, k)
         if not needed and (unit.data is not None or not again):
@@ -286,6 +297,8 @@ def _checked_whole(
                 _take_and_keep(layout, name, k, path, unit, kept, reads, indexes)
             return unit.data
         with checks:
+            if arriving is not None and ahead is not None and needed:
+                arriving[1].append(decode_arriving(layout, name, k, path, arriving[0], ahead))
             got = ahead.take(name, k) if ahead is not None and needed else None
             try:
                 with layout.open(path) as f:
@@ -374,27 +387,3 @@ def _fetch_run(layout: ChunkLayout, name: str, run: Run, kept: KeptChunks | None
         _read_runs(layout, name, k, pieces, index, path, _slices(buf, got, start), end - start)
         if kept is not None and len(pieces) < len(index):
             _keep(kept, name, k, index, buf, start, got)
-
-
-def _slices(buf: memoryview, got: int, at: int) -> Fetch:
-    """Bytes [start, end) of a file out of ``buf``, its bytes [at, at + got)."""
-
-    def fetch(start: int, end: int) -> tuple[memoryview, int]:
-        view = buf[start - at : min(end, at + got) - at]
-        return view, len(view)
-
-    return fetch
-
-
-def _from_kept(at: dict[int, bytes]) -> Fetch:
-    """Kept chunks by their offset in the shard (each its own run)."""
-
-    def fetch(start: int, end: int) -> tuple[memoryview, int]:
-        data = memoryview(at[start])
-        return data, len(data)
-
-    return fetch
-
-
-def _no_fetch(start: int, end: int) -> tuple[memoryview, int]:  # pragma: no cover - never called
-    raise AssertionError("a never-written inner chunk is not fetched")

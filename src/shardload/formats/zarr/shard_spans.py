@@ -183,6 +183,30 @@ def _bytes_fetch(data: bytes | memoryview) -> Fetch:
     return fetch
 
 
+def _slices(buf: memoryview, got: int, at: int) -> Fetch:
+    """Bytes [start, end) of a file out of ``buf``, its bytes [at, at + got)."""
+
+    def fetch(start: int, end: int) -> tuple[memoryview, int]:
+        view = buf[start - at : min(end, at + got) - at]
+        return view, len(view)
+
+    return fetch
+
+
+def _from_kept(at: dict[int, bytes]) -> Fetch:
+    """Kept chunks by their offset in the shard (each its own run)."""
+
+    def fetch(start: int, end: int) -> tuple[memoryview, int]:
+        data = memoryview(at[start])
+        return data, len(data)
+
+    return fetch
+
+
+def _no_fetch(start: int, end: int) -> tuple[memoryview, int]:  # pragma: no cover - never called
+    raise AssertionError("a never-written inner chunk is not fetched")
+
+
 class BufferFile:
     """A read-only file over bytes already fetched (a shard's, for its index): no copy, as
     ``io.BytesIO`` makes of anything but ``bytes``."""
@@ -248,6 +272,9 @@ def _read_runs(
         runs.append((i, m, start, end))
         i = m
     fetched = (fetch(r[2], r[3]) for r in runs)
+    if not layout.blosc:  # raw inner chunks (compression auto or none): their rows copied
+        _copy_raw(layout, name, k, pieces, order, offs_l, sizes_l, path, runs, fetched)
+        return
     rows, unpack, decompress = layout.chunk_rows, _HEADER.unpack_from, blosc.decompress
     ctx, address, of = DECOMPRESS_CTX, ctypes.addressof, ctypes.c_char.from_buffer
     for (i, m, start, _), (buf, got) in zip(runs, fetched, strict=True):
@@ -278,6 +305,39 @@ def _read_runs(
                             pass
             what = _what(layout, k, j)  # built only here: an f-string per chunk costs
             decode_into(layout, raw, lo, hi, part, name=name, what=what, path=path)
+
+
+def _copy_raw(
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    pieces: list[Piece],
+    order: list[int],
+    offs_l: list[int],
+    sizes_l: list[int],
+    path: str,
+    runs: list[tuple[int, int, int, int]],
+    fetched: Any,
+) -> None:
+    """:func:`_read_runs` for raw inner chunks: each exactly its rows' bytes (else corrupt), the
+    piece's rows copied out of the fetched bytes."""
+    rb = layout.row_bytes
+    full = layout.chunk_rows * rb
+    for (i, m, start, _), (buf, got) in zip(runs, fetched, strict=True):
+        for q in order[i:m]:
+            j, lo, hi, part = pieces[q]
+            a, size = offs_l[q] - start, sizes_l[q]
+            if size != full:
+                raise ChunkReadError(
+                    f"{_what(layout, k, j)} of array {name!r} is corrupt: {path}: the shard's "
+                    f"index says {size} bytes, {layout.chunk_rows} rows are {full}"
+                )
+            if a + size > got:
+                raise ChunkReadError(
+                    f"{_what(layout, k, j)} of array {name!r} is truncated: {path} "
+                    f"(expected {size} bytes at offset {offs_l[q]}, got {max(0, got - a)})"
+                )
+            part[:] = buf[a + lo * rb : a + hi * rb]
 
 
 def _what(layout: ChunkLayout, k: int, j: int) -> str:
