@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -54,8 +55,13 @@ from shardload.load.spec import LoadSpec
 from shardload.plan.cache_plan import plan_node_reads
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far (a mapping's, a new buffer's)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def epoch(store, *, epoch_no: int, args: argparse.Namespace) -> dict[str, float]:
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, f0 = time.perf_counter(), time.process_time(), minor_faults()
     rows = nbytes = 0
     for b in shardload.iter_batches(
         store,
@@ -70,6 +76,7 @@ def epoch(store, *, epoch_no: int, args: argparse.Namespace) -> dict[str, float]
     return {
         "seconds": s,
         "cpu_s": cpu,  # this process's CPU, all threads: steadier than wall time under load
+        "minor_faults": minor_faults() - f0,
         "rows": rows,
         "MB_per_s": nbytes / s / 1e6,
         "rows_per_s": rows / s,
@@ -108,11 +115,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.run_epoch:  # the store's opening counted too: a local store imports its codecs
         where, cache_dir, no = args.run_epoch  # there, one by URL at its first batch
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, f0 = time.perf_counter(), time.process_time(), minor_faults()
         st = shardload.open_store(where, **({"cache_dir": cache_dir} if cache_dir else {}))
         r = epoch(st, epoch_no=int(no), args=args)
         s, cpu = time.perf_counter() - t0, time.process_time() - c0
-        r.update(seconds=s, cpu_s=cpu, rows_per_s=r["rows"] / s)
+        r.update(seconds=s, cpu_s=cpu, rows_per_s=r["rows"] / s, minor_faults=minor_faults() - f0)
         if cache_dir:
             assert downloads(st) == 0, "epoch 2 fetched data"
         print(json.dumps(r))
@@ -135,7 +142,7 @@ def warm_pairs(args: argparse.Namespace, work: Path, croot: Path) -> None:
     url = server.url + "bench"
     try:
         epoch(shardload.open_store(url, cache_dir=croot / "full"), epoch_no=0, args=args)
-        speed, cpu = [], []
+        speed, cpu, faults = [], [], []
         for i in range(args.warm_pairs):
             got = {}
             for kind in ("cached", "local")[:: 1 if i % 2 == 0 else -1]:
@@ -153,9 +160,11 @@ def warm_pairs(args: argparse.Namespace, work: Path, croot: Path) -> None:
                 got[kind] = r
             speed.append(got["cached"]["rows_per_s"] / got["local"]["rows_per_s"])
             cpu.append(got["cached"]["cpu_s"] / got["local"]["cpu_s"])
+            faults.append((got["cached"]["minor_faults"], got["local"]["minor_faults"]))
             print(
                 f"  pair {i + 1}: cached {got['cached']['cpu_s']:.3f} CPU s, local "
-                f"{got['local']['cpu_s']:.3f}; rows/s cached/local {speed[-1]:.2f}",
+                f"{got['local']['cpu_s']:.3f}; rows/s cached/local {speed[-1]:.2f}; minor page "
+                f"faults cached {faults[-1][0]}, local {faults[-1][1]}",
                 flush=True,
             )
     finally:
@@ -163,6 +172,10 @@ def warm_pairs(args: argparse.Namespace, work: Path, croot: Path) -> None:
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     print(f"cached/local rows/s, median of {len(speed)} pairs: {med(speed):.2f}")
     print(f"cached/local CPU s, median: {med(cpu):.2f} (local/cached: {1 / med(cpu):.2f})")
+    print(
+        f"minor page faults per epoch, medians: cached {med([f[0] for f in faults])}, "
+        f"local {med([f[1] for f in faults])}"
+    )
 
 
 def epoch_alone(

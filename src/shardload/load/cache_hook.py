@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardload.plan.cache_plan import plan_node_reads
+from shardload.plan.cache_plan import plan_node_reads, sorted_steps
 from shardload.plan.epoch import EpochPlan
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def plan_node_cache(spec: LoadSpec, plan: EpochPlan, rank: int, worker: int) -> 
     names = [n for n in spec.selection.arrays if n in store.manifest.arrays]
     sums = _digests(reader, store.manifest)
     files: dict[int, list[tuple[str, int | None]]] = {}  # chunk -> its files (and digests)
-    for c in np.unique(reads.chunk).tolist():
+    for c in sorted(set(reads.chunk.tolist())):
         a, b = store.manifest.chunk_range(c)
         found = []
         for name in names:
@@ -94,7 +94,7 @@ def plan_node_cache(spec: LoadSpec, plan: EpochPlan, rank: int, worker: int) -> 
                 mine.append((t, path))
     digests = {p: d for found in files.values() for p, d in found if d is not None}
     warm = plan_cache(
-        {p: np.unique(np.asarray(t, np.int64)) for p, t in times.items()},
+        {p: sorted_steps(t) for p, t in times.items()},
         mine,
         digests,
         lag_steps=lag_steps(plan, rank, worker, spec.prefetch),

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from shardload.move.cache import NotKept
-from shardload.plan.cache_plan import next_use_after
+from shardload.plan.cache_plan import next_use_after, sorted_steps
 
 log = logging.getLogger("shardload.remote")
 
@@ -58,7 +58,7 @@ class CachePlan:
         steps: dict[str, list[int]] = {}
         for t, key, _ in self.mine:
             steps.setdefault(key, []).append(t)
-        self._mine_at = {k: np.unique(np.asarray(v, dtype=np.int64)) for k, v in steps.items()}
+        self._mine_at = {k: sorted_steps(v) for k, v in steps.items()}
         self._mine_t = np.asarray([t for t, _, _ in self.mine], dtype=np.int64)
         self.lag = max(0, int(lag_steps))
         self.now = 0  # step of the read last asked for

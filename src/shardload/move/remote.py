@@ -33,7 +33,6 @@ from shardload.move import cache as remote_cache
 from shardload.move.cache_files import evict_lru
 from shardload.move.cache_prefetch import CachePlan
 from shardload.move.http_client import close_client, http_options, is_http
-from shardload.move.http_get import reader_of
 from shardload.move.pinned import Pins, pinned_cat
 from shardload.move.retries import call_with_retries, default_option
 
@@ -352,6 +351,8 @@ class RemoteFileSystem(AbstractFileSystem):
                 return remote_cache.read_range(fd, start, end)
             finally:
                 os.close(fd)
+        from shardload.move.http_get import reader_of  # http.client: 2.5 ms, only now
+
         url, fs, kw = self.unstrip_protocol(path), self.target, self._deadline
         kw["reader"] = reader_of(fs, self.spec.timeout_s) if view else None  # move/http_get.py
         return self._retry(
@@ -367,8 +368,7 @@ class RemoteFileSystem(AbstractFileSystem):
             block_size = "default" if block_size in (None, "default") else MIN_BLOCK_BYTES
         return _RemoteFile(self, path, mode="rb", block_size=block_size, **kwargs)
 
-    # -- metadata and listings (retried; paths as the wrapped filesystem spells them) -----------
-    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:  # metadata, listings: retried
         what = self._name(path, "size of")
         return self._retry(lambda: self.target.info(path, **kwargs, **self._deadline), path, what)
 
