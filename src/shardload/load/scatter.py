@@ -1,7 +1,9 @@
 """Scatter reads: a shuffle group's rows go from the page cache straight to their batch rows.
 
 For uncompressed local chunk files (:class:`~shardload.formats.base.RawChunk`: shardload's
-Zarr arrays without compression, npy stacks), a shuffle needs no gather. Each row of a group
+Zarr arrays without compression, npy stacks, and the raw inner chunks of Zarr shards, each at
+its offset in its shard file, :class:`~shardload.formats.base.RawShard`), a shuffle needs no
+gather. Each row of a group
 has a known place in the worker's stream of batches (its position in the group's ``order``),
 so the batches of a group are allocated first and the file's rows are copied into their
 places: one copy from the page cache, where reading into a group buffer and gathering out of
@@ -11,7 +13,8 @@ A group is planned with numpy as a whole (it may hold thousands of small pieces,
 rows with ``shuffle="uniform"``): its rows sorted by (chunk, file row), cut into runs of
 consecutive file rows, one ``preadv`` per run (at most 1,024 iovecs a call), destinations
 that follow each other merged into one iovec. ``preadv`` runs through ctypes, which releases
-the GIL, in the reader threads; each chunk file is opened once per reader task.
+the GIL, in the reader threads; each chunk or shard file is opened once an epoch
+(:class:`.files.OpenChunks`: a shard's inner chunks share its descriptor).
 
 A store larger than the memory that could cache it (:func:`read_past_cache`) has its small
 reads (the single rows of ``shuffle="uniform"``) read with ``O_DIRECT`` through io_uring

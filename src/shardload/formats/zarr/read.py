@@ -227,7 +227,7 @@ class ZarrReader(CarriedMetadata):
 
     def raw_shard(self, name: str, k: int) -> RawShard:
         """Shard ``k`` of such an array, checked (:func:`.shard_local.raw_shard`)."""
-        return raw_shard(self._layouts.get(name), name, k, self.verifier, self._indexes)
+        return raw_shard(self._raw_layout(name), name, k, self.verifier, self._indexes)
 
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)`` into ``out`` (C-contiguous): directly from the chunk files
