@@ -22,12 +22,15 @@ from shardload.load.recycle import HUGE_PAGE, PAGE, BatchRecycler, huge_empty
 ROWS, FEATURES, BATCH = 4096, 1024, 256  # 16 MiB of float32 rows: 16 batches of 1 MiB
 
 
-def _thp_on() -> bool:
+def _thp_text() -> str:
     try:
-        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+        return Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
     except OSError:
-        return False
-    return "[never]" not in text
+        return "[never]"
+
+
+def _thp_on() -> bool:
+    return "[never]" not in _thp_text()
 
 
 needs_thp = pytest.mark.skipif(
@@ -83,6 +86,34 @@ def test_huge_empty_is_aligned_and_writable():
     assert a.ctypes.data % (HUGE_PAGE if sys.platform.startswith("linux") else PAGE) == 0
     a[:] = 7
     assert int(a.sum()) == 7 * len(a)
+
+
+def _resident_kib(start: int, stop: int) -> int:
+    """KiB resident of this process's mappings inside ``[start, stop)``."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = start <= lo and hi <= stop
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not _thp_on() or "[always]" in _thp_text(),
+    reason="transparent huge pages on request (madvise) only",
+)
+def test_huge_empty_faults_no_huge_page_past_its_bytes():
+    """A buffer ending a few pages into a huge page: writing all of it faults its whole huge
+    pages as such and only the pages of its tail, not 2 MiB for them (a slab of batches ends
+    anywhere in its last huge page)."""
+    tail = 5 * PAGE
+    a = huge_empty(3 * HUGE_PAGE + tail)
+    a[:] = 1
+    start = a.ctypes.data
+    assert _resident_kib(start, start + 4 * HUGE_PAGE) * 1024 <= 3 * HUGE_PAGE + tail
 
 
 def test_recycler_cuts_page_aligned_buffers_from_shared_slabs():

@@ -142,6 +142,23 @@ class RawChunk:
     #: its descriptor serves one read task, not the epoch (a bounded node cache may evict the
     #: copy: a descriptor kept open would keep its bytes in ``/dev/shm`` past the bound)
     transient: bool = False
+    #: the shard file holding this inner chunk (:class:`RawShard`), which it shares with them
+    shard: RawShard | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class RawShard:
+    """Where a local shard file's raw inner chunks lie (checked against the store's checksum
+    and its index's, as the reader's ``verify`` asks): inner chunk ``j``'s rows from byte
+    ``offsets[j]`` (-1: never written, its rows are ``fill_row``), C-ordered, ``row_bytes``
+    each, ``chunk_bytes`` an inner chunk; the file holds at least ``file_bytes``."""
+
+    path: str
+    offsets: np.ndarray = field(compare=False)  # int64, one per inner chunk
+    row_bytes: int
+    chunk_bytes: int
+    file_bytes: int
+    fill_row: bytes = field(compare=False)  # one row of the fill value
 
 
 @runtime_checkable
@@ -149,6 +166,17 @@ class RawChunks(Protocol):
     """Optional capability: say where a chunk's raw rows are (None: not a plain local file)."""
 
     def raw_chunk(self, name: str, i: int) -> RawChunk | None: ...
+
+
+@runtime_checkable
+class RawShards(Protocol):
+    """Optional capability: a sharded array's raw inner chunks in local shard files.
+    :meth:`raw_shard_chunks`: inner chunks per shard, or None (not raw local shards; no I/O);
+    :meth:`raw_shard`: shard ``k``, checked first."""
+
+    def raw_shard_chunks(self, name: str) -> int | None: ...
+
+    def raw_shard(self, name: str, k: int) -> RawShard: ...
 
 
 class FormatWriter(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from shardload.load import uring
 #: Measured (docs/benchmarks.md, session 10): at 3.2x (6.2 KB rows) direct reads ran 1.3-1.55x
 #: the page cache's rate; at 1.4x (1 KB rows, most reads hitting the cache) 0.68x.
 DIRECT_STORE_FACTOR = 2
+_NO_END = np.iinfo(np.int64).max // 2
 _O_CLOEXEC, _O_DIRECT = getattr(os, "O_CLOEXEC", 0), getattr(os, "O_DIRECT", 0)
 
 
@@ -24,16 +25,28 @@ class OpenChunks:
     """The chunk files one scatter reader keeps open for an epoch, shared by its reader
     threads: each opened and ``fstat``-ed once, where opening it for every group cost about 5%
     of an epoch's CPU with 512 pieces a group. Per array, a table indexed by chunk id holds
-    each open chunk's descriptor, data offset, row size and file size, so a group's chunks
-    are looked up and checked with numpy (:meth:`lookup`). At most ``limit`` stay open
-    (default: a quarter of the soft ``RLIMIT_NOFILE``, at most 1,024); past that a reader
-    opens and closes its own. :meth:`close` once no reader uses them."""
+    each open chunk's descriptor, data offset, row size and end (the file's size, or its inner
+    chunk's end), so a group's chunks are looked up and checked with numpy (:meth:`lookup`).
 
-    def __init__(self, limit: int | None = None, *, direct: bool = False) -> None:
+    A file may hold several chunks: ``per_file[name]`` consecutive ones (the inner chunks of a
+    shard, :class:`~shardload.formats.base.RawShard`; default 1). Such a file is opened once,
+    its chunks' entries filled from its index at once, all with its one descriptor. At most
+    ``limit`` files stay open (default: a quarter of the soft ``RLIMIT_NOFILE``, at most
+    1,024); past that a reader opens and closes its own. :meth:`close` once no reader uses
+    them."""
+
+    def __init__(
+        self,
+        limit: int | None = None,
+        *,
+        direct: bool = False,
+        per_file: Mapping[str, int] | None = None,
+    ) -> None:
         self.limit = _fd_budget() if limit is None else limit
         #: whether small reads go through ``O_DIRECT`` descriptors (:meth:`direct_fds`)
         self.direct = direct
-        self._tables: dict[str, np.ndarray] = {}  # name -> (4, chunks): fd, offset, row, size
+        self.per_file = dict(per_file or {})
+        self._tables: dict[str, np.ndarray] = {}  # name -> (4, chunks): fd, offset, row, end
         self._direct: dict[str, np.ndarray] = {}  # name -> O_DIRECT fd per chunk (-2: refused)
         self._count = 0
         self._gen = 0  # one more at each close (files opened meanwhile are the opener's)
@@ -81,7 +94,9 @@ class OpenChunks:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
         """``(fd, offset, row_bytes, owned)`` for each of ``chunks`` (chunk ids of ``name``,
         repeats allowed), each chunk checked to hold ``rows`` rows (per entry); ``owned``: the
-        descriptors the caller closes (the cache was full)."""
+        descriptors the caller closes (the cache was full). A never-written inner chunk has
+        offset -1 (its rows are its shard's ``fill_row``)."""
+        per = self.per_file.get(name, 1)
         todo: list[int] = []
         with self._lock:
             t = self._tables.get(name)
@@ -89,8 +104,8 @@ class OpenChunks:
                 t = self._table(name, int(chunks.max()) + 1)
             got = t[:, chunks]
             miss = got[0] < 0
-            if miss.any():  # first use of these chunks this epoch
-                todo = np.unique(chunks[miss]).tolist()[: max(0, self.limit - self._count)]
+            if miss.any():  # first use of these files this epoch
+                todo = np.unique(chunks[miss] // per).tolist()[: max(0, self.limit - self._count)]
                 self._count += len(todo)
             gen = self._gen
         owned: list[int] = []
@@ -98,10 +113,10 @@ class OpenChunks:
             got, miss = self._open_new(raw, name, chunks, todo, gen, owned)
         try:
             if miss.any():  # over the limit: opened here, closed by the caller
-                for c in np.unique(chunks[miss]).tolist():
-                    fd, rc, size = _open_sized(raw(c), name, c)
+                for f in np.unique(chunks[miss] // per).tolist():
+                    fd, _, cols = self._open_file(raw, name, f, per)
                     owned.append(fd)
-                    got[:, chunks == c] = np.array([fd, rc.offset, rc.row_bytes, size])[:, None]
+                    _fill(got, chunks, per, f, cols)
             fd, offset, row_bytes, size = got
             short = size < offset + rows * row_bytes
             if short.any():
@@ -117,6 +132,30 @@ class OpenChunks:
             raise
         return fd, offset, row_bytes, owned
 
+    def _open_file(
+        self, raw: Callable[[int], RawChunk], name: str, f: int, per: int
+    ) -> tuple[int, RawChunk, np.ndarray]:
+        """Open file ``f`` (chunks ``f * per`` on): its descriptor, the chunk it was found
+        from, and the table's columns of its chunks (the chunk, or every inner chunk)."""
+        c = f * per
+        rc = raw(c)  # a shard: checked against its checksum here, before any read
+        shard = rc.shard
+        what = f"chunk {c}" if shard is None else f"shard {f}"
+        fd, rc, size = _open_sized(rc, name, what)
+        if shard is None:
+            return fd, rc, np.array([[fd], [rc.offset], [rc.row_bytes], [size]], np.int64)
+        if size < shard.file_bytes:
+            os.close(fd)
+            raise ChunkReadError(
+                f"shard {f} of array {name!r} is truncated or corrupt: {shard.path} has "
+                f"{size} bytes, its index places inner chunks up to byte {shard.file_bytes}"
+            )
+        cols = np.empty((4, len(shard.offsets)), np.int64)
+        cols[0], cols[1], cols[2] = fd, shard.offsets, shard.row_bytes
+        # each inner chunk's end: its rows' bytes; a never-written one's rows: its fill, no end
+        cols[3] = np.where(shard.offsets < 0, _NO_END, shard.offsets + shard.chunk_bytes)
+        return fd, rc, cols
+
     def _open_new(
         self,
         raw: Callable[[int], RawChunk],
@@ -126,44 +165,53 @@ class OpenChunks:
         gen: int,
         owned: list[int],
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Open ``todo`` (counted already) outside the lock: an opener may fetch the file (a
-        node cache's fill) and a local chunk may be hashed first (its check), while the other
+        """Open files ``todo`` (counted already) outside the lock: an opener may fetch the file
+        (a node cache's fill) and a local file may be hashed first (its check), while the other
         readers go on. A file another reader opened meanwhile, or opened after :meth:`close`,
         goes to ``owned``. Returns the table's entries of ``chunks`` and which are missing."""
-        opened: list[tuple[int, tuple[int, RawChunk, int]]] = []
+        per = self.per_file.get(name, 1)
+        opened: list[tuple[int, int, RawChunk, np.ndarray]] = []
         try:
-            for c in todo:
-                opened.append((c, _open_sized(raw(c), name, c)))
+            for f in todo:
+                opened.append((f, *self._open_file(raw, name, f, per)))
         except BaseException:
-            for _, (fd, _, _) in opened:
+            for _, fd, _, _ in opened:
                 os.close(fd)
             with self._lock:
                 self._count -= len(todo) if gen == self._gen else 0
             raise
         with self._lock:
-            t = self._table(name, int(chunks.max()) + 1)
-            for c, (fd, rc, size) in opened:
-                if gen != self._gen or t[0, c] >= 0 or rc.transient:
+            top = max(f * per + cols.shape[1] for f, _, _, cols in opened)
+            t = self._table(name, max(top, int(chunks.max()) + 1))
+            for f, fd, rc, cols in opened:
+                lo = f * per
+                if gen != self._gen or t[0, lo] >= 0 or rc.transient:
                     owned.append(fd)
                     self._count -= 1 if gen == self._gen else 0
                 else:
-                    t[:, c] = fd, rc.offset, rc.row_bytes, size
+                    t[:, lo : lo + cols.shape[1]] = cols
             got = t[:, chunks]
-        for c, (fd, rc, size) in opened:  # this task's own descriptors
+        for f, _, rc, cols in opened:  # this task's own descriptors
             if rc.transient:
-                got[:, chunks == c] = np.array([fd, rc.offset, rc.row_bytes, size])[:, None]
+                _fill(got, chunks, per, f, cols)
         return got, got[0] < 0
 
     def close(self) -> None:
         with self._lock:
-            fds = [int(fd) for t in self._tables.values() for fd in t[0] if fd >= 0]
-            fds += [int(fd) for t in self._direct.values() for fd in t if fd >= 0]
+            fds = {int(fd) for t in self._tables.values() for fd in t[0] if fd >= 0}
+            fds |= {int(fd) for t in self._direct.values() for fd in t if fd >= 0}
             self._tables.clear()
             self._direct.clear()
             self._count = 0
             self._gen += 1
         for fd in fds:
             os.close(fd)
+
+
+def _fill(got: np.ndarray, chunks: np.ndarray, per: int, f: int, cols: np.ndarray) -> None:
+    """The entries of ``chunks`` in file ``f`` set from its columns (:meth:`OpenChunks._open_file`)."""
+    sel = chunks // per == f
+    got[:, sel] = cols[:, chunks[sel] - f * per]
 
 
 def _fd_budget() -> int:
@@ -178,19 +226,19 @@ def _fd_budget() -> int:
     return max(0, min(1024, int(soft) // 4))
 
 
-def _open_sized(rc: RawChunk, name: str, chunk: int) -> tuple[int, RawChunk, int]:
+def _open_sized(rc: RawChunk, name: str, what: str) -> tuple[int, RawChunk, int]:
     try:
         if rc.opener is not None:  # a node cache's copy: checked, and its offset known, once open
             fd, rc = rc.opener()
         else:
             fd = os.open(rc.path, os.O_RDONLY | _O_CLOEXEC)
     except OSError as exc:
-        raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", name, rc.path) from exc
+        raise ChunkReadError.from_os_error(exc, what, name, rc.path) from exc
     try:
         size = os.fstat(fd).st_size
     except OSError as exc:
         os.close(fd)
-        raise ChunkReadError.from_os_error(exc, f"chunk {chunk}", name, rc.path) from exc
+        raise ChunkReadError.from_os_error(exc, what, name, rc.path) from exc
     return fd, rc, size
 
 

@@ -5,7 +5,8 @@
 - ``"dated"``: windows of dates of a dated store (``window=``, :mod:`.dated`): a batch's
   distinct states read once each (chosen by ``LoadSpec`` from the options, not the store).
 - ``"scatter"``: raw rows in local files on a platform with ``preadv`` (:mod:`.scatter`): rows
-  go from the page cache straight to their batch rows.
+  go from the page cache straight to their batch rows (chunk files, npy stacks, and the raw
+  inner chunks of local Zarr shards).
 - ``"gather"``: everything else (compressed chunks, HDF5, URLs, :mod:`.gather`): segments read
   into group buffers, batches gathered out of them.
 

@@ -153,13 +153,14 @@ def read_runs(
     try:
         offs = start + run_row[p0:p1] * row_bytes
         first, count = run_iov[p0:p1], np.diff(run_iov[p0 : p1 + 1])
-        if len(count) and int(count.max()) <= IOV_MAX:  # one call per run: the usual case
-            run, f, cnt, off = np.arange(len(count)), first, count, offs
-            i0 = int(first[0])  # the task's iovecs follow each other: its bytes by run
-            want = np.add.reduceat(iov[i0 : i0 + int(count.sum()), 1], first - i0).astype(np.int64)
-        else:
-            nbytes = np.concatenate(([0], np.cumsum(iov[:, 1].astype(np.int64))))
-            run, f, cnt, off, want = plan_read_ops(first, count, offs, nbytes)
+        run, f, cnt, off, want = _plan_calls(first, count, offs, iov)
+        if (start < 0).any():  # never-written inner chunks: their fill, nothing read
+            empty = start < 0
+            _fill_runs(raw, chunks, np.flatnonzero(empty), first, count, iov)
+            k = ~empty[run]
+            run, f, cnt, off, want = run[k], f[k], cnt[k], off[k], want[k]
+            if not len(run):
+                return
         ptrs = iov.__array_interface__["data"][0] + 16 * f  # .ctypes.data: 4 us a call
         ring = uring.thread_ring()
         if ring is not None and not files.direct:  # through the page cache: every call
@@ -198,6 +199,36 @@ def read_runs(
     finally:
         for fd in owned:
             os.close(fd)
+
+
+def _plan_calls(
+    first: np.ndarray, count: np.ndarray, offs: np.ndarray, iov: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A task's read calls (:func:`plan_read_ops`): ``(run, first, count, offset, want)``."""
+    if len(count) and int(count.max()) <= IOV_MAX:  # one call per run: the usual case
+        i0 = int(first[0])  # the task's iovecs follow each other: its bytes by run
+        want = np.add.reduceat(iov[i0 : i0 + int(count.sum()), 1], first - i0).astype(np.int64)
+        return np.arange(len(count)), first, count, offs, want
+    nbytes = np.concatenate(([0], np.cumsum(iov[:, 1].astype(np.int64))))
+    return plan_read_ops(first, count, offs, nbytes)
+
+
+def _fill_runs(
+    raw: Callable[[int], RawChunk],
+    chunks: np.ndarray,
+    runs: np.ndarray,
+    first: np.ndarray,
+    count: np.ndarray,
+    iov: np.ndarray,
+) -> None:
+    """The rows of ``runs`` (in never-written inner chunks) set to their shard's fill row."""
+    for r in runs.tolist():
+        shard = raw(int(chunks[r])).shard
+        assert shard is not None
+        row = np.frombuffer(shard.fill_row, np.uint8)
+        for base, n in iov[int(first[r]) : int(first[r] + count[r])].tolist():
+            dst = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(base))
+            dst.reshape(-1, len(row))[:] = row
 
 
 def _preadv_calls(

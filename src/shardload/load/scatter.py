@@ -1,7 +1,9 @@
 """Scatter reads: a shuffle group's rows go from the page cache straight to their batch rows.
 
 For uncompressed local chunk files (:class:`~shardload.formats.base.RawChunk`: shardload's
-Zarr arrays without compression, npy stacks), a shuffle needs no gather. Each row of a group
+Zarr arrays without compression, npy stacks, and the raw inner chunks of Zarr shards, each at
+its offset in its shard file, :class:`~shardload.formats.base.RawShard`), a shuffle needs no
+gather. Each row of a group
 has a known place in the worker's stream of batches (its position in the group's ``order``),
 so the batches of a group are allocated first and the file's rows are copied into their
 places: one copy from the page cache, where reading into a group buffer and gathering out of
@@ -11,7 +13,8 @@ A group is planned with numpy as a whole (it may hold thousands of small pieces,
 rows with ``shuffle="uniform"``): its rows sorted by (chunk, file row), cut into runs of
 consecutive file rows, one ``preadv`` per run (at most 1,024 iovecs a call), destinations
 that follow each other merged into one iovec. ``preadv`` runs through ctypes, which releases
-the GIL, in the reader threads; each chunk file is opened once per reader task.
+the GIL, in the reader threads; each chunk or shard file is opened once an epoch
+(:class:`.files.OpenChunks`: a shard's inner chunks share its descriptor).
 
 A store larger than the memory that could cache it (:func:`read_past_cache`) has its small
 reads (the single rows of ``shuffle="uniform"``) read with ``O_DIRECT`` through io_uring
@@ -34,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from shardload.formats.base import RawChunk, RawChunks
+from shardload.formats.base import RawChunk, RawChunks, RawShards
 from shardload.load.checks import check_indices
 from shardload.load.files import OpenChunks, read_past_cache
 from shardload.load.loop import Batch, Flight, GroupReader, read_loop
@@ -73,6 +76,16 @@ def raw_sources(store: Store, names: Sequence[str]) -> Callable[[str, int], RawC
     cached = getattr(reader, "cached_raw_chunk", None)  # a node cache's copies (no I/O here)
     if callable(cached) and names and all(cached(n, 0) is not None for n in names):
         return lambda name, chunk: cached(name, chunk)
+    shards = raw_shards(store, names)
+    if shards is not None:  # Zarr shards of raw inner chunks: an inner chunk at its offset
+        assert isinstance(reader, RawShards)
+
+        def inner(name: str, chunk: int) -> RawChunk:
+            k, j = divmod(chunk, shards[name])
+            shard = reader.raw_shard(name, k)
+            return RawChunk(shard.path, int(shard.offsets[j]), shard.row_bytes, shard=shard)
+
+        return inner
     if not raw_rows(store, names):
         return None
     assert isinstance(reader, RawChunks)
@@ -83,6 +96,20 @@ def raw_sources(store: Store, names: Sequence[str]) -> Callable[[str, int], RawC
         return got
 
     return raw
+
+
+def raw_shards(store: Store, names: Sequence[str]) -> dict[str, int] | None:
+    """Inner chunks per shard of each of ``names`` when every one is a Zarr array of raw inner
+    chunks in local shard files (``compression: auto`` or ``none`` in the default layout),
+    else None. The store's layout only (no I/O)."""
+    reader = store.reader
+    if not isinstance(reader, RawShards) or not names:
+        return None
+    try:
+        per = {n: reader.raw_shard_chunks(n) for n in names}
+    except Exception:  # e.g. an unreadable zarr.json: the gather path reports it, naming it
+        return None
+    return None if None in per.values() else {n: int(v or 0) for n, v in per.items()}
 
 
 def _cpus() -> int:
@@ -213,7 +240,11 @@ class ScatterReader(GroupReader):
         self.ahead = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks) - 1
         arrays = store.manifest.arrays
         store_bytes = sum(arrays[a].row_bytes * int(store.manifest.chunk_bounds[-1]) for a in names)
-        self.files = OpenChunks(direct=read_past_cache(store_bytes))  # closed in close()
+        # a shard's inner chunks share its descriptor; read through the page cache (their
+        # O_DIRECT reads would open each inner chunk's file as its own)
+        shards = raw_shards(store, names) or {}
+        direct = not shards and read_past_cache(store_bytes)
+        self.files = OpenChunks(direct=direct, per_file=shards)  # closed in close()
         self.bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
         self.batches: dict[int, Batch] = {}  # written by the plan lane, popped by the loop
         self.raws: dict[str, dict[int, RawChunk]] = {a: {} for a in names}  # plan lane only

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardload.errors import ChunkReadError, ShardloadError, StoreError
-from shardload.formats.base import RawChunk, is_local
+from shardload.formats.base import RawChunk, RawShard, is_local
 from shardload.formats.checksums import DEFAULT_VERIFY, Verifier, verify_file
 from shardload.formats.copies import is_cached
 from shardload.formats.ragged.read import GroupedRagged
@@ -34,6 +34,7 @@ from shardload.formats.zarr.meta import check_zarr_meta
 from shardload.formats.zarr.ranges import RawUrlReads, raw_layout
 from shardload.formats.zarr.rows import read_rows_into
 from shardload.formats.zarr.shard_fetch import read_url_spans_into
+from shardload.formats.zarr.shard_local import raw_shard
 from shardload.formats.zarr.shard_spans import read_spans_into
 from shardload.formats.zarr.shards import RangeOpener, ShardIndexCache
 from shardload.manifest.core import Manifest
@@ -46,15 +47,12 @@ def open_reader(
 
 
 def open_group_readonly(fs: Any, root: str, *, strict: bool = False) -> Any:
-    """The Zarr group at ``root``, read-only.
-
-    A remote store is read through the same filesystem as the other formats
-    (:class:`shardload.move.remote.RemoteFileSystem`: retries, errors naming the URL, the optional
-    bounded cache), handed to zarr's async core with fsspec's ``AsyncFileSystemWrapper``.
-    ``strict`` (a shardload store): a chunk missing there raises
-    :class:`~shardload.errors.ChunkReadError` instead of reading as the fill value
-    (:mod:`.strict`; local chunks are checked before each read, :meth:`ZarrReader.check_files`).
-    """
+    """The Zarr group at ``root``, read-only. A remote store is read through the same
+    filesystem as the other formats (:class:`shardload.move.remote.RemoteFileSystem`: retries,
+    errors naming the URL, the optional bounded cache), handed to zarr's async core with
+    fsspec's ``AsyncFileSystemWrapper``. ``strict`` (a shardload store): a chunk missing there
+    raises :class:`~shardload.errors.ChunkReadError` instead of reading as the fill value
+    (:mod:`.strict`; local chunks are checked before each read, :meth:`ZarrReader.check_files`)."""
     import zarr
     import zarr.errors
     from zarr.storage import FsspecStore, LocalStore
@@ -208,19 +206,28 @@ class ZarrReader(CarriedMetadata):
             self._ranged[name] = layout
         return self._ranged[name]
 
+    def _raw_layout(self, name: str) -> ChunkLayout | None:  # local shardload raw rows
+        lay = self.layout(name)  # (a split layout is never strict: plain Zarr)
+        raw = lay is not None and not lay.blosc and lay.opener is None and lay.strict
+        return lay if raw and name not in self._cf else None
+
     def raw_chunk(self, name: str, i: int) -> RawChunk | None:
         """Chunk ``i`` of ``name`` as raw rows in a local file (uncompressed shardload arrays)."""
-        layout = self.layout(name)
-        if layout is None or layout.blosc or layout.opener is not None or not layout.strict:
-            return None  # (a split layout is never strict: plain Zarr)
-        if layout.shard is not None:  # inner chunks lie anywhere in their shard
+        layout = self._raw_layout(name)
+        if layout is None or layout.shard is not None:  # inner chunks: :meth:`raw_shard`
             return None
-        if name in self._cf:
-            return None
-        path = layout.chunk_path(i)
-        # before the caller's reads scatter the chunk's rows anywhere
+        path = layout.chunk_path(i)  # checked before the caller's reads scatter its rows
         verify_file(self.verifier, name, i, path, what=f"chunk {i}")
         return RawChunk(path, 0, layout.row_bytes)
+
+    def raw_shard_chunks(self, name: str) -> int | None:
+        """Inner chunks per shard of a local sharded array of raw inner chunks, else None."""
+        lay = self._raw_layout(name)
+        return None if lay is None or lay.shard is None else lay.shard.chunks
+
+    def raw_shard(self, name: str, k: int) -> RawShard:
+        """Shard ``k`` of such an array, checked (:func:`.shard_local.raw_shard`)."""
+        return raw_shard(self._raw_layout(name), name, k, self.verifier, self._indexes)
 
     def read_into(self, name: str, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)`` into ``out`` (C-contiguous): directly from the chunk files

@@ -31,6 +31,7 @@ import numpy as np
 from numcodecs import blosc
 
 from shardload.errors import ChunkReadError
+from shardload.formats.base import RawShard
 from shardload.formats.checksums import Verifier, verify_file
 from shardload.formats.zarr.chunks import ChunkLayout, decode_into
 from shardload.formats.zarr.shards import (
@@ -98,6 +99,43 @@ def read_whole_chunks(
         js = chunks[sel] - k * spec.chunks
         _read_shard(layout, name, k, js, sel, outs, verifier, indexes, run_bytes)
     return True
+
+
+def raw_shard(
+    layout: ChunkLayout | None,
+    name: str,
+    k: int,
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+) -> RawShard:
+    """Shard ``k`` of a local array of raw inner chunks for a caller that reads their rows
+    itself (the scatter reader, :mod:`shardload.load.scatter`): checked against its checksum
+    first when ``verifier`` asks, as :func:`_read_shard` does, its index read and checked once
+    per reader (crc32c, every entry inside the shard's data), every inner chunk exactly its
+    rows' bytes (``layout``: the array's, raw inner chunks in local shards)."""
+    assert layout is not None and layout.shard is not None and not layout.blosc
+    spec = layout.shard
+    path = layout.chunk_path(k)
+    if verifier is not None and verifier.needed(name, k):
+        verify_file(verifier, name, k, path, what=f"shard {k}")
+    index = indexes.get(path) if indexes is not None else None
+    if index is None:
+        with shard_errors(layout, name, k, path, ()), layout.open(path) as f:
+            index = shard_index(layout, name, k, path, f, f.fileno(), indexes)
+    offs, sizes = index[:, 0], index[:, 1]
+    empty = offs == np.uint64(EMPTY)
+    full = layout.chunk_rows * layout.row_bytes
+    bad = np.flatnonzero(~empty & (sizes != full))
+    if len(bad):
+        j = int(bad[0])
+        raise ChunkReadError(
+            f"{chunk_name(layout, k, j)} of array {name!r} is corrupt: {path} holds "
+            f"{int(sizes[j])} bytes for it, its rows are {full} bytes"
+        )
+    starts = np.where(empty, -1, offs.astype(np.int64))
+    end = int((starts + full).max(initial=0)) + (spec.index_nbytes if spec.index_at_end else 0)
+    fill = np.full(layout.row_bytes // layout.dtype.itemsize, layout.fill_value, layout.dtype)
+    return RawShard(path, starts, layout.row_bytes, full, end, fill.tobytes())
 
 
 def _read_shard(
