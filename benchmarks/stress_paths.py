@@ -36,15 +36,22 @@ def _busy() -> None:  # pragma: no cover - a CPU hog
 
 def one(seed: int, root: Path, url: str, *, spawn: bool, max_rows: int) -> P.Report:
     case = P.random_case(seed, max_rows=max_rows)
-    torch_workers: list[tuple[int, str | None]] = [(0, None), (1, "fork"), (2, "fork")]
+    torch_workers: list[tuple[int, str | None, bool]] = [
+        (0, None, True),
+        (1, "fork", False),  # new workers each epoch: they reclaim dead workers' ring slots
+        (2, "fork", True),
+    ]
+    if seed % 3 == 0:
+        torch_workers.append((4, "fork", seed % 2 == 0))  # more workers than the ring is sized for
     if spawn:
-        torch_workers.append((2, "spawn"))
+        torch_workers.append((2, "spawn", True))
     folder = root / f"s{seed}"
     report = P.run_case(
         case,
         folder,
         url=url + f"s{seed}/",
         cache_dir=folder / "cache",
+        cache_bytes=case.rows * 16,  # a fraction of the store: the cache evicts
         torch_workers=torch_workers,
         map_dataset=case.rows <= 2000,
         torch_epochs=2,

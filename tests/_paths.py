@@ -92,6 +92,7 @@ def random_case(seed: int, *, max_rows: int = 5000, min_rows: int = 500) -> Case
     world = int(rng.choice([1, 2, 4]))
     split = [None, "train"][int(rng.integers(2))]
     batch_size = int(rng.choice([1, 3, 8, 32, 100]))
+    batch_size = max(batch_size, -(-rows // 400))  # at most about 400 batches an epoch
     mode = "pad" if rng.random() < 0.2 else "drop"
     shuffle: bool | str = bool(rng.random() < 0.8)
     raw = fmt == "npy" or (fmt == "zarr" and compression == "none" and shard_chunks is None)
@@ -274,9 +275,11 @@ def torch_batches(
     state: dict[str, Any] | None = None,
     holder: Holder | None = None,
     epochs: int = 1,
+    persistent: bool = True,
 ) -> tuple[list[list[Batch]], dict[str, Any] | None]:
-    """A rank's batches through one ``StreamingDataLoader`` (persistent workers), ``epochs``
-    epochs from ``epoch`` on (held batches kept across epochs); with ``take``, the first epoch
+    """A rank's batches through one ``StreamingDataLoader``, ``epochs`` epochs from ``epoch``
+    on (held batches kept across epochs: with ``persistent=False`` new workers each epoch
+    reclaim the ring slots of the last epoch's, which are dead); with ``take``, the first epoch
     stops after ``take`` batches and the state the loader saves then is returned too."""
     from shardload.torch import StreamingDataLoader, StreamingDataset
 
@@ -284,7 +287,7 @@ def torch_batches(
     ds = StreamingDataset(store, rank=rank, world_size=world, **kw)
     extra: dict[str, Any] = {}
     if workers:
-        extra = dict(multiprocessing_context=context)
+        extra = dict(multiprocessing_context=context, persistent_workers=persistent)
     loader = StreamingDataLoader(ds, num_workers=workers, **extra)
     saved = None
     out: list[list[Batch]] = []
@@ -373,7 +376,8 @@ def run_case(
     *,
     url: str | None = None,
     cache_dir: Path | None = None,
-    torch_workers: Sequence[tuple[int, str | None]] = (),
+    torch_workers: Sequence[tuple[int, str | None] | tuple[int, str | None, bool]] = (),
+    cache_bytes: int | None = None,
     sim_workers: Sequence[int] = (0, 1, 2),
     resume: bool = True,
     map_dataset: bool = False,
@@ -442,7 +446,15 @@ def run_case(
         if cache_dir is not None:
             with shardload.open_store(f"{url}{path.name}", cache_dir=cache_dir) as s:
                 same_as_ref(s, "url+cache")
-    for workers, ctx in torch_workers:
+            if cache_bytes is not None:  # a cache smaller than the store: files evicted
+                small = cache_dir.with_name(cache_dir.name + "-small")
+                with shardload.open_store(
+                    f"{url}{path.name}", cache_dir=small, cache_bytes=cache_bytes
+                ) as s:
+                    same_as_ref(s, "url+small-cache")
+    for entry in torch_workers:
+        workers, ctx = entry[0], entry[1]
+        persistent = bool(entry[2]) if len(entry) > 2 else True
         want_ranks = (
             ref
             if workers == w0
@@ -465,6 +477,7 @@ def run_case(
                 context=ctx,
                 holder=holder,
                 epochs=torch_epochs,
+                persistent=persistent,
             )
             assert_same(got[0], want_ranks[r], f"torch {workers}w {ctx} rank {r}")
             for e in range(1, torch_epochs):
@@ -472,12 +485,16 @@ def run_case(
                     str(path), kw, rank=r, world=case.world, workers=workers, epoch=case.epoch + e
                 )
                 assert_same(got[e], want_e, f"torch {workers}w {ctx} rank {r} epoch +{e}")
-        report.add(f"torch/{workers}w/{ctx}", want_ranks, holder)
+        report.add(
+            f"torch/{workers}w/{ctx}/{'persistent' if persistent else 'fresh'}", want_ranks, holder
+        )
         report.epochs += torch_epochs - 1
     if resume:
         _check_resume(case, path, kw, spec, ref, w0, report)
     if map_dataset:
         _check_map(path, case, want, arrays, report)
+        if torch_workers:
+            _check_map_loader(path, case, want, arrays, report)
     return report
 
 
@@ -554,6 +571,35 @@ def _check_map(path: Path, case: Case, want, arrays, report: Report) -> None:
         spec = LoadSpec.build(str(path), batch_size=1, split=case.split, shuffle=False)
         assert rows == spec.selection.global_rows().tolist()
     report.paths["map"] += 1
+
+
+def _check_map_loader(path: Path, case: Case, want, arrays, report: Report) -> None:
+    """``MapDataset`` through a shuffling ``DataLoader`` of 2 forked workers (each with its
+    copy of the chunk cache, memory maps included), held batches kept: each row once."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from shardload.torch import MapDataset
+
+    holder = Holder()
+    with MapDataset(str(path), split=case.split, cache_chunks=2) as ds:
+        ds[0]  # a chunk cached (and mapped) before the fork
+        g = torch.Generator().manual_seed(case.seed)
+        loader = DataLoader(
+            ds,
+            batch_size=case.batch_size,
+            shuffle=True,
+            num_workers=2,
+            generator=g,
+            multiprocessing_context="fork",
+        )
+        got = [holder.keep(b) for b in loader]
+        holder.check()
+        check_values(got, want, arrays)
+        rows = np.concatenate([b["index"] for b in got])
+        assert sorted(rows.tolist()) == sorted(set(rows.tolist()))
+        assert len(rows) == len(ds)
+    report.add("map/DataLoader-2w", [got], holder)
 
 
 @contextlib.contextmanager

@@ -85,14 +85,17 @@ def test_every_read_path_serves_the_sources_rows_in_one_order(url, name):
         root / name,
         url=f"{base}{name}/",
         cache_dir=root / name / "cache",
-        torch_workers=[(0, None), (2, "fork")],
+        cache_bytes=case.rows * 16,  # a third of the store or less: files evicted, fetched again
+        # new workers each epoch for half the cases: they reclaim the dead workers' ring slots
+        torch_workers=[(0, None), (2, "fork", list(CASES).index(name) % 2 == 0)],
         map_dataset=name.startswith(("zarr-default", "hdf5-lz4", "npy-no")),
         torch_epochs=2,
     )
     # every path ran (and counted what it checked)
-    assert {"iter_batches/0w", "iter_batches/2w", "url", "url+cache", "torch/2w/fork"} <= set(
+    assert {"iter_batches/0w", "iter_batches/2w", "url", "url+cache", "url+small-cache"} <= set(
         report.paths
     )
+    assert any(p.startswith("torch/2w/fork") for p in report.paths)
     assert report.held_checked > 0 and report.batches > 0
 
 
@@ -124,7 +127,8 @@ def test_random_cases_every_path(url, seed):
         folder,
         url=f"{base}slow{seed}/",
         cache_dir=folder / "cache",
-        torch_workers=[(0, None), (1, "fork"), (2, "fork"), *spawn],
+        cache_bytes=case.rows * 16,
+        torch_workers=[(0, None), (1, "fork", False), (2, "fork"), (4, "fork"), *spawn],
         map_dataset=True,
         torch_epochs=2,
     )
