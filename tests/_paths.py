@@ -452,6 +452,8 @@ def run_case(
                     f"{url}{path.name}", cache_dir=small, cache_bytes=cache_bytes
                 ) as s:
                     same_as_ref(s, "url+small-cache")
+        if cache_bytes is not None and any(e[0] == 2 and e[1] == "fork" for e in torch_workers):
+            _check_torch_url_cache(case, path, kw, url, cache_dir, cache_bytes, report)
     for entry in torch_workers:
         workers, ctx = entry[0], entry[1]
         persistent = bool(entry[2]) if len(entry) > 2 else True
@@ -571,6 +573,30 @@ def _check_map(path: Path, case: Case, want, arrays, report: Report) -> None:
         spec = LoadSpec.build(str(path), batch_size=1, split=case.split, shuffle=False)
         assert rows == spec.selection.global_rows().tolist()
     report.paths["map"] += 1
+
+
+def _check_torch_url_cache(case, path, kw, url, cache_dir, cache_bytes, report) -> None:
+    """2 forked workers reading by URL through one small node cache (each evicting what the
+    other may be reading): the local batches of every rank."""
+    shared = cache_dir.with_name(cache_dir.name + "-workers")
+    holder = Holder()
+    for r in range(case.world):
+        want = rank_batches(str(path), kw, rank=r, world=case.world, workers=2, epoch=case.epoch)
+        with shardload.open_store(
+            f"{url}{path.name}", cache_dir=shared, cache_bytes=cache_bytes
+        ) as s:
+            got, _ = torch_batches(
+                s,
+                kw,
+                rank=r,
+                world=case.world,
+                workers=2,
+                epoch=case.epoch,
+                context="fork",
+                holder=holder,
+            )
+        assert_same(got[0], want, f"torch 2w by URL through a small cache, rank {r}")
+        report.add("torch/2w/url+small-cache", [want], holder)
 
 
 def _check_map_loader(path: Path, case: Case, want, arrays, report: Report) -> None:
