@@ -62,11 +62,22 @@ class Case:
     load_seed: int = 0
     shuffle_chunks: int | None = None
     threads: int | None = None
+    rows_range: tuple[int, int] | None = None  # rows=(start, stop) instead of a split
+    arrays: tuple[str, ...] | None = None  # a subset of x, y, z
+
+    def select_kw(self) -> dict[str, Any]:
+        """What to read (also MapDataset's)."""
+        kw: dict[str, Any] = {"split": self.split}
+        if self.rows_range is not None:
+            kw["rows"] = self.rows_range
+        if self.arrays is not None:
+            kw["arrays"] = list(self.arrays)
+        return kw
 
     def load_kw(self) -> dict[str, Any]:
         return dict(
             batch_size=self.batch_size,
-            split=self.split,
+            **self.select_kw(),
             shuffle=self.shuffle,
             seed=self.load_seed,
             mode=self.mode,
@@ -91,6 +102,13 @@ def random_case(seed: int, *, max_rows: int = 5000, min_rows: int = 500) -> Case
         chunk_rows = 128
     world = int(rng.choice([1, 2, 4]))
     split = [None, "train"][int(rng.integers(2))]
+    rows_range = None
+    if split is None and rng.random() < 0.3:  # rows cut inside chunks
+        start = int(rng.integers(0, rows // 3))
+        rows_range = (start, int(rng.integers(start + rows // 2, rows + 1)))
+    arrays = None
+    if rng.random() < 0.2:
+        arrays = tuple(sorted(rng.choice(["x", "y", "z"], size=2, replace=False).tolist()))
     batch_size = int(rng.choice([1, 3, 8, 32, 100]))
     batch_size = max(batch_size, -(-rows // 400))  # at most about 400 batches an epoch
     mode = "pad" if rng.random() < 0.2 else "drop"
@@ -118,6 +136,8 @@ def random_case(seed: int, *, max_rows: int = 5000, min_rows: int = 500) -> Case
         load_seed=int(rng.integers(0, 100)),
         shuffle_chunks=[None, None, 1, 3][int(rng.integers(4))],
         threads=[None, 1, 3][int(rng.integers(3))],
+        rows_range=rows_range,
+        arrays=arrays,
     )
 
 
@@ -562,7 +582,7 @@ def check_torch_resume(case: Case, root: Path, workers: int, ctx: str | None, k:
 def _check_map(path: Path, case: Case, want, arrays, report: Report) -> None:
     from shardload.torch import MapDataset
 
-    with MapDataset(str(path), split=case.split) as ds:
+    with MapDataset(str(path), **case.select_kw()) as ds:
         rows = []
         for i in range(len(ds)):
             item = ds[i]
@@ -570,7 +590,7 @@ def _check_map(path: Path, case: Case, want, arrays, report: Report) -> None:
             rows.append(g)
             for a in arrays:
                 np.testing.assert_array_equal(item[a].numpy(), want[a][g], err_msg=f"map {a}")
-        spec = LoadSpec.build(str(path), batch_size=1, split=case.split, shuffle=False)
+        spec = LoadSpec.build(str(path), batch_size=1, shuffle=False, **case.select_kw())
         assert rows == spec.selection.global_rows().tolist()
     report.paths["map"] += 1
 
@@ -608,7 +628,7 @@ def _check_map_loader(path: Path, case: Case, want, arrays, report: Report) -> N
     from shardload.torch import MapDataset
 
     holder = Holder()
-    with MapDataset(str(path), split=case.split, cache_chunks=2) as ds:
+    with MapDataset(str(path), cache_chunks=2, **case.select_kw()) as ds:
         ds[0]  # a chunk cached (and mapped) before the fork
         g = torch.Generator().manual_seed(case.seed)
         loader = DataLoader(
