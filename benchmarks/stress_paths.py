@@ -4,7 +4,8 @@ Draws a case per seed (store: rows, shapes, dtypes, format, compression, chunks;
 batch size, shuffle, drop_last, mode, world, epoch), prepares it and reads it in-process with
 0-2 simulated workers, by URL (``shardload serve`` on loopback), through a node cache, through
 ``StreamingDataLoader`` (0, 1, 2 workers, fork; spawn every ``--spawn-every`` cases) over two
-epochs with persistent workers, ``MapDataset``, and resumed mid-epoch; every epoch's rows,
+epochs with persistent workers, ``MapDataset``, resumed mid-epoch, and an epoch left early
+followed by a full one on the same loader; every epoch's rows,
 values, order and held batches are checked. Failures are written (case, traceback) to
 ``--log`` and the run goes on. Optional CPU pressure: ``--busy N`` busy-loop processes.
 
@@ -57,6 +58,8 @@ def one(seed: int, root: Path, url: str, *, spawn: bool, max_rows: int) -> P.Rep
         torch_epochs=2,
     )
     n = P.check_torch_resume(case, folder, 2, "fork", k=3)
+    # an epoch left early, the next one on the same loader (new workers half the time)
+    n += P.check_torch_break(case, folder, 2, "fork", k=1 + seed % 4, persistent=seed % 2 == 0)
     report.batches += n
     return report
 

@@ -655,3 +655,42 @@ def served(root: Path) -> Iterator[str]:
 
     with serving(root) as base:
         yield base if base.endswith("/") else base + "/"
+
+
+def check_torch_break(
+    case: Case, root: Path, workers: int, ctx: str | None, k: int, *, persistent: bool = True
+) -> int:
+    """A training loop that leaves an epoch after ``k`` batches (``limit_train_batches``) and
+    starts the next one on the same loader, holding batches of both: the next epoch is the
+    full epoch, exactly, and no held batch changed; returns the batches compared."""
+    from shardload.torch import StreamingDataLoader, StreamingDataset
+
+    path = root / f"case{case.seed}"
+    kw = case.load_kw()
+    want = rank_batches(
+        str(path), kw, rank=0, world=case.world, workers=workers, epoch=case.epoch + 1
+    )
+    first = rank_batches(str(path), kw, rank=0, world=case.world, workers=workers, epoch=case.epoch)
+    holder = Holder(n=2 * k + 4)
+    ds = StreamingDataset(str(path), rank=0, world_size=case.world, **kw)
+    extra: dict[str, Any] = {}
+    if workers:
+        extra = dict(multiprocessing_context=ctx, persistent_workers=persistent)
+    loader = StreamingDataLoader(ds, num_workers=workers, **extra)
+    try:
+        ds.set_epoch(case.epoch)
+        got0: list[Batch] = []
+        for b in loader:
+            got0.append(holder.keep(b))
+            if len(got0) == k:
+                break
+        b = None
+        assert_same(got0, first[: len(got0)], "the epoch left early")
+        ds.set_epoch(case.epoch + 1)
+        got1 = [holder.keep(b) for b in loader]
+        holder.check()
+    finally:
+        ds.close()
+        del loader
+    assert_same(got1, want, "the epoch after one left early")
+    return len(got0) + len(got1)

@@ -146,3 +146,15 @@ def test_a_store_of_fewer_rows_than_chunk_rows_reads_back(tmp_path, fmt, shard_c
     case = _case(21, fmt=fmt, compression=compression, chunk_rows=1000, shard_chunks=shard_chunks)
     report = P.run_case(case, tmp_path, sim_workers=(0, 2), resume=False)
     assert report.batches > 0
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_an_epoch_left_early_then_a_full_one_on_the_same_loader(url, persistent):
+    """``limit_train_batches``: 3 batches of an epoch, then the next epoch whole, 2 forked
+    workers (persistent, or new ones reclaiming the ring slots of the first ones), the batches
+    of both epochs held: the next epoch's batches exactly, none of the held ones changed."""
+    root, _ = url
+    case = CASES["zarr-default-2ranks"]
+    folder = root / f"break-{persistent}"
+    P.make_case_store(case, folder)
+    assert P.check_torch_break(case, folder, 2, "fork", 3, persistent=persistent) > 3
