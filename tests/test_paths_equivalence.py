@@ -115,6 +115,7 @@ def test_random_cases_in_process_and_by_url(url, seed):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 4 on 2 cores
 @pytest.mark.parametrize("seed", range(100, 130))
 def test_random_cases_every_path(url, seed):
     """The stress run's checks (benchmarks/stress_paths.py), spawned workers included."""
