@@ -112,9 +112,9 @@ def plan_rows(cfg: PrepareConfig, view: View) -> tuple[dict[str, ArraySpec], int
     row_bytes = sum(s.row_bytes for s in specs.values())
     if isinstance(view, SeriesLayout):  # series chunks of whole space points
         return specs, length, row_bytes, view.plan_series_chunk_rows(cfg.target_chunk_bytes)
-    chunk_rows = cfg.chunk_rows or plan_chunk_rows(
-        row_bytes, length=length, target_bytes=cfg.target_chunk_bytes
-    )
+    if cfg.chunk_rows:  # never more rows than the data has: the one chunk is what is written
+        return specs, length, row_bytes, min(int(cfg.chunk_rows), length)
+    chunk_rows = plan_chunk_rows(row_bytes, length=length, target_bytes=cfg.target_chunk_bytes)
     return specs, length, row_bytes, chunk_rows
 
 
