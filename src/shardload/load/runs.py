@@ -10,7 +10,6 @@ piece except the ``preadv`` fallback loop.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from shardload.errors import ChunkReadError
 from shardload.formats.base import RawChunk
 from shardload.load import uring
 from shardload.load.files import OpenChunks
+from shardload.util.libc import libc
 
 #: Linux's IOV_MAX: iovecs per ``preadv`` call.
 IOV_MAX = 1024
@@ -47,7 +47,6 @@ def _preadv(errno: bool = False) -> Any:
         fn: Any = None
         if sys.platform.startswith("linux"):
             try:
-                lib = ctypes.util.find_library("c") or "libc.so.6"
                 proto = ctypes.CFUNCTYPE(
                     ctypes.c_ssize_t,
                     ctypes.c_int,
@@ -56,7 +55,7 @@ def _preadv(errno: bool = False) -> Any:
                     ctypes.c_int64,
                     use_errno=errno,
                 )
-                fn = proto(("preadv", ctypes.CDLL(lib, use_errno=errno)))
+                fn = proto(("preadv", libc(use_errno=errno)))
             except (OSError, AttributeError):
                 fn = None
         _PREADV[errno] = fn

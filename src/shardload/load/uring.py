@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import mmap
 import os
 import platform
@@ -30,6 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from shardload.util.libc import libc
 
 #: io_uring_setup / io_uring_enter: the same numbers on every Linux architecture we run on.
 _SYS_SETUP, _SYS_ENTER = 425, 426
@@ -74,7 +75,7 @@ _LOCAL = threading.local()
 
 def _syscall() -> Any:
     if not _SYSCALL:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        lib = libc(use_errno=True)
         proto = ctypes.CFUNCTYPE(ctypes.c_long, *[ctypes.c_long] * 7, use_errno=True)
         _SYSCALL.append(proto(("syscall", lib)))
     return _SYSCALL[0]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import os
 import re
@@ -31,14 +30,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
+from shardload.util.libc import libc
+
 _LOCAL = threading.local()
 _SYNC_FILE_RANGE_WRITE = 2
 
 
 def _load_sync_file_range() -> object | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.sync_file_range
+        fn = libc(use_errno=True).sync_file_range
     except (OSError, AttributeError):  # not Linux
         return None
     fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
