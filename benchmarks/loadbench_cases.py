@@ -74,7 +74,7 @@ def case_store(work: Path, loader: str, codec: str) -> Path:
 
 # -- memory -------------------------------------------------------------------------------------
 class PeakRSS:
-    """Peak of (RSS of this process + RSS of all descendants), sampled in a thread.
+    """Peak of (RSS of this process + RSS of its lasting descendants), sampled in a thread.
 
     The RSS sum counts pages shared between the parent and forked workers (libraries, torch)
     once per process, as ``ps`` does; the PSS sum (sampled less often, it costs more) splits
@@ -99,14 +99,22 @@ class PeakRSS:
         self._proc_fs = os.path.exists(f"/proc/{os.getpid()}/smaps_rollup")
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._children: list[Any] = []
+        self._seen: set[int] = set()  # the pids of the last scan's descendants
         self.peak = self.now()
         self.peak_pss = self.now_pss()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _refresh_children(self) -> None:
+        """The descendants to sum: those seen by this scan and the one before. A process that
+        forks a helper (``ctypes.util.find_library`` runs ``ldconfig``) has a child whose RSS
+        is the forking process's own until it execs: summed, it added a whole worker (~270 MiB)
+        to the peak now and then (docs/benchmarks.md, issue 25). The loader's workers live
+        for the whole run."""
         with contextlib.suppress(self._psutil.Error):
-            self._children = self._proc.children(recursive=True)
+            now = self._proc.children(recursive=True)
+            self._children = [c for c in now if c.pid in self._seen]
+            self._seen = {c.pid for c in now}
 
     def _sum(self, get: Callable[[Any], int]) -> int:
         total = get(self._proc)

@@ -353,3 +353,22 @@ def test_fresh_memory_benchmark_runs(tmp_path: Path) -> None:
     lines = p.stdout.splitlines()
     assert sum("ms per 8 MiB" in ln for ln in lines) == 5
     assert "memory free for 0 s costs" in lines[-1]
+
+
+def test_peak_rss_sums_a_child_from_its_second_scan_on() -> None:
+    """A helper forked for a moment (``ldconfig`` from ``find_library``) holds its parent's
+    RSS until it execs: summing it counted that process twice (issue 25). A descendant is
+    summed once two consecutive scans saw it; the loader's workers live the whole run."""
+    pytest.importorskip("psutil")
+    from loadbench_cases import PeakRSS
+
+    mem = PeakRSS()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        mem.now()  # first scan that sees it
+        assert child.pid not in [c.pid for c in mem._children]
+        mem.now()
+        assert [c.pid for c in mem._children] == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
