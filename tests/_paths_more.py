@@ -136,6 +136,14 @@ def _resume(path, kw, spec, world, epoch, check, ref) -> int:
         for r in range(world):
             P.assert_same(rest[r], ref[r][k:], f"resume after {k} rank {r}")
         n += 1
+    k = plan.batches_per_rank // 2
+    if 0 < k < plan.batches_per_rank:  # a StreamingDataLoader's own state, rank 0, 2 workers
+        opts = dict(rank=0, world=world, workers=2, epoch=epoch, context="fork")
+        (full,), _ = P.torch_batches(str(path), kw, **opts)  # type: ignore[arg-type]
+        (first,), saved = P.torch_batches(str(path), kw, take=k, **opts)  # type: ignore[arg-type]
+        (rest,), _ = P.torch_batches(str(path), kw, state=saved, **opts)  # type: ignore[arg-type]
+        P.assert_same(first + rest, full, f"torch resumed after {k}")
+        n += 1
     return n
 
 
