@@ -90,6 +90,9 @@ def more(seed: int, root: Path, url: str, *, spawn: bool) -> P.Report:
         float(rng.choice([0.1, 0.5, 0.9])),
         then=then,
     )
+    report.batches = M.COUNT["batches"]
+    report.held_checked = M.COUNT["held"]
+    M.COUNT["batches"] = M.COUNT["held"] = 0
     return report
 
 
@@ -141,6 +144,8 @@ def main() -> None:
             h.terminate()
             h.join()
     print("TOTAL", json.dumps(totals), flush=True)
+    if args.more:
+        print("KINDS", json.dumps(dict(M.COUNT)), flush=True)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ from shardload.plan.resume import plan_state
 
 TESTS = Path(__file__).resolve().parent
 Check = Callable[[P.Batch], None]
+#: what the checks counted (batches checked against the source, held batches checked, cases by
+#: kind), for benchmarks/stress_paths.py --more's totals
+COUNT: Counter[str] = Counter()
 
 
 def _epoch(
@@ -60,6 +63,8 @@ def _epoch(
     for mine in ranks:
         for b in mine:
             check(b)
+    COUNT["batches"] += sum(len(m) for m in ranks)
+    COUNT["held"] += holder.checked
     return ranks
 
 
@@ -98,6 +103,8 @@ def _same_paths(path, kw, world, epoch, check, ref, url=None, contexts=("fork",)
                 context=ctx, holder=holder,
             )  # fmt: skip
             P.assert_same(got_t[0], _as_torch(want2[r]), f"torch 2w {ctx} rank {r}")
+            COUNT["batches"] += len(got_t[0])
+        COUNT["held"] += holder.checked
         n += 1
     return n + bool(contexts)
 
@@ -112,6 +119,7 @@ def _refused(
     except PlanError as exc:
         with pytest.raises(PlanError, match=str(exc).split(":")[0]):
             next(iter(shardload.iter_batches(str(path), world_size=world, epoch=epoch, **kw)))
+        COUNT["refused"] += 1
         return True
     return False
 
@@ -257,6 +265,8 @@ def check_dated(
             LoadSpec.build(str(path), **kw)
         return 0
     spec = LoadSpec.build(str(path), **kw)
+    COUNT["dated windows" if case.window else "dated rows"] += 1
+    COUNT["window_views"] += case.views
     if _refused(path, kw, spec, case.world, case.epoch):
         return 0
     n = 0
@@ -324,6 +334,7 @@ def check_ragged(
 
     path = root / name
     spec = LoadSpec.build(str(path), **kw)
+    COUNT["ragged"] += 1
     if _refused(path, kw, spec, world, epoch):
         return 0
     every = spec.selection.global_rows().tolist()
@@ -378,6 +389,7 @@ def check_read_groups(seed: int, root: Path) -> int:
         return check
 
     spec = LoadSpec.build(str(path), **kw)
+    COUNT["read groups"] += 1
     if _refused(path, kw, spec, world, epoch, plan_world=world // group):
         return 0
     every = list(range(len(a)))
@@ -392,6 +404,7 @@ def check_read_groups(seed: int, root: Path) -> int:
                 check_rank(r)(bt)
             lead = ranks[r - r % group]
             assert [x["index"].tolist() for x in mine] == [x["index"].tolist() for x in lead]
+        COUNT["batches"] += sum(len(m) for m in ranks)
         plan = spec.plan(world_size=world // group, num_workers=workers, epoch=epoch)
         _check_once(ranks, every, plan, mode, group=group)
         n += 1
@@ -434,6 +447,7 @@ def check_elastic(
         P.rank_batches(str(path), kw, rank=r, world=case.world, workers=0, epoch=case.epoch, take=k)
         for r in range(case.world)
     ]
+    COUNT["elastic"] += 1
     state = plan_state(plan, k).to_dict()
     state["dataset"] = spec.fingerprint
     rest = [
@@ -445,6 +459,7 @@ def check_elastic(
     ]  # fmt: skip
     for part in (*head, *rest):
         P.check_values(part, want, arrays)
+        COUNT["batches"] += len(part)
     resumed = spec.plan(
         world_size=new_world, num_workers=new_workers, epoch=case.epoch, state=state
     )
@@ -494,6 +509,7 @@ def _check_chain(path, kw, spec, resumed, head, rest, state, then, case, want, a
         )
         for r in range(world3)
     ]  # fmt: skip
+    COUNT["elastic chained"] += 1
     for part in third:
         P.check_values(part, want, arrays)
     plan3 = spec.plan(world_size=world3, num_workers=workers3, epoch=case.epoch, state=state2)
