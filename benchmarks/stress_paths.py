@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import _paths as P
+import _paths_more as M
 
 
 def _busy() -> None:  # pragma: no cover - a CPU hog
@@ -64,6 +65,37 @@ def one(seed: int, root: Path, url: str, *, spawn: bool, max_rows: int) -> P.Rep
     return report
 
 
+def more(seed: int, root: Path, url: str, *, spawn: bool) -> P.Report:
+    """The cases beyond plain arrays (tests/_paths_more.py): a dated store read by windows
+    (missing dates, ``window_views``), a ragged store, read groups, and an elastic resume
+    chained over three world shapes."""
+    import numpy as np
+
+    report = P.Report()
+    folder = root / f"m{seed}"
+    ctx = ("fork", "spawn") if spawn else ("fork",)
+    report.epochs += M.check_dated(
+        M.random_dated(seed), folder / "d", url=f"{url}m{seed}/d/", contexts=ctx
+    )
+    report.epochs += M.check_ragged(seed, folder / "g", url=f"{url}m{seed}/g/", contexts=ctx)
+    report.epochs += M.check_read_groups(seed, folder / "rg")
+    rng = np.random.default_rng(seed + 10**6)
+    case = P.random_case(seed, max_rows=2000)
+    then = (int(rng.choice([1, 2, 3])), int(rng.choice([0, 2])), float(rng.choice([0.3, 0.7])))
+    report.epochs += M.check_elastic(
+        case,
+        folder / "e",
+        int(rng.choice([1, 2, 3, 4])),
+        int(rng.choice([0, 1, 2])),
+        float(rng.choice([0.1, 0.5, 0.9])),
+        then=then,
+    )
+    report.batches = M.COUNT["batches"]
+    report.held_checked = M.COUNT["held"]
+    M.COUNT["batches"] = M.COUNT["held"] = 0
+    return report
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0:100", help="START:STOP")
@@ -71,6 +103,7 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=0, help="busy-loop processes meanwhile")
     ap.add_argument("--spawn-every", type=int, default=10)
     ap.add_argument("--max-rows", type=int, default=5000)
+    ap.add_argument("--more", action="store_true", help="dated, ragged, groups, elastic only")
     ap.add_argument("--until", type=float, default=0, help="stop starting cases after (epoch s)")
     args = ap.parse_args()
     start, stop = (int(v) for v in args.seeds.split(":"))
@@ -85,7 +118,10 @@ def main() -> None:
                     break
                 spawn = args.spawn_every > 0 and seed % args.spawn_every == 0
                 try:
-                    r = one(seed, Path(tmp), url, spawn=spawn, max_rows=args.max_rows)
+                    if args.more:
+                        r = more(seed, Path(tmp), url, spawn=spawn)
+                    else:
+                        r = one(seed, Path(tmp), url, spawn=spawn, max_rows=args.max_rows)
                     totals["epochs"] += r.epochs
                     totals["batches"] += r.batches
                     totals["held_checked"] += r.held_checked
@@ -95,16 +131,21 @@ def main() -> None:
                     status = "FAIL"
                     with open(args.log, "a") as f:
                         case = asdict(P.random_case(seed, max_rows=args.max_rows))
+                        if args.more:
+                            case = {"more": True, "dated": asdict(M.random_dated(seed))}
                         f.write(f"FAIL seed={seed} busy={args.busy} {json.dumps(case)}\n")
                         f.write(traceback.format_exc() + "\n")
                 totals["cases"] += 1
                 print(f"seed {seed} {status} {json.dumps(totals)}", flush=True)
                 shutil.rmtree(Path(tmp) / f"s{seed}", ignore_errors=True)
+                shutil.rmtree(Path(tmp) / f"m{seed}", ignore_errors=True)
     finally:
         for h in hogs:
             h.terminate()
             h.join()
     print("TOTAL", json.dumps(totals), flush=True)
+    if args.more:
+        print("KINDS", json.dumps(dict(M.COUNT)), flush=True)
 
 
 if __name__ == "__main__":
