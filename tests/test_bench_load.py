@@ -367,8 +367,9 @@ def test_peak_rss_sums_a_child_from_its_second_scan_on() -> None:
     try:
         mem.now()  # first scan that sees it
         assert child.pid not in [c.pid for c in mem._children]
-        mem.now()
-        assert [c.pid for c in mem._children] == [child.pid]
+        mem.now()  # the second: summed from now on (other lasting children of this test
+        # process, e.g. a server another test of this worker started, are summed too)
+        assert child.pid in [c.pid for c in mem._children]
     finally:
         child.kill()
         child.wait()
