@@ -124,14 +124,8 @@ def raw_shard(
             index = shard_index(layout, name, k, path, f, f.fileno(), indexes)
     offs, sizes = index[:, 0], index[:, 1]
     empty = offs == np.uint64(EMPTY)
-    full = layout.chunk_rows * layout.row_bytes
-    bad = np.flatnonzero(~empty & (sizes != full))
-    if len(bad):
-        j = int(bad[0])
-        raise ChunkReadError(
-            f"{chunk_name(layout, k, j)} of array {name!r} is corrupt: {path} holds "
-            f"{int(sizes[j])} bytes for it, its rows are {full} bytes"
-        )
+    written = np.flatnonzero(~empty)
+    full = _check_raw_sizes(layout, name, k, path, sizes[written], written)
     starts = np.where(empty, -1, offs.astype(np.int64))
     end = int((starts + full).max(initial=0)) + (spec.index_nbytes if spec.index_at_end else 0)
     fill = np.full(layout.row_bytes // layout.dtype.itemsize, layout.fill_value, layout.dtype)
@@ -246,14 +240,7 @@ def _read_raw(
     """Raw inner chunks (each exactly its rows' bytes) read with one ``preadv`` per run
     straight into their ``outs``: no scratch buffer, no copy; a short read is finished part by
     part (:func:`_pread_into`), as a Blosc run's is, and only a file that ends early is an error."""
-    full = layout.chunk_rows * layout.row_bytes
-    bad = np.flatnonzero(sizes != full)
-    if len(bad):
-        q = int(bad[0])
-        raise ChunkReadError(
-            f"{chunk_name(layout, k, int(js[q]))} of array {name!r} is corrupt: {path} holds "
-            f"{int(sizes[q])} bytes for it, its rows are {full} bytes"
-        )
+    full = _check_raw_sizes(layout, name, k, path, sizes, js)
     offs_l, sel_l = offs.tolist(), sel.tolist()
     for i, m in pairwise(runs):
         parts = [_bytes_of(outs[sel_l[q]]) for q in range(i, m)]
@@ -266,6 +253,22 @@ def _read_raw(
                 f"{chunk_name(layout, k, int(js[i]))} of array {name!r} is truncated: {path} "
                 f"(expected {want} bytes at offset {offs_l[i]}, got {got})"
             )
+
+
+def _check_raw_sizes(
+    layout: ChunkLayout, name: str, k: int, path: str, sizes: np.ndarray, js: np.ndarray
+) -> int:
+    """The bytes of a raw inner chunk (its rows'); a ``ChunkReadError`` naming the first of
+    shard ``k``'s inner chunks ``js`` whose index entry (``sizes``) says otherwise (corrupt)."""
+    full = layout.chunk_rows * layout.row_bytes
+    bad = np.flatnonzero(sizes != full)
+    if len(bad):
+        q = int(bad[0])
+        raise ChunkReadError(
+            f"{chunk_name(layout, k, int(js[q]))} of array {name!r} is corrupt: {path} holds "
+            f"{int(sizes[q])} bytes for it, its rows are {full} bytes"
+        )
+    return full
 
 
 def _finish_parts(fd: int, parts: Sequence[memoryview], got: int, start: int) -> int:
