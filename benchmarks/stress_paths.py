@@ -28,7 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import _paths as P
+import _paths_groups as G
 import _paths_more as M
+import _paths_run as R
 
 
 def _busy() -> None:  # pragma: no cover - a CPU hog
@@ -48,7 +50,7 @@ def one(seed: int, root: Path, url: str, *, spawn: bool, max_rows: int) -> P.Rep
     if spawn:
         torch_workers.append((2, "spawn", True))
     folder = root / f"s{seed}"
-    report = P.run_case(
+    report = R.run_case(
         case,
         folder,
         url=url + f"s{seed}/",
@@ -58,9 +60,9 @@ def one(seed: int, root: Path, url: str, *, spawn: bool, max_rows: int) -> P.Rep
         map_dataset=case.rows <= 2000,
         torch_epochs=2,
     )
-    n = P.check_torch_resume(case, folder, 2, "fork", k=3)
+    n = R.check_torch_resume(case, folder, 2, "fork", k=3)
     # an epoch left early, the next one on the same loader (new workers half the time)
-    n += P.check_torch_break(case, folder, 2, "fork", k=1 + seed % 4, persistent=seed % 2 == 0)
+    n += R.check_torch_break(case, folder, 2, "fork", k=1 + seed % 4, persistent=seed % 2 == 0)
     report.batches += n
     return report
 
@@ -78,11 +80,11 @@ def more(seed: int, root: Path, url: str, *, spawn: bool) -> P.Report:
         M.random_dated(seed), folder / "d", url=f"{url}m{seed}/d/", contexts=ctx
     )
     report.epochs += M.check_ragged(seed, folder / "g", url=f"{url}m{seed}/g/", contexts=ctx)
-    report.epochs += M.check_read_groups(seed, folder / "rg")
+    report.epochs += G.check_read_groups(seed, folder / "rg")
     rng = np.random.default_rng(seed + 10**6)
     case = P.random_case(seed, max_rows=2000)
     then = (int(rng.choice([1, 2, 3])), int(rng.choice([0, 2])), float(rng.choice([0.3, 0.7])))
-    report.epochs += M.check_elastic(
+    report.epochs += G.check_elastic(
         case,
         folder / "e",
         int(rng.choice([1, 2, 3, 4])),
@@ -112,7 +114,7 @@ def main() -> None:
         h.start()
     totals = {"cases": 0, "failed": 0, "epochs": 0, "batches": 0, "held_checked": 0}
     try:
-        with tempfile.TemporaryDirectory(prefix="stress-paths-") as tmp, P.served(Path(tmp)) as url:
+        with tempfile.TemporaryDirectory(prefix="stress-paths-") as tmp, R.served(Path(tmp)) as url:
             for seed in range(start, stop):
                 if args.until and time.time() > args.until:
                     break

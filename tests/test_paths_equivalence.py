@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import _paths as P
+import _paths_run as R
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -72,7 +73,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def url(tmp_path_factory) -> Iterator[tuple[Path, str]]:
     root = tmp_path_factory.mktemp("paths")
-    with P.served(root) as base:
+    with R.served(root) as base:
         yield root, base
 
 
@@ -80,7 +81,7 @@ def url(tmp_path_factory) -> Iterator[tuple[Path, str]]:
 def test_every_read_path_serves_the_sources_rows_in_one_order(url, name):
     root, base = url
     case = CASES[name]
-    report = P.run_case(
+    report = R.run_case(
         case,
         root / name,
         url=f"{base}{name}/",
@@ -104,14 +105,14 @@ def test_a_loader_resumed_from_its_saved_state_finishes_the_epoch_exactly(url, n
     root, _ = url
     case = CASES[name]
     P.make_case_store(case, root / f"resume-{name}")
-    assert P.check_torch_resume(case, root / f"resume-{name}", 2, "fork", k=3) > 3
+    assert R.check_torch_resume(case, root / f"resume-{name}", 2, "fork", k=3) > 3
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13])
 def test_random_cases_in_process_and_by_url(url, seed):
     root, base = url
     case = P.random_case(seed, max_rows=900)
-    P.run_case(case, root / f"r{seed}", url=f"{base}r{seed}/", sim_workers=(0, 2))
+    R.run_case(case, root / f"r{seed}", url=f"{base}r{seed}/", sim_workers=(0, 2))
 
 
 @pytest.mark.slow
@@ -123,7 +124,7 @@ def test_random_cases_every_path(url, seed):
     case = P.random_case(seed, max_rows=2000)
     folder = root / f"slow{seed}"
     spawn = [(2, "spawn")] if seed % 10 == 0 else []
-    P.run_case(
+    R.run_case(
         case,
         folder,
         url=f"{base}slow{seed}/",
@@ -133,7 +134,7 @@ def test_random_cases_every_path(url, seed):
         map_dataset=True,
         torch_epochs=2,
     )
-    P.check_torch_resume(case, folder, 2, "fork", k=3)
+    R.check_torch_resume(case, folder, 2, "fork", k=3)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +146,7 @@ def test_a_store_of_fewer_rows_than_chunk_rows_reads_back(tmp_path, fmt, shard_c
     ``zarr.json`` had the 600 rows written, and every open of it failed."""
     compression = "none" if fmt == "npy" else "lz4"
     case = _case(21, fmt=fmt, compression=compression, chunk_rows=1000, shard_chunks=shard_chunks)
-    report = P.run_case(case, tmp_path, sim_workers=(0, 2), resume=False)
+    report = R.run_case(case, tmp_path, sim_workers=(0, 2), resume=False)
     assert report.batches > 0
 
 
@@ -158,4 +159,4 @@ def test_an_epoch_left_early_then_a_full_one_on_the_same_loader(url, persistent)
     case = CASES["zarr-default-2ranks"]
     folder = root / f"break-{persistent}"
     P.make_case_store(case, folder)
-    assert P.check_torch_break(case, folder, 2, "fork", 3, persistent=persistent) > 3
+    assert R.check_torch_break(case, folder, 2, "fork", 3, persistent=persistent) > 3

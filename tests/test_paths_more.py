@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 import _paths as P
+import _paths_groups as G
 import _paths_more as M
+import _paths_run as R
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -48,7 +50,7 @@ DATED = {
 @pytest.fixture(scope="module")
 def url(tmp_path_factory) -> Iterator[tuple[Path, str]]:
     root = tmp_path_factory.mktemp("more")
-    with P.served(root) as base:
+    with R.served(root) as base:
         yield root, base
 
 
@@ -68,7 +70,7 @@ def test_ragged_on_every_path(url, seed):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_read_groups_slices_and_workers(url, seed):
     root, _ = url
-    assert M.check_read_groups(seed, root / f"rg{seed}") == 3
+    assert G.check_read_groups(seed, root / f"rg{seed}") == 3
 
 
 ELASTIC = {  # (case seed, new world, new workers, fraction read, then)
@@ -85,7 +87,7 @@ def test_elastic_resume_serves_every_row_not_yet_consumed_once(url, name):
     case = P.random_case(seed, max_rows=1200)
     if name.startswith("pad"):
         case = P.Case(**{**case.__dict__, "mode": "pad", "drop_last": False, "world": 2})
-    assert M.check_elastic(case, root / f"e-{name}", world, workers, frac, then=then) == 2
+    assert G.check_elastic(case, root / f"e-{name}", world, workers, frac, then=then) == 2
 
 
 @pytest.mark.slow
@@ -97,9 +99,9 @@ def test_random_dated_ragged_groups_elastic(url, seed):
     folder = root / f"m{seed}"
     M.check_dated(M.random_dated(seed), folder / "d", url=f"{base}m{seed}/d/")
     M.check_ragged(seed, folder / "g", url=f"{base}m{seed}/g/")
-    M.check_read_groups(seed, folder / "rg")
+    G.check_read_groups(seed, folder / "rg")
     then = (int(rng.choice([1, 2, 3])), int(rng.choice([0, 2])), float(rng.choice([0.3, 0.7])))
-    M.check_elastic(
+    G.check_elastic(
         P.random_case(seed, max_rows=2000), folder / "e", int(rng.choice([1, 2, 3, 4])),
         int(rng.choice([0, 1, 2])), float(rng.choice([0.1, 0.5, 0.9])), then=then,
     )  # fmt: skip
