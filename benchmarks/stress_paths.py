@@ -80,7 +80,7 @@ def more(seed: int, root: Path, url: str, *, spawn: bool) -> P.Report:
         M.random_dated(seed), folder / "d", url=f"{url}m{seed}/d/", contexts=ctx
     )
     report.epochs += M.check_ragged(seed, folder / "g", url=f"{url}m{seed}/g/", contexts=ctx)
-    report.epochs += G.check_read_groups(seed, folder / "rg")
+    report.epochs += G.check_read_groups(seed, folder / "rg", url=f"{url}m{seed}/rg/")
     rng = np.random.default_rng(seed + 10**6)
     case = P.random_case(seed, max_rows=2000)
     then = (int(rng.choice([1, 2, 3])), int(rng.choice([0, 2])), float(rng.choice([0.3, 0.7])))
@@ -91,6 +91,7 @@ def more(seed: int, root: Path, url: str, *, spawn: bool) -> P.Report:
         int(rng.choice([0, 1, 2])),
         float(rng.choice([0.1, 0.5, 0.9])),
         then=then,
+        url=f"{url}m{seed}/e/",
     )
     report.batches = M.COUNT["batches"]
     report.held_checked = M.COUNT["held"]

@@ -17,10 +17,11 @@ from shardload.load.spec import LoadSpec
 from shardload.plan.resume import plan_state
 
 
-def check_read_groups(seed: int, root: Path) -> int:
+def check_read_groups(seed: int, root: Path, url: str | None = None) -> int:
     """States read by read groups of 2 or 4 (members slice the last axis or an ensemble axis):
     ranks of a group the same batches, groups disjoint and covering, each rank its slice of
-    the source; the same through forked workers; resume exact. Returns epochs checked."""
+    the source; the same through forked workers and by URL (``url``: ``root`` served, ending
+    in ``/``). Returns epochs checked."""
     from test_read_groups import states
 
     rng = np.random.default_rng(seed)
@@ -79,6 +80,13 @@ def check_read_groups(seed: int, root: Path) -> int:
                 )
                 P.assert_same(got[0], ranks[r], f"read groups torch rank {r}")
             n += 1
+        if workers == 0 and url is not None:
+            for r in range(world):
+                got_url = P.rank_batches(
+                    f"{url}{path.name}", kw, rank=r, world=world, workers=0, epoch=epoch
+                )
+                P.assert_same(got_url, ranks[r], f"read groups by URL rank {r}")
+            n += 1
     return n
 
 
@@ -92,12 +100,14 @@ def check_elastic(
     new_workers: int,
     frac: float,
     then: tuple[int, int, float] | None = None,
+    url: str | None = None,
 ) -> int:
     """A plain case read ``k`` batches a rank on its world (0 workers), its state resumed on
     ``new_world`` ranks x ``new_workers``: first leg plus the rest is every row once (less the
     resumed plan's reported drops, plus padding); values the source's; the rest the same
     in-process and through ``StreamingDataLoader``. ``then``: a third leg (world, workers,
     fraction of the second leg read before its state is saved), the chain checked likewise.
+    ``url`` (``root`` served, ending in ``/``): the resumed leg read by URL too, the same.
     Returns the epochs checked."""
     path, want = P.make_case_store(case, root)
     kw = case.load_kw()
@@ -141,6 +151,13 @@ def check_elastic(
     else:
         assert set(counts) == set(every), "a row never served over the two legs"
         assert len(ids) == len(every) + padded, (len(ids), len(every), padded)
+    if url is not None:  # the state taken locally resumes by URL to the same batches
+        for r in range(new_world):
+            got_url = P.rank_batches(
+                f"{url}{path.name}", kw, rank=r, world=new_world, workers=new_workers,
+                epoch=case.epoch, state=state,
+            )  # fmt: skip
+            P.assert_same(got_url, rest[r], f"elastic by URL rank {r}")
     if then is not None:
         _check_chain(path, kw, spec, resumed, head, rest, state, then, case, want, arrays)
     # a StreamingDataLoader stopped after k batches (its own state), resumed on the new shape

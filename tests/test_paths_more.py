@@ -69,8 +69,8 @@ def test_ragged_on_every_path(url, seed):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_read_groups_slices_and_workers(url, seed):
-    root, _ = url
-    assert G.check_read_groups(seed, root / f"rg{seed}") == 3
+    root, base = url
+    assert G.check_read_groups(seed, root, url=base) == 4
 
 
 ELASTIC = {  # (case seed, new world, new workers, fraction read, then)
@@ -82,12 +82,15 @@ ELASTIC = {  # (case seed, new world, new workers, fraction read, then)
 
 @pytest.mark.parametrize("name", list(ELASTIC))
 def test_elastic_resume_serves_every_row_not_yet_consumed_once(url, name):
-    root, _ = url
+    root, base = url
     seed, world, workers, frac, then = ELASTIC[name]
     case = P.random_case(seed, max_rows=1200)
     if name.startswith("pad"):
         case = P.Case(**{**case.__dict__, "mode": "pad", "drop_last": False, "world": 2})
-    assert G.check_elastic(case, root / f"e-{name}", world, workers, frac, then=then) == 2
+    folder = root / f"e-{name}"
+    assert (
+        G.check_elastic(case, folder, world, workers, frac, then=then, url=f"{base}e-{name}/") == 2
+    )
 
 
 @pytest.mark.slow
@@ -99,9 +102,10 @@ def test_random_dated_ragged_groups_elastic(url, seed):
     folder = root / f"m{seed}"
     M.check_dated(M.random_dated(seed), folder / "d", url=f"{base}m{seed}/d/")
     M.check_ragged(seed, folder / "g", url=f"{base}m{seed}/g/")
-    G.check_read_groups(seed, folder / "rg")
+    G.check_read_groups(seed, folder / "rg", url=f"{base}m{seed}/rg/")
     then = (int(rng.choice([1, 2, 3])), int(rng.choice([0, 2])), float(rng.choice([0.3, 0.7])))
     G.check_elastic(
         P.random_case(seed, max_rows=2000), folder / "e", int(rng.choice([1, 2, 3, 4])),
         int(rng.choice([0, 1, 2])), float(rng.choice([0.1, 0.5, 0.9])), then=then,
+        url=f"{base}m{seed}/e/",
     )  # fmt: skip
