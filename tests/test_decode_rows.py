@@ -249,3 +249,17 @@ def test_a_shard_truncated_after_its_check_is_named_as_the_gather_reader_names_i
         errors.append(str(err.value))
     assert errors[0] == errors[1]
     assert "of shard 3) of array 'x' is truncated" in errors[0] and str(bad) in errors[0]
+
+
+def test_decoded_stores_keep_no_group_buffers_for_workers(
+    stores: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No shared group-buffer arena is mapped for DataLoader workers that decode into their
+    batches (load/arena.py); without the kernel, the gather reader's workers get one."""
+    from shardload.load.arena import group_arena
+    from shardload.load.spec import LoadSpec
+
+    mod = _kernel()
+    assert group_arena(LoadSpec.build(stores, batch_size=40), workers=2) is None
+    monkeypatch.setattr(mod, "KERNEL", None)
+    assert group_arena(LoadSpec.build(stores, batch_size=40), workers=2) is not None
