@@ -263,3 +263,20 @@ def test_decoded_stores_keep_no_group_buffers_for_workers(
     assert group_arena(LoadSpec.build(stores, batch_size=40), workers=2) is None
     monkeypatch.setattr(mod, "KERNEL", None)
     assert group_arena(LoadSpec.build(stores, batch_size=40), workers=2) is not None
+
+
+def test_an_unexpected_error_in_a_decode_names_the_rows_and_array(
+    stores: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardload.formats.zarr.read import ZarrReader
+
+    _kernel()
+
+    def boom(self: Any, name: str, rows: Any, to: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ZarrReader, "decode_rows_into", boom)
+    with pytest.raises(
+        ChunkReadError, match=r"rows \d+\.\.\d+ of array '(x|y)' in .*: RuntimeError: boom"
+    ):
+        _epoch(stores)
