@@ -13,7 +13,9 @@ EXTRAS := torch,remote,serve,distributed,hpc,grib,hdf5,bench,dev
 # tests skip and say why.
 SYSPKGS := slurm-wlm munge squashfs-tools squashfuse fuse3
 
-$(STAMP): pyproject.toml constraints.txt
+# setup.py builds the optional compiled kernel (formats/zarr/_decode_rows.c) in place: a change
+# to it reinstalls, which rebuilds it
+$(STAMP): pyproject.toml constraints.txt setup.py src/shardload/formats/zarr/_decode_rows.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"

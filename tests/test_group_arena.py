@@ -26,6 +26,15 @@ prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
 N, F, B, GROUP = 2048, 256, 32, 16  # rows, float32 per row, batch, chunks per shuffle group
 
 
+@pytest.fixture(autouse=True)
+def gathered(monkeypatch) -> None:
+    """The gather reader, whose group buffers the arena holds: without the compiled kernel
+    (with it, compressed local shards are decoded into their batches, load/decoded.py)."""
+    from shardload.formats.zarr import shard_rows
+
+    monkeypatch.setattr(shard_rows, "KERNEL", None)
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
     """A store of the default layout (compressed shards of small inner chunks: gather reads)."""

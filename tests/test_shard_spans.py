@@ -76,9 +76,14 @@ def test_a_call_opens_each_shard_file_once(sharded, opens):
     assert len(opens) == shards and set(opens.values()) == {1}, opens
 
 
-def test_default_epoch_opens_each_shard_once_per_task(sharded, opens):
-    """Through the loader: the store's one shuffle group is one read task per array, so an
-    epoch opens each shard file once per array (it opened it once per inner chunk)."""
+def test_default_epoch_opens_each_shard_once_per_task(sharded, opens, monkeypatch):
+    """Through the loader's gather reader (without the compiled kernel, which decodes into the
+    batches: tests/test_decode_rows.py): the store's one shuffle group is one read task per
+    array, so an epoch opens each shard file once per array (it opened it once per inner
+    chunk)."""
+    from shardload.formats.zarr import shard_rows
+
+    monkeypatch.setattr(shard_rows, "KERNEL", None)
     store = shardload.open_store(sharded)
     batches = list(shardload.iter_batches(store, batch_size=16, seed=5))
     seen = dict(opens)
@@ -161,7 +166,10 @@ def test_damage_is_named_by_a_spans_read(sharded, tmp_path, damage):
 
 
 def test_an_unexpected_error_in_a_spans_read_names_the_chunks(sharded, monkeypatch):
+    from shardload.formats.zarr import shard_rows
     from shardload.formats.zarr.read import ZarrReader
+
+    monkeypatch.setattr(shard_rows, "KERNEL", None)  # the gather reader's spans reads
 
     def boom(self, name, spans, outs):  # type: ignore[no-untyped-def]
         raise RuntimeError("boom")

@@ -179,6 +179,17 @@ class RawShards(Protocol):
     def raw_shard(self, name: str, k: int) -> RawShard: ...
 
 
+@runtime_checkable
+class DecodesRows(Protocol):
+    """Optional capability: compressed chunks decoded straight into the places their rows go.
+    :meth:`decoded_rows`: whether ``name`` is served (no I/O); :meth:`decode_rows_into`: row
+    ``rows[i]`` (sorted, each once) to memory address ``to[i]``, each stored file checked first."""
+
+    def decoded_rows(self, name: str) -> bool: ...
+
+    def decode_rows_into(self, name: str, rows: np.ndarray, to: np.ndarray) -> None: ...
+
+
 class FormatWriter(Protocol):
     """Writes a store's fixed-shape arrays (``WRITER`` in ``formats/NAME/write.py``)."""
 

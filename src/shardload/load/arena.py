@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shardload.load.decoded import decoded_sources
 from shardload.load.reader import BufferPool
 from shardload.load.recycle import store_kept
 from shardload.load.spec import LoadSpec
@@ -164,10 +165,12 @@ def plan_group_arena(
 
 def group_arena(spec: LoadSpec, *, workers: int) -> GroupArena | None:
     """An arena for the group buffers of ``spec``'s gather reads by up to ``workers`` forked
-    workers at once, or None (other read kinds; more than ``MAX_ARENA_BYTES``; no address
-    space for it)."""
+    workers at once, or None (other read kinds, and compressed shards decoded into their
+    batches, :mod:`.decoded`; more than ``MAX_ARENA_BYTES``; no address space for it)."""
     sizes = spec.selection.sizes
     if spec.kind != "gather" or not len(sizes):
+        return None
+    if decoded_sources(spec.store, spec.selection.arrays):  # no group buffers to keep
         return None
     rows = int(sizes.max()) * int(spec.options["shuffle_chunks"])  # the largest group
     arrays = spec.store.manifest.arrays

@@ -3,7 +3,7 @@
 Data flows one way: the user's options become a :class:`~shardload.load.spec.LoadSpec` (once),
 the spec plans the epoch (``plan.epoch``, or ``plan.resume`` for a resume state), and the group
 reader of the spec's read kind reads the worker's groups into batches in plan order
-(:mod:`.gather`, :mod:`.scatter`, :mod:`.ragged`, :mod:`.windows`).
+(:mod:`.gather`, :mod:`.scatter`, :mod:`.decoded`, :mod:`.ragged`, :mod:`.windows`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from shardload.errors import PlanError
 from shardload.load.cache_hook import plan_node_cache
 from shardload.load.checks import checked_allocate
 from shardload.load.dated import dated_window_batches
+from shardload.load.decoded import decode_batches, decoded_sources
 from shardload.load.gather import gather_batches
 from shardload.load.kinds import ReadKind, read_kind
 from shardload.load.options import check_nonneg
@@ -349,33 +350,19 @@ def _read(
         allocate = checked_allocate(allocate, batch_specs(st, names))
     specs = {a: st.manifest.arrays[a] for a in names}
     raw = raw_sources(st, names) if kind == "scatter" else None
+    into: dict[str, Any] = dict(  # the readers that write rows straight into their batches
+        prefetch=prefetch,
+        threads=threads,
+        new_batch=lambda n: new_batch(specs, n),
+        index_key=INDEX_KEY,
+        allocate=allocate,
+    )
     if kind == "window":  # windows cut at load time (load/windows.py)
-        yield from window_batches(
-            st,
-            names,
-            plan,
-            rank,
-            worker,
-            prefetch=prefetch,
-            threads=threads,
-            new_batch=lambda n: new_batch(specs, n),
-            index_key=INDEX_KEY,
-            allocate=allocate,
-        )
+        yield from window_batches(st, names, plan, rank, worker, **into)
     elif raw is not None:  # raw local chunks: straight into the batches (load/scatter.py)
-        yield from scatter_batches(
-            st,
-            names,
-            plan,
-            rank,
-            worker,
-            raw=raw,
-            prefetch=prefetch,
-            threads=threads,
-            new_batch=lambda n: new_batch(specs, n),
-            index_key=INDEX_KEY,
-            allocate=allocate,
-        )
+        yield from scatter_batches(st, names, plan, rank, worker, raw=raw, **into)
+    elif decoded_sources(st, names):  # compressed local shards, decoded in (load/decoded.py)
+        yield from decode_batches(st, names, plan, rank, worker, **into)
     else:
         yield from gather_batches(
             st, names, plan, rank, worker, prefetch=prefetch, threads=threads, allocate=allocate

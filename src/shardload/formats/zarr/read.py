@@ -35,6 +35,7 @@ from shardload.formats.zarr.ranges import RawUrlReads, raw_layout
 from shardload.formats.zarr.rows import read_rows_into
 from shardload.formats.zarr.shard_fetch import read_url_spans_into
 from shardload.formats.zarr.shard_local import raw_shard
+from shardload.formats.zarr.shard_rows import DecodedRows
 from shardload.formats.zarr.shard_spans import read_spans_into
 from shardload.formats.zarr.shards import RangeOpener, ShardIndexCache
 from shardload.manifest.core import Manifest
@@ -80,11 +81,10 @@ def open_group_readonly(fs: Any, root: str, *, strict: bool = False) -> Any:
     return zarr.open_group(store=store, mode="r")
 
 
-class ZarrReader(CarriedMetadata):
+class ZarrReader(CarriedMetadata, DecodedRows):
     """Reads row ranges. Local arrays in the simple layouts shardload writes (chunk files, or
-    shards of inner chunks along rows; no codec but Blosc) are read chunk by chunk straight
-    into the caller's buffer (:mod:`.chunks`, :mod:`.shards`); everything else goes
-    through zarr-python.
+    shards of inner chunks along rows; no codec but Blosc) are read straight into the caller's
+    memory (:mod:`.chunks`, :mod:`.shards`, :mod:`.shard_rows`); the rest through zarr-python.
 
     In a shardload store (a manifest, not plain Zarr) a missing chunk or shard is an error on
     every path, never zarr's fill value; stored files are checked against the store's

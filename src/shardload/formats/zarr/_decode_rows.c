@@ -1,0 +1,108 @@
+/* Blosc inner chunks of a local shard file decoded into the places their rows go.
+ *
+ * The optional compiled part of shardload (setup.py builds it where a C compiler is found;
+ * without it the loader reads compressed shards into group buffers and gathers batches out of
+ * them, formats/zarr/shard_rows.py). One call reads a shard's chunks (sorted by offset; runs
+ * of neighbours with one pread), checks each one's Blosc header, decodes it into a small
+ * buffer that stays in the CPU's cache and copies each of its rows to its own address (a row
+ * of a batch), all without the GIL. It links no Blosc: it calls blosc_decompress_ctx of
+ * numcodecs' extension at the address Python gives (ctypes).
+ *
+ * It stops at the first chunk it cannot serve (a short or failed read, a header that does not
+ * match, a decode that fails) and returns its position; Python reads that chunk again, decodes
+ * it or raises the error naming it, and calls again from the next one.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int (*decompress_fn)(const void *src, void *dest, size_t destsize, int threads);
+
+static uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* want bytes at `at` (fewer only where the file ends); -1 on an error */
+static int64_t pread_full(int fd, unsigned char *buf, size_t want, int64_t at) {
+    size_t got = 0;
+    while (got < want) {
+        ssize_t r = pread(fd, buf + got, want - got, (off_t)(at + (int64_t)got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    return (int64_t)got;
+}
+
+/* decode_rows(fn, fd, offsets, sizes, start, n, dst, rows, row_bytes, itemsize, scratch,
+ *             scratch_bytes, tmp) -> the position of the first chunk not served (n: all)
+ *
+ * offsets, sizes: int64[n], chunk i's bytes in the file (sorted by offset); dst: uint64[n *
+ * rows], where row r of chunk i goes (0: nowhere); scratch: scratch_bytes for the compressed
+ * runs; tmp: rows * row_bytes for one decoded chunk. Every address is the caller's, alive for
+ * the call. */
+static PyObject *decode_rows(PyObject *self, PyObject *args) {
+    unsigned long long fn_a, offs_a, sizes_a, dst_a, scratch_a, tmp_a;
+    int fd;
+    Py_ssize_t start, n, rows, row_bytes, itemsize, scratch_bytes;
+    if (!PyArg_ParseTuple(args, "KiKKnnKnnnKnK", &fn_a, &fd, &offs_a, &sizes_a, &start, &n,
+                          &dst_a, &rows, &row_bytes, &itemsize, &scratch_a, &scratch_bytes,
+                          &tmp_a))
+        return NULL;
+    decompress_fn decompress = (decompress_fn)(uintptr_t)fn_a;
+    const int64_t *offs = (const int64_t *)(uintptr_t)offs_a;
+    const int64_t *sizes = (const int64_t *)(uintptr_t)sizes_a;
+    unsigned char *const *dst = (unsigned char *const *)(uintptr_t)dst_a;
+    unsigned char *scratch = (unsigned char *)(uintptr_t)scratch_a;
+    unsigned char *tmp = (unsigned char *)(uintptr_t)tmp_a;
+    const int64_t full = (int64_t)rows * (int64_t)row_bytes;
+    int64_t run_at = 0, run_got = -1; /* scratch holds the file's bytes [run_at, run_at + run_got) */
+    Py_ssize_t i = start;
+    Py_BEGIN_ALLOW_THREADS
+    for (; i < n; i++) {
+        const int64_t off = offs[i], size = sizes[i];
+        if (size < 16 || size > scratch_bytes || full > INT32_MAX)
+            break;
+        if (off < run_at || off + size > run_at + run_got) { /* a run of neighbours from here */
+            int64_t end = off + size;
+            for (Py_ssize_t j = i + 1; j < n && offs[j] == end && end + sizes[j] - off <= scratch_bytes; j++)
+                end += sizes[j];
+            run_at = off;
+            run_got = pread_full(fd, scratch, (size_t)(end - off), off);
+            if (run_got < size) {
+                run_got = -1;
+                break;
+            }
+        }
+        const unsigned char *src = scratch + (off - run_at);
+        const unsigned typesize = src[3];
+        if ((int64_t)le32(src + 12) != size || (int64_t)le32(src + 4) != full ||
+            (typesize != 1 && typesize != (unsigned)itemsize))
+            break;
+        if (decompress(src, tmp, (size_t)full, 1) != (int)full)
+            break;
+        unsigned char *const *to = dst + i * rows;
+        for (Py_ssize_t r = 0; r < rows; r++)
+            if (to[r])
+                memcpy(to[r], tmp + r * row_bytes, (size_t)row_bytes);
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSsize_t(i);
+}
+
+static PyMethodDef methods[] = {
+    {"decode_rows", decode_rows, METH_VARARGS,
+     "Decode Blosc inner chunks of a shard file, each row to its own address."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decode_rows", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__decode_rows(void) { return PyModule_Create(&module); }
