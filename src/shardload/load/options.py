@@ -91,7 +91,7 @@ def resolve_shuffle(
         piece_rows = check_nonneg("piece_rows", piece_rows)
     infos = store.manifest.arrays
     row_bytes = sum(infos[a].row_bytes for a in sel.arrays) + 8
-    chunk_rows = int(np.diff(np.asarray(store.manifest.chunk_bounds)).max())
+    chunk_rows = int(np.diff(store.manifest.bounds).max())
     big_piece = plan_piece_rows(chunk_rows, row_bytes, DEFAULT_PIECE_BYTES)
     group_rows = DEFAULT_SHUFFLE_CHUNKS * big_piece  # the earlier default's resident rows
     if shuffle == "uniform":
@@ -133,7 +133,7 @@ def whole_chunk_group(store: Store, sel: Selection) -> int:
     if ragged_names(store, sel.arrays) or not len(store.manifest.chunk_bounds) > 1:
         return DEFAULT_SHUFFLE_CHUNKS
     infos = store.manifest.arrays
-    chunk_rows = int(np.diff(np.asarray(store.manifest.chunk_bounds)).max())
+    chunk_rows = int(np.diff(store.manifest.bounds).max())
     chunk_bytes = max(1, chunk_rows * sum(infos[a].row_bytes for a in sel.arrays))
     return int(
         min(MAX_GROUP_CHUNKS, max(DEFAULT_SHUFFLE_CHUNKS, WHOLE_CHUNK_GROUP_BYTES // chunk_bytes))
@@ -156,7 +156,7 @@ def warn_unmixed(store: Store, sel: Selection, *, shuffle_chunks: int, batch_siz
     ):
         return
     _WARNED.add(store.url)
-    chunk_rows = int(np.diff(np.asarray(store.manifest.chunk_bounds)).max())
+    chunk_rows = int(np.diff(store.manifest.bounds).max())
     msg = (
         f"{store.url}: its chunks of {chunk_rows} rows are decoded whole, and a default shuffle "
         f"group holds only {shuffle_chunks} of them, so a batch of {batch_size} rows draws from "

@@ -245,7 +245,7 @@ class ScatterReader(GroupReader):
         shards = raw_shards(store, names) or {}
         direct = not shards and read_past_cache(store_bytes)
         self.files = OpenChunks(direct=direct, per_file=shards)  # closed in close()
-        self.bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
+        self.bounds = store.manifest.bounds
         self.batches: dict[int, Batch] = {}  # written by the plan lane, popped by the loop
         self.raws: dict[str, dict[int, RawChunk]] = {a: {} for a in names}  # plan lane only
         self.row_bytes = {

@@ -102,7 +102,7 @@ def select_rows(
         ids = np.asarray(m.split_chunks(split), dtype=np.int64)
     else:
         ids = np.arange(m.num_chunks, dtype=np.int64)
-    bounds = np.asarray(m.chunk_bounds, dtype=np.int64)
+    bounds = m.bounds
     starts, stops = bounds[ids], bounds[ids + 1]
     if rows is not None:
         a, b = (int(r) for r in rows)

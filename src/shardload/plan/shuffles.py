@@ -95,6 +95,11 @@ def shuffle_order(ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """
     n = len(ids)
     pick, place = rng.random(n), rng.random(n)
+    if n < 2 or bool((ids[1:] > ids[:-1]).all()):
+        # one entry per chunk, in chunk order (a store of small chunks, read whole): one round,
+        # ordered by ``place`` alone, as below, without sorting the entries by chunk first
+        # (two of the three sorts: 1.6 of 3.1 ms for the default store's 8,192 chunks)
+        return np.argsort(place, kind="stable")
     by_chunk = np.lexsort((pick, ids))  # each chunk's entries together, in a random order
     sorted_ids = ids[by_chunk]
     first = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))

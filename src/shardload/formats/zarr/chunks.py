@@ -103,7 +103,7 @@ def plan_chunk_layout(
     folder: str,
     dtype: np.dtype,
     shape: tuple[int, ...],
-    chunk_bounds: list[int] | tuple[int, ...],
+    chunk_bounds: list[int] | tuple[int, ...] | np.ndarray,
     strict: bool,
     shards: bool = False,
     splits: bool = False,

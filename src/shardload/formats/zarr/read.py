@@ -181,7 +181,7 @@ class ZarrReader(CarriedMetadata, DecodedRows):
                 f"{self.root.rstrip('/')}/{info.path}",
                 dtype=np.dtype(cf.stored if cf is not None else info.dtype),
                 shape=tuple(info.shape),
-                chunk_bounds=self.manifest.chunk_bounds,
+                chunk_bounds=self.manifest.bounds,
                 strict=self.strict,
                 opener=self._opener(),
                 meta_opener=self.files.meta_opener(),
