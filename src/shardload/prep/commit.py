@@ -31,6 +31,7 @@ The rules (docs/design.md, "Writing a store"):
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -59,6 +60,7 @@ from shardload.util.durable import (
     fsync_tree,
     remove_temporaries,
     write_atomic,
+    write_temporary,
 )
 
 log = logging.getLogger(__name__)
@@ -284,9 +286,10 @@ class BlockCommit:
 
     def publish(self, files: Mapping[str, bytes | Callable[[BinaryIO], object]]) -> None:
         """Write ``files`` (path relative to the store root: bytes, or a function writing into
-        the open file, as :func:`write_atomic` takes) but the last, fsync them with the whole
-        tree in one pass, write the last durably, then rename ``OUT.partial`` to ``OUT``. The
-        last file is the one that makes the store complete (the manifest).
+        the open file, as :func:`write_atomic` takes), fsync them with the whole tree in one
+        pass, the last under its temporary name, renamed into place after the pass; then rename
+        ``OUT.partial`` to ``OUT``. The last file is the one that makes the store complete (the
+        manifest).
 
         An existing ``OUT`` is moved aside and deleted only with ``overwrite``; the progress
         records are removed after the rename (a crash between leaves a harmless ``_progress``).
@@ -300,11 +303,18 @@ class BlockCommit:
                 write_atomic(path, data, deferrable=True)
         # every file and folder on disk before the manifest says complete, in one pass of
         # fsyncs issued together (files fsynced before their block's record are not again, nor
-        # the progress records, each durable since it was written and removed below)
-        fsync_tree(self.root, skip=self.synced, prune=(PROGRESS_DIR,))
+        # the progress records, each durable since it was written and removed below); the
+        # manifest is in the pass under its temporary name, renamed into place after it
         path = self.root / last[0]
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, last[1])
+        tmp = write_temporary(path, last[1])
+        try:
+            fsync_tree(self.root, skip=self.synced, prune=(PROGRESS_DIR,))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         fsync_dir(path.parent)
         old = None
         if self.out.exists():
