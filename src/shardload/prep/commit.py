@@ -56,6 +56,7 @@ from shardload.prep.disk import os_error, partial_path
 from shardload.prep.lock import OutputLock
 from shardload.util.durable import (
     collect_written,
+    fsync_all,
     fsync_dir,
     fsync_tree,
     remove_temporaries,
@@ -136,6 +137,8 @@ class BlockCommit:
         self.done: frozenset[int] = frozenset()
         #: files known to be fsynced (by their task or a DurableRecorder): publish skips them
         self.synced: set[str] = set()
+        #: what a fresh :meth:`start` wrote, fsynced before the first record (job.json, folders)
+        self._unsynced_start: list[Path] = []
         self._lock = OutputLock(self.out)
 
     def __enter__(self) -> BlockCommit:
@@ -182,15 +185,20 @@ class BlockCommit:
             (self.root / STAGED_DIR).mkdir(parents=True)
             self.progress.mkdir()
             create(self.root)
-            write_atomic(
-                job_file,
-                json.dumps(
-                    {"fingerprint": self.fingerprint, **self.describe}, default=str
-                ).encode(),
-            )
+            with collect_written(defer=True):  # fsynced before the first record, not here
+                write_atomic(
+                    job_file,
+                    json.dumps(
+                        {"fingerprint": self.fingerprint, **self.describe}, default=str
+                    ).encode(),
+                    deferrable=True,
+                )
         except OSError as exc:
             raise os_error(exc, f"cannot create {self.root}") from exc
-        fsync_dir(self.root)
+        # a fresh start is worth resuming only once a block is recorded: until then a crash
+        # that loses job.json costs nothing (the next run starts afresh), so its fsync and the
+        # folders' wait for the first record (in the recorder's thread, while tasks run)
+        self._unsynced_start = [job_file, self.progress, self.root]
         self.done = frozenset()
         return self.done
 
@@ -215,6 +223,10 @@ class BlockCommit:
 
     def record(self, block: int, fields: Mapping[str, np.ndarray]) -> None:
         """Mark ``block`` done with its named arrays; call only once its data is durable."""
+        if self._unsynced_start:  # the first record: what start wrote is durable before it
+            job_file, *folders = self._unsynced_start
+            fsync_all([job_file], folders=folders)
+            self._unsynced_start = []
         buf = io.BytesIO()
         arrays: dict[str, Any] = {k: np.asarray(v) for k, v in fields.items()}
         np.savez(buf, **arrays)
