@@ -203,3 +203,15 @@ def test_recorder_fsyncs_the_files_of_waiting_blocks_together(tmp_path, monkeypa
     rec.close()
     assert done == list(range(6))
     assert most[0] > 1, "the waiting blocks' fsyncs ran one at a time"
+
+
+def test_write_tasks_do_not_sleep_without_the_throttle(tmp_path, small_nc, monkeypatch):
+    """The throttle (``SHARDLOAD_THROTTLE_S``, a testing aid) unset, a write task does not
+    call ``time.sleep`` (``sleep(0)`` still gave up the GIL: 1-5 ms a call beside the
+    statistics thread, once per block and array)."""
+    monkeypatch.delenv("SHARDLOAD_THROTTLE_S", raising=False)
+    calls = []
+    real = pipeline.time.sleep
+    monkeypatch.setattr(pipeline.time, "sleep", lambda s: (calls.append(s), real(s)))
+    shardload.prepare(conf(small_nc, tmp_path / "s", execution={"scheduler": "sync"}))
+    assert calls == []
