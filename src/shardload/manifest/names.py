@@ -70,7 +70,7 @@ class GridNames(Sequence[str]):
         one byte template of the trailing labels per head length, the head written into it at
         the known offsets. Trailing dims are taken together while their names fit one piece: a
         short last dim (a flat view's ``v[time, lev]``: 4 levels) would otherwise give one
-        piece of a few names per head (11,520 pieces for 2,880 x 4 names).
+        piece of a few names per head (2,880 pieces of 4 names for 2,880 x 4).
         """
         if not self._len:
             return
