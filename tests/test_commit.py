@@ -270,3 +270,28 @@ def test_a_resumed_run_removes_temporary_files_a_killed_run_left(tmp_path):
         c.publish({"shardload.json": b"{}"})
     names = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert names == ["shardload.json", "x/c.tmp-notes"]
+
+
+def test_a_fresh_start_fsyncs_nothing_until_the_first_record(tmp_path, monkeypatch):
+    """A fresh run's job.json and folders are fsynced before its first record, not at its
+    start (two journal commits before any task ran): a crash before any record loses
+    nothing worth resuming, and a record is never durable without the job it belongs to."""
+    real = os.fsync
+    synced: list[str] = []
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    c = BlockCommit(tmp_path / "o", fingerprint="f", num_blocks=2)
+    with c:
+        synced.clear()  # the lock's own
+        c.start(lambda root: None)
+        assert synced == []
+        c.record(0, {"a": np.zeros(3)})
+        c.record(1, {"a": np.zeros(3)})
+    job = [i for i, p in enumerate(synced) if "job.json" in p]
+    records = [i for i, p in enumerate(synced) if "block-" in p]
+    assert len(job) == 1 and len(records) == 2 and job[0] < records[0], synced
+    assert str(c.root) in synced[: records[0]] and str(c.progress) in synced[: records[0]]

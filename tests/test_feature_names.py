@@ -119,3 +119,19 @@ def test_flat_view_of_a_grid_keeps_names_lazy(tmp_path):
         shardload.open_store(tmp_path / "s").manifest.arrays["x"].features
         == s.manifest.arrays["x"].features
     )
+
+
+@pytest.mark.parametrize(
+    ("shape", "pieces"), [((2880, 4), 1), ((7, 3000, 4), 7), ((3, 5, 20000), 30), ((4,), 1)]
+)
+def test_grid_names_with_a_short_last_dim_come_in_few_pieces(shape, pieces):
+    """A flat view of a time-major series names its features ``v[time,lev]``: 2,880 x 4
+    names came in 2,880 pieces of 4 names (one numpy template fill each, 0.1 s of a prepare);
+    trailing dims are taken together while their names fit one piece (same bytes)."""
+    from shardload.manifest.names import PIECE_NAMES
+
+    assert PIECE_NAMES == 1 << 14  # the piece counts below are for it
+    g = GridNames("v", [[f"l{k}" for k in range(n)] for n in shape])
+    chunks = list(g.utf8_chunks())
+    assert b"".join(chunks) == "\0".join(g).encode()
+    assert len(chunks) == pieces

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +159,59 @@ def test_recorder_raises_a_failed_fsync_and_records_nothing_after_it(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"missing\.bin"):
         rec.close()
     assert done == [0] and str(ok) in c.synced
+
+
+def test_recorder_fsyncs_the_files_of_waiting_blocks_together(tmp_path, monkeypatch):
+    """Blocks waiting for the recorder have their files fsynced together (fsyncs in flight
+    share the file system's journal commits), one at a time before; each is still recorded
+    in order, once its own files are durable."""
+    files = [tmp_path / f"f{i}.bin" for i in range(6)]
+    for f in files:
+        f.write_bytes(b"x" * 4096)
+    real = os.fsync
+    lock = threading.Lock()
+    active, most = [0], [0]
+    synced: set[str] = set()
+
+    def spy(fd):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            time.sleep(0.02)  # room for fsyncs to overlap
+            return real(fd)
+        finally:
+            with lock:
+                active[0] -= 1
+                synced.add(os.readlink(f"/proc/self/fd/{fd}"))
+
+    gate = threading.Event()
+    done = []
+
+    def on_durable(item):
+        if item == 0:
+            assert gate.wait(30)
+        assert str(files[item]) in synced  # its file is durable before its record
+        done.append(item)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    c = commit_mod.BlockCommit(tmp_path / "o", fingerprint="f", num_blocks=6)
+    rec = DurableRecorder(c, on_durable)
+    for i, f in enumerate(files):  # 1-5 wait while block 0 is being recorded
+        rec.put([str(f)], i)
+    gate.set()
+    rec.close()
+    assert done == list(range(6))
+    assert most[0] > 1, "the waiting blocks' fsyncs ran one at a time"
+
+
+def test_write_tasks_do_not_sleep_without_the_throttle(tmp_path, small_nc, monkeypatch):
+    """The throttle (``SHARDLOAD_THROTTLE_S``, a testing aid) unset, a write task does not
+    call ``time.sleep`` (``sleep(0)`` still gave up the GIL: 1-5 ms a call beside the
+    statistics thread, once per block and array)."""
+    monkeypatch.delenv("SHARDLOAD_THROTTLE_S", raising=False)
+    calls = []
+    real = pipeline.time.sleep
+    monkeypatch.setattr(pipeline.time, "sleep", lambda s: (calls.append(s), real(s)))
+    shardload.prepare(conf(small_nc, tmp_path / "s", execution={"scheduler": "sync"}))
+    assert calls == []

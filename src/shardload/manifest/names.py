@@ -66,20 +66,25 @@ class GridNames(Sequence[str]):
         """:meth:`utf8_joined` in pieces of at most :data:`PIECE_NAMES` names (a feature file
         of millions of names is written piece by piece, never joined whole).
 
-        The names of one value of every label but the last share their head
-        (``name[l0,...,``): one byte template of the last labels per head length, the head
-        written into it at the known offsets.
+        The names of one value of every leading label share their head (``name[l0,...,``):
+        one byte template of the trailing labels per head length, the head written into it at
+        the known offsets. Trailing dims are taken together while their names fit one piece: a
+        short last dim (a flat view's ``v[time, lev]``: 4 levels) would otherwise give one
+        piece of a few names per head (2,880 pieces of 4 names for 2,880 x 4).
         """
         if not self._len:
             return
-        last = self.labels[-1]
+        split = len(self.labels) - 1  # the labels from here on are the pieces' tails
+        while split and _tails(self.labels[split - 1 :]) <= PIECE_NAMES:
+            split -= 1
+        last = [",".join(combo) for combo in itertools.product(*self.labels[split:])]
         pieces = [
             [f"{x}]\0".encode() for x in last[i : i + PIECE_NAMES]]
             for i in range(0, len(last), PIECE_NAMES)
         ]
         left = self._len // len(last) * len(pieces)  # pieces to yield
         templates: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        for labels in itertools.product(*self.labels[:-1]):
+        for labels in itertools.product(*self.labels[:split]):
             head = (f"{self.name}[" + "".join(f"{x}," for x in labels)).encode()
             k = len(head)
             for p, tails in enumerate(pieces):
@@ -181,6 +186,11 @@ def utf8_chunks(names: Sequence[str]) -> Iterator[bytes]:
     seq = names if isinstance(names, (list, tuple)) else list(names)
     for i in range(0, len(seq), PIECE_NAMES):
         yield (("\0" if i else "") + "\0".join(seq[i : i + PIECE_NAMES])).encode("utf-8")
+
+
+def _tails(labels: Sequence[Sequence[str]]) -> int:
+    """How many label combinations ``labels`` give (1 for none)."""
+    return int(np.prod([len(lab) for lab in labels], dtype=np.int64))
 
 
 def _template(k: int, tails: list[bytes]) -> tuple[np.ndarray, np.ndarray]:

@@ -31,6 +31,7 @@ The rules (docs/design.md, "Writing a store"):
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -55,10 +56,12 @@ from shardload.prep.disk import os_error, partial_path
 from shardload.prep.lock import OutputLock
 from shardload.util.durable import (
     collect_written,
+    fsync_all,
     fsync_dir,
     fsync_tree,
     remove_temporaries,
     write_atomic,
+    write_temporary,
 )
 
 log = logging.getLogger(__name__)
@@ -134,6 +137,8 @@ class BlockCommit:
         self.done: frozenset[int] = frozenset()
         #: files known to be fsynced (by their task or a DurableRecorder): publish skips them
         self.synced: set[str] = set()
+        #: what a fresh :meth:`start` wrote, fsynced before the first record (job.json, folders)
+        self._unsynced_start: list[Path] = []
         self._lock = OutputLock(self.out)
 
     def __enter__(self) -> BlockCommit:
@@ -180,15 +185,20 @@ class BlockCommit:
             (self.root / STAGED_DIR).mkdir(parents=True)
             self.progress.mkdir()
             create(self.root)
-            write_atomic(
-                job_file,
-                json.dumps(
-                    {"fingerprint": self.fingerprint, **self.describe}, default=str
-                ).encode(),
-            )
+            with collect_written(defer=True):  # fsynced before the first record, not here
+                write_atomic(
+                    job_file,
+                    json.dumps(
+                        {"fingerprint": self.fingerprint, **self.describe}, default=str
+                    ).encode(),
+                    deferrable=True,
+                )
         except OSError as exc:
             raise os_error(exc, f"cannot create {self.root}") from exc
-        fsync_dir(self.root)
+        # a fresh start is worth resuming only once a block is recorded: until then a crash
+        # that loses job.json costs nothing (the next run starts afresh), so its fsync and the
+        # folders' wait for the first record (in the recorder's thread, while tasks run)
+        self._unsynced_start = [job_file, self.progress, self.root]
         self.done = frozenset()
         return self.done
 
@@ -213,6 +223,10 @@ class BlockCommit:
 
     def record(self, block: int, fields: Mapping[str, np.ndarray]) -> None:
         """Mark ``block`` done with its named arrays; call only once its data is durable."""
+        if self._unsynced_start:  # the first record: what start wrote is durable before it
+            job_file, *folders = self._unsynced_start
+            fsync_all([job_file], folders=folders)
+            self._unsynced_start = []
         buf = io.BytesIO()
         arrays: dict[str, Any] = {k: np.asarray(v) for k, v in fields.items()}
         np.savez(buf, **arrays)
@@ -284,9 +298,10 @@ class BlockCommit:
 
     def publish(self, files: Mapping[str, bytes | Callable[[BinaryIO], object]]) -> None:
         """Write ``files`` (path relative to the store root: bytes, or a function writing into
-        the open file, as :func:`write_atomic` takes) but the last, fsync them with the whole
-        tree in one pass, write the last durably, then rename ``OUT.partial`` to ``OUT``. The
-        last file is the one that makes the store complete (the manifest).
+        the open file, as :func:`write_atomic` takes), fsync them with the whole tree in one
+        pass, the last under its temporary name, renamed into place after the pass; then rename
+        ``OUT.partial`` to ``OUT``. The last file is the one that makes the store complete (the
+        manifest).
 
         An existing ``OUT`` is moved aside and deleted only with ``overwrite``; the progress
         records are removed after the rename (a crash between leaves a harmless ``_progress``).
@@ -300,11 +315,18 @@ class BlockCommit:
                 write_atomic(path, data, deferrable=True)
         # every file and folder on disk before the manifest says complete, in one pass of
         # fsyncs issued together (files fsynced before their block's record are not again, nor
-        # the progress records, each durable since it was written and removed below)
-        fsync_tree(self.root, skip=self.synced, prune=(PROGRESS_DIR,))
+        # the progress records, each durable since it was written and removed below); the
+        # manifest is in the pass under its temporary name, renamed into place after it
         path = self.root / last[0]
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, last[1])
+        tmp = write_temporary(path, last[1])
+        try:
+            fsync_tree(self.root, skip=self.synced, prune=(PROGRESS_DIR,))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         fsync_dir(path.parent)
         old = None
         if self.out.exists():

@@ -7,13 +7,14 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from shardload.errors import StoreError
 from shardload.prep.commit import BlockCommit
-from shardload.util.durable import fsync_path
+from shardload.util.durable import FSYNC_THREADS, fsync_path
 
 log = logging.getLogger("shardload.prep.commit")
 
@@ -23,8 +24,9 @@ class DurableRecorder:
     are fsynced: for tasks that deferred their fsyncs (:func:`~shardload.util.durable.collect_written`
     with ``defer=True``), so a block is still durable before its record.
 
-    :meth:`put` hands over a finished task: its files are fsynced in order of arrival, then
-    ``on_durable(item)`` runs in the recorder's thread (it writes the block's record). At most
+    :meth:`put` hands over a finished task: the files of every task waiting are fsynced
+    together (from a few threads), then ``on_durable(item)`` runs in the recorder's thread for
+    each, in order of arrival (it writes the block's record). At most
     ``maxsize`` tasks wait; :meth:`put` blocks beyond that (the writers then wait for the disk).
     An error in the thread is raised by the next :meth:`put` or by :meth:`close`; what was queued
     after it is never recorded. Leaving the ``with`` block on an error (a task failed) still
@@ -44,20 +46,41 @@ class DurableRecorder:
         self._thread.start()
 
     def _loop(self) -> None:
-        while True:
-            got = self._queue.get()
-            if got is None:
+        with ThreadPoolExecutor(FSYNC_THREADS, thread_name_prefix="shardload-fsync") as pool:
+            while True:
+                batch = [self._queue.get()]
+                while batch[-1] is not None:  # every block waiting: their fsyncs go together
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                self._record(pool, [got for got in batch if got is not None])
+                if batch[-1] is None:
+                    return
+
+    def _record(self, pool: ThreadPoolExecutor, batch: list[tuple[Sequence[str], Any]]) -> None:
+        """fsync the files of every block of ``batch`` at once (fsyncs in flight together share
+        the file system's journal commits, where one at a time each waits for its own), then
+        record the blocks in order, each once its own files are durable; at the first failed
+        fsync, stop (the blocks before it are recorded, none after)."""
+        if self._error is not None or self._stop:
+            return  # drain: nothing after an error is recorded
+        synced: dict[str, Future[None]] = {}
+        for paths, _ in batch:
+            for path in paths:
+                if path not in synced:
+                    synced[path] = pool.submit(fsync_path, path)
+        for paths, item in batch:
+            if self._stop:
                 return
-            if self._error is not None or self._stop:
-                continue  # drain: nothing after an error is recorded
-            paths, item = got
             try:
-                for path in dict.fromkeys(paths):
-                    fsync_path(path)
+                for path in paths:
+                    synced[path].result()
                 self.commit.synced.update(paths)
                 self.on_durable(item)
             except BaseException as exc:  # re-raised in the driver
                 self._error = exc
+                return
 
     def _raise(self) -> None:
         if self._error is not None:

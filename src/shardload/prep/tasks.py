@@ -293,11 +293,11 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
 
     Returns ``{"block": i, "record": fields, "stats": partials, "paths": files}``: the named
     arrays of the block's progress record (the checksums of what it wrote), the statistics
-    partials of each array, and the files written. With ``job.defer_fsync`` these files are not
-    fsynced yet: the driver fsyncs them before it writes the record.
-    """
+    partials of each array, and the files written (``job.defer_fsync``: not fsynced yet, the
+    driver fsyncs them before it writes the record)."""
     throttle_s = float(os.environ.get(THROTTLE_ENV) or 0)
-    time.sleep(throttle_s / 2)
+    if throttle_s:  # a testing aid; sleep(0) would still give up the GIL (1-5 ms each)
+        time.sleep(throttle_s / 2)
     # the statistics of the block run beside its encoding and write (numpy's reductions and
     # the codecs leave the GIL): not where a NaN must stop the block before it is written
     beside = job.dated is None and job.config.nan != "fail"
@@ -308,7 +308,7 @@ def run_block(job: PrepareJob, block: int) -> dict[str, Any]:
         pending = pool.submit(_fixed_partials, job, arrays) if beside else None
         with collect_written(defer=job.defer_fsync) as paths:
             for k, (name, arr) in enumerate(arrays.items()):
-                if k:  # between two arrays' writes
+                if k and throttle_s:  # between two arrays' writes
                     time.sleep(throttle_s / 2)
                 if job.specs[name].ragged:
                     record.update(_write_ragged(job, block, name, arr))

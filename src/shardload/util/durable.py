@@ -115,14 +115,10 @@ def write_atomic(
     fsync it, rename it over ``path``. ``deferrable``: the fsync goes through
     :func:`file_written` (inside a deferring collection, the caller fsyncs
     ``path`` later, before recording it)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp = temporary_path(path)
     try:
         with open(tmp, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data)
-            f.flush()
+            _write(f, data)
             if deferrable:
                 file_written(f.fileno(), path)
             else:
@@ -132,6 +128,35 @@ def write_atomic(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def temporary_path(path: Path) -> Path:
+    """Where :func:`write_atomic` writes ``path`` before renaming it (:data:`TEMPORARY_NAME`)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+
+
+def write_temporary(path: Path, data: bytes | Callable[[BinaryIO], object]) -> Path:
+    """:func:`write_atomic` but its fsync and rename: ``data`` in ``path``'s temporary file,
+    its writeback started; the caller fsyncs it (with others, :func:`fsync_all`) and only then
+    renames it over ``path``. Returns the temporary file (removed on an error)."""
+    tmp = temporary_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            _write(f, data)
+            start_writeback(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _write(f: BinaryIO, data: bytes | Callable[[BinaryIO], object]) -> None:
+    if callable(data):
+        data(f)
+    else:
+        f.write(data)
+    f.flush()
 
 
 #: threads of :func:`fsync_all`: fsyncs issued together share the filesystem's journal commits
