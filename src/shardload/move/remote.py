@@ -25,9 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fsspec import AbstractFileSystem
-from fsspec.spec import AbstractBufferedFile
-
 from shardload.errors import RemoteError
 from shardload.move import cache as remote_cache
 from shardload.move.cache_files import evict_lru
@@ -51,8 +48,6 @@ log = logging.getLogger("shardload.remote")
 
 T = TypeVar("T")
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
-#: Smallest block of a file object's ranged reads (an npy header in one request, not three).
-MIN_BLOCK_BYTES = 64 * 1024
 #: Requests in flight at most per reader of a store read by URL (the loader's read threads;
 #: zarr-python's thread pool is widened to as many when a Zarr store opens by URL).
 URL_IN_FLIGHT = 32
@@ -201,20 +196,26 @@ def _full_url(fs: Any, path: str) -> str:
         return path
 
 
-class RemoteFileSystem(AbstractFileSystem):
+class RemoteFileSystem:
     """A read-only filesystem over fsspec's filesystem of a URL: retries, cache, fork safety.
     Paths are those of the wrapped filesystem (full URLs for HTTP, ``bucket/key`` for S3);
-    ``open`` gives a read-only file (a local file when cached)."""
+    ``open`` gives a read-only file (a local file when cached).
+
+    It imports no fsspec until a read needs the URL's filesystem: a process reading a warm
+    node cache by http(s) never does. fsspec's API beyond the methods here (what zarr-python's
+    store takes, ``glob``, ``walk``...) is :attr:`fsspec_view`'s, reading through this object."""
 
     protocol = ("shardload-remote",)
     cachable = False
     async_impl = False
 
     def __init__(self, spec: RemoteSpec) -> None:
-        super().__init__()
         self.spec = spec
         self._pid = -1
         self._target: Any = None
+        self._view: Any = None
+        self._cache: remote_cache.NodeCache | None = None
+        self._cache_pid = -1
         self.pins = Pins()  # the version of each file first read: ``move/pinned.py``
         # HTTP: no client (aiohttp's import: 0.1-0.2 CPU s) until a read needs the server
         self.root = spec.url.rstrip("/") if is_http(spec.url) else self.target_and_root()[1]
@@ -232,6 +233,23 @@ class RemoteFileSystem(AbstractFileSystem):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RemoteFileSystem, (self.spec,), {"pins": self.pins})
+
+    @property
+    def fsspec_view(self) -> Any:
+        """This filesystem as an fsspec ``AbstractFileSystem`` (``move/remote_fsspec.py``;
+        fsspec imported now): what zarr-python's ``FsspecStore`` wraps."""
+        if self._view is None:
+            from shardload.move.remote_fsspec import FsspecView
+
+            self._view = FsspecView(self)
+        return self._view
+
+    def __getattr__(self, name: str) -> Any:
+        """The rest of fsspec's API (public names only: a missing private attribute is not
+        a reason to import fsspec), as :attr:`fsspec_view` has it."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.fsspec_view, name)
 
     def pinned(self, path: str) -> bool:
         """Whether reads of ``path`` are tied to one version (``Verifier.check``)."""
@@ -269,7 +287,7 @@ class RemoteFileSystem(AbstractFileSystem):
         s = self.spec
         if s.cache_dir is None:
             return None
-        if getattr(self, "_cache_pid", None) != os.getpid():
+        if self._cache is None or self._cache_pid != os.getpid():
             self._cache = remote_cache.NodeCache(s.cache_dir, s.cache_bytes)
             self._cache_pid = os.getpid()
         return self._cache
@@ -359,14 +377,19 @@ class RemoteFileSystem(AbstractFileSystem):
             lambda: pinned_cat(fs, path, start, end, self.pins, url, view=view, **kw), path, what
         )
 
-    def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
-        if mode != "rb":
-            raise PermissionError(f"{self.unstrip_protocol(path)}: remote stores are read-only")
-        if self.spec.cache_dir is not None:
-            return os.fdopen(self._cached_fd(path, ""), "rb")
-        if not isinstance(block_size, int) or block_size < MIN_BLOCK_BYTES:
-            block_size = "default" if block_size in (None, "default") else MIN_BLOCK_BYTES
-        return _RemoteFile(self, path, mode="rb", block_size=block_size, **kwargs)
+    def open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
+        """A read-only file of ``path``: the node cache's checked copy when there is a cache,
+        else fsspec's buffered file of ranged reads (each retried)."""
+        if mode == "rb" and not kwargs and self.spec.cache_dir is not None:
+            return self.open_cached(path.rstrip("/"))  # as fsspec's open, without fsspec
+        return self.fsspec_view.open(path, mode, block_size=block_size, **kwargs)
+
+    def open_cached(self, path: str) -> Any:
+        """The node cache's checked copy of ``path``, open for reading."""
+        return os.fdopen(self._cached_fd(path, ""), "rb")
+
+    def size(self, path: str) -> int:
+        return int(self.info(path)["size"])
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:  # metadata, listings: retried
         what = self._name(path, "size of")
@@ -391,10 +414,3 @@ class RemoteFileSystem(AbstractFileSystem):
         except (FileNotFoundError, RemoteError):
             return False
         return True
-
-
-class _RemoteFile(AbstractBufferedFile):
-    """A read-only file on a :class:`RemoteFileSystem`: ranged reads, each retried."""
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path, start, end)
