@@ -23,7 +23,7 @@ from conftest import python_env
 from test_node_cache import epoch_rows, serving
 
 #: What a read from the server needs and a read from a complete cache must not import.
-URL_MODULES = ("fsspec", "aiohttp", "shardload.move.http_get", "http.client")
+URL_MODULES = ("fsspec", "aiohttp", "shardload.move.http_get", "http.client", "ssl", "asyncio")
 STORES = {
     "zarr-lz4": dict(fmt="zarr", compression="lz4"),
     "zarr-raw": dict(fmt="zarr", compression="none"),

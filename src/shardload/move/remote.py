@@ -3,14 +3,17 @@
 :func:`open_fs` returns a :class:`RemoteFileSystem` wrapping fsspec's filesystem of the URL
 (``http``, ``s3``, ``gs``...). Every read of every format goes through it: npy chunks and headers,
 HDF5 (a file object on top of ranged reads), and Zarr (``formats.zarr.open_group_readonly``
-hands it to zarr through fsspec's ``AsyncFileSystemWrapper``). So all of them get the same
+hands its :attr:`~RemoteFileSystem.fsspec_view` to zarr through fsspec's
+``AsyncFileSystemWrapper``). So all of them get the same
 retries (transient errors: connection reset, 5xx, timeouts; exponential backoff with jitter),
 the same errors (:class:`~shardload.errors.RemoteError` naming the URL and what was read), and
 the same optional local cache of whole files (:mod:`shardload.move.cache`, bounded in bytes).
 
 The filesystem is described by a picklable :class:`RemoteSpec` and reopens its fsspec instance
 in each process (fsspec's async filesystems are not fork-safe), so a Store holding it can go to
-DataLoader workers under fork, spawn or forkserver. Shards by http(s): :mod:`.http_get`.
+DataLoader workers under fork, spawn or forkserver. Shards by http(s): :mod:`.http_get`. It
+imports fsspec at the first call that needs the URL's filesystem: a process reading only a
+node cache's copies of an http(s) store imports no fsspec, aiohttp, ``ssl`` nor ``asyncio``.
 
 Read options default to ``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25),
 ``SHARDLOAD_TIMEOUT_S`` (30); http(s) also ``SHARDLOAD_TOKEN``, ``SHARDLOAD_CA_FILE``.
@@ -22,15 +25,14 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shardload.errors import RemoteError
 from shardload.move import cache as remote_cache
 from shardload.move.cache_files import evict_lru
 from shardload.move.cache_prefetch import CachePlan
-from shardload.move.http_client import close_client, http_options, is_http
-from shardload.move.pinned import Pins, pinned_cat
+from shardload.move.http_client import close_client, is_http
+from shardload.move.remote_spec import RemoteSpec
 from shardload.move.retries import call_with_retries, default_option
 
 __all__ = [
@@ -56,43 +58,6 @@ URL_IN_FLIGHT = 32
 def is_url(s: str | os.PathLike) -> bool:
     """True for ``scheme://...`` strings (``file://`` included), False for plain paths."""
     return isinstance(s, str) and bool(_URL.match(s))
-
-
-@dataclass(frozen=True)
-class RemoteSpec:
-    """Everything needed to (re)open a store's filesystem, in any process (picklable).
-
-    Attributes
-    ----------
-    url : str
-        The store's URL.
-    storage_options : mapping
-        Passed to fsspec (credentials, endpoint...).
-    cache_dir, cache_bytes
-        Cache whole files in ``cache_dir``, at most ``cache_bytes`` (None: no cache / no bound).
-    retries, backoff_s, timeout_s
-        Attempts after the first for transient errors; first retry delay (doubled each time,
-        +-50% jitter); HTTP connect and read-stall timeout.
-    """
-
-    url: str
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    cache_dir: str | None = None
-    cache_bytes: int | None = None
-    retries: int = 5
-    backoff_s: float = 0.25
-    timeout_s: float = 30.0
-
-    def open_target(self) -> tuple[Any, str]:
-        """fsspec's own filesystem for the URL (a private instance) and the root path on it."""
-        from fsspec.core import url_to_fs
-
-        opts = dict(self.storage_options)
-        if is_http(self.url):  # timeouts, the token, a CA file: move/http_client.py
-            opts = http_options(opts, self.timeout_s)
-        # a private instance: a dead server's session is not shared with later calls
-        fs, root = url_to_fs(self.url, skip_instance_cache=True, **opts)
-        return fs, root.rstrip("/")
 
 
 def open_fs(
@@ -216,7 +181,7 @@ class RemoteFileSystem:
         self._view: Any = None
         self._cache: remote_cache.NodeCache | None = None
         self._cache_pid = -1
-        self.pins = Pins()  # the version of each file first read: ``move/pinned.py``
+        self._pins: Any = None  # the version of each file first read: ``move/pinned.py``
         # HTTP: no client (aiohttp's import: 0.1-0.2 CPU s) until a read needs the server
         self.root = spec.url.rstrip("/") if is_http(spec.url) else self.target_and_root()[1]
 
@@ -232,7 +197,17 @@ class RemoteFileSystem:
         return self.target_and_root()[0]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RemoteFileSystem, (self.spec,), {"pins": self.pins})
+        return (RemoteFileSystem, (self.spec,), {"_pins": self._pins})
+
+    @property
+    def pins(self) -> Any:
+        """The version pinned for each file read from the server (``move/pinned.py``, imported
+        at the first read that is not a node cache's copy)."""
+        if self._pins is None:
+            from shardload.move.pinned import Pins
+
+            self._pins = Pins()
+        return self._pins
 
     @property
     def fsspec_view(self) -> Any:
@@ -253,7 +228,9 @@ class RemoteFileSystem:
 
     def pinned(self, path: str) -> bool:
         """Whether reads of ``path`` are tied to one version (``Verifier.check``)."""
-        return self.spec.cache_dir is not None or self.pins.pinned(path)
+        return self.spec.cache_dir is not None or (
+            self._pins is not None and self._pins.pinned(path)
+        )
 
     def __repr__(self) -> str:
         return f"<RemoteFileSystem {self.spec.url}>"
@@ -370,6 +347,7 @@ class RemoteFileSystem:
             finally:
                 os.close(fd)
         from shardload.move.http_get import reader_of  # http.client: 2.5 ms, only now
+        from shardload.move.pinned import pinned_cat
 
         url, fs, kw = self.unstrip_protocol(path), self.target, self._deadline
         kw["reader"] = reader_of(fs, self.spec.timeout_s) if view else None  # move/http_get.py
