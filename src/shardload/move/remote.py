@@ -178,7 +178,6 @@ class RemoteFileSystem:
         self.spec = spec
         self._pid = -1
         self._target: Any = None
-        self._view: Any = None
         self._cache: remote_cache.NodeCache | None = None
         self._cache_pid = -1
         self._pins: Any = None  # the version of each file first read: ``move/pinned.py``
@@ -212,12 +211,12 @@ class RemoteFileSystem:
     @property
     def fsspec_view(self) -> Any:
         """This filesystem as an fsspec ``AbstractFileSystem`` (``move/remote_fsspec.py``;
-        fsspec imported now): what zarr-python's ``FsspecStore`` wraps."""
-        if self._view is None:
-            from shardload.move.remote_fsspec import FsspecView
+        fsspec imported now): what zarr-python's ``FsspecStore`` wraps. A new one each time,
+        not kept: kept, it would make a reference cycle, and a store dropped without closing
+        would hold its connections until a full garbage collection."""
+        from shardload.move.remote_fsspec import FsspecView
 
-            self._view = FsspecView(self)
-        return self._view
+        return FsspecView(self)
 
     def __getattr__(self, name: str) -> Any:
         """The rest of fsspec's API (public names only: a missing private attribute is not

@@ -1,4 +1,4 @@
-"""fsspec's face of a :class:`~shardload.move.remote.RemoteFileSystem`, made on first use.
+"""fsspec's face of a :class:`~shardload.move.remote.RemoteFileSystem`, made when asked for.
 
 shardload's readers call a handful of methods of a store's filesystem (``cat_file``, ``open``,
 ``info``...), which :class:`RemoteFileSystem` has itself. What needs a real fsspec filesystem
