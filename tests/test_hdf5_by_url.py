@@ -18,7 +18,7 @@ import pytest
 
 import shardload
 from _stores import make_store
-from shardload.move import remote
+from shardload.move import remote_fsspec
 from shardload.move.serve import serving
 
 
@@ -37,7 +37,7 @@ def test_a_collection_on_the_event_loop_does_not_wedge_hdf5_reads(
     local = shardload.open_store(tmp_path / "served" / "h")
     other = h5py.File(tmp_path / "other.h5", "w")
     other["d"] = np.arange(3)
-    real = remote._RemoteFile._fetch_range
+    real = remote_fsspec.RemoteFile._fetch_range
     injected = []
     handles = [other["d"]]  # made here: making one takes h5py's lock too
 
@@ -53,11 +53,11 @@ def test_a_collection_on_the_event_loop_does_not_wedge_hdf5_reads(
     def fetch_range(self, start: int, end: int) -> bytes:
         if not injected:  # while h5py holds its lock, waiting for this read
             injected.append(True)
-            self.fs.target.loop.call_soon_threadsafe(garbage_on_the_loop)
+            self.fs.remote.target.loop.call_soon_threadsafe(garbage_on_the_loop)
             time.sleep(0.2)
         return real(self, start, end)
 
-    monkeypatch.setattr(remote._RemoteFile, "_fetch_range", fetch_range)
+    monkeypatch.setattr(remote_fsspec.RemoteFile, "_fetch_range", fetch_range)
     with serving(tmp_path / "served") as url:
         store = shardload.open_store(url + "h", retries=1, timeout_s=1, backoff_s=0.05)
         t0 = time.monotonic()

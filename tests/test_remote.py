@@ -306,3 +306,29 @@ def test_plain_zarr_groups_by_url(tmp_path: Path, zarr_format: int) -> None:
         store = shardload.open_store(url + "plain", cache_dir=tmp_path / "cache")
         assert len(store) == 50 and store.num_chunks == 5
         np.testing.assert_array_equal(store.read("t", 5, 27), np.arange(15, 81).reshape(22, 3))
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_fsspec_api_through_the_view_and_no_cycle(stores: Path, tmp_path: Path, cached) -> None:
+    """What fsspec has and the filesystem has not (``glob``, a buffered file without a cache)
+    is its ``fsspec_view``'s, reading through it; the view is not kept, so the filesystem is
+    freed when dropped, with no garbage collection (its connections with it)."""
+    import gc
+    import weakref
+
+    chunk = (stores / "alpha" / "x" / "000001.npy").read_bytes()
+    with serving(stores) as url:
+        fs, root = open_fs(url + "alpha", retries=1, cache_dir=tmp_path / "c" if cached else None)
+        assert f"{root}/x/000001.npy" in fs.glob(f"{root}/x/*.npy")
+        with fs.open(f"{root}/x/000001.npy", "rb") as f:
+            assert f.read() == chunk
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            gone = weakref.ref(fs)
+            fs.release()
+            del fs, f
+            assert gone() is None
+        finally:
+            if was:
+                gc.enable()

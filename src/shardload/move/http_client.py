@@ -22,11 +22,13 @@ Built in every process that opens the URL (so DataLoader workers read the same e
 from __future__ import annotations
 
 import os
-import ssl
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardload.errors import ConfigError
+
+if TYPE_CHECKING:
+    import ssl
 
 #: the bearer token sent to http(s) URLs when the options carry no Authorization header
 TOKEN_ENV = "SHARDLOAD_TOKEN"
@@ -79,6 +81,8 @@ async def bounded_client(**kwargs: Any) -> Any:
 
 def _trusting(ca_file: str) -> ssl.SSLContext:
     """A verifying client context trusting the system's authorities and ``ca_file``."""
+    import ssl  # only here: a process reading a warm node cache makes no connection
+
     ctx = ssl.create_default_context()
     try:
         ctx.load_verify_locations(cafile=ca_file)

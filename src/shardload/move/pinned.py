@@ -34,7 +34,6 @@ every block received.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from dataclasses import dataclass
@@ -173,6 +172,8 @@ async def _http_get(
 ) -> tuple[bytes | memoryview, Version, bool]:
     """A GET of ``path`` (a range of it) on fsspec's session, with the precondition on
     ``want``: its bytes, the version it names, whether it is the answer asked for."""
+    import asyncio  # here, not at the top: a process reading a warm node cache needs no loop
+
     kw = fs.kwargs.copy()
     headers = dict(kw.pop("headers", None) or {})
     ranged = start is not None or end is not None
@@ -279,6 +280,8 @@ class _Stall:
         return cls(float(timeout.sock_read))
 
     def __init__(self, timeout_s: float) -> None:
+        import asyncio
+
         self.loop, self.task = asyncio.get_running_loop(), asyncio.current_task()
         self.timeout_s, self.fired = timeout_s, False
         self.last = self.loop.time()

@@ -3,14 +3,17 @@
 :func:`open_fs` returns a :class:`RemoteFileSystem` wrapping fsspec's filesystem of the URL
 (``http``, ``s3``, ``gs``...). Every read of every format goes through it: npy chunks and headers,
 HDF5 (a file object on top of ranged reads), and Zarr (``formats.zarr.open_group_readonly``
-hands it to zarr through fsspec's ``AsyncFileSystemWrapper``). So all of them get the same
+hands its :attr:`~RemoteFileSystem.fsspec_view` to zarr through fsspec's
+``AsyncFileSystemWrapper``). So all of them get the same
 retries (transient errors: connection reset, 5xx, timeouts; exponential backoff with jitter),
 the same errors (:class:`~shardload.errors.RemoteError` naming the URL and what was read), and
 the same optional local cache of whole files (:mod:`shardload.move.cache`, bounded in bytes).
 
 The filesystem is described by a picklable :class:`RemoteSpec` and reopens its fsspec instance
 in each process (fsspec's async filesystems are not fork-safe), so a Store holding it can go to
-DataLoader workers under fork, spawn or forkserver. Shards by http(s): :mod:`.http_get`.
+DataLoader workers under fork, spawn or forkserver. Shards by http(s): :mod:`.http_get`. It
+imports fsspec at the first call that needs the URL's filesystem: a process reading only a
+node cache's copies of an http(s) store imports no fsspec, aiohttp, ``ssl`` nor ``asyncio``.
 
 Read options default to ``SHARDLOAD_RETRIES`` (5), ``SHARDLOAD_RETRY_BACKOFF_S`` (0.25),
 ``SHARDLOAD_TIMEOUT_S`` (30); http(s) also ``SHARDLOAD_TOKEN``, ``SHARDLOAD_CA_FILE``.
@@ -22,18 +25,14 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-from fsspec import AbstractFileSystem
-from fsspec.spec import AbstractBufferedFile
 
 from shardload.errors import RemoteError
 from shardload.move import cache as remote_cache
 from shardload.move.cache_files import evict_lru
 from shardload.move.cache_prefetch import CachePlan
-from shardload.move.http_client import close_client, http_options, is_http
-from shardload.move.pinned import Pins, pinned_cat
+from shardload.move.http_client import close_client, is_http
+from shardload.move.remote_spec import RemoteSpec
 from shardload.move.retries import call_with_retries, default_option
 
 __all__ = [
@@ -51,8 +50,6 @@ log = logging.getLogger("shardload.remote")
 
 T = TypeVar("T")
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
-#: Smallest block of a file object's ranged reads (an npy header in one request, not three).
-MIN_BLOCK_BYTES = 64 * 1024
 #: Requests in flight at most per reader of a store read by URL (the loader's read threads;
 #: zarr-python's thread pool is widened to as many when a Zarr store opens by URL).
 URL_IN_FLIGHT = 32
@@ -61,43 +58,6 @@ URL_IN_FLIGHT = 32
 def is_url(s: str | os.PathLike) -> bool:
     """True for ``scheme://...`` strings (``file://`` included), False for plain paths."""
     return isinstance(s, str) and bool(_URL.match(s))
-
-
-@dataclass(frozen=True)
-class RemoteSpec:
-    """Everything needed to (re)open a store's filesystem, in any process (picklable).
-
-    Attributes
-    ----------
-    url : str
-        The store's URL.
-    storage_options : mapping
-        Passed to fsspec (credentials, endpoint...).
-    cache_dir, cache_bytes
-        Cache whole files in ``cache_dir``, at most ``cache_bytes`` (None: no cache / no bound).
-    retries, backoff_s, timeout_s
-        Attempts after the first for transient errors; first retry delay (doubled each time,
-        +-50% jitter); HTTP connect and read-stall timeout.
-    """
-
-    url: str
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    cache_dir: str | None = None
-    cache_bytes: int | None = None
-    retries: int = 5
-    backoff_s: float = 0.25
-    timeout_s: float = 30.0
-
-    def open_target(self) -> tuple[Any, str]:
-        """fsspec's own filesystem for the URL (a private instance) and the root path on it."""
-        from fsspec.core import url_to_fs
-
-        opts = dict(self.storage_options)
-        if is_http(self.url):  # timeouts, the token, a CA file: move/http_client.py
-            opts = http_options(opts, self.timeout_s)
-        # a private instance: a dead server's session is not shared with later calls
-        fs, root = url_to_fs(self.url, skip_instance_cache=True, **opts)
-        return fs, root.rstrip("/")
 
 
 def open_fs(
@@ -201,21 +161,26 @@ def _full_url(fs: Any, path: str) -> str:
         return path
 
 
-class RemoteFileSystem(AbstractFileSystem):
+class RemoteFileSystem:
     """A read-only filesystem over fsspec's filesystem of a URL: retries, cache, fork safety.
     Paths are those of the wrapped filesystem (full URLs for HTTP, ``bucket/key`` for S3);
-    ``open`` gives a read-only file (a local file when cached)."""
+    ``open`` gives a read-only file (a local file when cached).
+
+    It imports no fsspec until a read needs the URL's filesystem: a process reading a warm
+    node cache by http(s) never does. fsspec's API beyond the methods here (what zarr-python's
+    store takes, ``glob``, ``walk``...) is :attr:`fsspec_view`'s, reading through this object."""
 
     protocol = ("shardload-remote",)
     cachable = False
     async_impl = False
 
     def __init__(self, spec: RemoteSpec) -> None:
-        super().__init__()
         self.spec = spec
         self._pid = -1
         self._target: Any = None
-        self.pins = Pins()  # the version of each file first read: ``move/pinned.py``
+        self._cache: remote_cache.NodeCache | None = None
+        self._cache_pid = -1
+        self._pins: Any = None  # the version of each file first read: ``move/pinned.py``
         # HTTP: no client (aiohttp's import: 0.1-0.2 CPU s) until a read needs the server
         self.root = spec.url.rstrip("/") if is_http(spec.url) else self.target_and_root()[1]
 
@@ -231,11 +196,40 @@ class RemoteFileSystem(AbstractFileSystem):
         return self.target_and_root()[0]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RemoteFileSystem, (self.spec,), {"pins": self.pins})
+        return (RemoteFileSystem, (self.spec,), {"_pins": self._pins})
+
+    @property
+    def pins(self) -> Any:
+        """The version pinned for each file read from the server (``move/pinned.py``, imported
+        at the first read that is not a node cache's copy)."""
+        if self._pins is None:
+            from shardload.move.pinned import Pins
+
+            self._pins = Pins()
+        return self._pins
+
+    @property
+    def fsspec_view(self) -> Any:
+        """This filesystem as an fsspec ``AbstractFileSystem`` (``move/remote_fsspec.py``;
+        fsspec imported now): what zarr-python's ``FsspecStore`` wraps. A new one each time,
+        not kept: kept, it would make a reference cycle, and a store dropped without closing
+        would hold its connections until a full garbage collection."""
+        from shardload.move.remote_fsspec import FsspecView
+
+        return FsspecView(self)
+
+    def __getattr__(self, name: str) -> Any:
+        """The rest of fsspec's API (public names only: a missing private attribute is not
+        a reason to import fsspec), as :attr:`fsspec_view` has it."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.fsspec_view, name)
 
     def pinned(self, path: str) -> bool:
         """Whether reads of ``path`` are tied to one version (``Verifier.check``)."""
-        return self.spec.cache_dir is not None or self.pins.pinned(path)
+        return self.spec.cache_dir is not None or (
+            self._pins is not None and self._pins.pinned(path)
+        )
 
     def __repr__(self) -> str:
         return f"<RemoteFileSystem {self.spec.url}>"
@@ -269,7 +263,7 @@ class RemoteFileSystem(AbstractFileSystem):
         s = self.spec
         if s.cache_dir is None:
             return None
-        if getattr(self, "_cache_pid", None) != os.getpid():
+        if self._cache is None or self._cache_pid != os.getpid():
             self._cache = remote_cache.NodeCache(s.cache_dir, s.cache_bytes)
             self._cache_pid = os.getpid()
         return self._cache
@@ -352,6 +346,7 @@ class RemoteFileSystem(AbstractFileSystem):
             finally:
                 os.close(fd)
         from shardload.move.http_get import reader_of  # http.client: 2.5 ms, only now
+        from shardload.move.pinned import pinned_cat
 
         url, fs, kw = self.unstrip_protocol(path), self.target, self._deadline
         kw["reader"] = reader_of(fs, self.spec.timeout_s) if view else None  # move/http_get.py
@@ -359,14 +354,19 @@ class RemoteFileSystem(AbstractFileSystem):
             lambda: pinned_cat(fs, path, start, end, self.pins, url, view=view, **kw), path, what
         )
 
-    def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
-        if mode != "rb":
-            raise PermissionError(f"{self.unstrip_protocol(path)}: remote stores are read-only")
-        if self.spec.cache_dir is not None:
-            return os.fdopen(self._cached_fd(path, ""), "rb")
-        if not isinstance(block_size, int) or block_size < MIN_BLOCK_BYTES:
-            block_size = "default" if block_size in (None, "default") else MIN_BLOCK_BYTES
-        return _RemoteFile(self, path, mode="rb", block_size=block_size, **kwargs)
+    def open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
+        """A read-only file of ``path``: the node cache's checked copy when there is a cache,
+        else fsspec's buffered file of ranged reads (each retried)."""
+        if mode == "rb" and not kwargs and self.spec.cache_dir is not None:
+            return self.open_cached(path.rstrip("/"))  # as fsspec's open, without fsspec
+        return self.fsspec_view.open(path, mode, block_size=block_size, **kwargs)
+
+    def open_cached(self, path: str) -> Any:
+        """The node cache's checked copy of ``path``, open for reading."""
+        return os.fdopen(self._cached_fd(path, ""), "rb")
+
+    def size(self, path: str) -> int:
+        return int(self.info(path)["size"])
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:  # metadata, listings: retried
         what = self._name(path, "size of")
@@ -391,10 +391,3 @@ class RemoteFileSystem(AbstractFileSystem):
         except (FileNotFoundError, RemoteError):
             return False
         return True
-
-
-class _RemoteFile(AbstractBufferedFile):
-    """A read-only file on a :class:`RemoteFileSystem`: ranged reads, each retried."""
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path, start, end)

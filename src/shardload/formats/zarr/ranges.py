@@ -40,16 +40,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardload.errors import ChunkReadError
 from shardload.formats.base import is_local
 from shardload.formats.checksums import Verifier, digest
-from shardload.formats.zarr.chunks import ChunkLayout, plan_chunk_layout, row_parts
 from shardload.formats.zarr.kept import keep_bytes
 from shardload.move.retries import current_stop, stop_on
+
+if TYPE_CHECKING:  # .chunks imports numcodecs: an npy stack by URL (its pieces, here) needs none
+    from shardload.formats.zarr.chunks import ChunkLayout
 
 #: Pieces with at most this many bytes between them share one request. A request costs about
 #: as much as 1 MB more of its answer through ``shardload serve`` on loopback, one at a time;
@@ -96,6 +98,8 @@ def raw_layout(
     """The layout of array ``info`` of a shardload store at ``root`` when its chunk files are raw
     rows (no codec but bytes, no shards), from its ``zarr.json`` (``read_small(path, what=)``);
     else None (zarr-python reads it, and reports a missing or damaged ``zarr.json``)."""
+    from shardload.formats.zarr.chunks import plan_chunk_layout
+
     folder = f"{root.rstrip('/')}/{info.path}"
     try:
         meta = json.loads(read_small(f"{folder}/zarr.json", what=f"array {name!r}"))
@@ -168,6 +172,8 @@ class RawUrlReads:
     ) -> None:
         """Rows ``[start, stop)`` of each span into its ``out`` (C-contiguous, of the layout's
         dtype): per chunk file, checked whole or in planned range requests."""
+        from shardload.formats.zarr.chunks import row_parts
+
         rb = layout.row_bytes
         by_chunk: dict[int, list[Piece]] = {}
         for (start, stop), out in zip(spans, outs, strict=True):

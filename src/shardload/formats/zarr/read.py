@@ -71,7 +71,7 @@ def open_group_readonly(fs: Any, root: str, *, strict: bool = False) -> Any:
 
         widen_zarr_threads()
         store = (StrictFsspecStore if strict else FsspecStore)(
-            AsyncFileSystemWrapper(fs, asynchronous=True), read_only=True, path=root
+            AsyncFileSystemWrapper(fs.fsspec_view, asynchronous=True), read_only=True, path=root
         )
         # Zarr v3 first: one request (zarr.json) instead of also probing the three v2 keys
         try:
