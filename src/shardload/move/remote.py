@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -50,6 +51,9 @@ log = logging.getLogger("shardload.remote")
 
 T = TypeVar("T")
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
+#: held while a filesystem opens its fsspec target (a new lock in a forked child)
+_OPENING = threading.Lock()
+os.register_at_fork(after_in_child=lambda: globals().update(_OPENING=threading.Lock()))
 #: Requests in flight at most per reader of a store read by URL (the loader's read threads;
 #: zarr-python's thread pool is widened to as many when a Zarr store opens by URL).
 URL_IN_FLIGHT = 32
@@ -186,8 +190,10 @@ class RemoteFileSystem:
 
     def target_and_root(self) -> tuple[Any, str]:
         if self._target is None or self._pid != os.getpid():
-            self._target, self._root = self.spec.open_target()
-            self._pid = os.getpid()
+            with _OPENING:  # reader threads' first reads at once: one target, not one each
+                if self._target is None or self._pid != os.getpid():
+                    self._target, self._root = self.spec.open_target()
+                    self._pid = os.getpid()
         return self._target, self._root
 
     @property
