@@ -9,9 +9,7 @@ epoch of the default store by URL on loopback (docs/benchmarks.md), while the co
 idle and the GIL was the planner's. The loader tells the reader its spans earlier, once per
 worker and epoch (:func:`shardload.load.url_plan.plan_url_reads`), and from them
 :func:`fetch_ahead` starts the whole GETs of the first ``AHEAD_SHARDS`` shards to check, in
-the order this worker first reads them, each in a thread of its own that fetches and hashes
-(the XXH3-64 made piece by piece as the answer arrives, :class:`Hashing`: ready with the last
-byte, where a pass over the whole shard after it was part of the epoch's tail).
+the order this worker first reads them, each in a thread of its own that fetches and hashes.
 
 Nothing is trusted earlier: the call that checks the shard takes those bytes and their digest
 (:meth:`Ahead.take`, waiting for the GET when it is still running) under the shard's
@@ -32,7 +30,6 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from shardload.formats.checksums import Verifier, digest
 from shardload.formats.zarr.shards import RangeFile, RangeOpener
@@ -156,52 +153,18 @@ class Ahead:
         return len(self._futures)
 
 
-class Hashing:
-    """The XXH3-64 of an answer as its pieces arrive (told as ``Stream.update`` is): the
-    digest is ready with the last byte instead of a pass over the whole shard after it (10-20
-    ms for a shard of 62 MiB on this VM, the epoch's tail). Every answer starts at ``at == 0``
-    (a retry too): the hash starts again there."""
-
-    def __init__(self) -> None:
-        self.buf: Any = None
-        self.at = 0
-        self.h: Any = None
-
-    def update(self, buf: Any, at: int, n: int) -> None:
-        if at == 0 or buf is not self.buf or at < self.at:
-            self.buf, self.at, self.h = buf, 0, xxhash.xxh3_64()
-        if at > self.at:
-            self.h.update(buf[self.at : at])
-            self.at = at
-
-    def digest_of(self, data: Any) -> int:
-        """The digest of ``data``: the one made as it arrived when ``data`` is all of those
-        very bytes (the same buffer, every byte hashed), else hashed now."""
-        if self.h is not None and self.at == len(data) and len(data):
-            a, b = np.frombuffer(self.buf, np.uint8), np.frombuffer(data, np.uint8)
-            if len(a) >= len(b) and a.ctypes.data == b.ctypes.data:
-                return int(self.h.intdigest())
-        return digest(data)
-
-
 def _fetch(fut: Future[Fetched], fs: Any, path: str, stop: threading.Event, stream: Stream) -> None:
     from shardload.move.http_get import WATCH
 
     if not fut.set_running_or_notify_cancel():  # pragma: no cover - never cancelled
         return
-    hashing = Hashing()
-
-    def told(buf: Any, at: int, n: int) -> None:
-        stream.update(buf, at, n)  # first: a decode waiting for these bytes goes on
-        hashing.update(buf, at, n)
-
-    WATCH.cb = told  # (this thread's answers only)
+    WATCH.cb = stream.update  # (this thread's answers only)
     try:
         with stop_on(stop):
             data = RangeFile(fs, path).whole()
             WATCH.cb = None
             stream.end()  # before the digest: a decode waiting for the last run goes on
-            fut.set_result((data, hashing.digest_of(data)))
+            fut.set_result((data, digest(data)))
     except BaseException as exc:  # taken as None: the call fetches and reports it
         fut.set_exception(exc)
     finally:
