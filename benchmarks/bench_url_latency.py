@@ -27,7 +27,10 @@ the loader at 0 ms (goal at 20 ms: >= 0.8) and the loader at 0 ms against the pl
 ``--server-process`` runs the server as ``shardload serve`` does, in a process of its own
 (``python -m shardload serve``), so its CPU and its GIL are not this process's, and at 0 ms
 reaches it directly, without the proxy (which then counts nothing: ``n/a``); at other RTTs the
-proxy stays a thread of this process. The plain GET and the loader read the same server.
+proxy stays a thread of this process, unless ``--proxy-process`` runs it in a process of its
+own too (its event loop, which moves every byte in 64 KiB pieces, then takes neither this
+process's GIL nor its CPU time; the requests it sees are not counted: ``n/a``). The plain GET
+and the loader read the same server.
 
 ``--same-store`` times instead the epochs of ONE opened store (``open_store(url)`` once, then
 ``iter_batches(store, epoch=e)`` for e = 0 .. ``--repeats``): epoch 0 is the reader's first
@@ -107,16 +110,44 @@ def served(root: Path, *, own_process: bool) -> Iterator[str]:
         proc.wait()
 
 
+#: ``--proxy-process``: the latency proxy in a process of its own, its port on stdout
+PROXY_PROCESS = """
+import sys
+from shardload.testing.latency import latency_proxy
+with latency_proxy(sys.argv[1], int(sys.argv[2]), rtt_s=float(sys.argv[3])) as (_, port):
+    print(port, flush=True)
+    sys.stdin.read()
+"""
+
+
 @contextlib.contextmanager
-def reached(base: str, rtt_ms: float, *, direct: bool) -> Iterator[tuple[object, str]]:
-    """(proxy, base URL) to reach ``base`` at ``rtt_ms``: through the latency proxy, or at 0 ms
-    with ``direct`` without it."""
+def reached(
+    base: str, rtt_ms: float, *, direct: bool, own_process: bool = False
+) -> Iterator[tuple[object, str]]:
+    """(proxy, base URL) to reach ``base`` at ``rtt_ms``: through the latency proxy (a thread
+    of this process, or with ``own_process`` a process of its own, which counts nothing here),
+    or at 0 ms with ``direct`` without it."""
     if direct and not rtt_ms:
         yield _NoProxy(), base.rstrip("/")
         return
+    target = urlparse(base)
+    if own_process:
+        import subprocess
+
+        argv = [sys.executable, "-c", PROXY_PROCESS, str(target.hostname), str(target.port)]
+        proc = subprocess.Popen(
+            [*argv, str(rtt_ms / 1000)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None
+            yield _NoProxy(), f"http://127.0.0.1:{int(proc.stdout.readline())}"
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=30)
+        return
     from shardload.testing.latency import latency_proxy
 
-    target = urlparse(base)
     with latency_proxy(target.hostname, target.port, rtt_s=rtt_ms / 1000) as (proxy, port):
         yield proxy, f"http://127.0.0.1:{port}"
 
@@ -268,6 +299,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="serve from a process of its own (python -m shardload serve), 0 ms without proxy",
     )
+    ap.add_argument(
+        "--proxy-process",
+        action="store_true",
+        help="the latency proxy in a process of its own (its CPU and GIL not the client's; "
+        "requests not counted)",
+    )
     a = ap.parse_args(argv)
 
     STORES.update(EXTRA_STORES)
@@ -284,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     with served(store.parent, own_process=own) as base:
         epoch(f"{base}{store.name}", a.batch_size, a.seed)  # warm: imports, page cache
         for rtt_ms in [float(x) for x in a.rtt_ms.split(",")]:
-            with reached(base, rtt_ms, direct=own) as (proxy, at):
+            with reached(base, rtt_ms, direct=own, own_process=a.proxy_process) as (proxy, at):
                 url = f"{at}/{store.name}"
                 if a.same_store:
                     print(f"RTT {rtt_ms:5.0f} ms, one opened store:", flush=True)

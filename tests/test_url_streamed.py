@@ -89,7 +89,59 @@ def test_a_first_check_decodes_the_shard_fetched_ahead_as_it_arrives(streamed) -
     root, local, stood, whole, _ = streamed
     with served_url(root) as (url, _seen):
         epoch(url, local)
-    assert len(stood) == 2, (stood, whole)
+    assert len(stood) >= 2, (stood, whole)
+
+
+def test_every_call_wanting_a_shard_fetched_ahead_decodes_it_as_it_arrives(
+    streamed, monkeypatch
+) -> None:
+    """Two calls want a shard fetched ahead (the first group's and the group read ahead): each
+    decodes its own pieces while the GET brings them and none decodes them again from the
+    checked bytes after the check (before: the second waited for the first's check, holding
+    the shard's lock, then decoded from the checked bytes, the epoch's tail). The GET ahead
+    is held until two calls wait for its bytes (a few seconds at most: before, the second
+    never came); one index request a shard, the batches the folder's."""
+    import threading
+
+    import shardload.formats.zarr.ahead as ahead_mod
+
+    root, local, stood, whole, _ = streamed
+    callers: dict[tuple[str, int], set[int]] = {}
+    two: dict[tuple[str, int], threading.Event] = {}
+    lock = threading.Lock()
+
+    def event(name: str, k: int) -> threading.Event:
+        with lock:
+            return two.setdefault((name, k), threading.Event())
+
+    real_decode = shard_fetch.decode_arriving
+
+    def decode(layout, name, k, path, pieces, ahead):  # type: ignore[no-untyped-def]
+        if ahead is not None and ahead.stream(name, k) is not None:
+            with lock:
+                callers.setdefault((name, k), set()).add(threading.get_ident())
+                n = len(callers[(name, k)])
+            if n >= 2:
+                event(name, k).set()
+        return real_decode(layout, name, k, path, pieces, ahead)
+
+    real_fetch = ahead_mod._fetch
+
+    def held(fut, fs, path, stop, stream):  # type: ignore[no-untyped-def]
+        name, k = path.split("/store/")[1].split("/")[0], int(path.split("/c/")[1].split("/")[0])
+        event(name, k).wait(5)
+        return real_fetch(fut, fs, path, stop, stream)
+
+    monkeypatch.setattr(shard_fetch, "decode_arriving", decode)
+    monkeypatch.setattr(ahead_mod, "_fetch", held)
+    with served_url(root) as (url, seen):
+        epoch(url, local)
+    ahead = set(callers)
+    assert ahead and max(len(c) for c in callers.values()) >= 2, callers
+    assert len(stood) == sum(len(c) for c in callers.values()), (stood, callers)
+    assert not [w for w in whole if w in ahead], (whole, ahead)
+    index_requests = [p for m, p, s in seen if m == "GET" and "/c/" in p and s == 206]
+    assert len(index_requests) == len(ahead), index_requests
 
 
 def test_an_early_index_unlike_the_checked_one_is_decoded_again(streamed, monkeypatch) -> None:

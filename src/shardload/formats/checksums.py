@@ -201,6 +201,15 @@ class Verifier:
         instead of each fetching the whole file again (a shard of 64 MiB, eight times). The
         checking thread may leave the bytes it checked in the :class:`CheckedUnit` for the
         threads that waited meanwhile; they go when the last of those leaves."""
+        with self.unit_use(name, unit) as held, held.lock:
+            yield held
+
+    @contextmanager
+    def unit_use(self, name: str, unit: int) -> Iterator[CheckedUnit]:
+        """This thread counted among those wanting unit ``unit`` of ``name`` (the bytes a
+        check leaves stay for it) before it takes the unit's lock (``held.lock``): a thread
+        that decodes a shard by URL while it arrives, then waits for its check
+        (``formats/zarr/streamed.py``)."""
         pid = os.getpid()
         if self._locks_pid != pid:  # never a lock a parent's thread held at the fork
             self._locks, self._locks_pid, self._table_lock = {}, pid, threading.Lock()
@@ -208,8 +217,7 @@ class Verifier:
             held = self._locks.setdefault((name, unit), CheckedUnit())
             held.users += 1
         try:
-            with held.lock:
-                yield held
+            yield held
         finally:
             with self._table_lock:
                 held.users -= 1

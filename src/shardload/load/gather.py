@@ -19,6 +19,7 @@ import numpy as np
 
 from shardload.load.checks import check_indices
 from shardload.load.loop import Batch, Flight, GroupReader, read_loop
+from shardload.load.options import gather_threads
 from shardload.load.pool import ReadPool
 from shardload.load.reader import BufferPool, Group, new_group, submit_segments
 from shardload.load.recycle import INDEX_KEY, Allocate, new_batch, store_kept
@@ -39,8 +40,9 @@ def _gather(g: Group, sel: np.ndarray, at: int, names: Sequence[str], out: dict)
 class GatherReader(GroupReader):
     """Groups into buffers, batches gathered out of them.
 
-    The gathers run in ``threads`` threads (numpy releases the GIL in ``take``), up to
-    ``threads + 1`` batches ahead of the one yielded; batches come in plan order, so the result
+    The gathers run in ``threads`` threads, at most this process's CPUs
+    (:func:`~shardload.load.options.gather_threads`; numpy releases the GIL in ``take``), up
+    to as many batches + 1 ahead of the one yielded; batches come in plan order, so the result
     does not depend on the thread count. A group's gathers are waited for and its buffers go
     back to the buffer pool before the next group is placed (a worker holds two groups'
     buffers, not three)."""
@@ -59,9 +61,10 @@ class GatherReader(GroupReader):
     ) -> None:
         super().__init__(plan, rank, worker)
         self.store, self.names, self.prefetch, self.allocate = store, names, prefetch, allocate
-        self.lanes = {"read": threads, "take": threads}
+        gathers = gather_threads(threads)  # (a store by URL: 32 read threads, not gathers)
+        self.lanes = {"read": threads, "take": gathers}
         self.detach = ("read",)  # reads write group buffers only: a close need not wait
-        self.lag = max(1, threads) + 1
+        self.lag = gathers + 1
         self.specs: dict[str, Any] = {a: store.manifest.arrays[a] for a in names}
         self.row_bytes = sum(s.row_bytes for s in self.specs.values()) + 8
         self.read_bytes = max(1, self.row_bytes - 8)

@@ -234,6 +234,15 @@ def default_threads(prefetch: int, readers: int, *, local: bool) -> int:
     return min(4, max(1, prefetch), cpus)
 
 
+def gather_threads(threads: int) -> int:
+    """Gather threads of a reader of ``threads`` read threads: at most this process's CPUs. A
+    gather is memory work, not a wait; and the loop holds back as many finished batches as
+    gathers run (``GroupReader.lag``): with a store by URL's ``URL_IN_FLIGHT`` (32) read
+    threads, 33 batches, so a group of 32 batches yielded its first only once the next group
+    was read."""
+    return min(max(1, int(threads)), _cores())
+
+
 def _cores() -> int:
     """CPUs this process may run on (more reader threads than that only contend)."""
     if hasattr(os, "sched_getaffinity"):

@@ -25,6 +25,7 @@ threads' retries end then (``move.retries.stop_on``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -54,6 +55,8 @@ class Stream:
         self.at = self.total = 0
         self.attempts = 0
         self.over = False
+        self._tail: Any = None  # the shard's index bytes, asked for once (:meth:`tail`)
+        self._tail_lock = threading.Lock()
 
     def update(self, buf: Any, at: int, n: int) -> None:
         """``at`` of the answer's ``n`` bytes are in ``buf``."""
@@ -78,6 +81,14 @@ class Stream:
             if self.buf is None or self.at < end:
                 return None
             return self.buf, self.attempts
+
+    def tail(self, fetch: Callable[[], Any]) -> Any:
+        """The shard's index bytes: ``fetch()`` by the first caller, the others wait for it
+        and get the same (one range request a shard, however many calls decode from it)."""
+        with self._tail_lock:
+            if self._tail is None:
+                self._tail = fetch()  # (an error: raised to this caller; the next asks again)
+            return self._tail
 
     def size(self) -> int | None:
         """The answer's length once it is known; None when the GET ended without telling."""
@@ -110,11 +121,12 @@ class Ahead:
         ).start()
 
     def stream(self, name: str, k: int) -> Stream | None:
-        """The GET ahead of shard ``k`` as it arrives (once), or None."""
+        """The GET ahead of shard ``k`` as it arrives, until it is taken (every call that
+        wants the shard meanwhile decodes from it), or None."""
         with self._lock:
             if (name, k) not in self._futures:
                 return None
-            return self._streams.pop((name, k), None)
+            return self._streams.get((name, k))
 
     def take(self, name: str, k: int) -> Fetched | None:
         """The bytes and digest of shard ``k`` fetched ahead (waiting for the GET), once; None

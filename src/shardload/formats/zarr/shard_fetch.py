@@ -30,8 +30,9 @@ coalescing: the same rows locally and by URL.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from threading import BoundedSemaphore
 from typing import Any
 
@@ -62,7 +63,7 @@ from shardload.formats.zarr.shards import (
     shard_errors,
     shard_index,
 )
-from shardload.formats.zarr.streamed import Early, decode_arriving, decoded_from
+from shardload.formats.zarr.streamed import decode_arriving, decoded_from
 from shardload.move.retries import current_stop, stop_on
 
 #: Inner chunks with at most this many bytes between them share one request: a request costs
@@ -192,14 +193,19 @@ def _plan_shard(
     reads = [first + p[0] for p in pieces]
     with shard_errors(layout, name, k, path, (part for *_, part in pieces)):
         if verifier is not None and verifier.needed(name, k):
-            early: list[Early | None] = []  # the pieces decoded as the shard arrived
-            data = _checked_whole(
-                layout, verifier, name, k, path, checks, indexes, kept, reads, ahead=ahead,
-                arriving=(pieces, early),
-            )  # fmt: skip
+            # every call wanting a shard fetched ahead decodes its pieces while the GET brings
+            # them, counted among the shard's users (its checked bytes stay for it), then
+            # waits for the check; not only the call that checks it (the others decoded from
+            # the checked bytes after it, the epoch's tail)
+            with verifier.unit_use(name, k) as unit:
+                early = decode_arriving(layout, name, k, path, pieces, ahead)
+                data = _checked_whole(
+                    layout, verifier, name, k, path, checks, indexes, kept, reads, ahead=ahead,
+                    used=unit,
+                )  # fmt: skip
             if data is not None:  # decoded here (unless that stands), while the bytes are held
                 index = _index(layout, name, k, path, data, indexes)
-                if not early or not decoded_from(early[0], data, index):
+                if not decoded_from(early, data, index):
                     _from_whole(layout, name, k, path, pieces, data, indexes)
                 return []
         # taken after the check: a call that checked the shard meanwhile kept these chunks
@@ -273,7 +279,7 @@ def _checked_whole(
     reads: list[int],
     again: bool = False,
     ahead: Ahead | None = None,
-    arriving: tuple[list[Piece], list[Early | None]] | None = None,
+    used: CheckedUnit | None = None,
 ) -> memoryview | None:
     """Shard ``k`` fetched whole and checked (``.shard_spans._checked_once`` by URL), at most
     ``checks`` at once: the semaphore is taken inside the shard's unit lock, so a call that
@@ -286,19 +292,16 @@ def _checked_whole(
     (``KeptChunks.take``; else the caller takes them). The chunks this worker reads later are
     kept by the last call in the unit lock (:func:`_take_and_keep`): a call that saw the shard
     unchecked before this check ended but came to the lock after it (the bytes gone) takes them
-    there. ``ahead``: a first check takes the bytes and digest fetched ahead (:mod:`.ahead`),
-    and with ``arriving`` (the call's pieces, a list) decodes them while that GET's bytes
-    arrive, first (:mod:`.streamed`; what it did is put in the list: it stands only if
-    :func:`.streamed.decoded_from` says so once the check passed)."""
-    with verifier.unit_lock(name, k) as unit:
+    there. ``ahead``: a first check takes the bytes and digest fetched ahead (:mod:`.ahead`).
+    ``used``: the shard's unit, this call already counted among its users
+    (``Verifier.unit_use``), whose lock is taken here."""
+    with _locked(used) if used is not None else verifier.unit_lock(name, k) as unit:
         needed = verifier.needed(name, k)
         if not needed and (unit.data is not None or not again):
             if unit.data is not None and kept is not None:
                 _take_and_keep(layout, name, k, path, unit, kept, reads, indexes)
             return unit.data
         with checks:
-            if arriving is not None and ahead is not None and needed:
-                arriving[1].append(decode_arriving(layout, name, k, path, arriving[0], ahead))
             got = ahead.take(name, k) if ahead is not None and needed else None
             try:
                 with layout.open(path) as f:
@@ -314,6 +317,12 @@ def _checked_whole(
         if kept is not None:
             _take_and_keep(layout, name, k, path, unit, kept, reads, indexes)
         return unit.data
+
+
+@contextmanager
+def _locked(unit: CheckedUnit) -> Iterator[CheckedUnit]:
+    with unit.lock:
+        yield unit
 
 
 def _take_and_keep(

@@ -6,11 +6,14 @@ worker reads start at the plan (:mod:`.ahead`), and the call that checks such a 
 its chunks only once the last byte was in and hashed: the network idle while the chunks were
 decoded, the decode idle while they arrived. The GET ahead reads the answer into its buffer a
 piece at a time on ``http.client`` (:mod:`shardload.move.http_get`, the GIL released in
-``recv``) and says how far it got (:class:`.ahead.Stream`); here the checking call, holding the
-shard's ``Verifier.unit_lock``, asks for the shard's index apart (one small range request at
-the end of the shard, once the answer's length is known) and decodes its pieces in offset order
-as their bytes arrive (:func:`.shard_spans._read_runs`, which waits for each run's bytes);
-a shard of ``STREAM_MIN_BYTES`` or more only.
+``recv``) and says how far it got (:class:`.ahead.Stream`); here every call that wants the
+shard while that GET runs (the first group's, and the group read ahead: counted among the
+shard's users, ``Verifier.unit_use``, not yet holding its lock) asks for the shard's index
+apart (one small range request at the end of the shard, once the answer's length is known,
+shared by those calls: ``Stream.tail``) and decodes its own pieces in offset order as their
+bytes arrive (:func:`.shard_spans._read_runs`, which waits for each run's bytes), then waits
+for the check; a shard of ``STREAM_MIN_BYTES`` or more only. (Before, only the call holding
+the lock did; the others waited for it, then decoded from the checked bytes: the epoch's tail.)
 
 Nothing decoded here is trusted on its own: the rows go only into the call's own destination
 (the group, which the loader hands out only when the call returns), the call then takes the
@@ -70,9 +73,10 @@ class _Gone(Exception):
 def decode_arriving(
     layout: ChunkLayout, name: str, k: int, path: str, pieces: list[Piece], ahead: Ahead | None
 ) -> Early | None:
-    """Decode ``pieces`` of shard ``k`` from its GET ahead as the bytes arrive (the caller holds
-    the shard's unit lock): the index used and the buffer decoded from, or None when there was
-    no such GET or anything went wrong (the caller decodes from the checked bytes)."""
+    """Decode ``pieces`` of shard ``k`` from its GET ahead as the bytes arrive (the caller is
+    one of the shard's users, ``Verifier.unit_use``): the index used and the buffer decoded
+    from, or None when there was no such GET (or it was taken already) or anything went wrong
+    (the caller decodes from the checked bytes)."""
     stream = ahead.stream(name, k) if ahead is not None else None
     spec = layout.shard
     if stream is None or spec is None or not spec.index_at_end or layout.opener is None:
@@ -92,7 +96,7 @@ def decode_arriving(
         return got[0][start:end], end - start
 
     try:
-        tail, _ = RangeFile(layout.opener.fs, path).fetch(total - n, total)
+        tail = stream.tail(lambda: RangeFile(layout.opener.fs, path).fetch(total - n, total)[0])
         index = _read_index(layout, name, k, path, _TailFile(total, tail), None)
         _read_runs(layout, name, k, pieces, index, path, fetch, RUN_BYTES)
     except Exception:  # (a damaged shard is named by the check and the decode after it)
