@@ -209,12 +209,8 @@ def _read_chunks(
             out = outs[sel_l[q]]
             if size >= 16:
                 nbytes, _, cbytes = unpack(raw, 4)
-                if (
-                    cbytes == size
-                    and nbytes == full
-                    and raw[3] in typesizes
-                    and shuffle in (-1, raw[2] & 5)
-                ):
+                ok = cbytes == size and nbytes == full and raw[3] in typesizes
+                if ok and shuffle in (-1, raw[2] & 5):
                     if ctx is not None:  # in C, without the GIL; < 0: a bad chunk
                         if ctx(base + a, address(of(out)), full, 1) == full:
                             continue

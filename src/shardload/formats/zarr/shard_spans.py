@@ -290,12 +290,8 @@ def _read_runs(
                 )
             if lo == 0 and hi == rows and size >= 16:
                 nbytes, _, cbytes = unpack(raw, 4)
-                if (
-                    cbytes == size
-                    and nbytes == full
-                    and raw[3] in typesizes
-                    and shuffle in (-1, raw[2] & 5)
-                ):
+                ok = cbytes == size and nbytes == full and raw[3] in typesizes
+                if ok and shuffle in (-1, raw[2] & 5):
                     if ctx is not None:  # c-blosc straight into the piece, without the GIL
                         if ctx(base + a, address(of(part)), full, 1) == full:
                             continue
