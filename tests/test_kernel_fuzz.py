@@ -144,3 +144,47 @@ def test_a_kernel_built_from_other_sources_is_not_used() -> None:
 
     assert mod.usable(mod.KERNEL) is mod.KERNEL
     assert mod.usable(Old()) is None
+
+
+def test_a_shard_replaced_between_epochs_is_read_with_its_own_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked in the first epoch (``verify="first-epoch"``), a shard file rewritten before
+    the next with the same chunks in another order (each of the same size): the kernel and
+    the gather reader read it with its new index, not the one kept from the first epoch (whose
+    offsets now hold other chunks, which decode without an error)."""
+    mod = _kernel()
+    x = np.repeat(np.arange(N // ROWS + 1, dtype="f4"), ROWS)[:N, None] * np.ones(36, "f4")
+    src = tmp_path / "src.nc"
+    xr.Dataset({"a": (("time", "f"), x)}).to_netcdf(src)
+    root = tmp_path / "store"
+    prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
+    prepare(
+        {
+            "source": {"paths": [str(src)]},
+            "sample_dims": ["time"],
+            "arrays": {"x": ["a"]},
+            "chunk_rows": ROWS,
+            "shard_chunks": PER_SHARD,
+            "compression": "lz4",
+            "out": str(root),
+        }
+    )
+    shard = root / "x" / "c" / "1" / "0"
+    data = shard.read_bytes()
+    index = np.frombuffer(data[-4 - 16 * PER_SHARD : -4], "<u8").reshape(-1, 2).copy()
+    assert len(set(index[:, 1].tolist())) == 1  # every chunk the same size
+    chunks = [data[int(o) : int(o + n)] for o, n in index.tolist()]
+    rev = b"".join(chunks[::-1])
+    index[:, 0] = index[::-1, 0]
+    raw = index.astype("<u8").tobytes()
+    crc = int(__import__("google_crc32c").value(raw)).to_bytes(4, "little")
+    kw: dict[str, Any] = {"batch_size": 40, "seed": 3, "split": None}
+    for kernel in (mod.KERNEL, None):
+        monkeypatch.setattr(mod, "KERNEL", kernel)
+        shard.write_bytes(data)
+        store = shardload.open_store(root, verify="first-epoch")
+        list(shardload.iter_batches(store, epoch=0, **kw))
+        shard.write_bytes(rev + raw + crc)
+        for b in shardload.iter_batches(store, epoch=1, **kw):
+            np.testing.assert_array_equal(np.asarray(b["x"]), x[np.asarray(b["index"])])
