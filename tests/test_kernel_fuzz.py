@@ -92,8 +92,8 @@ def test_damaged_shards_read_alike_by_the_kernel_and_the_gather_reader(
 
 @pytest.mark.slow
 def test_a_longer_campaign_of_damaged_shards(store: Path, tmp_path: Path) -> None:
-    """As above, 4,000 other seeds."""
-    _campaign(store, tmp_path, 10_000, 4_000)
+    """As above, 2,000 other seeds."""
+    _campaign(store, tmp_path, 10_000, 2_000)
 
 
 def _flip(shard: Path, chunk: int, at: int, value: int | None) -> None:

@@ -50,8 +50,8 @@ class ShardIndexCache:
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         self.max_bytes = max_bytes
-        self._entries: dict[str, np.ndarray] = {}
-        self._files: dict[str, Any] = {}  # the file each index was read from (inode, size, mtime)
+        # path -> (the file's version it was read from: inode, device, size, mtime; the index)
+        self._entries: dict[str, tuple[Any, np.ndarray]] = {}
         self._nbytes = 0
         self._lock = threading.Lock()
         _CACHES.add(self)
@@ -59,25 +59,24 @@ class ShardIndexCache:
     def get(self, path: str, file: Any = None) -> np.ndarray | None:
         """``path``'s index, or None; also where ``file`` (its version) is not the one it
         came from: a shard replaced or rewritten since is read with its own index."""
-        if file is not None and self._files.get(path, file) != file:
+        entry = self._entries.get(path)  # one look-up: the version and index put together
+        if entry is None or (file is not None and entry[0] != file):
             return None
-        return self._entries.get(path)
+        return entry[1]
 
     def put(self, path: str, index: np.ndarray, file: Any = None) -> None:
         with self._lock:
-            self._files[path] = file
             if path in self._entries:
-                self._nbytes -= self._entries.pop(path).nbytes
+                self._nbytes -= self._entries.pop(path)[1].nbytes
             while self._entries and self._nbytes + index.nbytes > self.max_bytes:
                 oldest = next(iter(self._entries))  # only put() changes the dict: safe
-                self._nbytes -= self._entries.pop(oldest).nbytes
-                self._files.pop(oldest, None)
-            self._entries[path] = index
+                self._nbytes -= self._entries.pop(oldest)[1].nbytes
+            self._entries[path] = (file, index)
             self._nbytes += index.nbytes
 
     def clear(self) -> None:
         with self._lock:
-            self._entries, self._files, self._nbytes = {}, {}, 0
+            self._entries, self._nbytes = {}, 0
 
     def __len__(self) -> int:
         return len(self._entries)
