@@ -232,7 +232,8 @@ def test_a_shard_truncated_after_its_check_is_named_as_the_gather_reader_names_i
     stores: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Checked in the first epoch, a shard cut short before the next one: the same error as
-    the gather reader's, and no batch before it holds a wrong value."""
+    the gather reader's (its index read again, the file being another version), naming the
+    shard and file."""
     mod = _kernel()
     root = tmp_path / "s"
     shutil.copytree(stores, root)
@@ -248,7 +249,7 @@ def test_a_shard_truncated_after_its_check_is_named_as_the_gather_reader_names_i
             _epoch(store, 1)
         errors.append(str(err.value))
     assert errors[0] == errors[1]
-    assert "of shard 3) of array 'x' is truncated" in errors[0] and str(bad) in errors[0]
+    assert "shard 3 of array 'x' is corrupt" in errors[0] and str(bad) in errors[0]
 
 
 def test_decoded_stores_keep_no_group_buffers_for_workers(

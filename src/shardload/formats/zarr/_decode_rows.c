@@ -41,20 +41,22 @@ static int64_t pread_full(int fd, unsigned char *buf, size_t want, int64_t at) {
     return (int64_t)got;
 }
 
-/* decode_rows(fn, fd, offsets, sizes, start, n, dst, rows, row_bytes, itemsize, scratch,
- *             scratch_bytes, tmp) -> the position of the first chunk not served (n: all)
+/* decode_rows(fn, fd, offsets, sizes, start, n, dst, rows, row_bytes, typesize_a, typesize_b,
+ *             shuffle, scratch, scratch_bytes, tmp) -> the position of the first chunk not
+ *             served (n: all)
  *
  * offsets, sizes: int64[n], chunk i's bytes in the file (sorted by offset); dst: uint64[n *
- * rows], where row r of chunk i goes (0: nowhere); scratch: scratch_bytes for the compressed
- * runs; tmp: rows * row_bytes for one decoded chunk. Every address is the caller's, alive for
- * the call. */
+ * rows], where row r of chunk i goes (0: nowhere); typesize_a, typesize_b: the type sizes a
+ * header may carry; shuffle: its flags' shuffle bits (0x01 | 0x04), or -1 for any (as
+ * ChunkLayout.blosc_header says); scratch: scratch_bytes for the compressed runs; tmp: rows *
+ * row_bytes for one decoded chunk. Every address is the caller's, alive for the call. */
 static PyObject *decode_rows(PyObject *self, PyObject *args) {
     unsigned long long fn_a, offs_a, sizes_a, dst_a, scratch_a, tmp_a;
     int fd;
-    Py_ssize_t start, n, rows, row_bytes, itemsize, scratch_bytes;
-    if (!PyArg_ParseTuple(args, "KiKKnnKnnnKnK", &fn_a, &fd, &offs_a, &sizes_a, &start, &n,
-                          &dst_a, &rows, &row_bytes, &itemsize, &scratch_a, &scratch_bytes,
-                          &tmp_a))
+    Py_ssize_t start, n, rows, row_bytes, typesize_a, typesize_b, shuffle, scratch_bytes;
+    if (!PyArg_ParseTuple(args, "KiKKnnKnnnnnKnK", &fn_a, &fd, &offs_a, &sizes_a, &start, &n,
+                          &dst_a, &rows, &row_bytes, &typesize_a, &typesize_b, &shuffle,
+                          &scratch_a, &scratch_bytes, &tmp_a))
         return NULL;
     decompress_fn decompress = (decompress_fn)(uintptr_t)fn_a;
     const int64_t *offs = (const int64_t *)(uintptr_t)offs_a;
@@ -68,8 +70,8 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (; i < n; i++) {
         const int64_t off = offs[i], size = sizes[i];
-        if (size < 16 || size > scratch_bytes || full > INT32_MAX)
-            break;
+        if (off < 0 || size < 16 || size > scratch_bytes || full > INT32_MAX)
+            break; /* (the index is checked: off + size is inside the file) */
         if (off < run_at || off + size > run_at + run_got) { /* a run of neighbours from here */
             int64_t end = off + size;
             for (Py_ssize_t j = i + 1; j < n && offs[j] == end && end + sizes[j] - off <= scratch_bytes; j++)
@@ -82,9 +84,10 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
             }
         }
         const unsigned char *src = scratch + (off - run_at);
-        const unsigned typesize = src[3];
+        const Py_ssize_t typesize = src[3];
         if ((int64_t)le32(src + 12) != size || (int64_t)le32(src + 4) != full ||
-            (typesize != 1 && typesize != (unsigned)itemsize))
+            (typesize != typesize_a && typesize != typesize_b) ||
+            (shuffle >= 0 && (src[2] & 0x05) != shuffle))
             break;
         if (decompress(src, tmp, (size_t)full, 1) != (int)full)
             break;
@@ -105,4 +108,12 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decode_rows", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__decode_rows(void) { return PyModule_Create(&module); }
+/* ABI: decode_rows's arguments, as shard_rows.py calls it (a build of another is not used) */
+PyMODINIT_FUNC PyInit__decode_rows(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 2) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

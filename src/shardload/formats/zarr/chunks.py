@@ -88,6 +88,19 @@ class ChunkLayout:
     def blosc(self) -> bool:
         return self.blosc_config is not None
 
+    @property
+    def blosc_header(self) -> tuple[tuple[int, int], int]:
+        """The type sizes a chunk's Blosc header may carry and its flags' shuffle bits (byte
+        shuffle 0x01, bit shuffle 0x04; -1: any). shardload's writers (``strict``) write the
+        dtype's item size (1 above 255, as c-blosc does) and the codec's shuffle, even where the
+        chunk is stored uncompressed: one flipped bit there otherwise decodes, silently, to other
+        values. Other writers may write 1 for any item size."""
+        size = self.dtype.itemsize
+        if not self.strict:
+            return (1, size), -1
+        shuffle = str((self.blosc_config or {}).get("shuffle"))
+        return (size if size <= 255 else 1,) * 2, {"noshuffle": 0, "shuffle": 1}.get(shuffle, 4)
+
     def chunk_path(self, i: int, block: int = 0) -> str:
         """The file of chunk ``i`` (and, with a split, of its block ``block``)."""
         rest = ["0"] * (self.ndim - 1)
@@ -296,11 +309,16 @@ def decode_into(
                 f"header says {cbytes} compressed / {nbytes} decoded bytes; the file has "
                 f"{len(raw)} and a chunk decodes to {nrows * rb}"
             )
-        typesize = int(raw[3])
-        if typesize not in (1, layout.dtype.itemsize):  # numcodecs writes 1 for > 255 bytes
+        typesize, (sizes, shuffle) = int(raw[3]), layout.blosc_header
+        if typesize not in sizes:  # numcodecs writes 1 for > 255 bytes
             raise ValueError(
                 f"header says items of {typesize} bytes; the array's {layout.dtype} has "
                 f"{layout.dtype.itemsize}"
+            )
+        if shuffle >= 0 and raw[2] & 0x05 != shuffle:
+            raise ValueError(
+                f"header says shuffle flags {raw[2] & 0x05:#x}; the array's codec writes "
+                f"{shuffle:#x} ({(layout.blosc_config or {}).get('shuffle')})"
             )
         if a == 0 and b == nrows:
             blosc.decompress(raw, dst)  # in C, without the GIL, straight into the caller's rows

@@ -185,7 +185,7 @@ def _read_chunks(
     offs_l, sizes_l, js_l, sel_l = offs.tolist(), sizes.tolist(), js.tolist(), sel.tolist()
     ends_l = ends.tolist()
     full = layout.chunk_rows * layout.row_bytes
-    typesizes = (1, layout.dtype.itemsize)
+    typesizes, shuffle = layout.blosc_header
     bounds = np.array(runs)
     scratch = _scratch(int((ends[bounds[1:] - 1] - offs[bounds[:-1]]).max()))
     unpack, decompress, preadv = _HEADER.unpack_from, blosc.decompress, os.preadv
@@ -209,7 +209,8 @@ def _read_chunks(
             out = outs[sel_l[q]]
             if size >= 16:
                 nbytes, _, cbytes = unpack(raw, 4)
-                if cbytes == size and nbytes == full and raw[3] in typesizes:
+                ok = cbytes == size and nbytes == full and raw[3] in typesizes
+                if ok and shuffle in (-1, raw[2] & 5):
                     if ctx is not None:  # in C, without the GIL; < 0: a bad chunk
                         if ctx(base + a, address(of(out)), full, 1) == full:
                             continue

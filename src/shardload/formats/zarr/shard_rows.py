@@ -47,8 +47,18 @@ except ImportError:  # pragma: no cover - an install without a C compiler
 
 #: c-blosc's ``blosc_decompress_ctx`` in numcodecs' extension, the address the kernel calls.
 _DECOMPRESS = ctypes.cast(cast(Any, DECOMPRESS_CTX), ctypes.c_void_p).value if DECOMPRESS_CTX else 0
+#: The arguments ``decode_rows`` takes here (the extension's ``ABI``).
+ABI = 2
+
+
+def usable(compiled: Any) -> Any:
+    """``compiled`` if its ``decode_rows`` takes the arguments passed here, else None: an old
+    build beside newer sources (before ``setup.py build_ext`` runs again) is never called."""
+    return compiled if getattr(compiled, "ABI", 1) == ABI else None
+
+
 #: The compiled kernel, or None (then the loader gathers out of group buffers).
-KERNEL: Any = _compiled if _DECOMPRESS else None
+KERNEL: Any = usable(_compiled) if _DECOMPRESS and _compiled is not None else None
 #: Runs of neighbouring chunks are read with one ``pread`` of up to this many bytes.
 RUN_BYTES = 1 << 20
 
@@ -145,7 +155,8 @@ def _decode_chunks(
     if tmp is None or len(tmp) < full:
         tmp = _TMP.buf = np.empty(full, np.uint8)
     args = (offs.ctypes.data, sizes.ctypes.data)
-    tail = (layout.chunk_rows, layout.row_bytes, layout.dtype.itemsize)
+    (ts_a, ts_b), shuffle = layout.blosc_header
+    tail = (layout.chunk_rows, layout.row_bytes, ts_a, ts_b, shuffle)
     i, n = 0, len(offs)
     while i < n:
         i = KERNEL.decode_rows(

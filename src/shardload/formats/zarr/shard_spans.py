@@ -250,7 +250,7 @@ def _read_runs(
     order = np.argsort(offs, kind="stable").tolist()
     offs_l, sizes_l = offs.tolist(), sizes.tolist()
     full = layout.chunk_rows * layout.row_bytes
-    typesizes = (1, layout.dtype.itemsize)
+    typesizes, shuffle = layout.blosc_header  # as decode_into checks them
     run_max = max(RUN_BYTES, gap)
     runs: list[tuple[int, int, int, int]] = []  # order[i:m]: one fetch of bytes [start, end)
     n, i = len(order), 0
@@ -290,7 +290,8 @@ def _read_runs(
                 )
             if lo == 0 and hi == rows and size >= 16:
                 nbytes, _, cbytes = unpack(raw, 4)
-                if cbytes == size and nbytes == full and raw[3] in typesizes:
+                ok = cbytes == size and nbytes == full and raw[3] in typesizes
+                if ok and shuffle in (-1, raw[2] & 5):
                     if ctx is not None:  # c-blosc straight into the piece, without the GIL
                         if ctx(base + a, address(of(part)), full, 1) == full:
                             continue

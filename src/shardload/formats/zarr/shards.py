@@ -50,28 +50,33 @@ class ShardIndexCache:
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         self.max_bytes = max_bytes
-        self._entries: dict[str, np.ndarray] = {}
+        # path -> (the file's version it was read from: inode, device, size, mtime; the index)
+        self._entries: dict[str, tuple[Any, np.ndarray]] = {}
         self._nbytes = 0
         self._lock = threading.Lock()
         _CACHES.add(self)
 
-    def get(self, path: str) -> np.ndarray | None:
-        return self._entries.get(path)
+    def get(self, path: str, file: Any = None) -> np.ndarray | None:
+        """``path``'s index, or None; also where ``file`` (its version) is not the one it
+        came from: a shard replaced or rewritten since is read with its own index."""
+        entry = self._entries.get(path)  # one look-up: the version and index put together
+        if entry is None or (file is not None and entry[0] != file):
+            return None
+        return entry[1]
 
-    def put(self, path: str, index: np.ndarray) -> None:
+    def put(self, path: str, index: np.ndarray, file: Any = None) -> None:
         with self._lock:
             if path in self._entries:
-                return
+                self._nbytes -= self._entries.pop(path)[1].nbytes
             while self._entries and self._nbytes + index.nbytes > self.max_bytes:
                 oldest = next(iter(self._entries))  # only put() changes the dict: safe
-                self._nbytes -= self._entries.pop(oldest).nbytes
-            self._entries[path] = index
+                self._nbytes -= self._entries.pop(oldest)[1].nbytes
+            self._entries[path] = (file, index)
             self._nbytes += index.nbytes
 
     def clear(self) -> None:
         with self._lock:
-            self._entries = {}
-            self._nbytes = 0
+            self._entries, self._nbytes = {}, 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -148,13 +153,15 @@ def shard_index(
     fd: int | None,
     indexes: ShardIndexCache | None,
 ) -> np.ndarray:
-    """Shard ``k``'s checked index (:func:`_read_index`), from ``indexes`` when it holds it,
-    else read and kept there."""
-    index = indexes.get(path) if indexes is not None else None
+    """Shard ``k``'s checked index (:func:`_read_index`), from ``indexes`` when it holds it
+    for this version of the file (a local one), else read and kept there."""
+    st = os.fstat(fd) if fd is not None and indexes is not None else None
+    file = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns) if st is not None else None
+    index = indexes.get(path, file) if indexes is not None else None
     if index is None:
         index = _read_index(layout, name, k, path, f, fd)
         if indexes is not None:
-            indexes.put(path, index)
+            indexes.put(path, index, file)
     return index
 
 
