@@ -174,7 +174,7 @@ def test_a_shard_truncated_after_its_check_is_named_and_never_served(
     data = bad.read_bytes()
     bad.write_bytes(data[: len(data) // 2])
     served = []
-    with pytest.raises(ChunkReadError, match="shard 3 of array 'x' is truncated") as err:
+    with pytest.raises(ChunkReadError, match=r"shard 3 of array 'x' is (truncated|corrupt)") as err:
         for b in shardload.iter_batches(store, epoch=1, **KW):
             served.append(np.array(b["x"]))
             np.testing.assert_array_equal(served[-1], values[b["index"]])
@@ -210,3 +210,52 @@ def test_never_written_inner_chunks_read_as_the_fill_value(
         np.testing.assert_array_equal(b["x"], values[b["index"]])
     monkeypatch.setattr(scatter, "_preadv", lambda errno=False: None)  # as without preadv
     _same(got, _epoch(shardload.open_store(root, verify="never")))
+
+
+def test_a_shard_rewritten_between_epochs_is_read_with_its_own_index(
+    stores: dict[str, Path], values: np.ndarray, tmp_path: Path
+) -> None:
+    """Checked and indexed in the first epoch (``verify="first-epoch"``), a shard file written
+    again before the next with the same inner chunks in reverse order (each the same size) and
+    its index to match: the next epoch places rows by the new index, not by the one kept from
+    the first epoch (whose offsets now hold other rows, served silently before)."""
+    import shutil
+
+    import google_crc32c
+
+    root = tmp_path / "s"
+    shutil.copytree(stores["raw"], root)
+    shard = Path(_shards(root)[1])
+    data = shard.read_bytes()
+    at = len(data) - 4 - 16 * PER_SHARD
+    index = np.frombuffer(data[at:-4], "<u8").reshape(PER_SHARD, 2).copy()
+    assert len(set(index[:, 1].tolist())) == 1  # raw: every inner chunk the same size
+    chunks = [data[int(o) : int(o + n)] for o, n in index.tolist()]
+    index[:, 0] = index[::-1, 0]
+    new_index = index.astype("<u8").tobytes()
+    crc = int(google_crc32c.value(new_index)).to_bytes(4, "little")
+    store = shardload.open_store(root, verify="first-epoch")
+    assert read_kind(store, ["x"]) == "scatter"
+    _epoch(store)
+    shard.write_bytes(b"".join(chunks[::-1]) + new_index + crc)
+    for b in _epoch(store, epoch=1):
+        np.testing.assert_array_equal(b["x"], values[b["index"]])
+
+
+def test_a_shard_replaced_between_its_index_and_its_open_is_named(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file the scatter reader opens must be the one whose index placed the rows: another
+    (replaced in between) is an error naming the shard, not rows read by a stale index."""
+    import dataclasses
+
+    from shardload.formats.zarr import read as zarr_read
+
+    real = zarr_read.ZarrReader.raw_shard
+
+    def elsewhere(self: Any, name: str, k: int) -> Any:
+        return dataclasses.replace(real(self, name, k), version=(0, 0, 0, 0))
+
+    monkeypatch.setattr(zarr_read.ZarrReader, "raw_shard", elsewhere)
+    with pytest.raises(ChunkReadError, match=r"shard \d of array 'x' changed while it was being"):
+        _epoch(shardload.open_store(stores["raw"]))

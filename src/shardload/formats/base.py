@@ -151,7 +151,9 @@ class RawShard:
     """Where a local shard file's raw inner chunks lie (checked against the store's checksum
     and its index's, as the reader's ``verify`` asks): inner chunk ``j``'s rows from byte
     ``offsets[j]`` (-1: never written, its rows are ``fill_row``), C-ordered, ``row_bytes``
-    each, ``chunk_bytes`` an inner chunk; the file holds at least ``file_bytes``."""
+    each, ``chunk_bytes`` an inner chunk; the file holds at least ``file_bytes``. ``version``:
+    the file these offsets are of (inode, device, size, mtime in ns; None: not known), which
+    the file a reader opens must still be."""
 
     path: str
     offsets: np.ndarray = field(compare=False)  # int64, one per inner chunk
@@ -159,6 +161,7 @@ class RawShard:
     chunk_bytes: int
     file_bytes: int
     fill_row: bytes = field(compare=False)  # one row of the fill value
+    version: tuple[int, int, int, int] | None = field(default=None, compare=False)
 
 
 @runtime_checkable

@@ -141,9 +141,16 @@ class OpenChunks:
         rc = raw(c)  # a shard: checked against its checksum here, before any read
         shard = rc.shard
         what = f"chunk {c}" if shard is None else f"shard {f}"
-        fd, rc, size = _open_sized(rc, name, what)
+        fd, rc, st = _open_sized(rc, name, what)
+        size = st.st_size
         if shard is None:
             return fd, rc, np.array([[fd], [rc.offset], [rc.row_bytes], [size]], np.int64)
+        if shard.version is not None and shard.version != _version(st):
+            os.close(fd)  # replaced or rewritten between its index's look-up and this open
+            raise ChunkReadError(
+                f"shard {f} of array {name!r} changed while it was being read: {shard.path} "
+                "is not the file its index was read from (the store was rewritten under the reader)"
+            )
         if size < shard.file_bytes:
             os.close(fd)
             raise ChunkReadError(
@@ -229,7 +236,11 @@ def _fd_budget() -> int:
     return max(0, min(1024, int(soft) // 4))
 
 
-def _open_sized(rc: RawChunk, name: str, what: str) -> tuple[int, RawChunk, int]:
+def _version(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+
+
+def _open_sized(rc: RawChunk, name: str, what: str) -> tuple[int, RawChunk, os.stat_result]:
     try:
         if rc.opener is not None:  # a node cache's copy: checked, and its offset known, once open
             fd, rc = rc.opener()
@@ -238,11 +249,11 @@ def _open_sized(rc: RawChunk, name: str, what: str) -> tuple[int, RawChunk, int]
     except OSError as exc:
         raise ChunkReadError.from_os_error(exc, what, name, rc.path) from exc
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
     except OSError as exc:
         os.close(fd)
         raise ChunkReadError.from_os_error(exc, what, name, rc.path) from exc
-    return fd, rc, size
+    return fd, rc, st
 
 
 def read_past_cache(store_bytes: int) -> bool:

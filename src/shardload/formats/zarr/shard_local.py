@@ -118,7 +118,12 @@ def raw_shard(
     path = layout.chunk_path(k)
     if verifier is not None and verifier.needed(name, k):
         verify_file(verifier, name, k, path, what=f"shard {k}")
-    index = indexes.get(path) if indexes is not None else None
+    with shard_errors(layout, name, k, path, ()):  # strict: a missing shard is an error
+        st = os.stat(path)
+    version = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+    # an index kept from an earlier epoch only for this version of the file: a shard
+    # rewritten since is read with its own index (the one kept would place other rows)
+    index = indexes.get(path, version) if indexes is not None else None
     if index is None:
         with shard_errors(layout, name, k, path, ()), layout.open(path) as f:
             index = shard_index(layout, name, k, path, f, f.fileno(), indexes)
@@ -129,7 +134,7 @@ def raw_shard(
     starts = np.where(empty, -1, offs.astype(np.int64))
     end = int((starts + full).max(initial=0)) + (spec.index_nbytes if spec.index_at_end else 0)
     fill = np.full(layout.row_bytes // layout.dtype.itemsize, layout.fill_value, layout.dtype)
-    return RawShard(path, starts, layout.row_bytes, full, end, fill.tobytes())
+    return RawShard(path, starts, layout.row_bytes, full, end, fill.tobytes(), version)
 
 
 def _read_shard(
