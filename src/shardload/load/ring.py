@@ -151,7 +151,7 @@ class BatchRing:
     @property
     def usable(self) -> bool:
         """True in a process forked from the ring's creator (a DataLoader worker)."""
-        return self._mm is not None and os.getpid() != self.owner
+        return self._mm is not None and procs.my_pid() != self.owner
 
     def views(self, slot: int, rows: int) -> dict[str, np.ndarray]:
         """The arrays of ``rows`` rows in ``slot`` (views of the shared region)."""
@@ -193,7 +193,7 @@ class BatchRing:
     def _me(self) -> int:
         """This worker's slot mark: its pid with its start time (:func:`procs.pack`), so a
         slot of a dead worker whose pid was reused is still reclaimed."""
-        pid = os.getpid()
+        pid = procs.my_pid()  # asked twice a batch: no system call each time
         if self._mark is None or self._mark[0] != pid:
             self._mark = (pid, procs.pack(pid, procs.my_start_time()))
         return self._mark[1]

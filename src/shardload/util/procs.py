@@ -47,6 +47,16 @@ def _psutil_start(pid: int) -> int | None:
         return None
 
 
+def my_pid() -> int:
+    """This process's pid without a system call per ask (``os.getpid``): kept, and renewed in
+    a child of ``os.fork`` (DataLoader workers ask once per batch)."""
+    return _PID[0]
+
+
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
 def my_start_time() -> int | None:
     """:func:`start_time` of this process."""
     return start_time(os.getpid())
