@@ -205,6 +205,43 @@ def test_recorder_fsyncs_the_files_of_waiting_blocks_together(tmp_path, monkeypa
     assert most[0] > 1, "the waiting blocks' fsyncs ran one at a time"
 
 
+def test_recorder_holds_at_most_maxsize_blocks_those_being_fsynced_included(tmp_path):
+    """The blocks handed over and not yet recorded are what a prepare to object storage keeps
+    on local disk: at most ``maxsize`` of them, those in the recorder's batch of fsyncs
+    included (with the batch taken off the queue, ``maxsize`` more could wait beside it: the
+    S3 campaign's local-disk bound was passed by a block)."""
+    files = [tmp_path / f"f{i}.bin" for i in range(8)]
+    for f in files:
+        f.write_bytes(b"x")
+    gate, first = threading.Event(), threading.Event()
+
+    def on_durable(item):
+        first.set()
+        assert gate.wait(30)
+
+    c = commit_mod.BlockCommit(tmp_path / "o", fingerprint="f", num_blocks=8)
+    rec = DurableRecorder(c, on_durable, maxsize=3)
+    handed = [0]
+
+    def writer():
+        for i, f in enumerate(files):
+            rec.put([str(f)], i)
+            handed[0] += 1
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    assert first.wait(30)  # block 0 is being recorded: the recorder holds it
+    deadline = time.monotonic() + 30
+    while handed[0] < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # room for a put the bound should stop
+    assert handed[0] == 3, f"{handed[0]} blocks handed over for a bound of 3"
+    gate.set()
+    t.join(30)
+    rec.close()
+    assert handed[0] == 8
+
+
 def test_write_tasks_do_not_sleep_without_the_throttle(tmp_path, small_nc, monkeypatch):
     """The throttle (``SHARDLOAD_THROTTLE_S``, a testing aid) unset, a write task does not
     call ``time.sleep`` (``sleep(0)`` still gave up the GIL: 1-5 ms a call beside the

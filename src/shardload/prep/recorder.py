@@ -27,7 +27,8 @@ class DurableRecorder:
     :meth:`put` hands over a finished task: the files of every task waiting are fsynced
     together (from a few threads), then ``on_durable(item)`` runs in the recorder's thread for
     each, in order of arrival (it writes the block's record). At most
-    ``maxsize`` tasks wait; :meth:`put` blocks beyond that (the writers then wait for the disk).
+    ``maxsize`` tasks are handed over and not yet recorded (those being fsynced count);
+    :meth:`put` blocks beyond that (the writers then wait for the disk).
     An error in the thread is raised by the next :meth:`put` or by :meth:`close`; what was queued
     after it is never recorded. Leaving the ``with`` block on an error (a task failed) still
     records the finished tasks queued (a resumed run need not redo them); on an interrupt
@@ -39,7 +40,10 @@ class DurableRecorder:
     ) -> None:
         self.commit = commit
         self.on_durable = on_durable
-        self._queue: queue.Queue[tuple[Sequence[str], Any] | None] = queue.Queue(maxsize)
+        self._queue: queue.Queue[tuple[Sequence[str], Any] | None] = queue.Queue()
+        # tasks handed over and not yet recorded, those being fsynced included: the blocks a
+        # prepare holds on local disk (an upload to object storage) stay bounded by maxsize
+        self._room = threading.Semaphore(maxsize)
         self._error: BaseException | None = None
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="shardload-fsync", daemon=True)
@@ -54,7 +58,12 @@ class DurableRecorder:
                         batch.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
-                self._record(pool, [got for got in batch if got is not None])
+                tasks = [got for got in batch if got is not None]
+                try:
+                    self._record(pool, tasks)
+                finally:
+                    for _ in tasks:  # recorded, or dropped after an error: room for more
+                        self._room.release()
                 if batch[-1] is None:
                     return
 
@@ -88,6 +97,7 @@ class DurableRecorder:
 
     def put(self, paths: Sequence[str], item: Any) -> None:
         self._raise()
+        self._room.acquire()
         self._queue.put((list(paths), item))
 
     def close(self) -> None:
