@@ -13,6 +13,7 @@ import pytest
 import shardload
 import shardload.load.options as options
 from _stores import make_store
+from shardload.load.decoded import DecodeReader
 from shardload.load.gather import GatherReader
 from test_url_shard_fetch import KW, served_url
 
@@ -29,13 +30,14 @@ def test_the_first_batch_by_url_waits_for_the_first_group_only(tmp_path, monkeyp
     )
     local = [b["index"] for b in shardload.iter_batches(store, **KW)]
     waited: list[int] = []
-    real = GatherReader.wait
+    # the gather reader, or the decode reader where the compiled kernel is built (by URL too)
+    for cls in (GatherReader, DecodeReader):
 
-    def wait(self, flight):  # type: ignore[no-untyped-def]
-        waited.append(flight.at)
-        return real(self, flight)
+        def wait(self, flight, real=cls.wait):  # type: ignore[no-untyped-def]
+            waited.append(flight.at)
+            return real(self, flight)
 
-    monkeypatch.setattr(GatherReader, "wait", wait)
+        monkeypatch.setattr(cls, "wait", wait)
     with served_url(tmp_path) as (url, _seen):
         batches = iter(shardload.iter_batches(url, **KW))
         got = [next(batches)]

@@ -116,14 +116,14 @@ def test_every_call_wanting_a_shard_fetched_ahead_decodes_it_as_it_arrives(
 
     real_decode = shard_fetch.decode_arriving
 
-    def decode(layout, name, k, path, pieces, ahead):  # type: ignore[no-untyped-def]
+    def decode(layout, name, k, path, pieces, ahead, *rest):  # type: ignore[no-untyped-def]
         if ahead is not None and ahead.stream(name, k) is not None:
             with lock:
                 callers.setdefault((name, k), set()).add(threading.get_ident())
                 n = len(callers[(name, k)])
             if n >= 2:
                 event(name, k).set()
-        return real_decode(layout, name, k, path, pieces, ahead)
+        return real_decode(layout, name, k, path, pieces, ahead, *rest)
 
     real_fetch = ahead_mod._fetch
 

@@ -8,7 +8,9 @@ worker's stream of batches, so the group's batches are allocated first and each 
 decoded into a small buffer that stays in the CPU's cache, has its rows copied to their
 places: no group buffer and no gather pass. Reading into a 67 MB group buffer and gathering out
 of it wrote every decoded byte to memory twice and read it back once more (docs/design.md,
-"Compressed shards decoded into their batches").
+"Compressed shards decoded into their batches"). The same by URL
+(``formats/zarr/url_rows.py``): chunks decoded from each shard's checked bytes into their rows,
+one task per array and group.
 
 Planning a group (its batches, their index rows, each row's address) runs in the ``plan``
 lane, its decodes in ``threads`` reader threads (``read``), each a contiguous share of the
@@ -42,12 +44,12 @@ from shardload.store.core import Store
 
 
 def decoded_sources(store: Store, names: Sequence[str]) -> bool:
-    """True when every array in ``names`` of a local store is decoded into place by its reader
-    (:class:`~shardload.formats.base.DecodesRows`); the store's layout and this install only
-    (whether the compiled kernel is built), never the order: every reader yields the same
-    batches."""
+    """True when every array in ``names`` of a store (local, or by URL) is decoded into place
+    by its reader (:class:`~shardload.formats.base.DecodesRows`); the store's layout and this
+    install only (whether the compiled kernel is built), never the order: every reader yields
+    the same batches."""
     reader = store.reader
-    if not names or not store.is_local or not isinstance(reader, DecodesRows):
+    if not names or not isinstance(reader, DecodesRows):
         return False
     try:
         return all(reader.decoded_rows(n) for n in names)
@@ -100,6 +102,9 @@ class DecodeReader(GroupReader):
         self.store, self.names, self.index_key = store, names, index_key
         self.new_batch, self.allocate = new_batch, allocate
         self.readers = max(1, threads)
+        # by URL one task per array and group, as the gather reader's call: it keeps its own
+        # requests in flight (formats/zarr/shard_fetch.py), its threads mostly waiting
+        self.tasks = self.readers if store.is_local else 1
         self.lanes = {"plan": 1, "read": self.readers}
         self.ahead = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks) - 1
         arrays = store.manifest.arrays
@@ -154,7 +159,7 @@ class DecodeReader(GroupReader):
         rows = rows[srt]
         k_of, in_b = np.divmod(at + srt, b)  # each sorted row's batch and place in it
         k_of -= k0
-        cuts = plan_task_cuts(np.searchsorted(self.bounds, rows, "right"), self.readers)
+        cuts = plan_task_cuts(np.searchsorted(self.bounds, rows, "right"), self.tasks)
         futs: list[Future[None]] = []
         for a in self.names:
             # .ctypes.data costs 4 us a call, __array_interface__ 3 (about 45 batches a group)

@@ -100,20 +100,71 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(i);
 }
 
+static PyObject *decode_rows_buf(PyObject *self, PyObject *args); /* below */
+
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS,
      "Decode Blosc inner chunks of a shard file, each row to its own address."},
+    {"decode_rows_buf", decode_rows_buf, METH_VARARGS,
+     "Decode Blosc inner chunks of a shard's bytes in memory, each row to its own address."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decode_rows", NULL, -1, methods};
 
-/* ABI: decode_rows's arguments, as shard_rows.py calls it (a build of another is not used) */
+/* ABI: the arguments of decode_rows and decode_rows_buf, as shard_rows.py and url_rows.py
+ * call them (a build of another is not used) */
 PyMODINIT_FUNC PyInit__decode_rows(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 2) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 3) < 0) {
         Py_DECREF(m);
         return NULL;
     }
     return m;
+}
+
+
+/* decode_rows_buf(fn, buf, buf_bytes, offsets, sizes, start, n, dst, rows, row_bytes, typesize_a,
+ *                 typesize_b, shuffle, tmp) -> the position of the first chunk not served (n: all)
+ *
+ * decode_rows for a shard whose bytes are in memory already (fetched by URL and checked
+ * against its checksum): chunk i is bytes [offsets[i], offsets[i] + sizes[i]) of buf
+ * (buf_bytes long); a chunk that does not lie wholly inside it is not served (Python names
+ * it, as a truncated one). No read, no scratch: the same header checks, decode and copies. */
+static PyObject *decode_rows_buf(PyObject *self, PyObject *args) {
+    unsigned long long fn_a, buf_a, offs_a, sizes_a, dst_a, tmp_a;
+    Py_ssize_t buf_bytes, start, n, rows, row_bytes, typesize_a, typesize_b, shuffle;
+    if (!PyArg_ParseTuple(args, "KKnKKnnKnnnnnK", &fn_a, &buf_a, &buf_bytes, &offs_a, &sizes_a,
+                          &start, &n, &dst_a, &rows, &row_bytes, &typesize_a, &typesize_b,
+                          &shuffle, &tmp_a))
+        return NULL;
+    decompress_fn decompress = (decompress_fn)(uintptr_t)fn_a;
+    const unsigned char *buf = (const unsigned char *)(uintptr_t)buf_a;
+    const int64_t *offs = (const int64_t *)(uintptr_t)offs_a;
+    const int64_t *sizes = (const int64_t *)(uintptr_t)sizes_a;
+    unsigned char *const *dst = (unsigned char *const *)(uintptr_t)dst_a;
+    unsigned char *tmp = (unsigned char *)(uintptr_t)tmp_a;
+    const int64_t full = (int64_t)rows * (int64_t)row_bytes;
+    Py_ssize_t i = start;
+    Py_BEGIN_ALLOW_THREADS
+    for (; i < n; i++) {
+        const int64_t off = offs[i], size = sizes[i];
+        if (size < 16 || off < 0 || size > (int64_t)buf_bytes || off > (int64_t)buf_bytes - size ||
+            full > INT32_MAX)
+            break;
+        const unsigned char *src = buf + off;
+        const Py_ssize_t typesize = src[3];
+        if ((int64_t)le32(src + 12) != size || (int64_t)le32(src + 4) != full ||
+            (typesize != typesize_a && typesize != typesize_b) ||
+            (shuffle >= 0 && (src[2] & 0x05) != shuffle))
+            break;
+        if (decompress(src, tmp, (size_t)full, 1) != (int)full)
+            break;
+        unsigned char *const *to = dst + i * rows;
+        for (Py_ssize_t r = 0; r < rows; r++)
+            if (to[r])
+                memcpy(to[r], tmp + r * row_bytes, (size_t)row_bytes);
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSsize_t(i);
 }

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from shardload.formats.zarr.shards import EMPTY
 from shardload.util.owners import PerOwner
 
 #: Kept chunk bytes at most per reader (per process), unless ``SHARDLOAD_URL_KEEP_BYTES`` says.
@@ -189,3 +190,32 @@ def plan_kept(kept: KeptChunks, layouts: dict[str, Any], first: Any, last: Any) 
         ids = np.repeat(a, n) + (np.arange(total, dtype=np.int64) - starts)
         reads[name] = (ids, np.repeat(np.arange(len(first), dtype=np.int64), n))
     kept.plan(reads)
+
+
+def later_chunks(kept: KeptChunks | None, name: str, first: int, index: np.ndarray) -> np.ndarray:
+    """The inner chunks of the shard (numbers within it) that this worker reads later and that
+    fit the room left to keep them (the soonest read first), in offset order."""
+    if kept is None:
+        return np.zeros(0, np.int64)
+    js = kept.wanted(name, np.arange(first, first + len(index), dtype=np.int64)) - first
+    js = js[index[js, 0] != np.uint64(EMPTY)]
+    js = js[np.cumsum(index[js, 1].astype(np.int64)) <= kept.room()]
+    return js[np.argsort(index[js, 0], kind="stable")]
+
+
+def keep_inside(
+    kept: KeptChunks, name: str, k: int, index: np.ndarray, buf: memoryview, at: int, got: int
+) -> None:
+    """Keep the chunks of shard ``k`` wholly inside ``buf`` (its bytes [at, at + got)) that this
+    worker reads later this epoch."""
+    assert index.ndim == 2
+    n = len(index)
+    offs, sizes = index[:, 0], index[:, 1]
+    inside = (offs != np.uint64(EMPTY)) & (offs >= np.uint64(at))
+    inside &= offs + sizes <= np.uint64(at + got)
+    js = np.flatnonzero(inside)
+    first = k * n
+    for i in kept.wanted(name, js + first).tolist():
+        o, size = int(offs[i - first]) - at, int(sizes[i - first])
+        if not kept.keep(name, i, buf[o : o + size]):
+            break  # full

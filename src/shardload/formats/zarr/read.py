@@ -35,9 +35,9 @@ from shardload.formats.zarr.ranges import RawUrlReads, raw_layout
 from shardload.formats.zarr.rows import read_rows_into
 from shardload.formats.zarr.shard_fetch import read_url_spans_into
 from shardload.formats.zarr.shard_local import raw_shard
-from shardload.formats.zarr.shard_rows import DecodedRows
 from shardload.formats.zarr.shard_spans import read_spans_into
 from shardload.formats.zarr.shards import RangeOpener, ShardIndexCache
+from shardload.formats.zarr.url_rows import DecodedRowsByUrl
 from shardload.manifest.core import Manifest
 
 
@@ -81,7 +81,7 @@ def open_group_readonly(fs: Any, root: str, *, strict: bool = False) -> Any:
     return zarr.open_group(store=store, mode="r")
 
 
-class ZarrReader(CarriedMetadata, DecodedRows):
+class ZarrReader(CarriedMetadata, DecodedRowsByUrl):
     """Reads row ranges. Local arrays in the simple layouts shardload writes (chunk files, or
     shards of inner chunks along rows; no codec but Blosc) are read straight into the caller's
     memory (:mod:`.chunks`, :mod:`.shards`, :mod:`.shard_rows`); the rest through zarr-python.

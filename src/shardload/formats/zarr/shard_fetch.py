@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from threading import BoundedSemaphore
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from shardload.errors import ChunkReadError
 from shardload.formats.checksums import CheckedUnit, Verifier
 from shardload.formats.zarr.ahead import Ahead, ahead_for
 from shardload.formats.zarr.chunks import ChunkLayout
-from shardload.formats.zarr.kept import KeptChunks, kept_for
+from shardload.formats.zarr.kept import KeptChunks, keep_inside, kept_for, later_chunks
 from shardload.formats.zarr.shard_spans import (
     RUN_BYTES,
     BufferFile,
@@ -65,6 +65,9 @@ from shardload.formats.zarr.shards import (
 )
 from shardload.formats.zarr.streamed import decode_arriving, decoded_from
 from shardload.move.retries import current_stop, stop_on
+
+if TYPE_CHECKING:
+    from shardload.formats.zarr.url_rows import RowSink
 
 #: Inner chunks with at most this many bytes between them share one request: a request costs
 #: about as much as this many more bytes of its answer on loopback (docs/benchmarks.md).
@@ -144,10 +147,12 @@ def read_url_shards(
     by_shard: dict[int, list[Piece]],
     verifier: Verifier | None,
     indexes: ShardIndexCache | None,
+    sink: RowSink | None = None,
 ) -> None:
     """The pieces of each shard of ``by_shard`` (``.shard_spans``' grouping of one call's spans)
     by URL: chunks kept from earlier requests (:mod:`.kept`) decoded from those bytes, shards
-    to check fetched whole, the others by the planned range requests."""
+    to check fetched whole, the others by the planned range requests. ``sink``: pieces of a
+    shard's checked whole bytes decoded by it into their rows first (:mod:`.url_rows`)."""
     if not by_shard:
         return
     # ``verify="always"`` checks a shard each time it is read: no bytes kept across calls
@@ -161,7 +166,7 @@ def read_url_shards(
         def plan(k: int) -> list[Run]:
             with stop_on(stop):
                 return _plan_shard(
-                    layout, name, k, by_shard[k], verifier, indexes, checks, kept, ahead
+                    layout, name, k, by_shard[k], verifier, indexes, checks, kept, ahead, sink
                 )
 
         def fetch(r: Run) -> None:
@@ -183,6 +188,7 @@ def _plan_shard(
     checks: BoundedSemaphore,
     kept: KeptChunks | None,
     ahead: Ahead | None = None,
+    sink: RowSink | None = None,
 ) -> list[Run]:
     """Shard ``k``: its kept chunks decoded, the rest checked and decoded from the shard's
     whole bytes (no run left), or its runs."""
@@ -198,7 +204,7 @@ def _plan_shard(
             # waits for the check; not only the call that checks it (the others decoded from
             # the checked bytes after it, the epoch's tail)
             with verifier.unit_use(name, k) as unit:
-                early = decode_arriving(layout, name, k, path, pieces, ahead)
+                early = decode_arriving(layout, name, k, path, pieces, ahead, sink)
                 data = _checked_whole(
                     layout, verifier, name, k, path, checks, indexes, kept, reads, ahead=ahead,
                     used=unit,
@@ -206,7 +212,7 @@ def _plan_shard(
             if data is not None:  # decoded here (unless that stands), while the bytes are held
                 index = _index(layout, name, k, path, data, indexes)
                 if not decoded_from(early, data, index):
-                    _from_whole(layout, name, k, path, pieces, data, indexes)
+                    _from_whole(layout, name, k, path, pieces, data, indexes, sink)
                 return []
         # taken after the check: a call that checked the shard meanwhile kept these chunks
         held = kept.take(name, reads) if kept is not None else {}
@@ -224,7 +230,7 @@ def _plan_shard(
         empty = [pieces[q] for q in np.flatnonzero(offs == np.uint64(EMPTY)).tolist()]
         if empty:  # never written: the fill value (``_read_runs`` fetches nothing for them)
             _read_runs(layout, name, k, empty, index, path, _no_fetch)
-        later = _later(kept, name, first, index)
+        later = later_chunks(kept, name, first, index)
         if len(later):  # runs stretched over chunks to keep: a later group's request saved
             offs = np.concatenate([offs, index[later, 0]])
             sizes = np.concatenate([sizes, index[later, 1]])
@@ -238,7 +244,7 @@ def _plan_shard(
         if verifier is not None and _dense(runs, index):
             data = _checked_whole(layout, verifier, name, k, path, checks, indexes, kept, [], True)
             assert data is not None
-            _from_whole(layout, name, k, path, pieces, data, indexes)
+            _from_whole(layout, name, k, path, pieces, data, indexes, sink)
             return []
     return runs
 
@@ -261,9 +267,11 @@ def _from_whole(
     pieces: list[Piece],
     data: memoryview,
     indexes: ShardIndexCache | None,
+    sink: RowSink | None = None,
 ) -> None:
-    """Shard ``k``'s pieces decoded from its whole, checked bytes."""
+    """Shard ``k``'s pieces decoded from its whole, checked bytes (by ``sink`` first)."""
     index = _index(layout, name, k, path, data, indexes)
+    pieces = sink.decode(k, pieces, data, index) if sink is not None else pieces
     _read_runs(layout, name, k, pieces, index, path, _bytes_fetch(data), RUN_BYTES)
 
 
@@ -343,36 +351,7 @@ def _take_and_keep(
         return
     data = unit.data
     index = _index(layout, name, k, path, data, indexes)
-    _keep(kept, name, k, index, memoryview(data), 0, len(data))
-
-
-def _later(kept: KeptChunks | None, name: str, first: int, index: np.ndarray) -> np.ndarray:
-    """The inner chunks of the shard (numbers within it) that this worker reads later and that
-    fit the room left to keep them (the soonest read first), in offset order."""
-    if kept is None:
-        return np.zeros(0, np.int64)
-    js = kept.wanted(name, np.arange(first, first + len(index), dtype=np.int64)) - first
-    js = js[index[js, 0] != np.uint64(EMPTY)]
-    js = js[np.cumsum(index[js, 1].astype(np.int64)) <= kept.room()]
-    return js[np.argsort(index[js, 0], kind="stable")]
-
-
-def _keep(
-    kept: KeptChunks, name: str, k: int, index: np.ndarray, buf: memoryview, at: int, got: int
-) -> None:
-    """Keep the chunks of shard ``k`` wholly inside ``buf`` (its bytes [at, at + got)) that this
-    worker reads later this epoch."""
-    assert index.ndim == 2
-    n = len(index)
-    offs, sizes = index[:, 0], index[:, 1]
-    inside = (offs != np.uint64(EMPTY)) & (offs >= np.uint64(at))
-    inside &= offs + sizes <= np.uint64(at + got)
-    js = np.flatnonzero(inside)
-    first = k * n
-    for i in kept.wanted(name, js + first).tolist():
-        o, size = int(offs[i - first]) - at, int(sizes[i - first])
-        if not kept.keep(name, i, buf[o : o + size]):
-            break  # full
+    keep_inside(kept, name, k, index, memoryview(data), 0, len(data))
 
 
 def _index(
@@ -395,4 +374,4 @@ def _fetch_run(layout: ChunkLayout, name: str, run: Run, kept: KeptChunks | None
         buf, got = RangeFile(layout.opener.fs, path).fetch(start, end)
         _read_runs(layout, name, k, pieces, index, path, _slices(buf, got, start), end - start)
         if kept is not None and len(pieces) < len(index):
-            _keep(kept, name, k, index, buf, start, got)
+            keep_inside(kept, name, k, index, buf, start, got)

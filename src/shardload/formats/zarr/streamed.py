@@ -27,14 +27,17 @@ the check, which raises what the shard's damage is, naming it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardload.formats.zarr.ahead import Ahead
 from shardload.formats.zarr.chunks import ChunkLayout
 from shardload.formats.zarr.shard_spans import RUN_BYTES, Piece, _read_runs
-from shardload.formats.zarr.shards import RangeFile, _read_index
+from shardload.formats.zarr.shards import EMPTY, RangeFile, _read_index
+
+if TYPE_CHECKING:
+    from shardload.formats.zarr.url_rows import RowSink
 
 __all__ = ["STREAM_MIN_BYTES", "Early", "decode_arriving", "decoded_from"]
 
@@ -71,12 +74,20 @@ class _Gone(Exception):
 
 
 def decode_arriving(
-    layout: ChunkLayout, name: str, k: int, path: str, pieces: list[Piece], ahead: Ahead | None
+    layout: ChunkLayout,
+    name: str,
+    k: int,
+    path: str,
+    pieces: list[Piece],
+    ahead: Ahead | None,
+    sink: RowSink | None = None,
 ) -> Early | None:
     """Decode ``pieces`` of shard ``k`` from its GET ahead as the bytes arrive (the caller is
     one of the shard's users, ``Verifier.unit_use``): the index used and the buffer decoded
     from, or None when there was no such GET (or it was taken already) or anything went wrong
-    (the caller decodes from the checked bytes)."""
+    (the caller decodes from the checked bytes). ``sink``: the pieces' chunks decoded by it
+    into their rows instead (:mod:`.url_rows`), from the bytes in so far, a piece it leaves
+    a failure as any other."""
     stream = ahead.stream(name, k) if ahead is not None else None
     spec = layout.shard
     if stream is None or spec is None or not spec.index_at_end or layout.opener is None:
@@ -98,10 +109,33 @@ def decode_arriving(
     try:
         tail = stream.tail(lambda: RangeFile(layout.opener.fs, path).fetch(total - n, total)[0])
         index = _read_index(layout, name, k, path, _TailFile(total, tail), None)
-        _read_runs(layout, name, k, pieces, index, path, fetch, RUN_BYTES)
+        if sink is not None:
+            _sink_arriving(sink, k, pieces, index, fetch)
+        else:
+            _read_runs(layout, name, k, pieces, index, path, fetch, RUN_BYTES)
     except Exception:  # (a damaged shard is named by the check and the decode after it)
         return None
     return (index, first[0][0]) if first else None
+
+
+def _sink_arriving(
+    sink: RowSink, k: int, pieces: list[Piece], index: np.ndarray, fetch: Any
+) -> None:
+    """``pieces`` decoded by ``sink`` in offset order, ``RUN_BYTES`` of the shard at a time
+    once those bytes are in (``fetch``: the bytes from 0 to an offset, waited for)."""
+    js = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
+    offs = index[js, 0]
+    if (offs == np.uint64(EMPTY)).any():
+        raise _Gone  # (never written: decoded after the check, as any other piece left)
+    order = np.argsort(offs, kind="stable")
+    ends = (offs + index[js, 1]).astype(np.int64)[order]
+    step = np.r_[np.flatnonzero(np.diff(ends // RUN_BYTES)) + 1, len(order)]
+    a = 0
+    for b in step.tolist():
+        buf, _ = fetch(0, int(ends[a:b].max()))
+        if sink.decode(k, [pieces[q] for q in order[a:b].tolist()], buf, index):
+            raise _Gone  # a piece left: all decoded again from the checked bytes
+        a = b
 
 
 def decoded_from(early: Early | None, data: memoryview, index: np.ndarray) -> bool:

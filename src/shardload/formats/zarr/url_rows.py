@@ -1,0 +1,164 @@
+"""By URL, Blosc inner chunks decoded straight into the places their rows go (issues 25 and 28).
+
+The local read of a compressed shard (:mod:`.shard_rows`) decodes each inner chunk into a small
+buffer that stays in the CPU's cache and copies each of its rows to its row of a batch: no
+group buffer, no gather pass. By URL a shard's bytes mostly arrive whole in memory, fetched
+once for its checksum (:func:`.shard_fetch._checked_whole`): here the chunks a call needs are
+decoded from those checked bytes the same way, by the compiled kernel's ``decode_rows_buf``
+(without the GIL, every chunk's place checked against the buffer's length).
+
+The rest of the URL path is unchanged (:func:`.shard_fetch.read_url_shards`): each chunk is a
+piece of a per-call staging array, and the pieces the kernel does not serve from checked bytes
+(a chunk kept from an earlier request, one fetched by a range request, one decoded while the
+shard arrived, :mod:`.streamed`, or one the kernel cannot serve: then decoded or named by the
+path it takes today, with today's errors) are decoded there as before, then their rows copied
+to their places. The staging array is never written where the kernel served its chunks (its
+pages are never touched). Rows are used only once the call returns, every shard checked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from shardload.formats.checksums import Verifier
+from shardload.formats.zarr import shard_fetch, shard_rows
+from shardload.formats.zarr.chunks import ChunkLayout
+from shardload.formats.zarr.shard_spans import Piece
+from shardload.formats.zarr.shards import EMPTY, RangeOpener, ShardIndexCache
+
+_TMP = threading.local()
+
+
+def decodes_url_rows(layout: ChunkLayout | None) -> bool:
+    """Whether the kernel can decode this array's rows into place by URL: a shardload
+    (strict) array of Blosc inner chunks in shards read through range requests, and the
+    kernel built."""
+    return (
+        shard_rows.KERNEL is not None
+        and layout is not None
+        and layout.shard is not None
+        and layout.blosc
+        and isinstance(layout.opener, RangeOpener)
+        and layout.strict
+    )
+
+
+class RowSink:
+    """One call's chunks (``chunks``: global chunk numbers, sorted, each once) and where each
+    one's rows go (``dst[i, r]``: the address of row ``r`` of chunk ``chunks[i]``, 0 for
+    nowhere); ``served[i]``: decoded into place by the kernel."""
+
+    def __init__(self, layout: ChunkLayout, chunks: np.ndarray, dst: np.ndarray) -> None:
+        assert layout.shard is not None
+        self.layout, self.chunks, self.dst = layout, chunks, dst
+        self.served = np.zeros(len(chunks), bool)
+
+    def decode(
+        self, k: int, pieces: list[Piece], data: memoryview, index: np.ndarray
+    ) -> list[Piece]:
+        """Shard ``k``'s ``pieces`` (this call's, whole inner chunks) decoded from its checked
+        bytes ``data`` (``index``: their own) into their rows; the pieces left (never written,
+        or a chunk the kernel could not serve) for the caller's path."""
+        layout = self.layout
+        assert layout.shard is not None
+        js = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
+        at = np.searchsorted(self.chunks, js + k * layout.shard.chunks)
+        offs, sizes = index[js, 0], index[js, 1]
+        written = np.flatnonzero(offs != np.uint64(EMPTY))
+        order = written[np.argsort(offs[written], kind="stable")]
+        if not len(order):
+            self.served[at] = False
+            return pieces
+        offs_o, sizes_o = offs[order].astype(np.int64), sizes[order].astype(np.int64)
+        dst = np.ascontiguousarray(self.dst[at[order]], np.uint64)
+        full = layout.chunk_rows * layout.row_bytes
+        tmp = getattr(_TMP, "buf", None)
+        if tmp is None or len(tmp) < full:
+            tmp = _TMP.buf = np.empty(full, np.uint8)
+        buf = np.frombuffer(data, np.uint8)
+        left = np.ones(len(pieces), bool)
+        (ts_a, ts_b), shuffle = layout.blosc_header  # as the local kernel checks them
+        i, n = 0, len(order)
+        while i < n:
+            got = shard_rows.KERNEL.decode_rows_buf(
+                shard_rows._DECOMPRESS,
+                buf.ctypes.data,
+                len(buf),
+                offs_o.ctypes.data,
+                sizes_o.ctypes.data,
+                i,
+                n,
+                dst.ctypes.data,
+                layout.chunk_rows,
+                layout.row_bytes,
+                ts_a,
+                ts_b,
+                shuffle,
+                tmp.ctypes.data,
+            )
+            left[order[i:got]] = False
+            i = got + 1  # chunk ``got`` (if any) is left to the caller's path, which names it
+        self.served[at] = ~left  # a piece left: its rows copied from staging after all
+        return [p for p, q in zip(pieces, left.tolist(), strict=True) if q]
+
+    def copy_rest(self, staging: np.ndarray) -> None:
+        """The rows of the chunks not served by the kernel copied from ``staging`` (the whole
+        chunks the caller's path decoded, ``staging[i]`` chunk ``chunks[i]``'s)."""
+        rb = self.layout.row_bytes
+        for i in np.flatnonzero(~self.served).tolist():
+            base = staging[i].ctypes.data
+            for r, p in enumerate(self.dst[i].tolist()):
+                if p:
+                    ctypes.memmove(p, base + r * rb, rb)
+
+
+def decode_url_rows_into(
+    layout: ChunkLayout,
+    name: str,
+    rows: np.ndarray,
+    to: np.ndarray,
+    verifier: Verifier | None,
+    indexes: ShardIndexCache | None,
+) -> None:
+    """Row ``rows[i]`` of array ``name`` by URL (global row numbers, sorted, each once) copied
+    to address ``to[i]`` (``layout.row_bytes`` bytes there, the caller's, alive for the call):
+    each inner chunk fetched as :func:`.shard_fetch.read_url_shards` fetches it, every shard
+    checked first."""
+    assert layout.shard is not None
+    n_rows, per = layout.chunk_rows, layout.shard.chunks
+    chunk, r = np.divmod(rows, n_rows)
+    starts = np.flatnonzero(np.r_[True, chunk[1:] != chunk[:-1]])
+    chunks = chunk[starts]
+    dst = np.zeros((len(chunks), n_rows), np.uint64)  # 0: a row nobody asked for
+    dst[np.repeat(np.arange(len(chunks)), np.diff(np.r_[starts, len(rows)])), r] = to
+    full = n_rows * layout.row_bytes
+    staging = np.empty((len(chunks), full), np.uint8)  # touched only where the kernel is not
+    by_shard: dict[int, list[Piece]] = {}
+    for i, c in enumerate(chunks.tolist()):
+        by_shard.setdefault(c // per, []).append((c % per, 0, n_rows, staging[i].data))
+    sink = RowSink(layout, chunks, dst)
+    shard_fetch.read_url_shards(layout, name, by_shard, verifier, indexes, sink=sink)
+    sink.copy_rest(staging)
+
+
+class DecodedRowsByUrl(shard_rows.DecodedRows):
+    """:class:`.shard_rows.DecodedRows` (the Zarr reader's capability), by URL too."""
+
+    def decoded_rows(self, name: str) -> bool:
+        """Whether array ``name`` is one the kernel decodes into place, locally or by URL
+        (:func:`decodes_url_rows`; not CF-encoded)."""
+        layout = None if name in self._cf else self.layout(name)
+        return super().decoded_rows(name) or decodes_url_rows(layout)
+
+    def decode_rows_into(self, name: str, rows: np.ndarray, to: np.ndarray) -> None:
+        """Row ``rows[i]`` (sorted, each once) to address ``to[i]``: by URL
+        :func:`decode_url_rows_into`, else :func:`.shard_rows.decode_rows_into`."""
+        layout = self.layout(name)
+        assert layout is not None
+        if layout.opener is None:
+            super().decode_rows_into(name, rows, to)
+            return
+        decode_url_rows_into(layout, name, rows, to, self.verifier, self._indexes)
