@@ -171,13 +171,15 @@ def _damage(root: Path, chunk: int, how: str) -> Path:
     off, size = np.frombuffer(bytes(data[at:-4]), "<u8").reshape(PER_SHARD, 2)[chunk % PER_SHARD]
     if how == "header":
         data[off + 12 : off + 16] = int(size + 1).to_bytes(4, "little")  # compressed size
+    elif how == "shuffle":  # the byte-shuffle flag cleared: decodes to bytes never unshuffled
+        data[off + 2] ^= 0x01
     else:
         data[off + 16 : off + size] = b"\xff" * (int(size) - 16)  # no longer Blosc-lz4
     shard.write_bytes(bytes(data))
     return shard
 
 
-@pytest.mark.parametrize("how", ["header", "body"])
+@pytest.mark.parametrize("how", ["header", "shuffle", "body"])
 def test_a_damaged_chunk_is_named_as_the_gather_reader_names_it(
     stores: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:

@@ -100,7 +100,7 @@ def test_compressed_shards_by_url_are_decoded_into_the_batches(
     assert seen["buffers"] and seen["gathers"]
 
 
-@pytest.mark.parametrize("how", ["header", "body"])
+@pytest.mark.parametrize("how", ["header", "shuffle", "body"])
 def test_a_damaged_chunk_by_url_is_named_as_the_gather_reader_names_it(
     stores: Path,  # noqa: F811
     tmp_path: Path,
