@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from shardload.formats.zarr.shards import EMPTY
+from shardload.formats.zarr.empty import EMPTY
 from shardload.util.owners import PerOwner
 
 #: Kept chunk bytes at most per reader (per process), unless ``SHARDLOAD_URL_KEEP_BYTES`` says.

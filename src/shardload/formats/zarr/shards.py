@@ -35,9 +35,9 @@ from shardload.errors import ChunkReadError
 from shardload.formats.base import aligned_empty
 from shardload.formats.checksums import Verifier, verify_file
 from shardload.formats.zarr.chunks import ChunkLayout, decode_into, row_parts
+from shardload.formats.zarr.empty import EMPTY
 
 #: an empty inner chunk's offset and size in a shard index
-EMPTY = 2**64 - 1
 _EMPTY = np.uint64(EMPTY)
 
 
