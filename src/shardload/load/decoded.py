@@ -108,7 +108,7 @@ class DecodeReader(GroupReader):
         self.lanes = {"plan": 1, "read": self.readers}
         self.ahead = groups_in_flight(prefetch=prefetch, shuffle_chunks=plan.shuffle_chunks) - 1
         arrays = store.manifest.arrays
-        self.bounds = np.asarray(store.manifest.chunk_bounds, dtype=np.int64)
+        self.bounds = store.manifest.bounds  # made once per store (read-only)
         self.batches: dict[int, Batch] = {}  # written by the plan lane, popped by the loop
         self.row_bytes = {
             a: int(np.prod(arrays[a].row_shape, dtype=np.int64))
