@@ -25,6 +25,26 @@ static uint32_t le32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* One inner chunk at src (size bytes): its Blosc header checked against the index and the
+ * layout (compressed and decoded sizes, type size, shuffle bits; shuffle -1: any), decoded into
+ * tmp and each of its rows copied to its address in to (0: nowhere). 0 where it cannot serve. */
+static int serve_chunk(decompress_fn decompress, const unsigned char *src, int64_t size,
+                       int64_t full, Py_ssize_t typesize_a, Py_ssize_t typesize_b,
+                       Py_ssize_t shuffle, unsigned char *tmp, unsigned char *const *to,
+                       Py_ssize_t rows, Py_ssize_t row_bytes) {
+    const Py_ssize_t typesize = src[3];
+    if ((int64_t)le32(src + 12) != size || (int64_t)le32(src + 4) != full ||
+        (typesize != typesize_a && typesize != typesize_b) ||
+        (shuffle >= 0 && (src[2] & 0x05) != shuffle))
+        return 0;
+    if (decompress(src, tmp, (size_t)full, 1) != (int)full)
+        return 0;
+    for (Py_ssize_t r = 0; r < rows; r++)
+        if (to[r])
+            memcpy(to[r], tmp + r * row_bytes, (size_t)row_bytes);
+    return 1;
+}
+
 /* want bytes at `at` (fewer only where the file ends); -1 on an error */
 static int64_t pread_full(int fd, unsigned char *buf, size_t want, int64_t at) {
     size_t got = 0;
@@ -83,18 +103,9 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
                 break;
             }
         }
-        const unsigned char *src = scratch + (off - run_at);
-        const Py_ssize_t typesize = src[3];
-        if ((int64_t)le32(src + 12) != size || (int64_t)le32(src + 4) != full ||
-            (typesize != typesize_a && typesize != typesize_b) ||
-            (shuffle >= 0 && (src[2] & 0x05) != shuffle))
+        if (!serve_chunk(decompress, scratch + (off - run_at), size, full, typesize_a,
+                         typesize_b, shuffle, tmp, dst + i * rows, rows, row_bytes))
             break;
-        if (decompress(src, tmp, (size_t)full, 1) != (int)full)
-            break;
-        unsigned char *const *to = dst + i * rows;
-        for (Py_ssize_t r = 0; r < rows; r++)
-            if (to[r])
-                memcpy(to[r], tmp + r * row_bytes, (size_t)row_bytes);
     }
     Py_END_ALLOW_THREADS
     return PyLong_FromSsize_t(i);
@@ -152,18 +163,9 @@ static PyObject *decode_rows_buf(PyObject *self, PyObject *args) {
         if (size < 16 || off < 0 || size > (int64_t)buf_bytes || off > (int64_t)buf_bytes - size ||
             full > INT32_MAX)
             break;
-        const unsigned char *src = buf + off;
-        const Py_ssize_t typesize = src[3];
-        if ((int64_t)le32(src + 12) != size || (int64_t)le32(src + 4) != full ||
-            (typesize != typesize_a && typesize != typesize_b) ||
-            (shuffle >= 0 && (src[2] & 0x05) != shuffle))
+        if (!serve_chunk(decompress, buf + off, size, full, typesize_a, typesize_b, shuffle, tmp,
+                         dst + i * rows, rows, row_bytes))
             break;
-        if (decompress(src, tmp, (size_t)full, 1) != (int)full)
-            break;
-        unsigned char *const *to = dst + i * rows;
-        for (Py_ssize_t r = 0; r < rows; r++)
-            if (to[r])
-                memcpy(to[r], tmp + r * row_bytes, (size_t)row_bytes);
     }
     Py_END_ALLOW_THREADS
     return PyLong_FromSsize_t(i);
