@@ -6,6 +6,7 @@ chunk named as the gather reader names it."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import shutil
 from pathlib import Path
@@ -283,3 +284,43 @@ def test_an_unexpected_error_in_a_decode_names_the_rows_and_array(
         ChunkReadError, match=r"rows \d+\.\.\d+ of array '(x|y)' in .*: RuntimeError: boom"
     ):
         _epoch(stores)
+
+
+@pytest.mark.parametrize(("world", "by_url"), [(3, False), (7, False), (3, True)])
+def test_a_row_padded_into_its_own_group_is_decoded_at_both_places(
+    stores: Path, values: dict[str, np.ndarray], world: int, by_url: bool
+) -> None:
+    """``mode="pad"`` repeats rows to give every rank equal batches. An epoch saved on
+    ``world`` ranks (before any batch) and resumed on one rank keeps the repeats, so one
+    group holds a row twice: both places get its values. The kernel took each row once,
+    leaving the other batch row as recycled batch memory left it (found by
+    tests/test_resume_property.py's sweep: row 145 served as row 91). Locally and by URL
+    (each shard's bytes decoded by the kernel as they arrive)."""
+    from _paths_run import served
+
+    _kernel()
+    with served(stores.parent) if by_url else contextlib.nullcontext() as base:
+        _padded_resumed(f"{base}{stores.name}/" if by_url else str(stores), values, world)
+
+
+def _padded_resumed(where: str, values: dict[str, np.ndarray], world: int) -> None:
+    from shardload.load.select import store_fingerprint
+    from shardload.load.spec import loader_selection, plan_for
+    from shardload.plan.resume import plan_state
+
+    store = shardload.open_store(where)
+    for shuffle in (False, True):
+        kw = {**KW, "batch_size": 7, "mode": "pad", "shuffle": shuffle, "epoch": 0}
+        sel, _, group = loader_selection(store, split=None, shuffle=shuffle)
+        opts = {k: kw[k] for k in ("batch_size", "seed", "mode", "shuffle", "epoch")}
+        opts["drop_last"] = False
+        plan = plan_for(store, sel, world_size=world, num_workers=0, shuffle_chunks=group, **opts)
+        assert plan.num_padded > 0
+        state = {**plan_state(plan, 0).to_dict(), "dataset": store_fingerprint(store, sel)}
+        rows = []
+        for b in shardload.iter_batches(store, state=state, **kw):  # batch memory recycled
+            for k in ("x", "y"):
+                np.testing.assert_array_equal(b[k], values[k][b["index"]].reshape(b[k].shape))
+            rows.append(np.array(b["index"]))
+        got = np.concatenate(rows)
+        assert len(got) == N + plan.num_padded and len(np.unique(got)) == N

@@ -23,6 +23,7 @@ gather reader are not taken.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -166,14 +167,38 @@ class DecodeReader(GroupReader):
             bases = np.array([o[a].__array_interface__["data"][0] for o in outs], np.int64)
             to = (bases[k_of] + in_b * self.row_bytes[a]).astype(np.uint64)
             for p0, p1 in itertools.pairwise(cuts):
-                futs.append(pool.submit("read", _decode, self.store, a, rows[p0:p1], to[p0:p1]))
+                task = (self.store, a, rows[p0:p1], to[p0:p1], self.row_bytes[a])
+                futs.append(pool.submit("read", _decode, *task))
         return futs
 
 
-def _decode(store: Store, name: str, rows: np.ndarray, to: np.ndarray) -> None:
-    """One read task: rows of ``name`` to their addresses, errors naming the array."""
+def repeated_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of sorted ``rows``, the places holding a row already met (``mode="pad"`` repeats rows
+    to give every rank equal batches, possibly in one group) and, for each, the place of that
+    row's first copy (pure).
+
+    >>> repeated_rows(np.array([3, 5, 5, 5, 8, 8]))
+    (array([2, 3, 5]), array([1, 1, 4]))
+    """
+    again = np.flatnonzero(rows[1:] == rows[:-1]) + 1
+    return again, np.searchsorted(rows, rows[again], "left")
+
+
+def _decode(store: Store, name: str, rows: np.ndarray, to: np.ndarray, row_bytes: int) -> None:
+    """One read task: rows of ``name`` to their addresses, errors naming the array. A row
+    wanted at several places (padding) is decoded once, then copied to its other places: the
+    readers take each row once (a row met twice in a chunk kept one address, leaving the other
+    batch row unwritten: recycled batch memory served as values)."""
+    again, first = repeated_rows(rows)
     try:
-        cast(DecodesRows, store.reader).decode_rows_into(name, rows, to)
+        if len(again):
+            once = np.ones(len(rows), bool)
+            once[again] = False
+            cast(DecodesRows, store.reader).decode_rows_into(name, rows[once], to[once])
+            for src, dst in zip(to[first].tolist(), to[again].tolist(), strict=True):
+                ctypes.memmove(dst, src, row_bytes)
+        else:
+            cast(DecodesRows, store.reader).decode_rows_into(name, rows, to)
     except ShardloadError:
         raise
     except Exception as exc:
