@@ -45,6 +45,9 @@ BUFFER_BYTES = 4 * PIECE_BYTES
 #: the name of every thread of the proxy (benchmarks count their CPU apart)
 THREAD_NAME = "shardload-latency-proxy"
 F_SETPIPE_SZ = 1031  # fcntl (Linux)
+#: empty pipes (or buffers) a proxy keeps for use again; the rest are closed (pipe pages are
+#: counted per user)
+FREE_HOLDERS = 16
 
 
 def _thread(target: Callable[..., object], *args: object) -> threading.Thread:
@@ -64,7 +67,10 @@ class _Pipe:
 
     def __init__(self) -> None:
         self.r, self.w = os.pipe()
-        with contextlib.suppress(OSError):  # beyond the user's pipe pages: the default size
+
+    def grow(self) -> None:
+        """Hold up to PIECE_BYTES (the default holds 16 pages), for a line that filled one."""
+        with contextlib.suppress(OSError):  # beyond the user's pipe pages: as it is
             fcntl.fcntl(self.w, F_SETPIPE_SZ, PIECE_BYTES)
 
     def fill(self, src: socket.socket) -> int | None:
@@ -108,6 +114,9 @@ class _Buffer:
         dst.sendall(self.view[self.sent : self.sent + n])
         self.sent += n
 
+    def grow(self) -> None:
+        return None
+
     def reuse(self) -> None:
         self.filled = self.sent = 0
 
@@ -148,8 +157,9 @@ class DelayLine:
                 n = holder.fill(self.src)
             except OSError:
                 n = 0
-            if n is None:  # full: the next holder
+            if n is None:  # full: the next holder, a large one (a stream)
                 holder = self.proxy._take(self.held)
+                holder.grow()
                 continue
             due = time.monotonic() + self.delay_s
             if n:
@@ -273,7 +283,11 @@ class LatencyProxy:
         held.remove(holder)
         holder.reuse()
         with self._lock:
-            self._free.append(holder)
+            kept = len(self._free) < FREE_HOLDERS
+            if kept:
+                self._free.append(holder)
+        if not kept:
+            holder.close()
 
     def _watch(self, *socks: socket.socket) -> bool:
         with self._lock:
