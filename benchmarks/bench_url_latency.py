@@ -28,8 +28,8 @@ the loader at 0 ms (goal at 20 ms: >= 0.8) and the loader at 0 ms against the pl
 (``python -m shardload serve``), so its CPU and its GIL are not this process's, and at 0 ms
 reaches it directly, without the proxy (which then counts nothing: ``n/a``); at other RTTs the
 proxy stays a thread of this process, unless ``--proxy-process`` runs it in a process of its
-own too (its event loop, which moves every byte in 64 KiB pieces, then takes neither this
-process's GIL nor its CPU time; the requests it sees are not counted: ``n/a``). The plain GET
+own too (its threads, which move the bytes by ``os.splice`` through pipes, then take neither
+this process's GIL nor its CPU time; the requests it sees are not counted: ``n/a``). The plain GET
 and the loader read the same server.
 
 ``--same-store`` times instead the epochs of ONE opened store (``open_store(url)`` once, then

@@ -8,9 +8,10 @@ default store (65,536 rows, 7 shards) made about 6,000 range requests, and a req
 or 500 KB alike; docs/benchmarks.md). So a call (the loader gives one per array and group) plans
 its requests per shard: the inner chunks it needs sorted by offset, and neighbours whose gap is
 at most ``URL_GAP_BYTES`` merged into one request of at most ``URL_RUN_BYTES`` (a group that
-needs a dense share of a shard fetches it in a few big spans), ``URL_THREADS`` requests in flight
-for the call, each decoded by the thread that fetched it as soon as it arrives (memory: at most
-``URL_THREADS`` spans of ``URL_RUN_BYTES`` at once).
+needs a dense share of a shard fetches it in a few big spans), as many requests in flight for
+the call as :func:`plan_in_flight` sizes from its runs (their bytes within ``URL_THREADS`` spans of
+``URL_RUN_BYTES``, up to ``URL_IN_FLIGHT``: small spans are many round trips' worth otherwise),
+each decoded by the thread that fetched it as soon as it arrives.
 
 A shard whose checksum must still be checked is fetched whole, once per reader, and checked
 (:func:`_checked_whole`); the call then decodes its chunks from those bytes and makes
@@ -74,7 +75,8 @@ if TYPE_CHECKING:
 URL_GAP_BYTES = 1 << 20
 #: One request asks for at most this many bytes (and the memory a fetching thread holds).
 URL_RUN_BYTES = 8 << 20
-#: Requests in flight at once for one call.
+#: Requests in flight at once for one call: as many as its runs' bytes allow (at most
+#: URL_THREADS of the largest, URL_RUN_BYTES), up to the reader's URL_IN_FLIGHT
 URL_THREADS = 8
 #: Shards fetched whole for their checksum at once by one call (each held whole meanwhile).
 CHECK_THREADS = 2
@@ -123,6 +125,22 @@ def plan_runs(
                 continue
         runs.append(([q], o, end))
     return runs
+
+
+def plan_in_flight(run_bytes: Sequence[int]) -> int:
+    """Requests one call keeps in flight for runs of ``run_bytes``: enough to cover the link's
+    rate times its round trip when they are small, the memory of URL_THREADS runs of
+    URL_RUN_BYTES at most (as many as that holds of the largest), URL_IN_FLIGHT at most.
+
+    >>> plan_in_flight([8 << 20] * 20), plan_in_flight([50_000] * 20), plan_in_flight([50_000] * 99)
+    (8, 20, 32)
+    """
+    from shardload.move.remote import URL_IN_FLIGHT
+
+    if not run_bytes:
+        return 1
+    fit = URL_THREADS * URL_RUN_BYTES // max(1, max(run_bytes))
+    return max(1, min(len(run_bytes), URL_IN_FLIGHT, max(URL_THREADS, fit)))
 
 
 def read_url_spans_into(
@@ -174,6 +192,7 @@ def read_url_shards(
                 _fetch_run(layout, name, r, kept)
 
         runs = [r for rs in pool.map(plan, list(by_shard)) for r in rs]
+    with ThreadPoolExecutor(plan_in_flight([r[5] - r[4] for r in runs])) as pool:
         for _ in pool.map(fetch, runs):
             pass
 
