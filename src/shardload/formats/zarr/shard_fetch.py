@@ -100,7 +100,7 @@ def plan_runs(
     offset ``EMPTY``, left out): ``(positions, start, end)``, positions in offset order, chunks
     at most ``gap_bytes`` apart in one request of at most ``run_bytes`` (one chunk at least).
 
-    >>> plan_runs([0, 100, 5000, 120], [100, 20, 10, EMPTY], gap_bytes=0, run_bytes=10**6)
+    >>> plan_runs([0, 100, 5000, EMPTY], [100, 20, 10, EMPTY], gap_bytes=0, run_bytes=10**6)
     [([0, 1], 0, 120), ([2], 5000, 5010)]
     >>> plan_runs([0, 100, 5000], [100, 20, 10], gap_bytes=4880, run_bytes=10**6)
     [([0, 1, 2], 0, 5010)]
