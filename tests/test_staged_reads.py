@@ -1,0 +1,160 @@
+"""Raw rows read through a reader thread's small buffer (the compiled ``read_rows``,
+``load/runs.py``): each page-cache read call lands in a buffer the CPU's cache holds and its
+rows are streamed to their batch places; the batches are, byte for byte, those of io_uring's
+reads straight into the batch rows, for Zarr shards of raw inner chunks and npy stacks alike."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import shardload
+from shardload.load import runs, uring
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(runs._kernel() is None, reason="the compiled extension is not built"),
+]
+
+N, FEATURES = 2048, 40  # rows of 160 bytes
+KW: dict[str, Any] = {"batch_size": 64, "seed": 3, "split": None, "threads": 2}
+
+
+@pytest.fixture(scope="module")
+def values() -> np.ndarray:
+    return np.random.default_rng(1).normal(size=(N, FEATURES)).astype("f4")
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory, values: np.ndarray) -> dict[str, Path]:
+    """The same values as Zarr shards of raw 8-row inner chunks and as an npy stack."""
+    root = tmp_path_factory.mktemp("staged")
+    xr.Dataset({"a": (("time", "f"), values)}).to_netcdf(root / "src.nc")
+    prepare = getattr(shardload.prepare, "prepare", shardload.prepare)
+    layouts = {
+        "shards": {"chunk_rows": 8, "shard_chunks": 32, "compression": "none"},
+        "npy": {"format": "npy", "chunk_rows": 256},
+    }
+    for name, layout in layouts.items():
+        prepare(
+            {
+                "source": {"paths": [str(root / "src.nc")]},
+                "sample_dims": ["time"],
+                "arrays": {"x": ["a"]},
+                **layout,
+                "out": str(root / name),
+            }
+        )
+    return {n: root / n for n in layouts}
+
+
+def _epochs(store: Path, **kw: Any) -> list[list[dict[str, np.ndarray]]]:
+    return [
+        [
+            {k: np.array(v) for k, v in b.items()}
+            for b in shardload.iter_batches(store, epoch=e, **{**KW, **kw})
+        ]
+        for e in (0, 1)
+    ]
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the calls of the compiled ``read_rows`` and of io_uring's ``readv``."""
+    calls = {"read_rows": 0, "readv": 0}
+    kernel, readv = runs._kernel(), uring.Ring.readv
+
+    def read_rows(*a: Any) -> Any:
+        calls["read_rows"] += 1
+        return kernel(*a)
+
+    def ring_readv(self: Any, *a: Any, **k: Any) -> Any:
+        calls["readv"] += 1
+        return readv(self, *a, **k)
+
+    monkeypatch.setattr(runs, "READ_ROWS", read_rows)
+    monkeypatch.setattr(uring.Ring, "readv", ring_readv)
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["shards", "npy"])
+def test_raw_rows_go_through_the_small_buffer_with_the_same_batches(
+    stores: dict[str, Path], values: np.ndarray, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read task of a shuffled epoch goes through ``read_rows`` (none through io_uring),
+    and its batches are the values at their indices and io_uring's batches, byte for byte."""
+    calls = _counted(monkeypatch)
+    staged = _epochs(stores[layout])
+    assert calls["read_rows"] > 0 and calls["readv"] == 0, calls
+    for epoch in staged:
+        assert sum(len(b["index"]) for b in epoch) == N
+        for b in epoch:
+            np.testing.assert_array_equal(b["x"], values[b["index"]])
+    monkeypatch.setattr(runs, "READ_ROWS", None)  # as without the extension: io_uring
+    direct = _epochs(stores[layout])
+    if uring.thread_ring() is not None:
+        assert calls["readv"] > 0
+    for a, b in zip(staged, direct, strict=True):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            for k in x:
+                assert np.array_equal(x[k], y[k]) and x[k].dtype == y[k].dtype, k
+
+
+def test_calls_longer_than_the_buffer_are_read_into_their_places(
+    stores: dict[str, Path], values: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call of more bytes than the buffer holds (whole npy chunks read in order, a buffer of
+    two rows) is one ``preadv`` into its places: the same values."""
+    calls = _counted(monkeypatch)
+    monkeypatch.setattr(runs, "STAGE_BYTES", 2 * FEATURES * 4)
+    for epoch in _epochs(stores["npy"], shuffle=False) + _epochs(stores["shards"]):
+        for b in epoch:
+            np.testing.assert_array_equal(b["x"], values[b["index"]])
+    assert calls["read_rows"] > 0 and calls["readv"] == 0, calls
+
+
+def _drop_cached(root: Path) -> None:
+    """Evict the store's data files from the page cache (clean pages: ``POSIX_FADV_DONTNEED``)."""
+    for p in root.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise")
+def test_calls_the_page_cache_does_not_hold_go_to_io_uring(
+    stores: dict[str, Path], values: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call whose bytes are not in the page cache is not waited for in the small buffer's
+    loop (one read at a time): it goes to io_uring (many in flight); the same values."""
+    if uring.thread_ring() is None:
+        pytest.skip("io_uring cannot be used here")
+    calls = _counted(monkeypatch)
+    store = shardload.open_store(stores["shards"], verify="never")  # nothing reads a shard whole
+    for epoch in (0, 1):
+        _drop_cached(stores["shards"])
+        for b in shardload.iter_batches(store, epoch=epoch, **KW):
+            np.testing.assert_array_equal(b["x"], values[b["index"]])
+    assert calls["read_rows"] > 0 and calls["readv"] > 0, calls
+
+
+def test_an_older_build_is_not_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build of the extension with other arguments (another ``ABI``) is never called: reads
+    go through io_uring or ``preadv``."""
+
+    class Old:
+        ABI = runs.KERNEL_ABI - 1
+
+        def read_rows(self, *a: Any) -> None:
+            raise AssertionError("called")
+
+    monkeypatch.setattr(runs.importlib, "import_module", lambda name: Old())
+    assert runs._kernel() is None
