@@ -146,6 +146,25 @@ def test_calls_the_page_cache_does_not_hold_go_to_io_uring(
     assert calls["read_rows"] > 0 and calls["readv"] > 0, calls
 
 
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+def test_a_store_in_tmpfs_is_read_through_io_uring(
+    stores: dict[str, Path], values: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tmpfs`` does not take ``RWF_NOWAIT`` (a node cache in ``/dev/shm``): the staged calls
+    come back unserved and io_uring reads them; the same values."""
+    import shutil
+    import tempfile
+
+    if uring.thread_ring() is None:
+        pytest.skip("io_uring cannot be used here")
+    calls = _counted(monkeypatch)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        root = Path(shutil.copytree(stores["shards"], Path(shm) / "s"))
+        for b in shardload.iter_batches(root, epoch=0, **KW):
+            np.testing.assert_array_equal(b["x"], values[b["index"]])
+    assert calls["read_rows"] > 0 and calls["readv"] > 0, calls
+
+
 def test_an_older_build_is_not_called(monkeypatch: pytest.MonkeyPatch) -> None:
     """A build of the extension with other arguments (another ``ABI``) is never called: reads
     go through io_uring or ``preadv``."""

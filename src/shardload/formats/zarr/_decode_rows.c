@@ -228,7 +228,9 @@ static PyObject *decode_rows_buf(PyObject *self, PyObject *args) {
  * most stage_bytes is read into stage (a small buffer that stays in the CPU's cache) and its
  * rows copied out to their places (copy_out); a longer one is one preadv2 into its places.
  * got[i]: the bytes call i read (-1: not served); its places are written only when it read
- * want[i] (or, for a long call, partly: the caller reads a call it did not get whole again). */
+ * want[i] (or, for a long call, partly: the caller reads a call it did not get whole again).
+ * On a file system that does not take RWF_NOWAIT (tmpfs), the first call says so and the rest
+ * of the task's calls are left untried (-1). */
 static PyObject *read_rows(PyObject *self, PyObject *args) {
     unsigned long long fds_a, offs_a, wants_a, firsts_a, counts_a, iov_a, got_a, stage_a;
     Py_ssize_t n, stage_bytes;
@@ -246,13 +248,18 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         const struct iovec *v = iov + firsts[i];
-        if (wants[i] > stage_bytes) {
-            got[i] = preadv2((int)fds[i], v, (int)counts[i], (off_t)offs[i], RWF_NOWAIT);
-            continue;
-        }
+        const int whole = wants[i] <= stage_bytes; /* into stage, then copied out */
         struct iovec one = {stage, (size_t)wants[i]};
-        got[i] = preadv2((int)fds[i], &one, 1, (off_t)offs[i], RWF_NOWAIT);
-        if (got[i] != wants[i])
+        const ssize_t r = whole ? preadv2((int)fds[i], &one, 1, (off_t)offs[i], RWF_NOWAIT)
+                                : preadv2((int)fds[i], v, (int)counts[i], (off_t)offs[i], RWF_NOWAIT);
+        got[i] = r;
+        if (r < 0 && errno == EOPNOTSUPP) { /* a file system without RWF_NOWAIT (tmpfs):
+                                              the task's calls to io_uring, none tried */
+            for (Py_ssize_t j = i + 1; j < n; j++)
+                got[j] = -1;
+            break;
+        }
+        if (!whole || r != wants[i])
             continue;
         const unsigned char *at = stage;
         for (int64_t j = 0; j < counts[i]; j++) {
