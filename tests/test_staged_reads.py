@@ -165,6 +165,40 @@ def test_a_store_in_tmpfs_is_read_through_io_uring(
     assert calls["read_rows"] > 0 and calls["readv"] > 0, calls
 
 
+@pytest.mark.parametrize("row_bytes", [1, 12, 63, 64, 65, 160, 6200])
+def test_rows_of_any_size_at_any_alignment_land_whole(tmp_path: Path, row_bytes: int) -> None:
+    """The compiled ``read_rows`` alone: rows of odd sizes to destinations at every alignment
+    (the streamed middle of a row and its plain-stored ends), a call's rows in reverse order,
+    and nothing written around them."""
+    data = np.random.default_rng(row_bytes).integers(0, 256, 64 * row_bytes, np.uint8)
+    path = tmp_path / "rows"
+    path.write_bytes(data.tobytes())
+    out = np.zeros(64 * (row_bytes + 80) + 64, np.uint8)
+    base = out.__array_interface__["data"][0]
+    at = [7 + i * (row_bytes + 80) + i % 64 for i in range(64)]  # every alignment
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.pread(fd, 1, 0)  # the page cache holds the file (written just now)
+        iov = np.array([[base + a, row_bytes] for a in at], np.uint64)
+        # 8 calls of 8 rows each; call c reads file rows 8c..8c+7 into slots 8c+7..8c
+        iov = iov.reshape(8, 8, 2)[:, ::-1].reshape(-1, 2).copy()
+        fds = np.full(8, fd, np.int64)
+        offs = np.arange(8, dtype=np.int64) * 8 * row_bytes
+        wants = np.full(8, 8 * row_bytes, np.int64)
+        got = runs._staged_reads(fds, offs, wants, np.arange(8) * 8, np.full(8, 8), iov)
+    finally:
+        os.close(fd)
+    assert got.tolist() == wants.tolist()
+    want = np.zeros_like(out)
+    for c in range(8):
+        for j in range(8):
+            slot = 8 * c + 7 - j
+            want[at[slot] : at[slot] + row_bytes] = data[
+                (8 * c + j) * row_bytes : (8 * c + j + 1) * row_bytes
+            ]
+    assert np.array_equal(out, want)
+
+
 def test_an_older_build_is_not_called(monkeypatch: pytest.MonkeyPatch) -> None:
     """A build of the extension with other arguments (another ``ABI``) is never called: reads
     go through io_uring or ``preadv``."""
