@@ -10,8 +10,10 @@ piece except the ``preadv`` fallback loop.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +35,30 @@ DIRECT_MAX_SPAN = 64 << 10
 #: Bounce memory of one reader thread's ``O_DIRECT`` reads in flight (one slot per read).
 DIRECT_BOUNCE_BYTES = 16 << 20
 
+#: A page-cache read call of at most this many bytes goes through the reader thread's small
+#: buffer, its rows then streamed to their places (the compiled ``read_rows``; see
+#: :func:`_staged_reads`); it stays in the CPU's cache (a core's L2 holds it with room to spare).
+STAGE_BYTES = 256 << 10
+#: The arguments of the compiled ``read_rows`` this module passes (the extension's ``ABI``).
+KERNEL_ABI = 4
+
 _PREADV: dict[bool, Any] = {}
+_STAGE = threading.local()
+
+
+def _kernel() -> Any:
+    """The compiled ``read_rows`` (``setup.py``'s optional extension), or None where it is not
+    built or is an older build (then reads go to their places through io_uring or ``preadv``,
+    as before; the same bytes land in the same places either way)."""
+    try:
+        ext: Any = importlib.import_module("shardload.formats.zarr._decode_rows")
+    except ImportError:  # pragma: no cover - an install without a C compiler
+        return None
+    return ext.read_rows if getattr(ext, "ABI", 1) == KERNEL_ABI else None
+
+
+#: ``read_rows``, or None; ``SHARDLOAD_STAGED_READS=0`` turns it off (io_uring or ``preadv``).
+READ_ROWS: Any = _kernel() if os.environ.get("SHARDLOAD_STAGED_READS", "1") != "0" else None
 
 
 def _preadv(errno: bool = False) -> Any:
@@ -161,11 +186,15 @@ def read_runs(
             if not len(run):
                 return
         ptrs = iov.__array_interface__["data"][0] + 16 * f  # .ctypes.data: 4 us a call
-        ring = uring.thread_ring()
-        if ring is not None and not files.direct:  # through the page cache: every call
-            single = (iov[f, 0], iov[f, 1])  # one-iovec calls go as plain reads
-            got = ring.readv(fds[run], ptrs.astype(np.uint64), cnt, off, single)
-            bad = np.flatnonzero(got != want).tolist()  # read again through preadv
+        todo = np.arange(len(run))
+        if READ_ROWS is not None and not files.direct:  # calls the page cache holds
+            todo = np.flatnonzero(_staged_reads(fds[run], off, want, f, cnt, iov) != want)
+        ring = uring.thread_ring() if len(todo) else None
+        if ring is not None and not files.direct:  # through the page cache: the other calls
+            t = todo
+            single = (iov[f[t], 0], iov[f[t], 1])  # one-iovec calls go as plain reads
+            got = ring.readv(fds[run[t]], ptrs[t].astype(np.uint64), cnt[t], off[t], single)
+            bad = t[got != want[t]].tolist()  # read again through preadv
         elif ring is not None:
             got = np.empty(len(run), np.int64)
             # small calls from O_DIRECT descriptors, past the page cache
@@ -190,7 +219,7 @@ def read_runs(
                 got[b] = ring.readv(fds[run[b]], ptrs[b].astype(np.uint64), cnt[b], off[b], single)
             bad = np.flatnonzero(got != want).tolist()  # read again through the page cache
         else:
-            bad = list(range(len(run)))  # every call through preadv, below
+            bad = todo.tolist()  # every call left through preadv, below
         if bad:
             _preadv_calls(
                 raw, name, chunks, fds, run[bad], ptrs[bad], cnt[bad], off[bad], want[bad]
@@ -198,6 +227,31 @@ def read_runs(
     finally:
         for fd in owned:
             os.close(fd)
+
+
+def _staged_reads(
+    fds: np.ndarray,
+    off: np.ndarray,
+    want: np.ndarray,
+    f: np.ndarray,
+    cnt: np.ndarray,
+    iov: np.ndarray,
+) -> np.ndarray:
+    """A task's read calls whose bytes the page cache holds, through the compiled ``read_rows``
+    (GIL released, ``RWF_NOWAIT``): each call of at most :data:`STAGE_BYTES` read into this
+    thread's small buffer and its rows streamed to their places, so the kernel's copy goes to
+    memory in the CPU's cache and the batch rows (memory the caches no longer hold) are written
+    without being read first; longer calls are one ``preadv2`` each. Returns the bytes each call
+    read: a call not read whole (not cached, short, failed; -1) goes to io_uring and ``preadv``
+    after, as every call did before."""
+    stage = getattr(_STAGE, "buf", None)
+    if stage is None:
+        stage = _STAGE.buf = np.empty(STAGE_BYTES, np.uint8)
+    a = [np.ascontiguousarray(v, np.int64) for v in (fds, off, want, f, cnt)]
+    got = np.empty(len(want), np.int64)
+    addr = [v.__array_interface__["data"][0] for v in (*a, iov, got, stage)]
+    READ_ROWS(*addr[:5], len(want), *addr[5:], STAGE_BYTES)
+    return got
 
 
 def _plan_calls(

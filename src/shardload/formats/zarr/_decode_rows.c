@@ -11,18 +11,60 @@
  * It stops at the first chunk it cannot serve (a short or failed read, a header that does not
  * match, a decode that fails) and returns its position; Python reads that chunk again, decodes
  * it or raises the error naming it, and calls again from the next one.
+ *
+ * read_rows (at the end) serves the raw rows of uncompressed chunks (load/runs.py): the calls
+ * the page cache holds, each read into a small buffer and its rows streamed to their places.
  */
+#define _GNU_SOURCE /* preadv2, RWF_NOWAIT */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 typedef int (*decompress_fn)(const void *src, void *dest, size_t destsize, int threads);
 
 static uint32_t le32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* n bytes from src to dst (a batch row the caller reads later, not now) with streaming
+ * stores where the CPU has them: whole cache lines of dst are written without reading them
+ * from memory first (a batch row is memory no cache holds any more), the partial lines at
+ * either end with plain stores. */
+static void copy_out(unsigned char *dst, const unsigned char *src, size_t n) {
+#if defined(__SSE2__)
+    size_t head = (size_t)(-(uintptr_t)dst & 63);
+    if (n < head + 64) {
+        memcpy(dst, src, n);
+        return;
+    }
+    memcpy(dst, src, head);
+    dst += head, src += head, n -= head;
+    for (; n >= 64; dst += 64, src += 64, n -= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+/* the streamed rows are visible before the batch is handed on (another thread, a process) */
+static void fence(void) {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
 }
 
 /* One inner chunk at src (size bytes): its Blosc header checked against the index and the
@@ -41,7 +83,7 @@ static int serve_chunk(decompress_fn decompress, const unsigned char *src, int64
         return 0;
     for (Py_ssize_t r = 0; r < rows; r++)
         if (to[r])
-            memcpy(to[r], tmp + r * row_bytes, (size_t)row_bytes);
+            copy_out(to[r], tmp + r * row_bytes, (size_t)row_bytes);
     return 1;
 }
 
@@ -107,27 +149,31 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
                          typesize_b, shuffle, tmp, dst + i * rows, rows, row_bytes))
             break;
     }
+    fence();
     Py_END_ALLOW_THREADS
     return PyLong_FromSsize_t(i);
 }
 
 static PyObject *decode_rows_buf(PyObject *self, PyObject *args); /* below */
+static PyObject *read_rows(PyObject *self, PyObject *args);       /* below */
 
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS,
      "Decode Blosc inner chunks of a shard file, each row to its own address."},
     {"decode_rows_buf", decode_rows_buf, METH_VARARGS,
      "Decode Blosc inner chunks of a shard's bytes in memory, each row to its own address."},
+    {"read_rows", read_rows, METH_VARARGS,
+     "Read runs of raw rows through a small cached buffer into their scattered places."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decode_rows", NULL, -1, methods};
 
-/* ABI: the arguments of decode_rows and decode_rows_buf, as shard_rows.py and url_rows.py
- * call them (a build of another is not used) */
+/* ABI: the arguments of decode_rows, decode_rows_buf and read_rows, as shard_rows.py,
+ * url_rows.py and load/runs.py call them (a build of another is not used) */
 PyMODINIT_FUNC PyInit__decode_rows(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 3) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 4) < 0) {
         Py_DECREF(m);
         return NULL;
     }
@@ -167,6 +213,61 @@ static PyObject *decode_rows_buf(PyObject *self, PyObject *args) {
                          dst + i * rows, rows, row_bytes))
             break;
     }
+    fence();
     Py_END_ALLOW_THREADS
     return PyLong_FromSsize_t(i);
+}
+
+
+/* read_rows(fds, offsets, wants, firsts, counts, n, iov, got, stage, stage_bytes) -> None
+ *
+ * n read calls of raw rows, each want[i] bytes at offsets[i] of descriptor fds[i] to iovecs
+ * iov[firsts[i] .. firsts[i] + counts[i]] (struct iovec: uint64 base, length; at most IOV_MAX
+ * a call), served only where the page cache holds their bytes (RWF_NOWAIT: a call that would
+ * wait for the disk is left to the caller's io_uring, which keeps many in flight). A call of at
+ * most stage_bytes is read into stage (a small buffer that stays in the CPU's cache) and its
+ * rows copied out to their places (copy_out); a longer one is one preadv2 into its places.
+ * got[i]: the bytes call i read (-1: not served); its places are written only when it read
+ * want[i] (or, for a long call, partly: the caller reads a call it did not get whole again).
+ * On a file system that does not take RWF_NOWAIT (tmpfs), the first call says so and the rest
+ * of the task's calls are left untried (-1). */
+static PyObject *read_rows(PyObject *self, PyObject *args) {
+    unsigned long long fds_a, offs_a, wants_a, firsts_a, counts_a, iov_a, got_a, stage_a;
+    Py_ssize_t n, stage_bytes;
+    if (!PyArg_ParseTuple(args, "KKKKKnKKKn", &fds_a, &offs_a, &wants_a, &firsts_a, &counts_a,
+                          &n, &iov_a, &got_a, &stage_a, &stage_bytes))
+        return NULL;
+    const int64_t *fds = (const int64_t *)(uintptr_t)fds_a;
+    const int64_t *offs = (const int64_t *)(uintptr_t)offs_a;
+    const int64_t *wants = (const int64_t *)(uintptr_t)wants_a;
+    const int64_t *firsts = (const int64_t *)(uintptr_t)firsts_a;
+    const int64_t *counts = (const int64_t *)(uintptr_t)counts_a;
+    const struct iovec *iov = (const struct iovec *)(uintptr_t)iov_a;
+    int64_t *got = (int64_t *)(uintptr_t)got_a;
+    unsigned char *stage = (unsigned char *)(uintptr_t)stage_a;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const struct iovec *v = iov + firsts[i];
+        const int whole = wants[i] <= stage_bytes; /* into stage, then copied out */
+        struct iovec one = {stage, (size_t)wants[i]};
+        const ssize_t r = whole ? preadv2((int)fds[i], &one, 1, (off_t)offs[i], RWF_NOWAIT)
+                                : preadv2((int)fds[i], v, (int)counts[i], (off_t)offs[i], RWF_NOWAIT);
+        got[i] = r;
+        if (r < 0 && errno == EOPNOTSUPP) { /* a file system without RWF_NOWAIT (tmpfs):
+                                              the task's calls to io_uring, none tried */
+            for (Py_ssize_t j = i + 1; j < n; j++)
+                got[j] = -1;
+            break;
+        }
+        if (!whole || r != wants[i])
+            continue;
+        const unsigned char *at = stage;
+        for (int64_t j = 0; j < counts[i]; j++) {
+            copy_out((unsigned char *)v[j].iov_base, at, v[j].iov_len);
+            at += v[j].iov_len;
+        }
+    }
+    fence();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
