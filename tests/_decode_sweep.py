@@ -88,7 +88,7 @@ def random_case(seed: int) -> Case:
     legs = []
     for i in range(int(rng.integers(1, 4))):
         stop = "end" if i == 0 else str(rng.choice(STOPS[:4]))
-        legs.insert(0, (int(rng.integers(1, 4)), int(rng.integers(0, 4)), stop))
+        legs.insert(0, (int(rng.choice([1, 1, 2, 3, 5, 7])), int(rng.integers(0, 4)), stop))
     return Case(
         seed=seed,
         rows=rows,
