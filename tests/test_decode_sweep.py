@@ -81,3 +81,55 @@ def test_dataloader_resumes_serve_the_source_values(root: Path, url: str, seed: 
         except PlanError:
             pytest.skip("the case's plan is refused (drop_last with too few rows)")
     assert got >= 0
+
+
+class _Refusing:
+    """The compiled kernel serving at most one chunk a call and refusing every third it is
+    asked for first: the Python fallbacks (``shard_rows._one_chunk`` locally, the pieces left
+    to the staging path by URL) serve those chunks."""
+
+    ABI = 3
+
+    def __init__(self, real: object) -> None:
+        self.real, self.calls, self.refused = real, 0, 0
+
+    def _serve(self, fn: object, i: int, n: int, call: object) -> int:
+        self.calls += 1
+        if i >= n or self.calls % 3 == 0:
+            self.refused += i < n
+            return i
+        return int(call(i, i + 1))
+
+    def decode_rows(self, fn, fd, offs, sizes, i, n, *rest):
+        return self._serve(
+            fn, i, n, lambda a, b: self.real.decode_rows(fn, fd, offs, sizes, a, b, *rest)
+        )
+
+    def decode_rows_buf(self, fn, buf, nbuf, offs, sizes, i, n, *rest):
+        return self._serve(
+            fn,
+            i,
+            n,
+            lambda a, b: self.real.decode_rows_buf(fn, buf, nbuf, offs, sizes, a, b, *rest),
+        )
+
+
+@pytest.mark.slow
+def test_chunks_the_kernel_refuses_serve_the_source_values(
+    root: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardload.formats.zarr import shard_rows
+
+    if shard_rows.KERNEL is None:
+        pytest.skip("shardload's compiled kernel is not built (setup.py build_ext)")
+    refusing = _Refusing(shard_rows.KERNEL)
+    monkeypatch.setattr(shard_rows, "KERNEL", refusing)
+    seen = Counter()
+    for seed in (154, 87, 5):
+        case = D.random_case(seed)
+        path, want = D.make_store(case, root / "refused")
+        with D.tight(seed):
+            seen["local"] += D.check_case(case, str(path), want)
+            seen["url"] += D.check_case(case, f"{url}refused/{path.name}", want)
+    assert seen["local"] == seen["url"] > 0
+    assert refusing.refused > 0
