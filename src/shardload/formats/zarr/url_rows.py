@@ -1,11 +1,16 @@
-"""By URL, Blosc inner chunks decoded straight into the places their rows go (issues 25 and 28).
+"""By URL, inner chunks decoded (Blosc) or copied (raw) straight into the places their rows go
+(issues 25 and 28).
 
 The local read of a compressed shard (:mod:`.shard_rows`) decodes each inner chunk into a small
 buffer that stays in the CPU's cache and copies each of its rows to its row of a batch: no
 group buffer, no gather pass. By URL a shard's bytes mostly arrive whole in memory, fetched
 once for its checksum (:func:`.shard_fetch._checked_whole`): here the chunks a call needs are
 decoded from those checked bytes the same way, by the compiled kernel's ``decode_rows_buf``
-(without the GIL, every chunk's place checked against the buffer's length).
+(without the GIL, every chunk's place checked against the buffer's length). Shards of raw
+inner chunks (the default layout of values lz4 does not shrink) take the same path: the
+kernel's ``copy_rows_buf`` copies each row from the checked bytes to its place (a chunk of
+another size than its rows' is left to the caller's path, which names it), where the gather
+reader copied every row twice (into a group buffer, then out of it).
 
 The rest of the URL path is unchanged (:func:`.shard_fetch.read_url_shards`): each chunk is a
 piece of a per-call staging array, and the pieces the kernel does not serve from checked bytes
@@ -34,13 +39,12 @@ _TMP = threading.local()
 
 def decodes_url_rows(layout: ChunkLayout | None) -> bool:
     """Whether the kernel can decode this array's rows into place by URL: a shardload
-    (strict) array of Blosc inner chunks in shards read through range requests, and the
-    kernel built."""
+    (strict) array of Blosc or raw inner chunks in shards read through range requests, and
+    the kernel built."""
     return (
         shard_rows.KERNEL is not None
         and layout is not None
         and layout.shard is not None
-        and layout.blosc
         and isinstance(layout.opener, RangeOpener)
         and layout.strict
     )
@@ -74,31 +78,27 @@ class RowSink:
             return pieces
         offs_o, sizes_o = offs[order].astype(np.int64), sizes[order].astype(np.int64)
         dst = np.ascontiguousarray(self.dst[at[order]], np.uint64)
-        full = layout.chunk_rows * layout.row_bytes
-        tmp = getattr(_TMP, "buf", None)
-        if tmp is None or len(tmp) < full:
-            tmp = _TMP.buf = np.empty(full, np.uint8)
         buf = np.frombuffer(data, np.uint8)
+        kernel, rows, rb = shard_rows.KERNEL, layout.chunk_rows, layout.row_bytes
+        where = (buf.ctypes.data, len(buf), offs_o.ctypes.data, sizes_o.ctypes.data)
+        if layout.blosc:  # the header checks the local kernel makes, decoded via a small buffer
+            tmp = getattr(_TMP, "buf", None)
+            if tmp is None or len(tmp) < rows * rb:
+                tmp = _TMP.buf = np.empty(rows * rb, np.uint8)
+            (ts_a, ts_b), shuffle = layout.blosc_header
+            tail = (dst.ctypes.data, rows, rb, ts_a, ts_b, shuffle, tmp.ctypes.data)
+
+            def serve(i: int, n: int) -> int:
+                return int(kernel.decode_rows_buf(shard_rows._DECOMPRESS, *where, i, n, *tail))
+        else:  # raw inner chunks: each row copied from the checked bytes
+
+            def serve(i: int, n: int) -> int:
+                return int(kernel.copy_rows_buf(*where, i, n, dst.ctypes.data, rows, rb))
+
         left = np.ones(len(pieces), bool)
-        (ts_a, ts_b), shuffle = layout.blosc_header  # as the local kernel checks them
         i, n = 0, len(order)
         while i < n:
-            got = shard_rows.KERNEL.decode_rows_buf(
-                shard_rows._DECOMPRESS,
-                buf.ctypes.data,
-                len(buf),
-                offs_o.ctypes.data,
-                sizes_o.ctypes.data,
-                i,
-                n,
-                dst.ctypes.data,
-                layout.chunk_rows,
-                layout.row_bytes,
-                ts_a,
-                ts_b,
-                shuffle,
-                tmp.ctypes.data,
-            )
+            got = serve(i, n)
             left[order[i:got]] = False
             i = got + 1  # chunk ``got`` (if any) is left to the caller's path, which names it
         self.served[at] = ~left  # a piece left: its rows copied from staging after all
