@@ -66,6 +66,28 @@ class RowSink:
         """Shard ``k``'s ``pieces`` (this call's, whole inner chunks) decoded from its checked
         bytes ``data`` (``index``: their own) into their rows; the pieces left (never written,
         or a chunk the kernel could not serve) for the caller's path."""
+        buf = np.frombuffer(data, np.uint8)
+        return self._serve(k, pieces, buf.ctypes.data, len(buf), index)
+
+    def decode_kept(self, k: int, pieces: list[Piece], held: dict[int, bytes]) -> list[Piece]:
+        """Shard ``k``'s ``pieces`` whose chunks were kept from earlier requests (``held``: each
+        one's bytes by global chunk number, :mod:`.kept`) decoded from those bytes where they
+        lie into their rows, as :meth:`decode` (the same checks); the pieces left for the
+        caller's path. Each chunk is placed by its own address, as an offset from address 0
+        (its size its bytes' length: it lies wholly inside them)."""
+        layout = self.layout
+        assert layout.shard is not None
+        first = k * layout.shard.chunks
+        index = np.full((layout.shard.chunks, 2), EMPTY, np.uint64)
+        for j, *_ in pieces:
+            view = np.frombuffer(held[first + j], np.uint8)
+            index[j] = view.ctypes.data, len(view)
+        return self._serve(k, pieces, 0, 1 << 62, index)
+
+    def _serve(
+        self, k: int, pieces: list[Piece], base: int, nbytes: int, index: np.ndarray
+    ) -> list[Piece]:
+        """:meth:`decode` of bytes at address ``base`` (``nbytes`` long, alive for the call)."""
         layout = self.layout
         assert layout.shard is not None
         js = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
@@ -78,9 +100,8 @@ class RowSink:
             return pieces
         offs_o, sizes_o = offs[order].astype(np.int64), sizes[order].astype(np.int64)
         dst = np.ascontiguousarray(self.dst[at[order]], np.uint64)
-        buf = np.frombuffer(data, np.uint8)
         kernel, rows, rb = shard_rows.KERNEL, layout.chunk_rows, layout.row_bytes
-        where = (buf.ctypes.data, len(buf), offs_o.ctypes.data, sizes_o.ctypes.data)
+        where = (base, nbytes, offs_o.ctypes.data, sizes_o.ctypes.data)
         if layout.blosc:  # the header checks the local kernel makes, decoded via a small buffer
             tmp = getattr(_TMP, "buf", None)
             if tmp is None or len(tmp) < rows * rb:
