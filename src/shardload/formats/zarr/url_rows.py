@@ -12,12 +12,13 @@ kernel's ``copy_rows_buf`` copies each row from the checked bytes to its place (
 another size than its rows' is left to the caller's path, which names it), where the gather
 reader copied every row twice (into a group buffer, then out of it).
 
-The rest of the URL path is unchanged (:func:`.shard_fetch.read_url_shards`): each chunk is a
-piece of a per-call staging array, and the pieces the kernel does not serve from checked bytes
-(a chunk kept from an earlier request, one fetched by a range request, one decoded while the
-shard arrived, :mod:`.streamed`, or one the kernel cannot serve: then decoded or named by the
-path it takes today, with today's errors) are decoded there as before, then their rows copied
-to their places. The staging array is never written where the kernel served its chunks (its
+The kernel also serves the bytes of a shard's GET ahead as they arrive (:mod:`.streamed`) and
+chunks kept from an earlier request (:meth:`RowSink.decode_kept`, from the kept bytes where
+they lie). The rest of the URL path is unchanged (:func:`.shard_fetch.read_url_shards`): each
+chunk is a piece of a per-call staging array, and the pieces the kernel does not serve (one
+fetched by a range request, or one the kernel cannot serve: then decoded or named by the path
+it takes today, with today's errors) are decoded there as before, then their rows copied to
+their places. The staging array is never written where the kernel served its chunks (its
 pages are never touched). Rows are used only once the call returns, every shard checked.
 """
 
