@@ -324,3 +324,14 @@ def _padded_resumed(where: str, values: dict[str, np.ndarray], world: int) -> No
             rows.append(np.array(b["index"]))
         got = np.concatenate(rows)
         assert len(got) == N + plan.num_padded and len(np.unique(got)) == N
+
+
+def test_every_caller_of_the_kernel_expects_the_built_abi() -> None:
+    """The extension's callers (the decode and URL kernels in shard_rows.py, staged raw reads in
+    load/runs.py) each check its ``ABI`` before calling it: the numbers must be one, or a
+    caller silently falls back to its slower path (two branches each raised it to 4)."""
+    from shardload.load import runs
+
+    mod = _kernel()
+    assert runs.KERNEL_ABI == mod.ABI == mod._compiled.ABI
+    assert runs._kernel() is not None

@@ -40,7 +40,7 @@ DIRECT_BOUNCE_BYTES = 16 << 20
 #: :func:`_staged_reads`); it stays in the CPU's cache (a core's L2 holds it with room to spare).
 STAGE_BYTES = 256 << 10
 #: The arguments of the compiled ``read_rows`` this module passes (the extension's ``ABI``).
-KERNEL_ABI = 4
+KERNEL_ABI = 5
 
 _PREADV: dict[bool, Any] = {}
 _STAGE = threading.local()

@@ -156,6 +156,7 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
 
 static PyObject *decode_rows_buf(PyObject *self, PyObject *args); /* below */
 static PyObject *read_rows(PyObject *self, PyObject *args);       /* below */
+static PyObject *copy_rows_buf(PyObject *self, PyObject *args);   /* below */
 
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS,
@@ -164,16 +165,18 @@ static PyMethodDef methods[] = {
      "Decode Blosc inner chunks of a shard's bytes in memory, each row to its own address."},
     {"read_rows", read_rows, METH_VARARGS,
      "Read runs of raw rows through a small cached buffer into their scattered places."},
+    {"copy_rows_buf", copy_rows_buf, METH_VARARGS,
+     "Copy raw inner chunks of a shard's bytes in memory, each row to its own address."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decode_rows", NULL, -1, methods};
 
-/* ABI: the arguments of decode_rows, decode_rows_buf and read_rows, as shard_rows.py,
- * url_rows.py and load/runs.py call them (a build of another is not used) */
+/* ABI: the arguments of decode_rows, decode_rows_buf, copy_rows_buf and read_rows, as
+ * shard_rows.py, url_rows.py and load/runs.py call them (a build of another is not used) */
 PyMODINIT_FUNC PyInit__decode_rows(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 4) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 5) < 0) {
         Py_DECREF(m);
         return NULL;
     }
@@ -270,4 +273,38 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
     fence();
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
+}
+
+
+/* copy_rows_buf(buf, buf_bytes, offsets, sizes, start, n, dst, rows, row_bytes) -> the position
+ *               of the first chunk not served (n: all)
+ *
+ * decode_rows_buf for raw inner chunks (stored without compression: compression auto for
+ * values lz4 does not shrink, or none): chunk i is bytes [offsets[i], offsets[i] + sizes[i])
+ * of buf, exactly rows * row_bytes of them (else it is not served: Python names it corrupt),
+ * wholly inside buf (else truncated); row r of it copied to dst[i * rows + r] (0: nowhere). */
+static PyObject *copy_rows_buf(PyObject *self, PyObject *args) {
+    unsigned long long buf_a, offs_a, sizes_a, dst_a;
+    Py_ssize_t buf_bytes, start, n, rows, row_bytes;
+    if (!PyArg_ParseTuple(args, "KnKKnnKnn", &buf_a, &buf_bytes, &offs_a, &sizes_a, &start, &n,
+                          &dst_a, &rows, &row_bytes))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)(uintptr_t)buf_a;
+    const int64_t *offs = (const int64_t *)(uintptr_t)offs_a;
+    const int64_t *sizes = (const int64_t *)(uintptr_t)sizes_a;
+    unsigned char *const *dst = (unsigned char *const *)(uintptr_t)dst_a;
+    const int64_t full = (int64_t)rows * (int64_t)row_bytes;
+    Py_ssize_t i = start;
+    Py_BEGIN_ALLOW_THREADS
+    for (; i < n; i++) {
+        const int64_t off = offs[i], size = sizes[i];
+        if (size != full || off < 0 || size > (int64_t)buf_bytes || off > (int64_t)buf_bytes - size)
+            break;
+        unsigned char *const *to = dst + i * rows;
+        for (Py_ssize_t r = 0; r < rows; r++)
+            if (to[r])
+                memcpy(to[r], buf + off + r * row_bytes, (size_t)row_bytes);
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSsize_t(i);
 }

@@ -236,10 +236,12 @@ def _plan_shard(
         # taken after the check: a call that checked the shard meanwhile kept these chunks
         held = kept.take(name, reads) if kept is not None else {}
         if held:  # from earlier requests (a chunk each: gap -1 runs none together)
-            index = _index(layout, name, k, path, None, indexes)
             mine = [p for p in pieces if first + p[0] in held]
-            at = {int(index[j, 0]): held[first + j] for j, *_ in mine}
-            _read_runs(layout, name, k, mine, index, path, _from_kept(at), -1)
+            mine = sink.decode_kept(k, mine, held) if sink is not None else mine
+            if mine:  # (the sink's leftovers: decoded, or named, by the path of any chunk)
+                index = _index(layout, name, k, path, None, indexes)
+                at = {int(index[j, 0]): held[first + j] for j, *_ in mine}
+                _read_runs(layout, name, k, mine, index, path, _from_kept(at), -1)
             pieces = [p for p in pieces if first + p[0] not in held]
             if not pieces:
                 return []

@@ -47,9 +47,9 @@ except ImportError:  # pragma: no cover - an install without a C compiler
 
 #: c-blosc's ``blosc_decompress_ctx`` in numcodecs' extension, the address the kernel calls.
 _DECOMPRESS = ctypes.cast(cast(Any, DECOMPRESS_CTX), ctypes.c_void_p).value if DECOMPRESS_CTX else 0
-#: The arguments ``decode_rows`` (and ``decode_rows_buf``, url_rows.py) take (the extension's
-#: ``ABI``).
-ABI = 4
+#: The arguments ``decode_rows`` (and ``decode_rows_buf``, ``copy_rows_buf``, url_rows.py;
+#: ``read_rows``, staged reads) take (the extension's ``ABI``).
+ABI = 5
 
 
 def usable(compiled: Any) -> Any:

@@ -1,18 +1,24 @@
-"""By URL, Blosc inner chunks decoded straight into the places their rows go (issues 25 and 28).
+"""By URL, inner chunks decoded (Blosc) or copied (raw) straight into the places their rows go
+(issues 25 and 28).
 
 The local read of a compressed shard (:mod:`.shard_rows`) decodes each inner chunk into a small
 buffer that stays in the CPU's cache and copies each of its rows to its row of a batch: no
 group buffer, no gather pass. By URL a shard's bytes mostly arrive whole in memory, fetched
 once for its checksum (:func:`.shard_fetch._checked_whole`): here the chunks a call needs are
 decoded from those checked bytes the same way, by the compiled kernel's ``decode_rows_buf``
-(without the GIL, every chunk's place checked against the buffer's length).
+(without the GIL, every chunk's place checked against the buffer's length). Shards of raw
+inner chunks (the default layout of values lz4 does not shrink) take the same path: the
+kernel's ``copy_rows_buf`` copies each row from the checked bytes to its place (a chunk of
+another size than its rows' is left to the caller's path, which names it), where the gather
+reader copied every row twice (into a group buffer, then out of it).
 
-The rest of the URL path is unchanged (:func:`.shard_fetch.read_url_shards`): each chunk is a
-piece of a per-call staging array, and the pieces the kernel does not serve from checked bytes
-(a chunk kept from an earlier request, one fetched by a range request, one decoded while the
-shard arrived, :mod:`.streamed`, or one the kernel cannot serve: then decoded or named by the
-path it takes today, with today's errors) are decoded there as before, then their rows copied
-to their places. The staging array is never written where the kernel served its chunks (its
+The kernel also serves the bytes of a shard's GET ahead as they arrive (:mod:`.streamed`) and
+chunks kept from an earlier request (:meth:`RowSink.decode_kept`, from the kept bytes where
+they lie). The rest of the URL path is unchanged (:func:`.shard_fetch.read_url_shards`): each
+chunk is a piece of a per-call staging array, and the pieces the kernel does not serve (one
+fetched by a range request, or one the kernel cannot serve: then decoded or named by the path
+it takes today, with today's errors) are decoded there as before, then their rows copied to
+their places. The staging array is never written where the kernel served its chunks (its
 pages are never touched). Rows are used only once the call returns, every shard checked.
 """
 
@@ -34,13 +40,12 @@ _TMP = threading.local()
 
 def decodes_url_rows(layout: ChunkLayout | None) -> bool:
     """Whether the kernel can decode this array's rows into place by URL: a shardload
-    (strict) array of Blosc inner chunks in shards read through range requests, and the
-    kernel built."""
+    (strict) array of Blosc or raw inner chunks in shards read through range requests, and
+    the kernel built."""
     return (
         shard_rows.KERNEL is not None
         and layout is not None
         and layout.shard is not None
-        and layout.blosc
         and isinstance(layout.opener, RangeOpener)
         and layout.strict
     )
@@ -62,6 +67,28 @@ class RowSink:
         """Shard ``k``'s ``pieces`` (this call's, whole inner chunks) decoded from its checked
         bytes ``data`` (``index``: their own) into their rows; the pieces left (never written,
         or a chunk the kernel could not serve) for the caller's path."""
+        buf = np.frombuffer(data, np.uint8)
+        return self._serve(k, pieces, buf.ctypes.data, len(buf), index)
+
+    def decode_kept(self, k: int, pieces: list[Piece], held: dict[int, bytes]) -> list[Piece]:
+        """Shard ``k``'s ``pieces`` whose chunks were kept from earlier requests (``held``: each
+        one's bytes by global chunk number, :mod:`.kept`) decoded from those bytes where they
+        lie into their rows, as :meth:`decode` (the same checks); the pieces left for the
+        caller's path. Each chunk is placed by its own address, as an offset from address 0
+        (its size its bytes' length: it lies wholly inside them)."""
+        layout = self.layout
+        assert layout.shard is not None
+        first = k * layout.shard.chunks
+        index = np.full((layout.shard.chunks, 2), EMPTY, np.uint64)
+        for j, *_ in pieces:
+            view = np.frombuffer(held[first + j], np.uint8)
+            index[j] = view.ctypes.data, len(view)
+        return self._serve(k, pieces, 0, 1 << 62, index)
+
+    def _serve(
+        self, k: int, pieces: list[Piece], base: int, nbytes: int, index: np.ndarray
+    ) -> list[Piece]:
+        """:meth:`decode` of bytes at address ``base`` (``nbytes`` long, alive for the call)."""
         layout = self.layout
         assert layout.shard is not None
         js = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
@@ -74,31 +101,26 @@ class RowSink:
             return pieces
         offs_o, sizes_o = offs[order].astype(np.int64), sizes[order].astype(np.int64)
         dst = np.ascontiguousarray(self.dst[at[order]], np.uint64)
-        full = layout.chunk_rows * layout.row_bytes
-        tmp = getattr(_TMP, "buf", None)
-        if tmp is None or len(tmp) < full:
-            tmp = _TMP.buf = np.empty(full, np.uint8)
-        buf = np.frombuffer(data, np.uint8)
+        kernel, rows, rb = shard_rows.KERNEL, layout.chunk_rows, layout.row_bytes
+        where = (base, nbytes, offs_o.ctypes.data, sizes_o.ctypes.data)
+        if layout.blosc:  # the header checks the local kernel makes, decoded via a small buffer
+            tmp = getattr(_TMP, "buf", None)
+            if tmp is None or len(tmp) < rows * rb:
+                tmp = _TMP.buf = np.empty(rows * rb, np.uint8)
+            (ts_a, ts_b), shuffle = layout.blosc_header
+            tail = (dst.ctypes.data, rows, rb, ts_a, ts_b, shuffle, tmp.ctypes.data)
+
+            def serve(i: int, n: int) -> int:
+                return int(kernel.decode_rows_buf(shard_rows._DECOMPRESS, *where, i, n, *tail))
+        else:  # raw inner chunks: each row copied from the checked bytes
+
+            def serve(i: int, n: int) -> int:
+                return int(kernel.copy_rows_buf(*where, i, n, dst.ctypes.data, rows, rb))
+
         left = np.ones(len(pieces), bool)
-        (ts_a, ts_b), shuffle = layout.blosc_header  # as the local kernel checks them
         i, n = 0, len(order)
         while i < n:
-            got = shard_rows.KERNEL.decode_rows_buf(
-                shard_rows._DECOMPRESS,
-                buf.ctypes.data,
-                len(buf),
-                offs_o.ctypes.data,
-                sizes_o.ctypes.data,
-                i,
-                n,
-                dst.ctypes.data,
-                layout.chunk_rows,
-                layout.row_bytes,
-                ts_a,
-                ts_b,
-                shuffle,
-                tmp.ctypes.data,
-            )
+            got = serve(i, n)
             left[order[i:got]] = False
             i = got + 1  # chunk ``got`` (if any) is left to the caller's path, which names it
         self.served[at] = ~left  # a piece left: its rows copied from staging after all
