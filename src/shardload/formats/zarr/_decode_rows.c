@@ -112,22 +112,27 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
 }
 
 static PyObject *decode_rows_buf(PyObject *self, PyObject *args); /* below */
+PyObject *stats_f32(PyObject *self, PyObject *args);            /* _stats_f32.c */
 
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS,
      "Decode Blosc inner chunks of a shard file, each row to its own address."},
     {"decode_rows_buf", decode_rows_buf, METH_VARARGS,
      "Decode Blosc inner chunks of a shard's bytes in memory, each row to its own address."},
+    {"stats_f32", stats_f32, METH_VARARGS,
+     "Sums, minimum and maximum of a float32 block's features (prepare's statistics)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decode_rows", NULL, -1, methods};
 
 /* ABI: the arguments of decode_rows and decode_rows_buf, as shard_rows.py and url_rows.py
- * call them (a build of another is not used) */
+ * call them (a build of another is not used); STATS_ABI: those of stats_f32, as
+ * prep/stats/block.py calls it */
 PyMODINIT_FUNC PyInit__decode_rows(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 3) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", 3) < 0 ||
+                      PyModule_AddIntConstant(m, "STATS_ABI", 1) < 0)) {
         Py_DECREF(m);
         return NULL;
     }
