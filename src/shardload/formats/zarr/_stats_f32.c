@@ -24,8 +24,9 @@
 #include <stdlib.h>
 
 /* Each loop is built for AVX2 and AVX-512 too, picked at load time: wider vectors, the same
- * operations on each value (exact float adds, converts, min and max: the same bits). */
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+ * operations on each value (exact float adds, converts, min and max: the same bits). Only
+ * with GCC on glibc (target_clones needs its ifunc): elsewhere one build, the same results. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && defined(__GLIBC__)
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define VECTOR_CLONES
