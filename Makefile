@@ -15,7 +15,8 @@ SYSPKGS := slurm-wlm munge squashfs-tools squashfuse fuse3
 
 # setup.py builds the optional compiled kernel (formats/zarr/_decode_rows.c) in place: a change
 # to it reinstalls, which rebuilds it
-$(STAMP): pyproject.toml constraints.txt setup.py src/shardload/formats/zarr/_decode_rows.c
+$(STAMP): pyproject.toml constraints.txt setup.py src/shardload/formats/zarr/_decode_rows.c \
+	  src/shardload/formats/zarr/_stats_f32.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"

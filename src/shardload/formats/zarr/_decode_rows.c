@@ -157,6 +157,7 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
 static PyObject *decode_rows_buf(PyObject *self, PyObject *args); /* below */
 static PyObject *read_rows(PyObject *self, PyObject *args);       /* below */
 static PyObject *copy_rows_buf(PyObject *self, PyObject *args);   /* below */
+PyObject *stats_f32(PyObject *self, PyObject *args);            /* _stats_f32.c */
 
 static PyMethodDef methods[] = {
     {"decode_rows", decode_rows, METH_VARARGS,
@@ -167,16 +168,20 @@ static PyMethodDef methods[] = {
      "Read runs of raw rows through a small cached buffer into their scattered places."},
     {"copy_rows_buf", copy_rows_buf, METH_VARARGS,
      "Copy raw inner chunks of a shard's bytes in memory, each row to its own address."},
+    {"stats_f32", stats_f32, METH_VARARGS,
+     "Sums, minimum and maximum of a float32 block's features (prepare's statistics)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_decode_rows", NULL, -1, methods};
 
 /* ABI: the arguments of decode_rows, decode_rows_buf, copy_rows_buf and read_rows, as
- * shard_rows.py, url_rows.py and load/runs.py call them (a build of another is not used) */
+ * shard_rows.py, url_rows.py and load/runs.py call them (a build of another is not used);
+ * STATS_ABI: those of stats_f32, as prep/stats/block.py calls it */
 PyMODINIT_FUNC PyInit__decode_rows(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 5) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", 5) < 0 ||
+                      PyModule_AddIntConstant(m, "STATS_ABI", 1) < 0)) {
         Py_DECREF(m);
         return NULL;
     }
