@@ -227,6 +227,19 @@ static PyObject *decode_rows_buf(PyObject *self, PyObject *args) {
 }
 
 
+/* preadv2(RWF_NOWAIT) where the platform has it (Linux); elsewhere every call is "not
+ * supported", as on tmpfs, and read_rows leaves the task's calls to the caller: the extension
+ * still builds there, with its decode functions */
+static ssize_t nowait_preadv(int fd, const struct iovec *v, int n, off_t off) {
+#if defined(RWF_NOWAIT)
+    return preadv2(fd, v, n, off, RWF_NOWAIT);
+#else
+    (void)fd, (void)v, (void)n, (void)off;
+    errno = EOPNOTSUPP;
+    return -1;
+#endif
+}
+
 /* read_rows(fds, offsets, wants, firsts, counts, n, iov, got, stage, stage_bytes) -> None
  *
  * n read calls of raw rows, each want[i] bytes at offsets[i] of descriptor fds[i] to iovecs
@@ -258,8 +271,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         const struct iovec *v = iov + firsts[i];
         const int whole = wants[i] <= stage_bytes; /* into stage, then copied out */
         struct iovec one = {stage, (size_t)wants[i]};
-        const ssize_t r = whole ? preadv2((int)fds[i], &one, 1, (off_t)offs[i], RWF_NOWAIT)
-                                : preadv2((int)fds[i], v, (int)counts[i], (off_t)offs[i], RWF_NOWAIT);
+        const ssize_t r = whole ? nowait_preadv((int)fds[i], &one, 1, (off_t)offs[i])
+                                : nowait_preadv((int)fds[i], v, (int)counts[i], (off_t)offs[i]);
         got[i] = r;
         if (r < 0 && errno == EOPNOTSUPP) { /* a file system without RWF_NOWAIT (tmpfs):
                                               the task's calls to io_uring, none tried */
