@@ -135,11 +135,14 @@ def test_one_read_per_array_per_segment(npy, monkeypatch):
 
 
 @pytest.fixture
-def io_path(request):
+def io_path(request, monkeypatch):
     """Scatter reads through io_uring (skipped where this kernel refuses it) or one ``preadv``
-    per run (as where io_uring is missing)."""
-    from shardload.load import uring
+    per run (as where io_uring is missing); none through the compiled small buffer
+    (``runs.READ_ROWS``, tests/test_staged_reads.py), which serves what the page cache holds
+    before either."""
+    from shardload.load import runs, uring
 
+    monkeypatch.setattr(runs, "READ_ROWS", None)
     uring.reset_for_tests(None if request.param == "io_uring" else False)
     if request.param == "io_uring" and uring.thread_ring() is None:
         pytest.skip("io_uring is not usable here (kernel, seccomp or SHARDLOAD_IO_URING=0)")
