@@ -209,5 +209,5 @@ def test_an_older_build_is_not_called(monkeypatch: pytest.MonkeyPatch) -> None:
         def read_rows(self, *a: Any) -> None:
             raise AssertionError("called")
 
-    monkeypatch.setattr(runs.importlib, "import_module", lambda name: Old())
+    monkeypatch.setattr(runs.extension, "compiled", lambda: Old())
     assert runs._kernel() is None

@@ -10,7 +10,6 @@ piece except the ``preadv`` fallback loop.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import sys
 import threading
@@ -23,6 +22,7 @@ from shardload.errors import ChunkReadError
 from shardload.formats.base import RawChunk
 from shardload.load import uring
 from shardload.load.files import OpenChunks
+from shardload.util import extension
 from shardload.util.libc import libc
 
 #: Linux's IOV_MAX: iovecs per ``preadv`` call.
@@ -40,7 +40,7 @@ DIRECT_BOUNCE_BYTES = 16 << 20
 #: :func:`_staged_reads`); it stays in the CPU's cache (a core's L2 holds it with room to spare).
 STAGE_BYTES = 256 << 10
 #: The arguments of the compiled ``read_rows`` this module passes (the extension's ``ABI``).
-KERNEL_ABI = 5
+KERNEL_ABI = extension.ABI
 
 _PREADV: dict[bool, Any] = {}
 _STAGE = threading.local()
@@ -50,10 +50,7 @@ def _kernel() -> Any:
     """The compiled ``read_rows`` (``setup.py``'s optional extension), or None where it is not
     built or is an older build (then reads go to their places through io_uring or ``preadv``,
     as before; the same bytes land in the same places either way)."""
-    try:
-        ext: Any = importlib.import_module("shardload.formats.zarr._decode_rows")
-    except ImportError:  # pragma: no cover - an install without a C compiler
-        return None
+    ext = extension.compiled()
     return ext.read_rows if getattr(ext, "ABI", 1) == KERNEL_ABI else None
 
 

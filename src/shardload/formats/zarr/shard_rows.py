@@ -21,7 +21,6 @@ decode) is read again here and decoded, or its error raised as the gather path r
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import threading
 from typing import Any, cast
@@ -39,17 +38,15 @@ from shardload.formats.zarr.shards import (
     shard_errors,
     shard_index,
 )
+from shardload.util import extension
 
-try:  # the optional compiled part (setup.py)
-    _compiled: Any = importlib.import_module("shardload.formats.zarr._decode_rows")
-except ImportError:  # pragma: no cover - an install without a C compiler
-    _compiled = None
+_compiled: Any = extension.compiled()  # the optional compiled part (setup.py), or None
 
 #: c-blosc's ``blosc_decompress_ctx`` in numcodecs' extension, the address the kernel calls.
 _DECOMPRESS = ctypes.cast(cast(Any, DECOMPRESS_CTX), ctypes.c_void_p).value if DECOMPRESS_CTX else 0
 #: The arguments ``decode_rows`` (and ``decode_rows_buf``, ``copy_rows_buf``, url_rows.py;
 #: ``read_rows``, staged reads) take (the extension's ``ABI``).
-ABI = 5
+ABI = extension.ABI
 
 
 def usable(compiled: Any) -> Any:

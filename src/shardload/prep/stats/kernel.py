@@ -8,19 +8,17 @@ reductions, which compute them where the kernel is not built (``KERNEL`` is None
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 
-try:  # the optional compiled part (setup.py)
-    _compiled: Any = importlib.import_module("shardload.formats.zarr._decode_rows")
-except ImportError:  # pragma: no cover - an install without a C compiler
-    _compiled = None
+from shardload.util import extension
+
+_compiled: Any = extension.compiled()  # the optional compiled part (setup.py), or None
 
 #: The arguments ``stats_f32`` takes (the extension's ``STATS_ABI``): an older build beside
 #: newer sources is never called.
-STATS_ABI = 1
+STATS_ABI = extension.STATS_ABI
 #: The compiled kernel, or None (then numpy computes the statistics).
 KERNEL: Any = _compiled if getattr(_compiled, "STATS_ABI", 0) == STATS_ABI else None
 
